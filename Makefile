@@ -1,0 +1,30 @@
+# Two entry points for a fresh machine (see README): `make run` and `make test`.
+VENV ?= .venv
+PROMPT ?= Why is the sky blue? Answer in two sentences.
+PYTEST_ARGS ?=
+
+.PHONY: run test lint install install-test
+
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	./scripts/install.sh
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml scripts/install.sh
+	./scripts/install.sh test
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+## Install, then answer one prompt with the built-in model (Gemma 3 270M).
+run: $(VENV)/.installed
+	$(VENV)/bin/inferenceos run --prompt "$(PROMPT)"
+
+## Install with the test tools, then run the whole test suite.
+test: $(VENV)/.installed-test
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+## Static checks: ruff and mypy.
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy

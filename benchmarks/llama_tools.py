@@ -1,0 +1,88 @@
+"""Build llama.cpp's own tools (llama-bench, llama-server) as a same-run baseline.
+
+They are compiled once from the llama.cpp source vendored in the llama-cpp-python sdist
+of the installed version, with the same CPU flags as scripts/install.sh, into
+`<cache>/llama-tools/<version>/`. Building takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+from importlib.metadata import version
+from pathlib import Path
+
+from inferenceos.paths import cache_dir
+
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _sdist(workdir: Path, ver: str) -> Path:
+    """Download and unpack the llama-cpp-python sdist; return its vendored llama.cpp."""
+    src = workdir / f"llama_cpp_python-{ver}" / "vendor" / "llama.cpp"
+    if src.is_dir():
+        return src
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"llama-cpp-python=={ver}",
+            "-d",
+            str(workdir),
+        ],
+        check=True,
+    )
+    with tarfile.open(workdir / f"llama_cpp_python-{ver}.tar.gz") as tar:
+        tar.extractall(workdir, filter="data")
+    return src
+
+
+def llama_tool(name: str) -> Path:
+    """Path of the llama.cpp tool `name` (e.g. 'llama-bench'), building it if needed."""
+    ver = version("llama-cpp-python")
+    workdir = cache_dir() / "llama-tools" / ver
+    binary = workdir / "build" / "bin" / name
+    if binary.is_file():
+        return binary
+    workdir.mkdir(parents=True, exist_ok=True)
+    src = _sdist(workdir, ver)
+    env = dict(os.environ)
+    if platform.machine() == "x86_64" and not env.get("INFERENCEOS_KEEP_AMX"):
+        env["CFLAGS"] = f"{env.get('CFLAGS', '')} {NO_AMX}"
+        env["CXXFLAGS"] = f"{env.get('CXXFLAGS', '')} {NO_AMX}"
+    build = workdir / "build"
+    print(f"building {name} from llama.cpp {ver} (a few minutes, once)...", file=sys.stderr)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(src),
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_TOOLS=ON",
+            "-DLLAMA_BUILD_SERVER=ON",
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", name, "-j", str(os.cpu_count() or 2)],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    return binary

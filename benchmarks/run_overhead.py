@@ -1,0 +1,106 @@
+"""Decode speed of `inferenceos run` against llama.cpp's own llama-bench, same run.
+
+For each thread count, alternates llama-bench `tg` runs with `inferenceos run --json`
+runs (the user's path: a fresh process, the chat template, the sampler chain) on the
+same model and token count, and prints the medians and their ratio. Target: ratio ≥ 0.95.
+
+    .venv/bin/python benchmarks/run_overhead.py [--model PATH] [--tokens 128]
+        [--threads 1 2] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from inferenceos.model.default_model import ensure_default_model
+from llama_tools import llama_tool
+
+
+def bench_tg(bench: Path, model: Path, tokens: int, threads: int) -> float:
+    """llama-bench's mean decode t/s for `tokens` tokens (one repetition)."""
+    out = subprocess.run(
+        [
+            str(bench),
+            "-m",
+            str(model),
+            "-p",
+            "0",
+            "-n",
+            str(tokens),
+            "-t",
+            str(threads),
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
+def ours_tg(model: Path, tokens: int, threads: int, greedy: bool) -> float:
+    """`inferenceos run`'s decode t/s for `tokens` generated tokens."""
+    args = [
+        sys.executable,
+        "-m",
+        "inferenceos",
+        "run",
+        str(model),
+        "--prompt",
+        "Tell me a story.",
+        "-n",
+        str(tokens),
+        "--ignore-eos",
+        "--threads",
+        str(threads),
+        "--json",
+        "--seed",
+        "1",
+    ]
+    if greedy:
+        args += ["--temperature", "0"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    metrics = json.loads(out)["metrics"]
+    assert metrics["completion_tokens"] == tokens, metrics
+    return float(metrics["decode_tps"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    model = args.model or ensure_default_model()
+    bench = llama_tool("llama-bench")
+    print(f"model {model.name}, {args.tokens} tokens, {args.rounds} alternating rounds")
+    print(
+        f"{'threads':>7} {'llama-bench':>12} {'ours default':>13} {'ours greedy':>12} "
+        f"{'ratio default':>14} {'ratio greedy':>13}"
+    )
+    worst = 1.0
+    for t in args.threads:
+        base, sampled, greedy = [], [], []
+        for _ in range(args.rounds):
+            base.append(bench_tg(bench, model, args.tokens, t))
+            sampled.append(ours_tg(model, args.tokens, t, greedy=False))
+            greedy.append(ours_tg(model, args.tokens, t, greedy=True))
+        b, s, g = (statistics.median(x) for x in (base, sampled, greedy))
+        worst = min(worst, s / b, g / b)
+        print(f"{t:>7} {b:>12.1f} {s:>13.1f} {g:>12.1f} {s / b:>14.3f} {g / b:>13.3f}")
+    print(f"worst ratio {worst:.3f} (target >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

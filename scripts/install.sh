@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Install InferenceOS into a virtual environment (default .venv), building llama.cpp.
+#
+#   scripts/install.sh [EXTRA]      EXTRA: "test" adds the test tools
+#
+# llama-cpp-python compiles llama.cpp from source: about 5 minutes on 2 cores, once.
+# The wheel is kept in a cache folder named after the exact build settings, because
+# pip's own wheel cache ignores CMAKE_ARGS and would happily reuse a wheel built
+# without the RPC backend (or for another GPU backend).
+#
+# Environment:
+#   INFERENCEOS_VENV   where the virtual environment goes (default: .venv)
+#   CMAKE_ARGS         extra llama.cpp build options, e.g. "-DGGML_CUDA=on";
+#                      -DGGML_RPC=ON is always added (multi-node needs it)
+#   INFERENCEOS_KEEP_AMX=1  keep Intel AMX kernels (see below)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+VENV=${INFERENCEOS_VENV:-.venv}
+EXTRA=${1:-}
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "Creating virtual environment in $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install --quiet --upgrade pip wheel
+
+# --- llama.cpp (llama-cpp-python), built once per build configuration ---------------
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=ON"
+# Some virtual machines advertise AMX in CPUID but fault on its instructions
+# (SIGILL in ggml_backend_amx_mul_mat), and -march=native turns AMX on. AMX only speeds
+# up prefill of a few quant types on Xeon 4th gen+, so it is off unless asked for.
+if [ "$(uname -m)" = "x86_64" ] && [ -z "${INFERENCEOS_KEEP_AMX:-}" ]; then
+    export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+key=$(printf '%s|%s|%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "$CMAKE_ARGS" "${CFLAGS:-}" \
+      "$("$PY" -c 'import sys; print(sys.version_info[:2])')" "$(uname -m)" | sha256sum | cut -c1-16)
+wheel_dir="${XDG_CACHE_HOME:-$HOME/.cache}/inferenceos/wheels/$key"
+installed_key_file="$VENV/.llama-build-key"
+if [ "$(cat "$installed_key_file" 2>/dev/null)" != "$key" ]; then
+    if ! ls "$wheel_dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+        echo "Building llama.cpp (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION, CMAKE_ARGS='$CMAKE_ARGS')."
+        echo "This compiles C++ for about 5 minutes on 2 cores; it happens once."
+        mkdir -p "$wheel_dir"
+        "$PY" -m pip wheel --quiet --no-deps --no-cache-dir \
+            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -w "$wheel_dir"
+    fi
+    "$PY" -m pip install --quiet --force-reinstall --no-deps "$wheel_dir"/llama_cpp_python-*.whl
+    echo "$key" > "$installed_key_file"
+fi
+
+# --- InferenceOS itself ----------------------------------------------------------------
+target="."
+[ -n "$EXTRA" ] && target=".[$EXTRA]"
+"$PY" -m pip install --quiet -e "$target"
+
+"$PY" - <<'EOF'
+import pathlib, sys
+import llama_cpp
+lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
+if not any(lib.glob("libggml-rpc*")):
+    sys.exit("llama.cpp was built without its RPC backend; remove the wheel cache and rerun")
+EOF
+echo "InferenceOS installed in $VENV"

@@ -1,0 +1,50 @@
+"""The `inferenceos` command: a thin Typer shell over the Python API.
+
+Each command lives in its own module and is registered here. `main()` is the console
+entry point: it turns user errors (`InferenceOSError`) into one line on stderr and a
+non-zero exit code, and never shows a traceback unless INFERENCEOS_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from inferenceos.cli import inspect_cmd, run_cmd
+from inferenceos.cli.console import print_error
+from inferenceos.errors import InferenceOSError
+
+app = typer.Typer(
+    name="inferenceos",
+    help="Plan, run and serve GGUF models locally on llama.cpp.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# One line per command; keep the order of `inferenceos --help`.
+app.command("run")(run_cmd.run)
+app.command("inspect")(inspect_cmd.inspect)
+
+
+def main() -> None:
+    """Console entry point."""
+    try:
+        app()
+    except InferenceOSError as exc:
+        print_error(str(exc))
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # a bug: say so briefly, keep the traceback for debugging
+        if os.environ.get("INFERENCEOS_DEBUG"):
+            raise
+        print_error(
+            f"internal error: {type(exc).__name__}: {exc} "
+            "(set INFERENCEOS_DEBUG=1 to see the traceback)"
+        )
+        sys.exit(70)

@@ -1,0 +1,131 @@
+"""`inferenceos run [MODEL] --prompt TEXT`: one prompt, streamed, then a metrics footer."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from inferenceos.cli.console import err, print_json
+from inferenceos.cli.model_arg import resolve_model
+from inferenceos.engine.chat_template import ChatMessage, render_chat
+from inferenceos.engine.llama_lib import log
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
+from inferenceos.errors import UsageError
+from inferenceos.model.spec import ModelSpec, load_spec
+
+DEFAULT_CTX = 4096
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is not None:
+        return prompt
+    if not sys.stdin.isatty():
+        text = sys.stdin.read()
+        if text.strip():
+            return text
+    raise UsageError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
+
+
+def _settings(spec: ModelSpec, ctx: int, threads: int, batch: int) -> LoadSettings:
+    n_ctx = ctx or min(DEFAULT_CTX, spec.context_length or DEFAULT_CTX)
+    return LoadSettings(n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, n_threads=threads)
+
+
+def _prompt_text(
+    spec: ModelSpec, model: LoadedModel, prompt: str, system: str | None, raw: bool
+) -> str:
+    if raw:
+        return prompt
+    messages = [ChatMessage("system", system)] if system else []
+    messages.append(ChatMessage("user", prompt))
+    text, _ = render_chat(
+        spec.chat_template,
+        spec.architecture,
+        messages,
+        bos_token=model.token_text(model.bos_token),
+        eos_token=model.token_text(model.eos_token),
+    )
+    return text
+
+
+def footer(m: GenerationMetrics) -> str:
+    """The one-line summary printed after a streamed answer."""
+    return (
+        f"load {m.load_s:.2f}s · prompt {m.prompt_tokens} tok at {m.prompt_tps:.1f} t/s · "
+        f"TTFT {m.ttft_s * 1000:.0f} ms · generated {m.completion_tokens} tok at "
+        f"{m.decode_tps:.1f} t/s · stop: {m.stop_reason}"
+    )
+
+
+def run(
+    model: Annotated[
+        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma 3 270M)")
+    ] = "",
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="Prompt text (else read from stdin)")
+    ] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System message")] = None,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Send the prompt as is, without the chat template")
+    ] = False,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")
+    ] = 256,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
+    seed: Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed")] = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop string (repeatable)")
+    ] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Generate past end-of-text")
+    ] = False,
+    ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: auto)")] = 0,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: auto)")] = 0,
+    batch: Annotated[int, typer.Option("--batch", help="Prefill batch size")] = 512,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object at the end")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+) -> None:
+    """Generate a completion for one prompt, streaming tokens as they come."""
+    text = _read_prompt(prompt)
+    sampling = SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=tuple(stop or ()),
+        ignore_eos=ignore_eos,
+    )
+    sampling.validate()
+    spec = load_spec(resolve_model(model))
+    log().echo = verbose
+    with LoadedModel(spec.path, _settings(spec, ctx, threads, batch)) as lm:
+        tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw))
+        pieces: list[str] = []
+        interrupted = False
+        try:
+            for event in lm.generate(tokens, sampling):
+                pieces.append(event.text)
+                if not as_json and event.text:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            interrupted = True
+        m = lm.metrics
+    if as_json:
+        print_json({"text": "".join(pieces), "metrics": m.to_json()})
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        err.print(footer(m), style="dim")
+    if interrupted:
+        raise typer.Exit(130)

@@ -1,0 +1,108 @@
+"""The llama.cpp library as shipped by llama-cpp-python: loading, backend init, logging.
+
+Everything else in `engine/` reaches llama.cpp through `lib()`, which returns the
+low-level `llama_cpp.llama_cpp` bindings after a one-time `llama_backend_init()` and
+with llama.cpp's log routed into a `LlamaLog` (instead of spamming stderr). The log is
+kept because llama.cpp reports facts nowhere else: buffer sizes, why a load failed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import deque
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from inferenceos.errors import ModelLoadError
+
+# ggml_log_level values (ggml.h)
+LOG_LEVEL_NAMES = {0: "none", 1: "debug", 2: "info", 3: "warn", 4: "error", 5: "cont"}
+
+
+class LlamaLog:
+    """A bounded record of llama.cpp log lines, optionally echoed to stderr."""
+
+    def __init__(self, max_lines: int = 4000) -> None:
+        self.lines: deque[tuple[str, str]] = deque(maxlen=max_lines)
+        self.echo = False
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def write(self, level: int, text: str) -> None:
+        """Append `text` (llama.cpp may send a line in several pieces)."""
+        import sys
+
+        if self.echo:
+            sys.stderr.write(text)
+        with self._lock:
+            self._partial += text
+            while "\n" in self._partial:
+                line, self._partial = self._partial.split("\n", 1)
+                self.lines.append((LOG_LEVEL_NAMES.get(level, "info"), line))
+
+    def mark(self) -> int:
+        """A position to read lines from later (see `since`)."""
+        with self._lock:
+            return len(self.lines)
+
+    def since(self, mark: int) -> list[str]:
+        """Lines logged after `mark` (approximate once the buffer has wrapped)."""
+        with self._lock:
+            return [text for _, text in list(self.lines)[mark:]]
+
+    def errors_since(self, mark: int) -> list[str]:
+        with self._lock:
+            return [t for lvl, t in list(self.lines)[mark:] if lvl == "error" and t.strip()]
+
+
+_lock = threading.Lock()
+_lib: ModuleType | None = None
+_log = LlamaLog()
+_log_callback: Any = None  # keep the ctypes callback alive for the process lifetime
+
+
+def log() -> LlamaLog:
+    """The process-wide llama.cpp log."""
+    return _log
+
+
+def lib() -> ModuleType:
+    """The initialised low-level llama.cpp bindings (`llama_cpp.llama_cpp`)."""
+    global _lib, _log_callback
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            try:
+                from llama_cpp import llama_cpp as bindings
+            except (ImportError, OSError) as exc:
+                raise ModelLoadError(
+                    f"llama.cpp is not usable: {exc}; reinstall with "
+                    "CMAKE_ARGS='-DGGML_RPC=ON' pip install --force-reinstall --no-cache-dir "
+                    "llama-cpp-python==0.3.36"
+                ) from None
+
+            @bindings.llama_log_callback
+            def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+                _log.write(level, text.decode("utf-8", errors="replace"))
+
+            _log_callback = _on_log
+            bindings.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            bindings.llama_backend_init()
+            _lib = bindings
+    assert _lib is not None
+    return _lib
+
+
+def library_dir() -> Path:
+    """The folder holding libllama.so and the ggml backend libraries."""
+    import llama_cpp
+
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def has_rpc_backend() -> bool:
+    """Whether llama.cpp was built with its RPC backend (-DGGML_RPC=ON)."""
+    return any(library_dir().glob("libggml-rpc*"))

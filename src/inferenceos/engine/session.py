@@ -1,0 +1,262 @@
+"""One model and one llama.cpp context, generating for one sequence at a time.
+
+The small verbs are `tokenize`, `prefill`, `decode_one`, and `generate`, which streams
+`TokenEvent`s and ends with the run's `GenerationMetrics`. Times are wall-clock from
+`time.perf_counter()`; t/s figures count the tokens llama.cpp actually evaluated.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferenceos.engine.llama_lib import lib, log
+from inferenceos.engine.sampling import SamplerChain, SamplingParams
+from inferenceos.engine.stop import StopMatcher
+from inferenceos.errors import GenerationError, ModelLoadError, UsageError
+
+
+def default_threads() -> int:
+    """CPU threads to compute with: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How to load a model and size its context (the planner's output, later)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: default_threads()
+    n_threads_batch: int = 0
+    n_gpu_layers: int = 0
+    flash_attn: int = -1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
+    use_mmap: bool = True
+
+
+@dataclass
+class GenerationMetrics:
+    """What `inferenceos run --json` reports under "metrics"."""
+
+    load_s: float = 0.0
+    prompt_tokens: int = 0
+    prompt_tps: float = 0.0
+    ttft_s: float = 0.0
+    completion_tokens: int = 0
+    decode_tps: float = 0.0
+    stop_reason: str = ""  # eos, length, stop, interrupted
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "load_s": round(self.load_s, 4),
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_tps": round(self.prompt_tps, 2),
+            "ttft_s": round(self.ttft_s, 4),
+            "completion_tokens": self.completion_tokens,
+            "decode_tps": round(self.decode_tps, 2),
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token and the text it made safe to emit (may be empty)."""
+
+    token: int
+    text: str
+
+
+class LoadedModel:
+    """A llama.cpp model with one context. Not thread-safe; call `close()` when done."""
+
+    def __init__(self, path: Path, settings: LoadSettings | None = None) -> None:
+        self.path = Path(path)
+        self.settings = settings or LoadSettings()
+        self._ll = lib()
+        t0 = time.perf_counter()
+        self.model = self._load_model()
+        self.ctx: Any = None
+        try:
+            self.ctx = self._new_context()
+        except ModelLoadError:
+            self._ll.llama_model_free(self.model)
+            raise
+        self.vocab = self._ll.llama_model_get_vocab(self.model)
+        self.n_ctx = int(self._ll.llama_n_ctx(self.ctx))
+        self.load_s = time.perf_counter() - t0
+        self.metrics = GenerationMetrics(load_s=self.load_s)
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def _load_model(self) -> Any:
+        ll, s = self._ll, self.settings
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = s.n_gpu_layers
+        params.use_mmap = s.use_mmap
+        mark = log().mark()
+        model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            why = "; ".join(log().errors_since(mark)[-3:]) or "see --verbose"
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
+        return model
+
+    def _new_context(self) -> Any:
+        ll, s = self._ll, self.settings
+        params = ll.llama_context_default_params()
+        params.n_ctx = s.n_ctx
+        params.n_batch = s.n_batch
+        params.n_ubatch = min(s.n_ubatch, s.n_batch)
+        params.n_seq_max = 1
+        params.n_threads = s.n_threads or default_threads()
+        params.n_threads_batch = s.n_threads_batch or params.n_threads
+        params.flash_attn_type = s.flash_attn
+        params.no_perf = True
+        mark = log().mark()
+        ctx = ll.llama_init_from_model(self.model, params)
+        if not ctx:
+            why = "; ".join(log().errors_since(mark)[-3:]) or "see --verbose"
+            raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {why}")
+        return ctx
+
+    # -- tokens ------------------------------------------------------------------------
+
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        """Text → token ids; special tokens written as text (e.g. `<start_of_turn>`) parse."""
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        arr = (self._ll.llama_token * n_max)()
+        n = self._ll.llama_tokenize(
+            self.vocab, data, len(data), arr, n_max, add_special, parse_special
+        )
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            arr = (self._ll.llama_token * n_max)()
+            n = self._ll.llama_tokenize(
+                self.vocab, data, len(data), arr, n_max, add_special, parse_special
+            )
+        if n < 0:
+            raise GenerationError("tokenization failed")
+        tokens = list(arr[:n])
+        bos = self.bos_token
+        if bos >= 0 and len(tokens) > 1 and tokens[0] == bos and tokens[1] == bos:
+            tokens = tokens[1:]  # the template wrote a BOS and the tokenizer added one
+        return tokens
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (control tokens render as nothing)."""
+        buf = self._piece_buf
+        n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            self._piece_buf = buf = ctypes.create_string_buffer(-n)
+            n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def token_text(self, token: int, special: bool = True) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    @property
+    def bos_token(self) -> int:
+        return int(self._ll.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos_token(self) -> int:
+        return int(self._ll.llama_vocab_eos(self.vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._ll.llama_vocab_is_eog(self.vocab, token))
+
+    # -- evaluation --------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every cached token (start a fresh conversation)."""
+        self._ll.llama_memory_clear(self._ll.llama_get_memory(self.ctx), True)
+
+    def _decode(self, tokens: list[int]) -> None:
+        arr = (self._ll.llama_token * len(tokens))(*tokens)
+        rc = self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(arr, len(tokens)))
+        if rc != 0:
+            reason = {1: "no KV cache slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
+            raise GenerationError(f"llama_decode failed: {reason}")
+
+    def prefill(self, tokens: list[int]) -> None:
+        """Evaluate prompt tokens in chunks of n_batch; logits kept for the last one."""
+        step = self.settings.n_batch
+        for i in range(0, len(tokens), step):
+            self._decode(tokens[i : i + step])
+
+    def decode_one(self, token: int) -> None:
+        self._decode([token])
+
+    def generate(self, prompt_tokens: list[int], sampling: SamplingParams) -> Iterator[TokenEvent]:
+        """Stream the completion of `prompt_tokens` as TokenEvents.
+
+        `self.metrics` describes the run so far at every step, and the whole run once
+        the iterator ends (or is closed early: then stop_reason is "interrupted").
+        Raises UsageError when the prompt cannot fit in the context.
+        """
+        if not prompt_tokens:
+            raise UsageError("the prompt is empty")
+        if len(prompt_tokens) >= self.n_ctx:
+            raise UsageError(
+                f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.n_ctx}"
+            )
+        max_new = min(sampling.max_tokens, self.n_ctx - len(prompt_tokens))
+        m = self.metrics = GenerationMetrics(load_s=self.load_s, prompt_tokens=len(prompt_tokens))
+        m.stop_reason = "interrupted"  # until the loop says otherwise
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stops = StopMatcher(sampling.stop)
+        self.reset()
+        with SamplerChain(sampling) as sampler:
+            t0 = time.perf_counter()
+            self.prefill(prompt_tokens)
+            token = sampler.sample(self.ctx)
+            t_first = time.perf_counter()
+            m.ttft_s = t_first - t0
+            m.prompt_tps = len(prompt_tokens) / m.ttft_s if m.ttft_s > 0 else 0.0
+            steps = 0  # decode+sample steps after the first token
+            while True:
+                if self.is_eog(token) and not sampling.ignore_eos:
+                    m.stop_reason = "eos"
+                    break
+                if m.completion_tokens >= max_new:
+                    m.stop_reason = "length"
+                    break
+                m.completion_tokens += 1
+                yield TokenEvent(token, stops.feed(utf8.decode(self.piece(token))))
+                if stops.stopped or m.completion_tokens >= max_new:
+                    m.stop_reason = "stop" if stops.stopped else "length"
+                    break
+                self.decode_one(token)
+                token = sampler.sample(self.ctx)
+                steps += 1
+                m.decode_tps = steps / (time.perf_counter() - t_first)
+            tail = stops.feed(utf8.decode(b"", final=True)) + stops.flush()
+            if tail:
+                yield TokenEvent(-1, tail)
+
+    def close(self) -> None:
+        if self.ctx is not None:
+            self._ll.llama_free(self.ctx)
+            self.ctx = None
+        if self.model is not None:
+            self._ll.llama_model_free(self.model)
+            self.model = None
+
+    def __enter__(self) -> LoadedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,34 @@
+"""Errors a user can act on.
+
+Every exception that derives from `InferenceOSError` carries a message meant to be shown
+as is, on one line, by the CLI and the server. Anything else escaping to the top level is
+a bug in InferenceOS, not a user error.
+"""
+
+
+class InferenceOSError(Exception):
+    """Base of all user-facing errors; `str(exc)` is a complete one-line message."""
+
+    exit_code = 1
+
+
+class ModelNotFoundError(InferenceOSError):
+    """The named model file or registry entry does not exist or cannot be read."""
+
+
+class GGUFFormatError(InferenceOSError):
+    """A GGUF file is malformed, truncated, or uses a feature we do not support."""
+
+
+class ModelLoadError(InferenceOSError):
+    """llama.cpp refused to load a model or create a context for it."""
+
+
+class GenerationError(InferenceOSError):
+    """Generation failed inside llama.cpp (decode error, context overflow, ...)."""
+
+
+class UsageError(InferenceOSError):
+    """The user asked for something contradictory or out of range."""
+
+    exit_code = 2

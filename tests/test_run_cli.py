@@ -1,0 +1,117 @@
+"""`inferenceos run` as a user runs it: a subprocess on real llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import cli_env, run_cli
+
+METRIC_KEYS = {"load_s", "prompt_tokens", "prompt_tps", "ttft_s", "completion_tokens", "decode_tps"}
+
+
+def test_json_output(tiny_llama: Path) -> None:
+    r = run_cli(
+        "run", str(tiny_llama), "--prompt", "abc", "--json", "--temperature", "0", "-n", "8"
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert set(data["metrics"]) >= METRIC_KEYS
+    assert data["metrics"]["completion_tokens"] == 8
+    assert isinstance(data["text"], str)
+
+
+def test_streams_text_then_footer(tiny_llama: Path) -> None:
+    r = run_cli("run", str(tiny_llama), "-p", "abc", "--temperature", "0", "-n", "6")
+    assert r.returncode == 0, r.stderr
+    assert "generated 6 tok" in r.stderr and "TTFT" in r.stderr and "t/s" in r.stderr
+    j = run_cli("run", str(tiny_llama), "-p", "abc", "--temperature", "0", "-n", "6", "--json")
+    assert r.stdout.rstrip("\n") == json.loads(j.stdout)["text"]
+
+
+def test_prompt_from_stdin_equals_prompt_flag(tiny_llama: Path) -> None:
+    args = ("run", str(tiny_llama), "--json", "--temperature", "0", "-n", "6")
+    piped = run_cli(*args, input="abc")
+    flagged = run_cli(*args, "--prompt", "abc")
+    assert json.loads(piped.stdout)["text"] == json.loads(flagged.stdout)["text"]
+
+
+def test_raw_skips_the_chat_template(tiny_llama: Path) -> None:
+    base = ("run", str(tiny_llama), "-p", "abc", "--json", "--temperature", "0", "-n", "1")
+    templated = json.loads(run_cli(*base).stdout)["metrics"]["prompt_tokens"]
+    raw = json.loads(run_cli(*base, "--raw").stdout)["metrics"]["prompt_tokens"]
+    assert raw < templated  # ChatML adds role markers around the prompt
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "/nonexistent/model.gguf", "-p", "x"], "model file not found"),
+        (["run", "{tiny}", "-p", "x", "--temperature", "-1"], "temperature must be >= 0"),
+        (["run", "{tiny}", "-p", "x", "--top-p", "0"], "top-p must be in"),
+        (["run", "{tiny}"], "no prompt"),
+    ],
+)
+def test_bad_input_gives_one_line_error(tiny_llama: Path, args: list[str], message: str) -> None:
+    r = run_cli(*[a.replace("{tiny}", str(tiny_llama)) for a in args], input="")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error:") and message in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_default_model_answers_and_reports_metrics() -> None:
+    """README command 1 in miniature: no model named → the built-in Gemma is assembled."""
+    r = run_cli(
+        "run",
+        "--prompt",
+        "What is the capital of France? One word.",
+        "--temperature",
+        "0",
+        "-n",
+        "16",
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "Assembling the built-in model" in r.stderr
+    assert "TTFT" in r.stderr and "stop: eos" in r.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_with_footer(gemma_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferenceos",
+            "run",
+            str(gemma_path),
+            "-p",
+            "Write a very long story about a dragon.",
+            "-n",
+            "3000",
+            "--ctx",
+            "4096",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    assert proc.stdout is not None
+    proc.stdout.read(20)  # wait until tokens are streaming
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "stop: interrupted" in err
+    assert "Traceback" not in err
