@@ -12,7 +12,17 @@ import sys
 
 import typer
 
-from inferenceos.cli import inspect_cmd, run_cmd
+from inferenceos.cli import (
+    cache_cmd,
+    config_cmd,
+    doctor_cmd,
+    hardware_cmd,
+    inspect_cmd,
+    reset_cmd,
+    run_cmd,
+    update_cmd,
+    version_cmd,
+)
 from inferenceos.cli.console import print_error
 from inferenceos.errors import InferenceOSError
 
@@ -28,6 +38,13 @@ app = typer.Typer(
 # One line per command; keep the order of `inferenceos --help`.
 app.command("run")(run_cmd.run)
 app.command("inspect")(inspect_cmd.inspect)
+app.command("hardware")(hardware_cmd.hardware)
+app.command("doctor")(doctor_cmd.doctor)
+app.command("version")(version_cmd.version)
+app.add_typer(config_cmd.config_app, name="config")
+app.add_typer(cache_cmd.cache_app, name="cache")
+app.command("reset")(reset_cmd.reset)
+app.command("update")(update_cmd.update)
 
 
 def main() -> None:

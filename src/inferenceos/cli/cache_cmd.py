@@ -1,0 +1,89 @@
+"""`inferenceos cache`: list and clean what InferenceOS keeps to save work.
+
+Kinds and where they live (re-creatable; models are never touched here):
+  profiles    <data dir>/hardware    hardware profiles (`inferenceos hardware`)
+  plans       <cache dir>/plans      execution plans
+  benchmarks  <data dir>/benchmarks  benchmark results
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from inferenceos.cli.console import out, print_json
+from inferenceos.errors import UsageError
+from inferenceos.paths import cache_dir, data_dir
+from inferenceos.units import format_bytes
+
+cache_app = typer.Typer(help="List and clean cached plans, profiles and benchmark results.",
+                        invoke_without_command=True)
+
+
+def cache_kinds() -> dict[str, Path]:
+    """Every cache kind and its folder."""
+    return {"profiles": data_dir() / "hardware", "plans": cache_dir() / "plans",
+            "benchmarks": data_dir() / "benchmarks"}
+
+
+def usage(folder: Path) -> tuple[int, int]:
+    """(files, bytes) under `folder`; (0, 0) when it does not exist."""
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def clean(kinds: list[str]) -> dict[str, int]:
+    """Delete the folders of `kinds`; {kind: bytes freed}. UsageError on unknown kinds."""
+    known = cache_kinds()
+    unknown = [k for k in kinds if k not in known]
+    if unknown:
+        raise UsageError(f"unknown cache kind(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(known)}")
+    freed = {}
+    for kind in kinds:
+        freed[kind] = usage(known[kind])[1]
+        shutil.rmtree(known[kind], ignore_errors=True)
+    return freed
+
+
+@cache_app.callback()
+def _default(ctx: typer.Context) -> None:
+    """Without a subcommand: list the caches."""
+    if ctx.invoked_subcommand is None:
+        list_(as_json=False)
+
+
+@cache_app.command("list")
+def list_(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Each cache kind with its folder, file count and size."""
+    rows = {k: (p, *usage(p)) for k, p in cache_kinds().items()}
+    if as_json:
+        print_json({k: {"path": str(p), "files": n, "bytes": b} for k, (p, n, b) in rows.items()})
+        return
+    t = Table(title="Caches", title_justify="left")
+    for col in ("kind", "files", "size", "folder"):
+        t.add_column(col)
+    for kind, (folder, n, size) in rows.items():
+        t.add_row(kind, str(n), format_bytes(size), str(folder))
+    out.print(t)
+
+
+@cache_app.command("clean")
+def clean_cmd(
+    kinds: Annotated[list[str] | None, typer.Argument(help="profiles, plans, benchmarks "
+                                                      "(default: all)")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False,
+) -> None:
+    """Delete cached files (all kinds unless some are named). Asks first."""
+    chosen = kinds or list(cache_kinds())
+    if not yes and not typer.confirm(f"Delete cached {', '.join(chosen)}?", default=False):
+        out.print("nothing deleted")
+        raise typer.Exit(1)
+    freed = clean(chosen)
+    out.print(", ".join(f"{k}: {format_bytes(b)} freed" for k, b in freed.items()))

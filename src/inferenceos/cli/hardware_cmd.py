@@ -1,0 +1,108 @@
+"""`inferenceos hardware`: what this machine is and what llama.cpp makes of it."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from inferenceos.cli.console import out, print_json
+from inferenceos.hardware import HardwareProfile, get_profile
+from inferenceos.units import format_bytes
+
+
+def hardware(
+    refresh: Annotated[bool, typer.Option("--refresh", help="Probe and measure again")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Show CPU, memory, GPUs, llama.cpp devices, measured bandwidth and the backend to use."""
+    start = time.perf_counter()
+    profile, from_cache = get_profile(refresh=refresh)
+    if as_json:
+        print_json({**profile.to_json(), "from_cache": from_cache})
+        return
+    _print_machine(profile)
+    _print_gpus(profile)
+    _print_llama(profile)
+    _print_verdict(profile)
+    age = "cached profile" if from_cache else f"measured in {profile.collect_seconds:.1f} s"
+    out.print(f"[dim]{age} ({time.perf_counter() - start:.2f} s); "
+              "`inferenceos hardware --refresh` measures again[/]")
+
+
+def _kv_table(title: str) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column(style="bold cyan")
+    t.add_column()
+    return t
+
+
+def _print_machine(p: HardwareProfile) -> None:
+    t = _kv_table("Machine")
+    c, m, b = p.cpu, p.memory, p.bandwidth
+    t.add_row("CPU", f"{c.model} ({c.arch})")
+    t.add_row("cores / threads", f"{c.cores} / {c.threads} ({c.usable_threads} usable), "
+              f"{c.sockets} socket(s), {c.numa_nodes} NUMA node(s)")
+    t.add_row("ISA", " ".join(c.isa) or "-")
+    caches = c.cache_bytes.items()
+    t.add_row("caches", ", ".join(f"{k.upper()} {format_bytes(v)}" for k, v in caches))
+    ram = f"{format_bytes(m.total_bytes)} total, {format_bytes(m.available_bytes)} available"
+    if m.cgroup_limit_bytes is not None:
+        ram += f", container limit {format_bytes(m.cgroup_limit_bytes)}"
+    t.add_row("RAM", ram)
+    swap = f"{format_bytes(m.swap_total_bytes)} ({format_bytes(m.swap_free_bytes)} free)"
+    t.add_row("swap", swap)
+    if b.ram_read_gbps is not None:
+        t.add_row("RAM read", f"{b.ram_read_gbps:.1f} GB/s ({b.ram_threads} threads, "
+                  f"{format_bytes(b.ram_buffer_bytes)} buffer)")
+    if b.disk_read_gbps is not None:
+        t.add_row("disk read", f"{b.disk_read_gbps:.2f} GB/s in {escape(str(b.disk_path))} "
+                  f"({b.disk_fs}, page cache bypassed by {b.disk_method})")
+    out.print(t)
+
+
+def _print_gpus(p: HardwareProfile) -> None:
+    if not p.gpus:
+        out.print("[bold]GPUs:[/] none found")
+        return
+    t = Table(title="GPUs (vendor tools)", title_justify="left")
+    cols = ("#", "vendor", "name", "memory free / total", "compute", "PCIe", "driver", "source")
+    for col in cols:
+        t.add_column(col)
+    for g in p.gpus:
+        mem = "-" if g.memory_total_bytes is None else (
+            f"{format_bytes(g.memory_free_bytes or 0)} / {format_bytes(g.memory_total_bytes)}")
+        if g.integrated:
+            mem += f" (shared, {int((g.shared_memory_fraction or 0) * 100)}% of RAM)"
+        pcie = f"gen{g.pcie_gen} x{g.pcie_width}" if g.pcie_gen and g.pcie_width else "-"
+        t.add_row(str(g.index), g.vendor, escape(g.name), mem, g.compute or "-", pcie,
+                  g.driver_version or "-", g.source)
+    out.print(t)
+
+
+def _print_llama(p: HardwareProfile) -> None:
+    ll = p.llama
+    if not ll.loaded:
+        out.print(f"[bold]llama.cpp:[/] [red]{escape(ll.error or 'not loaded')}[/]")
+        return
+    t = Table(title=f"llama.cpp devices (llama-cpp-python {ll.package_version}, ggml "
+              f"{ll.ggml_version} {ll.ggml_commit}; backends: {', '.join(ll.backends)})",
+              title_justify="left")
+    for col in ("device", "type", "backend", "description", "memory free / total"):
+        t.add_column(col)
+    for d in ll.devices:
+        t.add_row(d.name, d.type, d.backend, escape(d.description),
+                  f"{format_bytes(d.memory_free_bytes)} / {format_bytes(d.memory_total_bytes)}")
+    out.print(t)
+
+
+def _print_verdict(p: HardwareProfile) -> None:
+    r = p.recommendation
+    out.print(f"[bold]Recommended backend:[/] [green]{r.backend}[/] — {escape(r.reason)}")
+    if r.reinstall_hint:
+        out.print(f"  rebuild: {escape(r.reinstall_hint)}")
+    for w in p.warnings:
+        out.print(f"[yellow]warning:[/] {escape(w)}")

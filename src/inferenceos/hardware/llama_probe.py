@@ -1,0 +1,104 @@
+"""Child-process probe of the llama.cpp libraries that llama-cpp-python ships.
+
+Run as a script (`python llama_probe.py LIB_DIR`), it loads libggml-base, libggml and
+libllama from LIB_DIR with ctypes and prints one JSON object on stdout: ggml version and
+commit, the backend registries compiled in (or loadable), every backend device with its
+type and free / total memory, and `llama_print_system_info()`. It imports nothing but
+the standard library, so it runs whatever sys.path holds. It runs in a child because
+initialising a GPU backend can crash or hang inside a driver; the parent survives that.
+Signatures follow ggml/include/ggml-backend.h of llama.cpp as vendored in 0.3.36.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+_P = ctypes.c_void_p
+
+
+def find_library(lib_dir: Path, stem: str) -> Path | None:
+    """libSTEM.so / libSTEM.dylib / STEM.dll in `lib_dir`, or None."""
+    for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll", f"lib{stem}.dll"):
+        if (lib_dir / name).is_file():
+            return lib_dir / name
+    return None
+
+
+def _load(lib_dir: Path, stem: str) -> ctypes.CDLL:
+    path = find_library(lib_dir, stem)
+    if path is None:
+        raise OSError(f"lib{stem} not found in {lib_dir}")
+    return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+
+
+def _sig(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = restype, list(argtypes)
+    return fn
+
+
+def _s(raw: bytes | None) -> str | None:
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def probe(lib_dir: Path) -> dict[str, Any]:
+    """What llama.cpp in `lib_dir` sees; raises OSError when a library will not load."""
+    base = _load(lib_dir, "ggml-base")
+    ggml = _load(lib_dir, "ggml")
+    result: dict[str, Any] = {
+        "ggml_version": _s(_sig(base, "ggml_version", ctypes.c_char_p)()),
+        "ggml_commit": _s(_sig(base, "ggml_commit", ctypes.c_char_p)()),
+    }
+    reg_count = _sig(ggml, "ggml_backend_reg_count", ctypes.c_size_t)
+    if reg_count() == 0:  # a GGML_BACKEND_DL build: backends are separate plugins
+        _sig(ggml, "ggml_backend_load_all_from_path", None, ctypes.c_char_p)(
+            str(lib_dir).encode())
+    reg_get = _sig(ggml, "ggml_backend_reg_get", _P, ctypes.c_size_t)
+    reg_name = _sig(ggml, "ggml_backend_reg_name", ctypes.c_char_p, _P)
+    result["backends"] = [_s(reg_name(reg_get(i))) for i in range(reg_count())]
+    result["devices"] = _devices(ggml, reg_name)
+    llama = _load(lib_dir, "llama")
+    result["system_info"] = _s(_sig(llama, "llama_print_system_info", ctypes.c_char_p)())
+    return result
+
+
+def _devices(ggml: ctypes.CDLL, reg_name: Any) -> list[dict[str, Any]]:
+    count = _sig(ggml, "ggml_backend_dev_count", ctypes.c_size_t)
+    get = _sig(ggml, "ggml_backend_dev_get", _P, ctypes.c_size_t)
+    name = _sig(ggml, "ggml_backend_dev_name", ctypes.c_char_p, _P)
+    desc = _sig(ggml, "ggml_backend_dev_description", ctypes.c_char_p, _P)
+    dtype = _sig(ggml, "ggml_backend_dev_type", ctypes.c_int, _P)
+    reg = _sig(ggml, "ggml_backend_dev_backend_reg", _P, _P)
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    memory = _sig(ggml, "ggml_backend_dev_memory", None, _P, size_p, size_p)
+    devices = []
+    for i in range(count()):
+        dev = get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(dev, ctypes.byref(free), ctypes.byref(total))
+        devices.append({
+            "name": _s(name(dev)) or f"dev{i}", "description": _s(desc(dev)) or "",
+            "type": DEVICE_TYPES.get(dtype(dev), f"type{dtype(dev)}"),
+            "backend": _s(reg_name(reg(dev))) or "", "memory_free_bytes": free.value,
+            "memory_total_bytes": total.value,
+        })
+    return devices
+
+
+def main(argv: list[str]) -> int:
+    """Print the probe result as JSON; on a load failure print {"error": ...}, exit 1."""
+    try:
+        print(json.dumps(probe(Path(argv[1]))))
+    except (OSError, AttributeError) as exc:  # missing library or missing symbol
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
