@@ -40,6 +40,7 @@ DEFAULT_ALIGNMENT = 32
 ALIGNMENT_KEY = "general.alignment"
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME_BYTES = 63  # GGML_MAX_NAME (64) less the terminating NUL
+MAX_SHOWN = 80  # characters of a key quoted in an error message
 MAX_KEPT_ARRAY = 4096  # numeric arrays longer than this keep only their length
 INT64_MAX = 2**63 - 1
 
@@ -176,6 +177,11 @@ class _Cursor:
             raise GGUFFormatError(f"{what} is not valid UTF-8 (at byte {exc.start})") from None
 
 
+def _show(text: str) -> str:
+    """`text` quoted for an error message, cut short: a key may be megabytes long."""
+    return repr(text) if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]!r}..."
+
+
 def _value_type(code: int, what: str) -> GGUFValueType:
     try:
         return GGUFValueType(code)
@@ -183,18 +189,18 @@ def _value_type(code: int, what: str) -> GGUFValueType:
         raise GGUFFormatError(f"{what} has unknown value type {code}") from None
 
 
-def _read_array(cur: _Cursor, key: str) -> ArrayInfo:
-    item_type = _value_type(cur.u32(f"item type of array {key!r}"), f"array {key!r}")
+def _read_array(cur: _Cursor, label: str) -> ArrayInfo:
+    item_type = _value_type(cur.u32(f"item type of array {label}"), f"array {label}")
     if item_type == GGUFValueType.ARRAY:
-        raise GGUFFormatError(f"array {key!r} holds arrays; nested arrays are not supported")
-    length = cur.u64(f"length of array {key!r}")
+        raise GGUFFormatError(f"array {label} holds arrays; nested arrays are not supported")
+    length = cur.u64(f"length of array {label}")
     if item_type == GGUFValueType.STRING:
         # every string costs at least its 8-byte length prefix
-        cur.need(length * 8, f"array {key!r} of {length} strings")
-        cur.skip_strings(length, f"array {key!r}")
+        cur.need(length * 8, f"array {label} of {length} strings")
+        cur.skip_strings(length, f"array {label}")
         return ArrayInfo(item_type, length, None)
     fmt, size = _SCALARS[item_type]
-    cur.need(length * size, f"array {key!r} of {length} items")
+    cur.need(length * size, f"array {label} of {length} items")
     values: tuple[Any, ...] | None = None
     if length <= MAX_KEPT_ARRAY:
         values = struct.unpack_from(f"<{length}{fmt[1]}", cur.buf, cur.pos)
@@ -202,27 +208,28 @@ def _read_array(cur: _Cursor, key: str) -> ArrayInfo:
     return ArrayInfo(item_type, length, values)
 
 
-def _read_value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
+def _read_value(cur: _Cursor, vtype: GGUFValueType, label: str) -> Any:
     if vtype == GGUFValueType.STRING:
-        return cur.raw_string(f"value of {key!r}").decode("utf-8", errors="replace")
+        return cur.raw_string(f"value of {label}").decode("utf-8", errors="replace")
     if vtype == GGUFValueType.ARRAY:
-        return _read_array(cur, key)
-    return cur.scalar(vtype, f"value of {key!r}")
+        return _read_array(cur, label)
+    return cur.scalar(vtype, f"value of {label}")
 
 
 def _read_metadata(cur: _Cursor, kv_count: int) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
     for i in range(kv_count):
         key = cur.text(f"key {i}")
+        label = _show(key)
         if not key:
             raise GGUFFormatError(f"metadata key {i} is empty")
         if key in metadata:
-            raise GGUFFormatError(f"duplicate metadata key {key!r}")
-        vtype = _value_type(cur.u32(f"type of {key!r}"), f"key {key!r}")
+            raise GGUFFormatError(f"duplicate metadata key {label}")
+        vtype = _value_type(cur.u32(f"type of {label}"), f"key {label}")
         if key == ALIGNMENT_KEY and vtype != GGUFValueType.UINT32:
             # llama.cpp rejects any other type; a bool or float here means a broken file
             raise GGUFFormatError(f"{ALIGNMENT_KEY} must be of type UINT32, got {vtype.name}")
-        metadata[key] = _read_value(cur, vtype, key)
+        metadata[key] = _read_value(cur, vtype, label)
     return metadata
 
 
@@ -242,7 +249,10 @@ def _tensor_bytes(name: str, shape: tuple[int, ...], ggml_type: GGMLQuantization
             f"tensor {name!r} row of {row} values is not a multiple of the "
             f"{ggml_type.name} block size {block}"
         )
-    return n // block * type_size
+    n_bytes = n // block * type_size
+    if n_bytes > INT64_MAX:
+        raise GGUFFormatError(f"tensor {name!r} size of {n_bytes} bytes overflows int64")
+    return n_bytes
 
 
 def _read_tensor_info(
