@@ -13,6 +13,18 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+_CONTROL = dict.fromkeys(c for c in range(32) if c not in (9,)) | {127: None}
+
+
+def safe_text(text: str) -> str:
+    """Text from an untrusted source (a GGUF file), made inert for the terminal.
+
+    Control characters (ESC sequences could rewrite the screen or set the window title)
+    are removed and Rich markup is escaped.
+    """
+    return escape(text.translate(_CONTROL))
+
+
 def print_error(message: str) -> None:
     """Print `message` as one line on stderr, prefixed `error:`."""
     one_line = " ".join(message.split())

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from inferenceos.cli.console import out, print_json
+from inferenceos.cli.console import out, print_json, safe_text
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.model.digest import file_digest
 from inferenceos.model.spec import ModelSpec, load_spec
@@ -32,12 +32,14 @@ def inspect(
 
 
 def _print_summary(spec: ModelSpec, sha: str | None) -> None:
-    t = Table(title=f"{spec.name}  ({spec.path.name})", show_header=False, title_justify="left")
+    t = Table(
+        title=safe_text(f"{spec.name}  ({spec.path.name})"), show_header=False, title_justify="left"
+    )
     t.add_column(style="bold cyan")
     t.add_column()
     rows = [
-        ("architecture", spec.architecture),
-        ("file type", spec.file_type),
+        ("architecture", safe_text(spec.architecture)),
+        ("file type", safe_text(spec.file_type)),
         ("parameters", format_count(spec.parameters)),
         ("file size", format_bytes(spec.size_bytes)),
         ("blocks", str(spec.block_count)),
@@ -53,7 +55,7 @@ def _print_summary(spec: ModelSpec, sha: str | None) -> None:
         rows.append(("sliding window", f"{spec.sliding_window} on layers {swa}"))
     if spec.is_moe:
         rows.append(("experts", f"{spec.expert_used_count} of {spec.expert_count} per token"))
-    quant = ", ".join(f"{k} {format_bytes(v)}" for k, v in spec.quant_types.items())
+    quant = ", ".join(f"{k} {format_bytes(v)}" for k, v in spec.quant_types.items())  # enum names
     rows.append(("tensor types", quant))
     rows.append(("chat template", "yes" if spec.chat_template else "none in file"))
     if sha:
@@ -78,6 +80,6 @@ def _print_layers(spec: ModelSpec) -> None:
             "swa" if layer.is_swa else "full",
         )
     for name, n in spec.non_layer_bytes.items():
-        t.add_row(name, "", "", "", "", format_bytes(n), "")
+        t.add_row(safe_text(name), "", "", "", "", format_bytes(n), "")
     t.add_row("all", "", "", "", "", format_bytes(spec.tensor_bytes), "", style="bold")
     out.print(t)

@@ -113,15 +113,24 @@ class ModelSpec:
         return data
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_array(value: ArrayInfo, key: str) -> tuple[int, ...]:
+    """The items of a per-layer count array; integers only (no NaN, no floats)."""
+    if not value.values or not all(_is_int(v) for v in value.values):
+        raise GGUFFormatError(f"{key} must be a non-empty array of integers")
+    return tuple(value.values)
+
+
 def _int_or_first(value: Any, key: str) -> int:
     """A count that may be stored per layer as an array: take its maximum."""
     if isinstance(value, ArrayInfo):
-        if not value.values:
-            raise GGUFFormatError(f"{key} is an empty or unreadable array")
-        return int(max(value.values))
-    if isinstance(value, bool) or not isinstance(value, int):
+        return max(_int_array(value, key))
+    if not _is_int(value):
         raise GGUFFormatError(f"{key} must be an integer, got {value!r}")
-    return value
+    return int(value)
 
 
 class _Meta:
@@ -218,7 +227,7 @@ def _file_type_name(code: Any) -> str:
 
 
 def _optional_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if _is_int(value) else None
 
 
 def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
@@ -233,11 +242,9 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     head_dim = n_embd // n_head if n_head else 0
     swa = _swa_flags(meta, n_layer)
     kv_raw = meta.raw("attention.head_count_kv")
-    kv_per_layer = (
-        kv_raw.values
-        if isinstance(kv_raw, ArrayInfo) and kv_raw.values and len(kv_raw.values) >= n_layer
-        else (n_head_kv,) * n_layer
-    )
+    kv_per_layer = (n_head_kv,) * n_layer
+    if isinstance(kv_raw, ArrayInfo) and kv_raw.length >= n_layer:
+        kv_per_layer = _int_array(kv_raw, "attention.head_count_kv")
     per_layer, non_layer = _split_tensors(gf.tensors, n_layer)
     layers = tuple(
         LayerSpec(
@@ -248,7 +255,7 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
             norm_bytes=c["norm"],
             other_bytes=c["other"],
             is_swa=swa[i],
-            head_count_kv=int(kv_per_layer[i]),
+            head_count_kv=kv_per_layer[i],
         )
         for i, c in enumerate(per_layer)
     )
