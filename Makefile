@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine (see README): `make run` and `make test`.
 VENV ?= .venv
-PROMPT ?= Why is the sky blue? Answer in two sentences.
+PROMPT ?= The three primary colors are
 PYTEST_ARGS ?=
 
 .PHONY: run test lint install install-test
@@ -18,7 +18,7 @@ install-test: $(VENV)/.installed-test
 
 ## Install, then answer one prompt with the built-in model (Gemma 3 270M).
 run: $(VENV)/.installed
-	$(VENV)/bin/inferenceos run --prompt "$(PROMPT)"
+	$(VENV)/bin/inferenceos run --prompt "$(PROMPT)" --max-tokens 64
 
 ## Install with the test tools, then run the whole test suite.
 test: $(VENV)/.installed-test

@@ -12,7 +12,7 @@ MSGS = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]
 
 
 def test_gguf_template_rendered() -> None:
-    text, used = render_chat(CHATML_TEMPLATE, "llama", MSGS)
+    text, used = render_chat(CHATML_TEMPLATE, MSGS)
     assert used == "gguf"
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
@@ -37,12 +37,17 @@ def test_raise_exception_helper_becomes_user_error() -> None:
         render_jinja("{{ raise_exception('roles must alternate') }}", MSGS)
 
 
-def test_builtin_gemma_template_when_file_has_none() -> None:
-    text, used = render_chat(None, "gemma3", [ChatMessage("user", "Hi")])
+def test_builtin_template_by_name_overrides_the_file() -> None:
+    text, used = render_chat(CHATML_TEMPLATE, [ChatMessage("user", "Hi")], builtin="gemma")
     assert used == "builtin:gemma"
     assert text == "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
 
 
-def test_unknown_architecture_without_template_is_raw() -> None:
-    text, used = render_chat(None, "mystery-arch", [ChatMessage("user", "Hi")])
+def test_unknown_builtin_name_is_a_user_error() -> None:
+    with pytest.raises(UsageError, match="no built-in chat template named 'nope'"):
+        render_chat(None, [ChatMessage("user", "Hi")], builtin="nope")
+
+
+def test_file_without_template_is_a_base_model_raw_text() -> None:
+    text, used = render_chat(None, [ChatMessage("user", "Hi")])
     assert (text, used) == ("Hi", "raw")

@@ -73,7 +73,7 @@ def test_default_model_answers_and_reports_metrics() -> None:
     r = run_cli(
         "run",
         "--prompt",
-        "What is the capital of France? One word.",
+        "The three primary colors are",
         "--temperature",
         "0",
         "-n",
@@ -81,9 +81,9 @@ def test_default_model_answers_and_reports_metrics() -> None:
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert "Paris" in r.stdout
+    assert r.stdout.startswith(" red, yellow, and blue.")  # greedy: deterministic
     assert "Assembling the built-in model" in r.stderr
-    assert "TTFT" in r.stderr and "stop: eos" in r.stderr
+    assert "generated 16 tok" in r.stderr and "TTFT" in r.stderr
 
 
 @pytest.mark.slow

@@ -35,7 +35,12 @@ def _settings(spec: ModelSpec, ctx: int, threads: int, batch: int) -> LoadSettin
 
 
 def _prompt_text(
-    spec: ModelSpec, model: LoadedModel, prompt: str, system: str | None, raw: bool
+    spec: ModelSpec,
+    model: LoadedModel,
+    prompt: str,
+    system: str | None,
+    raw: bool,
+    template: str | None,
 ) -> str:
     if raw:
         return prompt
@@ -43,10 +48,10 @@ def _prompt_text(
     messages.append(ChatMessage("user", prompt))
     text, _ = render_chat(
         spec.chat_template,
-        spec.architecture,
         messages,
         bos_token=model.token_text(model.bos_token),
         eos_token=model.token_text(model.eos_token),
+        builtin=template,
     )
     return text
 
@@ -71,6 +76,10 @@ def run(
     raw: Annotated[
         bool, typer.Option("--raw", help="Send the prompt as is, without the chat template")
     ] = False,
+    template: Annotated[
+        str | None,
+        typer.Option("--template", help="Use llama.cpp's built-in chat template NAME (e.g. gemma)"),
+    ] = None,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")
     ] = 256,
@@ -109,7 +118,7 @@ def run(
     spec = load_spec(resolve_model(model))
     log().echo = verbose
     with LoadedModel(spec.path, _settings(spec, ctx, threads, batch)) as lm:
-        tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw))
+        tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw, template))
         pieces: list[str] = []
         interrupted = False
         try:

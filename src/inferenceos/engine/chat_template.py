@@ -2,8 +2,8 @@
 
 The template stored in the GGUF (`tokenizer.chat_template`, Jinja2) is untrusted: it is
 rendered in Jinja2's immutable sandbox (llama-cpp-python's CVE-2024-34359 came from
-rendering it unsandboxed). Files without a template fall back to llama.cpp's built-in
-templates, chosen by architecture; models we know nothing about get the raw text.
+rendering it unsandboxed). A file without a template is taken for a base model and gets
+the raw text; the user may name one of llama.cpp's built-in templates instead.
 """
 
 from __future__ import annotations
@@ -17,18 +17,6 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from inferenceos.errors import UsageError
-
-# llama.cpp built-in template names (llama_chat_builtin_templates) per architecture,
-# for GGUF files that carry no template of their own.
-BUILTIN_BY_ARCH = {
-    "gemma": "gemma",
-    "gemma2": "gemma",
-    "gemma3": "gemma",
-    "llama": "llama3",
-    "phi3": "phi3",
-    "qwen2": "chatml",
-    "qwen3": "chatml",
-}
 
 
 @dataclass(frozen=True)
@@ -94,17 +82,22 @@ def render_builtin(
 
 def render_chat(
     template: str | None,
-    architecture: str,
     messages: Sequence[ChatMessage],
     bos_token: str = "",
     eos_token: str = "",
+    builtin: str | None = None,
 ) -> tuple[str, str]:
-    """Render `messages` for a model; returns (prompt text, which template was used)."""
+    """Render `messages` for a model; returns (prompt text, which template was used).
+
+    `builtin` (a llama.cpp built-in template name such as "gemma" or "chatml") overrides
+    the file's template. A file without a template is a base model: the messages'
+    contents are joined and sent as they are, as llama.cpp's completion does.
+    """
+    if builtin:
+        text = render_builtin(builtin, messages)
+        if text is None:
+            raise UsageError(f"llama.cpp has no built-in chat template named {builtin!r}")
+        return text, f"builtin:{builtin}"
     if template:
         return render_jinja(template, messages, bos_token, eos_token), "gguf"
-    name = BUILTIN_BY_ARCH.get(architecture)
-    if name:
-        text = render_builtin(name, messages)
-        if text is not None:
-            return text, f"builtin:{name}"
     return "\n".join(m.content for m in messages), "raw"
