@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from inferenceos.cli.console import out, print_json, safe_text
 from inferenceos.cli.model_arg import resolve_model
-from inferenceos.model.digest import file_digest
-from inferenceos.model.spec import ModelSpec, load_spec
 from inferenceos.units import format_bytes, format_count
+
+if TYPE_CHECKING:  # gguf and numpy load only when the command runs: fast --help
+    from inferenceos.model.spec import ModelSpec
 
 
 def inspect(
@@ -22,6 +23,9 @@ def inspect(
     digest: Annotated[bool, typer.Option("--digest/--no-digest", help="Compute the sha256")] = True,
 ) -> None:
     """Show a GGUF model's architecture, sizes, quantization and per-layer bytes."""
+    from inferenceos.model.digest import file_digest
+    from inferenceos.model.spec import load_spec
+
     spec = load_spec(resolve_model(model))
     sha = file_digest(spec.path) if digest else None
     if as_json:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from inferenceos.cli.console import err, print_json
 from inferenceos.cli.model_arg import resolve_model
-from inferenceos.engine.chat_template import ChatMessage, render_chat
-from inferenceos.engine.llama_lib import log
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
 from inferenceos.errors import UsageError
-from inferenceos.model.spec import ModelSpec, load_spec
+
+if TYPE_CHECKING:  # gguf, numpy and jinja2 load only when the command runs
+    from inferenceos.model.spec import ModelSpec
 
 DEFAULT_CTX = 4096
 
@@ -44,6 +44,8 @@ def _prompt_text(
 ) -> str:
     if raw:
         return prompt
+    from inferenceos.engine.chat_template import ChatMessage, render_chat
+
     messages = [ChatMessage("system", system)] if system else []
     messages.append(ChatMessage("user", prompt))
     text, _ = render_chat(
@@ -115,6 +117,9 @@ def run(
         ignore_eos=ignore_eos,
     )
     sampling.validate()
+    from inferenceos.engine.llama_lib import log
+    from inferenceos.model.spec import load_spec
+
     spec = load_spec(resolve_model(model))
     log().echo = verbose
     with LoadedModel(spec.path, _settings(spec, ctx, threads, batch)) as lm:

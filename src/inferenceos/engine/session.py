@@ -86,6 +86,7 @@ class LoadedModel:
         t0 = time.perf_counter()
         self.model = self._load_model()
         self.ctx: Any = None
+        self._embed_ctx: Any = None
         try:
             self.ctx = self._new_context()
         except ModelLoadError:
@@ -247,7 +248,54 @@ class LoadedModel:
             if tail:
                 yield TokenEvent(-1, tail)
 
+    # -- embeddings --------------------------------------------------------------------
+
+    def _embedding_context(self) -> Any:
+        """A second context that pools hidden states (mean) instead of producing logits."""
+        if self._embed_ctx is None:
+            ll = self._ll
+            params = ll.llama_context_default_params()
+            # a pooled embedding needs the whole text in one micro-batch
+            params.n_ctx = params.n_batch = params.n_ubatch = min(self.n_ctx, 2048)
+            params.n_seq_max = 1
+            params.n_threads = params.n_threads_batch = self.settings.n_threads or default_threads()
+            params.embeddings = True
+            params.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
+            params.no_perf = True
+            ctx = ll.llama_init_from_model(self.model, params)
+            if not ctx:
+                raise ModelLoadError(
+                    f"llama.cpp could not create an embedding context for {self.path}"
+                )
+            self._embed_ctx = ctx
+        return self._embed_ctx
+
+    def embed(self, text: str) -> list[float]:
+        """The mean-pooled, L2-normalised embedding of `text`."""
+        ll = self._ll
+        ctx = self._embedding_context()
+        if not text:
+            raise UsageError("cannot embed an empty text")
+        tokens = self.tokenize(text)
+        limit = int(ll.llama_n_ctx(ctx))
+        if len(tokens) > limit:
+            raise UsageError(f"the text has {len(tokens)} tokens; embeddings take at most {limit}")
+        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        arr = (ll.llama_token * len(tokens))(*tokens)
+        if ll.llama_decode(ctx, ll.llama_batch_get_one(arr, len(tokens))) != 0:
+            raise GenerationError("llama_decode failed while embedding")
+        n_embd = int(ll.llama_model_n_embd(self.model))
+        ptr = ll.llama_get_embeddings_seq(ctx, 0)
+        if not ptr:
+            raise GenerationError("llama.cpp returned no pooled embedding")
+        vec = [float(ptr[i]) for i in range(n_embd)]
+        norm = sum(v * v for v in vec) ** 0.5 or 1.0
+        return [v / norm for v in vec]
+
     def close(self) -> None:
+        if self._embed_ctx is not None:
+            self._ll.llama_free(self._embed_ctx)
+            self._embed_ctx = None
         if self.ctx is not None:
             self._ll.llama_free(self.ctx)
             self.ctx = None

@@ -1,0 +1,69 @@
+"""Engine: the thread-safe face over one loaded model (generate, cancel, embed)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from inferenceos.engine.engine import Engine
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import LoadSettings
+from inferenceos.errors import UsageError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama: Path):
+    with Engine(tiny_llama, LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)) as e:
+        yield e
+
+
+def test_threads_get_the_same_answer_as_alone(engine: Engine) -> None:
+    alone = engine.generate("abc", GREEDY).text()
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(engine.generate("abc", GREEDY).text()))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert results == [alone] * 4
+
+
+def test_cancel_event_stops_generation(engine: Engine) -> None:
+    cancel = threading.Event()
+    gen = engine.generate("abc", SamplingParams(temperature=0, max_tokens=200), cancel=cancel)
+    seen = 0
+    for _ in gen:
+        seen += 1
+        if seen == 3:
+            cancel.set()
+    assert seen == 3
+    assert gen.metrics.stop_reason == "interrupted"
+    assert engine.generate("abc", GREEDY).metrics is not None  # the engine is free again
+
+
+def test_closing_early_frees_the_engine(engine: Engine) -> None:
+    gen = engine.generate("abc", SamplingParams(temperature=0, max_tokens=200))
+    next(iter(gen))
+    gen.close()
+    assert gen.metrics.completion_tokens == 1
+    assert len(engine.generate("abc", GREEDY).text()) > 0
+
+
+def test_embeddings_are_normalised_and_distinguish_texts(engine: Engine) -> None:
+    a, a2, b = engine.embed(["abc abc", "abc abc", "zzz yyy"])
+    assert len(a) == 64
+    assert sum(x * x for x in a) == pytest.approx(1.0, abs=1e-5)
+    assert a == a2  # deterministic
+    assert sum(x * y for x, y in zip(a, b, strict=True)) < 0.999
+
+
+def test_empty_text_cannot_be_embedded(engine: Engine) -> None:
+    with pytest.raises(UsageError, match="empty"):
+        engine.embed([""])
