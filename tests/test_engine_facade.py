@@ -67,3 +67,39 @@ def test_embeddings_are_normalised_and_distinguish_texts(engine: Engine) -> None
 def test_empty_text_cannot_be_embedded(engine: Engine) -> None:
     with pytest.raises(UsageError, match="empty"):
         engine.embed([""])
+
+
+def test_killed_worker_fails_in_flight_request_then_recovers(tiny_llama: Path) -> None:
+    import os
+    import signal
+
+    from inferenceos.errors import WorkerDiedError
+
+    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    with Engine(tiny_llama, settings, n_parallel=2, kv_policy="streaming") as e:
+        endless = SamplingParams(temperature=0, max_tokens=10**7, ignore_eos=True)
+        gen = e.generate("abc", endless)
+        it = iter(gen)
+        next(it)
+        old_pid = e.worker_pid
+        os.kill(old_pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match="worker died"):
+            for _ in it:
+                pass
+        assert e.generate("abc", GREEDY).text()  # a fresh worker serves the next request
+        assert e.worker_pid != old_pid
+
+
+def test_full_queue_is_reported_as_busy(tiny_llama: Path) -> None:
+    from inferenceos.errors import EngineBusyError
+
+    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    with Engine(tiny_llama, settings, n_parallel=1, kv_policy="streaming", max_queue=1) as e:
+        endless = SamplingParams(temperature=0, max_tokens=10**7, ignore_eos=True)
+        running = e.generate("abc", endless)
+        next(iter(running))  # occupies the only slot
+        waiting = e.generate("abc", GREEDY)  # fills the queue
+        with pytest.raises(EngineBusyError, match="busy"):
+            e.generate("abc", GREEDY).text()
+        running.close()
+        assert waiting.text()  # served once the slot is free

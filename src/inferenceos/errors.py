@@ -32,3 +32,11 @@ class UsageError(InferenceOSError):
     """The user asked for something contradictory or out of range."""
 
     exit_code = 2
+
+
+class EngineBusyError(InferenceOSError):
+    """The engine's request queue is full; retry later (HTTP 429)."""
+
+
+class WorkerDiedError(GenerationError):
+    """The model's worker process died; in-flight requests end with this error."""

@@ -1,26 +1,50 @@
-"""The engine's public face: one loaded model, many callers.
+"""The engine's public face: one loaded model in a worker process, many callers.
 
 `Engine` is what the CLI and the server use. Its contract:
-- `generate(...)` returns a `Generation`: iterate it for `TokenEvent`s; afterwards (or
-  at any point) `.metrics` describes the run. Closing the iterator early, or setting
-  the `cancel` event, ends the generation and frees its slot.
-- `embed(texts)` returns one pooled, L2-normalised vector per text.
-- It is safe to call from several threads. This version serves one generation at a time
-  (callers queue on a lock, in arrival order); the continuous-batching scheduler keeps
-  this same interface.
+- `generate(...)` returns a `Generation`: iterate it for `TokenEvent`s; afterwards (or at
+  any point) `.metrics` describes the run. Closing the iterator early, or setting the
+  `cancel` event, ends the generation and frees its slot in the worker at once.
+- Up to `n_parallel` generations run at the same time (continuous batching in the
+  worker); more wait in the worker's queue; past `max_queue` waiting, `generate` raises
+  `EngineBusyError`.
+- `embed(texts)` returns one mean-pooled, L2-normalised vector per text.
+- Safe to call from many threads.
+- If the worker dies (a crash inside llama.cpp, OOM, a kill), every in-flight request
+  ends with `WorkerDiedError` and the next call starts a fresh worker.
+
+`LoadSettings.n_ctx` is the context of one sequence; the worker's context holds
+`n_ctx * n_parallel` cells.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import multiprocessing as mp
+import queue
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from inferenceos import errors
 from inferenceos.engine.chat_template import ChatMessage, render_chat
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
+from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
+from inferenceos.engine.worker import WorkerConfig, worker_main
 from inferenceos.model.spec import ModelSpec, load_spec
+
+_POLL_S = 0.05  # how often a waiting generation looks at its cancel event
+
+
+def _error(payload: Any) -> errors.InferenceOSError:
+    """Rebuild the exception a worker reported as (class name, message)."""
+    name, message = payload if isinstance(payload, tuple) else ("GenerationError", payload)
+    cls = getattr(errors, name, errors.GenerationError)
+    if not (isinstance(cls, type) and issubclass(cls, errors.InferenceOSError)):
+        cls = errors.GenerationError
+    return cls(message)
 
 
 @dataclass
@@ -43,37 +67,156 @@ class Generation:
             close()
 
 
-class Engine:
-    """A model loaded once and shared by every caller."""
+class _Worker:
+    """A running worker process and the thread that routes its replies."""
 
-    def __init__(self, path: str | Path, settings: LoadSettings | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, start_timeout: float) -> None:
+        ctx = mp.get_context("spawn")  # no fork: the parent may hold threads and locks
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(child, cfg), daemon=True)
+        self.proc.start()
+        child.close()
+        self.pending: dict[int, queue.Queue[tuple[str, Any]]] = {}
+        self.lock = threading.Lock()
+        self.alive = True
+        if not self.conn.poll(start_timeout):
+            self.kill()
+            raise errors.ModelLoadError(f"the model worker did not start in {start_timeout:.0f} s")
+        try:
+            [(_, kind, payload)] = self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(5)
+            raise errors.ModelLoadError(
+                f"the model worker died while loading (exit code {self.proc.exitcode})"
+            ) from None
+        if kind == "error":
+            self.proc.join(5)
+            raise _error(payload)
+        self.info: dict[str, Any] = payload
+        threading.Thread(target=self._read, daemon=True, name="engine-reader").start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                for req_id, kind, payload in self.conn.recv():
+                    q = self.pending.get(req_id)
+                    if q is not None:
+                        q.put((kind, payload))
+        except (EOFError, OSError):
+            pass
+        self.proc.join(5)
+        with self.lock:
+            self.alive = False
+            died = ("WorkerDiedError", f"the model worker died (exit code {self.proc.exitcode})")
+            for q in self.pending.values():
+                q.put(("error", died))
+
+    def send(self, msg: tuple[Any, ...], req_id: int | None = None) -> queue.Queue[Any] | None:
+        """Send `msg`; with `req_id`, register and return the queue its replies go to."""
+        with self.lock:
+            if not self.alive:
+                raise errors.WorkerDiedError("the model worker is not running")
+            q: queue.Queue[Any] | None = None
+            if req_id is not None:
+                q = self.pending[req_id] = queue.Queue()
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):
+                self.alive = False
+                raise errors.WorkerDiedError("the model worker is not running") from None
+            return q
+
+    def done(self, req_id: int) -> None:
+        with self.lock:
+            self.pending.pop(req_id, None)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+
+    def shutdown(self, timeout: float = 10) -> None:
+        try:
+            with self.lock:
+                self.conn.send(("shutdown",))
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.kill()
+
+
+class Engine:
+    """A model loaded once in a worker process and shared by every caller."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        settings: LoadSettings | None = None,
+        n_parallel: int = 4,
+        kv_policy: str = "none",
+        max_queue: int = 64,
+        start_timeout: float = 300,
+    ) -> None:
         self.spec: ModelSpec = load_spec(path)
-        self._model = LoadedModel(self.spec.path, settings)
+        base = settings or LoadSettings()
+        total = replace(base, n_ctx=base.n_ctx * n_parallel, n_seq_max=n_parallel)
+        total.validate()
+        self._cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch,
+                                 kv_policy, max_queue=max_queue)  # fmt: skip
+        self._start_timeout = start_timeout
+        self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._worker = _Worker(self._cfg, start_timeout)
+
+    # -- worker lifecycle --------------------------------------------------------------
+
+    def _live_worker(self) -> _Worker:
+        with self._lock:
+            if not self._worker.alive:
+                self._worker = _Worker(self._cfg, self._start_timeout)
+            return self._worker
+
+    @property
+    def worker_pid(self) -> int:
+        return int(self._worker.info["pid"])
 
     @property
     def n_ctx(self) -> int:
-        return self._model.n_ctx
+        """Context of one sequence."""
+        return int(self._worker.info["n_ctx_slot"])
 
     @property
     def load_s(self) -> float:
-        return self._model.load_s
+        return float(self._worker.info["load_s"])
+
+    # -- requests ----------------------------------------------------------------------
+
+    def _call(self, msg_kind: str, *args: Any) -> Any:
+        worker = self._live_worker()
+        req_id = next(self._ids)
+        q = worker.send((msg_kind, req_id, *args), req_id)
+        assert q is not None
+        try:
+            kind, payload = q.get()
+        finally:
+            worker.done(req_id)
+        if kind == "error":
+            raise _error(payload)
+        return payload
 
     def chat_prompt(self, messages: Sequence[ChatMessage], template: str | None = None) -> str:
         """The prompt text for `messages` under the model's (or the named) template."""
-        m = self._model
-        text, _ = render_chat(
-            self.spec.chat_template,
-            messages,
-            bos_token=m.token_text(m.bos_token),
-            eos_token=m.token_text(m.eos_token),
-            builtin=template,
-        )
+        info = self._worker.info
+        text, _ = render_chat(self.spec.chat_template, messages, bos_token=info["bos_text"],
+                              eos_token=info["eos_text"], builtin=template)  # fmt: skip
         return text
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        with self._lock:
-            return self._model.tokenize(text, add_special=add_special)
+        return list(self._call("tokenize", text, add_special))
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Mean-pooled, L2-normalised embeddings, one per text, in order."""
+        return list(self._call("embed", list(texts)))
 
     def generate(
         self,
@@ -81,41 +224,56 @@ class Engine:
         sampling: SamplingParams,
         cancel: threading.Event | None = None,
     ) -> Generation:
-        """Start generating for `prompt` (text or token ids); see the module contract."""
+        """Start generating for `prompt` (text or token ids); see the module contract.
+
+        Raises UsageError for bad sampling settings; errors found by the worker (prompt
+        too long, queue full) are raised when the Generation is first iterated.
+        """
         sampling.validate()
+        worker = self._live_worker()
+        req_id = next(self._ids)
+        q = worker.send(("generate", req_id, prompt, sampling), req_id)
+        assert q is not None
         gen = Generation(iter(()))
-        gen.events = self._run(prompt, sampling, cancel, gen)
+        gen.events = self._stream(worker, req_id, q, cancel, gen)
         return gen
 
-    def _run(
+    def _stream(
         self,
-        prompt: str | list[int],
-        sampling: SamplingParams,
+        worker: _Worker,
+        req_id: int,
+        q: queue.Queue[tuple[str, Any]],
         cancel: threading.Event | None,
         gen: Generation,
     ) -> Iterator[TokenEvent]:
-        with self._lock:
-            m = self._model
-            tokens = m.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-            inner = m.generate(tokens, sampling)
-            try:
-                for ev in inner:
-                    gen.metrics = m.metrics
-                    if cancel is not None and cancel.is_set():
-                        break
-                    yield ev
-            finally:
-                inner.close()
-                gen.metrics = m.metrics
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """Mean-pooled, L2-normalised embeddings, one per text, in order."""
-        with self._lock:
-            return [self._model.embed(t) for t in texts]
+        finished = False
+        try:
+            while not (cancel is not None and cancel.is_set()):
+                try:
+                    kind, payload = q.get(timeout=_POLL_S)
+                except queue.Empty:
+                    continue
+                if kind == "token":
+                    gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
+                    yield TokenEvent(payload[0], payload[1])
+                elif kind == "done":
+                    finished = True
+                    gen.metrics = GenerationMetrics.from_json(payload)
+                    gen.metrics.load_s = self.load_s
+                    return
+                else:
+                    finished = True
+                    raise _error(payload)
+        finally:
+            if not finished:  # closed early or cancelled: free the slot in the worker
+                gen.metrics.stop_reason = "interrupted"
+                with contextlib.suppress(errors.WorkerDiedError):
+                    worker.send(("cancel", req_id))
+            worker.done(req_id)
 
     def close(self) -> None:
-        with self._lock:
-            self._model.close()
+        """Stop the worker (waits for it to exit; kills it after 10 s)."""
+        self._worker.shutdown()
 
     def __enter__(self) -> Engine:
         return self

@@ -42,6 +42,23 @@ class LoadSettings:
     n_gpu_layers: int = 0
     flash_attn: int = -1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
     use_mmap: bool = True
+    n_seq_max: int = 1  # parallel sequences sharing the context
+    type_k: str = "f16"  # KV cache types: f16, q8_0, q4_0
+    type_v: str = "f16"
+
+    def validate(self) -> None:
+        """Raise UsageError for settings llama.cpp would refuse or misbehave on."""
+        for name, value in (("K", self.type_k), ("V", self.type_v)):
+            if value not in KV_TYPES:
+                raise UsageError(f"unknown {name} cache type {value!r} (use {', '.join(KV_TYPES)})")
+        if self.type_v != "f16" and self.flash_attn == 0:
+            raise UsageError("a quantized V cache requires flash attention (flash_attn on or auto)")
+        if self.n_ctx < 16 or self.n_batch < 1 or self.n_seq_max < 1:
+            raise UsageError("n_ctx must be >= 16 and n_batch, n_seq_max >= 1")
+
+
+# ggml_type codes of the KV cache types we offer
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
 
 
 @dataclass
@@ -55,6 +72,7 @@ class GenerationMetrics:
     completion_tokens: int = 0
     decode_tps: float = 0.0
     stop_reason: str = ""  # eos, length, stop, interrupted
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,7 +83,14 @@ class GenerationMetrics:
             "completion_tokens": self.completion_tokens,
             "decode_tps": round(self.decode_tps, 2),
             "stop_reason": self.stop_reason,
+            "cached_tokens": self.cached_tokens,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GenerationMetrics:
+        """Inverse of `to_json` (unknown keys ignored)."""
+        fields = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in fields})
 
 
 @dataclass(frozen=True)
@@ -82,6 +107,7 @@ class LoadedModel:
     def __init__(self, path: Path, settings: LoadSettings | None = None) -> None:
         self.path = Path(path)
         self.settings = settings or LoadSettings()
+        self.settings.validate()
         self._ll = lib()
         t0 = time.perf_counter()
         self.model = self._load_model()
@@ -116,7 +142,10 @@ class LoadedModel:
         params.n_ctx = s.n_ctx
         params.n_batch = s.n_batch
         params.n_ubatch = min(s.n_ubatch, s.n_batch)
-        params.n_seq_max = 1
+        params.n_seq_max = s.n_seq_max
+        params.kv_unified = True  # sequences share the n_ctx cells (a slot budget each)
+        params.type_k = KV_TYPES[s.type_k]
+        params.type_v = KV_TYPES[s.type_v]
         params.n_threads = s.n_threads or default_threads()
         params.n_threads_batch = s.n_threads_batch or params.n_threads
         params.flash_attn_type = s.flash_attn

@@ -1,0 +1,223 @@
+"""What llama.cpp itself says it allocates: buffer sizes parsed from its load log.
+
+llama.cpp prints one line per buffer when it loads a model and creates a context
+(Ollama reads the same lines):
+
+    load_tensors:   CPU_Mapped model buffer size =   235.16 MiB
+    load_tensors:   CPU_REPACK model buffer size =    12.66 MiB
+    llama_kv_cache:        CPU KV buffer size =    24.00 MiB
+    llama_context:        CPU  output buffer size =     1.00 MiB
+    sched_reserve:        CPU compute buffer size =   514.50 MiB
+
+`measure_load()` loads a model with the given settings (or dry-runs it: `no_alloc`,
+where llama.cpp sizes the compute buffers but prints model and KV buffers as 0) and
+returns a `BufferReport`: bytes per (buffer kind, buffer type) plus the process's RSS
+growth. This is the ground truth the analytical memory model in `plan/memory.py` is
+checked against.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferenceos.engine.llama_lib import lib, log
+from inferenceos.errors import ModelLoadError
+
+MIB = 1024 * 1024
+
+_BUFFER_LINE = re.compile(
+    r"(?P<buft>[A-Za-z0-9_]+)\s+(?P<kind>model|KV|output|compute) buffer size\s*=\s*"
+    r"(?P<mib>[0-9.]+) MiB"
+)
+
+# ggml_type codes for the KV cache types we plan with (ggml.h)
+KV_TYPE_CODES = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "q8_0": 8,
+    "bf16": 30,
+}
+LOAD_MODE_NONE = 0  # llama_load_mode: read tensors into buffers, no mmap (needed by no_alloc)
+
+
+@dataclass(frozen=True)
+class BufferReport:
+    """Bytes per buffer as llama.cpp logged them.
+
+    `buffers` maps (kind, buffer type) → bytes, kind being "model", "KV", "output" or
+    "compute" and the buffer type e.g. "CPU_Mapped", "CPU_REPACK", "CUDA0". Sizes are
+    exact to the 0.01 MiB llama.cpp prints. `rss_growth` is the resident set growth of
+    this process across the load (None for a dry run).
+    """
+
+    buffers: dict[tuple[str, str], int] = field(default_factory=dict)
+    rss_growth: int | None = None
+    n_ctx: int = 0
+    dry_run: bool = False
+
+    def kind(self, kind: str) -> int:
+        """Total bytes of one kind of buffer over all buffer types."""
+        return sum(v for (k, _), v in self.buffers.items() if k == kind)
+
+    @property
+    def total(self) -> int:
+        return sum(self.buffers.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "buffers": {f"{k}:{b}": v for (k, b), v in self.buffers.items()},
+            "model": self.kind("model"),
+            "kv": self.kind("KV"),
+            "output": self.kind("output"),
+            "compute": self.kind("compute"),
+            "total": self.total,
+            "rss_growth": self.rss_growth,
+            "n_ctx": self.n_ctx,
+            "dry_run": self.dry_run,
+        }
+
+
+def parse_buffer_lines(lines: list[str]) -> dict[tuple[str, str], int]:
+    """(kind, buffer type) → bytes from llama.cpp log lines; repeated buffers add up
+    (an SWA model logs two KV buffers, one per cache)."""
+    out: dict[tuple[str, str], int] = {}
+    for line in lines:
+        m = _BUFFER_LINE.search(line)
+        if m:
+            key = (m.group("kind"), m.group("buft"))
+            out[key] = out.get(key, 0) + round(float(m.group("mib")) * MIB)
+    return out
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            resident_pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    import os
+
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """The knobs that change llama.cpp's allocations (a superset of LoadSettings)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_seq: int = 1
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    swa_full: bool = True  # llama.cpp's default
+    n_gpu_layers: int = 0
+    use_mmap: bool = True
+    n_threads: int = 1
+
+
+def _model_params(ll: Any, s: MeasureSettings, dry_run: bool) -> Any:
+    params = ll.llama_model_default_params()
+    params.n_gpu_layers = s.n_gpu_layers
+    if dry_run:
+        # no_alloc only sizes buffers; with mmap llama.cpp asserts, so read-mode NONE
+        params.no_alloc = True
+        params.load_mode = LOAD_MODE_NONE
+    elif not s.use_mmap:
+        params.load_mode = LOAD_MODE_NONE
+    return params
+
+
+def _context_params(ll: Any, s: MeasureSettings) -> Any:
+    params = ll.llama_context_default_params()
+    params.n_ctx = s.n_ctx
+    params.n_batch = s.n_batch
+    params.n_ubatch = min(s.n_ubatch, s.n_batch)
+    params.n_seq_max = s.n_seq
+    params.n_threads = params.n_threads_batch = s.n_threads
+    params.flash_attn_type = 1 if s.flash_attn else 0
+    params.type_k = KV_TYPE_CODES[s.type_k]
+    params.type_v = KV_TYPE_CODES[s.type_v]
+    params.swa_full = s.swa_full
+    params.no_perf = True
+    return params
+
+
+def _make_room() -> None:
+    """LlamaLog.mark() is an index into a bounded deque, so it goes stale once the deque
+    is full; a load logs ~1000 lines. Empty it first so `since(mark)` reads this load.
+    TODO: drop when LlamaLog gets a monotonic line counter."""
+    lg = log()
+    if lg.lines.maxlen is not None and len(lg.lines) > lg.lines.maxlen // 4:
+        lg.lines.clear()
+
+
+def measure_load(path: Path, settings: MeasureSettings, dry_run: bool = False) -> BufferReport:
+    """Load `path` with `settings` (or dry-run it), free it, and report its buffers.
+
+    Raises ModelLoadError with llama.cpp's own reason when it refuses the settings (e.g.
+    a quantized V cache without flash attention).
+    """
+    ll = lib()
+    _make_room()
+    mark = log().mark()
+    rss0 = rss_bytes()
+    model = ll.llama_model_load_from_file(str(path).encode(), _model_params(ll, settings, dry_run))
+    if not model:
+        why = "; ".join(log().errors_since(mark)[-3:]) or "unknown reason"
+        raise ModelLoadError(f"llama.cpp could not load {path}: {why}")
+    try:
+        ctx = ll.llama_init_from_model(model, _context_params(ll, settings))
+        if not ctx:
+            why = "; ".join(log().errors_since(mark)[-3:]) or "unknown reason"
+            raise ModelLoadError(f"llama.cpp could not create a context: {why}")
+        n_ctx = int(ll.llama_n_ctx(ctx))
+        rss1 = rss_bytes()
+        ll.llama_free(ctx)
+    finally:
+        ll.llama_model_free(model)
+    return BufferReport(
+        buffers=parse_buffer_lines(log().since(mark)),
+        rss_growth=None if dry_run else rss1 - rss0,
+        n_ctx=n_ctx,
+        dry_run=dry_run,
+    )
+
+
+def _main() -> None:
+    """`python -m inferenceos.engine.memory_report MODEL key=value...`: one measurement
+    as JSON, in a fresh process so RSS growth is not blurred by earlier loads."""
+    import json
+    import sys
+
+    args = sys.argv[1:]
+    if not args:
+        raise SystemExit("usage: python -m inferenceos.engine.memory_report MODEL [k=v ...]")
+    kw: dict[str, Any] = {}
+    dry = False
+    for item in args[1:]:
+        key, _, value = item.partition("=")
+        if key == "dry_run":
+            dry = value.lower() in ("1", "true")
+            continue
+        default = getattr(MeasureSettings, key)
+        kw[key] = (
+            (value.lower() in ("1", "true"))
+            if isinstance(default, bool)
+            else (type(default)(value))
+        )
+    report = measure_load(Path(args[0]), MeasureSettings(**kw), dry_run=dry)
+    sys.stdout.write(json.dumps(report.to_json()) + "\n")
+
+
+if __name__ == "__main__":
+    _main()

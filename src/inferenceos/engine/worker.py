@@ -1,0 +1,110 @@
+"""The worker process: one loaded model, a scheduler, and a message loop.
+
+A crash or abort inside llama.cpp kills this process, never the caller's. Messages are
+tuples over a multiprocessing Pipe.
+
+Parent → worker:
+    ("generate", req_id, prompt text or token ids, SamplingParams)
+    ("tokenize", req_id, text, add_special)
+    ("embed", req_id, [text, ...])
+    ("cancel", req_id)
+    ("shutdown",)
+Worker → parent (each message is a list of events, one per scheduler step):
+    (req_id, "token", (token_id, text)) · (req_id, "done", metrics dict)
+    (req_id, "error", (exception class name, message)) · (req_id, "result", value)
+The first message is [(0, "ready", info dict)] or [(0, "error", message)].
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.errors import InferenceOSError
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What the worker needs to start (picklable)."""
+
+    path: Path
+    settings: LoadSettings
+    n_slots: int = 4
+    token_budget: int = 512
+    kv_policy: str = "none"
+    slot_policy: str = "lru"
+    max_queue: int = 64
+
+
+def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "n_ctx": lm.n_ctx,
+        "n_ctx_slot": lm.n_ctx // n_slots,
+        "load_s": lm.load_s,
+        "bos_text": lm.token_text(lm.bos_token),
+        "eos_text": lm.token_text(lm.eos_token),
+    }
+
+
+def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | None:
+    """Apply one parent message; returns events to send, or None to shut down."""
+    from inferenceos.engine.scheduler import Request
+
+    kind = msg[0]
+    if kind == "shutdown":
+        return None
+    req_id = msg[1]
+    try:
+        if kind == "generate":
+            prompt = msg[2]
+            tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+            sched.submit(Request(req_id, tokens, msg[3]))
+            return []
+        if kind == "cancel":
+            return list(sched.cancel(req_id))
+        if kind == "tokenize":
+            return [(req_id, "result", lm.tokenize(msg[2], add_special=msg[3]))]
+        if kind == "embed":
+            return [(req_id, "result", [lm.embed(t) for t in msg[2]])]
+    except InferenceOSError as exc:
+        return [(req_id, "error", (type(exc).__name__, str(exc)))]
+    return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
+
+
+def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
+    """Process entry point: load, report ready, then serve until shutdown or EOF."""
+    from inferenceos.engine.scheduler import Scheduler
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        lm = LoadedModel(cfg.path, cfg.settings)
+        sched = Scheduler(lm, cfg.n_slots, cfg.token_budget, cfg.kv_policy, cfg.slot_policy,
+                          max_queue=cfg.max_queue)  # fmt: skip
+    except InferenceOSError as exc:
+        conn.send([(0, "error", (type(exc).__name__, str(exc)))])
+        return
+    conn.send([(0, "ready", _info(lm, cfg.n_slots))])
+    try:
+        while True:
+            # block when idle; when busy, take what has arrived and go on stepping
+            while conn.poll(0 if sched.has_work() else None):
+                events = _handle(conn.recv(), lm, sched)
+                if events is None:
+                    return
+                if events:
+                    conn.send(events)
+            if sched.has_work():
+                events = sched.step()
+                if events:
+                    conn.send(events)
+    except (EOFError, BrokenPipeError):  # the parent went away
+        return
+    finally:
+        sched.close()
+        lm.close()

@@ -1,0 +1,156 @@
+"""Scheduler: continuous batching, chunked prefill, prefix reuse, KV policies (tiny models)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scheduler import Event, Request, Scheduler
+from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.errors import EngineBusyError, UsageError
+
+N_SLOTS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
+    settings = LoadSettings(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64,
+                            n_seq_max=N_SLOTS, n_threads=1)  # fmt: skip
+    with LoadedModel(tiny_llama, settings) as model:
+        yield model
+
+
+def create_scheduler(lm: LoadedModel, **kw: object) -> Scheduler:
+    return Scheduler(lm, N_SLOTS, int(kw.pop("budget", 64)), **kw)  # type: ignore[arg-type]
+
+
+def drain(sched: Scheduler) -> tuple[dict[int, list[int]], dict[int, dict]]:
+    tokens: dict[int, list[int]] = {}
+    done: dict[int, dict] = {}
+    while sched.has_work():
+        for rid, kind, payload in sched.step():
+            if kind == "token" and payload[0] >= 0:
+                tokens.setdefault(rid, []).append(payload[0])
+            elif kind == "done":
+                done[rid] = payload
+    return tokens, done
+
+
+def prompts(lm: LoadedModel, n: int) -> list[list[int]]:
+    texts = ["abc", "hello there", "xyz xyz", "a b c d", "quiet", "zebra", "kk ll", "the end"]
+    return [lm.tokenize(texts[i % len(texts)] * (1 + i // len(texts))) for i in range(n)]
+
+
+def test_eight_concurrent_greedy_outputs_match_alone(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    ps = prompts(lm, 8)
+    alone = []
+    for i, p in enumerate(ps):
+        sched.submit(Request(i, p, GREEDY))
+        alone.append(drain(sched)[0][i])
+    for i, p in enumerate(ps):
+        sched.submit(Request(100 + i, p, GREEDY))
+    together, done = drain(sched)
+    assert [together[100 + i] for i in range(8)] == alone
+    assert all(d["completion_tokens"] == 24 for d in done.values())
+
+
+def test_long_prompt_does_not_stall_running_streams(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm, budget=16)
+    sched.submit(Request(1, lm.tokenize("abc"), SamplingParams(temperature=0, max_tokens=60)))
+    for _ in range(3):
+        sched.step()  # request 1 is now generating
+    long_prompt = lm.tokenize("ab " * 60)  # many 16-token prefill chunks
+    sched.submit(Request(2, long_prompt, GREEDY))
+    steps_with_token_for_1 = 0
+    steps = 0
+    while any(s.req.id == 2 and s.prefilling for s in sched.running) or sched.queue:
+        events: list[Event] = sched.step()
+        steps += 1
+        steps_with_token_for_1 += any(rid == 1 and kind == "token" for rid, kind, _ in events)
+    assert steps >= len(long_prompt) // 16
+    assert steps_with_token_for_1 == steps  # decode went first on every step
+    drain(sched)
+
+
+def test_prefix_reuse_skips_cached_tokens_and_keeps_output(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    base = lm.tokenize("a b c d e f g h i j k l m n o p")
+    sched.submit(Request(1, base, GREEDY))
+    drain(sched)
+    longer = base + lm.tokenize(" q", add_special=False)
+    sched.submit(Request(2, longer, GREEDY))
+    reused_tokens, done = drain(sched)
+    assert done[2]["cached_tokens"] >= len(base) - 1
+    fresh = create_scheduler(lm, slot_policy="fifo")
+    fresh.submit(Request(3, longer, GREEDY))
+    fresh_tokens, fresh_done = drain(fresh)
+    assert fresh_done[3]["cached_tokens"] == 0
+    assert reused_tokens[2] == fresh_tokens[3]
+
+
+def test_streaming_generates_far_past_the_context_in_flat_memory(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm, kv_policy="streaming")
+    n = 10 * sched.n_ctx_slot
+    sched.submit(Request(1, lm.tokenize("abc"),
+                         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))  # fmt: skip
+    peak = 0
+    count = 0
+    mem = lm._ll.llama_get_memory(lm.ctx)
+    while sched.has_work():
+        for _, kind, _payload in sched.step():
+            count += kind == "token"
+        peak = max(peak, lm._ll.llama_memory_seq_pos_max(mem, 0) + 1)
+    assert count == n
+    assert peak <= sched.n_ctx_slot  # positions are shifted: the cache never grows
+
+
+def test_without_policy_a_full_slot_ends_with_length(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    endless = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
+    sched.submit(Request(1, lm.tokenize("abc"), endless))
+    tokens, done = drain(sched)
+    assert done[1]["stop_reason"] == "length"
+    # every cell holds a prompt or generated token; the last token is sampled, not stored
+    assert len(tokens[1]) + done[1]["prompt_tokens"] == sched.n_ctx_slot + 1
+
+
+def test_cancel_frees_the_slot_at_once(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    sched.submit(Request(1, lm.tokenize("abc"), SamplingParams(temperature=0, max_tokens=500)))
+    sched.step()
+    [(rid, kind, metrics)] = sched.cancel(1)
+    assert (rid, kind, metrics["stop_reason"]) == (1, "done", "interrupted")
+    assert not sched.running and all(not s.busy for s in sched.slots)
+
+
+def test_admission_limits(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm, max_queue=2)
+    with pytest.raises(UsageError, match="a sequence holds 256"):
+        sched.submit(Request(1, list(range(3, 300)), GREEDY))
+    with pytest.raises(UsageError, match="empty"):
+        sched.submit(Request(2, [], GREEDY))
+    sched.submit(Request(3, [1, 5], GREEDY))
+    sched.submit(Request(4, [1, 5], GREEDY))
+    with pytest.raises(EngineBusyError, match="busy"):
+        sched.submit(Request(5, [1, 5], GREEDY))
+    drain(sched)
+
+
+def test_more_requests_than_slots_all_complete(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    for i, p in enumerate(prompts(lm, 20)):
+        sched.submit(Request(i, p, SamplingParams(temperature=0, max_tokens=5)))
+    tokens, done = drain(sched)
+    assert len(done) == 20 and all(len(tokens[i]) == 5 for i in range(20))
+
+
+def test_quantized_v_cache_needs_flash_attention(tiny_llama: Path) -> None:
+    with pytest.raises(UsageError, match="requires flash attention"):
+        LoadedModel(tiny_llama, LoadSettings(n_ctx=256, type_v="q8_0", flash_attn=0))
+    with pytest.raises(UsageError, match="unknown K cache type"):
+        LoadedModel(tiny_llama, LoadSettings(n_ctx=256, type_k="q3"))
