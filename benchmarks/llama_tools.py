@@ -14,6 +14,7 @@ import sys
 import tarfile
 from importlib.metadata import version
 from pathlib import Path
+from typing import TextIO
 
 from inferenceos.paths import cache_dir
 
@@ -60,7 +61,16 @@ def llama_tool(name: str) -> Path:
         env["CFLAGS"] = f"{env.get('CFLAGS', '')} {NO_AMX}"
         env["CXXFLAGS"] = f"{env.get('CXXFLAGS', '')} {NO_AMX}"
     build = workdir / "build"
-    print(f"building {name} from llama.cpp {ver} (a few minutes, once)...", file=sys.stderr)
+    log_path = workdir / "build.log"
+    print(f"building {name} from llama.cpp {ver} (a few minutes, once; log: {log_path})",
+          file=sys.stderr)  # fmt: skip
+    with log_path.open("a") as log:
+        _cmake(src, build, name, env, log)
+    return binary
+
+
+def _cmake(src: Path, build: Path, name: str, env: dict[str, str], log: TextIO) -> None:
+    """Configure and build one target; compiler chatter goes to `log`, not the terminal."""
     subprocess.run(
         [
             "cmake",
@@ -77,12 +87,13 @@ def llama_tool(name: str) -> Path:
         ],
         check=True,
         env=env,
-        stdout=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
     )
     subprocess.run(
         ["cmake", "--build", str(build), "--target", name, "-j", str(os.cpu_count() or 2)],
         check=True,
         env=env,
-        stdout=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
     )
-    return binary
