@@ -1,0 +1,152 @@
+"""Continuous batching against llama.cpp's own tools, same model, threads and run.
+
+1. Single stream: Engine decode t/s vs llama-bench tg (ratio target >= 0.95).
+2. 8 concurrent streams: Engine aggregate t/s and TTFT p50/p99 vs llama-server
+   --parallel 8 built from the same vendored source (ratio target >= 0.9).
+
+    .venv/bin/python benchmarks/batching.py [--model PATH] [--tokens 128] [--streams 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from inferenceos.engine.engine import Engine
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import LoadSettings, default_threads
+from inferenceos.model.default_model import ensure_default_model
+from llama_tools import llama_tool
+from run_overhead import bench_tg
+
+PROMPTS = [
+    "The three primary colors are", "Water boils at", "The largest planet is",
+    "A short poem about the sea:", "def fibonacci(n):", "The capital of Japan is",
+    "Once upon a time,", "The chemical symbol for gold is",
+]  # fmt: skip
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def concurrent(n: int, one: Callable[[int], tuple[float, int]]) -> tuple[float, list[float]]:
+    """Run `one(i)` for i < n in threads; returns (aggregate t/s, TTFTs)."""
+    out: dict[int, tuple[float, int]] = {}
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, one(i))) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return sum(tok for _, tok in out.values()) / wall, [ttft for ttft, _ in out.values()]
+
+
+def ours(engine: Engine, tokens: int) -> Callable[[int], tuple[float, int]]:
+    sampling = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+
+    def one(i: int) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        ttft, n = 0.0, 0
+        for ev in engine.generate(PROMPTS[i % len(PROMPTS)], sampling):
+            if ev.token >= 0:
+                n += 1
+                ttft = ttft or time.perf_counter() - t0
+        return ttft, n
+
+    return one
+
+
+def server(port: int, tokens: int) -> Callable[[int], tuple[float, int]]:
+    def one(i: int) -> tuple[float, int]:
+        body = json.dumps({"prompt": PROMPTS[i % len(PROMPTS)], "n_predict": tokens,
+                           "temperature": 0, "ignore_eos": True, "stream": True,
+                           "cache_prompt": False})  # fmt: skip
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        t0 = time.perf_counter()
+        conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        ttft, n = 0.0, 0
+        for line in resp:
+            if line.startswith(b"data: ") and b'"content"' in line:
+                n += 1
+                ttft = ttft or time.perf_counter() - t0
+        conn.close()
+        return ttft, n
+
+    return one
+
+
+def start_server(
+    binary: Path, model: Path, streams: int, threads: int
+) -> tuple[subprocess.Popen[bytes], int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(model), "-c", str(512 * streams), "-np", str(streams),
+         "-t", str(threads), "--host", "127.0.0.1", "--port", str(port), "-b", "512"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(600):
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("llama-server did not become healthy")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--streams", type=int, default=8)
+    args = ap.parse_args()
+    model = args.model or ensure_default_model()
+    threads = default_threads()
+    print(f"model {model.name}, {args.tokens} tokens per stream, {threads} threads")
+
+    settings = LoadSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=threads)
+    with Engine(model, settings, n_parallel=args.streams) as engine:
+        sampling = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+        lone = engine.generate(PROMPTS[0], sampling)
+        lone.text()
+        single = lone.metrics.decode_tps  # decode only, as llama-bench's tg measures
+        agg, ttfts = concurrent(args.streams, ours(engine, args.tokens))
+    bench = bench_tg(llama_tool("llama-bench"), model, args.tokens, threads)
+    proc, port = start_server(llama_tool("llama-server"), model, args.streams, threads)
+    try:
+        concurrent(1, server(port, 8))  # warm-up
+        s_agg, s_ttfts = concurrent(args.streams, server(port, args.tokens))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    print(f"single stream decode: ours {single:.1f} t/s, llama-bench tg {bench:.1f} t/s, "
+          f"ratio {single / bench:.3f}")  # fmt: skip
+    print(f"{args.streams} streams: ours {agg:.1f} t/s, llama-server {s_agg:.1f} t/s, "
+          f"ratio {agg / s_agg:.3f} (target >= 0.9)")  # fmt: skip
+    for name, xs in (("ours", ttfts), ("llama-server", s_ttfts)):
+        print(f"  TTFT {name}: p50 {statistics.median(xs) * 1000:.0f} ms, "
+              f"p99 {percentile(xs, 0.99) * 1000:.0f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
