@@ -18,8 +18,10 @@ from inferenceos.cli import (
     doctor_cmd,
     hardware_cmd,
     inspect_cmd,
+    placement_cmd,
     reset_cmd,
     run_cmd,
+    simulate_cmd,
     update_cmd,
     version_cmd,
 )
@@ -38,6 +40,8 @@ app = typer.Typer(
 # One line per command; keep the order of `inferenceos --help`.
 app.command("run")(run_cmd.run)
 app.command("inspect")(inspect_cmd.inspect)
+app.command("simulate")(simulate_cmd.simulate)
+app.command("placement")(placement_cmd.placement)
 app.command("hardware")(hardware_cmd.hardware)
 app.command("doctor")(doctor_cmd.doctor)
 app.command("version")(version_cmd.version)

@@ -1,0 +1,99 @@
+"""`inferenceos placement MODEL`: the per-layer map of the plan, as a terminal picture.
+
+One row per layer: which device holds its dense part and which its routed experts;
+then bytes per device against a bar of its budget.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from inferenceos.cli.console import out, print_json
+from inferenceos.cli.simulate_cmd import (
+    DiskBwOpt,
+    GpuBwOpt,
+    GpuMemOpt,
+    HardwareOpt,
+    RamBwOpt,
+    RamOpt,
+    ThreadsOpt,
+    machine_from_options,
+    simulate_model,
+)
+from inferenceos.plan.plan import Plan
+from inferenceos.units import format_bytes
+
+BAR = 30
+_COLOURS = ("green", "magenta", "yellow", "blue", "red")
+
+
+def placement(
+    model: Annotated[
+        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma)")
+    ] = "",
+    ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: auto)")] = 0,
+    hardware: HardwareOpt = None,
+    gpu_memory: GpuMemOpt = None,
+    ram: RamOpt = None,
+    threads: ThreadsOpt = 0,
+    ram_bandwidth: RamBwOpt = None,
+    gpu_bandwidth: GpuBwOpt = None,
+    disk_bandwidth: DiskBwOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
+) -> None:
+    """Show which device holds each layer and its experts, and each device's budget."""
+    machine = machine_from_options(
+        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth
+    )
+    plan = simulate_model(model, machine, 512, 128, ctx, "f16", threads).plan
+    if as_json:
+        print_json(plan.to_json())
+        return
+    out.print(plan.summary())
+    _layer_map(plan)
+    _budget_bars(plan)
+    for ch in plan.changes:
+        out.print(f"[dim]changed: {ch}[/]")
+
+
+def _colour(device: str, devices: list[str]) -> str:
+    return "cyan" if device == "CPU" else _COLOURS[devices.index(device) % len(_COLOURS)]
+
+
+def _layer_map(plan: Plan) -> None:
+    p = plan.placement
+    devs = [d for d in plan.budgets if d != "CPU"]
+    has_experts = any(e is not None for e in p.experts)
+    t = Table(title="Layers", title_justify="left")
+    t.add_column("layer", justify="right")
+    t.add_column("dense (attention + FFN + KV)")
+    if has_experts:
+        t.add_column("routed experts")
+    for i, (d, e) in enumerate(zip(p.dense, p.experts, strict=True)):
+        row = [str(i), f"[{_colour(d, devs)}]{'█' * 6} {d}[/]"]
+        if has_experts:
+            row.append(f"[{_colour(e, devs)}]{'▒' * 6} {e}[/]" if e else "")
+        t.add_row(*row)
+    t.add_row("out", f"[{_colour(p.output_device, devs)}]{'█' * 6} {p.output_device}[/]")
+    out.print(t)
+
+
+def _budget_bars(plan: Plan) -> None:
+    t = Table(title="Memory per device", title_justify="left")
+    for col in ("device", "used / budget", ""):
+        t.add_column(col)
+    for dev, budget in plan.budgets.items():
+        used = plan.memory.by_device.get(dev, 0)
+        if dev == "CPU" and plan.placement.disk_bytes:
+            used -= plan.placement.disk_bytes
+        frac = min(1.0, used / budget) if budget else 1.0
+        filled = round(frac * BAR)
+        colour = "red" if used > budget else "green"
+        bar = f"[{colour}]{'█' * filled}[/]{'░' * (BAR - filled)}"
+        t.add_row(dev, f"{format_bytes(used)} / {format_bytes(budget)}", bar)
+    if plan.placement.disk_bytes:
+        t.add_row("disk (mmap)", format_bytes(plan.placement.disk_bytes), "read at every token")
+    out.print(t)

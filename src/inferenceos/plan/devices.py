@@ -1,0 +1,322 @@
+"""The machine as the planner sees it: a list of Devices with budgets and speeds.
+
+The planner never reads a HardwareProfile directly; it reads `Machine`, built from
+- a HardwareProfile-shaped JSON dict (`machine_from_profile_json`), i.e. what
+  `inferenceos hardware --json` prints or the cached profile holds;
+- a profile file (`load_profile_file`, for `--hardware PROFILE.json`);
+- this machine (`local_machine`: the cached profile when there is one, else a cheap
+  probe of CPU and RAM without bandwidth measurement);
+- CLI overrides (`apply_overrides`: `--gpu-memory 4GiB --ram 32GiB ...`) that describe
+  hypothetical machines.
+
+Figures that were not measured are marked `assumed` and named in `Machine.notes`, so a
+report can say which of its numbers rest on an assumption.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from inferenceos.errors import UsageError
+
+GB = 1e9
+
+# Used only when nothing better is known; every use is reported in Machine.notes.
+ASSUMED_RAM_GBPS = 20.0
+ASSUMED_DISK_GBPS = 1.0
+ASSUMED_GPU_GBPS = 300.0
+ASSUMED_GPU_TFLOPS = 20.0
+ASSUMED_LINK_GBPS = 12.0  # PCIe 4.0 x16 as achieved, roughly
+# RAM the OS and other processes keep when a budget comes from the total, not "available"
+RAM_RESERVE_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class Device:
+    """One place tensors can live and be computed on.
+
+    `memory_bytes` is the budget the planner may fill; `bandwidth_gbps` the memory
+    bandwidth a matrix-vector product sees (GB/s = 1e9 B/s); `tflops` a compute
+    estimate (GPU only: CPU compute comes from the calibrated per-thread rates of
+    `perf.Calibration`); `link_gbps` the host link activations cross (0 for the CPU).
+    `llama_name` is the ggml backend device name (CPU, CUDA0, Vulkan0, RPC[host:port]).
+    """
+
+    name: str
+    kind: str  # cpu | gpu | igpu | rpc
+    memory_bytes: int
+    bandwidth_gbps: float
+    tflops: float = 0.0
+    link_gbps: float = 0.0
+    threads: int = 1
+    isa: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = ()  # which figures are assumptions
+    llama_name: str = ""
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "memory_bytes": self.memory_bytes,
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "tflops": self.tflops,
+            "link_gbps": self.link_gbps,
+            "threads": self.threads,
+            "isa": list(self.isa),
+            "assumed": list(self.assumed),
+            "llama_name": self.llama_name or self.name,
+        }
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The CPU (always first) and the accelerators, plus the disk models stream from."""
+
+    devices: tuple[Device, ...]
+    disk_gbps: float = ASSUMED_DISK_GBPS
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    source: str = "unknown"
+
+    @property
+    def cpu(self) -> Device:
+        return self.devices[0]
+
+    @property
+    def accelerators(self) -> tuple[Device, ...]:
+        return self.devices[1:]
+
+    @property
+    def total_memory(self) -> int:
+        """RAM plus dedicated accelerator memory (an iGPU shares RAM: not added)."""
+        return sum(d.memory_bytes for d in self.devices if d.kind != "igpu")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "disk_gbps": self.disk_gbps,
+            "notes": list(self.notes),
+            "devices": [d.to_json() for d in self.devices],
+        }
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' → 4294967296, '32GB' → 32e9, '512M' → 512 MiB (no 'B': binary), '1000'
+    → 1000 bytes. Raises UsageError on anything else."""
+    m = _SIZE.match(text)
+    if not m:
+        raise UsageError(f"not a size: {text!r} (try 4GiB, 512MiB, 32GB)")
+    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    power = "KMGT".find(unit) + 1 if unit else 0
+    decimal = not binary and text.strip().upper().endswith("B") and unit
+    base = 1000 if decimal else 1024
+    return int(value * base**power)
+
+
+def _cpu_from_json(data: dict[str, Any], notes: list[str]) -> Device:
+    cpu = data.get("cpu") or {}
+    mem = data.get("memory") or {}
+    bw = data.get("bandwidth") or {}
+    ram = int(mem.get("usable_bytes") or 0)
+    if not ram:
+        ram = int(int(mem.get("total_bytes") or 0) * (1 - RAM_RESERVE_FRACTION))
+    assumed = []
+    gbps = bw.get("ram_read_gbps")
+    if not gbps:
+        gbps = ASSUMED_RAM_GBPS
+        assumed.append("bandwidth")
+        notes.append(
+            f"RAM bandwidth not measured: assumed {ASSUMED_RAM_GBPS:g} GB/s "
+            "(run `inferenceos hardware` to measure it)"
+        )
+    return Device(
+        name="CPU",
+        kind="cpu",
+        memory_bytes=ram,
+        bandwidth_gbps=float(gbps),
+        threads=int(cpu.get("usable_threads") or cpu.get("threads") or 1),
+        isa=tuple(cpu.get("isa") or ()),
+        assumed=tuple(assumed),
+        llama_name="CPU",
+    )
+
+
+def _gpu_devices(data: dict[str, Any], notes: list[str]) -> list[Device]:
+    """GPUs from llama.cpp's own device list when present (its names are what the
+    tensor overrides need), else from the vendor-tool list."""
+    link = (data.get("bandwidth") or {}).get("host_to_device_gbps") or ASSUMED_LINK_GBPS
+    out: list[Device] = []
+    llama_devs = [d for d in data.get("llama_devices") or [] if d.get("type") in ("gpu", "igpu")]
+    gpus = data.get("gpus") or []
+    for i, d in enumerate(llama_devs or gpus):
+        if llama_devs:
+            name, kind = str(d.get("name")), str(d.get("type"))
+            mem = int(d.get("memory_free_bytes") or d.get("memory_total_bytes") or 0)
+        else:
+            name, kind = f"GPU{i}", "igpu" if d.get("integrated") else "gpu"
+            mem = int(d.get("memory_free_bytes") or d.get("memory_total_bytes") or 0)
+        out.append(_gpu(name, kind, mem, float(link), notes))
+    return out
+
+
+def _gpu(name: str, kind: str, mem: int, link: float, notes: list[str]) -> Device:
+    notes.append(
+        f"{name}: bandwidth {ASSUMED_GPU_GBPS:g} GB/s and {ASSUMED_GPU_TFLOPS:g} "
+        "TFLOPS assumed (not measured; override with --gpu-bandwidth)"
+    )
+    return Device(
+        name=name,
+        kind=kind,
+        memory_bytes=mem,
+        bandwidth_gbps=ASSUMED_GPU_GBPS,
+        tflops=ASSUMED_GPU_TFLOPS,
+        link_gbps=link,
+        assumed=("bandwidth", "tflops"),
+        llama_name=name,
+    )
+
+
+def machine_from_profile_json(data: dict[str, Any], source: str = "profile") -> Machine:
+    """Build a Machine from a HardwareProfile's JSON (missing parts take assumptions)."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: a hardware profile must be a JSON object")
+    notes: list[str] = []
+    cpu = _cpu_from_json(data, notes)
+    disk = (data.get("bandwidth") or {}).get("disk_read_gbps")
+    if not disk:
+        notes.append(f"disk bandwidth not measured: assumed {ASSUMED_DISK_GBPS:g} GB/s")
+    return Machine(
+        devices=(cpu, *_gpu_devices(data, notes)),
+        disk_gbps=float(disk or ASSUMED_DISK_GBPS),
+        notes=tuple(notes),
+        source=source,
+    )
+
+
+def load_profile_file(path: str | Path) -> Machine:
+    """Machine from a `--hardware PROFILE.json` file; UsageError when unreadable."""
+    p = Path(path).expanduser()
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read hardware profile {p}: {exc}") from None
+    return machine_from_profile_json(data, source=str(p))
+
+
+def _probe_json() -> dict[str, Any]:
+    """A profile-shaped dict for this machine without measuring anything: the cached
+    HardwareProfile if there is one, else the hardware package's cheap CPU/RAM probes,
+    else /proc directly."""
+    try:
+        from inferenceos.hardware.cache import load_cached
+
+        cached = load_cached()
+        if cached is not None:
+            return cached.to_json()
+        from dataclasses import asdict
+
+        from inferenceos.hardware.cpu import detect_cpu
+        from inferenceos.hardware.memory import detect_memory
+
+        return {"cpu": asdict(detect_cpu()), "memory": asdict(detect_memory())}
+    except Exception:  # the hardware package is optional to the planner
+        return _proc_json()
+
+
+def _proc_json() -> dict[str, Any]:
+    mem: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                mem[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return {
+        "cpu": {"usable_threads": threads},
+        "memory": {
+            "total_bytes": mem.get("MemTotal", 0),
+            "usable_bytes": mem.get("MemAvailable", 0),
+        },
+    }
+
+
+def local_machine() -> Machine:
+    """This machine, cheaply (no bandwidth measurement)."""
+    data = _probe_json()
+    return machine_from_profile_json(data, source="this machine")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """CLI overrides; None keeps the profile's figure. A `gpu_memory` list replaces the
+    accelerators with that many hypothetical GPUs."""
+
+    ram: int | None = None
+    gpu_memory: tuple[int, ...] | None = None
+    threads: int | None = None
+    ram_gbps: float | None = None
+    gpu_gbps: float | None = None
+    gpu_tflops: float | None = None
+    link_gbps: float | None = None
+    disk_gbps: float | None = None
+
+
+def apply_overrides(machine: Machine, o: Overrides) -> Machine:
+    """Machine with `o` applied; overridden figures are no longer 'assumed'."""
+    cpu = machine.cpu
+    if o.ram is not None:
+        cpu = replace(cpu, memory_bytes=o.ram)
+    if o.threads:
+        cpu = replace(cpu, threads=o.threads)
+    if o.ram_gbps:
+        cpu = replace(
+            cpu,
+            bandwidth_gbps=o.ram_gbps,
+            assumed=tuple(a for a in cpu.assumed if a != "bandwidth"),
+        )
+    notes = list(machine.notes)
+    gpus = list(machine.accelerators)
+    if o.gpu_memory is not None:
+        notes = [n for n in notes if not n.startswith(("GPU", "CUDA", "Vulkan", "ROCm"))]
+        gpus = [
+            _gpu(f"GPU{i}", "gpu", m, ASSUMED_LINK_GBPS, notes) for i, m in enumerate(o.gpu_memory)
+        ]
+    gpus = [_override_gpu(g, o) for g in gpus]
+    if o.gpu_gbps or o.gpu_tflops:
+        notes = [n for n in notes if "assumed (not measured" not in n]
+    if o.ram_gbps:
+        notes = [n for n in notes if not n.startswith("RAM bandwidth")]
+    if o.disk_gbps:
+        notes = [n for n in notes if not n.startswith("disk bandwidth")]
+    return Machine(
+        devices=(cpu, *gpus),
+        disk_gbps=o.disk_gbps or machine.disk_gbps,
+        notes=tuple(notes),
+        source=machine.source + (" + overrides" if o != Overrides() else ""),
+    )
+
+
+def _override_gpu(g: Device, o: Overrides) -> Device:
+    assumed = set(g.assumed)
+    if o.gpu_gbps:
+        g = replace(g, bandwidth_gbps=o.gpu_gbps)
+        assumed.discard("bandwidth")
+    if o.gpu_tflops:
+        g = replace(g, tflops=o.gpu_tflops)
+        assumed.discard("tflops")
+    if o.link_gbps:
+        g = replace(g, link_gbps=o.link_gbps)
+    return replace(g, assumed=tuple(sorted(assumed)))

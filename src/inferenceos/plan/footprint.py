@@ -1,0 +1,74 @@
+"""Placement + memory model → the bytes each device must hold (a MemoryEstimate).
+
+CPU: its weights (mmap'd from the file, or their CPU_REPACK copies), the KV of its
+layers, its compute buffer, the output (logits) buffer and the process overhead.
+Accelerator: its weights, the KV of its layers, its compute buffer. GPU compute
+buffers use the same phase model as the CPU's (not yet checked against a GPU run).
+"""
+
+from __future__ import annotations
+
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.memory import (
+    ComputeTerms,
+    ContextSettings,
+    MemoryEstimate,
+    compute_terms,
+    effective_context,
+    output_buffer_bytes,
+    process_overhead,
+    repack_bytes,
+)
+from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.placement import Placement
+
+
+def device_compute(terms: ComputeTerms, has_layers: bool, has_output: bool) -> int:
+    """Compute buffer of a device running some layers and/or the output head."""
+    layer_peak = terms.inputs + max(terms.attention, terms.ffn) if has_layers else 0
+    return max(layer_peak, terms.output if has_output else 0)
+
+
+def gpu_compute_reserve(facts: ModelFacts, ctx: ContextSettings) -> int:
+    """What an accelerator keeps for compute if it gets layers and the output head."""
+    return compute_terms(facts, ctx).total
+
+
+def estimate(
+    facts: ModelFacts, placement: Placement, machine: Machine, ctx: ContextSettings
+) -> MemoryEstimate:
+    """Bytes per device for `placement` with context `ctx`."""
+    terms = compute_terms(facts, ctx)
+    weights = {d: load.weights for d, load in placement.loads.items() if load.weights}
+    kv = {d: load.kv for d, load in placement.loads.items() if load.kv}
+    compute: dict[str, int] = {}
+    for dev in machine.devices:
+        has_layers = placement.decode_load(dev.name).layers > 0
+        has_output = placement.output_device == dev.name
+        if dev.is_cpu:
+            has_layers = has_layers or not machine.accelerators
+        c = device_compute(terms, has_layers, has_output)
+        if c:
+            compute[dev.name] = c
+    cpu_tensors = [t for t in facts.tensors if placement.device_of(t) == "CPU"]
+    repack = repack_bytes(cpu_tensors, machine.cpu.isa)
+    output = output_buffer_bytes(facts, ctx)
+    overhead = process_overhead(facts)
+    by_device: dict[str, int] = {}
+    for part in (weights, kv, compute):
+        for d, b in part.items():
+            by_device[d] = by_device.get(d, 0) + b
+    # A repacked weight lives in CPU_REPACK; its mmap'd source pages were read once and
+    # are reclaimable page cache, so the budget counts the weight once (RSS shows both
+    # until the kernel reclaims the source: `MemoryEstimate.rss` adds `repack`).
+    by_device["CPU"] = by_device.get("CPU", 0) + output + overhead
+    return MemoryEstimate(
+        weights=weights,
+        repack=repack,
+        kv=kv,
+        compute=compute,
+        output=output,
+        overhead=overhead,
+        context=effective_context(ctx),
+        by_device=by_device,
+    )

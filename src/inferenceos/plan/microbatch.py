@@ -1,0 +1,52 @@
+"""n_batch / n_ubatch: the largest useful ubatch the memory headroom allows.
+
+A bigger ubatch amortises reading the weights over more tokens (prefill speeds up until
+compute dominates) but the compute buffer grows linearly with it. We walk the candidate
+sizes upwards and keep the last one that (a) fits the headroom and (b) still improves
+predicted prefill throughput by at least `MIN_GAIN`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from inferenceos.plan.memory import ContextSettings, compute_terms
+from inferenceos.plan.model_facts import ModelFacts
+
+CANDIDATES = (32, 64, 128, 256, 512, 1024, 2048)
+MIN_GAIN = 0.05
+DEFAULT_BATCH = 512
+
+
+def choose_ubatch(
+    facts: ModelFacts,
+    ctx: ContextSettings,
+    headroom: int,
+    prefill_tps: Callable[[int], float],
+    max_ubatch: int = 512,
+) -> ContextSettings:
+    """`ctx` with n_batch and n_ubatch chosen.
+
+    Up to `DEFAULT_BATCH` (llama.cpp's default, where CPU prefill has plateaued) the
+    largest size whose compute buffer fits `headroom` (bytes) is taken; beyond it, up to
+    `max_ubatch`, a size is taken only if `prefill_tps(n_ubatch)` (measured or modelled
+    throughput) improves by at least MIN_GAIN.
+    """
+
+    def fits(n: int) -> bool:
+        trial = replace(ctx, n_ubatch=n, n_batch=max(n, ctx.n_batch))
+        return compute_terms(facts, trial).total <= headroom
+
+    sizes = [n for n in CANDIDATES if n <= max(max_ubatch, CANDIDATES[0]) and n <= ctx.n_ctx]
+    base = [n for n in sizes if n <= DEFAULT_BATCH and fits(n)]
+    best = base[-1] if base else CANDIDATES[0]
+    best_tps = prefill_tps(best)
+    for n in (n for n in sizes if n > best):
+        if not fits(n):
+            break
+        tps = prefill_tps(n)
+        if tps < best_tps * (1 + MIN_GAIN):
+            break
+        best, best_tps = n, tps
+    return replace(ctx, n_ubatch=best, n_batch=max(best, min(DEFAULT_BATCH, ctx.n_ctx)))

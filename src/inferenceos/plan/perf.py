@@ -1,0 +1,212 @@
+"""The roofline performance model: prefill and decode speed, TTFT, and what limits them.
+
+Decode of one token reads every active weight once (the routed fraction of MoE experts)
+plus the KV cache so far, and does ~2 FLOPs per active parameter. On each device the
+step takes max(bytes / effective bandwidth, FLOPs / compute rate); devices run one after
+the other (llama.cpp splits layers into a pipeline), activations cross the links
+between them, and each step pays a fixed overhead (graph setup, sampling over the
+vocabulary). Prefill is the same per ubatch of tokens, where weights are read once per
+ubatch and compute dominates on CPUs.
+
+The constants of `Calibration` are measured per machine (benchmarks/simulate_accuracy.py
+--calibrate fits them to llama.cpp runs and stores them; the telemetry store will own
+them later); `Calibration.default()` holds uncalibrated placeholders and says so in
+`source`, which every report prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from inferenceos.atomic import read_json, write_json_atomic
+from inferenceos.paths import data_dir
+from inferenceos.plan.devices import Device, Machine
+from inferenceos.plan.memory import ContextSettings, kv_bytes_per_token
+from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.placement import Placement
+
+GB = 1e9
+GPU_BW_EFFICIENCY = 0.8  # assumption until GPU runs are calibrated (no GPU here)
+LINK_LATENCY_S = 20e-6  # per activation crossing between devices (assumed)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured constants of the perf model for one machine.
+
+    `cpu_bw_efficiency`: fraction of the measured RAM read bandwidth decode achieves;
+    `gemv_gflops_per_thread` / `gemm_gflops_per_thread`: CPU compute rate per thread for
+    decode (matrix-vector) and prefill (matrix-matrix) on quantized weights;
+    `thread_scaling`: exponent of the speedup with threads (1 = linear);
+    `token_overhead_s`: fixed cost per decode step; `ubatch_overhead_s` per prefill ubatch.
+    """
+
+    cpu_bw_efficiency: float = 0.7
+    gemv_gflops_per_thread: float = 20.0
+    gemm_gflops_per_thread: float = 200.0
+    thread_scaling: float = 1.0
+    token_overhead_s: float = 0.002
+    ubatch_overhead_s: float = 0.002
+    source: str = "uncalibrated"
+
+    @staticmethod
+    def path() -> Path:
+        return data_dir() / "calibration" / "perf.json"
+
+    @classmethod
+    def load(cls) -> Calibration:
+        """The stored calibration of this machine, else `default()`."""
+        data = read_json(cls.path(), None)
+        if isinstance(data, dict):
+            try:
+                return cls(**{k: data[k] for k in asdict(cls()) if k in data})
+            except (TypeError, ValueError):
+                pass
+        return cls.default()
+
+    @classmethod
+    def default(cls) -> Calibration:
+        return _DEFAULT
+
+    def save(self) -> None:
+        write_json_atomic(self.path(), asdict(self))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Not yet fitted: the development VM's shared cores gave speeds that varied 2-3x
+# between runs (docs/plan.md), too noisy to fit. Reports label these as uncalibrated.
+_DEFAULT = Calibration(
+    source="uncalibrated defaults (run benchmarks/simulate_accuracy.py --calibrate)"
+)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds one step spends on each resource; the largest names the bottleneck."""
+
+    parts: dict[str, float]
+    overhead_s: float
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.parts.values()) + self.overhead_s
+
+    @property
+    def bottleneck(self) -> str:
+        if not self.parts:
+            return "overhead"
+        name, value = max(self.parts.items(), key=lambda kv: kv[1])
+        return name if value >= self.overhead_s else "per-step overhead"
+
+
+def _cpu_threads_rate(dev: Device, per_thread: float, cal: Calibration, threads: int) -> float:
+    n = max(1, min(threads or dev.threads, dev.threads if dev.threads > 0 else threads))
+    return per_thread * GB * n**cal.thread_scaling
+
+
+def _device_time(
+    dev: Device, bytes_read: float, flops: float, cal: Calibration, threads: int, gemm: bool
+) -> tuple[str, float]:
+    """(resource name, seconds) for `bytes_read` and `flops` on `dev`."""
+    if dev.is_cpu:
+        bw = dev.bandwidth_gbps * GB * cal.cpu_bw_efficiency
+        rate = _cpu_threads_rate(
+            dev, cal.gemm_gflops_per_thread if gemm else cal.gemv_gflops_per_thread, cal, threads
+        )
+    else:
+        bw = dev.bandwidth_gbps * GB * GPU_BW_EFFICIENCY
+        rate = max(dev.tflops, 1e-3) * 1e12
+    t_mem, t_comp = bytes_read / bw, flops / rate
+    if t_mem >= t_comp:
+        return f"{dev.name} memory bandwidth", t_mem
+    return f"{dev.name} compute", t_comp
+
+
+def decode_cost(
+    facts: ModelFacts,
+    placement: Placement,
+    machine: Machine,
+    ctx: ContextSettings,
+    n_past: int,
+    cal: Calibration,
+    threads: int = 0,
+) -> StepCost:
+    """Cost of generating one token with `n_past` tokens already in the cache."""
+    parts: dict[str, float] = {}
+    kv_tok = kv_bytes_per_token(facts, ctx) / max(facts.spec.block_count, 1)
+    for dev in machine.devices:
+        load = placement.decode_load(dev.name)
+        kv_read = kv_tok * load.layers * _kv_span(facts, ctx, n_past)
+        flops = 2.0 * load.active_params + 4.0 * load.layers * _attn_width(facts) * n_past
+        if load.bytes_read + kv_read <= 0:
+            continue
+        name, t = _device_time(dev, load.bytes_read + kv_read, flops, cal, threads, gemm=False)
+        parts[name] = parts.get(name, 0.0) + t
+    _add_disk_and_links(parts, placement, machine, facts, tokens=1)
+    return StepCost(parts, cal.token_overhead_s)
+
+
+def prefill_cost(
+    facts: ModelFacts,
+    placement: Placement,
+    machine: Machine,
+    ctx: ContextSettings,
+    n_tokens: int,
+    n_ubatch: int,
+    cal: Calibration,
+    threads: int = 0,
+) -> StepCost:
+    """Cost of evaluating a prompt of `n_tokens` in ubatches of `n_ubatch`."""
+    parts: dict[str, float] = {}
+    n_ub = max(1, -(-n_tokens // max(n_ubatch, 1)))
+    for dev in machine.devices:
+        load = placement.decode_load(dev.name)
+        if load.bytes_read <= 0:
+            continue
+        # attention: each token attends to n_tokens/2 earlier ones on average
+        flops = n_tokens * (
+            2.0 * load.active_params + 4.0 * load.layers * _attn_width(facts) * n_tokens / 2
+        )
+        name, t = _device_time(dev, load.bytes_read * n_ub, flops, cal, threads, gemm=True)
+        parts[name] = parts.get(name, 0.0) + t
+    _add_disk_and_links(parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub)
+    return StepCost(parts, cal.ubatch_overhead_s * n_ub)
+
+
+def _attn_width(facts: ModelFacts) -> int:
+    """FLOP width of attention per cached token per layer: n_head·(d_k + d_v)/2."""
+    s = facts.spec
+    return max(s.head_count, 1) * (s.key_length + s.value_length) // 2
+
+
+def _kv_span(facts: ModelFacts, ctx: ContextSettings, n_past: int) -> float:
+    """Average cells a layer reads: SWA layers stop at their window unless swa_full keeps
+    the whole cache (llama.cpp then still masks, but reads, every cell)."""
+    s = facts.spec
+    if not s.sliding_window or ctx.swa_full:
+        return float(n_past)
+    n_swa = sum(1 for layer in s.layers if layer.is_swa)
+    frac = n_swa / max(s.block_count, 1)
+    return (1 - frac) * n_past + frac * min(n_past, s.sliding_window)
+
+
+def _add_disk_and_links(
+    parts: dict[str, float],
+    placement: Placement,
+    machine: Machine,
+    facts: ModelFacts,
+    tokens: int,
+    ubatches: int = 1,
+) -> None:
+    if placement.disk_bytes > 0:
+        # weights that do not fit in RAM are re-read from the file for every ubatch
+        parts["disk read (mmap)"] = placement.disk_bytes * ubatches / (machine.disk_gbps * GB)
+    crossings = placement.crossings
+    if crossings:
+        act = facts.spec.embedding_length * 4 * tokens
+        link = min((d.link_gbps for d in machine.accelerators if d.link_gbps), default=12.0)
+        parts["host-device link"] = crossings * (LINK_LATENCY_S * ubatches + act / (link * GB))

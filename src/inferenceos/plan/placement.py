@@ -1,0 +1,290 @@
+"""Which device holds each layer, each layer's MoE experts, and the output head.
+
+Cost model: decode time per token is Σ over devices of (bytes read there / its
+bandwidth) plus link crossings. Moving a byte of a dense layer from the CPU to a GPU
+saves (1/bw_cpu − 1/bw_gpu) seconds per token; moving a byte of routed experts saves only
+used/count of that, because a token reads only its routed experts. So under memory
+budgets the best use of accelerator memory is, in order: dense parts of layers (with
+their KV cache), the output head, then experts — the exchange argument makes this
+greedy optimal for the linear cost model, which is why no solver is needed here (a
+MILP would only matter for heterogeneous link costs, e.g. RPC devices; see docs/plan.md).
+
+Layers go to accelerators as one contiguous block at the end of the model, because
+that is what llama.cpp's `n_gpu_layers` does (the last N layers are offloaded); the
+block is split over several GPUs in order (`tensor_split`). Experts that do not fit stay
+on the CPU through `tensor_buft_overrides` patterns (llama.cpp's `--n-cpu-moe` / `-ot`).
+Weights that do not fit in RAM either are left to mmap, read from disk as needed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.memory import ContextSettings, kv_layer_bytes
+from inferenceos.plan.model_facts import ModelFacts, TensorFact
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """One layer's bytes and parameter counts, dense part and routed experts apart."""
+
+    index: int
+    dense_bytes: int
+    expert_bytes: int
+    dense_params: int
+    expert_params: int
+    kv_bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """What a device holds and reads per decoded token."""
+
+    weights: int = 0  # resident weight bytes
+    kv: int = 0
+    bytes_read: float = 0.0  # weight bytes read per token (routed experts: used/count)
+    active_params: float = 0.0
+    layers: int = 0  # layers whose attention (and KV) runs here
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Device per layer (`dense`), per layer's experts (`experts`, None without MoE) and
+    for the output head; `disk_bytes` are CPU weights left to stream from the file."""
+
+    dense: tuple[str, ...]
+    experts: tuple[str | None, ...]
+    output_device: str
+    loads: dict[str, DeviceLoad]
+    disk_bytes: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def decode_load(self, device: str) -> DeviceLoad:
+        return self.loads.get(device, DeviceLoad())
+
+    def device_of(self, t: TensorFact) -> str:
+        """The device holding weight `t` (a tied output head also has a copy on
+        `output_device`; token_embd itself always stays on the CPU)."""
+        if t.layer >= 0:
+            return (self.experts[t.layer] or "CPU") if t.role == "expert" else self.dense[t.layer]
+        if t.name.startswith(("output.", "output_norm.")):
+            return self.output_device
+        return "CPU"
+
+    @property
+    def crossings(self) -> int:
+        """Activation transfers between devices per evaluated token (CPU→GPU block,
+        block→block, and back for the output head or CPU-side experts)."""
+        seq = [*self.dense, self.output_device]
+        n = sum(1 for a, b in itertools.pairwise(seq) if a != b)
+        pairs = zip(self.dense, self.experts, strict=True)
+        return n + 2 * sum(1 for d, e in pairs if e is not None and e != d)
+
+    @property
+    def gpu_layers(self) -> int:
+        return sum(1 for d in self.dense if d != "CPU")
+
+    @property
+    def cpu_expert_layers(self) -> tuple[int, ...]:
+        pairs = enumerate(zip(self.dense, self.experts, strict=True))
+        return tuple(i for i, (d, e) in pairs if e == "CPU" and d != "CPU")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layers": [
+                {"layer": i, "dense": d, "experts": e}
+                for i, (d, e) in enumerate(zip(self.dense, self.experts, strict=True))
+            ],
+            "output_device": self.output_device,
+            "disk_bytes": self.disk_bytes,
+            "loads": {k: v.__dict__ for k, v in self.loads.items()},
+            "notes": list(self.notes),
+        }
+
+
+def layer_parts(facts: ModelFacts, ctx: ContextSettings) -> list[LayerParts]:
+    """Per-layer bytes and parameters from the tensor table."""
+    n = facts.spec.block_count
+    db, eb, dp, ep = [0] * n, [0] * n, [0] * n, [0] * n
+    for t in facts.tensors:
+        if t.layer < 0:
+            continue
+        if t.role == "expert":
+            eb[t.layer] += t.n_bytes
+            ep[t.layer] += t.n_elements
+        else:
+            db[t.layer] += t.n_bytes
+            dp[t.layer] += t.n_elements
+    return [
+        LayerParts(i, db[i], eb[i], dp[i], ep[i], kv_layer_bytes(facts, i, ctx)) for i in range(n)
+    ]
+
+
+def output_head(facts: ModelFacts) -> tuple[int, int]:
+    """(bytes, params) of the output projection (token_embd when tied) and final norm."""
+    by_name = {t.name: t for t in facts.tensors}
+    head = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    norm = by_name.get("output_norm.weight")
+    b = (head.n_bytes if head else 0) + (norm.n_bytes if norm else 0)
+    p = (head.n_elements if head else 0) + (norm.n_elements if norm else 0)
+    return b, p
+
+
+def routed_fraction(facts: ModelFacts) -> float:
+    s = facts.spec
+    return s.expert_used_count / s.expert_count if s.expert_count else 0.0
+
+
+@dataclass
+class _Budget:
+    name: str
+    free: int
+
+
+def place(
+    facts: ModelFacts,
+    machine: Machine,
+    ctx: ContextSettings,
+    gpu_free: dict[str, int],
+    max_gpu_layers: int | None = None,
+    experts_on_cpu: bool = False,
+) -> Placement:
+    """Assign layers, experts and the output head under `gpu_free` (bytes each
+    accelerator has left for weights and KV, after its compute buffer).
+
+    `max_gpu_layers` caps the offloaded block (the preflight lowers it); with
+    `experts_on_cpu` no routed expert goes to an accelerator.
+    """
+    parts = layer_parts(facts, ctx)
+    n = len(parts)
+    dense = ["CPU"] * n
+    budgets = [_Budget(d.name, gpu_free.get(d.name, 0)) for d in machine.accelerators]
+    cap = n if max_gpu_layers is None else max(0, min(n, max_gpu_layers))
+    _place_dense(parts, dense, budgets, cap)
+    head_bytes, head_params = output_head(facts)
+    output_device = "CPU"
+    if dense and all(d != "CPU" for d in dense):
+        last = next(b for b in budgets if b.name == dense[-1])
+        if last.free >= head_bytes:
+            last.free -= head_bytes
+            output_device = last.name
+    experts: list[str | None] = [None if p.expert_bytes == 0 else "CPU" for p in parts]
+    if not experts_on_cpu:
+        _place_experts(parts, dense, experts, budgets)
+    loads = _loads(facts, parts, dense, experts, output_device, head_bytes, head_params)
+    notes = _notes(facts, parts, dense, experts)
+    return Placement(tuple(dense), tuple(experts), output_device, loads, 0, tuple(notes))
+
+
+def _place_dense(
+    parts: list[LayerParts], dense: list[str], budgets: list[_Budget], cap: int
+) -> None:
+    """Fill accelerators with dense layer parts (+ KV) from the last layer backwards,
+    in accelerator order, as one contiguous block (llama.cpp's n_gpu_layers)."""
+    gi = len(budgets) - 1  # the last GPU takes the last layers
+    for placed, p in enumerate(reversed(parts)):
+        if placed >= cap or gi < 0:
+            break
+        need = p.dense_bytes + p.kv_bytes
+        while gi >= 0 and budgets[gi].free < need:
+            gi -= 1
+        if gi < 0:
+            break
+        budgets[gi].free -= need
+        dense[p.index] = budgets[gi].name
+
+
+def _place_experts(
+    parts: list[LayerParts], dense: list[str], experts: list[str | None], budgets: list[_Budget]
+) -> None:
+    """Experts join their layer's accelerator while it has room, last layers first."""
+    by_name = {b.name: b for b in budgets}
+    for p in reversed(parts):
+        b = by_name.get(dense[p.index])
+        if p.expert_bytes and b is not None and b.free >= p.expert_bytes:
+            b.free -= p.expert_bytes
+            experts[p.index] = b.name
+
+
+def _loads(
+    facts: ModelFacts,
+    parts: list[LayerParts],
+    dense: list[str],
+    experts: list[str | None],
+    output_device: str,
+    head_bytes: int,
+    head_params: int,
+) -> dict[str, DeviceLoad]:
+    acc: dict[str, dict[str, float]] = {}
+
+    def add(dev: str, **kw: float) -> None:
+        slot = acc.setdefault(
+            dev, dict.fromkeys(("weights", "kv", "bytes_read", "active_params", "layers"), 0.0)
+        )
+        for k, v in kw.items():
+            slot[k] += v
+
+    frac = routed_fraction(facts)
+    for p in parts:
+        add(
+            dense[p.index],
+            weights=p.dense_bytes,
+            kv=p.kv_bytes,
+            bytes_read=p.dense_bytes,
+            active_params=p.dense_params,
+            layers=1,
+        )
+        if p.expert_bytes:
+            add(
+                experts[p.index] or "CPU",
+                weights=p.expert_bytes,
+                bytes_read=p.expert_bytes * frac,
+                active_params=p.expert_params * frac,
+            )
+    add(output_device, weights=head_bytes, bytes_read=head_bytes, active_params=head_params)
+    # token_embd stays on the CPU (llama.cpp keeps the input layer there); one row read
+    embd = facts.tensor_bytes("token_embd.")
+    tied = not facts.has_output_tensor
+    if not (tied and output_device == "CPU"):
+        add("CPU", weights=embd)
+    other = (
+        sum(t.n_bytes for t in facts.tensors if t.layer < 0)
+        - embd
+        - head_bytes
+        + (embd if tied else 0)
+    )
+    add("CPU", weights=max(other, 0))
+    return {
+        dev: DeviceLoad(
+            int(v["weights"]), int(v["kv"]), v["bytes_read"], v["active_params"], int(v["layers"])
+        )
+        for dev, v in acc.items()
+    }
+
+
+def _notes(
+    facts: ModelFacts, parts: list[LayerParts], dense: list[str], experts: list[str | None]
+) -> list[str]:
+    notes = []
+    cpu_exp = [
+        p.index
+        for p in parts
+        if p.expert_bytes and experts[p.index] == "CPU" and dense[p.index] != "CPU"
+    ]
+    if cpu_exp:
+        moved = sum(parts[i].expert_bytes for i in cpu_exp)
+        notes.append(
+            f"experts of {len(cpu_exp)} GPU layer(s) kept on the CPU first ({_mib(moved)}): a "
+            f"token reads only {facts.spec.expert_used_count} of {facts.spec.expert_count} "
+            "experts, so accelerator memory is worth more to dense layers"
+        )
+    return notes
+
+
+def _mib(n: float) -> str:
+    from inferenceos.units import format_bytes
+
+    return format_bytes(n)

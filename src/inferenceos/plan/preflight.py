@@ -1,0 +1,202 @@
+"""Preflight: a plan that does not fit is never loaded.
+
+`make_plan` starts from what was asked and, while RAM would overflow, degrades in this
+stated order, recording each change and why:
+
+1. smaller context   — halve n_ctx (down to `min_ctx`) unless the user pinned it;
+2. quantized KV      — q8_0 K and V (turns flash attention on: llama.cpp needs it for a
+                       quantized V), then q4_0;
+3. fewer GPU layers  — placement keeps on each accelerator only the layers that fit;
+4. experts to CPU    — routed experts leave accelerators before dense layers do (this
+                       is the placement's own order: see placement.py);
+5. mmap from disk    — weights that do not fit in RAM stay in the file and are read
+                       from disk as needed: feasible, but disk-bound, and said so.
+
+Steps 3 and 4 are decided by `placement.place` from the accelerators' budgets; they are
+listed among the changes when they happen. When even the smallest settings leave no
+room in RAM for the KV cache, compute and output buffers, the plan is refused with the
+numbers (`PlanRefused`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from inferenceos.errors import InferenceOSError
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.footprint import estimate, gpu_compute_reserve
+from inferenceos.plan.memory import ContextSettings, MemoryEstimate
+from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.placement import Placement, place
+from inferenceos.plan.plan import Change, Plan
+from inferenceos.units import format_bytes as fb
+
+MIN_CTX = 2048
+GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
+
+
+class PlanRefused(InferenceOSError):
+    """Nothing fits: the message gives the bytes needed and available."""
+
+
+def _gpu_free(facts: ModelFacts, machine: Machine, ctx: ContextSettings) -> dict[str, int]:
+    reserve = gpu_compute_reserve(facts, ctx)
+    return {
+        d.name: max(0, int(d.memory_bytes * (1 - GPU_RESERVE_FRACTION)) - reserve)
+        for d in machine.accelerators
+    }
+
+
+def _try(
+    facts: ModelFacts, machine: Machine, ctx: ContextSettings, **kw: bool
+) -> tuple[Placement, MemoryEstimate, int]:
+    """Placement, its estimate, and RAM overflow in bytes (≤ 0: fits)."""
+    p = place(facts, machine, ctx, _gpu_free(facts, machine, ctx), **kw)
+    est = estimate(facts, p, machine, ctx)
+    return p, est, est.by_device.get("CPU", 0) - machine.cpu.memory_bytes
+
+
+def _context_ladder(ctx: ContextSettings, pinned: bool, min_ctx: int) -> list[ContextSettings]:
+    """Candidates in degradation order: smaller contexts, then quantized KV at the
+    smallest context."""
+    out = [ctx]
+    if not pinned:
+        n = ctx.n_ctx
+        while n // 2 >= min_ctx:
+            n //= 2
+            out.append(replace(ctx, n_ctx=n))
+    last = out[-1]
+    if last.type_v == "f16" or last.type_k == "f16":
+        out.append(replace(last, type_k="q8_0", type_v="q8_0", flash_attn=True))
+        out.append(replace(last, type_k="q4_0", type_v="q4_0", flash_attn=True))
+    return out
+
+
+def _describe(prev: ContextSettings, cur: ContextSettings, overflow: int) -> Change:
+    why = f"RAM short by {fb(overflow)}"
+    if cur.n_ctx != prev.n_ctx:
+        return Change(f"context {prev.n_ctx} → {cur.n_ctx}", why)
+    return Change(
+        f"KV cache {prev.type_k}/{prev.type_v} → {cur.type_k}/{cur.type_v}"
+        + (" with flash attention" if cur.flash_attn and not prev.flash_attn else ""),
+        why,
+    )
+
+
+def make_plan(
+    facts: ModelFacts,
+    machine: Machine,
+    ctx: ContextSettings,
+    threads: int = 0,
+    pinned_ctx: bool = False,
+    min_ctx: int = MIN_CTX,
+    allow_mmap: bool = True,
+    quantize_kv: bool = True,
+) -> Plan:
+    """The best plan that fits `machine`, degrading `ctx` in the stated order.
+
+    Raises PlanRefused when nothing fits (not even with weights left on disk).
+    """
+    ctx.validate()
+    if ctx.type_k in ("q8_0", "q4_0") or ctx.type_v in ("q8_0", "q4_0"):
+        _check_quant_heads(facts, ctx)
+    changes: list[Change] = []
+    ladder = _context_ladder(ctx, pinned_ctx, min(min_ctx, ctx.n_ctx))
+    if not quantize_kv or facts.spec.key_length % 32 or facts.spec.value_length % 32:
+        ladder = [c for c in ladder if c.type_k == ctx.type_k and c.type_v == ctx.type_v]
+    prev, last_overflow = ladder[0], 0
+    for cand in ladder:
+        p, est, overflow = _try(facts, machine, cand)
+        if cand is not ladder[0]:
+            changes.append(_describe(prev, cand, last_overflow))
+        if overflow <= 0:
+            return _finish(facts, machine, cand, p, est, threads, changes)
+        prev, last_overflow = cand, overflow
+    return _disk_fallback(facts, machine, prev, threads, changes, allow_mmap, last_overflow)
+
+
+def _disk_fallback(
+    facts: ModelFacts,
+    machine: Machine,
+    ctx: ContextSettings,
+    threads: int,
+    changes: list[Change],
+    allow_mmap: bool,
+    overflow: int,
+) -> Plan:
+    """Step 5: leave `overflow` bytes of weights in the file (mmap) if the rest fits."""
+    p, est, overflow = _try(facts, machine, ctx)
+    cpu_weights = est.weights.get("CPU", 0)
+    fixed = est.by_device.get("CPU", 0) - cpu_weights
+    ram = machine.cpu.memory_bytes
+    if not allow_mmap or fixed > ram:
+        raise PlanRefused(_refusal(facts, machine, est, fixed, ctx))
+    disk = min(cpu_weights, overflow)
+    changes.append(
+        Change(
+            f"{fb(disk)} of weights left on disk (mmap)",
+            f"RAM holds {fb(ram)}; the model needs {fb(est.by_device['CPU'])} there",
+        )
+    )
+    p = replace(p, disk_bytes=disk)
+    return _finish(facts, machine, ctx, p, est, threads, changes, disk_bound=True)
+
+
+def _refusal(
+    facts: ModelFacts, machine: Machine, est: MemoryEstimate, fixed: int, ctx: ContextSettings
+) -> str:
+    acc = ", ".join(f"{d.name} {fb(d.memory_bytes)}" for d in machine.accelerators) or "no GPU"
+    return (
+        f"{facts.spec.name} cannot run here: even at context {ctx.n_ctx} with a "
+        f"{ctx.type_k}/{ctx.type_v} KV cache it needs {fb(fixed)} of RAM besides the weights "
+        f"(KV {fb(est.kv.get('CPU', 0))}, compute {fb(est.compute.get('CPU', 0))}, "
+        f"output {fb(est.output)}, overhead {fb(est.overhead)}) and {fb(facts.spec.tensor_bytes)}"
+        f" of weights; RAM budget {fb(machine.cpu.memory_bytes)}, accelerators: {acc}"
+    )
+
+
+def _check_quant_heads(facts: ModelFacts, ctx: ContextSettings) -> None:
+    from inferenceos.errors import UsageError
+
+    s = facts.spec
+    if s.key_length % 32 or s.value_length % 32:
+        raise UsageError(
+            f"a {ctx.type_k}/{ctx.type_v} KV cache needs head dims divisible by 32; "
+            f"{s.name} has {s.key_length}/{s.value_length}"
+        )
+
+
+def _finish(
+    facts: ModelFacts,
+    machine: Machine,
+    ctx: ContextSettings,
+    p: Placement,
+    est: MemoryEstimate,
+    threads: int,
+    changes: list[Change],
+    disk_bound: bool = False,
+) -> Plan:
+    n = facts.spec.block_count
+    if machine.accelerators and p.gpu_layers < n:
+        changes.append(
+            Change(
+                f"{p.gpu_layers} of {n} layers on accelerators",
+                "the rest does not fit in their memory",
+            )
+        )
+    for note in p.notes:
+        changes.append(Change("experts to CPU", note))
+    used = tuple(a.name for a in machine.accelerators if a.name in p.dense)
+    return Plan(
+        model_path=str(facts.spec.path),
+        model_name=facts.spec.name,
+        ctx=ctx,
+        placement=p,
+        memory=est,
+        budgets={d.name: d.memory_bytes for d in machine.devices},
+        threads=threads or machine.cpu.threads,
+        changes=tuple(changes),
+        disk_bound=disk_bound,
+        accelerators=used,
+        reason="weights do not fit in memory: read from disk at every token" if disk_bound else "",
+    )

@@ -1,0 +1,223 @@
+"""simulate = plan + performance model → a Prediction, from metadata alone.
+
+`simulate(path, machine, ...)` reads the GGUF header (never tensor data), makes a plan
+with the preflight, and predicts prefill and decode speed, TTFT, total time, peak memory
+per tier (each device, plus weights left on disk), memory traffic per token, the
+bottleneck and a recommendation. `plan_for_run` is the same without the prediction,
+for `inferenceos run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.memory import ContextSettings
+from inferenceos.plan.microbatch import choose_ubatch
+from inferenceos.plan.model_facts import ModelFacts, load_model_facts
+from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
+from inferenceos.plan.plan import Plan
+from inferenceos.plan.preflight import make_plan
+
+DEFAULT_CTX = 4096
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the user will do: prompt and output lengths, requested context."""
+
+    prompt_tokens: int = 512
+    output_tokens: int = 128
+    n_ctx: int | None = None  # None: the planner picks (DEFAULT_CTX or the model's)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What `simulate --json` prints (see `to_json` for the keys)."""
+
+    plan: Plan
+    machine: Machine
+    workload: Workload
+    prefill_tps: float
+    decode_tps: float
+    ttft_s: float
+    total_s: float
+    peak_memory: dict[str, int]
+    traffic_per_token: dict[str, float]
+    bottleneck: str
+    recommendation: str
+    calibration: Calibration
+    decode_parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return self.plan.feasible
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "feasible": self.plan.feasible,
+            "disk_bound": self.plan.disk_bound,
+            "prefill_tps": round(self.prefill_tps, 2),
+            "decode_tps": round(self.decode_tps, 2),
+            "ttft_s": round(self.ttft_s, 4),
+            "total_s": round(self.total_s, 3),
+            "peak_memory_bytes": self.peak_memory,
+            "traffic_bytes_per_token": {k: round(v) for k, v in self.traffic_per_token.items()},
+            "bottleneck": self.bottleneck,
+            "recommendation": self.recommendation,
+            "decode_seconds_by_resource": {k: round(v, 6) for k, v in self.decode_parts.items()},
+            "workload": self.workload.__dict__,
+            "machine": self.machine.to_json(),
+            "calibration": self.calibration.to_json(),
+            "plan": self.plan.to_json(),
+        }
+
+
+def default_context(facts: ModelFacts, w: Workload) -> tuple[int, bool]:
+    """(n_ctx, pinned): the requested context, or one that holds the workload."""
+    if w.n_ctx:
+        return w.n_ctx, True
+    need = w.prompt_tokens + w.output_tokens
+    train = facts.spec.context_length or DEFAULT_CTX
+    return min(train, max(DEFAULT_CTX, need)), False
+
+
+def plan_for_run(
+    facts: ModelFacts,
+    machine: Machine,
+    n_ctx: int | None = None,
+    threads: int = 0,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    flash_attn: bool | None = None,
+    n_seq: int = 1,
+    calibration: Calibration | None = None,
+    swa_full: bool = True,
+    allow_kv_quantization: bool = True,
+    need_tokens: int = 0,
+) -> Plan:
+    """The plan `run` should load: preflight-checked, ubatch sized to the headroom.
+
+    `swa_full` defaults to llama.cpp's own default (True) because the engine's
+    LoadSettings cannot yet ask for False; pass False once it can (SWA models then need
+    far less KV). With `allow_kv_quantization` False the preflight never picks a
+    quantized cache (for engines that cannot load one). Without `n_ctx` the context
+    holds at least `need_tokens` (prompt + output). Raises PlanRefused (an
+    InferenceOSError) when nothing fits.
+    """
+    cal = calibration or Calibration.load()
+    n, pinned = default_context(facts, Workload(need_tokens, 0, n_ctx))
+    fa = flash_attn if flash_attn is not None else (type_v != "f16")
+    ctx = ContextSettings(
+        n_ctx=n,
+        n_seq=n_seq,
+        type_k=type_k,
+        type_v=type_v,
+        flash_attn=fa,
+        swa_full=swa_full or n_seq > 1,
+    )
+    plan = make_plan(
+        facts, machine, ctx, threads=threads, pinned_ctx=pinned, quantize_kv=allow_kv_quantization
+    )
+    return _size_ubatch(facts, machine, plan, cal)
+
+
+def _size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibration) -> Plan:
+    if plan.disk_bound:
+        return plan
+    headroom = machine.cpu.memory_bytes - plan.memory.by_device.get("CPU", 0)
+    headroom += plan.memory.compute.get("CPU", 0)
+
+    def tps(n_ub: int) -> float:
+        c = prefill_cost(facts, plan.placement, machine, plan.ctx, n_ub, n_ub, cal, plan.threads)
+        return n_ub / c.seconds
+
+    ctx = choose_ubatch(facts, plan.ctx, headroom, tps)
+    if ctx == plan.ctx:
+        return plan
+    from inferenceos.plan.footprint import estimate
+
+    return replace(plan, ctx=ctx, memory=estimate(facts, plan.placement, machine, ctx))
+
+
+def simulate(
+    path: str | Path,
+    machine: Machine,
+    workload: Workload,
+    threads: int = 0,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    calibration: Calibration | None = None,
+) -> Prediction:
+    """Plan and predict for `path` on `machine` (metadata only)."""
+    facts = load_model_facts(path)
+    cal = calibration or Calibration.load()
+    plan = plan_for_run(
+        facts,
+        machine,
+        workload.n_ctx,
+        threads,
+        type_k,
+        type_v,
+        calibration=cal,
+        need_tokens=workload.prompt_tokens + workload.output_tokens,
+    )
+    return predict(facts, machine, plan, workload, cal)
+
+
+def predict(
+    facts: ModelFacts, machine: Machine, plan: Plan, w: Workload, cal: Calibration
+) -> Prediction:
+    """The performance half of simulate, for an existing plan."""
+    pl, ctx = plan.placement, plan.ctx
+    pre = prefill_cost(facts, pl, machine, ctx, w.prompt_tokens, ctx.n_ubatch, cal, plan.threads)
+    mid = w.prompt_tokens + w.output_tokens // 2
+    dec = decode_cost(facts, pl, machine, ctx, mid, cal, plan.threads)
+    ttft = pre.seconds + cal.token_overhead_s
+    total = ttft + max(w.output_tokens - 1, 0) * dec.seconds
+    peak = dict(plan.memory.by_device)
+    if pl.disk_bytes:
+        peak["CPU"] = machine.cpu.memory_bytes
+        peak["disk (mmap)"] = pl.disk_bytes
+    traffic = {d: pl.decode_load(d).bytes_read for d in pl.loads}
+    return Prediction(
+        plan=plan,
+        machine=machine,
+        workload=w,
+        prefill_tps=w.prompt_tokens / pre.seconds if pre.seconds else 0.0,
+        decode_tps=1.0 / dec.seconds if dec.seconds else 0.0,
+        ttft_s=ttft,
+        total_s=total,
+        peak_memory=peak,
+        traffic_per_token=traffic,
+        bottleneck=dec.bottleneck,
+        recommendation=recommend(plan, dec, machine),
+        calibration=cal,
+        decode_parts=dict(dec.parts),
+    )
+
+
+def recommend(plan: Plan, dec: StepCost, machine: Machine) -> str:
+    """One actionable sentence from the bottleneck."""
+    b = dec.bottleneck
+    if plan.disk_bound:
+        return (
+            "weights stream from disk at every token: use a smaller quantization, add "
+            "RAM or a GPU, or put the file on faster storage"
+        )
+    if "link" in b:
+        return "activations cross the host-device link often: keep more layers on one device"
+    if b.startswith("CPU memory") and machine.accelerators:
+        return "the CPU's memory bandwidth limits decode: free GPU memory to offload more"
+    if b.startswith("CPU memory"):
+        return (
+            "decode is memory-bandwidth bound: a smaller quantization (fewer bytes per "
+            "token) or a GPU would speed it up; more threads will not"
+        )
+    if b.startswith("CPU compute"):
+        return "decode is compute bound on the CPU: more threads or a GPU would help"
+    if "overhead" in b:
+        return "per-token overhead dominates (a small model): batching requests raises throughput"
+    return f"{b} limits decode"
