@@ -81,9 +81,11 @@ def test_default_model_answers_and_reports_metrics() -> None:
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(" red, yellow, and blue.")  # greedy: deterministic
+    first_line = r.stdout.strip().splitlines()[0]
+    assert {"red", "yellow", "blue"} <= set(first_line.replace(",", " ").replace(".", " ").split())
     assert "Assembling the built-in model" in r.stderr
     assert "generated 16 tok" in r.stderr and "TTFT" in r.stderr
+    assert "plan: ctx" in r.stderr  # the planner chose how to load it
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -29,9 +30,22 @@ def _read_prompt(prompt: str | None) -> str:
     raise UsageError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
 
 
-def _settings(spec: ModelSpec, ctx: int, threads: int, batch: int) -> LoadSettings:
-    n_ctx = ctx or min(DEFAULT_CTX, spec.context_length or DEFAULT_CTX)
-    return LoadSettings(n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, n_threads=threads)
+def _plan_settings(path: Path, ctx: int, threads: int, batch: int, need: int) -> LoadSettings:
+    """Ask the planner how to load the model here; print its one-line summary."""
+    from dataclasses import replace
+
+    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.simulate import plan_for_run
+
+    facts = load_model_facts(path)
+    plan = plan_for_run(facts, local_machine(), n_ctx=ctx or None, threads=threads,
+                        swa_full=False, need_tokens=need)  # fmt: skip
+    err.print(plan.summary(), style="dim", markup=False)
+    settings: LoadSettings = plan.load_settings()
+    if batch:
+        settings = replace(settings, n_batch=batch, n_ubatch=min(batch, settings.n_ubatch))
+    return settings
 
 
 def _prompt_text(
@@ -98,7 +112,7 @@ def run(
     ] = False,
     ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: auto)")] = 0,
     threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: auto)")] = 0,
-    batch: Annotated[int, typer.Option("--batch", help="Prefill batch size")] = 512,
+    batch: Annotated[int, typer.Option("--batch", help="Prefill batch size (0: planned)")] = 0,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object at the end")
     ] = False,
@@ -122,7 +136,8 @@ def run(
 
     spec = load_spec(resolve_model(model))
     log().echo = verbose
-    with LoadedModel(spec.path, _settings(spec, ctx, threads, batch)) as lm:
+    need = min(len(text.encode()) + max_tokens + 64, spec.context_length or DEFAULT_CTX)
+    with LoadedModel(spec.path, _plan_settings(spec.path, ctx, threads, batch, need)) as lm:
         tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw, template))
         pieces: list[str] = []
         interrupted = False

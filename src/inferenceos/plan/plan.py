@@ -177,7 +177,7 @@ class Plan:
         return (
             f"plan: ctx {c.n_ctx} · KV {c.type_k}/{c.type_v} · flash-attn "
             f"{'on' if c.flash_attn else 'off'} · ubatch {c.n_ubatch} · {where} · "
-            f"{self.threads} threads · {mem}{flags}"
+            f"{self.threads} thread{'s' if self.threads != 1 else ''} · {mem}{flags}"
         )
 
     def to_json(self) -> dict[str, Any]:
