@@ -30,6 +30,8 @@ class SamplingParams:
     max_tokens: int = 512
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False  # generate max_tokens even past end-of-generation (benchmarks)
+    grammar: str | None = None  # GBNF: output constrained to this grammar (root rule "root")
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans a token
 
     def validate(self) -> None:
         """Raise UsageError for values llama.cpp would misbehave on."""
@@ -41,27 +43,68 @@ class SamplingParams:
             (self.max_tokens >= 0, f"max-tokens must be >= 0, got {self.max_tokens}"),
             (self.repeat_penalty > 0, f"repeat penalty must be > 0, got {self.repeat_penalty}"),
             (all(self.stop), "stop strings must not be empty"),
+            (all(t >= 0 for t, _ in self.logit_bias), "logit bias token ids must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
 
 
-class SamplerChain:
-    """An owned llama.cpp sampler chain; call `close()` (or use `with`) to free it."""
+def grammar_from_json_schema(schema: str) -> str:
+    """A GBNF grammar accepting exactly the JSON documents valid under `schema` (JSON text).
 
-    def __init__(self, params: SamplingParams) -> None:
+    Raises UsageError for a schema that is not JSON or that the converter cannot handle.
+    """
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return str(json_schema_to_gbnf(schema))
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise UsageError(f"unsupported JSON schema: {exc}") from None
+
+
+class SamplerChain:
+    """An owned llama.cpp sampler chain; call `close()` (or use `with`) to free it.
+
+    `vocab` (a llama_vocab pointer) is needed for grammars and logit bias.
+    """
+
+    def __init__(self, params: SamplingParams, vocab: Any = None) -> None:
         params.validate()
         ll = lib()
         self._ll = ll
+        self.vocab = vocab
         self.seed = params.seed if params.seed is not None else random.randrange(2**32 - 1)
         self.ptr: Any = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        for s in self._stages(params):
-            ll.llama_sampler_chain_add(self.ptr, s)
+        try:
+            for s in self._stages(params):
+                ll.llama_sampler_chain_add(self.ptr, s)
+        except UsageError:
+            self.close()
+            raise
+
+    def _constraints(self, p: SamplingParams) -> list[Any]:
+        """Grammar and logit-bias stages, applied before any filtering."""
+        ll, stages = self._ll, []
+        if (p.grammar or p.logit_bias) and self.vocab is None:
+            raise UsageError("grammar and logit bias need the model's vocabulary")
+        if p.logit_bias:
+            n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+            bad = [t for t, _ in p.logit_bias if t >= n_vocab]
+            if bad:
+                raise UsageError(f"logit bias names token {bad[0]}; the vocabulary has {n_vocab}")
+            arr = (ll.llama_logit_bias * len(p.logit_bias))(*p.logit_bias)
+            stages.append(ll.llama_sampler_init_logit_bias(n_vocab, len(p.logit_bias), arr))
+        if p.grammar:
+            g = ll.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
+            if not g:
+                raise UsageError("the grammar does not parse (GBNF with a 'root' rule expected)")
+            stages.append(g)
+        return stages
 
     def _stages(self, p: SamplingParams) -> list[Any]:
         ll = self._ll
-        stages = []
+        stages = self._constraints(p)
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             stages.append(
                 ll.llama_sampler_init_penalties(

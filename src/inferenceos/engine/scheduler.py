@@ -61,10 +61,10 @@ class Slot:
 class Sequence:
     """A request being served in a slot."""
 
-    def __init__(self, req: Request, slot: Slot, reused: int) -> None:
+    def __init__(self, req: Request, slot: Slot, reused: int, vocab: Any) -> None:
         self.req = req
         self.slot = slot
-        self.sampler = SamplerChain(req.sampling)
+        self.sampler = SamplerChain(req.sampling, vocab)
         self.n_prefilled = reused  # prompt tokens already in the KV cache
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.row: int | None = None  # batch row whose logits we sample this step
@@ -136,7 +136,7 @@ class Scheduler:
             )
         if len(self.queue) >= self.max_queue:
             raise EngineBusyError(f"busy: {len(self.queue)} requests are already waiting")
-        req.sampling.validate()
+        SamplerChain(req.sampling, self.model.vocab).close()  # a bad grammar fails here
         self.queue.append(req)
 
     def cancel(self, req_id: int) -> list[Event]:
@@ -191,7 +191,7 @@ class Scheduler:
             if reuse == 0:
                 slot.filled_at = time.perf_counter()
             slot.busy = True
-            self.running.append(Sequence(req, slot, reuse))
+            self.running.append(Sequence(req, slot, reuse, self.model.vocab))
 
     # -- one step ----------------------------------------------------------------------
 

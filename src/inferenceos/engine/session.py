@@ -251,7 +251,7 @@ class LoadedModel:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stops = StopMatcher(sampling.stop)
         self.reset()
-        with SamplerChain(sampling) as sampler:
+        with SamplerChain(sampling, self.vocab) as sampler:
             t0 = time.perf_counter()
             self.prefill(prompt_tokens)
             token = sampler.sample(self.ctx)

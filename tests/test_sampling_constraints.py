@@ -1,0 +1,57 @@
+"""Grammar-constrained output and logit bias, on real llama.cpp with a tiny model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferenceos.engine.sampling import SamplingParams, grammar_from_json_schema
+from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
+    with LoadedModel(tiny_llama, LoadSettings(n_ctx=512, n_batch=64, n_threads=1)) as m:
+        yield m
+
+
+def complete(lm: LoadedModel, **kw: object) -> str:
+    params = SamplingParams(**{"temperature": 0, "max_tokens": 40, **kw})  # type: ignore[arg-type]
+    return "".join(ev.text for ev in lm.generate(lm.tokenize("abc"), params))
+
+
+def test_gbnf_grammar_constrains_every_token(lm: LoadedModel) -> None:
+    free = complete(lm, max_tokens=20)
+    assert set(free) - set("ab"), "unconstrained output uses other characters"
+    text = complete(lm, max_tokens=20, grammar='root ::= [ab]+ "."')
+    assert text and set(text) <= set("ab.")
+
+
+def test_json_schema_output_parses_and_validates(lm: LoadedModel) -> None:
+    schema = {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}},
+              "required": ["c"]}  # fmt: skip
+    grammar = grammar_from_json_schema(json.dumps(schema))
+    text = complete(lm, max_tokens=60, grammar=grammar)
+    assert lm.metrics.stop_reason == "eos"  # the grammar ended the output
+    assert json.loads(text)["c"] in ("red", "blue")
+
+
+def test_bad_grammar_is_a_user_error(lm: LoadedModel) -> None:
+    with pytest.raises(UsageError, match="grammar does not parse"):
+        complete(lm, grammar="root ::= [unterminated")
+
+
+def test_logit_bias_bans_the_greedy_choice(lm: LoadedModel) -> None:
+    first = next(iter(lm.generate(lm.tokenize("abc"), SamplingParams(temperature=0))))
+    banned = SamplingParams(temperature=0, logit_bias=((first.token, float("-inf")),))
+    other = next(iter(lm.generate(lm.tokenize("abc"), banned)))
+    assert other.token != first.token
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(lm: LoadedModel) -> None:
+    with pytest.raises(UsageError, match="vocabulary has 287"):
+        complete(lm, logit_bias=((10_000, 1.0),))
