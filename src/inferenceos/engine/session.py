@@ -279,6 +279,41 @@ class LoadedModel:
             if tail:
                 yield TokenEvent(-1, tail)
 
+    # -- sequence state ------------------------------------------------------------------
+
+    def save_sequence(self, seq_id: int = 0) -> bytes:
+        """The KV state of one sequence as bytes (the basis of migration and sessions)."""
+        ll = self._ll
+        size = int(ll.llama_state_seq_get_size(self.ctx, seq_id))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(ll.llama_state_seq_get_data(self.ctx, buf, size, seq_id))
+        if written != size:
+            raise GenerationError(f"llama.cpp wrote {written} of {size} state bytes")
+        return bytes(buf)
+
+    def restore_sequence(self, data: bytes, seq_id: int = 0) -> None:
+        """Replace sequence `seq_id`'s KV state with bytes from `save_sequence`.
+
+        The state must come from the same model; llama.cpp checks its layout and a
+        mismatch raises GenerationError, leaving the sequence empty.
+        """
+        ll = self._ll
+        ll.llama_memory_seq_rm(ll.llama_get_memory(self.ctx), seq_id, -1, -1)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(ll.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) == 0:
+            raise GenerationError("llama.cpp refused the sequence state")
+
+    def continue_from(self, last_token: int, sampling: SamplingParams) -> Iterator[TokenEvent]:
+        """Generate after a restored state whose final (not yet evaluated) token is given."""
+        with SamplerChain(sampling, self.vocab) as sampler:
+            self.decode_one(last_token)
+            for _ in range(sampling.max_tokens):
+                token = sampler.sample(self.ctx)
+                if self.is_eog(token) and not sampling.ignore_eos:
+                    return
+                yield TokenEvent(token, self.piece(token).decode("utf-8", errors="replace"))
+                self.decode_one(token)
+
     # -- embeddings --------------------------------------------------------------------
 
     def _embedding_context(self) -> Any:
