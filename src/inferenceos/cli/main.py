@@ -19,6 +19,7 @@ from inferenceos.cli import (
     hardware_cmd,
     inspect_cmd,
     placement_cmd,
+    plugins_cmd,
     reset_cmd,
     run_cmd,
     simulate_cmd,
@@ -49,6 +50,7 @@ app.add_typer(config_cmd.config_app, name="config")
 app.add_typer(cache_cmd.cache_app, name="cache")
 app.command("reset")(reset_cmd.reset)
 app.command("update")(update_cmd.update)
+app.command("plugins")(plugins_cmd.plugins)
 
 
 def main() -> None:

@@ -13,9 +13,10 @@ its own sampler chain (in C, on the batch row). A finished slot keeps its tokens
 cache, so a later prompt that starts the same way reuses them (prefix reuse); which idle
 cache to give up when a slot is needed is the slot policy (`lru` or `fifo`).
 
-When a sequence fills its slot, the KV policy decides: `none` ends it ("length"),
-`streaming` (StreamingLLM) drops the middle of the cache, keeping the first sink tokens
-and the most recent ones, and shifts positions so generation continues indefinitely.
+When a sequence fills its slot, its KV policy (see kv_policies.py) decides: `none`
+ends it ("length"), `streaming` (StreamingLLM) drops the middle of the cache, keeping
+the first sink tokens and the most recent ones, and shifts positions so generation
+continues indefinitely.
 
 Not thread-safe: one thread (the worker loop) calls submit / cancel / step.
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferenceos.engine.batch import TokenBatch
+from inferenceos.engine.kv_policies import load_policy
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel
 from inferenceos.engine.stop import StopMatcher
@@ -85,6 +87,26 @@ class Sequence:
         return len(self.slot.cached)
 
 
+class _View:
+    """A policy's handle on one sequence's cache (kv_policies.SequenceView)."""
+
+    def __init__(self, sched: Scheduler, seq: Sequence) -> None:
+        self._sched, self._seq = sched, seq
+
+    @property
+    def n_past(self) -> int:
+        return self._seq.n_past
+
+    def remove(self, p0: int, p1: int) -> None:
+        ll, mem, slot = self._sched._ll, self._sched.mem, self._seq.slot
+        n_past = len(slot.cached)
+        if not 0 <= p0 < p1 <= n_past:
+            raise ValueError(f"cannot remove [{p0}, {p1}) of {n_past} cells")
+        ll.llama_memory_seq_rm(mem, slot.index, p0, p1)
+        ll.llama_memory_seq_add(mem, slot.index, p1, n_past, p0 - p1)
+        del slot.cached[p0:p1]
+
+
 class Scheduler:
     """Serves many requests at once on one LoadedModel (see module docstring)."""
 
@@ -95,24 +117,20 @@ class Scheduler:
         token_budget: int,
         kv_policy: str = "none",
         slot_policy: str = "lru",
-        n_sink: int = 4,
         max_queue: int = 64,
     ) -> None:
-        if kv_policy not in ("none", "streaming"):
-            raise UsageError(f"unknown KV policy {kv_policy!r} (use none or streaming)")
+        self.policy = load_policy(kv_policy)
         if slot_policy not in ("lru", "fifo"):
             raise UsageError(f"unknown slot policy {slot_policy!r} (use lru or fifo)")
         self.model = model
         self._ll = model._ll
         self.mem = self._ll.llama_get_memory(model.ctx)
-        if kv_policy == "streaming" and not self._ll.llama_memory_can_shift(self.mem):
-            raise UsageError("this model's KV cache cannot shift positions: no streaming policy")
+        if kv_policy != "none" and not self._ll.llama_memory_can_shift(self.mem):
+            raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
         self.slots = [Slot(i) for i in range(n_slots)]
         self.n_ctx_slot = model.n_ctx // n_slots
         self.token_budget = max(1, min(token_budget, model.settings.n_batch))
-        self.kv_policy = kv_policy
         self.slot_policy = slot_policy
-        self.n_sink = n_sink
         self.max_queue = max_queue
         self.queue: collections.deque[Request] = collections.deque()
         self.running: list[Sequence] = []
@@ -218,20 +236,9 @@ class Scheduler:
         for seq in list(self.running):
             if seq.pending is None or seq.n_past + 1 <= self.n_ctx_slot:
                 continue
-            if self.kv_policy == "streaming":
-                self._streaming_shift(seq)
-            else:
+            if not self.policy.make_room(_View(self, seq)):
                 seq.metrics.stop_reason = "length"
                 events.append(self._finish(seq))
-
-    def _streaming_shift(self, seq: Sequence) -> None:
-        """StreamingLLM: keep n_sink first tokens and the recent half, shift positions."""
-        n_past, keep = seq.n_past, self.n_sink
-        n_discard = (n_past - keep) // 2
-        slot = seq.slot.index
-        self._ll.llama_memory_seq_rm(self.mem, slot, keep, keep + n_discard)
-        self._ll.llama_memory_seq_add(self.mem, slot, keep + n_discard, n_past, -n_discard)
-        del seq.slot.cached[keep : keep + n_discard]
 
     def _fill_batch(self) -> None:
         self.batch.clear()

@@ -1,0 +1,91 @@
+"""KV cache policies: what to do when a sequence has filled its share of the cache.
+
+A policy is a class with a `name` and `make_room(view) -> bool`. The scheduler calls
+`make_room` when a generating sequence needs one more cell than its slot holds; the
+policy may drop cells through the view (returning True: generation goes on) or decline
+(False: the sequence ends with "length").
+
+Policies are found through the Python entry-point group `inferenceos.kv_policies`
+(`name = "module:Class"`); InferenceOS registers its own there too, so a plugin
+package is discovered exactly like the built-ins. `inferenceos plugins` lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from inferenceos.errors import UsageError
+
+ENTRY_POINT_GROUP = "inferenceos.kv_policies"
+
+
+class SequenceView(Protocol):
+    """What a policy may see and do to one sequence's cache."""
+
+    @property
+    def n_past(self) -> int:
+        """Cells the sequence occupies (positions 0..n_past-1)."""
+        ...
+
+    def remove(self, p0: int, p1: int) -> None:
+        """Drop positions [p0, p1) and shift later positions down to close the gap."""
+        ...
+
+
+class KVPolicy(Protocol):
+    name: str
+
+    def make_room(self, seq: SequenceView) -> bool: ...
+
+
+@dataclass
+class NoEviction:
+    """Never evict: a full sequence ends ("length"), as plain llama.cpp does."""
+
+    name: str = "none"
+
+    def make_room(self, seq: SequenceView) -> bool:
+        return False
+
+
+@dataclass
+class StreamingLLM:
+    """StreamingLLM (Xiao et al. 2023): keep `n_sink` first tokens and the recent half.
+
+    Attention sinks — the first few tokens that absorb attention mass — stay; the older
+    half of the rest is dropped and the newer half shifted down, so generation continues
+    indefinitely in constant memory.
+    """
+
+    name: str = "streaming"
+    n_sink: int = 4
+
+    def make_room(self, seq: SequenceView) -> bool:
+        n_discard = (seq.n_past - self.n_sink) // 2
+        if n_discard <= 0:
+            return False
+        seq.remove(self.n_sink, self.n_sink + n_discard)
+        return True
+
+
+def available_policies() -> dict[str, str]:
+    """Installed policy names → 'module:Class' (from the entry-point group)."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_policy(name: str, **options: Any) -> KVPolicy:
+    """Instantiate the policy registered as `name`; UsageError when none is."""
+    builtin: dict[str, type[Any]] = {"none": NoEviction, "streaming": StreamingLLM}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            cls = ep.load()
+            break
+    else:
+        if name not in builtin:  # not installed as a package: built-ins still work
+            known = sorted(set(available_policies()) | set(builtin))
+            raise UsageError(f"unknown KV policy {name!r} (available: {', '.join(known)})")
+        cls = builtin[name]
+    policy: KVPolicy = cls(**options)
+    return policy
