@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+import numpy as np
+
 from inferenceos.errors import UsageError
 
 ENTRY_POINT_GROUP = "inferenceos.kv_policies"
@@ -33,9 +35,15 @@ class SequenceView(Protocol):
         """Drop positions [p0, p1) and shift later positions down to close the gap."""
         ...
 
+    def attention_scores(self) -> np.ndarray | None:
+        """Accumulated attention per position (None unless the policy needs_attention)."""
+        ...
+
 
 class KVPolicy(Protocol):
     name: str
+    # True: the engine must watch attention (flash attention off); plugins may omit it
+    needs_attention: bool
 
     def make_room(self, seq: SequenceView) -> bool: ...
 
@@ -45,6 +53,7 @@ class NoEviction:
     """Never evict: a full sequence ends ("length"), as plain llama.cpp does."""
 
     name: str = "none"
+    needs_attention: bool = False
 
     def make_room(self, seq: SequenceView) -> bool:
         return False
@@ -60,6 +69,7 @@ class StreamingLLM:
     """
 
     name: str = "streaming"
+    needs_attention: bool = False
     n_sink: int = 4
 
     def make_room(self, seq: SequenceView) -> bool:
@@ -70,6 +80,49 @@ class StreamingLLM:
         return True
 
 
+@dataclass
+class HeavyHitterOracle:
+    """H2O (Zhang et al. 2023): keep the tokens that received the most attention.
+
+    When the sequence is full, `evict_fraction` of it is dropped at once (amortising the
+    position shifts); of what stays, `recent_fraction` is the most recent tokens and the
+    rest the heavy hitters — the older tokens with the largest accumulated attention.
+    Needs the attention probabilities, which llama.cpp computes only with flash
+    attention off; so H2O and a quantized V cache (which requires flash attention)
+    exclude each other.
+    """
+
+    name: str = "h2o"
+    needs_attention: bool = True
+    recent_fraction: float = 0.5
+    evict_fraction: float = 0.25
+
+    def make_room(self, seq: SequenceView) -> bool:
+        scores = seq.attention_scores()
+        n = seq.n_past
+        if scores is None or len(scores) != n or n < 4:
+            return False
+        keep = n - max(1, int(n * self.evict_fraction))
+        n_recent = max(1, int(keep * self.recent_fraction))
+        older = n - n_recent
+        heavy = np.argsort(-scores[:older], kind="stable")[: keep - n_recent]
+        evict = np.setdiff1d(np.arange(older), heavy)
+        for p0, p1 in reversed(_runs(evict)):  # from the end: earlier positions stay valid
+            seq.remove(p0, p1)
+        return True
+
+
+def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted positions → maximal [start, end) runs."""
+    runs: list[tuple[int, int]] = []
+    for p in positions.tolist():
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
+
+
 def available_policies() -> dict[str, str]:
     """Installed policy names → 'module:Class' (from the entry-point group)."""
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
@@ -77,7 +130,11 @@ def available_policies() -> dict[str, str]:
 
 def load_policy(name: str, **options: Any) -> KVPolicy:
     """Instantiate the policy registered as `name`; UsageError when none is."""
-    builtin: dict[str, type[Any]] = {"none": NoEviction, "streaming": StreamingLLM}
+    builtin: dict[str, type[Any]] = {
+        "none": NoEviction,
+        "streaming": StreamingLLM,
+        "h2o": HeavyHitterOracle,
+    }
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             cls = ep.load()

@@ -29,12 +29,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.kv_policies import load_policy
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel
 from inferenceos.engine.stop import StopMatcher
-from inferenceos.errors import EngineBusyError, UsageError
+from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
 # Events returned by step(): (request id, kind, payload)
 #   ("token", (token_id, text)), ("done", metrics dict), ("error", (class name, message))
@@ -105,6 +108,12 @@ class _View:
         ll.llama_memory_seq_rm(mem, slot.index, p0, p1)
         ll.llama_memory_seq_add(mem, slot.index, p1, n_past, p0 - p1)
         del slot.cached[p0:p1]
+        if self._sched.tracker is not None:
+            self._sched.tracker.remove(slot.index, p0, p1)
+
+    def attention_scores(self) -> np.ndarray | None:
+        tracker = self._sched.tracker
+        return None if tracker is None else tracker.scores(self._seq.slot.index)
 
 
 class Scheduler:
@@ -118,8 +127,18 @@ class Scheduler:
         kv_policy: str = "none",
         slot_policy: str = "lru",
         max_queue: int = 64,
+        probe: AttentionProbe | None = None,
     ) -> None:
+        """`probe` must be the AttentionProbe whose callback `model`'s context was created
+        with; policies that need attention (h2o) require it."""
         self.policy = load_policy(kv_policy)
+        if getattr(self.policy, "needs_attention", False) and probe is None:
+            raise UsageError(
+                f"the {kv_policy} policy needs attention probabilities: load the model "
+                "with an attention probe and flash attention off"
+            )
+        self.probe = probe
+        self.tracker = CellTracker(model.n_ctx) if probe is not None else None
         if slot_policy not in ("lru", "fifo"):
             raise UsageError(f"unknown slot policy {slot_policy!r} (use lru or fifo)")
         self.model = model
@@ -206,6 +225,8 @@ class Scheduler:
             # drop the part of the slot's cache that the new prompt does not share
             self._ll.llama_memory_seq_rm(self.mem, slot.index, reuse, -1)
             del slot.cached[reuse:]
+            if self.tracker is not None:
+                self.tracker.truncate(slot.index, reuse)
             if reuse == 0:
                 slot.filled_at = time.perf_counter()
             slot.busy = True
@@ -220,12 +241,19 @@ class Scheduler:
         self._make_room(events)
         if not self.running:
             return events
-        self._fill_batch()
+        rows = self._fill_batch()
+        if self.probe is not None:
+            self.probe.reset()
         t0 = time.perf_counter()
         rc = self._ll.llama_decode(self.model.ctx, self.batch.raw)
         self.step_times.append(time.perf_counter() - t0)
         if rc != 0:
             return events + self._fail_all(f"llama_decode failed (code {rc})")
+        if self.tracker is not None and self.probe is not None:
+            try:
+                self.tracker.observe(self.probe, rows)
+            except GenerationError as exc:
+                return events + self._fail_all(str(exc))
         for seq in list(self.running):
             if seq.row is not None:
                 events.extend(self._sample(seq))
@@ -240,12 +268,15 @@ class Scheduler:
                 seq.metrics.stop_reason = "length"
                 events.append(self._finish(seq))
 
-    def _fill_batch(self) -> None:
+    def _fill_batch(self) -> dict[int, list[int]]:
+        """Fill the batch; returns each slot's batch rows in position order."""
         self.batch.clear()
+        rows: dict[int, list[int]] = {}
         for seq in self.running:  # 1. decode: one token per generating sequence
             seq.row = None
             if seq.pending is not None:
                 seq.row = self.batch.add(seq.pending, seq.n_past, seq.slot.index, True)
+                rows[seq.slot.index] = [seq.row]
                 seq.slot.cached.append(seq.pending)
                 seq.pending = None
         budget = self.token_budget - self.batch.n
@@ -257,13 +288,16 @@ class Scheduler:
             prompt = seq.req.prompt
             end = min(len(prompt), seq.n_prefilled + budget)
             row = -1
+            slot_rows = rows.setdefault(seq.slot.index, [])
             for i in range(seq.n_prefilled, end):
                 row = self.batch.add(prompt[i], i, seq.slot.index, i == len(prompt) - 1)
+                slot_rows.append(row)
                 seq.slot.cached.append(prompt[i])
             if end == len(prompt):
                 seq.row = row
             budget -= end - seq.n_prefilled
             seq.n_prefilled = end
+        return rows
 
     def _sample(self, seq: Sequence) -> list[Event]:
         assert seq.row is not None
@@ -311,6 +345,8 @@ class Scheduler:
         for seq in list(self.running):
             self._ll.llama_memory_seq_rm(self.mem, seq.slot.index, -1, -1)
             seq.slot.cached.clear()
+            if self.tracker is not None:
+                self.tracker.truncate(seq.slot.index, 0)
             self._finish(seq)
             events.append((seq.req.id, "error", ("GenerationError", message)))
         return events

@@ -105,10 +105,15 @@ class TokenEvent:
 class LoadedModel:
     """A llama.cpp model with one context. Not thread-safe; call `close()` when done."""
 
-    def __init__(self, path: Path, settings: LoadSettings | None = None) -> None:
+    def __init__(
+        self, path: Path, settings: LoadSettings | None = None, eval_callback: Any = None
+    ) -> None:
+        """Load `path` with `settings`; `eval_callback` (a ctypes cb_eval function, e.g.
+        an AttentionProbe's) is handed to llama.cpp and must outlive the context."""
         self.path = Path(path)
         self.settings = settings or LoadSettings()
         self.settings.validate()
+        self._eval_callback = eval_callback
         self._ll = lib()
         t0 = time.perf_counter()
         self.model = self._load_model()
@@ -152,6 +157,8 @@ class LoadedModel:
         params.n_threads_batch = s.n_threads_batch or params.n_threads
         params.flash_attn_type = s.flash_attn
         params.no_perf = True
+        if self._eval_callback is not None:
+            params.cb_eval = self._eval_callback
         mark = log().mark()
         ctx = ll.llama_init_from_model(self.model, params)
         if not ctx:

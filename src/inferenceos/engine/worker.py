@@ -77,15 +77,38 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
     return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
 
 
+def _attention_setup(cfg: WorkerConfig) -> tuple[LoadSettings, Any]:
+    """For policies that read attention (h2o): a probe on the full-attention layers, and
+    flash attention off (llama.cpp has no attention probabilities with it on)."""
+    from dataclasses import replace
+
+    from inferenceos.engine.attention_probe import AttentionProbe
+    from inferenceos.engine.kv_policies import load_policy
+    from inferenceos.errors import UsageError
+    from inferenceos.model.spec import load_spec
+
+    if not getattr(load_policy(cfg.kv_policy), "needs_attention", False):
+        return cfg.settings, None
+    if cfg.settings.flash_attn == 1 or cfg.settings.type_v != "f16":
+        raise UsageError(
+            f"the {cfg.kv_policy} policy reads attention probabilities, which need flash "
+            "attention off; a quantized V cache needs it on: choose one"
+        )
+    spec = load_spec(cfg.path)
+    probe = AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
+    return replace(cfg.settings, flash_attn=0), probe
+
+
 def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     """Process entry point: load, report ready, then serve until shutdown or EOF."""
     from inferenceos.engine.scheduler import Scheduler
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        lm = LoadedModel(cfg.path, cfg.settings)
+        settings, probe = _attention_setup(cfg)
+        lm = LoadedModel(cfg.path, settings, eval_callback=probe.callback if probe else None)
         sched = Scheduler(lm, cfg.n_slots, cfg.token_budget, cfg.kv_policy, cfg.slot_policy,
-                          max_queue=cfg.max_queue)  # fmt: skip
+                          max_queue=cfg.max_queue, probe=probe)  # fmt: skip
     except InferenceOSError as exc:
         conn.send([(0, "error", (type(exc).__name__, str(exc)))])
         return
