@@ -99,3 +99,20 @@ def test_engine_refuses_h2o_with_flash_attention(tiny_llama: Path) -> None:
 
     with pytest.raises(UsageError, match="need flash attention off"):
         Engine(tiny_llama, LoadSettings(n_ctx=128, flash_attn=1), n_parallel=1, kv_policy="h2o")
+
+
+def test_budgeted_perplexity_full_budget_equals_full_cache(tiny_llama: Path) -> None:
+    from inferenceos.engine.kv_policies import NoEviction, StreamingLLM
+    from inferenceos.engine.scoring import budgeted_perplexity, perplexity
+
+    lm, probe = probed(tiny_llama, n_ctx=256)
+    with lm:
+        tokens = lm.tokenize("abc abd abe abf " * 8)
+        full = perplexity(lm, tokens)
+        assert budgeted_perplexity(lm, tokens, NoEviction(), len(tokens)) == pytest.approx(
+            full, rel=1e-3
+        )
+        small = len(tokens) // 5
+        for policy, p in ((StreamingLLM(), None), (HeavyHitterOracle(), probe)):
+            ppl = budgeted_perplexity(lm, tokens, policy, small, p)
+            assert np.isfinite(ppl) and ppl > 1

@@ -29,12 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.kv_policies import load_policy
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
+from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import GenerationMetrics, LoadedModel
 from inferenceos.engine.stop import StopMatcher
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
@@ -88,32 +87,6 @@ class Sequence:
     @property
     def n_past(self) -> int:
         return len(self.slot.cached)
-
-
-class _View:
-    """A policy's handle on one sequence's cache (kv_policies.SequenceView)."""
-
-    def __init__(self, sched: Scheduler, seq: Sequence) -> None:
-        self._sched, self._seq = sched, seq
-
-    @property
-    def n_past(self) -> int:
-        return self._seq.n_past
-
-    def remove(self, p0: int, p1: int) -> None:
-        ll, mem, slot = self._sched._ll, self._sched.mem, self._seq.slot
-        n_past = len(slot.cached)
-        if not 0 <= p0 < p1 <= n_past:
-            raise ValueError(f"cannot remove [{p0}, {p1}) of {n_past} cells")
-        ll.llama_memory_seq_rm(mem, slot.index, p0, p1)
-        ll.llama_memory_seq_add(mem, slot.index, p1, n_past, p0 - p1)
-        del slot.cached[p0:p1]
-        if self._sched.tracker is not None:
-            self._sched.tracker.remove(slot.index, p0, p1)
-
-    def attention_scores(self) -> np.ndarray | None:
-        tracker = self._sched.tracker
-        return None if tracker is None else tracker.scores(self._seq.slot.index)
 
 
 class Scheduler:
@@ -264,7 +237,8 @@ class Scheduler:
         for seq in list(self.running):
             if seq.pending is None or seq.n_past + 1 <= self.n_ctx_slot:
                 continue
-            if not self.policy.make_room(_View(self, seq)):
+            view = SeqCacheView(self._ll, self.mem, seq.slot.index, seq.slot.cached, self.tracker)
+            if not self.policy.make_room(view):
                 seq.metrics.stop_reason = "length"
                 events.append(self._finish(seq))
 

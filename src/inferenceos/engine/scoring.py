@@ -7,11 +7,16 @@ well does a model (under a KV policy) predict a fixed text.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
+from inferenceos.engine.batch import TokenBatch
+from inferenceos.engine.kv_policies import KVPolicy
+from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import GenerationError
 
@@ -88,4 +93,46 @@ def perplexity(lm: LoadedModel, tokens: list[int]) -> float:
         top = float(row.max())
         log_z = top + math.log(float(np.exp(row - top).sum()))
         nll += log_z - float(row[tok])
+    return math.exp(nll / (len(tokens) - 1))
+
+
+def budgeted_perplexity(
+    lm: LoadedModel,
+    tokens: list[int],
+    policy: KVPolicy,
+    budget: int,
+    probe: AttentionProbe | None = None,
+) -> float:
+    """Perplexity of tokens[1:] read one token at a time with at most `budget` KV cells.
+
+    Whenever the cache is full, `policy` makes room (as in generation). `probe` must be
+    the AttentionProbe `lm` was created with when the policy needs attention.
+    """
+    ll = lm._ll
+    lm.reset()
+    mem = ll.llama_get_memory(lm.ctx)
+    tracker = CellTracker(lm.n_ctx) if probe is not None else None
+    cached: list[int] = []
+    view = SeqCacheView(ll, mem, 0, cached, tracker)
+    n_vocab = int(ll.llama_vocab_n_tokens(lm.vocab))
+    batch = TokenBatch(1, 1)
+    nll = 0.0
+    try:
+        for tok, nxt in itertools.pairwise(tokens):
+            if len(cached) >= budget and not policy.make_room(view):
+                raise GenerationError(f"the {policy.name} policy could not make room")
+            batch.clear()
+            batch.add(tok, len(cached), 0, True)
+            if probe is not None:
+                probe.reset()
+            if ll.llama_decode(lm.ctx, batch.raw) != 0:
+                raise GenerationError("llama_decode failed while scoring")
+            cached.append(tok)
+            if tracker is not None and probe is not None:
+                tracker.observe(probe, {0: [0]})
+            row = np.ctypeslib.as_array(ll.llama_get_logits_ith(lm.ctx, 0), shape=(n_vocab,))
+            top = float(row.max())
+            nll += top + math.log(float(np.exp(row - top).sum())) - float(row[nxt])
+    finally:
+        batch.close()
     return math.exp(nll / (len(tokens) - 1))
