@@ -26,6 +26,7 @@ class LlamaLog:
 
     def __init__(self, max_lines: int = 4000) -> None:
         self.lines: deque[tuple[str, str]] = deque(maxlen=max_lines)
+        self.total = 0  # lines ever appended: marks stay valid after old lines drop off
         self.echo = False
         self._partial = ""
         self._lock = threading.Lock()
@@ -41,20 +42,26 @@ class LlamaLog:
             while "\n" in self._partial:
                 line, self._partial = self._partial.split("\n", 1)
                 self.lines.append((LOG_LEVEL_NAMES.get(level, "info"), line))
+                self.total += 1
 
     def mark(self) -> int:
         """A position to read lines from later (see `since`)."""
         with self._lock:
-            return len(self.lines)
+            return self.total
+
+    def _after(self, mark: int) -> list[tuple[str, str]]:
+        # the deque holds the last len(lines) of `total` lines; older ones are gone
+        first_kept = self.total - len(self.lines)
+        return list(self.lines)[max(0, mark - first_kept) :]
 
     def since(self, mark: int) -> list[str]:
-        """Lines logged after `mark` (approximate once the buffer has wrapped)."""
+        """Lines logged after `mark` that are still kept (the newest `max_lines`)."""
         with self._lock:
-            return [text for _, text in list(self.lines)[mark:]]
+            return [text for _, text in self._after(mark)]
 
     def errors_since(self, mark: int) -> list[str]:
         with self._lock:
-            return [t for lvl, t in list(self.lines)[mark:] if lvl == "error" and t.strip()]
+            return [t for lvl, t in self._after(mark) if lvl == "error" and t.strip()]
 
 
 _lock = threading.Lock()
