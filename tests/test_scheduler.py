@@ -154,3 +154,21 @@ def test_quantized_v_cache_needs_flash_attention(tiny_llama: Path) -> None:
         LoadedModel(tiny_llama, LoadSettings(n_ctx=256, type_v="q8_0", flash_attn=0))
     with pytest.raises(UsageError, match="unknown K cache type"):
         LoadedModel(tiny_llama, LoadSettings(n_ctx=256, type_k="q3"))
+
+
+def test_prefill_chunks_shrink_to_the_step_time_target(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm, budget=64)
+    assert sched.step_budget(generating=True) == 64  # nothing measured yet
+    sched.s_per_token = 0.01  # 10 ms per batched token, as if measured
+    sched.max_step_s = 0.2
+    assert sched.step_budget(generating=True) == 20  # 0.2 s / 10 ms
+    assert sched.step_budget(generating=False) == 64  # no stream waits: full chunks
+    sched.s_per_token = 1.0
+    assert sched.step_budget(generating=True) == 16  # never below one small chunk
+
+
+def test_step_time_is_measured(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    sched.submit(Request(1, lm.tokenize("abc"), GREEDY))
+    drain(sched)
+    assert sched.s_per_token > 0 and len(sched.step_times) > 0

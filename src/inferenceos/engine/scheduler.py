@@ -101,9 +101,12 @@ class Scheduler:
         slot_policy: str = "lru",
         max_queue: int = 64,
         probe: AttentionProbe | None = None,
+        max_step_s: float = 0.25,
     ) -> None:
         """`probe` must be the AttentionProbe whose callback `model`'s context was created
-        with; policies that need attention (h2o) require it."""
+        with; policies that need attention (h2o) require it. While some sequence is
+        generating, prefill chunks are cut so that a step takes about `max_step_s`
+        (measured), keeping inter-token latency bounded; otherwise the full budget."""
         self.policy = load_policy(kv_policy)
         if getattr(self.policy, "needs_attention", False) and probe is None:
             raise UsageError(
@@ -128,6 +131,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.batch = TokenBatch(self.token_budget + n_slots, n_slots)
         self.step_times: collections.deque[float] = collections.deque(maxlen=32)
+        self.s_per_token = 0.0  # moving average of a step's seconds per batched token
+        self.max_step_s = max_step_s
         self._ll.llama_memory_clear(self.mem, True)
 
     # -- requests ------------------------------------------------------------------------
@@ -219,7 +224,12 @@ class Scheduler:
             self.probe.reset()
         t0 = time.perf_counter()
         rc = self._ll.llama_decode(self.model.ctx, self.batch.raw)
-        self.step_times.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        self.step_times.append(elapsed)
+        per_token = elapsed / max(1, self.batch.n)
+        self.s_per_token = (
+            per_token if not self.s_per_token else (0.8 * self.s_per_token + 0.2 * per_token)
+        )
         if rc != 0:
             return events + self._fail_all(f"llama_decode failed (code {rc})")
         if self.tracker is not None and self.probe is not None:
@@ -253,7 +263,7 @@ class Scheduler:
                 rows[seq.slot.index] = [seq.row]
                 seq.slot.cached.append(seq.pending)
                 seq.pending = None
-        budget = self.token_budget - self.batch.n
+        budget = self.step_budget(generating=self.batch.n > 0) - self.batch.n
         for seq in self.running:  # 2. prefill chunks, oldest request first
             if budget <= 0:
                 break
@@ -272,6 +282,14 @@ class Scheduler:
             budget -= end - seq.n_prefilled
             seq.n_prefilled = end
         return rows
+
+    def step_budget(self, generating: bool) -> int:
+        """Tokens for the next step: the full budget, or what fits `max_step_s` while
+        sequences are generating (at least one 16-token chunk beyond the decodes)."""
+        if not generating or not self.s_per_token:
+            return self.token_budget
+        fits = int(self.max_step_s / self.s_per_token)
+        return max(16 + len(self.running), min(self.token_budget, fits))
 
     def _sample(self, seq: Sequence) -> list[Event]:
         assert seq.row is not None
