@@ -103,3 +103,17 @@ def test_full_queue_is_reported_as_busy(tiny_llama: Path) -> None:
             e.generate("abc", GREEDY).text()
         running.close()
         assert waiting.text()  # served once the slot is free
+
+
+def test_stats_and_per_request_policy_through_the_worker(tiny_llama: Path) -> None:
+    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    with Engine(tiny_llama, settings, n_parallel=2) as e:
+        st = e.stats()
+        assert st["kv_capacity_cells"] == 2 * e.n_ctx and st["running"] == 0
+        long = SamplingParams(temperature=0, max_tokens=3 * e.n_ctx, ignore_eos=True)
+        gen = e.generate("abc", long, kv_policy="streaming")
+        assert len(gen.text()) > 0 and gen.metrics.completion_tokens == 3 * e.n_ctx
+        plain = e.generate("abc", long)
+        plain.text()
+        assert plain.metrics.stop_reason == "length"
+        assert plain.metrics.completion_tokens <= e.n_ctx

@@ -172,3 +172,27 @@ def test_step_time_is_measured(lm: LoadedModel) -> None:
     sched.submit(Request(1, lm.tokenize("abc"), GREEDY))
     drain(sched)
     assert sched.s_per_token > 0 and len(sched.step_times) > 0
+
+
+def test_policy_per_request(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)  # default: none
+    endless = SamplingParams(temperature=0, max_tokens=3 * sched.n_ctx_slot, ignore_eos=True)
+    sched.submit(Request(1, lm.tokenize("abc"), endless))  # engine default: ends at the slot
+    sched.submit(Request(2, lm.tokenize("abc"), endless, kv_policy="streaming"))
+    tokens, done = drain(sched)
+    assert done[1]["stop_reason"] == "length" and len(tokens[1]) < sched.n_ctx_slot + 1
+    assert len(tokens[2]) == 3 * sched.n_ctx_slot  # streaming went on
+    with pytest.raises(UsageError, match="needs attention probabilities"):
+        sched.submit(Request(3, lm.tokenize("abc"), GREEDY, kv_policy="h2o"))
+
+
+def test_stats_report_kv_usage_per_slot(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    sched.submit(Request(1, lm.tokenize("abc"), GREEDY))
+    sched.step()
+    st = sched.stats()
+    assert st["running"] == 1 and st["waiting"] == 0
+    busy = [s for s in st["slots"] if s["busy"]]
+    assert len(busy) == 1 and busy[0]["cached_tokens"] == len(lm.tokenize("abc"))
+    assert 0 < st["kv_usage"] < 1
+    drain(sched)

@@ -218,21 +218,28 @@ class Engine:
         """Mean-pooled, L2-normalised embeddings, one per text, in order."""
         return list(self._call("embed", list(texts)))
 
+    def stats(self) -> dict[str, Any]:
+        """The worker's KV usage per slot, running and waiting requests."""
+        return dict(self._call("stats"))
+
     def generate(
         self,
         prompt: str | list[int],
         sampling: SamplingParams,
         cancel: threading.Event | None = None,
+        kv_policy: str | None = None,
     ) -> Generation:
         """Start generating for `prompt` (text or token ids); see the module contract.
 
-        Raises UsageError for bad sampling settings; errors found by the worker (prompt
-        too long, queue full) are raised when the Generation is first iterated.
+        `kv_policy` overrides the engine's KV policy for this request ("none",
+        "streaming", or "h2o" when the engine was started with it). Raises UsageError
+        for bad sampling settings; errors found by the worker (prompt too long, queue
+        full, unknown policy) are raised when the Generation is first iterated.
         """
         sampling.validate()
         worker = self._live_worker()
         req_id = next(self._ids)
-        q = worker.send(("generate", req_id, prompt, sampling), req_id)
+        q = worker.send(("generate", req_id, prompt, sampling, kv_policy), req_id)
         assert q is not None
         gen = Generation(iter(()))
         gen.events = self._stream(worker, req_id, q, cancel, gen)

@@ -31,7 +31,7 @@ from typing import Any
 
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.batch import TokenBatch
-from inferenceos.engine.kv_policies import load_policy
+from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import GenerationMetrics, LoadedModel
@@ -49,6 +49,7 @@ class Request:
     prompt: list[int]
     sampling: SamplingParams
     arrival: float = field(default_factory=time.perf_counter)
+    kv_policy: str | None = None  # None: the scheduler's default policy
 
 
 @dataclass
@@ -65,10 +66,11 @@ class Slot:
 class Sequence:
     """A request being served in a slot."""
 
-    def __init__(self, req: Request, slot: Slot, reused: int, vocab: Any) -> None:
+    def __init__(self, req: Request, slot: Slot, reused: int, vocab: Any, policy: KVPolicy) -> None:
         self.req = req
         self.slot = slot
         self.sampler = SamplerChain(req.sampling, vocab)
+        self.policy = policy
         self.n_prefilled = reused  # prompt tokens already in the KV cache
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.row: int | None = None  # batch row whose logits we sample this step
@@ -107,20 +109,16 @@ class Scheduler:
         with; policies that need attention (h2o) require it. While some sequence is
         generating, prefill chunks are cut so that a step takes about `max_step_s`
         (measured), keeping inter-token latency bounded; otherwise the full budget."""
-        self.policy = load_policy(kv_policy)
-        if getattr(self.policy, "needs_attention", False) and probe is None:
-            raise UsageError(
-                f"the {kv_policy} policy needs attention probabilities: load the model "
-                "with an attention probe and flash attention off"
-            )
         self.probe = probe
+        self.policy = self._policy(kv_policy)
         self.tracker = CellTracker(model.n_ctx) if probe is not None else None
         if slot_policy not in ("lru", "fifo"):
             raise UsageError(f"unknown slot policy {slot_policy!r} (use lru or fifo)")
         self.model = model
         self._ll = model._ll
         self.mem = self._ll.llama_get_memory(model.ctx)
-        if kv_policy != "none" and not self._ll.llama_memory_can_shift(self.mem):
+        self.can_shift = bool(self._ll.llama_memory_can_shift(self.mem))
+        if kv_policy != "none" and not self.can_shift:
             raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
         self.slots = [Slot(i) for i in range(n_slots)]
         self.n_ctx_slot = model.n_ctx // n_slots
@@ -134,6 +132,15 @@ class Scheduler:
         self.s_per_token = 0.0  # moving average of a step's seconds per batched token
         self.max_step_s = max_step_s
         self._ll.llama_memory_clear(self.mem, True)
+
+    def _policy(self, name: str) -> KVPolicy:
+        policy = load_policy(name)
+        if getattr(policy, "needs_attention", False) and self.probe is None:
+            raise UsageError(
+                f"the {name} policy needs attention probabilities: load the model "
+                "with an attention probe and flash attention off"
+            )
+        return policy
 
     # -- requests ------------------------------------------------------------------------
 
@@ -152,6 +159,10 @@ class Scheduler:
         if len(self.queue) >= self.max_queue:
             raise EngineBusyError(f"busy: {len(self.queue)} requests are already waiting")
         SamplerChain(req.sampling, self.model.vocab).close()  # a bad grammar fails here
+        if req.kv_policy not in (None, "none"):
+            self._policy(req.kv_policy)  # unknown, or needs what this engine lacks
+            if not self.can_shift:
+                raise UsageError(f"this model's KV cache cannot shift: no {req.kv_policy} policy")
         self.queue.append(req)
 
     def cancel(self, req_id: int) -> list[Event]:
@@ -168,6 +179,24 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.queue or self.running)
+
+    def stats(self) -> dict[str, Any]:
+        """KV usage per slot and queue state (for `ps`, /metrics and tests)."""
+        slots = [
+            {"slot": s.index, "busy": s.busy, "cached_tokens": len(s.cached),
+             "capacity": self.n_ctx_slot}
+            for s in self.slots
+        ]  # fmt: skip
+        used = sum(s["cached_tokens"] for s in slots)
+        return {
+            "running": len(self.running),
+            "waiting": len(self.queue),
+            "kv_used_cells": used,
+            "kv_capacity_cells": self.n_ctx_slot * len(self.slots),
+            "kv_usage": used / (self.n_ctx_slot * len(self.slots)),
+            "slots": slots,
+            "policy": self.policy.name,
+        }
 
     # -- admission -------------------------------------------------------------------------
 
@@ -208,7 +237,8 @@ class Scheduler:
             if reuse == 0:
                 slot.filled_at = time.perf_counter()
             slot.busy = True
-            self.running.append(Sequence(req, slot, reuse, self.model.vocab))
+            policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
+            self.running.append(Sequence(req, slot, reuse, self.model.vocab, policy))
 
     # -- one step ----------------------------------------------------------------------
 
@@ -248,7 +278,7 @@ class Scheduler:
             if seq.pending is None or seq.n_past + 1 <= self.n_ctx_slot:
                 continue
             view = SeqCacheView(self._ll, self.mem, seq.slot.index, seq.slot.cached, self.tracker)
-            if not self.policy.make_room(view):
+            if not seq.policy.make_room(view):
                 seq.metrics.stop_reason = "length"
                 events.append(self._finish(seq))
 

@@ -4,7 +4,8 @@ A crash or abort inside llama.cpp kills this process, never the caller's. Messag
 tuples over a multiprocessing Pipe.
 
 Parent → worker:
-    ("generate", req_id, prompt text or token ids, SamplingParams)
+    ("generate", req_id, prompt text or token ids, SamplingParams, kv policy or None)
+    ("stats", req_id)
     ("tokenize", req_id, text, add_special)
     ("embed", req_id, [text, ...])
     ("cancel", req_id)
@@ -64,8 +65,11 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
         if kind == "generate":
             prompt = msg[2]
             tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-            sched.submit(Request(req_id, tokens, msg[3]))
+            policy = msg[4] if len(msg) > 4 else None
+            sched.submit(Request(req_id, tokens, msg[3], kv_policy=policy))
             return []
+        if kind == "stats":
+            return [(req_id, "result", sched.stats())]
         if kind == "cancel":
             return list(sched.cancel(req_id))
         if kind == "tokenize":
