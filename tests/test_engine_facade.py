@@ -117,3 +117,15 @@ def test_stats_and_per_request_policy_through_the_worker(tiny_llama: Path) -> No
         plain.text()
         assert plain.metrics.stop_reason == "length"
         assert plain.metrics.completion_tokens <= e.n_ctx
+
+
+def test_batched_embeddings_equal_one_by_one(tiny_llama: Path) -> None:
+    from inferenceos.engine.session import LoadedModel
+
+    texts = [f"text number {i} " + "ab " * i for i in range(11)]  # more than one batch
+    with LoadedModel(tiny_llama, LoadSettings(n_ctx=512, n_threads=1)) as lm:
+        together = lm.embed_many(texts)
+        alone = [lm.embed(t) for t in texts]
+    assert len(together) == 11
+    for a, b in zip(together, alone, strict=True):
+        assert sum(x * y for x, y in zip(a, b, strict=True)) > 0.9999

@@ -323,14 +323,17 @@ class LoadedModel:
 
     # -- embeddings --------------------------------------------------------------------
 
+    EMBED_SEQS = 8  # texts pooled in one llama_decode
+
     def _embedding_context(self) -> Any:
         """A second context that pools hidden states (mean) instead of producing logits."""
         if self._embed_ctx is None:
             ll = self._ll
             params = ll.llama_context_default_params()
-            # a pooled embedding needs the whole text in one micro-batch
+            # a pooled embedding needs each text whole in one micro-batch
             params.n_ctx = params.n_batch = params.n_ubatch = min(self.n_ctx, 2048)
-            params.n_seq_max = 1
+            params.n_seq_max = self.EMBED_SEQS
+            params.kv_unified = True
             params.n_threads = params.n_threads_batch = self.settings.n_threads or default_threads()
             params.embeddings = True
             params.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
@@ -345,25 +348,59 @@ class LoadedModel:
 
     def embed(self, text: str) -> list[float]:
         """The mean-pooled, L2-normalised embedding of `text`."""
-        ll = self._ll
+        return self.embed_many([text])[0]
+
+    def embed_many(self, texts: list[str]) -> list[list[float]]:
+        """Embeddings of `texts`, in order, several texts per llama_decode."""
         ctx = self._embedding_context()
-        if not text:
-            raise UsageError("cannot embed an empty text")
-        tokens = self.tokenize(text)
-        limit = int(ll.llama_n_ctx(ctx))
-        if len(tokens) > limit:
-            raise UsageError(f"the text has {len(tokens)} tokens; embeddings take at most {limit}")
+        limit = int(self._ll.llama_n_ctx(ctx))
+        token_lists = []
+        for text in texts:
+            if not text:
+                raise UsageError("cannot embed an empty text")
+            tokens = self.tokenize(text)
+            if len(tokens) > limit:
+                raise UsageError(
+                    f"a text has {len(tokens)} tokens; embeddings take at most {limit}"
+                )
+            token_lists.append(tokens)
+        out: list[list[float]] = []
+        group: list[list[int]] = []
+        for tokens in token_lists:  # greedy packing: up to EMBED_SEQS texts, `limit` tokens
+            if group and (
+                len(group) == self.EMBED_SEQS or sum(map(len, group)) + len(tokens) > limit
+            ):
+                out += self._embed_group(ctx, group)
+                group = []
+            group.append(tokens)
+        if group:
+            out += self._embed_group(ctx, group)
+        return out
+
+    def _embed_group(self, ctx: Any, group: list[list[int]]) -> list[list[float]]:
+        from inferenceos.engine.batch import TokenBatch
+
+        ll = self._ll
         ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
-        arr = (ll.llama_token * len(tokens))(*tokens)
-        if ll.llama_decode(ctx, ll.llama_batch_get_one(arr, len(tokens))) != 0:
-            raise GenerationError("llama_decode failed while embedding")
+        batch = TokenBatch(sum(map(len, group)), self.EMBED_SEQS)
+        try:
+            for seq, tokens in enumerate(group):
+                for pos, tok in enumerate(tokens):
+                    batch.add(tok, pos, seq, True)
+            if ll.llama_decode(ctx, batch.raw) != 0:
+                raise GenerationError("llama_decode failed while embedding")
+        finally:
+            batch.close()
         n_embd = int(ll.llama_model_n_embd(self.model))
-        ptr = ll.llama_get_embeddings_seq(ctx, 0)
-        if not ptr:
-            raise GenerationError("llama.cpp returned no pooled embedding")
-        vec = [float(ptr[i]) for i in range(n_embd)]
-        norm = sum(v * v for v in vec) ** 0.5 or 1.0
-        return [v / norm for v in vec]
+        vectors = []
+        for seq in range(len(group)):
+            ptr = ll.llama_get_embeddings_seq(ctx, seq)
+            if not ptr:
+                raise GenerationError("llama.cpp returned no pooled embedding")
+            vec = [float(ptr[i]) for i in range(n_embd)]
+            norm = sum(v * v for v in vec) ** 0.5 or 1.0
+            vectors.append([v / norm for v in vec])
+        return vectors
 
     def close(self) -> None:
         if self._embed_ctx is not None:

@@ -75,7 +75,7 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
         if kind == "tokenize":
             return [(req_id, "result", lm.tokenize(msg[2], add_special=msg[3]))]
         if kind == "embed":
-            return [(req_id, "result", [lm.embed(t) for t in msg[2]])]
+            return [(req_id, "result", lm.embed_many(list(msg[2])))]
     except InferenceOSError as exc:
         return [(req_id, "error", (type(exc).__name__, str(exc)))]
     return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
