@@ -129,3 +129,25 @@ def test_batched_embeddings_equal_one_by_one(tiny_llama: Path) -> None:
     assert len(together) == 11
     for a, b in zip(together, alone, strict=True):
         assert sum(x * y for x, y in zip(a, b, strict=True)) > 0.9999
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(engine: Engine) -> None:
+    from inferenceos.errors import UsageError as Usage
+
+    with pytest.raises(Usage, match="outside the vocabulary"):
+        engine.generate([1, 5, 10**6], GREEDY).text()
+    with pytest.raises(Usage, match="outside the vocabulary"):
+        engine.generate([1, -3], GREEDY).text()
+    assert engine.generate("abc", GREEDY).text()  # the worker is still serving
+
+
+def test_a_bug_in_one_request_does_not_kill_the_worker(engine: Engine) -> None:
+    pid = engine.worker_pid
+    worker = engine._live_worker()
+    q = worker.send(("generate", 10**9, "abc", None), 10**9)  # not a SamplingParams
+    assert q is not None
+    kind, payload = q.get(timeout=30)
+    worker.done(10**9)
+    assert kind == "error" and payload[0] == "GenerationError"
+    assert "internal error" in payload[1]
+    assert engine.generate("abc", GREEDY).text() and engine.worker_pid == pid

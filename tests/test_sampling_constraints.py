@@ -55,3 +55,11 @@ def test_logit_bias_bans_the_greedy_choice(lm: LoadedModel) -> None:
 def test_logit_bias_outside_the_vocabulary_is_refused(lm: LoadedModel) -> None:
     with pytest.raises(UsageError, match="vocabulary has 287"):
         complete(lm, logit_bias=((10_000, 1.0),))
+
+
+def test_repetition_penalty_changes_a_repetitive_greedy_output(lm: LoadedModel) -> None:
+    plain = complete(lm, max_tokens=40)
+    penalised = complete(lm, max_tokens=40, repeat_penalty=1.8, repeat_last_n=64)
+    assert penalised != plain
+    freq = complete(lm, max_tokens=40, frequency_penalty=1.0, presence_penalty=1.0)
+    assert freq != plain

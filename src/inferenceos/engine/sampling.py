@@ -106,11 +106,16 @@ class SamplerChain:
         ll = self._ll
         stages = self._constraints(p)
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            if self.vocab is None:
+                raise UsageError("repetition penalties need the model's vocabulary")
+            n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+            # this llama.cpp takes n_vocab first (llama.h of the vendored version)
             stages.append(
                 ll.llama_sampler_init_penalties(
-                    p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                    n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                    p.presence_penalty,
                 )
-            )
+            )  # fmt: skip
         if p.temperature == 0:
             stages.append(ll.llama_sampler_init_greedy())
             return stages

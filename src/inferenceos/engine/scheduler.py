@@ -121,6 +121,7 @@ class Scheduler:
         if kv_policy != "none" and not self.can_shift:
             raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
         self.slots = [Slot(i) for i in range(n_slots)]
+        self.n_vocab = int(self._ll.llama_vocab_n_tokens(model.vocab))
         self.n_ctx_slot = model.n_ctx // n_slots
         self.token_budget = max(1, min(token_budget, model.settings.n_batch))
         self.slot_policy = slot_policy
@@ -152,6 +153,9 @@ class Scheduler:
         """
         if not req.prompt:
             raise UsageError("the prompt is empty")
+        bad = next((t for t in req.prompt if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise UsageError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
         if len(req.prompt) >= self.n_ctx_slot:
             raise UsageError(
                 f"the prompt has {len(req.prompt)} tokens; a sequence holds {self.n_ctx_slot}"
@@ -261,12 +265,12 @@ class Scheduler:
             per_token if not self.s_per_token else (0.8 * self.s_per_token + 0.2 * per_token)
         )
         if rc != 0:
-            return events + self._fail_all(f"llama_decode failed (code {rc})")
+            return events + self.fail_all(f"llama_decode failed (code {rc})")
         if self.tracker is not None and self.probe is not None:
             try:
                 self.tracker.observe(self.probe, rows)
             except GenerationError as exc:
-                return events + self._fail_all(str(exc))
+                return events + self.fail_all(str(exc))
         for seq in list(self.running):
             if seq.row is not None:
                 events.extend(self._sample(seq))
@@ -362,7 +366,8 @@ class Scheduler:
         self.running.remove(seq)
         return (seq.req.id, "done", seq.metrics.to_json())
 
-    def _fail_all(self, message: str) -> list[Event]:
+    def fail_all(self, message: str) -> list[Event]:
+        """End every running sequence with an error and clear its cache."""
         events = []
         for seq in list(self.running):
             self._ll.llama_memory_seq_rm(self.mem, seq.slot.index, -1, -1)

@@ -78,6 +78,8 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
             return [(req_id, "result", lm.embed_many(list(msg[2])))]
     except InferenceOSError as exc:
         return [(req_id, "error", (type(exc).__name__, str(exc)))]
+    except Exception as exc:  # a bug must cost one request, not every client's
+        return [(req_id, "error", ("GenerationError", f"internal error: {exc!r}"))]
     return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
 
 
@@ -101,6 +103,14 @@ def _attention_setup(cfg: WorkerConfig) -> tuple[LoadSettings, Any]:
     spec = load_spec(cfg.path)
     probe = AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
     return replace(cfg.settings, flash_attn=0), probe
+
+
+def _step(sched: Any) -> list[Any]:
+    """One scheduler step; an unexpected exception fails the running requests only."""
+    try:
+        return list(sched.step())
+    except Exception as exc:
+        return list(sched.fail_all(f"internal error in the scheduler: {exc!r}"))
 
 
 def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
@@ -127,7 +137,7 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
                 if events:
                     conn.send(events)
             if sched.has_work():
-                events = sched.step()
+                events = _step(sched)
                 if events:
                     conn.send(events)
     except (EOFError, BrokenPipeError):  # the parent went away
