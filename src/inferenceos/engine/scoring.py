@@ -65,13 +65,34 @@ def _logits_rows(lm: LoadedModel, tokens: list[int], first_row: int) -> np.ndarr
     return np.stack(rows)
 
 
+def _lone_run_logits(lm: LoadedModel, prompt: list[int], output: list[int]) -> np.ndarray:
+    """Logits a lone generation would see: the prompt prefilled, then one token a step."""
+    ll = lm._ll
+    if len(prompt) + len(output) > lm.n_ctx:
+        raise GenerationError(f"{len(prompt) + len(output)} tokens do not fit {lm.n_ctx}")
+    lm.reset()
+    lm.prefill(prompt)
+    n_vocab = int(ll.llama_vocab_n_tokens(lm.vocab))
+    rows = []
+    for tok in [None, *output[:-1]]:
+        if tok is not None:
+            lm.decode_one(tok)
+        ptr = ll.llama_get_logits_ith(lm.ctx, -1)
+        rows.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
+    return np.stack(rows)
+
+
 def greedy_agreement(
     lm: LoadedModel, prompt: list[int], output: list[int], rel_tol: float = 1e-3
 ) -> GreedyAgreement:
-    """Check each output token against the lone-run argmax at its position."""
+    """Check each output token against a lone run's argmax at its position.
+
+    The lone run is replayed as generation does it (prompt prefilled, then one token per
+    decode), so its numerics are those of a real single-stream run.
+    """
     if not output:
         return GreedyAgreement(0, 0, 0, 0.0)
-    logits = _logits_rows(lm, prompt + output[:-1], len(prompt) - 1)
+    logits = _lone_run_logits(lm, prompt, output)
     argmax = near = 0
     worst = 0.0
     for row, tok in zip(logits, output, strict=True):
