@@ -18,10 +18,13 @@ from inferenceos.cli import (
     doctor_cmd,
     hardware_cmd,
     inspect_cmd,
+    models_cmd,
     placement_cmd,
     plugins_cmd,
+    ps_cmd,
     reset_cmd,
     run_cmd,
+    serve_cmd,
     simulate_cmd,
     update_cmd,
     version_cmd,
@@ -40,6 +43,9 @@ app = typer.Typer(
 
 # One line per command; keep the order of `inferenceos --help`.
 app.command("run")(run_cmd.run)
+app.command("serve")(serve_cmd.serve)
+app.add_typer(models_cmd.models_app, name="models")
+app.command("ps")(ps_cmd.ps)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("simulate")(simulate_cmd.simulate)
 app.command("placement")(placement_cmd.placement)

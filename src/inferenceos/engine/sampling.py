@@ -59,8 +59,8 @@ def grammar_from_json_schema(schema: str) -> str:
 
     try:
         return str(json_schema_to_gbnf(schema))
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise UsageError(f"unsupported JSON schema: {exc}") from None
+    except Exception as exc:  # untrusted input into third-party code: any failure is a "no"
+        raise UsageError(f"unsupported JSON schema: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 class SamplerChain:

@@ -1,0 +1,58 @@
+"""`inferenceos ps`: models loaded by a running server (asks its /api/ps)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from inferenceos.cli.console import out, print_json, safe_text
+from inferenceos.errors import InferenceOSError
+from inferenceos.units import format_bytes as fmt_bytes
+
+
+def fetch_ps(host: str, port: int, api_key: str, timeout: float = 5.0) -> dict[str, Any]:
+    """GET /api/ps from the server; InferenceOSError when it cannot be reached."""
+    shown = f"[{host}]" if ":" in host else host
+    if host in ("0.0.0.0", "::"):
+        shown = "127.0.0.1"
+    req = urllib.request.Request(f"http://{shown}:{port}/api/ps")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+            return data
+    except urllib.error.HTTPError as exc:
+        raise InferenceOSError(f"the server at {shown}:{port} answered {exc.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise InferenceOSError(
+            f"no InferenceOS server at {shown}:{port} ({getattr(exc, 'reason', exc)}); "
+            "start one with `inferenceos serve`"
+        ) from None
+
+
+def ps(
+    host: Annotated[str | None, typer.Option("--host")] = None,
+    port: Annotated[int | None, typer.Option("--port")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """Models loaded by the running server, their memory and expiry."""
+    from inferenceos.config import load_config
+
+    cfg = load_config()
+    data = fetch_ps(host or cfg.get("server.host"), port or cfg.get("server.port"),
+                    cfg.get("server.api_key"))
+    if as_json:
+        print_json(data)
+        return
+    table = Table("NAME", "ID", "SIZE", "CONTEXT", "UNTIL", box=None)
+    for m in data.get("models", []):
+        table.add_row(safe_text(str(m.get("name"))), str(m.get("digest", ""))[:12],
+                      fmt_bytes(int(m.get("size", 0))), str(m.get("context_length", "")),
+                      safe_text(str(m.get("expires_at", ""))))
+    out.print(table)

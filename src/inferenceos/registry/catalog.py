@@ -1,0 +1,91 @@
+"""What a model name means to the server: a registry entry or a file named at startup.
+
+`Catalog.resolve(name)` is the only way the server turns client text into a file: the
+name is validated, then looked up among the aliases given on the command line (`serve
+PATH` serves PATH under a name derived from its file name) and the registry. A client
+can never name a path on the server's disk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferenceos.errors import ModelNotFoundError
+from inferenceos.registry.names import canonical
+from inferenceos.registry.store import ModelEntry, ModelStore, name_for_file
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model the server may load: its canonical name, file, and a few header facts."""
+
+    name: str
+    path: Path
+    digest: str
+    size: int
+    architecture: str
+    file_type: str
+    parameters: int
+    context_length: int
+    modified_at: float
+
+
+def _from_entry(e: ModelEntry) -> ResolvedModel:
+    return ResolvedModel(e.name, e.path, e.digest, e.size, e.architecture, e.file_type,
+                         e.parameters, e.context_length, e.modified_at)
+
+
+class Catalog:
+    """Registry names plus aliases for files served directly (aliases win)."""
+
+    def __init__(self, store: ModelStore, files: list[Path] | None = None) -> None:
+        self.store = store
+        self._aliases: dict[str, ResolvedModel] = {}
+        for path in files or []:
+            self.add_file(path)
+
+    def add_file(self, path: Path, name: str | None = None) -> ResolvedModel:
+        """Serve `path` under `name` (default: from the file name) without copying it."""
+        from inferenceos.model.digest import file_digest
+        from inferenceos.model.spec import load_spec
+
+        spec = load_spec(Path(path).expanduser())
+        key = canonical(name) if name else name_for_file(spec.path)
+        model = ResolvedModel(
+            key, spec.path, file_digest(spec.path), spec.size_bytes, spec.architecture,
+            spec.file_type, spec.parameters, spec.context_length, spec.path.stat().st_mtime,
+        )
+        self._aliases[key] = model
+        return model
+
+    def resolve(self, name: str) -> ResolvedModel:
+        """The model called `name`; InvalidNameError or ModelNotFoundError otherwise."""
+        key = canonical(name)
+        if key in self._aliases:
+            return self._aliases[key]
+        entry = self.store.find(key)
+        if entry is None or not entry.path.is_file():
+            raise ModelNotFoundError(f"model '{key}' not found, try pulling it first")
+        return _from_entry(entry)
+
+    def names(self) -> list[ResolvedModel]:
+        """Every model a client may name: aliases first, then the registry."""
+        seen = dict(self._aliases)
+        for e in self.store.list():
+            seen.setdefault(e.name, _from_entry(e))
+        return list(seen.values())
+
+    def is_alias(self, name: str) -> bool:
+        return canonical(name) in self._aliases
+
+    def first(self) -> str | None:
+        """The name to use when a request names no model (the first alias), if any."""
+        return next(iter(self._aliases), None)
+
+
+def now_iso(ts: float | None = None) -> str:
+    """RFC 3339 UTC time with microseconds, as Ollama's clients expect."""
+    ts = time.time() if ts is None else ts
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e6):06d}Z"

@@ -1,0 +1,68 @@
+"""Model names and digests, validated strictly before they ever touch a path.
+
+A name is `[namespace/]model[:tag]` (`gemma3-270m`, `gemma3-270m:latest`, `me/tiny:q8`).
+Names arrive from HTTP clients, so they are untrusted: Ollama's "Probllama"
+(CVE-2024-37032) came from a digest that was joined into a file path unchecked. Here a
+name or digest either matches a narrow pattern or is refused with `InvalidNameError`;
+nothing else in the registry builds a path from raw client text.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from inferenceos.errors import UsageError
+
+DEFAULT_TAG = "latest"
+_PART = r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?"
+_TAG = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9_])?"
+_NAME_RE = re.compile(rf"(?:(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>{_TAG}))?")
+_DIGEST_RE = re.compile(r"sha256[:-](?P<hex>[0-9a-f]{64})")
+
+
+class InvalidNameError(UsageError):
+    """A model name or digest does not have the allowed shape."""
+
+
+class ModelName(NamedTuple):
+    """A parsed, validated model name; `str()` gives the canonical `ns/model:tag` form."""
+
+    namespace: str
+    model: str
+    tag: str
+
+    def __str__(self) -> str:
+        base = f"{self.namespace}/{self.model}" if self.namespace else self.model
+        return f"{base}:{self.tag}"
+
+
+def parse_name(text: str) -> ModelName:
+    """Validate `text` and return its parts; the tag defaults to `latest`.
+
+    Model and namespace are lower case letters, digits, `.`, `_`, `-` (not at either
+    end, no `..`); the tag may also hold upper case. Raises InvalidNameError otherwise.
+    """
+    if not isinstance(text, str) or len(text) > 200:
+        raise InvalidNameError("invalid model name: too long")
+    base, sep, tag = text.partition(":")
+    m = _NAME_RE.fullmatch(base.lower() + sep + tag)  # names are case-insensitive, tags not
+    if m is None or ".." in text:
+        raise InvalidNameError(
+            f"invalid model name {text[:80]!r}: use [namespace/]name[:tag] with letters, "
+            "digits, '.', '_' and '-'"
+        )
+    return ModelName(m["ns"] or "", m["model"], m["tag"] or DEFAULT_TAG)
+
+
+def canonical(text: str) -> str:
+    """`text` as a canonical name string (validated)."""
+    return str(parse_name(text))
+
+
+def parse_digest(text: str) -> str:
+    """Validate a sha256 digest (`sha256:<64 hex>` or `sha256-<64 hex>`); return the hex."""
+    m = _DIGEST_RE.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise InvalidNameError(f"invalid digest {str(text)[:80]!r}: expected sha256:<64 hex>")
+    return m["hex"]

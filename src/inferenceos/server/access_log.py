@@ -1,0 +1,48 @@
+"""Structured access logs and the HTTP counter: one JSON line per response.
+
+Logged on the `inferenceos.access` logger: method, route (the route template, not the
+raw path, so client text does not flood the log), status, duration in ms, client
+address. Bodies and headers (API keys) are never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferenceos.server.prometheus import Counter
+
+log = logging.getLogger("inferenceos.access")
+
+
+class AccessLog:
+    def __init__(self, app: ASGIApp, counter: Counter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = [500]
+
+        async def send_wrapper(msg: Message) -> None:
+            if msg["type"] == "http.response.start":
+                status[0] = int(msg["status"])
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.counter.inc(method=scope["method"], route=route, status=str(status[0]))
+            if log.isEnabledFor(logging.INFO):
+                client = scope.get("client") or ("", 0)
+                log.info(json.dumps({
+                    "method": scope["method"], "route": route, "status": status[0],
+                    "ms": round((time.perf_counter() - t0) * 1000, 1), "client": client[0],
+                }))

@@ -1,0 +1,64 @@
+"""The FastAPI app factory.
+
+Middleware, outermost first: access log → Host check (loopback only) → CORS → API key
+→ body limit → JSON bodies (curl -d without a Content-Type, as Ollama allows) → routes.
+the Host check sits outside everything so a rebinding page learns nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from inferenceos import __version__
+from inferenceos.registry.catalog import Catalog
+from inferenceos.registry.loaded import ModelManager
+from inferenceos.server import ollama_routes, openai_routes, ops_routes
+from inferenceos.server.access_log import AccessLog
+from inferenceos.server.errors import install_handlers
+from inferenceos.server.json_body import JsonBodies
+from inferenceos.server.security import ApiKeyAuth, BodyLimit, HostCheck, cors_options
+from inferenceos.server.settings import ServerSettings
+from inferenceos.server.state import ServerState
+
+
+def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager) -> FastAPI:
+    """An app serving `catalog`'s models through `manager`. The app owns the manager:
+    its lifespan starts the keep-alive reaper and unloads every model at shutdown."""
+    import dataclasses
+
+    if not settings.version:
+        settings = dataclasses.replace(settings, version=__version__)
+    state = ServerState(settings, catalog, manager)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        manager.start_reaper()
+        try:
+            yield
+        finally:
+            state.draining = True
+            state.cancel_all()
+            await asyncio.to_thread(manager.close)  # engines finish their last step
+
+    app = FastAPI(title="InferenceOS", version=settings.version, lifespan=lifespan,
+                  summary="OpenAI- and Ollama-compatible API over llama.cpp")
+    app.state.ios = state
+    install_handlers(app)
+    for router in (ops_routes.router, openai_routes.router, ollama_routes.router):
+        app.include_router(router)
+    # add_middleware wraps: the last added is the outermost
+    app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(ApiKeyAuth, key=settings.api_key)
+    app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins,
+                                                      settings.cors_allow_local))
+    if settings.on_loopback:
+        app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
+    app.add_middleware(AccessLog, counter=state.metrics.http)
+    return app

@@ -1,0 +1,92 @@
+"""Run blocking engine work in a thread and consume its results on the event loop.
+
+`ThreadStream(job)` starts `job(cancel)` — a generator function doing blocking work
+(lease a model, generate tokens) — in its own thread, and yields what it yields, in
+order, as an async iterator. Exceptions raised in the job re-raise in the consumer.
+
+Cancellation: `aclose()` (or the consumer being cancelled, e.g. when the client
+disconnects) sets `cancel`; the engine checks it between tokens and ends the generation,
+so the job finishes soon after (its last items, e.g. the final metrics, still arrive
+for a consumer that is still listening, as during a graceful shutdown). The job's own
+`finally` blocks (releasing the lease, closing the generation) always run in the worker
+thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+_DONE = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class ThreadStream(Generic[T]):
+    """An async iterator over the items of a generator run in a dedicated thread."""
+
+    def __init__(self, job: Callable[[threading.Event], Iterator[T]],
+                 cancel: threading.Event | None = None, name: str = "generation") -> None:
+        self.cancel = cancel or threading.Event()
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._finished = False
+        self._thread = threading.Thread(target=self._work, args=(job,), name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is gone (shutdown): nobody is listening
+            self.cancel.set()
+
+    def _work(self, job: Callable[[threading.Event], Iterator[T]]) -> None:
+        it: Iterator[T] | None = None
+        try:
+            it = job(self.cancel)
+            for item in it:  # the job itself watches `cancel` (the engine does)
+                self._put(item)
+        except BaseException as exc:
+            self._put(_Failure(exc))
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:
+                    self._put(_Failure(exc))
+            self._put(_DONE)
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:
+            self.cancel.set()
+            raise
+        if item is _DONE:
+            self._finished = True
+            raise StopAsyncIteration
+        if isinstance(item, _Failure):
+            self._finished = True
+            self.cancel.set()
+            raise item.exc
+        return item
+
+    async def aclose(self) -> None:
+        """Stop the job (it ends at its next item); does not wait for the thread."""
+        self.cancel.set()
+        self._finished = True
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)

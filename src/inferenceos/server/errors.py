@@ -1,0 +1,121 @@
+"""Errors as each API spells them, and the exception handlers that produce them.
+
+Routes under `/v1/` answer OpenAI's shape `{"error": {"message", "type", "code",
+"param"}}`; every other route answers Ollama's `{"error": "message"}`. No traceback ever
+reaches a client: an unexpected exception is logged and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inferenceos.errors import (
+    EngineBusyError,
+    GenerationError,
+    GGUFFormatError,
+    InferenceOSError,
+    ModelLoadError,
+    ModelNotFoundError,
+    WorkerDiedError,
+)
+from inferenceos.registry.loaded import ModelBusyError
+
+log = logging.getLogger("inferenceos.server")
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+    422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
+}
+
+
+class APIError(Exception):
+    """An error with an HTTP status, a one-line message and optional headers."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers or {}
+
+
+def is_openai_path(path: str) -> bool:
+    return path.startswith("/v1/") or path == "/v1"
+
+
+def error_body(path: str, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """The JSON body for an error on `path`, in that API's shape."""
+    if is_openai_path(path):
+        kind = _OPENAI_TYPES.get(status, "server_error")
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return {"error": message}
+
+
+def error_response(path: str, status: int, message: str, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(path, status, message, code), status, headers=headers)
+
+
+def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:
+    """Map a user-facing InferenceOSError (or APIError) to a status and message."""
+    if isinstance(exc, APIError):
+        return exc
+    msg = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ModelNotFoundError):
+        return APIError(404, msg, "model_not_found")
+    if isinstance(exc, EngineBusyError):
+        return APIError(429, msg, "queue_full", {"Retry-After": str(retry_after_s)})
+    if isinstance(exc, WorkerDiedError):
+        return APIError(503, msg, "worker_died", {"Retry-After": str(retry_after_s)})
+    if isinstance(exc, ModelBusyError):
+        return APIError(503, msg, "model_busy", {"Retry-After": str(retry_after_s)})
+    if isinstance(exc, (ModelLoadError, GenerationError, GGUFFormatError)):
+        return APIError(500, msg, "engine_error")
+    if isinstance(exc, InferenceOSError):
+        return APIError(400, msg, "invalid_request")
+    log.error("internal error", exc_info=exc)
+    return APIError(500, "internal server error", "internal_error")
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every exception into an API-shaped error."""
+
+    @app.exception_handler(APIError)
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(request.url.path, exc.status, exc.message, exc.code, exc.headers)
+
+    @app.exception_handler(InferenceOSError)
+    async def _ios(request: Request, exc: InferenceOSError) -> JSONResponse:
+        e = api_error_from(exc)
+        return error_response(request.url.path, e.status, e.message, e.code, e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request.url.path, 400, _validation_message(exc), "invalid_request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        return error_response(request.url.path, exc.status_code, message, None,
+                              dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        e = api_error_from(exc)
+        return error_response(request.url.path, e.status, e.message, e.code)

@@ -1,0 +1,252 @@
+"""One generation request from admission to its last token, shared by both APIs.
+
+`start_generation(state, request)` admits the request (429 when the queue is full),
+leases the model in a worker thread (loading it if needed), and waits for the first
+token, so that every error that can happen before output (unknown model, load failure,
+prompt longer than the context) becomes a proper HTTP error. The returned `Run` then
+yields `TokenEvent`s and finally one `Done`; it records the metrics (TTFT, inter-token
+latency, token counts) and frees its queue slot when it ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import GenerationMetrics, TokenEvent
+from inferenceos.errors import UsageError
+from inferenceos.registry.loaded import EngineLike, LoadedModel
+from inferenceos.server.admission import Ticket
+from inferenceos.server.bridge import ThreadStream
+from inferenceos.server.state import ActiveGeneration, ServerState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """What to generate. Exactly one of `text`, `messages`, `tokens` is the prompt;
+    `context` (Ollama) is a token prefix placed before the rendered prompt."""
+
+    model: str
+    sampling: SamplingParams
+    text: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    tokens: tuple[int, ...] | None = None
+    context: tuple[int, ...] = ()
+    keep_alive: float | None = None
+    overrides: dict[str, int] | None = None
+    want_tokens: bool = False  # tokenize first, to report the prompt's ids (Ollama context)
+
+
+@dataclass
+class Done:
+    """The end of a generation: its metrics, load time, and token ids when asked for."""
+
+    metrics: GenerationMetrics
+    load_s: float
+    model: LoadedModel
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Loaded:
+    model: LoadedModel
+    load_s: float
+
+
+def _check_ids(engine: EngineLike, ids: tuple[int, ...]) -> list[int]:
+    """Token ids from a client, checked against the vocabulary: llama.cpp does not
+    bounds-check them itself (an id past the vocabulary reads out of bounds)."""
+    vocab = int(getattr(getattr(engine, "spec", None), "vocab_size", 0) or 0)
+    bad = [t for t in ids if t < 0 or (vocab and t >= vocab)]
+    if bad:
+        raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    return list(ids)
+
+
+def _prompt(engine: EngineLike, req: GenRequest) -> str | list[int]:
+    if req.tokens is not None:
+        return _check_ids(engine, req.tokens)
+    text = engine.chat_prompt(list(req.messages)) if req.messages is not None else req.text or ""
+    if req.context:
+        return _check_ids(engine, req.context) + engine.tokenize(text, add_special=False)
+    if req.want_tokens:
+        return engine.tokenize(text)
+    return text
+
+
+def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Iterator[Any]]:
+    def job(cancel: threading.Event) -> Iterator[Any]:
+        t0 = time.perf_counter()
+        with state.manager.acquire(req.model, req.keep_alive, req.overrides) as lease:
+            load_s = time.perf_counter() - t0 if lease.fresh else 0.0
+            yield _Loaded(lease.loaded, load_s)
+            prompt = _prompt(lease.engine, req)
+            active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
+            state.track(active)
+            gen = lease.engine.generate(prompt, req.sampling, cancel)
+            out: list[int] = []
+            try:
+                for ev in gen:
+                    if ev.token >= 0:
+                        out.append(ev.token)
+                    active.tokens = gen.metrics.prompt_tokens + len(out)
+                    yield ev
+            finally:
+                gen.close()
+                state.untrack(active)
+            ids = prompt if isinstance(prompt, list) else []
+            yield Done(gen.metrics, load_s, lease.loaded, ids, out)
+    return job
+
+
+class Run:
+    """An admitted, started generation (see the module contract)."""
+
+    def __init__(self, state: ServerState, ticket: Ticket, stream: ThreadStream[Any],
+                 t_arrival: float) -> None:
+        self.state = state
+        self._ticket = ticket
+        self._stream = stream
+        self._t0 = t_arrival
+        self._head: list[Any] = []
+        self.model: LoadedModel | None = None
+        self.load_s = 0.0
+
+    async def _begin(self) -> None:
+        loaded = await self._stream.__anext__()
+        assert isinstance(loaded, _Loaded)
+        self.model, self.load_s = loaded.model, loaded.load_s
+        self._head.append(await self._stream.__anext__())  # first token (or Done)
+
+    async def events(self) -> AsyncGenerator[TokenEvent | Done, None]:
+        """Every TokenEvent, then one Done. Closing early cancels the generation."""
+        m = self.state.metrics
+        name = self.model.model.name if self.model else ""
+        last: float | None = None
+        finished = False
+        try:
+            while True:
+                item = self._head.pop() if self._head else await self._stream.__anext__()
+                now = time.perf_counter()
+                if isinstance(item, Done):
+                    finished = True
+                    self._record(item, now, name)
+                    yield item
+                    return
+                if item.token >= 0:
+                    if last is None:
+                        m.ttft.observe(now - self._t0, model_name=name)
+                    else:
+                        m.itl.observe(now - last, model_name=name)
+                    last = now
+                yield item
+        except StopAsyncIteration:
+            return
+        finally:
+            if not finished:  # the client went away (or an error): vLLM calls it abort
+                m.success.inc(model_name=name, finished_reason="abort")
+            await self.close()
+
+    def _record(self, done: Done, now: float, name: str) -> None:
+        m, g = self.state.metrics, done.metrics
+        m.prompt_tokens.inc(g.prompt_tokens, model_name=name)
+        m.generation_tokens.inc(g.completion_tokens, model_name=name)
+        reason = {"eos": "stop", "stop": "stop", "length": "length"}.get(g.stop_reason, "abort")
+        m.success.inc(model_name=name, finished_reason=reason)
+        m.e2e.observe(now - self._t0, model_name=name)
+
+    async def collect(self) -> tuple[str, Done]:
+        """Consume the whole generation: its text and its Done."""
+        parts: list[str] = []
+        done: Done | None = None
+        async for item in self.events():
+            if isinstance(item, Done):
+                done = item
+            else:
+                parts.append(item.text)
+        assert done is not None
+        return "".join(parts), done
+
+    async def close(self) -> None:
+        await self._stream.aclose()
+        self._ticket.leave()
+
+
+async def start_generation(state: ServerState, req: GenRequest) -> Run:
+    """Admit `req`, lease its model and wait for its first token (see module contract)."""
+    state.check_accepting()
+    t0 = time.perf_counter()
+    try:
+        ticket = await state.admission.enter()
+    except Exception:
+        state.metrics.rejected.inc(reason="queue_full")
+        raise
+    try:
+        stream: ThreadStream[Any] = ThreadStream(_job(state, req))
+    except BaseException:
+        ticket.leave()
+        raise
+    run = Run(state, ticket, stream, t0)
+    try:
+        await run._begin()
+    except BaseException:
+        await run.close()
+        raise
+    return run
+
+
+async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.25) -> T:
+    """Await `work`; if the client goes away first, cancel it (which cancels the
+    generation) and raise CancelledError."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                raise asyncio.CancelledError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def call_in_thread(fn: Callable[[], T], name: str = "blocking-call") -> T:
+    """Run the blocking `fn` in its own thread (not the shared default pool, which has
+    only a few workers on small machines) and return its result."""
+    def job(_: threading.Event) -> Iterator[T]:
+        yield fn()
+
+    stream: ThreadStream[T] = ThreadStream(job, name=name)
+    async for result in stream:
+        return result
+    raise RuntimeError("worker thread produced no result")  # pragma: no cover
+
+
+async def admitted_call(state: ServerState, fn: Callable[[], T]) -> T:
+    """`call_in_thread` behind the bounded queue (for embeddings: they use the engine)."""
+    state.check_accepting()
+    try:
+        ticket = await state.admission.enter()
+    except Exception:
+        state.metrics.rejected.inc(reason="queue_full")
+        raise
+    try:
+        return await call_in_thread(fn)
+    finally:
+        ticket.leave()

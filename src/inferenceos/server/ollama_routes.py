@@ -1,0 +1,367 @@
+"""Ollama-compatible routes under /api. Streams are NDJSON (one JSON object per line),
+durations are nanoseconds, errors are `{"error": "..."}`.
+
+An empty prompt (or no messages) loads the model and returns at once, with
+`done_reason: "load"`; adding `keep_alive: 0` unloads it instead (`"unload"`), as
+Ollama does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.registry.catalog import ResolvedModel, now_iso
+from inferenceos.registry.loaded import LoadedModel
+from inferenceos.server.errors import APIError
+from inferenceos.server.generation import (
+    Done,
+    GenRequest,
+    Run,
+    admitted_call,
+    call_in_thread,
+    start_generation,
+    until_disconnect,
+)
+from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.ollama_schema import (
+    ChatRequest,
+    ChatResponse,
+    CopyRequest,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedRequest,
+    EmbedResponse,
+    GenerateRequest,
+    GenerateResponse,
+    NameRequest,
+    OllamaError,
+    PsResponse,
+    PullRequest,
+    ShowRequest,
+    ShowResponse,
+    StatusResponse,
+    TagsResponse,
+)
+from inferenceos.server.options import ollama_options, parse_keep_alive
+from inferenceos.server.sse import ndjson_response
+from inferenceos.server.state import ServerState
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": OllamaError, "description": text} for code, text in (
+        (400, "Invalid request"), (401, "Missing or wrong API key"),
+        (403, "Host not allowed"), (404, "Model not found"), (413, "Body too large"),
+        (429, "Queue full; see Retry-After"), (500, "Engine error"),
+        (503, "Shutting down or no room to load the model; see Retry-After"))
+}
+_NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
+_FOREVER = "2318-01-01T00:00:00.000000Z"  # Ollama's "never expires"
+NS = 1_000_000_000
+
+router = APIRouter(prefix="/api", tags=["ollama"], responses=_ERRORS)
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.ios
+    return state
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * NS))
+
+
+def _refuse(images: list[str] | None, fmt: Any, extra: str | None = None) -> None:
+    if images:
+        raise APIError(400, "images are not supported (no vision models yet)")
+    if fmt not in (None, "", "json") and not isinstance(fmt, dict):
+        raise APIError(400, "format: \"json\" or a JSON schema object")
+    if extra:
+        raise APIError(400, f"{extra} is not supported")
+
+
+def _with_format(parsed: tuple[SamplingParams, dict[str, int]], fmt: Any
+                 ) -> tuple[SamplingParams, dict[str, int]]:
+    """format "json" constrains sampling to a JSON object, a schema object to the schema."""
+    sampling, overrides = parsed
+    if fmt == "json":
+        sampling = dataclasses.replace(sampling, grammar=JSON_OBJECT_GBNF)
+    elif isinstance(fmt, dict):
+        sampling = dataclasses.replace(sampling, grammar=grammar_for_schema(fmt))
+    return sampling, overrides
+
+
+async def _load_or_unload(state: ServerState, name: str, keep_alive: float | None,
+                          body: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's load-only and unload requests (empty prompt)."""
+    if keep_alive == 0:
+        await call_in_thread(lambda: state.manager.unload(name))
+        reason = "unload"
+    else:
+        def load() -> None:
+            state.manager.acquire(name, keep_alive).release()
+        await admitted_call(state, load)
+        reason = "load"
+    return {"model": name, "created_at": now_iso(), **body, "done": True, "done_reason": reason}
+
+
+def _timings(done: Done, t0: float, t_first: float | None, t_end: float) -> dict[str, Any]:
+    g = done.metrics
+    return {
+        "done_reason": "length" if g.stop_reason == "length" else "stop",
+        "total_duration": _ns(t_end - t0), "load_duration": _ns(done.load_s),
+        "prompt_eval_count": g.prompt_tokens, "prompt_eval_duration": _ns(g.ttft_s),
+        "eval_count": g.completion_tokens,
+        "eval_duration": _ns(t_end - t_first if t_first else 0.0),
+    }
+
+
+async def _respond(request: Request, state: ServerState, req: GenRequest, stream: bool,
+                   piece_key: str, context: bool) -> Any:
+    """Run `req` and answer as Ollama does, streamed (NDJSON) or whole."""
+    t0 = time.perf_counter()
+    run = await until_disconnect(request, start_generation(state, req))
+
+    def piece(text: str) -> dict[str, Any]:
+        body = {"role": "assistant", "content": text} if piece_key == "message" else text
+        return {"model": req.model, "created_at": now_iso(), piece_key: body, "done": False}
+
+    def final(done: Done, t_first: float | None, text: str) -> dict[str, Any]:
+        out = {**piece(text), "done": True,
+               **_timings(done, t0, t_first, time.perf_counter())}
+        if context:
+            out["context"] = done.prompt_ids + done.output_ids
+        return out
+
+    async def lines(run: Run) -> AsyncIterator[dict[str, Any]]:
+        t_first = None
+        events = run.events()
+        try:
+            async for item in events:
+                if isinstance(item, Done):
+                    yield final(item, t_first, "")
+                else:
+                    t_first = t_first or time.perf_counter()
+                    if item.text:
+                        yield piece(item.text)
+        finally:
+            await events.aclose()
+
+    if stream:
+        return ndjson_response(lines(run), run.close)
+
+    async def whole() -> dict[str, Any]:
+        parts: list[str] = []
+        t_first: float | None = None
+        async for item in run.events():
+            if isinstance(item, Done):
+                return final(item, t_first, "".join(parts))
+            t_first = t_first or time.perf_counter()
+            parts.append(item.text)
+        raise APIError(500, "generation ended without a result")
+
+    return await until_disconnect(request, whole())
+
+
+@router.post("/generate", response_model=GenerateResponse,
+             responses={200: {"content": _NDJSON,
+                              "description": "The response, or NDJSON lines when streaming"}})
+async def generate(body: GenerateRequest, request: Request) -> Any:
+    """Complete a prompt (templated unless `raw`)."""
+    state = _state(request)
+    _refuse(body.images, body.format,
+            "template" if body.template else "suffix" if body.suffix else None)
+    name = state.model_name(body.model)
+    keep_alive = parse_keep_alive(body.keep_alive)
+    sampling, overrides = _with_format(ollama_options(body.options), body.format)
+    if not body.prompt:
+        return await _load_or_unload(state, name, keep_alive, {"response": ""})
+    if body.raw:
+        req = GenRequest(name, sampling, text=body.prompt, keep_alive=keep_alive,
+                         overrides=overrides or None, want_tokens=True,
+                         context=tuple(body.context or ()))
+    else:
+        msgs = [ChatMessage("system", body.system)] if body.system else []
+        msgs.append(ChatMessage("user", body.prompt))
+        req = GenRequest(name, sampling, messages=tuple(msgs), keep_alive=keep_alive,
+                         overrides=overrides or None, want_tokens=True,
+                         context=tuple(body.context or ()))
+    return await _respond(request, state, req, body.stream, "response", context=True)
+
+
+@router.post("/chat", response_model=ChatResponse,
+             responses={200: {"content": _NDJSON,
+                              "description": "The message, or NDJSON lines when streaming"}})
+async def chat(body: ChatRequest, request: Request) -> Any:
+    """Chat through the model's template."""
+    state = _state(request)
+    _refuse(None, body.format, "tools" if body.tools else None)
+    name = state.model_name(body.model)
+    keep_alive = parse_keep_alive(body.keep_alive)
+    sampling, overrides = _with_format(ollama_options(body.options), body.format)
+    if not body.messages:
+        return await _load_or_unload(state, name, keep_alive,
+                                     {"message": {"role": "assistant", "content": ""}})
+    for m in body.messages:
+        _refuse(m.images, None, "tool calls in messages" if m.tool_calls else None)
+    msgs = tuple(ChatMessage(m.role, m.content or "") for m in body.messages)
+    req = GenRequest(name, sampling, messages=msgs, keep_alive=keep_alive,
+                     overrides=overrides or None)
+    return await _respond(request, state, req, body.stream, "message", context=False)
+
+
+async def _embed(state: ServerState, name: str, texts: list[str],
+                 keep_alive: float | None) -> tuple[list[list[float]], int, float]:
+    def work() -> tuple[list[list[float]], int, float]:
+        t0 = time.perf_counter()
+        with state.manager.acquire(name, keep_alive) as lease:
+            load_s = time.perf_counter() - t0 if lease.fresh else 0.0
+            if not texts:
+                return [], 0, load_s
+            vectors = lease.engine.embed(texts)
+            count = sum(len(lease.engine.tokenize(t)) for t in texts)
+            return vectors, count, load_s
+    return await admitted_call(state, work)
+
+
+@router.post("/embed", response_model=EmbedResponse)
+async def embed(body: EmbedRequest, request: Request) -> Any:
+    """Embeddings for one text or a list (mean-pooled, L2-normalised)."""
+    state = _state(request)
+    name = state.model_name(body.model)
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    texts = [t for t in texts if t != ""] if texts == [""] else texts
+    if len(texts) > 256:
+        raise APIError(400, "at most 256 inputs per request")
+    t0 = time.perf_counter()
+    vectors, count, load_s = await _embed(state, name, texts, parse_keep_alive(body.keep_alive))
+    if body.dimensions and vectors and body.dimensions != len(vectors[0]):
+        raise APIError(400, f"this model's embeddings have {len(vectors[0])} dimensions")
+    return {"model": name, "embeddings": vectors, "total_duration": _ns(time.perf_counter() - t0),
+            "load_duration": _ns(load_s), "prompt_eval_count": count}
+
+
+@router.post("/embeddings", response_model=EmbeddingsResponse)
+async def embeddings(body: EmbeddingsRequest, request: Request) -> Any:
+    """The older single-text embedding route."""
+    state = _state(request)
+    name = state.model_name(body.model)
+    texts = [body.prompt] if body.prompt else []
+    vectors, _, _ = await _embed(state, name, texts, parse_keep_alive(body.keep_alive))
+    return {"embedding": vectors[0] if vectors else []}
+
+
+def _size_label(parameters: int) -> str:
+    return f"{parameters / 1e9:.1f}B" if parameters >= 1e9 else f"{parameters / 1e6:.2f}M"
+
+
+def _details(m: ResolvedModel) -> dict[str, Any]:
+    return {"parent_model": "", "format": "gguf", "family": m.architecture,
+            "families": [m.architecture], "parameter_size": _size_label(m.parameters),
+            "quantization_level": m.file_type}
+
+
+@router.get("/tags", response_model=TagsResponse)
+async def tags(request: Request) -> Any:
+    """Every model a request may name."""
+    models = await call_in_thread(_state(request).catalog.names)
+    return {"models": [{"name": m.name, "model": m.name, "modified_at": now_iso(m.modified_at),
+                        "size": m.size, "digest": m.digest, "details": _details(m)}
+                       for m in models]}
+
+
+@router.post("/show", response_model=ShowResponse)
+async def show(body: ShowRequest, request: Request) -> Any:
+    """Details of one model: template, architecture facts, capabilities."""
+    state = _state(request)
+
+    def work() -> dict[str, Any]:
+        from inferenceos.model.spec import load_spec
+
+        m = state.catalog.resolve(body.target())
+        spec = load_spec(m.path)
+        arch = spec.architecture
+        info = {"general.architecture": arch, "general.parameter_count": spec.parameters,
+                "general.file_type": spec.file_type, f"{arch}.context_length": spec.context_length,
+                f"{arch}.embedding_length": spec.embedding_length,
+                f"{arch}.block_count": spec.block_count}
+        return {"modelfile": f"FROM {m.name}\n", "parameters": "",
+                "template": spec.chat_template or "", "details": _details(m),
+                "model_info": info, "capabilities": ["completion", "embedding"],
+                "modified_at": now_iso(m.modified_at)}
+    return await call_in_thread(work)
+
+
+def _ps_entry(lm: LoadedModel, now: float) -> dict[str, Any]:
+    exp = lm.expires_wall(now)
+    return {"name": lm.model.name, "model": lm.model.name, "size": lm.memory_bytes,
+            "digest": lm.model.digest, "details": _details(lm.model),
+            "expires_at": _FOREVER if exp is None else now_iso(exp),
+            "size_vram": 0, "context_length": lm.settings.n_ctx}
+
+
+@router.get("/ps", response_model=PsResponse)
+async def ps(request: Request) -> Any:
+    """Models loaded now, their memory and when they will be unloaded."""
+    now = time.monotonic()
+    return {"models": [_ps_entry(lm, now) for lm in _state(request).manager.loaded()]}
+
+
+@router.post("/pull", response_model=StatusResponse,
+             responses={200: {"content": _NDJSON, "description": "Status, or NDJSON progress"}})
+async def pull(body: PullRequest, request: Request) -> Any:
+    """Register a model by name. No network: only the built-in model can be pulled."""
+    state = _state(request)
+    name = body.target()
+    if not name:
+        raise APIError(400, "model is required")
+    store = state.catalog.store
+    if not body.stream:
+        await call_in_thread(lambda: store.pull(name))
+        return {"status": "success"}
+    store.pull_check(name)  # unknown names fail before the stream starts
+
+    def job(_: Any) -> Iterator[dict[str, Any]]:
+        messages: list[str] = []
+        store.pull(name, progress=messages.append)
+        for m in messages:
+            yield {"status": m}
+
+    from inferenceos.server.bridge import ThreadStream
+
+    async def lines() -> AsyncIterator[dict[str, Any]]:
+        yield {"status": "pulling manifest"}
+        async for item in ThreadStream(job, name="pull"):
+            yield item
+
+    return ndjson_response(lines())
+
+
+@router.delete("/delete", responses={200: {"description": "Deleted"}})
+async def delete(body: NameRequest, request: Request) -> Response:
+    """Remove a model from the registry (unloading it first)."""
+    state = _state(request)
+
+    def work() -> None:
+        name = body.target()
+        if state.catalog.is_alias(name):
+            raise APIError(400, f"'{name}' is a file served directly; it cannot be deleted")
+        entry = state.catalog.store.get(name)
+        if any(lm.model.name == entry.name for lm in state.manager.loaded()):
+            state.manager.unload(entry.name)
+        state.catalog.store.remove(entry.name)
+    await call_in_thread(work)
+    return Response(status_code=200)
+
+
+@router.post("/copy", responses={200: {"description": "Copied"}})
+async def copy(body: CopyRequest, request: Request) -> Response:
+    """Give a registered model a second name."""
+    store = _state(request).catalog.store
+    await call_in_thread(lambda: store.copy(body.source, body.destination))
+    return Response(status_code=200)

@@ -1,0 +1,348 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/embeddings,
+/v1/models. Streams are SSE ending `data: [DONE]`; errors use OpenAI's error shape."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import TokenEvent
+from inferenceos.server.errors import APIError
+from inferenceos.server.generation import (
+    Done,
+    GenRequest,
+    Run,
+    admitted_call,
+    start_generation,
+    until_disconnect,
+)
+from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.openai_schema import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatMessageIn,
+    Completion,
+    CompletionRequest,
+    EmbeddingList,
+    EmbeddingRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    SamplingFields,
+)
+from inferenceos.server.options import UNLIMITED, sampling_from, stops
+from inferenceos.server.sse import sse_response
+from inferenceos.server.state import ServerState
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text} for code, text in (
+        (400, "Invalid request"), (401, "Missing or wrong API key"),
+        (403, "Host not allowed"), (404, "Model not found"), (413, "Body too large"),
+        (429, "Queue full; see Retry-After"), (500, "Engine error"),
+        (503, "Shutting down or no room to load the model; see Retry-After"))
+}
+_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+
+router = APIRouter(prefix="/v1", tags=["openai"], responses=_ERRORS)
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.ios
+    return state
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias in -100..100}; -100 bans the token."""
+    out = []
+    for key, bias in (body.logit_bias or {}).items():
+        if not key.isdigit() or not -100 <= bias <= 100:
+            raise APIError(400, "logit_bias maps token ids to biases in [-100, 100]",
+                           "invalid_logit_bias")
+        out.append((int(key), float("-inf") if bias <= -100 else float(bias)))
+    return tuple(out)
+
+
+def _sampling(body: SamplingFields, max_tokens: int | None,
+              grammar: str | None = None) -> SamplingParams:
+    return sampling_from({
+        "grammar": grammar, "logit_bias": _logit_bias(body),
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+        "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
+        "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
+        "stop": stops(body.stop), "max_tokens": UNLIMITED if max_tokens is None else max_tokens,
+    })
+
+
+def _variants(sampling: SamplingParams, n: int) -> list[SamplingParams]:
+    """n samplings; with a fixed seed each choice gets its own (seed + i)."""
+    if sampling.seed is None:
+        return [sampling] * n
+    return [dataclasses.replace(sampling, seed=(sampling.seed + i) % (2**32 - 1))
+            for i in range(n)]
+
+
+def _text_of(m: ChatMessageIn) -> str:
+    if m.content is None or isinstance(m.content, str):
+        return m.content or ""
+    parts = []
+    for p in m.content:
+        if p.type != "text":
+            raise APIError(400, f"content parts of type {p.type!r} are not supported",
+                           "unsupported_content")
+        parts.append(p.text or "")
+    return "".join(parts)
+
+
+def _chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
+    if body.tools:
+        raise APIError(400, "tools / function calling are not supported yet",
+                       "unsupported_parameter")
+    if body.logprobs or body.top_logprobs:
+        raise APIError(400, "logprobs are not supported", "unsupported_parameter")
+    fmt = body.response_format.type if body.response_format else "text"
+    if fmt not in ("text", "json_object", "json_schema"):
+        raise APIError(400, f"response_format {fmt!r} is not supported",
+                       "unsupported_parameter")
+    role = {"developer": "system", "function": "tool"}
+    return tuple(ChatMessage(role.get(m.role, m.role), _text_of(m)) for m in body.messages)
+
+
+def _grammar(fmt: Any) -> str | None:
+    """The grammar a response_format asks for: none, any JSON object, or a schema."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return JSON_OBJECT_GBNF
+    schema = (fmt.json_schema or {}).get("schema")
+    if schema is None:
+        raise APIError(400, "response_format json_schema needs json_schema.schema")
+    return grammar_for_schema(schema)
+
+
+def _ids(prefix: str) -> tuple[str, int]:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
+
+
+@router.post("/chat/completions", response_model=ChatCompletion,
+             responses={200: {"content": _SSE, "description": "A completion, or SSE chunks "
+                              "(ChatCompletionChunk) when stream is true"}})
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    """Chat completion, streamed as SSE when `stream` is true."""
+    state = _state(request)
+    messages = _chat_messages(body)
+    name = state.model_name(body.model)
+    grammar = _grammar(body.response_format)
+    sampling = _sampling(body, body.max_completion_tokens or body.max_tokens, grammar)
+    reqs = [GenRequest(name, s, messages=messages) for s in _variants(sampling, body.n)]
+    cid, created = _ids("chatcmpl")
+    if body.stream:
+        first = await until_disconnect(request, start_generation(state, reqs[0]))
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(_chat_stream(state, first, reqs, cid, created, name, usage),
+                            first.close)
+
+    async def whole() -> dict[str, Any]:
+        choices, p_tok, c_tok = [], 0, 0
+        for i, r in enumerate(reqs):
+            text, done = await (await start_generation(state, r)).collect()
+            p_tok, c_tok = done.metrics.prompt_tokens, c_tok + done.metrics.completion_tokens
+            choices.append({"index": i, "finish_reason": _finish(done.metrics.stop_reason),
+                            "message": {"role": "assistant", "content": text},
+                            "logprobs": None})
+        return {"id": cid, "object": "chat.completion", "created": created, "model": name,
+                "choices": choices, "usage": _usage(p_tok, c_tok)}
+
+    return await until_disconnect(request, whole())
+
+
+async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], cid: str,
+                       created: int, model: str, include_usage: bool
+                       ) -> AsyncIterator[dict[str, Any]]:
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
+    extra = {"usage": None} if include_usage else {}
+    p_tok = c_tok = 0
+    for i, r in enumerate(reqs):
+        run = first if i == 0 else await start_generation(state, r)
+        yield {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                    "finish_reason": None, "logprobs": None}], **extra}
+        async for item in _closing(run):
+            if isinstance(item, Done):
+                p_tok, c_tok = item.metrics.prompt_tokens, c_tok + item.metrics.completion_tokens
+                yield {**base, "choices": [{"index": i, "delta": {},
+                                            "finish_reason": _finish(item.metrics.stop_reason),
+                                            "logprobs": None}], **extra}
+            elif item.text:
+                yield {**base, "choices": [{"index": i, "delta": {"content": item.text},
+                                            "finish_reason": None, "logprobs": None}], **extra}
+    if include_usage:
+        yield {**base, "choices": [], "usage": _usage(p_tok, c_tok)}
+
+
+async def _closing(run: Run) -> AsyncIterator[TokenEvent | Done]:
+    """`run.events()`, closed explicitly (not left to the garbage collector) when the
+    consumer stops early."""
+    events = run.events()
+    try:
+        async for item in events:
+            yield item
+    finally:
+        await events.aclose()
+        await run.close()
+
+
+def _prompts(body: CompletionRequest) -> list[str | list[int]]:
+    p = body.prompt
+    if isinstance(p, str):
+        return [p]
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]  # type: ignore[arg-type]
+    out: list[str | list[int]] = []
+    for x in p:
+        if isinstance(x, list) and not x:
+            raise APIError(400, "a token prompt must not be empty", "invalid_prompt")
+        out.append(x if isinstance(x, str) else list(x))  # type: ignore[arg-type]
+    return out
+
+
+@router.post("/completions", response_model=Completion,
+             responses={200: {"content": _SSE, "description": "A completion, or SSE chunks "
+                              "of the same shape when stream is true"}})
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    """Text completion of a raw prompt (no chat template)."""
+    state = _state(request)
+    if body.suffix or body.logprobs or (body.best_of or 1) > 1:
+        raise APIError(400, "suffix, logprobs and best_of are not supported",
+                       "unsupported_parameter")
+    prompts = _prompts(body)
+    if body.echo and not all(isinstance(p, str) for p in prompts):
+        raise APIError(400, "echo needs text prompts", "unsupported_parameter")
+    if len(prompts) * body.n > 16:
+        raise APIError(400, "at most 16 choices (prompts × n) per request", "too_many_choices")
+    name = state.model_name(body.model)
+    variants = _variants(_sampling(body, body.max_tokens), body.n)
+    reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
+                       tokens=None if isinstance(p, str) else tuple(p))
+            for p in prompts for s in variants]
+    echo = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in variants]
+    cid, created = _ids("cmpl")
+    if body.stream:
+        first = await until_disconnect(request, start_generation(state, reqs[0]))
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(_completion_stream(state, first, reqs, echo, cid, created, name,
+                                               usage), first.close)
+
+    async def whole() -> dict[str, Any]:
+        choices, p_tok, c_tok = [], 0, 0
+        for i, r in enumerate(reqs):
+            text, done = await (await start_generation(state, r)).collect()
+            p_tok += done.metrics.prompt_tokens
+            c_tok += done.metrics.completion_tokens
+            choices.append({"index": i, "text": echo[i] + text, "logprobs": None,
+                            "finish_reason": _finish(done.metrics.stop_reason)})
+        return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                "choices": choices, "usage": _usage(p_tok, c_tok)}
+
+    return await until_disconnect(request, whole())
+
+
+async def _completion_stream(state: ServerState, first: Run, reqs: list[GenRequest],
+                             echo: list[str], cid: str, created: int, model: str,
+                             include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    base = {"id": cid, "object": "text_completion", "created": created, "model": model}
+    extra = {"usage": None} if include_usage else {}
+    p_tok = c_tok = 0
+
+    def chunk(i: int, text: str, reason: str | None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": i, "text": text, "finish_reason": reason,
+                                     "logprobs": None}], **extra}
+
+    for i, r in enumerate(reqs):
+        run = first if i == 0 else await start_generation(state, r)
+        if echo[i]:
+            yield chunk(i, echo[i], None)
+        async for item in _closing(run):
+            if isinstance(item, Done):
+                p_tok += item.metrics.prompt_tokens
+                c_tok += item.metrics.completion_tokens
+                yield chunk(i, "", _finish(item.metrics.stop_reason))
+            elif item.text:
+                yield chunk(i, item.text, None)
+    if include_usage:
+        yield {**base, "choices": [], "usage": _usage(p_tok, c_tok)}
+
+
+@router.post("/embeddings", response_model=EmbeddingList)
+async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
+    """Mean-pooled, L2-normalised embeddings; `encoding_format` float or base64."""
+    state = _state(request)
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise APIError(400, "input must be a non-empty string or list of strings (token "
+                       "arrays are not supported)", "invalid_input")
+    if len(texts) > 256:
+        raise APIError(400, "at most 256 inputs per request", "too_many_inputs")
+    name = state.model_name(body.model)
+
+    def work() -> tuple[list[list[float]], int]:
+        with state.manager.acquire(name) as lease:
+            strs = [str(t) for t in texts]
+            vectors = lease.engine.embed(strs)
+            count = sum(len(lease.engine.tokenize(t)) for t in strs)
+            return vectors, count
+
+    vectors, count = await admitted_call(state, work)
+    if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
+        raise APIError(400, f"this model's embeddings have {len(vectors[0])} dimensions; "
+                       "dimensions cannot change it", "unsupported_parameter")
+    data = [{"object": "embedding", "index": i,
+             "embedding": _b64(v) if body.encoding_format == "base64" else v}
+            for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": name,
+            "usage": {"prompt_tokens": count, "total_tokens": count}}
+
+
+def _b64(vector: list[float]) -> str:
+    """Little-endian float32, base64: what the openai client decodes."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(request: Request) -> Any:
+    """Every model a request may name."""
+    state = _state(request)
+    models = await _catalog_names(state)
+    return {"object": "list", "data": [
+        ModelCard(id=m.name, created=int(m.modified_at)).model_dump() for m in models]}
+
+
+@router.get("/models/{model:path}", response_model=ModelCard)
+async def get_model(model: str, request: Request) -> Any:
+    """One model by name (404 when unknown)."""
+    from inferenceos.server.generation import call_in_thread
+
+    m = await call_in_thread(lambda: _state(request).catalog.resolve(model))
+    return ModelCard(id=m.name, created=int(m.modified_at)).model_dump()
+
+
+async def _catalog_names(state: ServerState) -> list[Any]:
+    from inferenceos.server.generation import call_in_thread
+
+    return await call_in_thread(state.catalog.names)

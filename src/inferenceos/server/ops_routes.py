@@ -1,0 +1,58 @@
+"""Operations routes: /health, /metrics, Ollama's / and /api/version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel
+
+from inferenceos.server.ollama_schema import VersionResponse
+
+OLLAMA_API_VERSION = "0.6.0"  # the Ollama API level these routes follow
+
+router = APIRouter(tags=["operations"])
+
+
+class Health(BaseModel):
+    status: str
+    models_loaded: int
+
+
+@router.get("/health", response_model=Health)
+async def health(request: Request) -> Any:
+    """Liveness: always open, even when an API key is set. 'draining' during shutdown."""
+    state = request.app.state.ios
+    return {"status": "draining" if state.draining else "ok",
+            "models_loaded": len(state.manager.loaded())}
+
+
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+async def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus text format (names after vLLM's, prefix `inferenceos:`)."""
+    return PlainTextResponse(request.app.state.ios.metrics.render(),
+                             media_type="text/plain; version=0.0.4")
+
+
+_TEXT: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/plain": {"schema": {"type": "string"}}}}}
+
+
+@router.get("/", response_class=PlainTextResponse, responses=_TEXT)
+async def root() -> PlainTextResponse:
+    """What Ollama answers, so tools that probe for Ollama find it."""
+    return PlainTextResponse("Ollama is running")
+
+
+@router.head("/", response_class=PlainTextResponse, responses=_TEXT)
+async def root_head() -> PlainTextResponse:
+    """Ollama's liveness probe."""
+    return PlainTextResponse("Ollama is running")
+
+
+@router.get("/api/version", response_model=VersionResponse)
+async def version(request: Request) -> Any:
+    """The Ollama API level emulated (and InferenceOS's own version)."""
+    return {"version": OLLAMA_API_VERSION, "inferenceos": request.app.state.ios.settings.version}

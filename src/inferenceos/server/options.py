@@ -1,0 +1,108 @@
+"""Request parameters → `SamplingParams`, load overrides and keep-alive seconds.
+
+OpenAI and Ollama name the same knobs differently; both end up here so the mapping is
+written once. Values are validated by `SamplingParams.validate()` (UsageError → 400).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.errors import UsageError
+
+UNLIMITED = 1 << 30  # "until end of text or context": the engine caps at the context
+MAX_STOPS = 16
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: str | float | int | None) -> float | None:
+    """Ollama's keep_alive: seconds as a number, or a Go duration ("5m", "1h30m",
+    "-1m"); negative means forever, 0 unload at once, None the server's default."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise UsageError("keep_alive must be a duration such as '5m' or a number of seconds")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    try:
+        return sign * float(body)  # a bare number: seconds
+    except ValueError:
+        pass
+    parts = _DURATION.findall(body)
+    if not parts or "".join(n + u for n, u in parts) != body:
+        raise UsageError(f"invalid keep_alive duration {value[:40]!r}; use e.g. '5m' or '30s'")
+    return sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def stops(value: str | list[str] | None) -> tuple[str, ...]:
+    """A stop string or list of them, bounded in number."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else list(value)
+    if len(items) > MAX_STOPS:
+        raise UsageError(f"at most {MAX_STOPS} stop strings, got {len(items)}")
+    return tuple(s for s in items if s)
+
+
+def sampling_from(fields: dict[str, Any]) -> SamplingParams:
+    """SamplingParams from the non-None entries of `fields` (our own field names)."""
+    known = SamplingParams.__dataclass_fields__
+    params = SamplingParams(**{k: v for k, v in fields.items() if v is not None and k in known})
+    params.validate()
+    return params
+
+
+# Ollama's option names → SamplingParams fields
+_OLLAMA_SAMPLING = {
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+    "seed": "seed",
+}
+# Ollama's option names → LoadSettings fields (a change reloads an idle model)
+_OLLAMA_LOAD = {"num_ctx": "n_ctx", "num_batch": "n_batch", "num_thread": "n_threads",
+                "num_gpu": "n_gpu_layers"}
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"option {name} must be a number, got {value!r}"[:200])
+    if kind is int:
+        if float(value) != int(value):
+            raise UsageError(f"option {name} must be an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def ollama_options(options: dict[str, Any] | None) -> tuple[SamplingParams, dict[str, int]]:
+    """Ollama `options` → (sampling, load overrides). Unknown options are ignored, as
+    Ollama does; num_predict -1 means unlimited and -2 fill the context."""
+    opts = options or {}
+    fields: dict[str, Any] = {}
+    for key, field in _OLLAMA_SAMPLING.items():
+        if opts.get(key) is not None:
+            kind = int if field in ("top_k", "repeat_last_n", "seed") else float
+            fields[field] = _number(key, opts[key], kind)
+    if opts.get("num_predict") is not None:
+        n = _number("num_predict", opts["num_predict"], int)
+        fields["max_tokens"] = UNLIMITED if n < 0 else n
+    if opts.get("stop") is not None:
+        fields["stop"] = stops(opts["stop"])
+    overrides: dict[str, int] = {}
+    for key, field in _OLLAMA_LOAD.items():
+        if opts.get(key) is not None:
+            value = _number(key, opts[key], int)
+            if value <= 0 and key != "num_gpu":
+                raise UsageError(f"option {key} must be positive, got {value}")
+            overrides[field] = value
+    if "n_batch" in overrides:
+        overrides["n_ubatch"] = overrides["n_batch"]
+    if "n_ctx" in overrides and overrides["n_ctx"] < 16:
+        raise UsageError("option num_ctx must be at least 16")
+    return sampling_from(fields), overrides

@@ -1,0 +1,53 @@
+"""Run the app under uvicorn with a graceful shutdown.
+
+On SIGINT/SIGTERM (or `begin_shutdown()`): new generation requests get 503, uvicorn stops
+accepting connections and waits for in-flight ones; streams still running after
+`grace_s` are cancelled, which ends them cleanly (a last chunk with a finish reason,
+then `data: [DONE]` / a `done: true` line) rather than cutting the connection.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from inferenceos.server.state import ServerState
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server that drains generation streams before exiting."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, grace_s: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.grace_s = grace_s
+        self._timer: threading.Timer | None = None
+
+    def begin_shutdown(self) -> None:
+        """Start draining: refuse new work, cancel what still runs after the grace."""
+        if not self.state.draining:
+            self.state.draining = True
+            self._timer = threading.Timer(self.grace_s, self.state.cancel_all)
+            self._timer.daemon = True
+            self._timer.start()
+        self.should_exit = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first:
+            self.begin_shutdown()
+
+
+def make_server(app: FastAPI, host: str, port: int, grace_s: float = 10.0,
+                log_level: str = "warning") -> GracefulServer:
+    """A server for `app` (built by `create_app`), not yet started."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=False,
+        timeout_graceful_shutdown=int(grace_s) + 5, lifespan="on",
+        timeout_keep_alive=5, server_header=False,
+    )
+    return GracefulServer(config, app.state.ios, grace_s)

@@ -1,0 +1,154 @@
+"""Pure-ASGI middleware for the safety rules (pure ASGI so streaming is untouched).
+
+- `HostCheck`: while bound to loopback, a request whose `Host` header is not a loopback
+  name or an allowed host gets 403 (a DNS-rebinding page in a browser sends its own
+  domain as Host).
+- `ApiKeyAuth`: when a key is set, every route but /health needs `Authorization: Bearer
+  KEY` or `X-Api-Key: KEY`, compared in constant time; else 401. CORS preflights pass
+  (the CORS middleware outside answers them).
+- `BodyLimit`: bodies over the limit get 413, whether announced by Content-Length or
+  sent chunked (buffered up to the limit, then replayed to the app).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferenceos.server.errors import error_body
+from inferenceos.server.settings import is_loopback
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+async def send_error(scope: Scope, send: Send, status: int, message: str,
+                     code: str | None = None, headers: Iterable[tuple[str, str]] = ()) -> None:
+    """Answer with an API-shaped JSON error without calling the app."""
+    body = json.dumps(error_body(scope.get("path", ""), status, message, code)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+def host_name(host_header: str) -> str:
+    """`example.com:8080` → `example.com`; `[::1]:80` → `::1`."""
+    h = host_header.strip()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+class HostCheck:
+    def __init__(self, app: ASGIApp, allowed: Iterable[str] = ()) -> None:
+        self.app = app
+        self.allowed = {a.lower() for a in allowed}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = _header(scope, b"host")
+            name = host_name(raw).lower().rstrip(".") if raw else ""
+            if raw is not None and not (is_loopback(name) or name in self.allowed):
+                await send_error(scope, send, 403,
+                                 f"host '{name[:100]}' is not allowed (the server is bound to "
+                                 "loopback; see serve --allow-host)", "host_not_allowed")
+                return
+        await self.app(scope, receive, send)
+
+
+class ApiKeyAuth:
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    def _presented(self, scope: Scope) -> bytes | None:
+        auth = _header(scope, b"authorization")
+        if auth and auth[:7].lower() == "bearer ":
+            return auth[7:].strip().encode("latin-1")
+        key = _header(scope, b"x-api-key")
+        return key.strip().encode("latin-1") if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not (
+            scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method")
+        ):
+            presented = self._presented(scope)
+            if presented is None or not hmac.compare_digest(presented, self.key):
+                await send_error(scope, send, 401,
+                                 "missing or invalid API key (send Authorization: Bearer KEY "
+                                 "or X-Api-Key: KEY)", "invalid_api_key",
+                                 [("WWW-Authenticate", "Bearer")])
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = _header(scope, b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                await self._too_large(scope, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        # no Content-Length (chunked): read up to the limit before the app sees anything
+        chunks, size, more = [], 0, True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                await self.app(scope, _replay([msg], receive), send)
+                return
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            more = bool(msg.get("more_body"))
+            if size > self.max_bytes:
+                await self._too_large(scope, send)
+                return
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], receive), send)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        await send_error(scope, send, 413, f"request body larger than {self.max_bytes} bytes",
+                         "body_too_large")
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()  # later messages (http.disconnect) come from the client
+
+    return replay
+
+
+def local_origin_regex() -> str:
+    """Browser origins on this machine: http(s)://localhost|127.x.x.x|[::1][:port]."""
+    return r"https?://(localhost|127\.\d{1,3}\.\d{1,3}\.\d{1,3}|\[::1\])(:\d{1,5})?"
+
+
+def cors_options(origins: Iterable[str], allow_local: bool) -> dict[str, Any]:
+    """Arguments for Starlette's CORSMiddleware."""
+    return {"allow_origins": list(origins),
+            "allow_origin_regex": local_origin_regex() if allow_local else None,
+            "allow_methods": ["GET", "POST", "DELETE", "OPTIONS", "HEAD"],
+            "allow_headers": ["*"], "max_age": 600}

@@ -1,0 +1,92 @@
+"""Everything a route needs, in one object stored on `app.state.ios`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from inferenceos.registry.catalog import Catalog
+from inferenceos.registry.loaded import ModelManager
+from inferenceos.server.admission import Admission
+from inferenceos.server.errors import APIError
+from inferenceos.server.metrics import ServerMetrics
+from inferenceos.server.settings import ServerSettings
+
+
+@dataclass
+class ActiveGeneration:
+    """A generation in flight: its model, cancel event and live token counts."""
+
+    model: str
+    n_ctx: int
+    cancel: threading.Event
+    tokens: int = 0  # prompt + generated so far (KV cells it holds)
+
+
+@dataclass
+class ServerState:
+    """Settings, catalog, model manager, queue and metrics of one running server."""
+
+    settings: ServerSettings
+    catalog: Catalog
+    manager: ModelManager
+    admission: Admission = field(init=False)
+    metrics: ServerMetrics = field(init=False)
+    draining: bool = False
+    _gens: dict[int, ActiveGeneration] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.admission = Admission(s.max_running, s.max_waiting, s.retry_after_s)
+        self.metrics = ServerMetrics(
+            running=lambda: [({}, float(self.admission.running))],
+            waiting=lambda: [({}, float(self.admission.waiting))],
+            loaded=lambda: [({}, float(len(self.manager.loaded())))],
+            kv_usage=self._kv_usage,
+            loads=lambda: [({}, float(self.manager.loads_total))],
+            evictions=lambda: [({"reason": k}, float(v))
+                               for k, v in sorted(self.manager.evictions_total.items())],
+        )
+
+    def model_name(self, requested: str | None) -> str:
+        """The model a request means: its own name, else the server's default."""
+        name = (requested or "").strip() or self.settings.default_model
+        if not name:
+            raise APIError(400, "no model named in the request and the server has no default",
+                           "model_required")
+        return name
+
+    def check_accepting(self) -> None:
+        """503 while shutting down."""
+        if self.draining:
+            self.metrics.rejected.inc(reason="draining")
+            raise APIError(503, "server is shutting down", "shutting_down",
+                           {"Retry-After": str(self.settings.retry_after_s)})
+
+    # -- generations in flight ---------------------------------------------------------
+
+    def track(self, gen: ActiveGeneration) -> None:
+        with self._lock:
+            self._gens[id(gen)] = gen
+
+    def untrack(self, gen: ActiveGeneration) -> None:
+        with self._lock:
+            self._gens.pop(id(gen), None)
+
+    def cancel_all(self) -> int:
+        """Ask every generation in flight to stop (graceful shutdown's last resort)."""
+        with self._lock:
+            gens = list(self._gens.values())
+        for g in gens:
+            g.cancel.set()
+        return len(gens)
+
+    def _kv_usage(self) -> Iterable[tuple[dict[str, str], float]]:
+        usage: dict[str, float] = {lm.model.name: 0.0 for lm in self.manager.loaded()}
+        with self._lock:
+            for g in self._gens.values():
+                cells = max(1, g.n_ctx * self.manager.slots)
+                usage[g.model] = usage.get(g.model, 0.0) + g.tokens / cells
+        return [({"model_name": k}, min(1.0, v)) for k, v in sorted(usage.items())]

@@ -1,0 +1,77 @@
+"""Start a real uvicorn server on 127.0.0.1 (a free port) in a background thread.
+
+Used by tests/test_server_*.py. The server serves tiny fixture models under the names
+given, with small contexts and one thread so tests stay fast.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from inferenceos.engine.session import LoadSettings
+from inferenceos.registry.catalog import Catalog
+from inferenceos.registry.loaded import ModelManager
+from inferenceos.registry.store import ModelStore
+from inferenceos.server.app import create_app
+from inferenceos.server.runner import GracefulServer, make_server
+from inferenceos.server.settings import ServerSettings
+from inferenceos.server.state import ServerState
+
+TINY_SETTINGS = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+
+
+@dataclass
+class Harness:
+    url: str
+    port: int
+    server: GracefulServer
+    thread: threading.Thread
+    state: ServerState
+    catalog: Catalog
+    manager: ModelManager
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def stop(self, timeout: float = 30) -> None:
+        self.server.begin_shutdown()
+        self.thread.join(timeout)
+
+
+def start_server(
+    models: dict[str, Path],
+    root: Path,
+    settings: ServerSettings | None = None,
+    manager_kw: dict[str, Any] | None = None,
+) -> Harness:
+    """Serve `models` ({name: path}) from a store under `root`; wait until it listens."""
+    store = ModelStore(root / "models")
+    catalog = Catalog(store)
+    for name, path in models.items():
+        catalog.add_file(path, name)
+    kw = {"base_settings": TINY_SETTINGS, **(manager_kw or {})}
+    manager = ModelManager(catalog.resolve, **kw)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    base = settings or ServerSettings()
+    settings = replace(base, host="127.0.0.1", port=port,
+                       default_model=base.default_model or next(iter(models), ""))
+    app = create_app(settings, catalog, manager)
+    server = make_server(app, "127.0.0.1", port, grace_s=settings.shutdown_grace_s)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    return Harness(f"http://127.0.0.1:{port}", port, server, thread, app.state.ios, catalog,
+                   manager)

@@ -1,0 +1,46 @@
+"""`inferenceos serve` as a process: starts, answers, refuses a foreign Host, and shuts
+down cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from cli_helpers import cli_env
+
+
+def test_serve_process_answers_and_stops_on_sigterm(tiny_llama: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferenceos", "serve", str(tiny_llama), "--port", str(port),
+         "--ctx", "256", "--threads", "1", "--parallel", "2"],
+        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.2)
+        r = httpx.post(base + "/api/generate", timeout=30, json={
+            "prompt": "hi", "stream": False, "options": {"num_predict": 3}})
+        assert r.status_code == 200 and r.json()["model"] == "tiny-llama:latest"
+        assert httpx.get(base + "/health", headers={"Host": "attacker.test"}).status_code == 403
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal: the usual exit status
+    assert proc.returncode in (0, -signal.SIGTERM), err
+    assert "Traceback" not in err
