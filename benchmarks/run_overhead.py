@@ -99,6 +99,8 @@ def main() -> None:
         b, s, g = (statistics.median(x) for x in (base, sampled, greedy))
         worst = min(worst, s / b, g / b)
         print(f"{t:>7} {b:>12.1f} {s:>13.1f} {g:>12.1f} {s / b:>14.3f} {g / b:>13.3f}")
+        print(f"        rounds: llama-bench {[round(x, 1) for x in base]}, "
+              f"ours {[round(x, 1) for x in sampled]}, greedy {[round(x, 1) for x in greedy]}")
     print(f"worst ratio {worst:.3f} (target >= 0.95)")
 
 
