@@ -46,6 +46,10 @@ class LoadSettings:
     swa_full: bool = True  # False: sliding-window layers keep only their window of KV
     type_k: str = "f16"  # KV cache types: f16, q8_0, q4_0
     type_v: str = "f16"
+    # (regex on tensor names, llama.cpp device name): e.g. MoE experts kept on the CPU
+    tensor_buft_overrides: tuple[tuple[str, str], ...] = ()
+    tensor_split: tuple[float, ...] = ()  # share of layers per GPU
+    main_gpu: int = 0
 
     def validate(self) -> None:
         """Raise UsageError for settings llama.cpp would refuse or misbehave on."""
@@ -102,6 +106,29 @@ class TokenEvent:
     text: str
 
 
+def _placement_params(ll: Any, params: Any, s: LoadSettings) -> list[Any]:
+    """Fill tensor overrides and tensor split; returns the buffers llama.cpp points into
+    (they must live until the model is loaded)."""
+    keep: list[Any] = []
+    if s.tensor_buft_overrides:
+        from inferenceos.engine.devices import TensorBuftOverride, buffer_type
+
+        n = len(s.tensor_buft_overrides)
+        arr = (TensorBuftOverride * (n + 1))()  # NULL-terminated
+        for i, (pattern, device) in enumerate(s.tensor_buft_overrides):
+            raw = pattern.encode()
+            keep.append(raw)
+            arr[i].pattern = raw
+            arr[i].buft = buffer_type(device)
+        params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
+        keep.append(arr)
+    if s.tensor_split:
+        split = (ctypes.c_float * max(len(s.tensor_split), 16))(*s.tensor_split)
+        params.tensor_split = split
+        keep.append(split)
+    return keep
+
+
 class LoadedModel:
     """A llama.cpp model with one context. Not thread-safe; call `close()` when done."""
 
@@ -135,6 +162,8 @@ class LoadedModel:
         params = ll.llama_model_default_params()
         params.n_gpu_layers = s.n_gpu_layers
         params.use_mmap = s.use_mmap
+        params.main_gpu = s.main_gpu
+        self._keep_alive = _placement_params(ll, params, s)
         mark = log().mark()
         model = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:

@@ -1,0 +1,45 @@
+"""Plans' tensor placement reaches llama.cpp: buffer-type overrides by tensor pattern."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferenceos.engine.llama_lib import log
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.errors import ModelLoadError
+
+EXPERTS = r"blk\.\d+\.ffn_(gate|up|down)_exps"
+
+
+def test_expert_override_is_applied_by_llama_cpp(tiny_moe: Path) -> None:
+    mark = log().mark()
+    settings = LoadSettings(n_ctx=256, n_threads=1, tensor_buft_overrides=((EXPERTS, "CPU"),))
+    with LoadedModel(tiny_moe, settings) as lm:
+        out = list(lm.generate(lm.tokenize("abc"), SamplingParams(temperature=0, max_tokens=4)))
+    assert len(out) == 4
+    moved = [ln for ln in log().since(mark) if "buffer type overridden to CPU" in ln]
+    assert len(moved) == 2 * 3  # 2 layers x gate/up/down experts
+
+
+def test_unknown_device_is_a_clear_error(tiny_moe: Path) -> None:
+    settings = LoadSettings(n_ctx=256, tensor_buft_overrides=((EXPERTS, "CUDA7"),))
+    with pytest.raises(ModelLoadError, match="no device named 'CUDA7'"):
+        LoadedModel(tiny_moe, settings)
+
+
+def test_plan_overrides_survive_into_load_settings(tiny_moe: Path) -> None:
+    """A GPU too small for the experts: the plan keeps them on the CPU, and the engine's
+    LoadSettings carries that (nothing of the plan is lost on the way to llama.cpp)."""
+    from inferenceos.plan.devices import Overrides, apply_overrides, local_machine
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.simulate import plan_for_run
+
+    machine = apply_overrides(local_machine(), Overrides(gpu_memory=(6_500_000,)))
+    plan = plan_for_run(load_model_facts(tiny_moe), machine)
+    settings = plan.load_settings()
+    assert plan.tensor_overrides, plan.summary()
+    assert settings.tensor_buft_overrides == tuple(plan.tensor_overrides)
+    assert plan.lost_in_load_settings() == []
