@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
@@ -30,3 +32,19 @@ def run_cli(
         timeout=timeout,
         env=cli_env(**env),
     )
+
+
+def run_main(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    """Run the console entry point in this process; (exit code, stdout, stderr)."""
+    from inferenceos.cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["inferenceos", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

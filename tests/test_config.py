@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 
-from inferenceos.cli.main import main
+from cli_helpers import run_main as run_cli
 from inferenceos.config import (
     SETTINGS,
     ConfigError,
@@ -21,18 +20,6 @@ from inferenceos.config import (
     to_toml,
     unset_value,
 )
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str],
-            monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["inferenceos", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def test_defaults_without_a_file() -> None:
@@ -55,15 +42,18 @@ def test_set_writes_toml_and_env_overrides_it(monkeypatch: pytest.MonkeyPatch) -
     assert read_file() == {"hardware.measure_bandwidth": False}
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("server.prot", "1", "did you mean 'server.port'"),
-    ("server.port", "99999", "must be between 1 and 65535"),
-    ("server.port", "eighty", "expected int"),
-    ("run.threads", "-1", "must be between 0"),
-    ("hardware.measure_bandwidth", "maybe", "expected true/false"),
-    ("server.host", "two words", "host name"),
-    ("update.index_url", "ftp://x", "http"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("server.prot", "1", "did you mean 'server.port'"),
+        ("server.port", "99999", "must be between 1 and 65535"),
+        ("server.port", "eighty", "expected int"),
+        ("run.threads", "-1", "must be between 0"),
+        ("hardware.measure_bandwidth", "maybe", "expected true/false"),
+        ("server.host", "two words", "host name"),
+        ("update.index_url", "ftp://x", "http"),
+    ],
+)
 def test_bad_keys_and_values_are_rejected_clearly(key: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         set_value(key, value)
@@ -98,8 +88,9 @@ def test_toml_round_trip_of_every_default() -> None:
     assert parse_value("update.timeout_s", "2") == 2.0
 
 
-def test_config_cli_show_get_set_unset(capsys: pytest.CaptureFixture[str],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_cli_show_get_set_unset(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert run_cli(["config", "set", "run.threads", "4"], capsys, monkeypatch)[0] == 0
     code, out, _ = run_cli(["config", "get", "run.threads"], capsys, monkeypatch)
     assert (code, out.strip()) == (0, "4")
@@ -120,8 +111,9 @@ def _editor(tmp_path: Path, content: str) -> str:
     return str(script)
 
 
-def test_config_edit_saves_only_valid_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_edit_saves_only_valid_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("VISUAL", raising=False)
     monkeypatch.setenv("EDITOR", _editor(tmp_path, "[server]\nport = 8888\n"))
     assert run_cli(["config", "edit"], capsys, monkeypatch)[0] == 0

@@ -8,26 +8,13 @@ import shutil
 import socket
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_helpers import run_main as run_cli
 from inferenceos.cli.doctor_cmd import run_checks
-from inferenceos.cli.main import main
 from inferenceos.paths import data_dir
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str],
-            monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["inferenceos", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
 
 
 def checks() -> dict[str, dict[str, str]]:
@@ -43,22 +30,33 @@ def free_port(monkeypatch: pytest.MonkeyPatch) -> int:
     return port
 
 
-def test_doctor_passes_here(free_port: int, capsys: pytest.CaptureFixture[str],
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_doctor_passes_here(
+    free_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, out, _ = run_cli(["doctor", "--json"], capsys, monkeypatch)
     data = json.loads(out)
     failed = [c for c in data["checks"] if c["status"] == "fail"]
     assert code == 0 and data["ok"] and not failed, failed
     names = [c["name"] for c in data["checks"]]
-    assert names == ["config", "llama.cpp", "GPU backend", "GPU driver", "hardware probe",
-                     "default model", "models dir", "database", "server port"]
+    assert names == [
+        "config",
+        "llama.cpp",
+        "GPU backend",
+        "GPU driver",
+        "hardware probe",
+        "default model",
+        "models dir",
+        "database",
+        "server port",
+    ]
     code, out, _ = run_cli(["doctor"], capsys, monkeypatch)
     assert code == 0 and "0 failed" in out
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through chmod 0555")
-def test_read_only_models_dir_fails(tmp_path: Path, free_port: int,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_only_models_dir_fails(
+    tmp_path: Path, free_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     models = tmp_path / "ro-models"
     models.mkdir()
     models.chmod(0o555)
@@ -71,13 +69,16 @@ def test_read_only_models_dir_fails(tmp_path: Path, free_port: int,
     assert "config set models.dir" in result["fix"]
 
 
-def test_immutable_models_dir_fails_even_for_root(tmp_path: Path, free_port: int,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_immutable_models_dir_fails_even_for_root(
+    tmp_path: Path, free_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`chattr +i` makes a directory read-only for root too (ext4, xfs, btrfs)."""
     models = tmp_path / "immutable-models"
     models.mkdir()
-    if not shutil.which("chattr") or subprocess.run(
-            ["chattr", "+i", str(models)], capture_output=True).returncode != 0:
+    if (
+        not shutil.which("chattr")
+        or subprocess.run(["chattr", "+i", str(models)], capture_output=True).returncode != 0
+    ):
         pytest.skip("chattr +i not possible here (not root, or filesystem without it)")
     monkeypatch.setenv("INFERENCEOS_MODELS_DIR", str(models))
     try:
@@ -89,9 +90,9 @@ def test_immutable_models_dir_fails_even_for_root(tmp_path: Path, free_port: int
 
 
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs procfs")
-def test_models_dir_on_a_read_only_filesystem_fails(free_port: int,
-                                                    monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_dir_on_a_read_only_filesystem_fails(
+    free_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # procfs refuses new files even to root: a read-only place on every Linux box
     monkeypatch.setenv("INFERENCEOS_MODELS_DIR", "/proc/inferenceos-models")
     code, _, _ = run_cli(["doctor"], capsys, monkeypatch)
@@ -101,16 +102,18 @@ def test_models_dir_on_a_read_only_filesystem_fails(free_port: int,
     assert "/proc/inferenceos-models cannot be created" in result["detail"]
 
 
-def test_models_dir_that_is_a_file_fails(tmp_path: Path, free_port: int,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_models_dir_that_is_a_file_fails(
+    tmp_path: Path, free_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "models").write_text("oops")
     monkeypatch.setenv("INFERENCEOS_MODELS_DIR", str(tmp_path / "models"))
     result = checks()["models dir"]
     assert result["status"] == "fail" and "not a directory" in result["detail"]
 
 
-def test_garbage_database_file_fails(free_port: int, capsys: pytest.CaptureFixture[str],
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_garbage_database_file_fails(
+    free_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = data_dir() / "telemetry.db"
     db.parent.mkdir(parents=True, exist_ok=True)
     db.write_bytes(os.urandom(8192))
@@ -126,12 +129,13 @@ def test_damaged_database_pages_fail_integrity_check(free_port: int) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, note TEXT)")
         conn.execute("CREATE INDEX runs_note ON runs(note)")
-        conn.executemany("INSERT INTO runs (note) VALUES (?)", [(f"run {i}" * 20,)
-                                                               for i in range(2000)])
+        conn.executemany(
+            "INSERT INTO runs (note) VALUES (?)", [(f"run {i}" * 20,) for i in range(2000)]
+        )
     conn.close()
     raw = bytearray(db.read_bytes())
     page = 4096
-    raw[5 * page:5 * page + 512] = os.urandom(512)  # scribble over a b-tree page
+    raw[5 * page : 5 * page + 512] = os.urandom(512)  # scribble over a b-tree page
     db.write_bytes(bytes(raw))
     result = checks()["database"]
     assert result["status"] == "fail", result

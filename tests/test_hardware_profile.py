@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inferenceos.cli.main import main
+from cli_helpers import run_main as run_cli
 from inferenceos.hardware import HardwareProfile, get_profile, profile_path
 from inferenceos.hardware.bandwidth import measure_disk_read, measure_ram_read, ram_buffer_bytes
 from inferenceos.hardware.collect import collect_profile
@@ -21,22 +21,10 @@ FIX = Path(__file__).parent / "fixtures" / "hardware"
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str],
-            monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    """Run the real console entry point; (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["inferenceos", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @linux_only
-def test_hardware_json_on_this_machine(capsys: pytest.CaptureFixture[str],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hardware_json_on_this_machine(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, out, _ = run_cli(["hardware", "--json"], capsys, monkeypatch)
     assert code == 0
     data = json.loads(out)
@@ -77,8 +65,7 @@ def test_cache_reused_while_fingerprint_matches(tmp_path: Path) -> None:
     assert not refreshed.from_cache and refreshed.profile.created_at > first.profile.created_at
 
 
-def test_profile_without_bandwidth_is_not_reused_when_bandwidth_is_wanted(
-        tmp_path: Path) -> None:
+def test_profile_without_bandwidth_is_not_reused_when_bandwidth_is_wanted(tmp_path: Path) -> None:
     models = tmp_path / "models"
     get_profile(models_dir=models, measure=False)
     again = get_profile(models_dir=models, measure=True)
@@ -105,8 +92,9 @@ def test_ram_bandwidth_is_positive_and_stable_over_three_runs() -> None:
     spread = (max(runs) - min(runs)) / max(runs)
     load = os.getloadavg()[0]
     if spread >= 0.15 and load > threads:
-        pytest.skip(f"machine busy (load {load:.1f} on {threads} CPUs): runs {runs} "
-                    "cannot judge stability")
+        pytest.skip(
+            f"machine busy (load {load:.1f} on {threads} CPUs): runs {runs} cannot judge stability"
+        )
     assert spread < 0.15, f"RAM read GB/s over 3 runs: {runs}"
 
 
@@ -122,13 +110,15 @@ def test_disk_read_bypasses_the_page_cache(tmp_path: Path) -> None:
 
 
 def test_hardware_with_nvidia_smi_recording_two_gpus_end_to_end(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     tool = bindir / "nvidia-smi"
-    tool.write_text(f'#!/bin/sh\ncase "$1" in -q) cat "{FIX / "nvidia_smi_q_x_two_gpus.xml"}";;'
-                    f' *) cat "{FIX / "nvidia_smi_compute_cap_two_gpus.csv"}";; esac\n')
+    tool.write_text(
+        f'#!/bin/sh\ncase "$1" in -q) cat "{FIX / "nvidia_smi_q_x_two_gpus.xml"}";;'
+        f' *) cat "{FIX / "nvidia_smi_compute_cap_two_gpus.csv"}";; esac\n'
+    )
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("INFERENCEOS_HARDWARE_MEASURE_BANDWIDTH", "false")
