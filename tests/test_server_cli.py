@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from cli_helpers import cli_env
+from cli_helpers import cli_env, run_cli
 
 
 def test_serve_process_answers_and_stops_on_sigterm(tiny_llama: Path) -> None:
@@ -44,3 +44,15 @@ def test_serve_process_answers_and_stops_on_sigterm(tiny_llama: Path) -> None:
     # uvicorn shuts down gracefully, then re-raises the signal: the usual exit status
     assert proc.returncode in (0, -signal.SIGTERM), err
     assert "Traceback" not in err
+
+
+def test_serve_on_a_busy_port_is_one_clear_line(tiny_llama: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        r = run_cli("serve", str(tiny_llama), "--port", str(port), timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot listen on 127.0.0.1")
+    assert "--port" in lines[0]

@@ -27,6 +27,7 @@ from inferenceos.hardware.fingerprint import current_fingerprint
 from inferenceos.hardware.llama_devices import probe_llama
 from inferenceos.hardware.profile import LlamaInfo
 from inferenceos.hardware.recommend import has_backend, reinstall_line
+from inferenceos.net import bind_error
 from inferenceos.paths import data_dir
 from inferenceos.units import format_bytes
 
@@ -233,21 +234,16 @@ def check_database(ctx: Context) -> CheckResult:
 def check_port(ctx: Context) -> CheckResult:
     host, port = str(_setting(ctx, "server.host")), int(str(_setting(ctx, "server.port")))
     fix = f"stop what holds it, or: inferenceos config set server.port {port + 1}"
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
+    exc = bind_error(host, port)
+    if isinstance(exc, socket.gaierror):
         return CheckResult("server port", "fail", f"cannot resolve server.host {host!r}: {exc}",
                            "inferenceos config set server.host 127.0.0.1")
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(addr)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return CheckResult("server port", "warn", f"{host}:{port} is in use (another "
-                                   "InferenceOS or Ollama server?)", fix)
-            return CheckResult("server port", "fail", f"cannot bind {host}:{port}: "
-                               f"{exc.strerror}", fix)
+    if exc is not None:
+        if exc.errno == errno.EADDRINUSE:
+            return CheckResult("server port", "warn", f"{host}:{port} is in use (another "
+                               "InferenceOS or Ollama server?)", fix)
+        return CheckResult("server port", "fail", f"cannot bind {host}:{port}: "
+                           f"{exc.strerror}", fix)
     return CheckResult("server port", "pass", f"{host}:{port} is free")
 
 

@@ -59,7 +59,9 @@ def serve(
     """Serve models over the OpenAI and Ollama APIs (loopback only unless told)."""
     from inferenceos.config import load_config
     from inferenceos.engine.session import LoadSettings
+    from inferenceos.errors import UsageError
     from inferenceos.hardware.memory import detect_memory
+    from inferenceos.net import bind_error
     from inferenceos.registry.catalog import Catalog
     from inferenceos.registry.loaded import ModelManager, engine_factory
     from inferenceos.registry.store import ModelStore
@@ -89,6 +91,12 @@ def serve(
         err.print(_LOCAL_WARNING.format(host=settings.host), style="bold red")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s")
+    problem = bind_error(settings.host, settings.port)
+    if problem is not None:
+        raise UsageError(
+            f"cannot listen on {settings.host}:{settings.port}: {problem.strerror or problem} "
+            "(another InferenceOS or Ollama server? choose one with --port)"
+        )
     err.print(f"InferenceOS API on http://{settings.host}:{settings.port} "
               f"(default model {settings.default_model}; OpenAI at /v1, Ollama at /api)")
     server = make_server(create_app(settings, catalog, manager), settings.host, settings.port,
