@@ -354,7 +354,8 @@ def parse_gguf(buf: Buffer, size: int, path: Path) -> GGUFFile:
     if not 0 <= size <= len(buf):
         raise ValueError(f"size {size} is outside the buffer of {len(buf)} bytes")
     cur = _Cursor(buf, size)
-    cur.need(4, "magic")
+    if size < 4:
+        raise GGUFFormatError(f"not a GGUF file (only {size} bytes)")
     magic = bytes(buf[0:4])
     if magic != GGUF_MAGIC:
         raise GGUFFormatError(f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
