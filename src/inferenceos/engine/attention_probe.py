@@ -77,11 +77,13 @@ class AttentionProbe:
         self.callback = ggml_backend_sched_eval_callback(self._on_tensor)
         self.mass: np.ndarray = np.zeros(0)
         self.attended: np.ndarray = np.zeros((0, 0), dtype=bool)
+        self.layer_mass: dict[int, np.ndarray] = {}  # the same, layer by layer
         self.errors = 0
 
     def reset(self) -> None:
         self.mass = np.zeros(0)
         self.attended = np.zeros((0, 0), dtype=bool)
+        self.layer_mass = {}
 
     def _on_tensor(self, addr: int, ask: bool, _user: int) -> bool:
         t = ctypes.cast(addr, ctypes.POINTER(GGMLTensor))
@@ -107,7 +109,10 @@ class AttentionProbe:
         if self.mass.shape != (n_kv,):
             self.mass = np.zeros(n_kv)
             self.attended = probs > 0
-        self.mass += probs.sum(axis=0)
+        per_cell = probs.sum(axis=0)
+        self.mass += per_cell
+        layer = int(tensor.name[len(PREFIX) :])
+        self.layer_mass[layer] = self.layer_mass.get(layer, 0) + per_cell
 
 
 class CellTracker:
