@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--tokens", type=int, default=0, help="use only the first N tokens")
     ap.add_argument("--profile-only", action="store_true", help="only the attention table")
+    ap.add_argument("--h2o-recent", type=float, default=0.5, help="H2O's recent share")
     args = ap.parse_args()
     model = args.model or ensure_default_model()
     spec = load_spec(model)
@@ -71,7 +72,7 @@ def main() -> None:
         runs = (
             ("full cache", NoEviction(), None),
             ("streaming", StreamingLLM(), None),
-            ("h2o", HeavyHitterOracle(), probe),
+            ("h2o", HeavyHitterOracle(recent_fraction=args.h2o_recent), probe),
         )
         for name, policy, p in runs if budget else ():
             t0 = time.perf_counter()
