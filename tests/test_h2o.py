@@ -116,3 +116,22 @@ def test_budgeted_perplexity_full_budget_equals_full_cache(tiny_llama: Path) -> 
         for policy, p in ((StreamingLLM(), None), (HeavyHitterOracle(), probe)):
             ppl = budgeted_perplexity(lm, tokens, policy, small, p)
             assert np.isfinite(ppl) and ppl > 1
+
+
+def test_policy_options_follow_the_models_attention_layout(tiny_llama: Path) -> None:
+    from inferenceos.engine.worker import policy_options
+
+    assert policy_options(tiny_llama) == {}  # no sliding window: the paper's split
+    lm, probe = probed(tiny_llama)
+    with lm:
+        sched = Scheduler(lm, 1, 32, kv_policy="h2o", probe=probe,
+                          policy_options={"h2o": {"recent_fraction": 0.9}})  # fmt: skip
+        assert isinstance(sched.policy, HeavyHitterOracle)
+        assert sched.policy.recent_fraction == 0.9
+
+
+@pytest.mark.slow
+def test_gemma_gets_a_recent_heavy_h2o(gemma_path: Path) -> None:
+    from inferenceos.engine.worker import policy_options
+
+    assert policy_options(gemma_path) == {"h2o": {"recent_fraction": 0.9}}  # 15 of 18 SWA

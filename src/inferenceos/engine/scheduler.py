@@ -104,12 +104,14 @@ class Scheduler:
         max_queue: int = 64,
         probe: AttentionProbe | None = None,
         max_step_s: float = 0.25,
+        policy_options: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """`probe` must be the AttentionProbe whose callback `model`'s context was created
         with; policies that need attention (h2o) require it. While some sequence is
         generating, prefill chunks are cut so that a step takes about `max_step_s`
         (measured), keeping inter-token latency bounded; otherwise the full budget."""
         self.probe = probe
+        self.policy_options = policy_options or {}  # policy name → constructor options
         self.policy = self._policy(kv_policy)
         self.tracker = CellTracker(model.n_ctx) if probe is not None else None
         if slot_policy not in ("lru", "fifo"):
@@ -135,7 +137,7 @@ class Scheduler:
         self._ll.llama_memory_clear(self.mem, True)
 
     def _policy(self, name: str) -> KVPolicy:
-        policy = load_policy(name)
+        policy = load_policy(name, **self.policy_options.get(name, {}))
         if getattr(policy, "needs_attention", False) and self.probe is None:
             raise UsageError(
                 f"the {name} policy needs attention probabilities: load the model "

@@ -83,6 +83,19 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
     return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
 
 
+def policy_options(path: Path) -> dict[str, dict[str, Any]]:
+    """KV policy options suited to the model: on models whose layers are mostly
+    sliding-window, H2O keeps 90 % recent tokens (measured with benchmarks/kv_policies.py
+    on Gemma 3: perplexity 9.05 against 9.55 with the paper's even split, 9.13 for
+    StreamingLLM)."""
+    from inferenceos.model.spec import load_spec
+
+    layers = load_spec(path).layers
+    if layers and sum(layer.is_swa for layer in layers) * 2 > len(layers):
+        return {"h2o": {"recent_fraction": 0.9}}
+    return {}
+
+
 def _attention_setup(cfg: WorkerConfig) -> tuple[LoadSettings, Any]:
     """For policies that read attention (h2o): a probe on the full-attention layers, and
     flash attention off (llama.cpp has no attention probabilities with it on)."""
@@ -122,7 +135,8 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
         settings, probe = _attention_setup(cfg)
         lm = LoadedModel(cfg.path, settings, eval_callback=probe.callback if probe else None)
         sched = Scheduler(lm, cfg.n_slots, cfg.token_budget, cfg.kv_policy, cfg.slot_policy,
-                          max_queue=cfg.max_queue, probe=probe)  # fmt: skip
+                          max_queue=cfg.max_queue, probe=probe,
+                          policy_options=policy_options(cfg.path))  # fmt: skip
     except InferenceOSError as exc:
         conn.send([(0, "error", (type(exc).__name__, str(exc)))])
         return
