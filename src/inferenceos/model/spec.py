@@ -189,18 +189,27 @@ def _role(sub_name: str) -> str:
     return "other"
 
 
+def tensor_place(name: str, n_layer: int) -> tuple[int, str]:
+    """(layer, role) of a tensor: role is a byte bucket (attention, ffn, expert, norm,
+    other) for `blk.N.*` tensors of the model's N < n_layer blocks; others get layer -1
+    and their name without `.weight` (token_embd, output, output_norm, ...)."""
+    m = _LAYER_TENSOR.match(name)
+    if m and int(m.group(1)) < n_layer:
+        return int(m.group(1)), _role(m.group(2))
+    return -1, name.removesuffix(".weight")
+
+
 def _split_tensors(
     tensors: tuple[TensorInfo, ...], n_layer: int
 ) -> tuple[list[Counter[str]], dict[str, int]]:
     per_layer: list[Counter[str]] = [Counter() for _ in range(n_layer)]
     non_layer: dict[str, int] = {}
     for t in tensors:
-        m = _LAYER_TENSOR.match(t.name)
-        if m and int(m.group(1)) < n_layer:
-            per_layer[int(m.group(1))][_role(m.group(2))] += t.n_bytes
+        layer, role = tensor_place(t.name, n_layer)
+        if layer >= 0:
+            per_layer[layer][role] += t.n_bytes
         else:
-            key = t.name.removesuffix(".weight")
-            non_layer[key] = non_layer.get(key, 0) + t.n_bytes
+            non_layer[role] = non_layer.get(role, 0) + t.n_bytes
     return per_layer, non_layer
 
 

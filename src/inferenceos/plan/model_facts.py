@@ -7,14 +7,11 @@ the GGUF header is read once and both are kept. Metadata only: no tensor data is
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from inferenceos.model.gguf_file import read_gguf
-from inferenceos.model.spec import ModelSpec, spec_from_gguf
-
-_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+from inferenceos.model.spec import ModelSpec, spec_from_gguf, tensor_place
 
 
 @dataclass(frozen=True)
@@ -53,29 +50,13 @@ class ModelFacts:
         return sum(t.n_bytes for t in self.tensors if t.name.startswith(name_prefix))
 
 
-def _role(sub: str) -> str:
-    if "norm" in sub:
-        return "norm"
-    if "_exps" in sub:
-        return "expert"
-    if sub.startswith("attn_"):
-        return "attention"
-    if sub.startswith("ffn_"):
-        return "ffn"
-    return "other"
-
-
 def load_model_facts(path: str | Path) -> ModelFacts:
     """Read `path`'s GGUF header once; raise GGUFFormatError when it is malformed."""
     gf = read_gguf(path)
     spec = spec_from_gguf(gf)
     facts = []
     for t in gf.tensors:
-        m = _LAYER.match(t.name)
-        if m and int(m.group(1)) < spec.block_count:
-            layer, role = int(m.group(1)), _role(m.group(2))
-        else:
-            layer, role = -1, t.name.removesuffix(".weight")
+        layer, role = tensor_place(t.name, spec.block_count)
         facts.append(
             TensorFact(
                 name=t.name,
