@@ -121,7 +121,7 @@ def test_budgeted_perplexity_full_budget_equals_full_cache(tiny_llama: Path) -> 
 def test_policy_options_follow_the_models_attention_layout(tiny_llama: Path) -> None:
     from inferenceos.engine.worker import policy_options
 
-    assert policy_options(tiny_llama) == {}  # no sliding window: the paper's split
+    assert policy_options(load_spec(tiny_llama)) == {}  # no sliding window: the paper's split
     lm, probe = probed(tiny_llama)
     with lm:
         sched = Scheduler(lm, 1, 32, kv_policy="h2o", probe=probe,
@@ -134,4 +134,5 @@ def test_policy_options_follow_the_models_attention_layout(tiny_llama: Path) -> 
 def test_gemma_gets_a_recent_heavy_h2o(gemma_path: Path) -> None:
     from inferenceos.engine.worker import policy_options
 
-    assert policy_options(gemma_path) == {"h2o": {"recent_fraction": 0.9}}  # 15 of 18 SWA
+    # 15 of Gemma 3's 18 layers are sliding-window
+    assert policy_options(load_spec(gemma_path)) == {"h2o": {"recent_fraction": 0.9}}

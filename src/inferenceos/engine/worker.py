@@ -27,6 +27,7 @@ from typing import Any
 
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import InferenceOSError
+from inferenceos.model.spec import ModelSpec, load_spec
 
 
 @dataclass(frozen=True)
@@ -83,20 +84,18 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
     return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
 
 
-def policy_options(path: Path) -> dict[str, dict[str, Any]]:
+def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
     """KV policy options suited to the model: on models whose layers are mostly
     sliding-window, H2O keeps 90 % recent tokens (measured with benchmarks/kv_policies.py
     on Gemma 3: perplexity 9.05 against 9.55 with the paper's even split, 9.13 for
     StreamingLLM)."""
-    from inferenceos.model.spec import load_spec
-
-    layers = load_spec(path).layers
+    layers = spec.layers
     if layers and sum(layer.is_swa for layer in layers) * 2 > len(layers):
         return {"h2o": {"recent_fraction": 0.9}}
     return {}
 
 
-def _attention_setup(cfg: WorkerConfig) -> tuple[LoadSettings, Any]:
+def _attention_setup(cfg: WorkerConfig, spec: ModelSpec) -> tuple[LoadSettings, Any]:
     """For policies that read attention (h2o): a probe on the full-attention layers, and
     flash attention off (llama.cpp has no attention probabilities with it on)."""
     from dataclasses import replace
@@ -104,7 +103,6 @@ def _attention_setup(cfg: WorkerConfig) -> tuple[LoadSettings, Any]:
     from inferenceos.engine.attention_probe import AttentionProbe
     from inferenceos.engine.kv_policies import load_policy
     from inferenceos.errors import UsageError
-    from inferenceos.model.spec import load_spec
 
     if not getattr(load_policy(cfg.kv_policy), "needs_attention", False):
         return cfg.settings, None
@@ -113,7 +111,6 @@ def _attention_setup(cfg: WorkerConfig) -> tuple[LoadSettings, Any]:
             f"the {cfg.kv_policy} policy reads attention probabilities, which need flash "
             "attention off; a quantized V cache needs it on: choose one"
         )
-    spec = load_spec(cfg.path)
     probe = AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
     return replace(cfg.settings, flash_attn=0), probe
 
@@ -132,11 +129,12 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        settings, probe = _attention_setup(cfg)
+        spec = load_spec(cfg.path)  # the header, once: for the probe and policy options
+        settings, probe = _attention_setup(cfg, spec)
         lm = LoadedModel(cfg.path, settings, eval_callback=probe.callback if probe else None)
         sched = Scheduler(lm, cfg.n_slots, cfg.token_budget, cfg.kv_policy, cfg.slot_policy,
                           max_queue=cfg.max_queue, probe=probe,
-                          policy_options=policy_options(cfg.path))  # fmt: skip
+                          policy_options=policy_options(spec))  # fmt: skip
     except InferenceOSError as exc:
         conn.send([(0, "error", (type(exc).__name__, str(exc)))])
         return
