@@ -262,7 +262,7 @@ class Engine:
                     continue
                 if kind == "token":
                     gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
-                    yield TokenEvent(payload[0], payload[1])
+                    yield TokenEvent(*payload)
                 elif kind == "done":
                     finished = True
                     gen.metrics = GenerationMetrics.from_json(payload)

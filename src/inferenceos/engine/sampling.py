@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferenceos.engine.llama_lib import lib
+from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS
 from inferenceos.errors import UsageError
 
 
@@ -32,6 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False  # generate max_tokens even past end-of-generation (benchmarks)
     grammar: str | None = None  # GBNF: output constrained to this grammar (root rule "root")
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans a token
+    logprobs: int | None = None  # None: off; n: each token's logprob and the n most likely
 
     def validate(self) -> None:
         """Raise UsageError for values llama.cpp would misbehave on."""
@@ -44,6 +46,10 @@ class SamplingParams:
             (self.repeat_penalty > 0, f"repeat penalty must be > 0, got {self.repeat_penalty}"),
             (all(self.stop), "stop strings must not be empty"),
             (all(t >= 0 for t, _ in self.logit_bias), "logit bias token ids must be >= 0"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+                f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

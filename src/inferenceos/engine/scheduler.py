@@ -39,7 +39,8 @@ from inferenceos.engine.stop import StopMatcher
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
 # Events returned by step(): (request id, kind, payload)
-#   ("token", (token_id, text)), ("done", metrics dict), ("error", (class name, message))
+#   ("token", (token_id, text[, logprob, top logprobs])), ("done", metrics dict),
+#   ("error", (class name, message))
 Event = tuple[int, str, Any]
 
 
@@ -348,12 +349,20 @@ class Scheduler:
             return self._close(seq)
         m.completion_tokens += 1
         text = seq.stops.feed(seq.utf8.decode(self.model.piece(token)))
-        events: list[Event] = [(seq.req.id, "token", (token, text))]
+        events: list[Event] = [(seq.req.id, "token", self._token_payload(seq, token, text))]
         if seq.stops.stopped or m.completion_tokens >= seq.req.sampling.max_tokens:
             m.stop_reason = "stop" if seq.stops.stopped else "length"
             return events + self._close(seq)
         seq.pending = token
         return events
+
+    def _token_payload(self, seq: Sequence, token: int, text: str) -> tuple[Any, ...]:
+        """(token, text), plus (logprob, top logprobs) when the request asks for them."""
+        n = seq.req.sampling.logprobs
+        if n is None:
+            return (token, text)
+        assert seq.row is not None
+        return (token, text, *self.model.logprobs(seq.row, token, n))
 
     def _close(self, seq: Sequence) -> list[Event]:
         """Flush held-back text, then finish."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.engine.llama_lib import lib, log
+from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.stop import StopMatcher
 from inferenceos.errors import GenerationError, ModelLoadError, UsageError
@@ -104,6 +105,8 @@ class TokenEvent:
 
     token: int
     text: str
+    logprob: TokenLogprob | None = None  # when SamplingParams.logprobs is set
+    top_logprobs: tuple[TokenLogprob, ...] = ()  # the n most likely, best first
 
 
 def _placement_params(ll: Any, params: Any, s: LoadSettings) -> list[Any]:
@@ -246,6 +249,25 @@ class LoadedModel:
     def is_eog(self, token: int) -> bool:
         return bool(self._ll.llama_vocab_is_eog(self.vocab, token))
 
+    @property
+    def n_vocab(self) -> int:
+        return int(self._ll.llama_vocab_n_tokens(self.vocab))
+
+    def logprobs(
+        self, row: int, chosen: int, top_n: int
+    ) -> tuple[TokenLogprob, tuple[TokenLogprob, ...]]:
+        """Log-probabilities at batch row `row` of the last decode (see engine.logprobs)."""
+        return read_logprobs(self._ll, self.ctx, row, self.n_vocab, chosen, top_n, self.piece)
+
+    def token_event(
+        self, token: int, text: str, row: int, sampling: SamplingParams
+    ) -> TokenEvent:
+        """The event for a sampled token, with logprobs when `sampling` asks for them."""
+        if sampling.logprobs is None:
+            return TokenEvent(token, text)
+        mine, best = self.logprobs(row, token, sampling.logprobs)
+        return TokenEvent(token, text, mine, best)
+
     # -- evaluation --------------------------------------------------------------------
 
     def reset(self) -> None:
@@ -303,7 +325,8 @@ class LoadedModel:
                     m.stop_reason = "length"
                     break
                 m.completion_tokens += 1
-                yield TokenEvent(token, stops.feed(utf8.decode(self.piece(token))))
+                text = stops.feed(utf8.decode(self.piece(token)))
+                yield self.token_event(token, text, -1, sampling)
                 if stops.stopped or m.completion_tokens >= max_new:
                     m.stop_reason = "stop" if stops.stopped else "length"
                     break

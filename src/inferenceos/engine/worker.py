@@ -11,7 +11,8 @@ Parent → worker:
     ("cancel", req_id)
     ("shutdown",)
 Worker → parent (each message is a list of events, one per scheduler step):
-    (req_id, "token", (token_id, text)) · (req_id, "done", metrics dict)
+    (req_id, "token", (token_id, text[, TokenLogprob, top TokenLogprobs]))
+    (req_id, "done", metrics dict)
     (req_id, "error", (exception class name, message)) · (req_id, "result", value)
 The first message is [(0, "ready", info dict)] or [(0, "error", message)].
 """
