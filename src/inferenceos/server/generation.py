@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.chat_template import ChatMessage, Conversation
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
@@ -28,6 +29,8 @@ from inferenceos.registry.loaded import EngineLike, LoadedModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
 from inferenceos.server.state import ActiveGeneration, ServerState
+from inferenceos.server.tool_calls import ToolFormat
+from inferenceos.server.tools import ToolRequest, plan_tools
 
 T = TypeVar("T")
 
@@ -46,6 +49,7 @@ class GenRequest:
     keep_alive: float | None = None
     overrides: dict[str, int] | None = None
     want_tokens: bool = False  # tokenize first, to report the prompt's ids (Ollama context)
+    tools: ToolRequest | None = None  # chat only: tools rendered, maybe a call forced
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Done:
 class _Loaded:
     model: LoadedModel
     load_s: float
+    tool_format: ToolFormat | None = None
 
 
 def _check_ids(engine: EngineLike, ids: tuple[int, ...]) -> list[int]:
@@ -78,7 +83,7 @@ def _check_ids(engine: EngineLike, ids: tuple[int, ...]) -> list[int]:
 def _prompt(engine: EngineLike, req: GenRequest) -> str | list[int]:
     if req.tokens is not None:
         return _check_ids(engine, req.tokens)
-    text = engine.chat_prompt(list(req.messages)) if req.messages is not None else req.text or ""
+    text = engine.chat_prompt(req.messages) if req.messages is not None else req.text or ""
     if req.context:
         return _check_ids(engine, req.context) + engine.tokenize(text, add_special=False)
     if req.want_tokens:
@@ -86,16 +91,32 @@ def _prompt(engine: EngineLike, req: GenRequest) -> str | list[int]:
     return text
 
 
+def _with_tools(engine: EngineLike, req: GenRequest) -> tuple[GenRequest, ToolFormat | None]:
+    """`req` with its tools applied for this model: rendered with the messages and,
+    when a call is forced, its grammar in the sampling. APIError 400 when the model's
+    template knows no tools."""
+    if req.tools is None:
+        return req, None
+    template = getattr(getattr(engine, "spec", None), "chat_template", None)
+    plan = plan_tools(template, req.tools, req.model)
+    sampling = req.sampling
+    if plan.grammar is not None:  # a forced call overrides a response_format grammar
+        sampling = dataclasses.replace(sampling, grammar=plan.grammar)
+    messages = Conversation(req.messages or (), req.tools.tools)
+    return dataclasses.replace(req, messages=messages, sampling=sampling), plan.format
+
+
 def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Iterator[Any]]:
     def job(cancel: threading.Event) -> Iterator[Any]:
         t0 = time.perf_counter()
         with state.manager.acquire(req.model, req.keep_alive, req.overrides) as lease:
             load_s = time.perf_counter() - t0 if lease.fresh else 0.0
-            yield _Loaded(lease.loaded, load_s)
-            prompt = _prompt(lease.engine, req)
+            run_req, tool_format = _with_tools(lease.engine, req)
+            yield _Loaded(lease.loaded, load_s, tool_format)
+            prompt = _prompt(lease.engine, run_req)
             active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
             state.track(active)
-            gen = lease.engine.generate(prompt, req.sampling, cancel)
+            gen = lease.engine.generate(prompt, run_req.sampling, cancel)
             out: list[int] = []
             try:
                 for ev in gen:
@@ -123,11 +144,13 @@ class Run:
         self._head: list[Any] = []
         self.model: LoadedModel | None = None
         self.load_s = 0.0
+        self.tool_format: ToolFormat | None = None  # set when tools were offered
 
     async def _begin(self) -> None:
         loaded = await self._stream.__anext__()
         assert isinstance(loaded, _Loaded)
         self.model, self.load_s = loaded.model, loaded.load_s
+        self.tool_format = loaded.tool_format
         self._head.append(await self._stream.__anext__())  # first token (or Done)
 
     async def events(self) -> AsyncGenerator[TokenEvent | Done, None]:

@@ -42,6 +42,7 @@ from inferenceos.server.ollama_schema import (
     GenerateResponse,
     NameRequest,
     OllamaError,
+    OllamaMessage,
     PsResponse,
     PullRequest,
     ShowRequest,
@@ -52,6 +53,13 @@ from inferenceos.server.ollama_schema import (
 from inferenceos.server.options import ollama_options, parse_keep_alive
 from inferenceos.server.sse import ndjson_response
 from inferenceos.server.state import ServerState
+from inferenceos.server.tool_calls import (
+    ParsedCall,
+    ToolCallStream,
+    detect_format,
+    parse_tool_calls,
+)
+from inferenceos.server.tools import history_call, ollama_calls, tool_request
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": OllamaError, "description": text} for code, text in (
@@ -127,12 +135,17 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
     t0 = time.perf_counter()
     run = await until_disconnect(request, start_generation(state, req))
 
-    def piece(text: str) -> dict[str, Any]:
-        body = {"role": "assistant", "content": text} if piece_key == "message" else text
+    def piece(text: str, calls: list[ParsedCall] | None = None) -> dict[str, Any]:
+        body: Any = text
+        if piece_key == "message":
+            body = {"role": "assistant", "content": text}
+            if calls:
+                body["tool_calls"] = ollama_calls(calls)
         return {"model": req.model, "created_at": now_iso(), piece_key: body, "done": False}
 
-    def final(done: Done, t_first: float | None, text: str) -> dict[str, Any]:
-        out = {**piece(text), "done": True,
+    def final(done: Done, t_first: float | None, text: str,
+              calls: list[ParsedCall] | None = None) -> dict[str, Any]:
+        out = {**piece(text, calls), "done": True,
                **_timings(done, t0, t_first, time.perf_counter())}
         if context:
             out["context"] = done.prompt_ids + done.output_ids
@@ -140,15 +153,20 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
 
     async def lines(run: Run) -> AsyncIterator[dict[str, Any]]:
         t_first = None
+        held = ToolCallStream(run.tool_format) if run.tool_format else None
         events = run.events()
         try:
             async for item in events:
                 if isinstance(item, Done):
+                    rest, calls = held.finish() if held else ("", [])
+                    if rest or calls:  # Ollama sends the calls on a line of their own
+                        yield piece(rest, calls)
                     yield final(item, t_first, "")
                 else:
                     t_first = t_first or time.perf_counter()
-                    if item.text:
-                        yield piece(item.text)
+                    text = held.feed(item.text) if held and item.text else item.text
+                    if text:
+                        yield piece(text)
         finally:
             await events.aclose()
 
@@ -160,7 +178,10 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
         t_first: float | None = None
         async for item in run.events():
             if isinstance(item, Done):
-                return final(item, t_first, "".join(parts))
+                text, calls = "".join(parts), list[ParsedCall]()
+                if run.tool_format is not None:
+                    text, calls = parse_tool_calls(text, run.tool_format)
+                return final(item, t_first, text, calls)
             t_first = t_first or time.perf_counter()
             parts.append(item.text)
         raise APIError(500, "generation ended without a result")
@@ -200,7 +221,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
 async def chat(body: ChatRequest, request: Request) -> Any:
     """Chat through the model's template."""
     state = _state(request)
-    _refuse(None, body.format, "tools" if body.tools else None)
+    _refuse(None, body.format)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
     sampling, overrides = _with_format(ollama_options(body.options), body.format)
@@ -208,11 +229,21 @@ async def chat(body: ChatRequest, request: Request) -> Any:
         return await _load_or_unload(state, name, keep_alive,
                                      {"message": {"role": "assistant", "content": ""}})
     for m in body.messages:
-        _refuse(m.images, None, "tool calls in messages" if m.tool_calls else None)
-    msgs = tuple(ChatMessage(m.role, m.content or "") for m in body.messages)
+        _refuse(m.images, None)
+    msgs = tuple(_chat_message(m) for m in body.messages)
+    tools = tool_request([t.for_template() for t in body.tools or ()], "auto", False)
     req = GenRequest(name, sampling, messages=msgs, keep_alive=keep_alive,
-                     overrides=overrides or None)
+                     overrides=overrides or None, tools=tools)
     return await _respond(request, state, req, body.stream, "message", context=False)
+
+
+def _chat_message(m: OllamaMessage) -> ChatMessage:
+    """A request message for the template: past calls on assistant messages, the
+    answering tool's name on tool messages."""
+    calls = tuple(history_call(c.function.name, c.function.arguments)
+                  for c in m.tool_calls or ()) if m.role == "assistant" else ()
+    return ChatMessage(m.role, m.content or "", calls,
+                       name=m.tool_name if m.role == "tool" else None)
 
 
 async def _embed(state: ServerState, name: str, texts: list[str],
@@ -292,9 +323,15 @@ async def show(body: ShowRequest, request: Request) -> Any:
                 f"{arch}.block_count": spec.block_count}
         return {"modelfile": f"FROM {m.name}\n", "parameters": "",
                 "template": spec.chat_template or "", "details": _details(m),
-                "model_info": info, "capabilities": ["completion", "embedding"],
+                "model_info": info, "capabilities": _capabilities(spec.chat_template),
                 "modified_at": now_iso(m.modified_at)}
     return await call_in_thread(work)
+
+
+def _capabilities(template: str | None) -> list[str]:
+    """What Ollama lists: "tools" when the chat template renders tools."""
+    tools = ["tools"] if detect_format(template) is not None else []
+    return ["completion", "embedding", *tools]
 
 
 def _ps_entry(lm: LoadedModel, now: float) -> dict[str, Any]:

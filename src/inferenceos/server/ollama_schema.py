@@ -10,15 +10,28 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from inferenceos.server.tool_schema import ToolDef
+
 KeepAlive = str | float | None
 Options = dict[str, Any] | None
+
+
+class OllamaFunctionCall(BaseModel):
+    name: str = Field(..., min_length=1, max_length=128)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    index: int | None = None
+
+
+class OllamaToolCall(BaseModel):
+    function: OllamaFunctionCall
 
 
 class OllamaMessage(BaseModel):
     role: str
     content: str | None = ""
     images: list[str] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None  # tool messages: the tool that answered
 
 
 class GenerateRequest(BaseModel):
@@ -40,7 +53,7 @@ class GenerateRequest(BaseModel):
 class ChatRequest(BaseModel):
     model: str = Field("", max_length=200)
     messages: list[OllamaMessage] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=128)
     format: str | dict[str, Any] | None = None
     options: Options = None
     stream: bool = True
@@ -111,6 +124,7 @@ class GenerateResponse(Timings):
 class MessageOut(BaseModel):
     role: str = "assistant"
     content: str
+    tool_calls: list[OllamaToolCall] | None = None
 
 
 class ChatResponse(Timings):

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import TokenEvent
 from inferenceos.server.errors import APIError
@@ -42,6 +42,8 @@ from inferenceos.server.openai_schema import (
 from inferenceos.server.options import UNLIMITED, sampling_from, stops
 from inferenceos.server.sse import sse_response
 from inferenceos.server.state import ServerState
+from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+from inferenceos.server.tools import ToolRequest, history_call, openai_calls, tool_request
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text} for code, text in (
@@ -111,18 +113,45 @@ def _text_of(m: ChatMessageIn) -> str:
     return "".join(parts)
 
 
+def _chat_message(m: ChatMessageIn) -> ChatMessage:
+    """One request message for the template: past tool calls with their arguments
+    parsed (OpenAI sends JSON text), a tool result with the call it answers."""
+    role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+    calls: tuple[ToolCall, ...] = ()
+    if m.tool_calls and role == "assistant":
+        calls = tuple(history_call(c.function.name, c.function.arguments, c.id)
+                      for c in m.tool_calls)
+    return ChatMessage(role, _text_of(m), calls, m.tool_call_id if role == "tool" else None,
+                       m.name if role == "tool" else None)
+
+
 def _chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
-    if body.tools:
-        raise APIError(400, "tools / function calling are not supported yet",
-                       "unsupported_parameter")
     if body.logprobs or body.top_logprobs:
         raise APIError(400, "logprobs are not supported", "unsupported_parameter")
     fmt = body.response_format.type if body.response_format else "text"
     if fmt not in ("text", "json_object", "json_schema"):
         raise APIError(400, f"response_format {fmt!r} is not supported",
                        "unsupported_parameter")
-    role = {"developer": "system", "function": "tool"}
-    return tuple(ChatMessage(role.get(m.role, m.role), _text_of(m)) for m in body.messages)
+    return tuple(_chat_message(m) for m in body.messages)
+
+
+def _tools(body: ChatCompletionRequest) -> ToolRequest | None:
+    choice = body.tool_choice
+    return tool_request([t.for_template() for t in body.tools or ()],
+                        choice.model_dump() if choice is not None and not isinstance(choice, str)
+                        else choice, body.parallel_tool_calls)
+
+
+def _reply(text: str, run: Run, stop_reason: str) -> tuple[dict[str, Any], str]:
+    """The assistant message and finish reason: tool calls parsed out of the text
+    when tools were offered."""
+    calls: list[ParsedCall] = []
+    if run.tool_format is not None:
+        text, calls = parse_tool_calls(text, run.tool_format)
+    if calls:
+        return {"role": "assistant", "content": text or None,
+                "tool_calls": openai_calls(calls)}, "tool_calls"
+    return {"role": "assistant", "content": text}, _finish(stop_reason)
 
 
 def _grammar(fmt: Any) -> str | None:
@@ -148,10 +177,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     """Chat completion, streamed as SSE when `stream` is true."""
     state = _state(request)
     messages = _chat_messages(body)
+    tools = _tools(body)
     name = state.model_name(body.model)
     grammar = _grammar(body.response_format)
     sampling = _sampling(body, body.max_completion_tokens or body.max_tokens, grammar)
-    reqs = [GenRequest(name, s, messages=messages) for s in _variants(sampling, body.n)]
+    reqs = [GenRequest(name, s, messages=messages, tools=tools)
+            for s in _variants(sampling, body.n)]
     cid, created = _ids("chatcmpl")
     if body.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0]))
@@ -162,10 +193,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     async def whole() -> dict[str, Any]:
         choices, p_tok, c_tok = [], 0, 0
         for i, r in enumerate(reqs):
-            text, done = await (await start_generation(state, r)).collect()
+            run = await start_generation(state, r)
+            text, done = await run.collect()
             p_tok, c_tok = done.metrics.prompt_tokens, c_tok + done.metrics.completion_tokens
-            choices.append({"index": i, "finish_reason": _finish(done.metrics.stop_reason),
-                            "message": {"role": "assistant", "content": text},
+            message, finish = _reply(text, run, done.metrics.stop_reason)
+            choices.append({"index": i, "finish_reason": finish, "message": message,
                             "logprobs": None})
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
                 "choices": choices, "usage": _usage(p_tok, c_tok)}
@@ -179,19 +211,29 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
     extra = {"usage": None} if include_usage else {}
     p_tok = c_tok = 0
+    def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": i, "delta": delta, "finish_reason": finish,
+                                     "logprobs": None}], **extra}
+
     for i, r in enumerate(reqs):
         run = first if i == 0 else await start_generation(state, r)
-        yield {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                    "finish_reason": None, "logprobs": None}], **extra}
+        held = ToolCallStream(run.tool_format) if run.tool_format else None
+        yield chunk(i, {"role": "assistant", "content": ""})
         async for item in _closing(run):
             if isinstance(item, Done):
                 p_tok, c_tok = item.metrics.prompt_tokens, c_tok + item.metrics.completion_tokens
-                yield {**base, "choices": [{"index": i, "delta": {},
-                                            "finish_reason": _finish(item.metrics.stop_reason),
-                                            "logprobs": None}], **extra}
+                finish = _finish(item.metrics.stop_reason)
+                rest, calls = held.finish() if held else ("", [])
+                if rest:
+                    yield chunk(i, {"content": rest})
+                if calls:  # the whole calls in one delta, once the reply is complete
+                    finish = "tool_calls"
+                    yield chunk(i, {"tool_calls": openai_calls(calls, stream=True)})
+                yield chunk(i, {}, finish)
             elif item.text:
-                yield {**base, "choices": [{"index": i, "delta": {"content": item.text},
-                                            "finish_reason": None, "logprobs": None}], **extra}
+                text = held.feed(item.text) if held else item.text
+                if text:
+                    yield chunk(i, {"content": text})
     if include_usage:
         yield {**base, "choices": [], "usage": _usage(p_tok, c_tok)}
 

@@ -2,7 +2,7 @@
 
 Only what we implement is described; unknown request fields are ignored, as OpenAI's
 own clients send fields newer than any server. Fields we accept but cannot honour
-(tools, JSON modes, logprobs) are refused with a clear 400 by the routes.
+are refused with a clear 400 by the routes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from inferenceos.server.tool_schema import ToolDef
 
 Role = Literal["system", "user", "assistant", "tool", "developer", "function"]
 
@@ -19,10 +21,36 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCallIn(BaseModel):
+    name: str = Field(..., min_length=1, max_length=128)
+    arguments: str | dict[str, Any] | None = None  # JSON text (OpenAI); an object is accepted
+
+
+class ToolCallIn(BaseModel):
+    """A call the assistant made earlier in the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call they answer
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice` naming the one function the reply must call."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -61,8 +89,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(
+        None, description="Let a forced reply hold several calls (default false, as llama-server)")
 
 
 class CompletionRequest(SamplingFields):
@@ -88,9 +118,21 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -110,9 +152,16 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
 
 
+class ToolCallDelta(ToolCallOut):
+    """A whole call in one streamed delta (sent once the reply is complete)."""
+
+    index: int
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(BaseModel):
