@@ -1,7 +1,8 @@
 """Sampling settings and the llama.cpp sampler chain built from them.
 
-Sampling runs inside llama.cpp (`llama_sampler_sample` reads the logits in C); Python
-never copies the vocabulary-sized logits array on the normal path.
+Sampling runs inside llama.cpp's sampler chain; Python never copies the vocabulary-sized
+logits array on the normal path (the greedy and top-k fast paths view it in place and
+hand the chain only the best candidates, see engine.candidates).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferenceos.engine import candidates
 from inferenceos.engine.llama_lib import lib
 from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS
 from inferenceos.errors import UsageError
@@ -69,6 +71,17 @@ def grammar_from_json_schema(schema: str) -> str:
         raise UsageError(f"unsupported JSON schema: {type(exc).__name__}: {exc}"[:300]) from None
 
 
+def _fast_path(p: SamplingParams) -> str | None:
+    """"greedy" or "top_k" when the chain has an exact fast path, else None."""
+    if p.grammar or p.logit_bias:
+        return None
+    if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+        return None
+    if p.temperature == 0:
+        return "greedy"
+    return "top_k" if p.top_k > 0 else None
+
+
 class SamplerChain:
     """An owned llama.cpp sampler chain; call `close()` (or use `with`) to free it.
 
@@ -82,6 +95,9 @@ class SamplerChain:
         self.vocab = vocab
         self.seed = params.seed if params.seed is not None else random.randrange(2**32 - 1)
         self.ptr: Any = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        self._fast = _fast_path(params)
+        self._top_k = params.top_k
+        self._n_vocab = 0
         try:
             for s in self._stages(params):
                 ll.llama_sampler_chain_add(self.ptr, s)
@@ -137,8 +153,25 @@ class SamplerChain:
         return stages
 
     def sample(self, ctx: Any, idx: int = -1) -> int:
-        """Sample (and accept) the next token from the logits of batch row `idx`."""
-        return int(self._ll.llama_sampler_sample(self.ptr, ctx, idx))
+        """Sample (and accept) the next token from the logits of batch row `idx`.
+
+        Greedy and top-k-first chains take the exact fast paths of engine.candidates;
+        chains with grammar, logit bias or penalties go through llama_sampler_sample.
+        """
+        ll = self._ll
+        if self._fast is None:
+            return int(ll.llama_sampler_sample(self.ptr, ctx, idx))
+        if not self._n_vocab:
+            self._n_vocab = int(ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(
+                ll.llama_get_model(ctx))))  # fmt: skip
+        logits = candidates.logits_row(ll, ctx, idx, self._n_vocab)
+        if self._fast == "greedy":
+            token = int(logits.argmax())  # the first maximum, as llama.cpp's greedy picks
+        else:
+            token = candidates.sample_from(ll, self.ptr, logits,
+                                           candidates.top_k_ids(logits, self._top_k))  # fmt: skip
+        ll.llama_sampler_accept(self.ptr, token)
+        return token
 
     def close(self) -> None:
         if self.ptr is not None:

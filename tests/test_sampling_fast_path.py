@@ -1,0 +1,62 @@
+"""The greedy and top-k fast paths pick exactly what llama.cpp's full sampler chain picks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferenceos.engine.candidates import top_k_ids
+from inferenceos.engine.sampling import SamplingParams, _fast_path
+from inferenceos.engine.session import LoadedModel, LoadSettings
+
+CHAINS = [
+    SamplingParams(temperature=0),
+    SamplingParams(seed=7),  # the default chain: top-k 40, top-p, min-p, temperature
+    SamplingParams(temperature=1.5, top_k=5, top_p=1.0, min_p=0.0, seed=3),
+    SamplingParams(temperature=1.0, top_k=100_000, top_p=0.9, seed=11),  # k > vocabulary
+]
+
+
+def _tokens(lm: LoadedModel, sampling: SamplingParams, n: int) -> list[int]:
+    params = replace(sampling, max_tokens=n, ignore_eos=True)
+    return [ev.token for ev in lm.generate(lm.tokenize("The story begins"), params)
+            if ev.token >= 0]  # fmt: skip
+
+
+def _slow(sampling: SamplingParams) -> SamplingParams:
+    """The same chain forced through llama_sampler_sample (a zero logit bias changes no
+    logit but disables the fast paths)."""
+    return replace(sampling, logit_bias=((0, 0.0),))
+
+
+def test_fast_paths_are_taken_only_for_plain_chains() -> None:
+    assert [_fast_path(p) for p in CHAINS] == ["greedy", "top_k", "top_k", "top_k"]
+    others = [SamplingParams(top_k=0), SamplingParams(repeat_penalty=1.1),
+              SamplingParams(grammar='root ::= "a"'), *map(_slow, CHAINS)]  # fmt: skip
+    assert [_fast_path(p) for p in others] == [None] * len(others)
+
+
+@pytest.mark.parametrize("sampling", CHAINS, ids=["greedy", "default", "top5", "bigk"])
+def test_tiny_model_fast_equals_full_chain(tiny_llama: Path, sampling: SamplingParams) -> None:
+    with LoadedModel(tiny_llama, LoadSettings(n_ctx=256, n_threads=1)) as lm:
+        assert _tokens(lm, sampling, 60) == _tokens(lm, _slow(sampling), 60)
+
+
+@pytest.mark.slow
+def test_gemma_fast_equals_full_chain(gemma_path: Path) -> None:
+    with LoadedModel(gemma_path, LoadSettings(n_ctx=512)) as lm:
+        for sampling in CHAINS[:3]:
+            assert _tokens(lm, sampling, 48) == _tokens(lm, _slow(sampling), 48)
+
+
+def test_top_k_ids_is_a_superset_of_the_k_best() -> None:
+    rng = np.random.default_rng(0)
+    for scale in (0.01, 1.0, 30.0):  # flat, normal and very peaked rows
+        logits = (rng.standard_normal(5000) * scale).astype(np.float32)
+        for k in (1, 40, 4999, 6000):
+            ids = top_k_ids(logits, k)
+            kth = np.sort(logits)[::-1][min(k, 5000) - 1]
+            assert set(np.flatnonzero(logits >= kth)) <= set(ids.tolist())
