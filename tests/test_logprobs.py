@@ -11,7 +11,7 @@ import pytest
 
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.scoring import _lone_run_logits
+from inferenceos.engine.scoring import lone_run_logits
 from inferenceos.engine.session import LoadedModel, LoadSettings, TokenEvent
 from inferenceos.errors import UsageError
 
@@ -39,7 +39,7 @@ def test_logprobs_match_an_independent_log_softmax(tiny_llama: Path) -> None:
         events = [ev for ev in lm.generate(prompt, greedy) if ev.token >= 0]
         _check_shape(events, 4)
         output = [ev.token for ev in events]
-        rows = _lone_run_logits(lm, prompt, output)
+        rows = lone_run_logits(lm, prompt, output)
     for ev, row in zip(events, rows, strict=True):
         expected = _log_softmax(row)
         assert ev.logprob is not None

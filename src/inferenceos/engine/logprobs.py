@@ -20,11 +20,13 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's upper bound for top_logprobs
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One token, its bytes (a piece may be part of a UTF-8 character) and log-probability."""
+    """One token, its bytes (a piece may be part of a UTF-8 character), log-probability
+    and raw logit (for relative near-tie checks)."""
 
     token: int
     piece: bytes
     logprob: float
+    logit: float = 0.0
 
 
 def read_logprobs(
@@ -51,6 +53,9 @@ def read_logprobs(
         n = min(top_n, n_vocab)
         idx = np.argpartition(-logits, n - 1)[:n]
         idx = idx[np.argsort(-logits[idx], kind="stable")]
-        best = tuple(TokenLogprob(int(t), piece(int(t)), float(logits[t]) - log_z) for t in idx)
-    mine = TokenLogprob(chosen, piece(chosen), float(logits[chosen]) - log_z)
-    return mine, best
+        best = tuple(_entry(int(t), float(logits[t]), log_z, piece) for t in idx)
+    return _entry(chosen, float(logits[chosen]), log_z, piece), best
+
+
+def _entry(token: int, logit: float, log_z: float, piece: Callable[[int], bytes]) -> TokenLogprob:
+    return TokenLogprob(token, piece(token), logit - log_z, logit)

@@ -15,9 +15,12 @@ import numpy as np
 
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.batch import TokenBatch
+from inferenceos.engine.engine import Engine
 from inferenceos.engine.kv_policies import KVPolicy
+from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS
+from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
-from inferenceos.engine.session import LoadedModel
+from inferenceos.engine.session import LoadedModel, TokenEvent
 from inferenceos.errors import GenerationError
 
 
@@ -65,7 +68,7 @@ def _logits_rows(lm: LoadedModel, tokens: list[int], first_row: int) -> np.ndarr
     return np.stack(rows)
 
 
-def _lone_run_logits(lm: LoadedModel, prompt: list[int], output: list[int]) -> np.ndarray:
+def lone_run_logits(lm: LoadedModel, prompt: list[int], output: list[int]) -> np.ndarray:
     """Logits a lone generation would see: the prompt prefilled, then one token a step."""
     ll = lm._ll
     if len(prompt) + len(output) > lm.n_ctx:
@@ -83,27 +86,70 @@ def _lone_run_logits(lm: LoadedModel, prompt: list[int], output: list[int]) -> n
 
 
 def greedy_agreement(
-    lm: LoadedModel, prompt: list[int], output: list[int], rel_tol: float = 1e-3
+    engine: Engine, prompt: list[int], output: list[int], rel_tol: float = 1e-3
 ) -> GreedyAgreement:
-    """Check each output token against a lone run's argmax at its position.
+    """Check a batched greedy `output` of `prompt` against lone runs in the same engine.
 
-    The lone run is replayed as generation does it (prompt prefilled, then one token per
-    decode), so its numerics are those of a real single-stream run.
+    A lone run (one request at a time, greedy, EOS ignored) of the prompt must pick the
+    same tokens. Where it does not, the output's token must be within `rel_tol` relative
+    logit of the lone run's argmax (a near tie the batched kernels may flip); checking
+    then goes on from a lone run of the prompt extended by the output so far, because the
+    lone argmax is only defined for the same prefix. Call it while the engine is idle.
     """
-    if not output:
-        return GreedyAgreement(0, 0, 0, 0.0)
-    logits = _lone_run_logits(lm, prompt, output)
     argmax = near = 0
     worst = 0.0
-    for row, tok in zip(logits, output, strict=True):
-        best = int(row.argmax())
-        if best == tok:
-            argmax += 1
-            continue
-        gap = float(row[best] - row[tok]) / max(abs(float(row[best])), 1e-9)
-        worst = max(worst, gap)
-        near += gap <= rel_tol
+    start = 0
+    while start < len(output):
+        ref = _lone_run(engine, prompt + output[:start], len(output) - start)
+        if not ref:
+            raise GenerationError("the lone run produced no tokens to compare with")
+        for j, ev in enumerate(ref):
+            tok = output[start + j]
+            if ev.token == tok:
+                argmax += 1
+                continue
+            gap = _relative_gap(ev, tok)
+            worst = max(worst, gap)
+            near += gap <= rel_tol
+            start += j + 1
+            break
+        else:
+            start += len(ref)
     return GreedyAgreement(len(output), argmax, near, worst)
+
+
+def _lone_run(engine: Engine, prompt: list[int], n: int) -> list[TokenEvent]:
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,
+                            logprobs=MAX_TOP_LOGPROBS)  # fmt: skip
+    return [ev for ev in engine.generate(prompt, params) if ev.token >= 0]
+
+
+def _relative_gap(ev: TokenEvent, token: int) -> float:
+    """(argmax logit - logit of `token`) / |argmax logit| at a lone run's step; infinite
+    when `token` is not among the step's top logprobs."""
+    best = ev.top_logprobs[0]
+    for alt in ev.top_logprobs:
+        if alt.token == token:
+            return (best.logit - alt.logit) / max(abs(best.logit), 1e-9)
+    return math.inf
+
+
+def batch_shape_noise(lm: LoadedModel, tokens: list[int], top: int = 5) -> float:
+    """How far a lone sequence's logits move when only the batch shape changes.
+
+    `tokens` are evaluated once in n_batch-sized decodes and once one token per decode;
+    returns the largest |difference| of any of a position's `top` logits, relative to
+    that position's largest logit. llama.cpp's CPU kernels differ by batch size
+    (tinyBLAS for two or more rows, vector dot products for one), so greedy choices
+    closer than about twice this are decided by rounding, not by the model.
+    """
+    together = _logits_rows(lm, tokens, 0)
+    one_by_one = lone_run_logits(lm, tokens[:1], [*tokens[1:], 0])
+    worst = 0.0
+    for a, b in zip(together, one_by_one, strict=True):
+        best = np.argpartition(a, -top)[-top:]
+        worst = max(worst, float(np.abs(a[best] - b[best]).max()) / max(abs(float(a.max())), 1e-9))
+    return worst
 
 
 def perplexity(lm: LoadedModel, tokens: list[int]) -> float:
