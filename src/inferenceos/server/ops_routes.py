@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
+from inferenceos.server.kv_stats import reported_kv_usage
 from inferenceos.server.ollama_schema import VersionResponse
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API level these routes follow
@@ -32,8 +33,9 @@ async def health(request: Request) -> Any:
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text format (names after vLLM's, prefix `inferenceos:`)."""
-    return PlainTextResponse(request.app.state.ios.metrics.render(),
-                             media_type="text/plain; version=0.0.4")
+    state = request.app.state.ios
+    state.kv_reported = await reported_kv_usage(state.manager)
+    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 _TEXT: dict[int | str, dict[str, Any]] = {

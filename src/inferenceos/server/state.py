@@ -34,6 +34,7 @@ class ServerState:
     admission: Admission = field(init=False)
     metrics: ServerMetrics = field(init=False)
     draining: bool = False
+    kv_reported: dict[str, float] = field(default_factory=dict)  # engines' own, per scrape
     _gens: dict[int, ActiveGeneration] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -84,9 +85,13 @@ class ServerState:
         return len(gens)
 
     def _kv_usage(self) -> Iterable[tuple[dict[str, str], float]]:
+        """Per loaded model: what its engine reported at this scrape (`kv_reported`,
+        filled by the /metrics route), else an estimate from the generations in
+        flight (tokens held over `slots` × n_ctx cells)."""
         usage: dict[str, float] = {lm.model.name: 0.0 for lm in self.manager.loaded()}
         with self._lock:
             for g in self._gens.values():
                 cells = max(1, g.n_ctx * self.manager.slots)
                 usage[g.model] = usage.get(g.model, 0.0) + g.tokens / cells
+        usage.update({k: v for k, v in self.kv_reported.items() if k in usage})
         return [({"model_name": k}, min(1.0, v)) for k, v in sorted(usage.items())]
