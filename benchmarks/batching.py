@@ -3,6 +3,8 @@
 1. Single stream: Engine decode t/s vs llama-bench tg (ratio target >= 0.95).
 2. 8 concurrent streams: Engine aggregate t/s and TTFT p50/p99 vs llama-server
    --parallel 8 built from the same vendored source (ratio target >= 0.9).
+3. How many of the 8 concurrent greedy texts equal the same prompt run alone, for both
+   (llama.cpp's CPU kernels differ by batch shape, so some near ties flip in both).
 
     .venv/bin/python benchmarks/batching.py [--model PATH] [--tokens 128] [--streams 8]
 """
@@ -42,9 +44,12 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def concurrent(n: int, one: Callable[[int], tuple[float, int]]) -> tuple[float, list[float]]:
-    """Run `one(i)` for i < n in threads; returns (aggregate t/s, TTFTs)."""
-    out: dict[int, tuple[float, int]] = {}
+One = Callable[[int], tuple[float, int, str]]  # request i → (TTFT, tokens, text)
+
+
+def concurrent(n: int, one: One) -> tuple[float, list[float], list[str]]:
+    """Run `one(i)` for i < n in threads; returns (aggregate t/s, TTFTs, texts by i)."""
+    out: dict[int, tuple[float, int, str]] = {}
     t0 = time.perf_counter()
     threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, one(i))) for i in range(n)]
     for t in threads:
@@ -52,26 +57,33 @@ def concurrent(n: int, one: Callable[[int], tuple[float, int]]) -> tuple[float, 
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    return sum(tok for _, tok in out.values()) / wall, [ttft for ttft, _ in out.values()]
+    texts = [out[i][2] for i in range(n)]
+    return sum(v[1] for v in out.values()) / wall, [v[0] for v in out.values()], texts
 
 
-def ours(engine: Engine, tokens: int) -> Callable[[int], tuple[float, int]]:
+def alone(n: int, one: One) -> list[str]:
+    """The texts of requests 0..n-1 run one after another."""
+    return [one(i)[2] for i in range(n)]
+
+
+def ours(engine: Engine, tokens: int) -> One:
     sampling = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
-    def one(i: int) -> tuple[float, int]:
+    def one(i: int) -> tuple[float, int, str]:
         t0 = time.perf_counter()
-        ttft, n = 0.0, 0
+        ttft, n, text = 0.0, 0, []
         for ev in engine.generate(PROMPTS[i % len(PROMPTS)], sampling):
+            text.append(ev.text)
             if ev.token >= 0:
                 n += 1
                 ttft = ttft or time.perf_counter() - t0
-        return ttft, n
+        return ttft, n, "".join(text)
 
     return one
 
 
-def server(port: int, tokens: int) -> Callable[[int], tuple[float, int]]:
-    def one(i: int) -> tuple[float, int]:
+def server(port: int, tokens: int) -> One:
+    def one(i: int) -> tuple[float, int, str]:
         body = json.dumps({"prompt": PROMPTS[i % len(PROMPTS)], "n_predict": tokens,
                            "temperature": 0, "ignore_eos": True, "stream": True,
                            "cache_prompt": False})  # fmt: skip
@@ -79,13 +91,14 @@ def server(port: int, tokens: int) -> Callable[[int], tuple[float, int]]:
         t0 = time.perf_counter()
         conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
-        ttft, n = 0.0, 0
+        ttft, n, text = 0.0, 0, []
         for line in resp:
             if line.startswith(b"data: ") and b'"content"' in line:
                 n += 1
                 ttft = ttft or time.perf_counter() - t0
+                text.append(json.loads(line[6:])["content"])
         conn.close()
-        return ttft, n
+        return ttft, n, "".join(text)
 
     return one
 
@@ -130,12 +143,15 @@ def main() -> None:
         lone = engine.generate(PROMPTS[0], sampling)
         lone.text()
         single = lone.metrics.decode_tps  # decode only, as llama-bench's tg measures
-        agg, ttfts = concurrent(args.streams, ours(engine, args.tokens))
+        agg, ttfts, texts = concurrent(args.streams, ours(engine, args.tokens))
+    with Engine(model, settings, n_parallel=args.streams) as fresh:  # no batched KV to reuse
+        lone_texts = alone(args.streams, ours(fresh, args.tokens))
     bench = bench_tg(llama_tool("llama-bench"), model, args.tokens, threads)
     proc, port = start_server(llama_tool("llama-server"), model, args.streams, threads)
     try:
         concurrent(1, server(port, 8))  # warm-up
-        s_agg, s_ttfts = concurrent(args.streams, server(port, args.tokens))
+        s_agg, s_ttfts, s_texts = concurrent(args.streams, server(port, args.tokens))
+        s_lone_texts = alone(args.streams, server(port, args.tokens))
     finally:
         proc.terminate()
         proc.wait(10)
@@ -146,6 +162,10 @@ def main() -> None:
     for name, xs in (("ours", ttfts), ("llama-server", s_ttfts)):
         print(f"  TTFT {name}: p50 {statistics.median(xs) * 1000:.0f} ms, "
               f"p99 {percentile(xs, 0.99) * 1000:.0f} ms")  # fmt: skip
+    same = sum(a == b for a, b in zip(texts, lone_texts, strict=True))
+    s_same = sum(a == b for a, b in zip(s_texts, s_lone_texts, strict=True))
+    print(f"greedy texts identical to the prompt run alone: ours {same}/{args.streams}, "
+          f"llama-server {s_same}/{args.streams}")  # fmt: skip
 
 
 if __name__ == "__main__":

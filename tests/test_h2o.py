@@ -33,7 +33,7 @@ def test_h2o_generates_past_the_slot_and_tracks_every_cell(
     with lm:
         sched = Scheduler(lm, 1, 32, kv_policy="h2o", probe=probe)
         sched.submit(Request(1, lm.tokenize("abc abc abc"), ENDLESS))
-        count, peak = 0, 0
+        count, peak, holes = 0, 0, 0.0
         while sched.has_work():
             count += sum(kind == "token" for _, kind, _ in sched.step())
             slot = sched.slots[0]
@@ -42,7 +42,13 @@ def test_h2o_generates_past_the_slot_and_tracks_every_cell(
             assert len(cells) == len(slot.cached)  # every position has exactly one cell
             assert len(set(cells)) == len(cells)
             peak = max(peak, len(slot.cached))
+            st = sched.stats()
+            row = st["slots"][0]
+            assert row["cell_span"] >= row["cached_tokens"]
+            assert st["kv_window_cells"] >= row["cell_span"]  # attention covers every cell
+            holes = max(holes, row["cell_holes"])
         assert probe.errors == 0
+        assert 0 < holes < 1  # evicting from the middle leaves holes llama.cpp refills
         limit = sched.n_ctx_slot  # llama.cpp rounds n_ctx up to 256
     assert count == 1000 > 3 * limit
     assert peak <= limit

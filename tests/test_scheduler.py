@@ -195,4 +195,9 @@ def test_stats_report_kv_usage_per_slot(lm: LoadedModel) -> None:
     busy = [s for s in st["slots"] if s["busy"]]
     assert len(busy) == 1 and busy[0]["cached_tokens"] == len(lm.tokenize("abc"))
     assert 0 < st["kv_usage"] < 1
+    cap, used = busy[0]["capacity"], busy[0]["cached_tokens"]
+    assert busy[0]["reserved_idle"] == pytest.approx(1 - used / cap)
+    free = cap * len(st["slots"]) - used  # the largest free budget is one idle slot's
+    assert st["kv_external_fragmentation"] == pytest.approx(1 - cap / free)
+    assert busy[0]["cell_span"] is None and st["kv_window_cells"] is None  # no probe
     drain(sched)

@@ -32,6 +32,7 @@ from typing import Any
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
+from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import GenerationMetrics, LoadedModel
@@ -188,19 +189,16 @@ class Scheduler:
         return bool(self.queue or self.running)
 
     def stats(self) -> dict[str, Any]:
-        """KV usage per slot and queue state (for `ps`, /metrics and tests)."""
-        slots = [
-            {"slot": s.index, "busy": s.busy, "cached_tokens": len(s.cached),
-             "capacity": self.n_ctx_slot}
-            for s in self.slots
-        ]  # fmt: skip
-        used = sum(s["cached_tokens"] for s in slots)
+        """KV usage and fragmentation per slot and for the cache, queue state (for `ps`,
+        /metrics and tests); see engine.kv_stats for what each figure means."""
+        slots = [slot_stats(s, self.n_ctx_slot, self.tracker) for s in self.slots]
+        window = None
+        if self.probe is not None and self.probe.mass.size:
+            window = int(self.probe.mass.size)  # n_kv of the last decode's attention
         return {
             "running": len(self.running),
             "waiting": len(self.queue),
-            "kv_used_cells": used,
-            "kv_capacity_cells": self.n_ctx_slot * len(self.slots),
-            "kv_usage": used / (self.n_ctx_slot * len(self.slots)),
+            **cache_stats(slots, window),
             "slots": slots,
             "policy": self.policy.name,
         }
