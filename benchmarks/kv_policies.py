@@ -7,11 +7,18 @@ attention goes (sink tokens, recent window, the rest), the data that explains wh
 policy beats the other on this model.
 
     .venv/bin/python benchmarks/kv_policies.py [--model PATH] [--budget 0.2] [--tokens N]
+        [--h2o-recent 0.5 0.9] [--global-window]
+
+`--global-window` runs a copy of the model whose sliding window is widened past the
+text, so every layer attends globally and H2O watches them all: the same weights as a
+model without sliding-window layers, to check H2O's recent share there.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import struct
 import time
 from pathlib import Path
 
@@ -21,8 +28,32 @@ from inferenceos.engine.scoring import budgeted_perplexity
 from inferenceos.engine.session import LoadedModel, LoadSettings, default_threads
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
+from inferenceos.paths import cache_dir
 
 TEXT = Path(__file__).resolve().parent / "data" / "declaration_of_independence.txt"
+
+
+def widen_window(model: Path, window: int, out_dir: Path) -> Path:
+    """A copy of `model` with `<arch>.attention.sliding_window` set to `window` (the
+    uint32 is patched in place in the copy; the original is untouched)."""
+    arch = load_spec(model).architecture
+    key = f"{arch}.attention.sliding_window".encode()
+    needle = struct.pack("<Q", len(key)) + key + struct.pack("<I", 4)  # GGUF type uint32
+    out = out_dir / f"{model.stem}-window{window}.gguf"
+    if not out.exists():
+        with model.open("rb") as f:
+            head = f.read(64 << 20)
+        at = head.find(needle)
+        if at < 0:
+            raise SystemExit(f"{model.name} has no uint32 {key.decode()} to widen")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        shutil.copyfile(model, tmp)
+        with tmp.open("r+b") as f:
+            f.seek(at + len(needle))
+            f.write(struct.pack("<I", window))
+        tmp.replace(out)
+    return out
 
 
 def attention_profile(model: Path, tokens: list[int]) -> list[str]:
@@ -52,11 +83,17 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.2)
     ap.add_argument("--tokens", type=int, default=0, help="use only the first N tokens")
     ap.add_argument("--profile-only", action="store_true", help="only the attention table")
-    ap.add_argument("--h2o-recent", type=float, default=0.5, help="H2O's recent share")
+    ap.add_argument("--h2o-recent", type=float, nargs="+", default=[0.5],
+                    help="H2O's recent share (several: one run each)")  # fmt: skip
+    ap.add_argument("--global-window", action="store_true",
+                    help="widen the sliding window past the text: every layer global")  # fmt: skip
     args = ap.parse_args()
     model = args.model or ensure_default_model()
+    if args.global_window:
+        model = widen_window(model, 1 << 20, cache_dir() / "experiments")
     spec = load_spec(model)
-    probe = AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
+    watched = [ly.index for ly in spec.layers if args.global_window or not ly.is_swa]
+    probe = AttentionProbe(watched)
     settings = LoadSettings(n_ctx=4096, n_batch=512, flash_attn=0, n_threads=default_threads())
     with LoadedModel(model, settings, eval_callback=probe.callback) as lm:
         tokens = lm.tokenize(TEXT.read_text())
@@ -69,21 +106,21 @@ def main() -> None:
             f"model {model.name}: {len(tokens)} tokens, KV budget {budget} "
             f"({args.budget:.0%}); attention watched on layers {sorted(probe.layers)}"
         )
-        runs = (
+        runs = [
             ("full cache", NoEviction(), None),
             ("streaming", StreamingLLM(), None),
-            ("h2o", HeavyHitterOracle(recent_fraction=args.h2o_recent), probe),
-        )
+            *((f"h2o r={r}", HeavyHitterOracle(recent_fraction=r), probe) for r in args.h2o_recent),
+        ]
         for name, policy, p in runs if budget else ():
             t0 = time.perf_counter()
             limit = len(tokens) if name == "full cache" else budget
             ppl = budgeted_perplexity(lm, tokens, policy, limit, p)
-            print(f"  {name:<11} perplexity {ppl:8.3f}   ({time.perf_counter() - t0:.0f} s)")
+            print(f"  {name:<12} perplexity {ppl:8.3f}   ({time.perf_counter() - t0:.0f} s)")
     print("  attention mass per layer over the text (prefilled at once, all layers watched):")
     for line in attention_profile(model, tokens[:2048]):
         print("    " + line)
     swa = [layer.index for layer in spec.layers if layer.is_swa]
-    if swa:
+    if swa and not args.global_window:
         print(
             f"  note: layers {swa} use a {spec.sliding_window}-token sliding window; "
             "H2O scores come from the full-attention layers only"
