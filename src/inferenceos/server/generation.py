@@ -145,6 +145,7 @@ class Run:
         self.model: LoadedModel | None = None
         self.load_s = 0.0
         self.tool_format: ToolFormat | None = None  # set when tools were offered
+        self.scored: list[TokenEvent] = []  # collect(): the events carrying logprobs
 
     async def _begin(self) -> None:
         loaded = await self._stream.__anext__()
@@ -191,7 +192,8 @@ class Run:
         m.e2e.observe(now - self._t0, model_name=name)
 
     async def collect(self) -> tuple[str, Done]:
-        """Consume the whole generation: its text and its Done."""
+        """Consume the whole generation: its text and its Done (and, in `scored`, the
+        events with logprobs, when the sampling asked for them)."""
         parts: list[str] = []
         done: Done | None = None
         async for item in self.events():
@@ -199,6 +201,8 @@ class Run:
                 done = item
             else:
                 parts.append(item.text)
+                if item.logprob is not None:
+                    self.scored.append(item)
         assert done is not None
         return "".join(parts), done
 

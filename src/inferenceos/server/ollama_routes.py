@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request, Response
 
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import TokenEvent
 from inferenceos.registry.catalog import ResolvedModel, now_iso
 from inferenceos.registry.loaded import LoadedModel
 from inferenceos.server.errors import APIError
@@ -30,6 +31,7 @@ from inferenceos.server.generation import (
     until_disconnect,
 )
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.logprobs import entries
 from inferenceos.server.ollama_schema import (
     ChatRequest,
     ChatResponse,
@@ -93,10 +95,14 @@ def _refuse(images: list[str] | None, fmt: Any, extra: str | None = None) -> Non
         raise APIError(400, f"{extra} is not supported")
 
 
-def _with_format(parsed: tuple[SamplingParams, dict[str, int]], fmt: Any
+def _with_format(parsed: tuple[SamplingParams, dict[str, int]], fmt: Any,
+                 logprobs: bool | None = None, top_logprobs: int | None = None
                  ) -> tuple[SamplingParams, dict[str, int]]:
-    """format "json" constrains sampling to a JSON object, a schema object to the schema."""
+    """format "json" constrains sampling to a JSON object, a schema object to the
+    schema; `logprobs` asks for each token's (and the `top_logprobs` best ones')."""
     sampling, overrides = parsed
+    if logprobs:
+        sampling = dataclasses.replace(sampling, logprobs=top_logprobs or 0)
     if fmt == "json":
         sampling = dataclasses.replace(sampling, grammar=JSON_OBJECT_GBNF)
     elif isinstance(fmt, dict):
@@ -134,6 +140,7 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
     """Run `req` and answer as Ollama does, streamed (NDJSON) or whole."""
     t0 = time.perf_counter()
     run = await until_disconnect(request, start_generation(state, req))
+    scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next line
 
     def piece(text: str, calls: list[ParsedCall] | None = None) -> dict[str, Any]:
         body: Any = text
@@ -141,7 +148,11 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
             body = {"role": "assistant", "content": text}
             if calls:
                 body["tool_calls"] = ollama_calls(calls)
-        return {"model": req.model, "created_at": now_iso(), piece_key: body, "done": False}
+        line = {"model": req.model, "created_at": now_iso(), piece_key: body, "done": False}
+        if scored:
+            line["logprobs"] = entries(scored)
+            scored.clear()
+        return line
 
     def final(done: Done, t_first: float | None, text: str,
               calls: list[ParsedCall] | None = None) -> dict[str, Any]:
@@ -164,6 +175,8 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
                     yield final(item, t_first, "")
                 else:
                     t_first = t_first or time.perf_counter()
+                    if item.logprob is not None:
+                        scored.append(item)
                     text = held.feed(item.text) if held and item.text else item.text
                     if text:
                         yield piece(text)
@@ -183,6 +196,8 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
                     text, calls = parse_tool_calls(text, run.tool_format)
                 return final(item, t_first, text, calls)
             t_first = t_first or time.perf_counter()
+            if item.logprob is not None:
+                scored.append(item)
             parts.append(item.text)
         raise APIError(500, "generation ended without a result")
 
@@ -199,7 +214,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
             "template" if body.template else "suffix" if body.suffix else None)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
-    sampling, overrides = _with_format(ollama_options(body.options), body.format)
+    sampling, overrides = _with_format(ollama_options(body.options), body.format,
+                                       body.logprobs, body.top_logprobs)
     if not body.prompt:
         return await _load_or_unload(state, name, keep_alive, {"response": ""})
     if body.raw:
@@ -224,7 +240,8 @@ async def chat(body: ChatRequest, request: Request) -> Any:
     _refuse(None, body.format)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
-    sampling, overrides = _with_format(ollama_options(body.options), body.format)
+    sampling, overrides = _with_format(ollama_options(body.options), body.format,
+                                       body.logprobs, body.top_logprobs)
     if not body.messages:
         return await _load_or_unload(state, name, keep_alive,
                                      {"message": {"role": "assistant", "content": ""}})

@@ -48,6 +48,8 @@ class GenerateRequest(BaseModel):
     raw: bool = False
     keep_alive: KeepAlive = None
     think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class ChatRequest(BaseModel):
@@ -59,6 +61,8 @@ class ChatRequest(BaseModel):
     stream: bool = True
     keep_alive: KeepAlive = None
     think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class EmbedRequest(BaseModel):
@@ -101,10 +105,21 @@ class CopyRequest(BaseModel):
     destination: str = Field(..., max_length=200)
 
 
+class TokenLogprobOut(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class LogprobOut(TokenLogprobOut):
+    top_logprobs: list[TokenLogprobOut] | None = None
+
+
 class Timings(BaseModel):
     model: str
     created_at: str
     done: bool
+    logprobs: list[LogprobOut] | None = None  # when asked: the tokens of this line
     done_reason: str | None = None
     total_duration: int | None = None
     load_duration: int | None = None

@@ -26,6 +26,7 @@ from inferenceos.server.generation import (
     until_disconnect,
 )
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.logprobs import LegacyLogprobs, chat_top_n, entries
 from inferenceos.server.openai_schema import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -83,9 +84,9 @@ def _logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:
 
 
 def _sampling(body: SamplingFields, max_tokens: int | None,
-              grammar: str | None = None) -> SamplingParams:
+              grammar: str | None = None, logprobs: int | None = None) -> SamplingParams:
     return sampling_from({
-        "grammar": grammar, "logit_bias": _logit_bias(body),
+        "grammar": grammar, "logit_bias": _logit_bias(body), "logprobs": logprobs,
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
         "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
         "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
@@ -126,8 +127,6 @@ def _chat_message(m: ChatMessageIn) -> ChatMessage:
 
 
 def _chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
-    if body.logprobs or body.top_logprobs:
-        raise APIError(400, "logprobs are not supported", "unsupported_parameter")
     fmt = body.response_format.type if body.response_format else "text"
     if fmt not in ("text", "json_object", "json_schema"):
         raise APIError(400, f"response_format {fmt!r} is not supported",
@@ -180,7 +179,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     tools = _tools(body)
     name = state.model_name(body.model)
     grammar = _grammar(body.response_format)
-    sampling = _sampling(body, body.max_completion_tokens or body.max_tokens, grammar)
+    sampling = _sampling(body, body.max_completion_tokens or body.max_tokens, grammar,
+                         chat_top_n(body.logprobs, body.top_logprobs))
     reqs = [GenRequest(name, s, messages=messages, tools=tools)
             for s in _variants(sampling, body.n)]
     cid, created = _ids("chatcmpl")
@@ -197,8 +197,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             text, done = await run.collect()
             p_tok, c_tok = done.metrics.prompt_tokens, c_tok + done.metrics.completion_tokens
             message, finish = _reply(text, run, done.metrics.stop_reason)
+            logprobs = {"content": entries(run.scored)} if body.logprobs else None
             choices.append({"index": i, "finish_reason": finish, "message": message,
-                            "logprobs": None})
+                            "logprobs": logprobs})
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
                 "choices": choices, "usage": _usage(p_tok, c_tok)}
 
@@ -211,15 +212,21 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
     extra = {"usage": None} if include_usage else {}
     p_tok = c_tok = 0
+    scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
+
     def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        logprobs = {"content": entries(scored)} if scored else None
+        scored.clear()
         return {**base, "choices": [{"index": i, "delta": delta, "finish_reason": finish,
-                                     "logprobs": None}], **extra}
+                                     "logprobs": logprobs}], **extra}
 
     for i, r in enumerate(reqs):
         run = first if i == 0 else await start_generation(state, r)
         held = ToolCallStream(run.tool_format) if run.tool_format else None
         yield chunk(i, {"role": "assistant", "content": ""})
         async for item in _closing(run):
+            if not isinstance(item, Done) and item.logprob is not None:
+                scored.append(item)
             if isinstance(item, Done):
                 p_tok, c_tok = item.metrics.prompt_tokens, c_tok + item.metrics.completion_tokens
                 finish = _finish(item.metrics.stop_reason)
@@ -270,16 +277,15 @@ def _prompts(body: CompletionRequest) -> list[str | list[int]]:
 async def completions(body: CompletionRequest, request: Request) -> Any:
     """Text completion of a raw prompt (no chat template)."""
     state = _state(request)
-    if body.suffix or body.logprobs or (body.best_of or 1) > 1:
-        raise APIError(400, "suffix, logprobs and best_of are not supported",
-                       "unsupported_parameter")
+    if body.suffix or (body.best_of or 1) > 1:
+        raise APIError(400, "suffix and best_of are not supported", "unsupported_parameter")
     prompts = _prompts(body)
     if body.echo and not all(isinstance(p, str) for p in prompts):
         raise APIError(400, "echo needs text prompts", "unsupported_parameter")
     if len(prompts) * body.n > 16:
         raise APIError(400, "at most 16 choices (prompts × n) per request", "too_many_choices")
     name = state.model_name(body.model)
-    variants = _variants(_sampling(body, body.max_tokens), body.n)
+    variants = _variants(_sampling(body, body.max_tokens, logprobs=body.logprobs), body.n)
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
                        tokens=None if isinstance(p, str) else tuple(p))
             for p in prompts for s in variants]
@@ -289,15 +295,18 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         first = await until_disconnect(request, start_generation(state, reqs[0]))
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(_completion_stream(state, first, reqs, echo, cid, created, name,
-                                               usage), first.close)
+                                               usage, body.logprobs is not None), first.close)
 
     async def whole() -> dict[str, Any]:
         choices, p_tok, c_tok = [], 0, 0
         for i, r in enumerate(reqs):
-            text, done = await (await start_generation(state, r)).collect()
+            run = await start_generation(state, r)
+            text, done = await run.collect()
             p_tok += done.metrics.prompt_tokens
             c_tok += done.metrics.completion_tokens
-            choices.append({"index": i, "text": echo[i] + text, "logprobs": None,
+            logprobs = (LegacyLogprobs(len(echo[i])).chunk(run.scored)
+                        if body.logprobs is not None else None)
+            choices.append({"index": i, "text": echo[i] + text, "logprobs": logprobs,
                             "finish_reason": _finish(done.metrics.stop_reason)})
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
                 "choices": choices, "usage": _usage(p_tok, c_tok)}
@@ -307,17 +316,23 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 
 async def _completion_stream(state: ServerState, first: Run, reqs: list[GenRequest],
                              echo: list[str], cid: str, created: int, model: str,
-                             include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+                             include_usage: bool, logprobs: bool
+                             ) -> AsyncIterator[dict[str, Any]]:
     base = {"id": cid, "object": "text_completion", "created": created, "model": model}
     extra = {"usage": None} if include_usage else {}
     p_tok = c_tok = 0
+    scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
+    legacy = LegacyLogprobs()
 
     def chunk(i: int, text: str, reason: str | None) -> dict[str, Any]:
+        lp = legacy.chunk(scored) if logprobs and scored else None
+        scored.clear()
         return {**base, "choices": [{"index": i, "text": text, "finish_reason": reason,
-                                     "logprobs": None}], **extra}
+                                     "logprobs": lp}], **extra}
 
     for i, r in enumerate(reqs):
         run = first if i == 0 else await start_generation(state, r)
+        legacy = LegacyLogprobs(len(echo[i]))
         if echo[i]:
             yield chunk(i, echo[i], None)
         async for item in _closing(run):
@@ -325,7 +340,10 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
                 p_tok += item.metrics.prompt_tokens
                 c_tok += item.metrics.completion_tokens
                 yield chunk(i, "", _finish(item.metrics.stop_reason))
-            elif item.text:
+                continue
+            if item.logprob is not None:
+                scored.append(item)
+            if item.text:
                 yield chunk(i, item.text, None)
     if include_usage:
         yield {**base, "choices": [], "usage": _usage(p_tok, c_tok)}
