@@ -4,7 +4,8 @@ For each thread count, alternates llama-bench `tg` runs with `inferenceos run --
 runs (the user's path: a fresh process, the chat template, the sampler chain) on the
 same model and token count, and prints the medians and their ratio. Target: ratio ≥ 0.95.
 On a shared machine other work only ever slows a round down, so the best round of each
-side is printed too (the least disturbed estimate of what each can do).
+side is printed too (the least disturbed estimate of what each can do), and the median
+of the rounds' own ratios (each round's runs are adjacent in time).
 
     .venv/bin/python benchmarks/run_overhead.py [--model PATH] [--tokens 128]
         [--threads 1 2] [--rounds 3]
@@ -103,6 +104,10 @@ def main() -> None:
         print(f"{t:>7} {b:>12.1f} {s:>13.1f} {g:>12.1f} {s / b:>14.3f} {g / b:>13.3f}")
         bb, bs, bg = max(base), max(sampled), max(greedy)
         print(f"{'best':>7} {bb:>12.1f} {bs:>13.1f} {bg:>12.1f} {bs / bb:>14.3f} {bg / bb:>13.3f}")
+        # each round's own ratio: both sides of a round share the machine's state then
+        ps = statistics.median(x / y for x, y in zip(sampled, base, strict=True))
+        pg = statistics.median(x / y for x, y in zip(greedy, base, strict=True))
+        print(f"{'paired':>7} {'':>12} {'':>13} {'':>12} {ps:>14.3f} {pg:>13.3f}")
         print(f"        rounds: llama-bench {[round(x, 1) for x in base]}, "
               f"ours {[round(x, 1) for x in sampled]}, greedy {[round(x, 1) for x in greedy]}")
     print(f"worst ratio {worst:.3f} (target >= 0.95)")
