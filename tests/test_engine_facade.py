@@ -91,6 +91,17 @@ def test_killed_worker_fails_in_flight_request_then_recovers(tiny_llama: Path) -
         assert e.worker_pid != old_pid
 
 
+def test_a_closed_engine_stays_closed(tiny_llama: Path) -> None:
+    from inferenceos.errors import WorkerDiedError
+
+    e = Engine(tiny_llama, LoadSettings(n_ctx=128, n_threads=1), n_parallel=1)
+    e.close()
+    with pytest.raises(WorkerDiedError, match="closed"):
+        e.stats()
+    with pytest.raises(WorkerDiedError, match="closed"):
+        e.generate("abc", GREEDY)
+
+
 def test_full_queue_is_reported_as_busy(tiny_llama: Path) -> None:
     from inferenceos.errors import EngineBusyError
 

@@ -20,7 +20,8 @@ class FakeEngine:
         self.path, self.settings, self.closed = path, settings, False
         self.n_ctx, self.load_s = settings.n_ctx, 0.0
 
-    def chat_prompt(self, messages: Sequence[Any], template: str | None = None) -> str:
+    def chat_prompt(self, messages: Sequence[Any], template: str | None = None,
+                    tools: Sequence[dict[str, Any]] | None = None) -> str:
         return ""
 
     def generate(self, prompt: Any, sampling: Any, cancel: Any = None) -> Any:

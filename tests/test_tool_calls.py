@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from inferenceos.engine.chat_template import ChatMessage, Conversation, ToolCall, render_chat
+from inferenceos.engine.chat_template import ChatMessage, ToolCall, render_chat
 from inferenceos.errors import UsageError
 from inferenceos.server.errors import APIError
 from inferenceos.server.tool_calls import (
@@ -41,7 +41,7 @@ HISTORY = [
 # -- templates ------------------------------------------------------------------------
 
 def test_qwen_template_renders_tools_calls_and_results() -> None:
-    text, used = render_chat(QWEN25_TEMPLATE, Conversation(HISTORY, [WEATHER]))
+    text, used = render_chat(QWEN25_TEMPLATE, HISTORY, tools=[WEATHER])
     assert used == "gguf"
     assert "<tools>\n" + json.dumps(WEATHER) + "\n</tools>" in text  # HF's tojson: plain
     assert ('<tool_call>\n{"name": "get_current_weather", "arguments": '
@@ -58,7 +58,7 @@ def test_explicit_tools_argument_and_no_tools() -> None:
 
 
 def test_llama31_template_sees_tool_calls_key_and_tools() -> None:
-    text, _ = render_chat(LLAMA31_TEMPLATE, Conversation(HISTORY, [WEATHER]), bos_token="<s>")
+    text, _ = render_chat(LLAMA31_TEMPLATE, HISTORY, bos_token="<s>", tools=[WEATHER])
     assert '{"name": "get_current_weather", "parameters": {"location": "Boston"}}' in text
     assert '"name": "get_current_weather"' in text.split("<|eot_id|>")[0]  # tools block
     plain, _ = render_chat(LLAMA31_TEMPLATE, [ChatMessage("user", "hi")])
@@ -67,7 +67,7 @@ def test_llama31_template_sees_tool_calls_key_and_tools() -> None:
 
 def test_tools_need_the_files_template() -> None:
     with pytest.raises(UsageError, match="chat template"):
-        render_chat(None, Conversation(HISTORY, [WEATHER]))
+        render_chat(None, HISTORY, tools=[WEATHER])
 
 
 # -- format detection -----------------------------------------------------------------

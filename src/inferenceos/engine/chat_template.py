@@ -68,23 +68,6 @@ class ChatMessage:
         return out
 
 
-class Conversation(tuple[ChatMessage, ...]):
-    """Messages plus the tools offered with them.
-
-    A tuple of ChatMessage, so anything that takes a message sequence (the engine's
-    `chat_prompt`) passes it on unchanged; `render_chat` reads its `tools` when not
-    given them explicitly. `tools` are Hugging Face / OpenAI tool definitions.
-    """
-
-    tools: tuple[dict[str, Any], ...]
-
-    def __new__(cls, messages: Sequence[ChatMessage],
-                tools: Sequence[dict[str, Any]] = ()) -> Conversation:
-        self = super().__new__(cls, messages)
-        self.tools = tuple(tools)
-        return self
-
-
 def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
 
@@ -170,11 +153,9 @@ def render_chat(
     `builtin` (a llama.cpp built-in template name such as "gemma" or "chatml") overrides
     the file's template. A file without a template is a base model: the messages'
     contents are joined and sent as they are, as llama.cpp's completion does.
-    `tools` (default: those of a `Conversation`) reach only the file's Jinja template:
+    `tools` (OpenAI / Hugging Face tool definitions) reach only the file's Jinja template:
     llama.cpp's built-in templates and raw text have no place for them (UsageError).
     """
-    if tools is None:
-        tools = getattr(messages, "tools", None)
     if tools and not template:
         raise UsageError("tools need the model's own chat template (this model has none)")
     if tools and builtin:

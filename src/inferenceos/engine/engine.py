@@ -166,12 +166,15 @@ class Engine:
         self._start_timeout = start_timeout
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._closed = False  # set by close(): no call may start a worker again
         self._worker = _Worker(self._cfg, start_timeout)
 
     # -- worker lifecycle --------------------------------------------------------------
 
     def _live_worker(self) -> _Worker:
         with self._lock:
+            if self._closed:
+                raise errors.WorkerDiedError("the engine was closed (the model is unloaded)")
             if not self._worker.alive:
                 self._worker = _Worker(self._cfg, self._start_timeout)
             return self._worker
@@ -204,11 +207,18 @@ class Engine:
             raise _error(payload)
         return payload
 
-    def chat_prompt(self, messages: Sequence[ChatMessage], template: str | None = None) -> str:
-        """The prompt text for `messages` under the model's (or the named) template."""
+    def chat_prompt(
+        self,
+        messages: Sequence[ChatMessage],
+        template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text for `messages` (and `tools`, OpenAI-style definitions) under
+        the model's template, or the named built-in one (which takes no tools)."""
         info = self._worker.info
         text, _ = render_chat(self.spec.chat_template, messages, bos_token=info["bos_text"],
-                              eos_token=info["eos_text"], builtin=template)  # fmt: skip
+                              eos_token=info["eos_text"], builtin=template,
+                              tools=tools)  # fmt: skip
         return text
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -279,7 +289,10 @@ class Engine:
             worker.done(req_id)
 
     def close(self) -> None:
-        """Stop the worker (waits for it to exit; kills it after 10 s)."""
+        """Stop the worker (waits for it to exit; kills it after 10 s). Final: later
+        calls raise WorkerDiedError instead of starting a new worker."""
+        with self._lock:
+            self._closed = True
         self._worker.shutdown()
 
     def __enter__(self) -> Engine:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from inferenceos.engine.chat_template import ChatMessage, Conversation
+from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
@@ -83,7 +83,9 @@ def _check_ids(engine: EngineLike, ids: tuple[int, ...]) -> list[int]:
 def _prompt(engine: EngineLike, req: GenRequest) -> str | list[int]:
     if req.tokens is not None:
         return _check_ids(engine, req.tokens)
-    text = engine.chat_prompt(req.messages) if req.messages is not None else req.text or ""
+    tools = req.tools.tools if req.tools is not None else None
+    text = (engine.chat_prompt(req.messages, tools=tools) if req.messages is not None
+            else req.text or "")  # fmt: skip
     if req.context:
         return _check_ids(engine, req.context) + engine.tokenize(text, add_special=False)
     if req.want_tokens:
@@ -102,8 +104,7 @@ def _with_tools(engine: EngineLike, req: GenRequest) -> tuple[GenRequest, ToolFo
     sampling = req.sampling
     if plan.grammar is not None:  # a forced call overrides a response_format grammar
         sampling = dataclasses.replace(sampling, grammar=plan.grammar)
-    messages = Conversation(req.messages or (), req.tools.tools)
-    return dataclasses.replace(req, messages=messages, sampling=sampling), plan.format
+    return dataclasses.replace(req, sampling=sampling), plan.format
 
 
 def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Iterator[Any]]:
