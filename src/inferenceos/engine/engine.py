@@ -159,7 +159,10 @@ class Engine:
     ) -> None:
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
-        total = replace(base, n_ctx=base.n_ctx * n_parallel, n_seq_max=n_parallel)
+        # one KV stream per slot: each sequence attends over its own cells only (the
+        # worker goes back to one shared pool when a policy needs attention read back)
+        total = replace(base, n_ctx=base.n_ctx * n_parallel, n_seq_max=n_parallel,
+                        kv_unified=False)  # fmt: skip
         total.validate()
         self._cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch,
                                  kv_policy, max_queue=max_queue)  # fmt: skip

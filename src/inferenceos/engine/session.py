@@ -44,6 +44,10 @@ class LoadSettings:
     flash_attn: int = -1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
     use_mmap: bool = True
     n_seq_max: int = 1  # parallel sequences sharing the context
+    # True: the sequences share one pool of n_ctx cells (attention runs over every
+    # sequence's cells, masked); False: each sequence has its own n_ctx / n_seq_max
+    # cells and attends over those only, as llama-server --parallel N does
+    kv_unified: bool = True
     swa_full: bool = True  # False: sliding-window layers keep only their window of KV
     type_k: str = "f16"  # KV cache types: f16, q8_0, q4_0
     type_v: str = "f16"
@@ -181,7 +185,7 @@ class LoadedModel:
         params.n_batch = s.n_batch
         params.n_ubatch = min(s.n_ubatch, s.n_batch)
         params.n_seq_max = s.n_seq_max
-        params.kv_unified = True  # sequences share the n_ctx cells (a slot budget each)
+        params.kv_unified = s.kv_unified
         params.swa_full = s.swa_full
         params.type_k = KV_TYPES[s.type_k]
         params.type_v = KV_TYPES[s.type_v]

@@ -97,8 +97,9 @@ def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
 
 
 def _attention_setup(cfg: WorkerConfig, spec: ModelSpec) -> tuple[LoadSettings, Any]:
-    """For policies that read attention (h2o): a probe on the full-attention layers, and
-    flash attention off (llama.cpp has no attention probabilities with it on)."""
+    """For policies that read attention (h2o): a probe on the full-attention layers,
+    flash attention off (llama.cpp has no attention probabilities with it on) and one
+    shared KV pool (the probe maps one attention row per token to cells of one pool)."""
     from dataclasses import replace
 
     from inferenceos.engine.attention_probe import AttentionProbe
@@ -113,7 +114,7 @@ def _attention_setup(cfg: WorkerConfig, spec: ModelSpec) -> tuple[LoadSettings, 
             "attention off; a quantized V cache needs it on: choose one"
         )
     probe = AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
-    return replace(cfg.settings, flash_attn=0), probe
+    return replace(cfg.settings, flash_attn=0, kv_unified=True), probe
 
 
 def _step(sched: Any) -> list[Any]:
