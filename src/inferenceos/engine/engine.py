@@ -159,10 +159,13 @@ class Engine:
     ) -> None:
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
-        # one KV stream per slot: each sequence attends over its own cells only (the
-        # worker goes back to one shared pool when a policy needs attention read back)
+        # one shared KV pool (unified): with one stream per slot each sequence would
+        # attend over its own cells only (8 lockstep Gemma streams 10 % faster), but
+        # llama.cpp then splits a batch into micro-batches of consecutive, increasing
+        # sequence ids, and a mixed serving load (slots busy in any order, prefill next
+        # to decode) ran 20 % slower (benchmarks/serve_load.py, docs/engine.md)
         total = replace(base, n_ctx=base.n_ctx * n_parallel, n_seq_max=n_parallel,
-                        kv_unified=False)  # fmt: skip
+                        kv_unified=True)  # fmt: skip
         total.validate()
         self._cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch,
                                  kv_policy, max_queue=max_queue)  # fmt: skip
