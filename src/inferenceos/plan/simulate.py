@@ -109,7 +109,10 @@ def plan_for_run(
     """
     cal = calibration or Calibration.load()
     n, pinned = default_context(facts, Workload(need_tokens, 0, n_ctx))
-    fa = flash_attn if flash_attn is not None else (type_v != "f16")
+    # default on, as llama.cpp's own "auto" resolves on its CPU, CUDA and Metal backends:
+    # 2 % faster decode for Gemma 3 270M on 2 threads here (paired rounds), and a
+    # quantized V cache needs it anyway
+    fa = flash_attn if flash_attn is not None else True
     ctx = ContextSettings(
         n_ctx=n,
         n_seq=n_seq,
