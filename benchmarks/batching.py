@@ -162,7 +162,10 @@ def main() -> None:
         concurrent(1, server(port, 8))  # warm-up
         with Engine(model, settings, n_parallel=args.streams) as engine:
             for _ in range(args.rounds):
-                single.append(lone_decode_tps(engine, args.tokens))
+                # a fresh engine, as llama-bench starts empty: prefixes other sequences
+                # left cached in the shared KV pool slow a lone stream (docs/engine.md)
+                with Engine(model, settings, n_parallel=args.streams) as fresh:
+                    single.append(lone_decode_tps(fresh, args.tokens))
                 bench.append(bench_tg(bench_bin, model, args.tokens, threads))
                 a, t, texts = concurrent(args.streams, ours(engine, args.tokens))
                 agg.append(a)
