@@ -63,3 +63,24 @@ def test_repetition_penalty_changes_a_repetitive_greedy_output(lm: LoadedModel) 
     assert penalised != plain
     freq = complete(lm, max_tokens=40, frequency_penalty=1.0, presence_penalty=1.0)
     assert freq != plain
+
+
+def test_lazy_grammar_applies_only_after_its_trigger(lm: LoadedModel) -> None:
+    """With a trigger pattern the output is free until the trigger appears, then the
+    grammar holds from the trigger's group on (how a tool call is constrained in
+    `auto` mode without forcing one)."""
+    a_token = lm.tokenize("a", add_special=False)[-1]
+    texts = [
+        complete(lm, temperature=1.0, seed=seed, max_tokens=40, grammar='root ::= "a" [xyz]+',
+                 grammar_triggers=(r"[\s\S]*?(a)[\s\S]*",), logit_bias=((a_token, 4.0),))
+        for seed in range(4)
+    ]  # fmt: skip
+    free = [t for t in texts if "a" in t and t.index("a") > 0]
+    assert free, texts  # some output was free before the trigger
+    for text in texts:
+        _, trigger, tail = text.partition("a")
+        assert trigger, text  # the bias makes the trigger appear
+        assert tail and set(tail) <= set("xyz"), text  # the grammar held after it
+    # without the trigger the grammar would constrain from the first token
+    eager = complete(lm, temperature=1.0, seed=0, max_tokens=40, grammar='root ::= "a" [xyz]+')
+    assert eager.startswith("a")

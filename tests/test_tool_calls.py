@@ -4,6 +4,7 @@ realistic model replies (whole and streamed), forcing grammars, request validati
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -181,7 +182,12 @@ def test_plan_refuses_a_model_without_tools() -> None:
         plan_tools(CHATML_TEMPLATE, req, "m")
     assert err.value.status == 400
     plan = plan_tools(QWEN25_TEMPLATE, req, "m")
-    assert plan.format == HERMES and plan.grammar is None  # auto: free reply, parsed
+    # auto: free text, but once "<tool_call>" appears the rest must be a valid call
+    assert plan.format == HERMES and plan.grammar is not None
+    [trigger] = plan.triggers
+    match = re.fullmatch(trigger, 'Let me check.\n<tool_call>\n{"name": "x"')
+    assert match and match.start(1) == len("Let me check.\n")
+    assert re.fullmatch(trigger, "No call here.") is None
 
 
 def test_tool_request_choices() -> None:

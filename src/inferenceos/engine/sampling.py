@@ -7,6 +7,7 @@ hand the chain only the best candidates, see engine.candidates).
 
 from __future__ import annotations
 
+import ctypes
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,9 @@ class SamplingParams:
     grammar: str | None = None  # GBNF: output constrained to this grammar (root rule "root")
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -inf bans a token
     logprobs: int | None = None  # None: off; n: each token's logprob and the n most likely
+    # regexes over the whole output: with any, `grammar` is lazy (llama.cpp): free text
+    # until one matches, then the grammar applies from the match's first group on
+    grammar_triggers: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise UsageError for values llama.cpp would misbehave on."""
@@ -118,11 +122,26 @@ class SamplerChain:
             arr = (ll.llama_logit_bias * len(p.logit_bias))(*p.logit_bias)
             stages.append(ll.llama_sampler_init_logit_bias(n_vocab, len(p.logit_bias), arr))
         if p.grammar:
-            g = ll.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
-            if not g:
-                raise UsageError("the grammar does not parse (GBNF with a 'root' rule expected)")
-            stages.append(g)
+            stages.append(self._grammar(p))
         return stages
+
+    def _grammar(self, p: SamplingParams) -> Any:
+        """The grammar stage; lazy (llama.cpp's trigger patterns) when triggers are given."""
+        ll = self._ll
+        assert p.grammar is not None
+        if p.grammar_triggers:
+            pats = [t.encode() for t in p.grammar_triggers]
+            arr = (ctypes.c_char_p * len(pats))(*pats)
+            g = ll.llama_sampler_init_grammar_lazy_patterns(
+                self.vocab, p.grammar.encode(), b"root", arr, len(pats), None, 0
+            )
+        else:
+            g = ll.llama_sampler_init_grammar(self.vocab, p.grammar.encode(), b"root")
+        if not g:
+            raise UsageError("the grammar does not parse (GBNF with a 'root' rule expected)"
+                             + (" or a trigger pattern is not a regex" if p.grammar_triggers
+                                else ""))  # fmt: skip
+        return g
 
     def _stages(self, p: SamplingParams) -> list[Any]:
         ll = self._ll

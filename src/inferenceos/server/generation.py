@@ -102,8 +102,10 @@ def _with_tools(engine: EngineLike, req: GenRequest) -> tuple[GenRequest, ToolFo
     template = getattr(getattr(engine, "spec", None), "chat_template", None)
     plan = plan_tools(template, req.tools, req.model)
     sampling = req.sampling
-    if plan.grammar is not None:  # a forced call overrides a response_format grammar
-        sampling = dataclasses.replace(sampling, grammar=plan.grammar)
+    if plan.grammar is not None and not (plan.triggers and sampling.grammar):
+        # a forced call overrides a response_format grammar; a lazy one (auto) does not
+        sampling = dataclasses.replace(sampling, grammar=plan.grammar,
+                                       grammar_triggers=plan.triggers)  # fmt: skip
     return dataclasses.replace(req, sampling=sampling), plan.format
 
 

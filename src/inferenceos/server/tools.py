@@ -5,13 +5,16 @@ A route turns its request into a `ToolRequest` (None when no tools are offered, 
 when `tool_choice` is "none": then tools are not even rendered). Once the model is
 leased, `plan_tools` checks that its chat template knows tools (400 "<model> does not
 support tools", Ollama's words) and, for "required" or a named function, builds the
-grammar that forces a call. After generation the route parses the text with
-`tool_calls.parse_tool_calls` (or `ToolCallStream` while streaming).
+grammar that forces a call; for "auto" on templates with a call marker the same grammar
+is lazy: it applies only once the model writes the marker. After generation the route
+parses the text with `tool_calls.parse_tool_calls` (or `ToolCallStream` while
+streaming).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,10 +49,12 @@ class ToolRequest:
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """How one generation handles tools: the format to parse, the grammar to force."""
+    """How one generation handles tools: the format to parse, the grammar to force,
+    and the trigger patterns that make that grammar lazy (for `auto`)."""
 
     format: ToolFormat
     grammar: str | None
+    triggers: tuple[str, ...] = ()
 
 
 def tool_request(tools: Sequence[dict[str, Any]] | None, choice: Any,
@@ -76,9 +81,20 @@ def plan_tools(template: str | None, req: ToolRequest, model: str) -> ToolPlan:
     fmt = detect_format(template)
     if fmt is None:
         raise APIError(400, f"{model} does not support tools", "tools_not_supported")
-    if req.choice == "auto":
+    if req.choice != "auto":
+        return ToolPlan(fmt, tool_call_grammar(fmt, req.functions(), req.parallel))
+    if fmt.name != "hermes" or fmt.open is None:
+        # bare JSON has no marker to wait for, and Mistral's is a control token the
+        # grammar does not contain: parse only
         return ToolPlan(fmt, None)
-    return ToolPlan(fmt, tool_call_grammar(fmt, req.functions(), req.parallel))
+    try:
+        grammar = tool_call_grammar(fmt, req.functions(), req.parallel)
+    except APIError:  # a schema the converter cannot take: still fine to parse freely
+        return ToolPlan(fmt, None)
+    # free text until the call's opening marker, then a valid call (llama.cpp's lazy
+    # grammar, fed from the marker on), as llama-server does for these templates
+    trigger = r"[\s\S]*?(" + re.escape(fmt.open) + r")[\s\S]*"
+    return ToolPlan(fmt, grammar, (trigger,))
 
 
 def call_id() -> str:
