@@ -6,12 +6,16 @@ given, with small contexts and one thread so tests stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from inferenceos.engine.session import LoadSettings
 from inferenceos.registry.catalog import Catalog
@@ -75,3 +79,15 @@ def start_server(
         time.sleep(0.02)
     return Harness(f"http://127.0.0.1:{port}", port, server, thread, app.state.ios, catalog,
                    manager)
+
+
+@contextlib.contextmanager
+def serving(models: dict[str, Path], root: Path, **kw: Any) -> Iterator[Harness]:
+    """`start_server` with INFERENCEOS_HOME under `root` for its lifetime; stops it after."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
+        h = start_server(models, root, **kw)
+        try:
+            yield h
+        finally:
+            h.stop()

@@ -15,17 +15,14 @@ import httpx
 import pytest
 
 from inferenceos.server.kv_stats import reported_kv_usage
-from server_harness import Harness, start_server
+from server_harness import Harness, serving
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("server-kv")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
-        h = start_server({"tiny": tiny_llama}, root)
+    with serving({"tiny": tiny_llama}, root) as h:
         yield h
-        h.stop()
 
 
 def _gauge(h: Harness, model: str) -> float:

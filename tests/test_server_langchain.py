@@ -15,7 +15,7 @@ from langchain_core.tools import tool
 from langchain_ollama import ChatOllama, OllamaEmbeddings
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
-from server_harness import TINY_SETTINGS, Harness, start_server
+from server_harness import TINY_SETTINGS, Harness, serving
 from tiny_models import write_tiny_model
 from tool_templates import TINY_HERMES_TEMPLATE
 
@@ -34,12 +34,9 @@ CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}},
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("server-langchain")
     hermes = write_tiny_model(root / "tiny-hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
-        h = start_server({"tiny": tiny_llama, "hermes": hermes}, root,
-                         manager_kw={"base_settings": replace(TINY_SETTINGS, n_ctx=512)})
+    with serving({"tiny": tiny_llama, "hermes": hermes}, root,
+                 manager_kw={"base_settings": replace(TINY_SETTINGS, n_ctx=512)}) as h:
         yield h
-        h.stop()
 
 
 def _openai(server: Harness, model: str = "tiny", max_tokens: int = 4) -> ChatOpenAI:

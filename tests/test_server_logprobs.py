@@ -12,7 +12,7 @@ import ollama
 import openai
 import pytest
 
-from server_harness import Harness, start_server
+from server_harness import Harness, serving
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -20,11 +20,8 @@ MSG = [{"role": "user", "content": "hello"}]
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("server-logprobs")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
-        h = start_server({"tiny": tiny_llama}, root)
+    with serving({"tiny": tiny_llama}, root) as h:
         yield h
-        h.stop()
 
 
 @pytest.fixture

@@ -10,19 +10,16 @@ import httpx
 import ollama
 import pytest
 
-from server_harness import Harness, start_server
+from server_harness import Harness, serving
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tiny_moe: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("server-ollama")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
-        h = start_server({"tiny": tiny_llama}, root)
+    with serving({"tiny": tiny_llama}, root) as h:
         h.catalog.store.import_file(tiny_moe, "moe")  # a registry entry, besides the alias
         yield h
-        h.stop()
 
 
 @pytest.fixture

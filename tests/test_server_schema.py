@@ -20,7 +20,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from server_harness import Harness, start_server
+from server_harness import Harness, serving
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
@@ -29,11 +29,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 @pytest.fixture(scope="module")
 def live(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("server-schema")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
-        h = start_server({"tiny": tiny_llama}, root)
+    with serving({"tiny": tiny_llama}, root) as h:
         yield h
-        h.stop()
 
 
 def test_api_conforms(live: Harness) -> None:

@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from server_harness import TINY_SETTINGS, Harness, start_server
+from server_harness import TINY_SETTINGS, Harness, serving
 from tiny_models import write_tiny_model
 from tool_templates import TINY_HERMES_TEMPLATE
 
@@ -44,13 +44,10 @@ CALL_SCHEMA = {"type": "object", "properties": {"name": {"const": "weather"},
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("server-tools")
     hermes = write_tiny_model(root / "tiny-hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
-        # 512: the whole training context of the tiny models; a prompt with tools needs it
-        h = start_server({"hermes": hermes, "tiny": tiny_llama}, root,
-                         manager_kw={"base_settings": replace(TINY_SETTINGS, n_ctx=512)})
+    # 512: the whole training context of the tiny models; a prompt with tools needs it
+    with serving({"hermes": hermes, "tiny": tiny_llama}, root,
+                 manager_kw={"base_settings": replace(TINY_SETTINGS, n_ctx=512)}) as h:
         yield h
-        h.stop()
 
 
 @pytest.fixture
