@@ -214,15 +214,20 @@ class Run:
         self._ticket.leave()
 
 
-async def start_generation(state: ServerState, req: GenRequest) -> Run:
-    """Admit `req`, lease its model and wait for its first token (see module contract)."""
+async def _admit(state: ServerState) -> Ticket:
+    """A running slot in the bounded queue; a refusal (429/503) is counted, then raised."""
     state.check_accepting()
-    t0 = time.perf_counter()
     try:
-        ticket = await state.admission.enter()
+        return await state.admission.enter()
     except Exception:
         state.metrics.rejected.inc(reason="queue_full")
         raise
+
+
+async def start_generation(state: ServerState, req: GenRequest) -> Run:
+    """Admit `req`, lease its model and wait for its first token (see module contract)."""
+    t0 = time.perf_counter()
+    ticket = await _admit(state)
     try:
         stream: ThreadStream[Any] = ThreadStream(_job(state, req))
     except BaseException:
@@ -270,12 +275,7 @@ async def call_in_thread(fn: Callable[[], T], name: str = "blocking-call") -> T:
 
 async def admitted_call(state: ServerState, fn: Callable[[], T]) -> T:
     """`call_in_thread` behind the bounded queue (for embeddings: they use the engine)."""
-    state.check_accepting()
-    try:
-        ticket = await state.admission.enter()
-    except Exception:
-        state.metrics.rejected.inc(reason="queue_full")
-        raise
+    ticket = await _admit(state)
     try:
         return await call_in_thread(fn)
     finally:
