@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -29,28 +28,22 @@ class TokenLogprob:
     logit: float = 0.0
 
 
-def read_logprobs(
-    ll: Any,
-    ctx: Any,
-    row: int,
-    n_vocab: int,
-    chosen: int,
-    top_n: int,
-    piece: Callable[[int], bytes],
-) -> tuple[TokenLogprob, tuple[TokenLogprob, ...]]:
-    """The chosen token's log-probability and the `top_n` best tokens (most likely first)
-    under the logits of batch row `row` (-1: the last row with logits) of `ctx`.
-
-    Must be called after the llama_decode that produced the row and before the next one.
-    """
-    ptr = ll.llama_get_logits_ith(ctx, row)
-    logits = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+def log_partition(logits: np.ndarray) -> float:
+    """log(sum(exp(logits))), computed stably: a token's logprob is its logit minus this."""
     peak = float(logits.max())
     # float64 accumulation: a 262k-term sum in float32 loses the small tail's mass
-    log_z = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+    return peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+
+
+def read_logprobs(
+    logits: np.ndarray, chosen: int, top_n: int, piece: Callable[[int], bytes]
+) -> tuple[TokenLogprob, tuple[TokenLogprob, ...]]:
+    """The chosen token's log-probability and the `top_n` best tokens (most likely first)
+    under one row of `logits` (a view of llama.cpp's, valid until the next decode)."""
+    log_z = log_partition(logits)
     best: tuple[TokenLogprob, ...] = ()
     if top_n > 0:
-        n = min(top_n, n_vocab)
+        n = min(top_n, len(logits))
         idx = np.argpartition(-logits, n - 1)[:n]
         idx = idx[np.argsort(-logits[idx], kind="stable")]
         best = tuple(_entry(int(t), float(logits[t]), log_z, piece) for t in idx)

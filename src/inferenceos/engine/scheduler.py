@@ -125,7 +125,6 @@ class Scheduler:
         if kv_policy != "none" and not self.can_shift:
             raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
         self.slots = [Slot(i) for i in range(n_slots)]
-        self.n_vocab = int(self._ll.llama_vocab_n_tokens(model.vocab))
         self.n_ctx_slot = model.n_ctx // n_slots
         self.token_budget = max(1, min(token_budget, model.settings.n_batch))
         self.slot_policy = slot_policy
@@ -157,9 +156,10 @@ class Scheduler:
         """
         if not req.prompt:
             raise UsageError("the prompt is empty")
-        bad = next((t for t in req.prompt if not 0 <= t < self.n_vocab), None)
+        n_vocab = self.model.n_vocab
+        bad = next((t for t in req.prompt if not 0 <= t < n_vocab), None)
         if bad is not None:
-            raise UsageError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
+            raise UsageError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
         if len(req.prompt) >= self.n_ctx_slot:
             raise UsageError(
                 f"the prompt has {len(req.prompt)} tokens; a sequence holds {self.n_ctx_slot}"

@@ -17,7 +17,7 @@ from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.kv_policies import KVPolicy
-from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS
+from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS, log_partition
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import LoadedModel, TokenEvent
@@ -40,48 +40,37 @@ class GreedyAgreement:
 
 def _logits_rows(lm: LoadedModel, tokens: list[int], first_row: int) -> np.ndarray:
     """Evaluate `tokens` as one fresh sequence; logits of rows first_row..end-1."""
-    ll = lm._ll
     if len(tokens) > lm.n_ctx:
         raise GenerationError(f"{len(tokens)} tokens do not fit a context of {lm.n_ctx}")
     lm.reset()
-    n_vocab = int(ll.llama_vocab_n_tokens(lm.vocab))
     rows = []
     step = lm.settings.n_batch
-    for start in range(0, len(tokens), step):
-        chunk = tokens[start : start + step]
-        batch = ll.llama_batch_init(len(chunk), 0, 1)
-        try:
-            for j, tok in enumerate(chunk):
-                pos = start + j
-                batch.token[j], batch.pos[j], batch.n_seq_id[j] = tok, pos, 1
-                batch.seq_id[j][0] = 0
-                batch.logits[j] = 1 if pos >= first_row else 0
-            batch.n_tokens = len(chunk)
-            if ll.llama_decode(lm.ctx, batch) != 0:
+    batch = TokenBatch(step, 1)
+    try:
+        for start in range(0, len(tokens), step):
+            batch.clear()
+            for pos in range(start, min(start + step, len(tokens))):
+                batch.add(tokens[pos], pos, 0, pos >= first_row)
+            if lm._ll.llama_decode(lm.ctx, batch.raw) != 0:
                 raise GenerationError("llama_decode failed while re-scoring")
-            for j in range(len(chunk)):
-                if start + j >= first_row:
-                    ptr = ll.llama_get_logits_ith(lm.ctx, j)
-                    rows.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
-        finally:
-            ll.llama_batch_free(batch)
+            rows += [lm.logits_row(j - start).copy()
+                     for j in range(max(start, first_row), start + batch.n)]  # fmt: skip
+    finally:
+        batch.close()
     return np.stack(rows)
 
 
 def lone_run_logits(lm: LoadedModel, prompt: list[int], output: list[int]) -> np.ndarray:
     """Logits a lone generation would see: the prompt prefilled, then one token a step."""
-    ll = lm._ll
     if len(prompt) + len(output) > lm.n_ctx:
         raise GenerationError(f"{len(prompt) + len(output)} tokens do not fit {lm.n_ctx}")
     lm.reset()
     lm.prefill(prompt)
-    n_vocab = int(ll.llama_vocab_n_tokens(lm.vocab))
     rows = []
     for tok in [None, *output[:-1]]:
         if tok is not None:
             lm.decode_one(tok)
-        ptr = ll.llama_get_logits_ith(lm.ctx, -1)
-        rows.append(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy())
+        rows.append(lm.logits_row().copy())
     return np.stack(rows)
 
 
@@ -157,9 +146,7 @@ def perplexity(lm: LoadedModel, tokens: list[int]) -> float:
     logits = _logits_rows(lm, tokens[:-1], 0)
     nll = 0.0
     for row, tok in zip(logits, tokens[1:], strict=True):
-        top = float(row.max())
-        log_z = top + math.log(float(np.exp(row - top).sum()))
-        nll += log_z - float(row[tok])
+        nll += log_partition(row) - float(row[tok])
     return math.exp(nll / (len(tokens) - 1))
 
 
@@ -181,7 +168,6 @@ def budgeted_perplexity(
     tracker = CellTracker(lm.n_ctx) if probe is not None else None
     cached: list[int] = []
     view = SeqCacheView(ll, mem, 0, cached, tracker)
-    n_vocab = int(ll.llama_vocab_n_tokens(lm.vocab))
     batch = TokenBatch(1, 1)
     nll = 0.0
     try:
@@ -197,9 +183,8 @@ def budgeted_perplexity(
             cached.append(tok)
             if tracker is not None and probe is not None:
                 tracker.observe(probe, {0: [0]})
-            row = np.ctypeslib.as_array(ll.llama_get_logits_ith(lm.ctx, 0), shape=(n_vocab,))
-            top = float(row.max())
-            nll += top + math.log(float(np.exp(row - top).sum())) - float(row[nxt])
+            row = lm.logits_row(0)
+            nll += log_partition(row) - float(row[nxt])
     finally:
         batch.close()
     return math.exp(nll / (len(tokens) - 1))

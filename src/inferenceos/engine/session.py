@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from inferenceos.engine.candidates import logits_row
 from inferenceos.engine.llama_lib import lib, log
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
@@ -159,6 +162,7 @@ class LoadedModel:
             self._ll.llama_model_free(self.model)
             raise
         self.vocab = self._ll.llama_model_get_vocab(self.model)
+        self.n_vocab = int(self._ll.llama_vocab_n_tokens(self.vocab))
         self.n_ctx = int(self._ll.llama_n_ctx(self.ctx))
         self.load_s = time.perf_counter() - t0
         self.metrics = GenerationMetrics(load_s=self.load_s)
@@ -253,15 +257,16 @@ class LoadedModel:
     def is_eog(self, token: int) -> bool:
         return bool(self._ll.llama_vocab_is_eog(self.vocab, token))
 
-    @property
-    def n_vocab(self) -> int:
-        return int(self._ll.llama_vocab_n_tokens(self.vocab))
+    def logits_row(self, row: int = -1) -> np.ndarray:
+        """A read-only view of batch row `row`'s logits (-1: the last row with logits),
+        valid until the next decode: copy it to keep it."""
+        return logits_row(self._ll, self.ctx, row, self.n_vocab)
 
     def logprobs(
         self, row: int, chosen: int, top_n: int
     ) -> tuple[TokenLogprob, tuple[TokenLogprob, ...]]:
         """Log-probabilities at batch row `row` of the last decode (see engine.logprobs)."""
-        return read_logprobs(self._ll, self.ctx, row, self.n_vocab, chosen, top_n, self.piece)
+        return read_logprobs(self.logits_row(row), chosen, top_n, self.piece)
 
     def token_event(
         self, token: int, text: str, row: int, sampling: SamplingParams
