@@ -1,48 +1,43 @@
 """Continuous batching with chunked prefill over one llama.cpp context.
 
-The context holds `n_slots` sequences; each slot owns `n_ctx // n_slots` KV cells (as
-llama-server's `--parallel` does), so admission never has to guess whether the shared
-cache will overflow. Every `step()` builds one llama_batch:
+Split as vLLM v1's scheduler is, each part with one job:
+- the slot table (slots.py): sequence ids of the context, the tokens their KV cells
+  hold, prefix reuse and the slot policy;
+- `schedule()` (step_plan.py): a pure function from the running sequences' needs to the
+  step's `StepPlan` (decode first, then prefill chunks up to the token budget);
+- the executor (executor.py): fills one llama_batch from the plan and decodes it;
+- the output processor (output.py): chosen tokens → UTF-8 text, stop strings,
+  eos/length, metrics.
 
-1. the pending token of every generating sequence (decode first: running streams never
-   stall behind a long prompt), then
-2. prefill chunks of admitted prompts, in arrival order, up to the step's token budget.
-
-After one `llama_decode`, each sequence that produced logits samples its next token with
-its own sampler chain (in C, on the batch row). A finished slot keeps its tokens in the
-cache, so a later prompt that starts the same way reuses them (prefix reuse); which idle
-cache to give up when a slot is needed is the slot policy (`lru` or `fifo`).
-
-When a sequence fills its slot, its KV policy (see kv_policies.py) decides: `none`
-ends it ("length"), `streaming` (StreamingLLM) drops the middle of the cache, keeping
-the first sink tokens and the most recent ones, and shifts positions so generation
-continues indefinitely.
+This module ties them together: admission, the step loop, sampling each sequence on its
+batch row with its own sampler chain (in C), and KV policies. When a sequence fills its
+slot, its KV policy (see kv_policies.py) decides: `none` ends it ("length"),
+`streaming` (StreamingLLM) drops the middle of the cache, keeping the first sink tokens
+and the most recent ones, and shifts positions so generation continues indefinitely.
 
 Not thread-safe: one thread (the worker loop) calls submit / cancel / step.
 """
 
 from __future__ import annotations
 
-import codecs
 import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
-from inferenceos.engine.batch import TokenBatch
+from inferenceos.engine.executor import Executor, StepRows
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
+from inferenceos.engine.output import Event, OutputStream
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import GenerationMetrics, LoadedModel
-from inferenceos.engine.stop import StopMatcher
+from inferenceos.engine.slots import Slot, SlotTable
+from inferenceos.engine.step_plan import SeqNeeds, StepPlan, schedule
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
-# Events returned by step(): (request id, kind, payload)
-#   ("token", (token_id, text[, logprob, top logprobs])), ("done", metrics dict),
-#   ("error", (class name, message))
-Event = tuple[int, str, Any]
+__all__ = ["Event", "Request", "Scheduler", "Sequence", "Slot"]
 
 
 @dataclass
@@ -54,35 +49,24 @@ class Request:
     kv_policy: str | None = None  # None: the scheduler's default policy
 
 
-@dataclass
-class Slot:
-    """One sequence id in the context and the tokens its KV cells hold."""
-
-    index: int
-    cached: list[int] = field(default_factory=list)
-    last_used: float = 0.0
-    filled_at: float = 0.0
-    busy: bool = False
-
-
 class Sequence:
     """A request being served in a slot."""
 
-    def __init__(self, req: Request, slot: Slot, reused: int, vocab: Any, policy: KVPolicy) -> None:
+    def __init__(
+        self, req: Request, slot: Slot, reused: int, model: LoadedModel, policy: KVPolicy
+    ) -> None:
         self.req = req
         self.slot = slot
-        self.sampler = SamplerChain(req.sampling, vocab)
+        self.sampler = SamplerChain(req.sampling, model.vocab)
         self.policy = policy
         self.n_prefilled = reused  # prompt tokens already in the KV cache
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
-        self.row: int | None = None  # batch row whose logits we sample this step
-        self.metrics = GenerationMetrics(prompt_tokens=len(req.prompt), cached_tokens=reused)
-        self.reused = reused
-        self.t_start = time.perf_counter()
-        self.t_first = 0.0
-        self.steps = 0
-        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.stops = StopMatcher(req.sampling.stop)
+        self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
+                                model.piece, model.is_eog)  # fmt: skip
+
+    @property
+    def metrics(self) -> GenerationMetrics:
+        return self.out.metrics
 
     @property
     def prefilling(self) -> bool:
@@ -91,6 +75,10 @@ class Sequence:
     @property
     def n_past(self) -> int:
         return len(self.slot.cached)
+
+    def needs(self) -> SeqNeeds:
+        return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
+                        self.pending)  # fmt: skip
 
 
 class Scheduler:
@@ -116,26 +104,40 @@ class Scheduler:
         self.policy_options = policy_options or {}  # policy name → constructor options
         self.policy = self._policy(kv_policy)
         self.tracker = CellTracker(model.n_ctx) if probe is not None else None
-        if slot_policy not in ("lru", "fifo"):
-            raise UsageError(f"unknown slot policy {slot_policy!r} (use lru or fifo)")
         self.model = model
         self._ll = model._ll
         self.mem = self._ll.llama_get_memory(model.ctx)
         self.can_shift = bool(self._ll.llama_memory_can_shift(self.mem))
         if kv_policy != "none" and not self.can_shift:
             raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
-        self.slots = [Slot(i) for i in range(n_slots)]
         self.n_ctx_slot = model.n_ctx // n_slots
-        self.token_budget = max(1, min(token_budget, model.settings.n_batch))
-        self.slot_policy = slot_policy
+        self.table = SlotTable(self._ll, self.mem, n_slots, self.n_ctx_slot, slot_policy,
+                               self.tracker)  # fmt: skip
+        self.max_batch = model.settings.n_batch  # llama_decode takes at most n_batch tokens
+        self.token_budget = max(1, min(token_budget, self.max_batch))
         self.max_queue = max_queue
         self.queue: collections.deque[Request] = collections.deque()
         self.running: list[Sequence] = []
-        self.batch = TokenBatch(self.token_budget + n_slots, n_slots)
-        self.step_times: collections.deque[float] = collections.deque(maxlen=32)
-        self.s_per_token = 0.0  # moving average of a step's seconds per batched token
+        self.executor = Executor(self._ll, model.ctx, self.max_batch + n_slots, n_slots)
         self.max_step_s = max_step_s
         self._ll.llama_memory_clear(self.mem, True)
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.table.slots
+
+    @property
+    def s_per_token(self) -> float:
+        """Moving average of a step's seconds per batched token (measured)."""
+        return self.executor.s_per_token
+
+    @s_per_token.setter
+    def s_per_token(self, value: float) -> None:
+        self.executor.s_per_token = value
+
+    @property
+    def step_times(self) -> collections.deque[float]:
+        return self.executor.step_times
 
     def _policy(self, name: str) -> KVPolicy:
         policy = load_policy(name, **self.policy_options.get(name, {}))
@@ -182,7 +184,8 @@ class Scheduler:
         for seq in self.running:
             if seq.req.id == req_id:
                 seq.metrics.stop_reason = "interrupted"
-                return [self._finish(seq)]
+                self._release(seq)
+                return [seq.out.done()]
         return []
 
     def has_work(self) -> bool:
@@ -205,45 +208,16 @@ class Scheduler:
 
     # -- admission -------------------------------------------------------------------------
 
-    def _pick_slot(self, prompt: list[int]) -> tuple[Slot, int] | None:
-        """A free slot and how many leading prompt tokens its cache already holds."""
-        free = [s for s in self.slots if not s.busy]
-        if not free:
-            return None
-
-        def common(slot: Slot) -> int:
-            n = 0
-            # prompt[:-1]: keep >= 1 token to evaluate, for its logits
-            for a, b in zip(slot.cached, prompt[:-1], strict=False):
-                if a != b:
-                    break
-                n += 1
-            return n
-
-        best = max(free, key=common)
-        reuse = common(best)
-        if reuse == 0:  # nothing to reuse: give up the idle cache the policy names
-            key = (lambda s: s.last_used) if self.slot_policy == "lru" else (lambda s: s.filled_at)
-            best = min(free, key=key)
-        return best, reuse
-
     def _admit(self) -> None:
         while self.queue:
-            picked = self._pick_slot(self.queue[0].prompt)
+            picked = self.table.pick(self.queue[0].prompt)
             if picked is None:
                 return
             slot, reuse = picked
             req = self.queue.popleft()
-            # drop the part of the slot's cache that the new prompt does not share
-            self._ll.llama_memory_seq_rm(self.mem, slot.index, reuse, -1)
-            del slot.cached[reuse:]
-            if self.tracker is not None:
-                self.tracker.truncate(slot.index, reuse)
-            if reuse == 0:
-                slot.filled_at = time.perf_counter()
-            slot.busy = True
+            self.table.claim(slot, reuse)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
-            self.running.append(Sequence(req, slot, reuse, self.model.vocab, policy))
+            self.running.append(Sequence(req, slot, reuse, self.model, policy))
 
     # -- one step ----------------------------------------------------------------------
 
@@ -254,28 +228,39 @@ class Scheduler:
         self._make_room(events)
         if not self.running:
             return events
-        rows = self._fill_batch()
+        plan = self.plan()
+        rows = self.executor.fill(plan)
+        self._commit(plan)
         if self.probe is not None:
             self.probe.reset()
-        t0 = time.perf_counter()
-        rc = self._ll.llama_decode(self.model.ctx, self.batch.raw)
-        elapsed = time.perf_counter() - t0
-        self.step_times.append(elapsed)
-        per_token = elapsed / max(1, self.batch.n)
-        self.s_per_token = (
-            per_token if not self.s_per_token else (0.8 * self.s_per_token + 0.2 * per_token)
-        )
+        rc = self.executor.decode()
         if rc != 0:
             return events + self.fail_all(f"llama_decode failed (code {rc})")
         if self.tracker is not None and self.probe is not None:
             try:
-                self.tracker.observe(self.probe, rows)
+                self.tracker.observe(self.probe, rows.by_slot)
             except GenerationError as exc:
                 return events + self.fail_all(str(exc))
-        for seq in list(self.running):
-            if seq.row is not None:
-                events.extend(self._sample(seq))
+        events.extend(self._sample_all(rows))
         return events
+
+    def plan(self) -> StepPlan:
+        """This step's batch, from the running sequences' needs (pure: step_plan)."""
+        needs = [seq.needs() for seq in self.running]
+        generating = any(n.pending is not None for n in needs)
+        return schedule(needs, self.step_budget(generating), self.max_batch)
+
+    def _commit(self, plan: StepPlan) -> None:
+        """Record in each slot the tokens the plan puts in its cells."""
+        by_key = {seq.slot.index: seq for seq in self.running}
+        for d in plan.decodes:
+            seq = by_key[d.key]
+            seq.slot.cached.extend(d.tokens)
+            seq.pending = None
+        for p in plan.prefills:
+            seq = by_key[p.key]
+            seq.slot.cached.extend(p.tokens)
+            seq.n_prefilled = p.start + len(p.tokens)
 
     def _make_room(self, events: list[Event]) -> None:
         """Apply the KV policy to generating sequences whose slot is full."""
@@ -285,38 +270,8 @@ class Scheduler:
             view = SeqCacheView(self._ll, self.mem, seq.slot.index, seq.slot.cached, self.tracker)
             if not seq.policy.make_room(view):
                 seq.metrics.stop_reason = "length"
-                events.append(self._finish(seq))
-
-    def _fill_batch(self) -> dict[int, list[int]]:
-        """Fill the batch; returns each slot's batch rows in position order."""
-        self.batch.clear()
-        rows: dict[int, list[int]] = {}
-        for seq in self.running:  # 1. decode: one token per generating sequence
-            seq.row = None
-            if seq.pending is not None:
-                seq.row = self.batch.add(seq.pending, seq.n_past, seq.slot.index, True)
-                rows[seq.slot.index] = [seq.row]
-                seq.slot.cached.append(seq.pending)
-                seq.pending = None
-        budget = self.step_budget(generating=self.batch.n > 0) - self.batch.n
-        for seq in self.running:  # 2. prefill chunks, oldest request first
-            if budget <= 0:
-                break
-            if not seq.prefilling:
-                continue
-            prompt = seq.req.prompt
-            end = min(len(prompt), seq.n_prefilled + budget)
-            row = -1
-            slot_rows = rows.setdefault(seq.slot.index, [])
-            for i in range(seq.n_prefilled, end):
-                row = self.batch.add(prompt[i], i, seq.slot.index, i == len(prompt) - 1)
-                slot_rows.append(row)
-                seq.slot.cached.append(prompt[i])
-            if end == len(prompt):
-                seq.row = row
-            budget -= end - seq.n_prefilled
-            seq.n_prefilled = end
-        return rows
+                self._release(seq)
+                events.append(seq.out.done())
 
     def step_budget(self, generating: bool) -> int:
         """Tokens for the next step: the full budget, or what fits `max_step_s` while
@@ -326,68 +281,44 @@ class Scheduler:
         fits = int(self.max_step_s / self.s_per_token)
         return max(16 + len(self.running), min(self.token_budget, fits))
 
-    def _sample(self, seq: Sequence) -> list[Event]:
-        assert seq.row is not None
-        token = seq.sampler.sample(self.model.ctx, seq.row)
-        now = time.perf_counter()
-        m = seq.metrics
-        if not seq.t_first:
-            seq.t_first = now
-            m.ttft_s = now - seq.req.arrival
-            prefill_s = now - seq.t_start
-            m.prompt_tps = (len(seq.req.prompt) - seq.reused) / prefill_s if prefill_s else 0.0
-        else:
-            seq.steps += 1
-            m.decode_tps = seq.steps / (now - seq.t_first)
-        if self.model.is_eog(token) and not seq.req.sampling.ignore_eos:
-            m.stop_reason = "eos"
-            return self._close(seq)
-        if m.completion_tokens >= seq.req.sampling.max_tokens:
-            m.stop_reason = "length"
-            return self._close(seq)
-        m.completion_tokens += 1
-        text = seq.stops.feed(seq.utf8.decode(self.model.piece(token)))
-        events: list[Event] = [(seq.req.id, "token", self._token_payload(seq, token, text))]
-        if seq.stops.stopped or m.completion_tokens >= seq.req.sampling.max_tokens:
-            m.stop_reason = "stop" if seq.stops.stopped else "length"
-            return events + self._close(seq)
-        seq.pending = token
+    def _sample_all(self, rows: StepRows) -> list[Event]:
+        events: list[Event] = []
+        for seq in list(self.running):
+            key = seq.slot.index
+            row = rows.decode[key][0] if key in rows.decode else rows.prefill_last.get(key)
+            if row is not None:
+                events.extend(self._sample(seq, row))
         return events
 
-    def _token_payload(self, seq: Sequence, token: int, text: str) -> tuple[Any, ...]:
-        """(token, text), plus (logprob, top logprobs) when the request asks for them."""
+    def _sample(self, seq: Sequence, row: int) -> list[Event]:
+        token = seq.sampler.sample(self.model.ctx, row)
+        events = seq.out.push(token, self._extra(seq, row, token))
+        if seq.out.finished:
+            self._release(seq)
+        else:
+            seq.pending = token
+        return events
+
+    def _extra(self, seq: Sequence, row: int, token: int) -> tuple[Any, ...]:
+        """(logprob, top logprobs) when the request asks for them, else ()."""
         n = seq.req.sampling.logprobs
-        if n is None:
-            return (token, text)
-        assert seq.row is not None
-        return (token, text, *self.model.logprobs(seq.row, token, n))
+        return () if n is None else self.model.logprobs(row, token, n)
 
-    def _close(self, seq: Sequence) -> list[Event]:
-        """Flush held-back text, then finish."""
-        tail = seq.stops.feed(seq.utf8.decode(b"", final=True)) + seq.stops.flush()
-        events: list[Event] = [(seq.req.id, "token", (-1, tail))] if tail else []
-        return [*events, self._finish(seq)]
-
-    def _finish(self, seq: Sequence) -> Event:
+    def _release(self, seq: Sequence) -> None:
         seq.sampler.close()
-        seq.slot.busy = False
-        seq.slot.last_used = time.perf_counter()
+        self.table.release(seq.slot)
         self.running.remove(seq)
-        return (seq.req.id, "done", seq.metrics.to_json())
 
     def fail_all(self, message: str) -> list[Event]:
         """End every running sequence with an error and clear its cache."""
-        events = []
+        events: list[Event] = []
         for seq in list(self.running):
-            self._ll.llama_memory_seq_rm(self.mem, seq.slot.index, -1, -1)
-            seq.slot.cached.clear()
-            if self.tracker is not None:
-                self.tracker.truncate(seq.slot.index, 0)
-            self._finish(seq)
+            self.table.truncate(seq.slot, 0)
+            self._release(seq)
             events.append((seq.req.id, "error", ("GenerationError", message)))
         return events
 
     def close(self) -> None:
         for seq in list(self.running):
-            self._finish(seq)
-        self.batch.close()
+            self._release(seq)
+        self.executor.close()
