@@ -74,14 +74,37 @@ def test_refusal_without_mmap() -> None:
         make_plan(moe_facts(), machine(ram=8 * GiB), ContextSettings(n_ctx=4096), allow_mmap=False)
 
 
-def test_plan_for_run_gives_load_settings(tiny_llama) -> None:  # type: ignore[no-untyped-def]
+def test_plan_for_run_gives_llama_params(tiny_llama) -> None:  # type: ignore[no-untyped-def]
     from inferenceos.plan.model_facts import load_model_facts
     from inferenceos.plan.simulate import plan_for_run
 
     plan = plan_for_run(load_model_facts(tiny_llama), machine(ram=8 * GiB), threads=1)
-    ls = plan.load_settings()
+    ls = plan.params()
     assert ls.n_ctx == plan.ctx.n_ctx and ls.n_threads == 1 and ls.n_gpu_layers == 0
-    assert plan.lost_in_load_settings() == []  # f16 KV, swa_full, CPU only: nothing lost
+    assert (ls.type_k, ls.type_v, ls.swa_full) == (plan.ctx.type_k, plan.ctx.type_v,
+                                                    plan.ctx.swa_full)
     assert plan.summary().startswith("plan: ctx ")
     json_plan = plan.to_json()
     assert json_plan["llama_params"]["n_ctx"] == plan.ctx.n_ctx
+
+
+def _big_vocab_facts():  # type: ignore[no-untyped-def]
+    # Gemma-like: small blocks, a 262k vocabulary: the logits of one 512-token ubatch
+    # (512 MiB of f32) outweigh the ~190 MiB of weights
+    return make_facts(n_layer=2, n_embd=640, n_ff=2048, n_head=4, n_head_kv=1, n_vocab=262144)
+
+
+def test_ubatch_shrinks_before_weights_go_to_disk() -> None:
+    facts = _big_vocab_facts()
+    plan = make_plan(facts, machine(ram=0.4 * GiB), ContextSettings(n_ctx=4096))
+    assert plan.feasible and not plan.disk_bound
+    assert "ubatch" in _kinds(plan)
+    assert plan.ctx.n_ubatch < 512 and plan.memory.by_device["CPU"] <= 0.4 * GiB
+    # KV was quantized and context shrunk first: ubatch comes after them in the ladder
+    kinds = _kinds(plan)
+    assert kinds.index("ubatch") > max(i for i, k in enumerate(kinds) if k in ("context", "KV"))
+
+
+def test_ubatch_is_kept_when_there_is_room() -> None:
+    plan = make_plan(_big_vocab_facts(), machine(ram=4 * GiB), ContextSettings(n_ctx=4096))
+    assert plan.ctx.n_ubatch == 512 and "ubatch" not in _kinds(plan)

@@ -6,13 +6,17 @@ stated order, recording each change and why:
 1. smaller context   — halve n_ctx (down to `min_ctx`) unless the user pinned it;
 2. quantized KV      — q8_0 K and V (turns flash attention on: llama.cpp needs it for a
                        quantized V), then q4_0;
-3. fewer GPU layers  — placement keeps on each accelerator only the layers that fit;
-4. experts to CPU    — routed experts leave accelerators before dense layers do (this
+3. smaller ubatch    — halve n_ubatch (down to `MIN_UBATCH`): the compute buffer grows
+                       linearly with it (Gemma 3 270M: ~515 MiB at 512, mostly the
+                       262k-vocabulary logits, more than its weights); a smaller one
+                       only slows prefill, so it comes before anything that slows decode;
+4. fewer GPU layers  — placement keeps on each accelerator only the layers that fit;
+5. experts to CPU    — routed experts leave accelerators before dense layers do (this
                        is the placement's own order: see placement.py);
-5. mmap from disk    — weights that do not fit in RAM stay in the file and are read
+6. mmap from disk    — weights that do not fit in RAM stay in the file and are read
                        from disk as needed: feasible, but disk-bound, and said so.
 
-Steps 3 and 4 are decided by `placement.place` from the accelerators' budgets; they are
+Steps 4 and 5 are decided by `placement.place` from the accelerators' budgets; they are
 listed among the changes when they happen. When even the smallest settings leave no
 room in RAM for the KV cache, compute and output buffers, the plan is refused with the
 numbers (`PlanRefused`).
@@ -32,6 +36,7 @@ from inferenceos.plan.plan import Change, Plan
 from inferenceos.units import format_bytes as fb
 
 MIN_CTX = 2048
+MIN_UBATCH = 32
 GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
 
 
@@ -58,7 +63,7 @@ def _try(
 
 def _context_ladder(ctx: ContextSettings, pinned: bool, min_ctx: int) -> list[ContextSettings]:
     """Candidates in degradation order: smaller contexts, then quantized KV at the
-    smallest context."""
+    smallest context, then smaller ubatches with the smallest KV."""
     out = [ctx]
     if not pinned:
         n = ctx.n_ctx
@@ -72,10 +77,23 @@ def _context_ladder(ctx: ContextSettings, pinned: bool, min_ctx: int) -> list[Co
     return out
 
 
+def _ubatch_ladder(ctx: ContextSettings) -> list[ContextSettings]:
+    """`ctx` with n_ubatch halved down to MIN_UBATCH (step 3)."""
+    out, n = [], ctx.n_ubatch
+    while n // 2 >= MIN_UBATCH:
+        n //= 2
+        out.append(replace(ctx, n_ubatch=n))
+    return out
+
+
 def _describe(prev: ContextSettings, cur: ContextSettings, overflow: int) -> Change:
     why = f"RAM short by {fb(overflow)}"
     if cur.n_ctx != prev.n_ctx:
         return Change(f"context {prev.n_ctx} → {cur.n_ctx}", why)
+    if cur.n_ubatch != prev.n_ubatch:
+        return Change(
+            f"ubatch {prev.n_ubatch} → {cur.n_ubatch}", why + " (smaller compute buffer)"
+        )
     return Change(
         f"KV cache {prev.type_k}/{prev.type_v} → {cur.type_k}/{cur.type_v}"
         + (" with flash attention" if cur.flash_attn and not prev.flash_attn else ""),
@@ -104,6 +122,7 @@ def make_plan(
     ladder = _context_ladder(ctx, pinned_ctx, min(min_ctx, ctx.n_ctx))
     if not quantize_kv or facts.spec.key_length % 32 or facts.spec.value_length % 32:
         ladder = [c for c in ladder if c.type_k == ctx.type_k and c.type_v == ctx.type_v]
+    ladder += _ubatch_ladder(ladder[-1])
     prev, last_overflow = ladder[0], 0
     for cand in ladder:
         p, est, overflow = _try(facts, machine, cand)
@@ -147,7 +166,8 @@ def _refusal(
 ) -> str:
     acc = ", ".join(f"{d.name} {fb(d.memory_bytes)}" for d in machine.accelerators) or "no GPU"
     return (
-        f"{facts.spec.name} cannot run here: even at context {ctx.n_ctx} with a "
+        f"{facts.spec.name} cannot run here: even at context {ctx.n_ctx}, ubatch "
+        f"{ctx.n_ubatch}, with a "
         f"{ctx.type_k}/{ctx.type_v} KV cache it needs {fb(fixed)} of RAM besides the weights "
         f"(KV {fb(est.kv.get('CPU', 0))}, compute {fb(est.compute.get('CPU', 0))}, "
         f"output {fb(est.output)}, overhead {fb(est.overhead)}) and {fb(facts.spec.tensor_bytes)}"

@@ -1,0 +1,76 @@
+"""Load-aware thread counts: the pure pick, and the sensor against a real busy process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from inferenceos.hardware.cpu_load import CpuLoad, sample_cpu_load
+from inferenceos.plan.threads import explain_threads, free_cpus, pick_threads
+
+
+def test_idle_machine_uses_every_core() -> None:
+    assert pick_threads(8, CpuLoad(usable_cpus=8, window_s=0.1)) == 8
+    assert pick_threads(8, None) == 8
+
+
+def test_one_busy_core_is_left_alone() -> None:
+    load = CpuLoad(usable_cpus=2, busy_others=1.0, window_s=0.1)
+    assert pick_threads(2, load) == 1
+    assert "1 of 2 threads" in explain_threads(2, load)
+    assert "busy with other processes" in explain_threads(2, load)
+
+
+def test_a_little_noise_does_not_cost_a_core() -> None:
+    assert pick_threads(4, CpuLoad(usable_cpus=4, busy_others=0.2, window_s=0.1)) == 4
+    assert pick_threads(4, CpuLoad(usable_cpus=4, busy_others=0.5, window_s=0.1)) == 3
+
+
+def test_never_below_one_or_above_cores() -> None:
+    assert pick_threads(2, CpuLoad(usable_cpus=2, busy_others=7.0, window_s=0.1)) == 1
+    assert pick_threads(2, CpuLoad(usable_cpus=16, window_s=0.1)) == 2
+    assert pick_threads(0, None) == 1
+
+
+def test_quota_and_steal_shrink_capacity() -> None:
+    quota = CpuLoad(usable_cpus=8, quota_cpus=2.0, window_s=0.1)
+    assert pick_threads(8, quota) == 2 and "quota" in explain_threads(8, quota)
+    steal = CpuLoad(usable_cpus=4, steal_fraction=0.5, window_s=0.1)
+    assert free_cpus(steal) == pytest.approx(2.0)
+    assert pick_threads(4, steal) == 2 and "steal" in explain_threads(4, steal)
+
+
+def test_other_workers_of_ours_count_as_busy() -> None:
+    load = CpuLoad(usable_cpus=4, busy_others=2.0, worker_cpus=2.0, workers=1, window_s=0.1)
+    assert pick_threads(4, load) == 2
+    assert "other model worker" in explain_threads(4, load)
+
+
+def test_unsampled_falls_back_to_the_load_average() -> None:
+    # no per-CPU counters: the load average less our own process
+    assert pick_threads(4, CpuLoad(usable_cpus=4, loadavg_1m=3.0)) == 2
+
+
+_BUSY = "import time\nwhile True:\n    pass\n"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sensor_sees_a_busy_process_and_our_worker() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    # the marker argument makes it look like one of our engine workers to the sensor
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY, "inferenceos.engine.worker"])
+    try:
+        os.sched_setaffinity(proc.pid, {cpu})
+        time.sleep(0.3)
+        load = sample_cpu_load(window_s=0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert load.sampled and load.usable_cpus >= 1
+    assert load.busy_others >= 0.6
+    assert load.workers >= 1 and load.worker_cpus >= 0.5
+    assert 0.0 <= load.steal_fraction < 1.0
