@@ -76,7 +76,8 @@ def grid(facts: ModelFacts, quick: bool) -> list[ContextSettings]:
 
 
 def measure(path: Path, s: ContextSettings) -> dict[str, Any]:
-    args = [f"{k}={v}" for k, v in asdict(s).items() if k != "kv_unified"]
+    params = s.llama_params(n_threads=1)
+    args = [f"{k}={v}" for k, v in asdict(params).items() if isinstance(v, (int, float, str))]
     res = subprocess.run(
         [sys.executable, "-m", "inferenceos.engine.memory_report", str(path), *args],
         capture_output=True,

@@ -84,13 +84,16 @@ def test_repack_rules() -> None:
 def test_prediction_matches_llama_cpp(
     request: pytest.FixtureRequest, kind: str, n_ctx: int, n_ubatch: int, fa: bool
 ) -> None:
-    from inferenceos.engine.memory_report import MeasureSettings, measure_load
+    from inferenceos.engine.memory_report import measure_load
+    from inferenceos.plan.llama_params import LlamaParams
 
     path = request.getfixturevalue(kind)
     facts = load_model_facts(path)
     s = ContextSettings(n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=fa, swa_full=False)
     r = measure_load(
-        path, MeasureSettings(n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=fa, swa_full=False)
+        path,
+        LlamaParams(n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=int(fa), swa_full=False,
+                    kv_unified=False, n_threads=1),
     )
     kv = sum(kv_layer_bytes(facts, i, s) for i in range(facts.spec.block_count))
     assert abs(r.kind("KV") - kv) < 0.02 * MiB  # llama.cpp prints MiB to 2 decimals

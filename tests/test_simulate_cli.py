@@ -40,7 +40,8 @@ def _json(*args: str) -> dict:  # type: ignore[type-arg]
 
 
 def test_json_has_the_contract_keys(tiny_llama: Path) -> None:
-    data = _json(str(tiny_llama), "--ram", "8GiB", "--ram-bandwidth", "20")
+    data = _json(str(tiny_llama), "--ram", "8GiB", "--ram-bandwidth", "20",
+                 "--prompt-tokens", "256")
     assert data.keys() >= KEYS
     assert data["feasible"] and data["decode_tps"] > 0 and data["prefill_tps"] > 0
     assert set(data["peak_memory_bytes"]) == {"CPU"}
@@ -79,7 +80,8 @@ def test_reads_metadata_only_quickly(big_moe: Path) -> None:
 
 
 def test_report_renders(tiny_moe: Path) -> None:
-    res = runner.invoke(app, ["simulate", str(tiny_moe), "--gpu-memory", "1GiB", "--ram", "4GiB"])
+    res = runner.invoke(app, ["simulate", str(tiny_moe), "--gpu-memory", "1GiB", "--ram", "4GiB",
+                              "--prompt-tokens", "200"])
     assert res.exit_code == 0, res.output
     for section in ("Hardware", "Feasibility", "Peak memory", "Performance", "Bottleneck"):
         assert section in res.stdout
@@ -123,3 +125,23 @@ def test_dense_model_all_on_a_big_gpu() -> None:
     plan = make_plan(make_facts(), machine(gpus=(24 * GiB,)), ContextSettings(n_ctx=8192))
     assert plan.n_gpu_layers == 33 and plan.placement.output_device == "GPU0"
     assert plan.llama_params()["tensor_split"] == [1.0]
+
+
+def test_prompt_longer_than_the_context_is_refused(tiny_llama: Path) -> None:
+    """The tiny model was trained on 512 tokens: a 100,000-token prompt cannot 'fit'."""
+    res = runner.invoke(app, ["simulate", str(tiny_llama), "--prompt-tokens", "100000"])
+    assert res.exit_code != 0
+    assert "100000 tokens does not fit a context of 512" in str(res.exception or res.output)
+
+
+def test_context_is_capped_at_the_training_context(tiny_llama: Path) -> None:
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    plan = plan_load(load_model_facts(tiny_llama), machine(ram=8 * GiB),
+                     LoadRequest(n_ctx=10_000_000))
+    assert plan.ctx.n_ctx == 512
+    assert any("training context" in c.why for c in plan.changes)
+    scaled = plan_load(load_model_facts(tiny_llama), machine(ram=8 * GiB),
+                       LoadRequest(n_ctx=4096, rope_scaling=True))
+    assert scaled.ctx.n_ctx == 4096

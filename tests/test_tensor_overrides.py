@@ -39,7 +39,6 @@ def test_plan_overrides_survive_into_load_settings(tiny_moe: Path) -> None:
 
     machine = apply_overrides(local_machine(), Overrides(gpu_memory=(6_500_000,)))
     plan = plan_for_run(load_model_facts(tiny_moe), machine, flash_attn=False)  # sized for it
-    settings = plan.load_settings()
+    settings = plan.params()
     assert plan.tensor_overrides, plan.summary()
     assert settings.tensor_buft_overrides == tuple(plan.tensor_overrides)
-    assert plan.lost_in_load_settings() == []

@@ -16,6 +16,7 @@ from inferenceos.errors import UsageError
 
 if TYPE_CHECKING:  # gguf, numpy and jinja2 load only when the command runs
     from inferenceos.model.spec import ModelSpec
+    from inferenceos.plan.entry import LoadRequest
 
 DEFAULT_CTX = 4096
 
@@ -30,22 +31,17 @@ def _read_prompt(prompt: str | None) -> str:
     raise UsageError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
 
 
-def _plan_settings(path: Path, ctx: int, threads: int, batch: int, need: int) -> LoadSettings:
+def _plan_settings(path: Path, req: LoadRequest) -> LoadSettings:
     """Ask the planner how to load the model here; print its one-line summary."""
-    from dataclasses import replace
-
     from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.entry import plan_load
     from inferenceos.plan.model_facts import load_model_facts
-    from inferenceos.plan.simulate import plan_for_run
 
-    facts = load_model_facts(path)
-    plan = plan_for_run(facts, local_machine(), n_ctx=ctx or None, threads=threads,
-                        swa_full=False, need_tokens=need)  # fmt: skip
+    plan = plan_load(load_model_facts(path), local_machine(), req)
     err.print(plan.summary(), style="dim", markup=False)
-    settings: LoadSettings = plan.load_settings()
-    if batch:
-        settings = replace(settings, n_batch=batch, n_ubatch=min(batch, settings.n_ubatch))
-    return settings
+    for change in plan.changes:
+        err.print(f"  {change}", style="dim", markup=False)
+    return plan.params()
 
 
 def _prompt_text(
@@ -113,6 +109,14 @@ def run(
     ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: auto)")] = 0,
     threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: auto)")] = 0,
     batch: Annotated[int, typer.Option("--batch", help="Prefill batch size (0: planned)")] = 0,
+    gpu_layers: Annotated[int | None, typer.Option(
+        "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")] = None,
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="Run on this device only: cpu, or a GPU name (CUDA0, Metal...)")] = None,
+    cache_type_k: Annotated[str | None, typer.Option(
+        "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")] = None,
+    cache_type_v: Annotated[str | None, typer.Option(
+        "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object at the end")
     ] = False,
@@ -131,13 +135,22 @@ def run(
         ignore_eos=ignore_eos,
     )
     sampling.validate()
+    from inferenceos.config import load_config
     from inferenceos.engine.llama_lib import log
     from inferenceos.model.spec import load_spec
+    from inferenceos.plan.entry import LoadRequest
 
     spec = load_spec(resolve_model(model))
     log().echo = verbose
     need = min(len(text.encode()) + max_tokens + 64, spec.context_length or DEFAULT_CTX)
-    with LoadedModel(spec.path, _plan_settings(spec.path, ctx, threads, batch, need)) as lm:
+    cfg = load_config()
+    req = LoadRequest(
+        n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
+        threads=threads or int(cfg.get("run.threads") or 0),
+        n_batch=batch, need_tokens=need, gpu_layers=gpu_layers, backend=backend,
+        type_k=cache_type_k, type_v=cache_type_v,
+    )  # fmt: skip
+    with LoadedModel(spec.path, _plan_settings(spec.path, req)) as lm:
         tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw, template))
         pieces: list[str] = []
         interrupted = False

@@ -25,6 +25,7 @@ from typing import Any
 
 from inferenceos.engine.llama_lib import lib, log
 from inferenceos.errors import ModelLoadError
+from inferenceos.plan.llama_params import KV_CACHE_TYPES, LlamaParams
 
 MIB = 1024 * 1024
 
@@ -33,17 +34,6 @@ _BUFFER_LINE = re.compile(
     r"(?P<mib>[0-9.]+) MiB"
 )
 
-# ggml_type codes for the KV cache types we plan with (ggml.h)
-KV_TYPE_CODES = {
-    "f32": 0,
-    "f16": 1,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "q8_0": 8,
-    "bf16": 30,
-}
 LOAD_MODE_NONE = 0  # llama_load_mode: read tensors into buffers, no mmap (needed by no_alloc)
 
 
@@ -108,24 +98,7 @@ def rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-@dataclass(frozen=True)
-class MeasureSettings:
-    """The knobs that change llama.cpp's allocations (a superset of LoadSettings)."""
-
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_ubatch: int = 512
-    n_seq: int = 1
-    type_k: str = "f16"
-    type_v: str = "f16"
-    flash_attn: bool = False
-    swa_full: bool = True  # llama.cpp's default
-    n_gpu_layers: int = 0
-    use_mmap: bool = True
-    n_threads: int = 1
-
-
-def _model_params(ll: Any, s: MeasureSettings, dry_run: bool) -> Any:
+def _model_params(ll: Any, s: LlamaParams, dry_run: bool) -> Any:
     params = ll.llama_model_default_params()
     params.n_gpu_layers = s.n_gpu_layers
     if dry_run:
@@ -137,16 +110,17 @@ def _model_params(ll: Any, s: MeasureSettings, dry_run: bool) -> Any:
     return params
 
 
-def _context_params(ll: Any, s: MeasureSettings) -> Any:
+def _context_params(ll: Any, s: LlamaParams) -> Any:
     params = ll.llama_context_default_params()
     params.n_ctx = s.n_ctx
     params.n_batch = s.n_batch
     params.n_ubatch = min(s.n_ubatch, s.n_batch)
-    params.n_seq_max = s.n_seq
-    params.n_threads = params.n_threads_batch = s.n_threads
-    params.flash_attn_type = 1 if s.flash_attn else 0
-    params.type_k = KV_TYPE_CODES[s.type_k]
-    params.type_v = KV_TYPE_CODES[s.type_v]
+    params.n_seq_max = s.n_seq_max
+    params.kv_unified = s.kv_unified
+    params.n_threads = params.n_threads_batch = s.n_threads or 1
+    params.flash_attn_type = s.flash_attn
+    params.type_k = KV_CACHE_TYPES[s.type_k]
+    params.type_v = KV_CACHE_TYPES[s.type_v]
     params.swa_full = s.swa_full
     params.no_perf = True
     return params
@@ -161,7 +135,7 @@ def _make_room() -> None:
         lg.lines.clear()
 
 
-def measure_load(path: Path, settings: MeasureSettings, dry_run: bool = False) -> BufferReport:
+def measure_load(path: Path, settings: LlamaParams, dry_run: bool = False) -> BufferReport:
     """Load `path` with `settings` (or dry-run it), free it, and report its buffers.
 
     Raises ModelLoadError with llama.cpp's own reason when it refuses the settings (e.g.
@@ -209,13 +183,13 @@ def _main() -> None:
         if key == "dry_run":
             dry = value.lower() in ("1", "true")
             continue
-        default = getattr(MeasureSettings, key)
+        default = getattr(LlamaParams, key)
         kw[key] = (
             (value.lower() in ("1", "true"))
             if isinstance(default, bool)
             else (type(default)(value))
         )
-    report = measure_load(Path(args[0]), MeasureSettings(**kw), dry_run=dry)
+    report = measure_load(Path(args[0]), LlamaParams(**kw), dry_run=dry)
     sys.stdout.write(json.dumps(report.to_json()) + "\n")
 
 

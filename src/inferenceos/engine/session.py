@@ -24,6 +24,7 @@ from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.stop import StopMatcher
 from inferenceos.errors import GenerationError, ModelLoadError, UsageError
+from inferenceos.plan.llama_params import KV_CACHE_TYPES, LlamaParams
 
 
 def default_threads() -> int:
@@ -34,44 +35,9 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-@dataclass(frozen=True)
-class LoadSettings:
-    """How to load a model and size its context (the planner's output, later)."""
-
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_ubatch: int = 512
-    n_threads: int = 0  # 0: default_threads()
-    n_threads_batch: int = 0
-    n_gpu_layers: int = 0
-    flash_attn: int = -1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
-    use_mmap: bool = True
-    n_seq_max: int = 1  # parallel sequences sharing the context
-    # True: the sequences share one pool of n_ctx cells (attention runs over every
-    # sequence's cells, masked); False: each sequence has its own n_ctx / n_seq_max
-    # cells and attends over those only, as llama-server --parallel N does
-    kv_unified: bool = True
-    swa_full: bool = True  # False: sliding-window layers keep only their window of KV
-    type_k: str = "f16"  # KV cache types: f16, q8_0, q4_0
-    type_v: str = "f16"
-    # (regex on tensor names, llama.cpp device name): e.g. MoE experts kept on the CPU
-    tensor_buft_overrides: tuple[tuple[str, str], ...] = ()
-    tensor_split: tuple[float, ...] = ()  # share of layers per GPU
-    main_gpu: int = 0
-
-    def validate(self) -> None:
-        """Raise UsageError for settings llama.cpp would refuse or misbehave on."""
-        for name, value in (("K", self.type_k), ("V", self.type_v)):
-            if value not in KV_TYPES:
-                raise UsageError(f"unknown {name} cache type {value!r} (use {', '.join(KV_TYPES)})")
-        if self.type_v != "f16" and self.flash_attn == 0:
-            raise UsageError("a quantized V cache requires flash attention (flash_attn on or auto)")
-        if self.n_ctx < 16 or self.n_batch < 1 or self.n_seq_max < 1:
-            raise UsageError("n_ctx must be >= 16 and n_batch, n_seq_max >= 1")
-
-
-# ggml_type codes of the KV cache types we offer
-KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+# The one llama-parameters record is owned by the planner (a leaf module): the engine
+# consumes it. `LoadSettings` is its historical name here.
+LoadSettings = LlamaParams
 
 
 @dataclass
@@ -191,8 +157,8 @@ class LoadedModel:
         params.n_seq_max = s.n_seq_max
         params.kv_unified = s.kv_unified
         params.swa_full = s.swa_full
-        params.type_k = KV_TYPES[s.type_k]
-        params.type_v = KV_TYPES[s.type_v]
+        params.type_k = KV_CACHE_TYPES[s.type_k]
+        params.type_v = KV_CACHE_TYPES[s.type_v]
         params.n_threads = s.n_threads or default_threads()
         params.n_threads_batch = s.n_threads_batch or params.n_threads
         params.flash_attn_type = s.flash_attn

@@ -26,11 +26,11 @@ from typing import Any
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import KV_CACHE_TYPES, QUANTIZED_KV, LlamaParams
 from inferenceos.plan.model_facts import ModelFacts, TensorFact
 
 MIB = 1024 * 1024
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
-QUANTIZED_KV = {"q8_0", "q5_1", "q5_0", "q4_1", "q4_0"}
+KV_TYPES = tuple(KV_CACHE_TYPES)  # the one table lives with LlamaParams
 
 
 def pad(n: int, multiple: int) -> int:
@@ -82,6 +82,22 @@ class ContextSettings:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    def llama_params(self, **model: Any) -> LlamaParams:
+        """The context part of the one llama-parameters record; `model` adds the
+        load fields (threads, n_gpu_layers, use_mmap, placement)."""
+        return LlamaParams(
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_ubatch,
+            n_seq_max=self.n_seq,
+            kv_unified=self.kv_unified,
+            swa_full=self.swa_full,
+            type_k=self.type_k,
+            type_v=self.type_v,
+            flash_attn=1 if self.flash_attn else 0,
+            **model,
+        )
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,14 @@ translation into llama.cpp parameters."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inferenceos.atomic import write_json_atomic
+from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.placement import Placement
 from inferenceos.units import format_bytes
@@ -48,12 +50,15 @@ class Plan:
     reason: str = ""
     changes: tuple[Change, ...] = field(default_factory=tuple)
     accelerators: tuple[str, ...] = ()
+    gpu_layers_forced: int | None = None  # a user override of n_gpu_layers (see entry.py)
 
     # -- llama.cpp parameters ------------------------------------------------------------
 
     @property
     def n_gpu_layers(self) -> int:
         """llama.cpp offloads the last n_gpu_layers layers; one more means the output head."""
+        if self.gpu_layers_forced is not None:
+            return self.gpu_layers_forced
         out = 1 if self.placement.output_device != "CPU" else 0
         return self.placement.gpu_layers + out
 
@@ -79,87 +84,37 @@ class Plan:
         alt = "|".join(str(i) for i in layers)
         return [(rf"blk\.({alt})\.{EXPERT_TENSORS}", "CPU")]
 
-    def llama_params(self) -> dict[str, Any]:
-        c = self.ctx
-        return {
-            "n_ctx": c.n_ctx,
-            "n_batch": c.n_batch,
-            "n_ubatch": c.n_ubatch,
-            "n_seq_max": c.n_seq,
-            "type_k": c.type_k,
-            "type_v": c.type_v,
-            "flash_attn": c.flash_attn,
-            "swa_full": c.swa_full,
-            "n_threads": self.threads,
-            "n_threads_batch": self.threads,
-            "n_gpu_layers": self.n_gpu_layers,
-            "tensor_split": self.tensor_split,
-            "main_gpu": self.main_gpu,
-            "devices": list(self.accelerators),
-            "tensor_buft_overrides": [f"{p}={b}" for p, b in self.tensor_overrides],
-            "use_mmap": self.use_mmap,
-        }
-
-    def load_settings(self) -> Any:
-        """The engine's LoadSettings for this plan.
-
-        Forward-compatible: the KV types, swa_full, n_seq_max, tensor overrides,
-        tensor_split and main_gpu are passed when LoadSettings has fields of those names;
-        `lost_in_load_settings()` lists what the current LoadSettings cannot carry.
-        """
-        import dataclasses
-
-        from inferenceos.engine.session import LoadSettings
-
-        c = self.ctx
-        names = {f.name for f in dataclasses.fields(LoadSettings)}
-        extra = {k: v for k, v in self._extra_settings().items() if k in names}
-        return LoadSettings(
-            n_ctx=c.n_ctx,
-            n_batch=c.n_batch,
-            n_ubatch=c.n_ubatch,
+    def params(self) -> LlamaParams:
+        """The one llama-parameters record the engine loads this plan with."""
+        return self.ctx.llama_params(
             n_threads=self.threads,
             n_threads_batch=self.threads,
             n_gpu_layers=self.n_gpu_layers,
-            flash_attn=1 if c.flash_attn else 0,
             use_mmap=self.use_mmap,
-            **extra,
+            tensor_buft_overrides=tuple(self.tensor_overrides),
+            tensor_split=tuple(self.tensor_split),
+            main_gpu=self.main_gpu,
+            devices=self.accelerators,
         )
 
-    def _extra_settings(self) -> dict[str, Any]:
-        c = self.ctx
-        return {
-            "type_k": c.type_k,
-            "type_v": c.type_v,
-            "swa_full": c.swa_full,
-            "n_seq_max": c.n_seq,
-            "tensor_buft_overrides": tuple(self.tensor_overrides),
-            "tensor_split": tuple(self.tensor_split),
-            "main_gpu": self.main_gpu,
-        }
+    def llama_params(self) -> dict[str, Any]:
+        """`params()` as JSON (what `simulate --json` and `placement` print)."""
+        d = dataclasses.asdict(self.params())
+        d["tensor_buft_overrides"] = [f"{p}={b}" for p, b in self.tensor_overrides]
+        d["tensor_split"] = list(self.tensor_split)
+        d["devices"] = list(self.accelerators)
+        return d
 
-    def lost_in_load_settings(self) -> list[str]:
-        """Settings of this plan that differ from llama.cpp's defaults but that the
-        engine's LoadSettings has no field for (the load would not honour them)."""
-        import dataclasses
-
-        from inferenceos.engine.session import LoadSettings
-
-        names = {f.name for f in dataclasses.fields(LoadSettings)}
-        defaults = {
-            "type_k": "f16",
-            "type_v": "f16",
-            "swa_full": True,
-            "n_seq_max": 1,
-            "tensor_buft_overrides": (),
-            "tensor_split": (),
-            "main_gpu": 0,
-        }
-        return [
-            k
-            for k, v in self._extra_settings().items()
-            if k not in names and v != defaults[k] and not (k == "tensor_split" and len(v) <= 1)
-        ]
+    def charge(self, warm: bool = False) -> dict[str, int]:
+        """Bytes per device a loaded model of this plan holds: everything when hot;
+        when warm (context freed, weights kept) its weights only."""
+        m = self.memory
+        if not warm:
+            return dict(m.by_device)
+        # what the context holds (KV cells, compute buffers, the logits buffer) is freed
+        freed = {d: m.kv.get(d, 0) + m.compute.get(d, 0) for d in m.by_device}
+        freed["CPU"] = freed.get("CPU", 0) + m.output
+        return {d: max(0, b - freed.get(d, 0)) for d, b in m.by_device.items()}
 
     # -- presentation ---------------------------------------------------------------------
 

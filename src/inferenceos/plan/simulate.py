@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.microbatch import choose_ubatch
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
 from inferenceos.plan.plan import Plan
-from inferenceos.plan.preflight import make_plan
 
 DEFAULT_CTX = 4096
 
@@ -75,15 +73,6 @@ class Prediction:
         }
 
 
-def default_context(facts: ModelFacts, w: Workload) -> tuple[int, bool]:
-    """(n_ctx, pinned): the requested context, or one that holds the workload."""
-    if w.n_ctx:
-        return w.n_ctx, True
-    need = w.prompt_tokens + w.output_tokens
-    train = facts.spec.context_length or DEFAULT_CTX
-    return min(train, max(DEFAULT_CTX, need)), False
-
-
 def plan_for_run(
     facts: ModelFacts,
     machine: Machine,
@@ -107,27 +96,18 @@ def plan_for_run(
     holds at least `need_tokens` (prompt + output). Raises PlanRefused (an
     InferenceOSError) when nothing fits.
     """
-    cal = calibration or Calibration.load()
-    n, pinned = default_context(facts, Workload(need_tokens, 0, n_ctx))
-    # default on, as llama.cpp's own "auto" resolves on its CPU, CUDA and Metal backends:
-    # 2 % faster decode for Gemma 3 270M on 2 threads here (paired rounds), and a
-    # quantized V cache needs it anyway
-    fa = flash_attn if flash_attn is not None else True
-    ctx = ContextSettings(
-        n_ctx=n,
-        n_seq=n_seq,
-        type_k=type_k,
-        type_v=type_v,
-        flash_attn=fa,
-        swa_full=swa_full or n_seq > 1,
-    )
-    plan = make_plan(
-        facts, machine, ctx, threads=threads, pinned_ctx=pinned, quantize_kv=allow_kv_quantization
-    )
-    return _size_ubatch(facts, machine, plan, cal)
+    from inferenceos.plan.entry import LoadRequest, plan_load
+
+    req = LoadRequest(
+        n_ctx=(n_ctx or 0) // max(1, n_seq), n_seq=n_seq, threads=threads,
+        type_k=type_k if type_k != "f16" or not allow_kv_quantization else None,
+        type_v=type_v if type_v != "f16" or not allow_kv_quantization else None,
+        flash_attn=flash_attn, swa_full=swa_full, need_tokens=need_tokens,
+    )  # fmt: skip
+    return plan_load(facts, machine, req, calibration)
 
 
-def _size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibration) -> Plan:
+def size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibration) -> Plan:
     if plan.disk_bound:
         return plan
     headroom = machine.cpu.memory_bytes - plan.memory.by_device.get("CPU", 0)
@@ -155,18 +135,18 @@ def simulate(
     calibration: Calibration | None = None,
 ) -> Prediction:
     """Plan and predict for `path` on `machine` (metadata only)."""
+    from inferenceos.plan.entry import LoadRequest, plan_load
+
     facts = load_model_facts(path)
     cal = calibration or Calibration.load()
-    plan = plan_for_run(
-        facts,
-        machine,
-        workload.n_ctx,
-        threads,
-        type_k,
-        type_v,
-        calibration=cal,
+    explicit = type_k != "f16" or type_v != "f16"
+    req = LoadRequest(
+        n_ctx=workload.n_ctx or 0, threads=threads,
+        type_k=type_k if explicit else None, type_v=type_v if explicit else None,
         need_tokens=workload.prompt_tokens + workload.output_tokens,
-    )
+        prompt_tokens=workload.prompt_tokens,
+    )  # fmt: skip
+    plan = plan_load(facts, machine, req, cal)
     return predict(facts, machine, plan, workload, cal)
 
 
