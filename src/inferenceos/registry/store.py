@@ -3,7 +3,13 @@
 Layout under the models directory (`models.dir`, default `<data dir>/models`):
 
     blobs/sha256-<64 hex>     one GGUF file per distinct content
+    blobs/sha256-<hex>.parts/ a split GGUF (`model-00001-of-0000N.gguf` ...), named by the
+                              sha256 of its first part, which is what llama.cpp opens
     registry.db               SQLite (WAL): name → digest, size, a few facts from the header
+
+A model may also live outside the store (`register_in_place`, used by `models discover`
+for files other tools keep): its row holds the file's location, and removing the name
+never deletes that file.
 
 Contract:
 - Every name and digest is validated (`names.py`) before a path is built from it; blob
@@ -11,6 +17,8 @@ Contract:
 - Blobs are written to a temporary file in `blobs/` and renamed into place only once
   their sha256 is known to match, so a crash never leaves a half-written blob under a
   real name. Index changes are single SQLite transactions.
+- A download (`registry/hub.py`) hands over a file already verified against its sha256;
+  `add_blob` / `add_parts` only rename it into place and index it.
 - There is no network here: `pull` imports a local .gguf file or the built-in model.
 """
 
@@ -27,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferenceos import sqlite_db
 from inferenceos.errors import ModelNotFoundError, UsageError
 from inferenceos.paths import ensure_dir
 from inferenceos.registry.names import canonical, parse_digest
@@ -50,23 +59,43 @@ _MIGRATIONS = (
     );
     CREATE INDEX models_digest ON models(digest);
     """,
+    # split GGUFs (`parts` files under blobs/sha256-<hex>.parts/) and models registered
+    # in place (`location`: the file's own path; NULL for files in blobs/)
+    """
+    ALTER TABLE models ADD COLUMN parts INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE models ADD COLUMN location TEXT;
+    """,
 )
+_COLUMNS = ("name", "digest", "size", "source", "architecture", "file_type", "parameters",
+            "context_length", "modified_at", "parts", "location")
+_INSERT = (f"INSERT OR REPLACE INTO models ({', '.join(_COLUMNS)}) "
+           f"VALUES ({', '.join('?' * len(_COLUMNS))})")
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One name in the registry and the facts about its file."""
+    """One name in the registry and the facts about its file.
+
+    `path` is what llama.cpp opens: the blob, the first part of a split model (`parts` >
+    1, total `size`), or the file registered in place (`location`).
+    """
 
     name: str
-    digest: str  # sha256 hex
+    digest: str  # sha256 hex (of the first part for a split model)
     size: int
-    source: str  # the path it was imported from, or "builtin"
+    source: str  # the path or URL it came from, or "builtin"
     architecture: str
     file_type: str
     parameters: int
     context_length: int
     modified_at: float
+    parts: int
+    location: str | None  # registered in place: the file's own path (never deleted)
     path: Path
+
+    @property
+    def in_place(self) -> bool:
+        return self.location is not None
 
 
 Progress = Callable[[str], None]
@@ -101,27 +130,29 @@ class ModelStore:
     def _db(self) -> Iterator[sqlite3.Connection]:
         """A short-lived connection, migrated; commits on success, rolls back on error."""
         ensure_dir(self.root)
-        conn = sqlite3.connect(self.db_path, timeout=10)
+        conn = sqlite_db.connect(self.db_path, busy_timeout_s=10)
         try:
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
-            self._migrate(conn)
+            sqlite_db.migrate(conn, _MIGRATIONS)
             with conn:
                 yield conn
         finally:
             conn.close()
 
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        for number, script in enumerate(_MIGRATIONS[version:], start=version + 1):
-            with conn:
-                conn.executescript(script)
-                conn.execute(f"PRAGMA user_version = {number}")
-
     def _entry(self, row: sqlite3.Row) -> ModelEntry:
         data = dict(row)
-        return ModelEntry(**data, path=self.blob_path(data["digest"]))
+        if data["location"]:
+            path = Path(data["location"])
+        elif data["parts"] > 1:
+            path = self.parts_dir(data["digest"]) / split_file_name(1, int(data["parts"]))
+        else:
+            path = self.blob_path(data["digest"])
+        return ModelEntry(**data, path=path)
+
+    def _insert(self, conn: sqlite3.Connection, **values: object) -> None:
+        values.setdefault("modified_at", time.time())
+        values.setdefault("parts", 1)
+        values.setdefault("location", None)
+        conn.execute(_INSERT, tuple(values[c] for c in _COLUMNS))
 
     # -- reading -----------------------------------------------------------------------
 
@@ -129,6 +160,10 @@ class ModelStore:
         """`blobs/sha256-<hex>` for a validated digest (InvalidNameError otherwise)."""
         hex_ = parse_digest(digest if digest.startswith("sha256") else f"sha256:{digest}")
         return self.blobs / f"sha256-{hex_}"
+
+    def parts_dir(self, digest: str) -> Path:
+        """`blobs/sha256-<hex>.parts` for a split model whose first part has `digest`."""
+        return self.blob_path(digest).with_name(self.blob_path(digest).name + ".parts")
 
     def list(self) -> list[ModelEntry]:
         """Every registered name, sorted."""
@@ -149,8 +184,10 @@ class ModelStore:
         if entry is None:
             raise ModelNotFoundError(f"model '{canonical(name)}' not found; pull it first")
         if not entry.path.is_file():
+            # no path: this message reaches API clients
+            where = "its file was moved or deleted" if entry.in_place else "its file is missing"
             raise ModelNotFoundError(
-                f"model '{entry.name}' is registered but its file {entry.path} is missing"
+                f"model '{entry.name}' is registered but {where}; pull it again or `rm` it"
             )
         return entry
 
@@ -163,29 +200,117 @@ class ModelStore:
         link: bool = False,
         progress: Progress = _quiet,
         source_label: str | None = None,
+        check: Callable[[Path], None] | None = None,
     ) -> ModelEntry:
         """Register the GGUF file `source` under `name` (default: from its file name).
 
-        The file is validated as GGUF first (bounded header read), then copied into the
-        blob store (or hard-linked when `link` and possible). Re-importing identical
+        The file is validated as GGUF first (bounded header read; a missing file or a
+        folder gets the same message as `run`), then by `check` when given (the llama.cpp
+        load check of `registry/loadcheck.py`), then copied into the blob store (or
+        hard-linked when `link` and possible). The first part of a split GGUF
+        (`-00001-of-0000N.gguf`) brings its sibling parts along. Re-importing identical
         content is cheap: the blob is shared. Returns the new entry.
         """
         from inferenceos.model.spec import load_spec
 
         source = Path(source).expanduser()
-        if not source.is_file():
-            raise ModelNotFoundError(f"no such model file: {source}")
-        key = canonical(name) if name else name_for_file(source)
+        spec = load_spec(source)  # raises ModelNotFoundError / GGUFFormatError like `run`
+        parts = split_parts(source)
+        key = canonical(name) if name else name_for_file(split_base(source))
         progress(f"reading {source.name}")
-        spec = load_spec(source)
+        if check is not None:
+            progress("checking that llama.cpp can load it")
+            check(source)
+        label = source_label or str(source.resolve())
+        if len(parts) > 1:
+            return self._import_parts(parts, key, label, progress)
         digest = self._store_blob(source, link, progress)
-        entry_values = (
-            key, digest, source.stat().st_size, source_label or str(source.resolve()),
-            spec.architecture, spec.file_type, spec.parameters, spec.context_length, time.time(),
-        )
         with self._db() as conn:
-            conn.execute("INSERT OR REPLACE INTO models VALUES (?,?,?,?,?,?,?,?,?)", entry_values)
+            self._insert(conn, name=key, digest=digest, size=source.stat().st_size,
+                         source=label, architecture=spec.architecture,
+                         file_type=spec.file_type, parameters=spec.parameters,
+                         context_length=spec.context_length)
         progress("success")
+        return self.get(key)
+
+    def _import_parts(self, parts: list[Path], key: str, label: str,
+                      progress: Progress) -> ModelEntry:
+        """Copy every part of a split GGUF into a temporary folder, then add it."""
+        ensure_dir(self.blobs)
+        tmp = self.blobs / f".partial-parts-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.mkdir()
+        try:
+            digests = []
+            for i, part in enumerate(parts, start=1):
+                progress(f"copying {part.name} into the model store")
+                digests.append(_copy_hashing(part, tmp / split_file_name(i, len(parts))))
+            return self.add_parts(tmp, digests[0], key, label)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def add_blob(self, verified: Path, digest: str, name: str, source: str) -> ModelEntry:
+        """Rename `verified` (a file under `blobs/` whose sha256 is `digest`, already
+        checked by the caller) into place and register it under `name`."""
+        from inferenceos.model.spec import load_spec
+
+        key = canonical(name)
+        spec = load_spec(verified)
+        target = self.blob_path(digest)
+        os.replace(verified, target)
+        with self._db() as conn:
+            self._insert(conn, name=key, digest=parse_digest(f"sha256:{digest}"),
+                         size=target.stat().st_size, source=source,
+                         architecture=spec.architecture, file_type=spec.file_type,
+                         parameters=spec.parameters, context_length=spec.context_length)
+        return self.get(key)
+
+    def add_parts(self, folder: Path, first_digest: str, name: str, source: str) -> ModelEntry:
+        """Rename `folder` (under `blobs/`, holding `model-0000i-of-0000N.gguf`, every
+        part verified by the caller) into place as one split model named `name`."""
+        from inferenceos.model.gguf_file import read_gguf
+        from inferenceos.model.spec import load_spec
+
+        key = canonical(name)
+        files = sorted(folder.glob("model-*-of-*.gguf"))
+        n = len(files)
+        if n < 2 or [f.name for f in files] != [split_file_name(i, n) for i in range(1, n + 1)]:
+            raise UsageError(f"incomplete split model: {n} parts")
+        spec = load_spec(files[0])
+        # parameters: every part's tensors (the first part's header only counts its own)
+        parameters = sum(t.n_elements for f in files for t in read_gguf(f).tensors)
+        size = sum(f.stat().st_size for f in files)
+        target = self.parts_dir(first_digest)
+        if target.is_dir():  # the same model is already here (folders only appear whole)
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            os.replace(folder, target)
+        with self._db() as conn:
+            self._insert(conn, name=key, digest=parse_digest(f"sha256:{first_digest}"),
+                         size=size, source=source, architecture=spec.architecture,
+                         file_type=spec.file_type, parameters=parameters,
+                         context_length=spec.context_length, parts=n)
+        return self.get(key)
+
+    def register_in_place(self, path: Path, name: str, digest: str, source: str) -> ModelEntry:
+        """Register `path` under `name` without copying it (the file stays where it is,
+        and `rm` only forgets the name). `digest` is its sha256 hex as the caller knows
+        it (from a blob name, or hashed)."""
+        from inferenceos.model.gguf_file import read_gguf
+        from inferenceos.model.spec import load_spec
+
+        key = canonical(name)
+        path = Path(path).absolute()
+        spec = load_spec(path)
+        parts = split_parts(path)
+        parameters = spec.parameters
+        if len(parts) > 1:
+            parameters = sum(t.n_elements for f in parts for t in read_gguf(f).tensors)
+        with self._db() as conn:
+            self._insert(conn, name=key, digest=parse_digest(f"sha256:{digest}"),
+                         size=sum(p.stat().st_size for p in parts), source=source,
+                         architecture=spec.architecture, file_type=spec.file_type,
+                         parameters=parameters, context_length=spec.context_length,
+                         parts=len(parts), location=str(path))
         return self.get(key)
 
     def _store_blob(self, source: Path, link: bool, progress: Progress) -> str:
@@ -240,26 +365,74 @@ class ModelStore:
         src = self.get(source)
         dst = canonical(destination)
         with self._db() as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO models VALUES (?,?,?,?,?,?,?,?,?)",
-                (dst, src.digest, src.size, src.source, src.architecture, src.file_type,
-                 src.parameters, src.context_length, time.time()),
-            )
+            self._insert(conn, name=dst, digest=src.digest, size=src.size, source=src.source,
+                         architecture=src.architecture, file_type=src.file_type,
+                         parameters=src.parameters, context_length=src.context_length,
+                         parts=src.parts, location=src.location)
         return self.get(dst)
 
     def remove(self, name: str) -> None:
-        """Forget `name`; delete its blob when no other name refers to it."""
+        """Forget `name`; delete its blob (or parts folder) when no other name refers to
+        it. A model registered in place keeps its file: only the name goes."""
         key = canonical(name)
         with self._db() as conn:
-            row = conn.execute("SELECT digest FROM models WHERE name = ?", (key,)).fetchone()
+            row = conn.execute("SELECT digest, parts, location FROM models WHERE name = ?",
+                               (key,)).fetchone()
             if row is None:
                 raise ModelNotFoundError(f"model '{key}' not found")
             conn.execute("DELETE FROM models WHERE name = ?", (key,))
             others = conn.execute(
-                "SELECT COUNT(*) FROM models WHERE digest = ?", (row["digest"],)
+                "SELECT COUNT(*) FROM models WHERE digest = ? AND parts = ? "
+                "AND location IS NULL", (row["digest"], row["parts"])
             ).fetchone()[0]
-        if others == 0:
+        if row["location"] is not None or others:
+            return
+        if row["parts"] > 1:
+            shutil.rmtree(self.parts_dir(row["digest"]), ignore_errors=True)
+        else:
             self.blob_path(row["digest"]).unlink(missing_ok=True)
+
+
+_SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
+
+
+def split_file_name(index: int, count: int) -> str:
+    """llama.cpp's name for part `index` (1-based) of `count` in the store."""
+    return f"model-{index:05d}-of-{count:05d}.gguf"
+
+
+def split_info(file_name: str) -> tuple[str, int, int] | None:
+    """(base, index, count) when `file_name` is a split GGUF part, else None."""
+    m = _SPLIT_RE.match(file_name)
+    if m is None:
+        return None
+    i, n = int(m["i"]), int(m["n"])
+    return (m["base"], i, n) if 1 <= i <= n else None
+
+
+def split_base(path: Path) -> Path:
+    """`x-00001-of-00003.gguf` → `x.gguf` (other paths unchanged), for naming."""
+    info = split_info(path.name)
+    return path.with_name(info[0] + ".gguf") if info else path
+
+
+def split_parts(path: Path) -> list[Path]:
+    """Every part of the split GGUF whose first part is `path` (just `[path]` otherwise).
+
+    Raises ModelNotFoundError when a part is missing and UsageError when `path` is a
+    later part (llama.cpp opens a split model by its first part).
+    """
+    info = split_info(path.name)
+    if info is None:
+        return [path]
+    base, index, count = info
+    if index != 1:
+        raise UsageError(f"{path.name} is part {index} of {count}; name the first part")
+    parts = [path.with_name(f"{base}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ModelNotFoundError(f"split model {base}: missing part(s) {', '.join(missing[:3])}")
+    return parts
 
 
 def _try_link(source: Path, tmp: Path) -> bool:

@@ -1,0 +1,379 @@
+"""Reading the telemetry database: typed rows, filtered by machine and model.
+
+Every reader opens a short connection, reads, and closes it. A missing database reads
+as empty; an unreadable one (corrupt, locked for longer than the busy timeout, ...)
+also reads as empty, after one warning line: a reader such as the planner must never
+fail a run because of its history. The writer is asynchronous, so call
+`recorder().flush()` first to read back what this process just recorded.
+
+Filters:
+- `machine`: `"kind"` (default: every machine of the same hardware kind as this one,
+  which includes knowledge imported from a twin machine), `"current"` (this exact
+  fingerprint), `None` or `"all"` (every machine), or a fingerprint.
+- `model`: None (every model), a GGUF path (its digest is looked up; hashed once and
+  cached), a digest (64 hex digits, or a `q:` quick id), or a model name as recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferenceos.telemetry import db as dbmod
+from inferenceos.telemetry.identity import current_machine, model_info
+
+MachineFilter = str | None
+ModelFilter = Path | str | None
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """One recorded generation with its machine and model facts joined in."""
+
+    uid: str
+    ts: float
+    source: str  # run, server, benchmark:NAME, optimize, ...
+    machine: str  # fingerprint
+    machine_kind: str
+    cpu_count: int
+    model_digest: str
+    model_name: str
+    file_type: str  # quantization family
+    parameters: int
+    model_size: int
+    tensor_types: dict[str, int]
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    prefill_tps: float | None
+    decode_tps: float | None
+    ttft_s: float | None
+    total_s: float | None
+    threads: int | None
+    n_ctx: int | None
+    n_batch: int | None
+    n_ubatch: int | None
+    concurrency: int
+    loadavg: float | None
+    stop_reason: str
+    load_uid: str | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoadRow:
+    uid: str
+    ts: float
+    source: str
+    machine: str
+    model_digest: str
+    model_name: str
+    load_s: float | None
+    settings: dict[str, Any]
+    plan: dict[str, Any]
+    memory: dict[str, Any]  # {"buffers": {"kind:buft": bytes}, "devices": {dev: bytes}}
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    uid: str
+    ts: float
+    kind: str
+    machine: str
+    model_digest: str | None
+    model_name: str | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    uid: str
+    ts: float
+    search: str
+    machine: str
+    model_digest: str
+    model_name: str
+    settings: dict[str, Any]
+    prefill_tps: float | None
+    decode_tps: float | None
+    status: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BestSettings:
+    machine: str
+    model_digest: str
+    ts: float
+    source: str
+    settings: dict[str, Any]
+    measured: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """What `inferenceos stats` shows for one model on one machine."""
+
+    machine: str
+    model_digest: str
+    model_name: str
+    runs: int
+    decode_tps: dict[str, float | None]  # p50, p90, mean
+    prefill_tps: dict[str, float | None]
+    ttft_ms: dict[str, float | None]  # p50, p90, p99
+    sources: dict[str, int]
+    last_ts: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"machine": self.machine, "model": self.model_name,
+                "digest": self.model_digest, "runs": self.runs,
+                "decode_tps": self.decode_tps, "prefill_tps": self.prefill_tps,
+                "ttft_ms": self.ttft_ms, "sources": self.sources, "last_ts": self.last_ts}
+
+
+@contextlib.contextmanager
+def _read(path: Path | None) -> Iterator[sqlite3.Connection | None]:
+    """A connection for reading, or None when there is nothing (or nothing usable)."""
+    path = path or dbmod.db_path()
+    if not path.exists():
+        yield None
+        return
+    try:
+        conn = dbmod.open_db(path, dbmod.READ_BUSY_S)
+    except (sqlite3.Error, OSError) as exc:
+        dbmod.warn_failure(dbmod.classify(exc), exc, path, "reading it as empty")
+        yield None
+        return
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _query(sql: str, args: Sequence[Any], path: Path | None) -> list[sqlite3.Row]:
+    with _read(path) as conn:
+        if conn is None:
+            return []
+        try:
+            return conn.execute(sql, tuple(args)).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            dbmod.warn_failure(dbmod.classify(exc), exc, path or dbmod.db_path(),
+                               "reading it as empty")
+            return []
+
+
+def _where(machine: MachineFilter, model: ModelFilter) -> tuple[list[str], list[Any]]:
+    clauses: list[str] = []
+    args: list[Any] = []
+    if machine == "kind":
+        clauses.append("ma.kind = ?")
+        args.append(current_machine().kind)
+    elif machine == "current":
+        clauses.append("ma.fingerprint = ?")
+        args.append(current_machine().fingerprint)
+    elif machine not in (None, "all"):
+        clauses.append("ma.fingerprint = ?")
+        args.append(machine)
+    if model is not None:
+        key = str(model)
+        if isinstance(model, Path) or (not _HEX64.match(key) and not key.startswith("q:")
+                                        and Path(key).is_file()):
+            clauses.append("mo.digest = ?")
+            args.append(model_info(Path(key)).digest)
+        elif _HEX64.match(key) or key.startswith("q:"):
+            clauses.append("mo.digest = ?")
+            args.append(key)
+        else:
+            clauses.append("mo.name = ?")
+            args.append(key)
+    return clauses, args
+
+
+def _sql(table: str, cols: str, machine: MachineFilter, model: ModelFilter,
+         extra: list[str] | None = None, extra_args: list[Any] | None = None,
+         model_join: str = "JOIN", order: str = "t.ts") -> tuple[str, list[Any]]:
+    clauses, args = _where(machine, model)
+    clauses += extra or []
+    args += extra_args or []
+    where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+    sql = (f"SELECT {cols} FROM {table} t JOIN machines ma ON ma.id = t.machine_id "
+           f"{model_join} models mo ON mo.id = t.model_id{where} ORDER BY {order}")
+    return sql, args
+
+
+def _j(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {}
+
+
+def generations(model: ModelFilter = None, machine: MachineFilter = "kind", *,
+                source: str | None = None, since: float | None = None,
+                limit: int | None = None, path: Path | None = None) -> list[GenerationRow]:
+    """Recorded generations, oldest first (the newest `limit` when given). `source`
+    matches exactly, or as a prefix when it ends with `*` (e.g. `benchmark:*`)."""
+    extra: list[str] = []
+    extra_args: list[Any] = []
+    if source is not None:
+        if source.endswith("*"):
+            extra.append("t.source LIKE ?")
+            extra_args.append(source[:-1].replace("%", r"\%") + "%")
+        else:
+            extra.append("t.source = ?")
+            extra_args.append(source)
+    if since is not None:
+        extra.append("t.ts >= ?")
+        extra_args.append(since)
+    sql, args = _sql("generations", "t.*, ma.fingerprint AS machine, ma.kind AS machine_kind,"
+                     " ma.cpu_count, mo.digest AS model_digest, mo.name AS model_name,"
+                     " mo.file_type, mo.parameters, mo.size_bytes AS model_size,"
+                     " mo.tensor_types", machine, model, extra, extra_args,
+                     order="t.ts DESC" if limit else "t.ts")
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    rows = [_generation(r) for r in _query(sql, args, path)]
+    return rows[::-1] if limit else rows
+
+
+runs = generations  # every recorded generation is a run (CLI, server request, benchmark)
+
+
+def _generation(r: sqlite3.Row) -> GenerationRow:
+    d = dict(r)
+    return GenerationRow(
+        uid=d["uid"], ts=d["ts"], source=d["source"], machine=d["machine"],
+        machine_kind=d["machine_kind"], cpu_count=d["cpu_count"],
+        model_digest=d["model_digest"], model_name=d["model_name"], file_type=d["file_type"],
+        parameters=d["parameters"], model_size=d["model_size"],
+        tensor_types=_j(d["tensor_types"]), prompt_tokens=d["prompt_tokens"],
+        cached_tokens=d["cached_tokens"], output_tokens=d["output_tokens"],
+        prefill_tps=d["prefill_tps"], decode_tps=d["decode_tps"], ttft_s=d["ttft_s"],
+        total_s=d["total_s"], threads=d["threads"], n_ctx=d["n_ctx"], n_batch=d["n_batch"],
+        n_ubatch=d["n_ubatch"], concurrency=d["concurrency"], loadavg=d["loadavg"],
+        stop_reason=d["stop_reason"], load_uid=d["load_uid"], settings=_j(d["settings"]),
+        extra=_j(d.get("extra")))
+
+
+def loads(model: ModelFilter = None, machine: MachineFilter = "kind", *,
+          limit: int | None = None, path: Path | None = None) -> list[LoadRow]:
+    """Recorded model loads, oldest first."""
+    sql, args = _sql("loads", "t.*, ma.fingerprint AS machine, mo.digest AS model_digest,"
+                     " mo.name AS model_name", machine, model)
+    rows = _query(sql, args, path)
+    out = [LoadRow(uid=r["uid"], ts=r["ts"], source=r["source"], machine=r["machine"],
+                   model_digest=r["model_digest"], model_name=r["model_name"],
+                   load_s=r["load_s"], settings=_j(r["settings"]), plan=_j(r["plan"]),
+                   memory=_j(r["memory"]), memory_bytes=r["memory_bytes"]) for r in rows]
+    return out[-limit:] if limit else out
+
+
+def events(kind: str | None = None, model: ModelFilter = None,
+           machine: MachineFilter = "kind", *, limit: int | None = None,
+           path: Path | None = None) -> list[EventRow]:
+    """Recorded events (of one `kind` when given), oldest first."""
+    extra, extra_args = ([], []) if kind is None else (["t.kind = ?"], [kind])
+    sql, args = _sql("events", "t.*, ma.fingerprint AS machine, mo.digest AS model_digest,"
+                     " mo.name AS model_name", machine, model, extra, extra_args,
+                     model_join="LEFT JOIN")
+    rows = _query(sql, args, path)
+    out = [EventRow(uid=r["uid"], ts=r["ts"], kind=r["kind"], machine=r["machine"],
+                    model_digest=r["model_digest"], model_name=r["model_name"],
+                    detail=_j(r["detail"])) for r in rows]
+    return out[-limit:] if limit else out
+
+
+def trials(model: ModelFilter = None, machine: MachineFilter = "kind", *,
+           search: str | None = None, path: Path | None = None) -> list[TrialRow]:
+    """Recorded optimizer trials (of one `search` when given), oldest first."""
+    extra, extra_args = ([], []) if search is None else (["t.search = ?"], [search])
+    sql, args = _sql("trials", "t.*, ma.fingerprint AS machine, mo.digest AS model_digest,"
+                     " mo.name AS model_name", machine, model, extra, extra_args)
+    return [TrialRow(uid=r["uid"], ts=r["ts"], search=r["search"], machine=r["machine"],
+                     model_digest=r["model_digest"], model_name=r["model_name"],
+                     settings=_j(r["settings"]), prefill_tps=r["prefill_tps"],
+                     decode_tps=r["decode_tps"], status=r["status"], detail=_j(r["detail"]))
+            for r in _query(sql, args, path)]
+
+
+def best_settings(model: ModelFilter, machine: MachineFilter = "kind", *,
+                  path: Path | None = None) -> BestSettings | None:
+    """The stored best settings for `model`: this exact machine's when it has some, else
+    the newest from a machine of the same kind (with the default `machine="kind"`)."""
+    sql, args = _sql("best_settings", "t.*, ma.fingerprint AS machine,"
+                     " mo.digest AS model_digest", machine, model, order="t.ts DESC")
+    rows = _query(sql, args, path)
+    if not rows:
+        return None
+    mine = current_machine().fingerprint
+    row = next((r for r in rows if r["machine"] == mine), rows[0])
+    return BestSettings(machine=row["machine"], model_digest=row["model_digest"],
+                        ts=row["ts"], source=row["source"], settings=_j(row["settings"]),
+                        measured=_j(row["measured"]))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _r(x: float | None, nd: int = 2) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def stats(model: ModelFilter = None, machine: MachineFilter = None, *,
+          source: str | None = None, path: Path | None = None) -> list[ModelStats]:
+    """Per (machine, model): how many runs, decode / prefill t/s and TTFT percentiles."""
+    groups: dict[tuple[str, str], list[GenerationRow]] = {}
+    for g in generations(model, machine, source=source, path=path):
+        groups.setdefault((g.machine, g.model_digest), []).append(g)
+    out = []
+    for (mach, digest), rows in groups.items():
+        dec = [g.decode_tps for g in rows if g.decode_tps]
+        pre = [g.prefill_tps for g in rows if g.prefill_tps]
+        ttft = [g.ttft_s * 1000 for g in rows if g.ttft_s]
+        sources: dict[str, int] = {}
+        for g in rows:
+            sources[g.source] = sources.get(g.source, 0) + 1
+        out.append(ModelStats(
+            machine=mach, model_digest=digest, model_name=rows[-1].model_name, runs=len(rows),
+            decode_tps={"p50": _r(_pct(dec, .5)), "p90": _r(_pct(dec, .9)),
+                        "mean": _r(sum(dec) / len(dec) if dec else None)},
+            prefill_tps={"p50": _r(_pct(pre, .5)), "p90": _r(_pct(pre, .9)),
+                         "mean": _r(sum(pre) / len(pre) if pre else None)},
+            ttft_ms={"p50": _r(_pct(ttft, .5), 1), "p90": _r(_pct(ttft, .9), 1),
+                     "p99": _r(_pct(ttft, .99), 1)},
+            sources=sources, last_ts=rows[-1].ts))
+    return sorted(out, key=lambda s: (s.model_name, s.machine))
+
+
+TABLES = ("machines", "models", "loads", "generations", "events", "trials", "best_settings")
+
+
+def counts(path: Path | None = None) -> dict[str, int]:
+    """Rows per table ({} when there is no usable database)."""
+    with _read(path) as conn:
+        if conn is None:
+            return {}
+        try:
+            return {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
+                    for t in TABLES}
+        except (sqlite3.Error, OSError) as exc:
+            dbmod.warn_failure(dbmod.classify(exc), exc, path or dbmod.db_path(),
+                               "reading it as empty")
+            return {}

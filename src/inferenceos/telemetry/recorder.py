@@ -1,0 +1,374 @@
+"""The recorder: every write goes through a queue to one background thread.
+
+Calls like `recorder().generation(...)` only build a small job and put it on a bounded
+queue (microseconds; nothing blocks the token path). The writer thread resolves the
+machine and model identities (hashing, GGUF header), opens the database on first use
+(integrity check, migrations) and writes each job in its own transaction. When the file
+fails, the job in hand is lost, one warning line is printed per kind of failure, and the
+next job tries again with a fresh connection; a corrupt file is moved aside first and the
+job retried on a fresh database. A full queue drops jobs (counted) rather than block.
+At interpreter exit the queue is flushed for up to `FLUSH_AT_EXIT_S` seconds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import queue
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferenceos.telemetry import db as dbmod
+from inferenceos.telemetry.identity import Machine, ModelInfo, current_machine, model_info
+
+QUEUE_MAX = 10_000
+FLUSH_AT_EXIT_S = 5.0
+
+ModelRef = Path | str  # a GGUF path, or (with digest=) any name
+
+# GenerationMetrics.to_json() keys -> generations columns
+_METRIC_ALIASES = {"prompt_tps": "prefill_tps", "completion_tokens": "output_tokens"}
+_GEN_FIELDS = ("prompt_tokens", "cached_tokens", "output_tokens", "prefill_tps", "decode_tps",
+               "ttft_s", "total_s", "threads", "n_ctx", "n_batch", "n_ubatch", "stop_reason")
+_FROM_SETTINGS = {"threads": "n_threads", "n_ctx": "n_ctx", "n_batch": "n_batch",
+                  "n_ubatch": "n_ubatch"}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value if value is not None else {}, default=str, sort_keys=True)
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex
+
+
+def device_of(buffer_type: str) -> str:
+    """The device a llama.cpp buffer type lives on: `CPU_Mapped`, `CPU_REPACK` and
+    `CUDA_Host` (pinned host memory) are RAM; `CUDA0`, `Vulkan1`... are that device."""
+    if buffer_type.startswith("CPU") or buffer_type.endswith("_Host"):
+        return "CPU"
+    return buffer_type.split("_", 1)[0]
+
+
+def memory_json(memory: Mapping[str, Any] | None) -> tuple[dict[str, Any], int | None]:
+    """`{"buffers": {"kind:buft": bytes}, "devices": {device: bytes}}` and the total, from
+    either a plain `{"kind:buft": bytes}` mapping or a `BufferReport.to_json()` dict."""
+    if not memory:
+        return {}, None
+    raw = memory.get("buffers", memory)
+    buffers = {str(k): int(v) for k, v in raw.items() if isinstance(v, int | float)}
+    devices: dict[str, int] = {}
+    for key, size in buffers.items():
+        dev = device_of(key.split(":", 1)[-1])
+        devices[dev] = devices.get(dev, 0) + size
+    out: dict[str, Any] = {"buffers": buffers, "devices": devices}
+    if isinstance(memory.get("rss_growth"), int):
+        out["rss_growth"] = memory["rss_growth"]
+    return out, sum(buffers.values())
+
+
+@dataclass
+class _Job:
+    """One write: `model` is resolved in the writer thread, then `write` runs."""
+
+    write: Callable[[sqlite3.Connection, int, int | None], None]  # conn, machine, model
+    model: ModelRef | None = None
+    digest: str | None = None
+    name: str = ""
+
+
+@dataclass
+class _Flush:
+    done: threading.Event
+
+
+class Recorder:
+    """Records runs into the telemetry database at `path` (see module contract)."""
+
+    def __init__(self, path: Path | None = None, enabled: bool = True) -> None:
+        self.path = Path(path) if path is not None else dbmod.db_path()
+        self.enabled = enabled
+        self.written = 0  # jobs committed
+        self.lost = 0  # jobs dropped: failed file, full queue, unknown model
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._queue: queue.Queue[_Job | _Flush] = queue.Queue(QUEUE_MAX)
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._ids: dict[str, int] = {}
+
+    # -- public writes ------------------------------------------------------------------
+
+    def generation(self, model: ModelRef, *, source: str,
+                   metrics: Mapping[str, Any] | None = None,
+                   settings: Mapping[str, Any] | None = None,
+                   digest: str | None = None, name: str = "",
+                   load_uid: str | None = None, concurrency: int = 1,
+                   loadavg: float | None = None, extra: Mapping[str, Any] | None = None,
+                   **fields: Any) -> None:
+        """One finished generation. `metrics` may be `GenerationMetrics.to_json()`;
+        `fields` (prompt_tokens, cached_tokens, output_tokens, prefill_tps, decode_tps,
+        ttft_s, total_s, threads, n_ctx, n_batch, n_ubatch, stop_reason) override it;
+        threads and the batch shape default to `settings` (n_threads, n_batch...).
+        `loadavg` defaults to the 1-minute load average now."""
+        if not self.enabled:
+            return
+        unknown = set(fields) - set(_GEN_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown generation fields: {', '.join(sorted(unknown))}")
+        row: dict[str, Any] = {}
+        for key, value in (metrics or {}).items():
+            key = _METRIC_ALIASES.get(key, key)
+            if key in _GEN_FIELDS:
+                row[key] = value
+        for col, skey in _FROM_SETTINGS.items():
+            if settings and row.get(col) is None and isinstance(settings.get(skey), int):
+                row[col] = settings[skey]
+        row.update(fields)
+        row.update(uid=_uid(), ts=time.time(), load_uid=load_uid, source=source,
+                   concurrency=int(concurrency), settings=_json(dict(settings or {})),
+                   loadavg=_loadavg() if loadavg is None else loadavg,
+                   extra=_json(dict(extra or {})))
+        self._submit(_Job(_insert("generations", row), model, digest, name))
+
+    def load(self, model: ModelRef, *, source: str, load_s: float | None = None,
+             settings: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None,
+             memory: Mapping[str, Any] | None = None, digest: str | None = None,
+             name: str = "") -> str:
+        """One model load; returns its uid (pass it to `generation(load_uid=...)`).
+        `memory` is llama.cpp's own buffers: `{"kind:buft": bytes}` or a
+        `BufferReport.to_json()`; per-device totals are derived from it."""
+        uid = _uid()
+        if not self.enabled:
+            return uid
+        mem, total = memory_json(memory)
+        row = dict(uid=uid, ts=time.time(), source=source, load_s=load_s,
+                   plan=_json(dict(plan or {})), settings=_json(dict(settings or {})),
+                   memory=_json(mem), memory_bytes=total)
+        self._submit(_Job(_insert("loads", row), model, digest, name))
+        return uid
+
+    def event(self, kind: str, model: ModelRef | None = None, *, digest: str | None = None,
+              name: str = "", **detail: Any) -> None:
+        """Something that happened: `oom_refusal`, `eviction`, `reload`, `worker_death`,
+        `migration`... with free-form JSON `detail`."""
+        if not self.enabled:
+            return
+        row = dict(uid=_uid(), ts=time.time(), kind=kind, detail=_json(detail))
+        self._submit(_Job(_insert("events", row, model_optional=True), model, digest, name))
+
+    def trial(self, model: ModelRef, *, search: str, settings: Mapping[str, Any],
+              prefill_tps: float | None, decode_tps: float | None, status: str = "ok",
+              digest: str | None = None, name: str = "", **detail: Any) -> None:
+        """One optimizer trial (`status`: ok, stopped, failed)."""
+        if not self.enabled:
+            return
+        row = dict(uid=_uid(), ts=time.time(), search=search, settings=_json(dict(settings)),
+                   prefill_tps=prefill_tps, decode_tps=decode_tps, status=status,
+                   detail=_json(detail))
+        self._submit(_Job(_insert("trials", row), model, digest, name))
+
+    def best(self, model: ModelRef, *, settings: Mapping[str, Any],
+             measured: Mapping[str, Any], source: str = "optimize",
+             digest: str | None = None, name: str = "") -> None:
+        """Store the best settings for this machine and model (replaces earlier ones)."""
+        if not self.enabled:
+            return
+        row = dict(ts=time.time(), source=source, settings=_json(dict(settings)),
+                   measured=_json(dict(measured)))
+        self._submit(_Job(_insert("best_settings", row, replace=True), model, digest, name))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every job queued so far is written (or lost); False on timeout."""
+        if not self.enabled or self._thread is None or self._pid != os.getpid():
+            return True
+        marker = _Flush(threading.Event())
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.done.wait(timeout)
+
+    # -- the writer thread ---------------------------------------------------------------
+
+    def _submit(self, job: _Job) -> None:
+        self._ensure_thread()
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.lost += 1
+            dbmod.warn_once("queue", "the write queue is full; dropping records until "
+                                     "it drains (the run itself is unaffected)")
+
+    def _ensure_thread(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid and self._thread is not None:
+            return
+        with self._lock:
+            if self._pid == pid and self._thread is not None:
+                return
+            if self._pid != pid:  # forked: the parent's thread and queue are not ours
+                self._queue = queue.Queue(QUEUE_MAX)
+                self._conn, self._ids = None, {}
+            self._pid = pid
+            self._thread = threading.Thread(target=self._loop, name="telemetry-writer",
+                                            daemon=True)
+            self._thread.start()
+            atexit.register(self.flush, FLUSH_AT_EXIT_S)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _Flush):
+                item.done.set()
+                continue
+            try:
+                self._write(item)
+            except Exception as exc:  # the writer must never die
+                self.lost += 1
+                dbmod.warn_once("error", f"could not record ({exc!r}); the run itself "
+                                         "is unaffected")
+
+    def _identify(self, job: _Job) -> tuple[Machine, ModelInfo | None]:
+        machine = current_machine()
+        if job.model is None:
+            return machine, None
+        path = Path(job.model)
+        if path.is_file():
+            return machine, model_info(path, job.digest, job.name)
+        if job.digest:
+            return machine, ModelInfo(job.digest, job.name or str(job.model))
+        raise FileNotFoundError(f"model file {job.model} not found and no digest given")
+
+    def _write(self, job: _Job) -> None:
+        machine, model = self._identify(job)
+        for attempt in (1, 2):
+            try:
+                conn = self._connection()
+                with conn:
+                    machine_id = self._machine_id(conn, machine)
+                    model_id = self._model_id(conn, model) if model else None
+                    job.write(conn, machine_id, model_id)
+                self.written += 1
+                return
+            except (sqlite3.Error, OSError) as exc:
+                category = dbmod.classify(exc)
+                self._close()
+                if category == "corrupt" and attempt == 1 and self._set_aside(exc):
+                    continue
+                self.lost += 1
+                dbmod.warn_failure(category, exc, self.path, "this record was not saved")
+                return
+
+    def _set_aside(self, exc: BaseException) -> bool:
+        try:
+            moved = dbmod.quarantine(self.path)
+        except OSError as err:
+            dbmod.warn_failure("readonly", err, self.path, "it is damaged and could not be "
+                                                           "moved aside; nothing is recorded")
+            return False
+        dbmod.warn_once("corrupt", f"{self.path} was damaged ({exc}); moved it to "
+                                   f"{moved.name} and started a fresh database")
+        return True
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = dbmod.open_db(self.path, dbmod.WRITE_BUSY_S, check=True)
+            self._ids = {}
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+        self._conn, self._ids = None, {}
+
+    def _machine_id(self, conn: sqlite3.Connection, m: Machine) -> int:
+        key = "machine:" + m.fingerprint
+        if key not in self._ids:
+            now = time.time()
+            conn.execute(
+                "INSERT INTO machines (fingerprint, kind, cpu_model, cpu_count, mem_bytes,"
+                " detail, first_seen, last_seen) VALUES (?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(fingerprint) DO UPDATE SET last_seen = excluded.last_seen",
+                (m.fingerprint, m.kind, m.cpu_model, m.cpu_count, m.mem_bytes,
+                 _json(m.detail), now, now))
+            row = conn.execute("SELECT id FROM machines WHERE fingerprint = ?",
+                               (m.fingerprint,)).fetchone()
+            self._ids[key] = int(row[0])
+        return self._ids[key]
+
+    def _model_id(self, conn: sqlite3.Connection, m: ModelInfo) -> int:
+        key = "model:" + m.digest
+        if key not in self._ids:
+            conn.execute(
+                "INSERT INTO models (digest, name, architecture, file_type, parameters,"
+                " size_bytes, tensor_types, first_seen) VALUES (?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(digest) DO UPDATE SET name = excluded.name"
+                " WHERE excluded.name != ''",
+                (m.digest, m.name, m.architecture, m.file_type, m.parameters, m.size_bytes,
+                 _json(m.tensor_types), time.time()))
+            row = conn.execute("SELECT id FROM models WHERE digest = ?", (m.digest,)).fetchone()
+            self._ids[key] = int(row[0])
+        return self._ids[key]
+
+
+def _insert(table: str, row: dict[str, Any], *, model_optional: bool = False,
+            replace: bool = False) -> Callable[[sqlite3.Connection, int, int | None], None]:
+    def write(conn: sqlite3.Connection, machine_id: int, model_id: int | None) -> None:
+        if model_id is None and not model_optional:
+            raise ValueError(f"a {table} record needs a model")
+        data = {**row, "machine_id": machine_id, "model_id": model_id}
+        cols = ", ".join(data)
+        marks = ", ".join("?" for _ in data)
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        conn.execute(f"{verb} INTO {table} ({cols}) VALUES ({marks})", tuple(data.values()))
+    return write
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+_recorder: Recorder | None = None
+_recorder_lock = threading.Lock()
+
+
+def enabled_in_config() -> bool:
+    """The `telemetry.enabled` setting (True when the config cannot be read: a broken
+    config file is reported by the commands that use it, not by telemetry)."""
+    from inferenceos.config import ConfigError, load_config
+
+    try:
+        return bool(load_config().get("telemetry.enabled"))
+    except ConfigError:
+        return True
+
+
+def recorder() -> Recorder:
+    """The process-wide recorder for the current data dir (a new one when the data dir
+    changed, e.g. between tests); disabled when `telemetry.enabled` is false."""
+    global _recorder
+    path = dbmod.db_path()
+    with _recorder_lock:
+        if _recorder is None or _recorder.path != path:
+            _recorder = Recorder(path, enabled=enabled_in_config())
+        return _recorder
+
+
+def set_recorder(rec: Recorder | None) -> None:
+    """Replace the process-wide recorder (None: build it again on next use)."""
+    global _recorder
+    with _recorder_lock:
+        _recorder = rec
