@@ -238,6 +238,49 @@ class Engine:
         """The worker's KV usage per slot, running and waiting requests."""
         return dict(self._call("stats"))
 
+    def export_state(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
+        """The KV state of the idle slot sharing the longest prefix with `tokens`: (the
+        tokens it holds, llama_state_seq bytes), or None (see engine.slot_state)."""
+        result = self._call("export_state", list(tokens))
+        return None if result is None else (list(result[0]), bytes(result[1]))
+
+    def import_state(self, tokens: Sequence[int], data: bytes) -> int:
+        """Restore an `export_state` result into an idle slot so a prompt starting with
+        `tokens` skips their prefill; returns the tokens now cached (0: no idle slot)."""
+        return int(self._call("import_state", list(tokens), data))
+
+    # -- tiers: sleep (warm), wake (hot), resize ----------------------------------------
+
+    def sleep(self) -> float:
+        """Free the worker's context and keep its weights (a warm model); returns the
+        seconds it took. UsageError while requests are in flight."""
+        return self._lifecycle("sleep")
+
+    def wake(self) -> float:
+        """Open a context on the kept weights (warm → hot) without reading them again."""
+        return self._lifecycle("wake")
+
+    def resize(self, n_ctx: int, n_parallel: int | None = None) -> dict[str, Any]:
+        """A context of `n_ctx` per sequence (and `n_parallel` slots) on the same
+        weights; cached conversations' KV states are carried over. Returns the worker's
+        info plus "carried" (slots restored) and "seconds"."""
+        n_par = n_parallel or self._cfg.n_slots
+        total = replace(self._cfg.settings, n_ctx=n_ctx * n_par, n_seq_max=n_par)
+        total.validate()
+        result = dict(self._call("resize", total, n_par))
+        self._cfg = replace(self._cfg, settings=total, n_slots=n_par)
+        self._worker.info.update(result)
+        return result
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._worker.info.get("asleep", False))
+
+    def _lifecycle(self, kind: str) -> float:
+        result = dict(self._call(kind))
+        self._worker.info.update(result)
+        return float(result.get("seconds", 0.0))
+
     def generate(
         self,
         prompt: str | list[int],

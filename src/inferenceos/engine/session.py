@@ -429,6 +429,28 @@ class LoadedModel:
             vectors.append([v / norm for v in vec])
         return vectors
 
+    def free_context(self) -> None:
+        """Free the context (KV cells, compute and output buffers) and keep the weights:
+        a "warm" model. `open_context` makes it usable again without re-reading them."""
+        if self._embed_ctx is not None:
+            self._ll.llama_free(self._embed_ctx)
+            self._embed_ctx = None
+        if self.ctx is not None:
+            self._ll.llama_free(self.ctx)
+            self.ctx = None
+
+    def open_context(self, settings: LoadSettings | None = None) -> float:
+        """A fresh context (with `settings`' context fields, if given) on the loaded
+        weights, replacing any current one; returns the seconds it took."""
+        t0 = time.perf_counter()
+        if settings is not None:
+            settings.validate()
+            self.settings = settings
+        self.free_context()
+        self.ctx = self._new_context()
+        self.n_ctx = int(self._ll.llama_n_ctx(self.ctx))
+        return time.perf_counter() - t0
+
     def close(self) -> None:
         if self._embed_ctx is not None:
             self._ll.llama_free(self._embed_ctx)

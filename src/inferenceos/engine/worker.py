@@ -8,7 +8,12 @@ Parent → worker:
     ("stats", req_id)
     ("tokenize", req_id, text, add_special)
     ("embed", req_id, [text, ...])
+    ("export_state", req_id, tokens) · ("import_state", req_id, tokens, state bytes)
     ("cancel", req_id)
+    ("sleep", req_id) · ("wake", req_id): free the context and keep the weights (a warm
+        model), or open a new context; ("resize", req_id, LoadSettings, n_slots): a new
+        context of that size on the same weights, cached slots' KV states carried over.
+        All three only when no request is in flight; any other request wakes the worker.
     ("shutdown",)
 Worker → parent (each message is a list of events, one per scheduler step):
     (req_id, "token", (token_id, text[, TokenLogprob, top TokenLogprobs]))
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -78,6 +84,12 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
             return [(req_id, "result", lm.tokenize(msg[2], add_special=msg[3]))]
         if kind == "embed":
             return [(req_id, "result", lm.embed_many(list(msg[2])))]
+        if kind in ("export_state", "import_state"):  # server-side sessions
+            from inferenceos.engine.slot_state import export_slot, import_slot
+
+            result = (export_slot(sched, list(msg[2])) if kind == "export_state"
+                      else import_slot(sched, list(msg[2]), msg[3]))  # fmt: skip
+            return [(req_id, "result", result)]
     except InferenceOSError as exc:
         return [(req_id, "error", (type(exc).__name__, str(exc)))]
     except Exception as exc:  # a bug must cost one request, not every client's
@@ -125,37 +137,120 @@ def _step(sched: Any) -> list[Any]:
         return list(sched.fail_all(f"internal error in the scheduler: {exc!r}"))
 
 
+class _Runtime:
+    """The worker's model and scheduler; the scheduler is None while asleep (warm)."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.spec = load_spec(cfg.path)  # the header, once: for the probe and policies
+        settings, self.probe = _attention_setup(cfg, self.spec)
+        cb = self.probe.callback if self.probe else None
+        self.lm = LoadedModel(cfg.path, settings, eval_callback=cb)
+        self.sched: Any = self._scheduler()
+
+    def _scheduler(self) -> Any:
+        from inferenceos.engine.scheduler import Scheduler
+
+        c = self.cfg
+        return Scheduler(self.lm, c.n_slots, c.token_budget, c.kv_policy, c.slot_policy,
+                         max_queue=c.max_queue, probe=self.probe,
+                         policy_options=policy_options(self.spec))  # fmt: skip
+
+    def awake(self) -> Any:
+        """The scheduler, opening a context first if the worker sleeps."""
+        if self.sched is None:
+            self.lm.open_context()
+            self.sched = self._scheduler()
+        return self.sched
+
+    def info(self) -> dict[str, Any]:
+        return {**_info(self.lm, self.cfg.n_slots), "asleep": self.sched is None}
+
+    def lifecycle(self, msg: tuple[Any, ...]) -> list[Any]:
+        """sleep / wake / resize (see the module docstring); only when idle."""
+        from inferenceos.errors import UsageError
+
+        kind, req_id = msg[0], msg[1]
+        if self.sched is not None and self.sched.has_work() and kind != "wake":
+            raise UsageError(f"cannot {kind} a model with requests in flight")
+        t0 = time.perf_counter()
+        if kind == "sleep":
+            if self.sched is not None:
+                self.sched.close()
+                self.sched = None
+            self.lm.free_context()
+            return [(req_id, "result", {**self.info(), "seconds": time.perf_counter() - t0})]
+        if kind == "wake":
+            self.awake()
+            return [(req_id, "result", {**self.info(), "seconds": time.perf_counter() - t0})]
+        return [(req_id, "result", self._resize(msg[2], msg[3], t0))]
+
+    def _resize(self, settings: LoadSettings, n_slots: int, t0: float) -> dict[str, Any]:
+        """A new context of `settings` (n_ctx counts all slots) on the same weights;
+        each cached slot's KV state is carried over, so its conversation continues
+        without prefilling again."""
+        from dataclasses import replace
+
+        from inferenceos.engine.slot_state import export_slot, import_slot
+
+        sched = self.awake()
+        saved = [export_slot(sched, list(slot.cached)) for slot in sched.slots if slot.cached]
+        sched.close()
+        self.sched = None
+        self.cfg = replace(self.cfg, settings=settings, n_slots=n_slots)
+        self.lm.open_context(replace(settings, flash_attn=self.lm.settings.flash_attn)
+                             if self.probe else settings)  # fmt: skip
+        self.sched = self._scheduler()
+        carried = 0
+        for item in saved:
+            if item is not None and len(item[0]) < self.sched.n_ctx_slot:
+                carried += 1 if import_slot(self.sched, item[0], item[1]) else 0
+        return {**self.info(), "carried": carried, "seconds": time.perf_counter() - t0}
+
+
 def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     """Process entry point: load, report ready, then serve until shutdown or EOF."""
-    from inferenceos.engine.scheduler import Scheduler
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        spec = load_spec(cfg.path)  # the header, once: for the probe and policy options
-        settings, probe = _attention_setup(cfg, spec)
-        lm = LoadedModel(cfg.path, settings, eval_callback=probe.callback if probe else None)
-        sched = Scheduler(lm, cfg.n_slots, cfg.token_budget, cfg.kv_policy, cfg.slot_policy,
-                          max_queue=cfg.max_queue, probe=probe,
-                          policy_options=policy_options(spec))  # fmt: skip
+        rt = _Runtime(cfg)
     except InferenceOSError as exc:
         conn.send([(0, "error", (type(exc).__name__, str(exc)))])
         return
-    conn.send([(0, "ready", _info(lm, cfg.n_slots))])
+    conn.send([(0, "ready", rt.info())])
     try:
         while True:
+            busy = rt.sched is not None and rt.sched.has_work()
             # block when idle; when busy, take what has arrived and go on stepping
-            while conn.poll(0 if sched.has_work() else None):
-                events = _handle(conn.recv(), lm, sched)
+            while conn.poll(0 if busy else None):
+                events = _dispatch(conn.recv(), rt)
                 if events is None:
                     return
                 if events:
                     conn.send(events)
-            if sched.has_work():
-                events = _step(sched)
+                busy = rt.sched is not None and rt.sched.has_work()
+            if busy:
+                events = _step(rt.sched)
                 if events:
                     conn.send(events)
     except (EOFError, BrokenPipeError):  # the parent went away
         return
     finally:
-        sched.close()
-        lm.close()
+        if rt.sched is not None:
+            rt.sched.close()
+        rt.lm.close()
+
+
+def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
+    """Lifecycle messages here; every other one to `_handle` on an awake scheduler."""
+    if msg[0] in ("sleep", "wake", "resize"):
+        try:
+            return rt.lifecycle(msg)
+        except InferenceOSError as exc:
+            return [(msg[1], "error", (type(exc).__name__, str(exc)))]
+    if msg[0] == "shutdown":
+        return None
+    try:
+        sched = rt.awake()
+    except InferenceOSError as exc:
+        return [(msg[1], "error", (type(exc).__name__, str(exc)))]
+    return _handle(msg, rt.lm, sched)
