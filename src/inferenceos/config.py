@@ -81,6 +81,8 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             _range(0.1, 30)),
     Setting("update.index_url", str, "https://pypi.org/pypi",
             "Package index JSON API that `update` asks", _url),
+    Setting("telemetry.enabled", bool, True,
+            "Record runs, requests and loads in the telemetry database"),
 )}
 
 

@@ -18,6 +18,7 @@ from inferenceos.cli import (
     doctor_cmd,
     hardware_cmd,
     inspect_cmd,
+    logs_cmd,
     models_cmd,
     placement_cmd,
     plugins_cmd,
@@ -26,6 +27,8 @@ from inferenceos.cli import (
     run_cmd,
     serve_cmd,
     simulate_cmd,
+    stats_cmd,
+    telemetry_cmd,
     update_cmd,
     version_cmd,
 )
@@ -57,10 +60,16 @@ app.add_typer(cache_cmd.cache_app, name="cache")
 app.command("reset")(reset_cmd.reset)
 app.command("update")(update_cmd.update)
 app.command("plugins")(plugins_cmd.plugins)
+app.add_typer(telemetry_cmd.telemetry_app, name="telemetry")
+app.command("stats")(stats_cmd.stats)
+app.command("logs")(logs_cmd.logs)
 
 
 def main() -> None:
     """Console entry point."""
+    from inferenceos import logs
+
+    logs.setup("cli")
     try:
         app()
     except InferenceOSError as exc:

@@ -101,7 +101,7 @@ def warn_once(category: str, message: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):  # stderr closed: nothing more we can do
         pass
-    log.warning("telemetry: %s", message)
+    log.warning("telemetry: %s", message, extra={"shown": True})
 
 
 def warn_failure(category: str, exc: BaseException, path: Path, what: str) -> None:
