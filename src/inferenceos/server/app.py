@@ -16,8 +16,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from inferenceos import __version__
 from inferenceos.registry.catalog import Catalog
-from inferenceos.registry.loaded import ModelManager
-from inferenceos.server import ollama_routes, openai_routes, ops_routes
+from inferenceos.registry.manager import ModelManager
+from inferenceos.server import llamacpp_routes, ollama_routes, openai_routes, ops_routes
 from inferenceos.server.access_log import AccessLog
 from inferenceos.server.errors import install_handlers
 from inferenceos.server.json_body import JsonBodies
@@ -33,6 +33,9 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
 
     if not settings.version:
         settings = dataclasses.replace(settings, version=__version__)
+    from inferenceos import logs
+
+    logs.setup("server")
     state = ServerState(settings, catalog, manager)
 
     @contextlib.asynccontextmanager
@@ -49,7 +52,8 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
                   summary="OpenAI- and Ollama-compatible API over llama.cpp")
     app.state.ios = state
     install_handlers(app)
-    for router in (ops_routes.router, openai_routes.router, ollama_routes.router):
+    for router in (ops_routes.router, openai_routes.router, ollama_routes.router,
+                   openai_routes.bare_router, llamacpp_routes.router):
         app.include_router(router)
     # add_middleware wraps: the last added is the outermost
     app.add_middleware(JsonBodies)

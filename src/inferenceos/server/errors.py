@@ -8,6 +8,7 @@ reaches a client: an unexpected exception is logged and answered with a generic 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,7 +25,7 @@ from inferenceos.errors import (
     ModelNotFoundError,
     WorkerDiedError,
 )
-from inferenceos.registry.loaded import ModelBusyError
+from inferenceos.registry.manager import ModelBusyError
 
 log = logging.getLogger("inferenceos.server")
 
@@ -39,29 +40,48 @@ class APIError(Exception):
     """An error with an HTTP status, a one-line message and optional headers."""
 
     def __init__(self, status: int, message: str, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.headers = headers or {}
+        self.extra = extra or {}  # more fields for the OpenAI-shaped error object
+
+
+# llama-server's routes (and the OpenAI ones it serves without /v1) answer OpenAI-shaped
+# errors, as llama-server does
+LLAMACPP_PATHS = frozenset({
+    "/completion", "/completions", "/chat/completions", "/chat/completions/input_tokens",
+    "/embeddings", "/models", "/tokenize", "/detokenize", "/props", "/slots",
+    "/apply-template", "/infill",
+})
+# the engine's refusal of a prompt longer than a sequence (scheduler.submit)
+_TOO_LONG = re.compile(r"the prompt has (\d+) tokens; a sequence holds (\d+)")
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith("/v1/") or path == "/v1"
+    return (path.startswith("/v1/") or path == "/v1" or path in LLAMACPP_PATHS
+            or path.startswith("/models/"))
 
 
-def error_body(path: str, status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    """The JSON body for an error on `path`, in that API's shape."""
+def error_body(path: str, status: int, message: str, code: str | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON body for an error on `path`, in that API's shape. `extra` fields (and a
+    `type` among them) join the OpenAI error object."""
     if is_openai_path(path):
         kind = _OPENAI_TYPES.get(status, "server_error")
-        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+        return {"error": {"message": message, "type": kind, "param": None, "code": code,
+                          **(extra or {})}}
     return {"error": message}
 
 
 def error_response(path: str, status: int, message: str, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(path, status, message, code), status, headers=headers)
+                   headers: dict[str, str] | None = None,
+                   extra: dict[str, Any] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(path, status, message, code, extra), status,
+                        headers=headers)
 
 
 def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:
@@ -80,6 +100,11 @@ def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:
     if isinstance(exc, (ModelLoadError, GenerationError, GGUFFormatError)):
         return APIError(500, msg, "engine_error")
     if isinstance(exc, InferenceOSError):
+        too_long = _TOO_LONG.search(msg)
+        if too_long:  # llama-server's error type and figures, which its clients read
+            return APIError(400, msg, "context_length_exceeded", extra={
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": int(too_long[1]), "n_ctx": int(too_long[2])})
         return APIError(400, msg, "invalid_request")
     log.error("internal error", exc_info=exc)
     return APIError(500, "internal server error", "internal_error")
@@ -98,12 +123,14 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(request.url.path, exc.status, exc.message, exc.code, exc.headers)
+        return error_response(request.url.path, exc.status, exc.message, exc.code, exc.headers,
+                              exc.extra)
 
     @app.exception_handler(InferenceOSError)
     async def _ios(request: Request, exc: InferenceOSError) -> JSONResponse:
         e = api_error_from(exc)
-        return error_response(request.url.path, e.status, e.message, e.code, e.headers)
+        return error_response(request.url.path, e.status, e.message, e.code, e.headers,
+                              e.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,10 +1,14 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/embeddings,
-/v1/models. Streams are SSE ending `data: [DONE]`; errors use OpenAI's error shape."""
+/v1/models (and, as llama-server, the same but /completions without /v1). Streams are
+SSE ending `data: [DONE]`; errors use OpenAI's error shape. llama.cpp's extensions are
+honoured: `grammar`, top-level `json_schema`, `response_format: {type: json_object,
+schema}`, and `timings` in responses."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import struct
 import time
 import uuid
@@ -26,6 +30,7 @@ from inferenceos.server.generation import (
     until_disconnect,
 )
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.llamacpp_shapes import timings
 from inferenceos.server.logprobs import LegacyLogprobs, chat_top_n, entries
 from inferenceos.server.openai_schema import (
     ChatCompletion,
@@ -46,7 +51,7 @@ from inferenceos.server.state import ServerState
 from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from inferenceos.server.tools import ToolRequest, history_call, openai_calls, tool_request
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text} for code, text in (
         (400, "Invalid request"), (401, "Missing or wrong API key"),
         (403, "Host not allowed"), (404, "Model not found"), (413, "Body too large"),
@@ -55,7 +60,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
-router = APIRouter(prefix="/v1", tags=["openai"], responses=_ERRORS)
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+# the same routes without /v1, as llama-server serves them (/completions there is
+# llama.cpp's own dialect: see llamacpp_routes)
+bare_router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, include_in_schema=False)
 
 
 def _state(request: Request) -> ServerState:
@@ -67,9 +75,18 @@ def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
+def _usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+@functools.cache
+def fingerprint() -> str:
+    """`system_fingerprint`: the llama.cpp build, spelled as llama-server does ("b...")."""
+    from importlib.metadata import version
+
+    return f"b{version('llama-cpp-python')}-inferenceos"
 
 
 def _logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:
@@ -114,7 +131,7 @@ def _text_of(m: ChatMessageIn) -> str:
     return "".join(parts)
 
 
-def _chat_message(m: ChatMessageIn) -> ChatMessage:
+def chat_message(m: ChatMessageIn) -> ChatMessage:
     """One request message for the template: past tool calls with their arguments
     parsed (OpenAI sends JSON text), a tool result with the call it answers."""
     role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
@@ -131,7 +148,7 @@ def _chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
     if fmt not in ("text", "json_object", "json_schema"):
         raise APIError(400, f"response_format {fmt!r} is not supported",
                        "unsupported_parameter")
-    return tuple(_chat_message(m) for m in body.messages)
+    return tuple(chat_message(m) for m in body.messages)
 
 
 def _tools(body: ChatCompletionRequest) -> ToolRequest | None:
@@ -154,15 +171,34 @@ def _reply(text: str, run: Run, stop_reason: str) -> tuple[dict[str, Any], str]:
 
 
 def _grammar(fmt: Any) -> str | None:
-    """The grammar a response_format asks for: none, any JSON object, or a schema."""
+    """The grammar a response_format asks for: none, any JSON object (or, llama.cpp's
+    extension, one valid under its `schema`), or a json_schema."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return JSON_OBJECT_GBNF
+        return JSON_OBJECT_GBNF if fmt.schema_ is None else grammar_for_schema(fmt.schema_)
     schema = (fmt.json_schema or {}).get("schema")
     if schema is None:
         raise APIError(400, "response_format json_schema needs json_schema.schema")
     return grammar_for_schema(schema)
+
+
+def _constraint(body: SamplingFields, fmt: Any = None) -> str | None:
+    """The grammar of a request: llama.cpp's `grammar` (GBNF) or top-level `json_schema`
+    extensions, or its response_format; at most one of them. A schema that cannot be
+    turned into a grammar is a 400 here, a grammar that does not parse a 400 when the
+    engine builds its sampler: neither is ever ignored."""
+    from_format = _grammar(fmt)
+    given = [n for n, v in (("grammar", body.grammar), ("json_schema", body.json_schema),
+                            ("response_format", from_format)) if v not in (None, "")]
+    if len(given) > 1:
+        raise APIError(400, f"use one of {' and '.join(given)}, not both",
+                       "invalid_request")
+    if body.grammar:
+        return body.grammar
+    if body.json_schema is not None:
+        return grammar_for_schema(body.json_schema or {"type": "object"})
+    return from_format
 
 
 def _ids(prefix: str) -> tuple[str, int]:
@@ -172,13 +208,14 @@ def _ids(prefix: str) -> tuple[str, int]:
 @router.post("/chat/completions", response_model=ChatCompletion,
              responses={200: {"content": _SSE, "description": "A completion, or SSE chunks "
                               "(ChatCompletionChunk) when stream is true"}})
+@bare_router.post("/chat/completions", response_model=ChatCompletion)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """Chat completion, streamed as SSE when `stream` is true."""
     state = _state(request)
     messages = _chat_messages(body)
     tools = _tools(body)
     name = state.model_name(body.model)
-    grammar = _grammar(body.response_format)
+    grammar = _constraint(body, body.response_format)
     sampling = _sampling(body, body.max_completion_tokens or body.max_tokens, grammar,
                          chat_top_n(body.logprobs, body.top_logprobs))
     reqs = [GenRequest(name, s, messages=messages, tools=tools)
@@ -201,7 +238,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             choices.append({"index": i, "finish_reason": finish, "message": message,
                             "logprobs": logprobs})
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-                "choices": choices, "usage": _usage(p_tok, c_tok)}
+                "choices": choices, "system_fingerprint": fingerprint(),
+                "usage": _usage(p_tok, c_tok, done.metrics.cached_tokens),
+                "timings": timings(done.metrics)}
 
     return await until_disconnect(request, whole())
 
@@ -209,9 +248,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], cid: str,
                        created: int, model: str, include_usage: bool
                        ) -> AsyncIterator[dict[str, Any]]:
-    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": fingerprint()}
     extra = {"usage": None} if include_usage else {}
-    p_tok = c_tok = 0
+    p_tok = c_tok = cached = 0
+    metrics = None
     scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
 
     def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -223,12 +264,13 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
     for i, r in enumerate(reqs):
         run = first if i == 0 else await start_generation(state, r)
         held = ToolCallStream(run.tool_format) if run.tool_format else None
-        yield chunk(i, {"role": "assistant", "content": ""})
+        yield chunk(i, {"role": "assistant", "content": None})  # as OpenAI and llama-server
         async for item in _closing(run):
             if not isinstance(item, Done) and item.logprob is not None:
                 scored.append(item)
             if isinstance(item, Done):
                 p_tok, c_tok = item.metrics.prompt_tokens, c_tok + item.metrics.completion_tokens
+                cached, metrics = item.metrics.cached_tokens, item.metrics
                 finish = _finish(item.metrics.stop_reason)
                 rest, calls = held.finish() if held else ("", [])
                 if rest:
@@ -241,8 +283,9 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
                 text = held.feed(item.text) if held else item.text
                 if text:
                     yield chunk(i, {"content": text})
-    if include_usage:
-        yield {**base, "choices": [], "usage": _usage(p_tok, c_tok)}
+    if include_usage:  # llama-server adds its timings to the usage chunk
+        yield {**base, "choices": [], "usage": _usage(p_tok, c_tok, cached),
+               **({"timings": timings(metrics)} if metrics else {})}
 
 
 async def _closing(run: Run) -> AsyncIterator[TokenEvent | Done]:
@@ -285,7 +328,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if len(prompts) * body.n > 16:
         raise APIError(400, "at most 16 choices (prompts × n) per request", "too_many_choices")
     name = state.model_name(body.model)
-    variants = _variants(_sampling(body, body.max_tokens, logprobs=body.logprobs), body.n)
+    variants = _variants(_sampling(body, body.max_tokens, _constraint(body),
+                                   logprobs=body.logprobs), body.n)
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
                        tokens=None if isinstance(p, str) else tuple(p))
             for p in prompts for s in variants]
@@ -298,18 +342,20 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                                                usage, body.logprobs is not None), first.close)
 
     async def whole() -> dict[str, Any]:
-        choices, p_tok, c_tok = [], 0, 0
+        choices, p_tok, c_tok, cached = [], 0, 0, 0
         for i, r in enumerate(reqs):
             run = await start_generation(state, r)
             text, done = await run.collect()
             p_tok += done.metrics.prompt_tokens
             c_tok += done.metrics.completion_tokens
+            cached += done.metrics.cached_tokens
             logprobs = (LegacyLogprobs(len(echo[i])).chunk(run.scored)
                         if body.logprobs is not None else None)
             choices.append({"index": i, "text": echo[i] + text, "logprobs": logprobs,
                             "finish_reason": _finish(done.metrics.stop_reason)})
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": choices, "usage": _usage(p_tok, c_tok)}
+                "choices": choices, "system_fingerprint": fingerprint(),
+                "usage": _usage(p_tok, c_tok, cached), "timings": timings(done.metrics)}
 
     return await until_disconnect(request, whole())
 
@@ -318,7 +364,8 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
                              echo: list[str], cid: str, created: int, model: str,
                              include_usage: bool, logprobs: bool
                              ) -> AsyncIterator[dict[str, Any]]:
-    base = {"id": cid, "object": "text_completion", "created": created, "model": model}
+    base = {"id": cid, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": fingerprint()}
     extra = {"usage": None} if include_usage else {}
     p_tok = c_tok = 0
     scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
@@ -350,6 +397,7 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
 
 
 @router.post("/embeddings", response_model=EmbeddingList)
+@bare_router.post("/embeddings", response_model=EmbeddingList)
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     """Mean-pooled, L2-normalised embeddings; `encoding_format` float or base64."""
     state = _state(request)
@@ -385,6 +433,7 @@ def _b64(vector: list[float]) -> str:
 
 
 @router.get("/models", response_model=ModelList)
+@bare_router.get("/models", response_model=ModelList)
 async def list_models(request: Request) -> Any:
     """Every model a request may name."""
     state = _state(request)
@@ -394,6 +443,7 @@ async def list_models(request: Request) -> Any:
 
 
 @router.get("/models/{model:path}", response_model=ModelCard)
+@bare_router.get("/models/{model:path}", response_model=ModelCard)
 async def get_model(model: str, request: Request) -> Any:
     """One model by name (404 when unknown)."""
     from inferenceos.server.generation import call_in_thread

@@ -60,6 +60,8 @@ class StreamOptions(BaseModel):
 class ResponseFormat(BaseModel):
     type: str = "text"
     json_schema: dict[str, Any] | None = None
+    # llama.cpp extension: {"type": "json_object", "schema": {...}} constrains to a schema
+    schema_: Any = Field(None, alias="schema")
 
 
 class SamplingFields(BaseModel):
@@ -80,6 +82,8 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    grammar: str | None = Field(None, description="llama.cpp extension: a GBNF grammar")
+    json_schema: Any = Field(None, description="llama.cpp extension: a JSON schema")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -112,10 +116,15 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int = 0
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class FunctionCallOut(BaseModel):
@@ -165,6 +174,8 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    timings: dict[str, Any] | None = Field(None, description="llama.cpp extension: "
+                                             "prompt and generation speeds")
 
 
 class ToolCallDelta(ToolCallOut):
@@ -224,6 +235,8 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    timings: dict[str, Any] | None = Field(None, description="llama.cpp extension: "
+                                             "prompt and generation speeds")
 
 
 class Embedding(BaseModel):

@@ -3,9 +3,9 @@
 - `HostCheck`: while bound to loopback, a request whose `Host` header is not a loopback
   name or an allowed host gets 403 (a DNS-rebinding page in a browser sends its own
   domain as Host).
-- `ApiKeyAuth`: when a key is set, every route but /health needs `Authorization: Bearer
-  KEY` or `X-Api-Key: KEY`, compared in constant time; else 401. CORS preflights pass
-  (the CORS middleware outside answers them).
+- `ApiKeyAuth`: when a key is set, every route but /health and /v1/health needs
+  `Authorization: Bearer KEY` or `X-Api-Key: KEY`, compared in constant time; else 401.
+  CORS preflights pass (the CORS middleware outside answers them).
 - `BodyLimit`: bodies over the limit get 413, whether announced by Content-Length or
   sent chunked (buffered up to the limit, then replayed to the app).
 """
@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferenceos.server.errors import error_body
 from inferenceos.server.settings import is_loopback
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/v1/health"})
 
 
 async def send_error(scope: Scope, send: Send, status: int, message: str,

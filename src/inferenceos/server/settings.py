@@ -37,6 +37,7 @@ class ServerSettings:
     retry_after_s: int = 2
     shutdown_grace_s: float = 10.0  # streams get this long to finish on shutdown
     default_model: str = ""  # used when a request names no model
+    any_model: bool = False  # an unknown model name reaches default_model (llama-server)
     version: str = field(default="")
 
     @property

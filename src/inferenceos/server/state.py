@@ -6,8 +6,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from inferenceos.errors import ModelNotFoundError
 from inferenceos.registry.catalog import Catalog
-from inferenceos.registry.loaded import ModelManager
+from inferenceos.registry.manager import ModelManager
+from inferenceos.registry.names import InvalidNameError
 from inferenceos.server.admission import Admission
 from inferenceos.server.errors import APIError
 from inferenceos.server.metrics import ServerMetrics
@@ -52,11 +54,19 @@ class ServerState:
         )
 
     def model_name(self, requested: str | None) -> str:
-        """The model a request means: its own name, else the server's default."""
+        """The model a request means: its own name, else the server's default. With
+        `any_model`, a name the catalog does not know also means the default (as
+        llama-server answers whatever model a client names)."""
         name = (requested or "").strip() or self.settings.default_model
         if not name:
             raise APIError(400, "no model named in the request and the server has no default",
                            "model_required")
+        if self.settings.any_model and self.settings.default_model and name != \
+                self.settings.default_model:
+            try:
+                self.catalog.resolve(name)
+            except (ModelNotFoundError, InvalidNameError):
+                return self.settings.default_model
         return name
 
     def check_accepting(self) -> None:
