@@ -163,6 +163,9 @@ def run(
         except KeyboardInterrupt:
             interrupted = True
         m = lm.metrics
+        from inferenceos.cli.run_telemetry import record_run
+
+        record_run(lm, m)
     if as_json:
         print_json({"text": "".join(pieces), "metrics": m.to_json()})
     else:

@@ -28,6 +28,7 @@ from inferenceos.errors import UsageError
 from inferenceos.registry.loaded import EngineLike, LoadedModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
+from inferenceos.server.request_telemetry import record_request
 from inferenceos.server.state import ActiveGeneration, ServerState
 from inferenceos.server.tool_calls import ToolFormat
 from inferenceos.server.tools import ToolRequest, plan_tools
@@ -193,6 +194,7 @@ class Run:
         reason = {"eos": "stop", "stop": "stop", "length": "length"}.get(g.stop_reason, "abort")
         m.success.inc(model_name=name, finished_reason=reason)
         m.e2e.observe(now - self._t0, model_name=name)
+        record_request(done, total_s=now - self._t0, concurrency=self.state.admission.running)
 
     async def collect(self) -> tuple[str, Done]:
         """Consume the whole generation: its text and its Done (and, in `scored`, the

@@ -1,0 +1,53 @@
+"""What `run` (and anything else that loads a model in this process) tells telemetry.
+
+`record_run(lm, metrics)` queues two records, the load (settings, load time, llama.cpp's
+own buffer sizes parsed from its log) and the generation, and writes one line to the
+runtime log. It costs microseconds: the writing happens in the recorder's thread, and a
+failure of any kind only prints a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from inferenceos.engine.session import GenerationMetrics, LoadedModel
+
+log = logging.getLogger("inferenceos.run")
+
+
+def llama_buffers(mark: int = 0) -> dict[str, int]:
+    """llama.cpp's buffer sizes (`"kind:buffer type" -> bytes`) from its log since
+    `mark` (0: everything still held, which in a one-model process is its load)."""
+    from inferenceos.engine.llama_lib import log as llama_log
+    from inferenceos.engine.memory_report import parse_buffer_lines
+
+    return {f"{k}:{b}": v for (k, b), v in parse_buffer_lines(llama_log().since(mark)).items()}
+
+
+def record_run(lm: LoadedModel, metrics: GenerationMetrics, *, source: str = "run",
+               plan: dict[str, Any] | None = None, concurrency: int = 1,
+               log_mark: int = 0) -> None:
+    """Record one load and one generation of `lm` (see module contract)."""
+    from inferenceos import telemetry
+
+    try:
+        m = metrics.to_json()
+        log.info("%s %s: prompt %d tok at %.1f t/s, TTFT %.0f ms, generated %d tok at "
+                 "%.1f t/s, stop %s", source, lm.path.name, metrics.prompt_tokens,
+                 metrics.prompt_tps, metrics.ttft_s * 1000, metrics.completion_tokens,
+                 metrics.decode_tps, metrics.stop_reason)
+        rec = telemetry.recorder()
+        if not rec.enabled:
+            return
+        settings = dataclasses.asdict(lm.settings)
+        uid = rec.load(lm.path, source=source, load_s=metrics.load_s, settings=settings,
+                       plan=plan, memory=llama_buffers(log_mark))
+        rec.generation(lm.path, source=source, metrics=m, settings=settings, load_uid=uid,
+                       concurrency=concurrency)
+    except Exception as exc:  # telemetry must never fail a run
+        from inferenceos.telemetry.db import warn_once
+
+        warn_once("error", f"could not record this run ({exc!r}); the run itself is "
+                           "unaffected")
