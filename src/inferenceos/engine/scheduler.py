@@ -10,7 +10,9 @@ Split as vLLM v1's scheduler is, each part with one job:
   eos/length, metrics.
 
 This module ties them together: admission, the step loop, sampling each sequence on its
-batch row with its own sampler chain (in C), and KV policies. When a sequence fills its
+batch row with its own sampler chain (in C), speculative decoding (speculative.py: a
+drafting sequence's draft tokens ride in the same batch and are verified on their rows),
+and KV policies. When a sequence fills its
 slot, its KV policy (see kv_policies.py) decides: `none` ends it ("length"),
 `streaming` (StreamingLLM) drops the middle of the cache, keeping the first sink tokens
 and the most recent ones, and shifts positions so generation continues indefinitely.
@@ -22,8 +24,11 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.executor import Executor, StepRows
@@ -34,6 +39,16 @@ from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import GenerationMetrics, LoadedModel
 from inferenceos.engine.slots import Slot, SlotTable
+from inferenceos.engine.speculative import (
+    NO_DRAFT,
+    DraftAsk,
+    Drafter,
+    DraftState,
+    accept_or_resample,
+    can_draft,
+    sample_target,
+    target_distribution,
+)
 from inferenceos.engine.step_plan import SeqNeeds, StepPlan, schedule
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
@@ -47,13 +62,20 @@ class Request:
     sampling: SamplingParams
     arrival: float = field(default_factory=time.perf_counter)
     kv_policy: str | None = None  # None: the scheduler's default policy
+    draft: str | None = None  # drafter name, "none", or None: the scheduler's default
 
 
 class Sequence:
     """A request being served in a slot."""
 
     def __init__(
-        self, req: Request, slot: Slot, reused: int, model: LoadedModel, policy: KVPolicy
+        self,
+        req: Request,
+        slot: Slot,
+        reused: int,
+        model: LoadedModel,
+        policy: KVPolicy,
+        drafter: Drafter | None = None,
     ) -> None:
         self.req = req
         self.slot = slot
@@ -63,6 +85,11 @@ class Sequence:
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
                                 model.piece, model.is_eog)  # fmt: skip
+        self.spec = DraftState(drafter) if drafter is not None else None
+        self.draft: tuple[int, ...] = ()  # proposed for this step
+        self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
+        if drafter is not None:
+            self.out.metrics.draft = drafter.name
 
     @property
     def metrics(self) -> GenerationMetrics:
@@ -78,7 +105,7 @@ class Sequence:
 
     def needs(self) -> SeqNeeds:
         return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
-                        self.pending)  # fmt: skip
+                        self.pending, self.draft)  # fmt: skip
 
 
 class Scheduler:
@@ -95,8 +122,13 @@ class Scheduler:
         probe: AttentionProbe | None = None,
         max_step_s: float = 0.25,
         policy_options: dict[str, dict[str, Any]] | None = None,
+        draft: str | None = None,
+        draft_options: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        """`probe` must be the AttentionProbe whose callback `model`'s context was created
+        """`draft` names the default drafter ("ngram", "self", a plugin, or a .gguf draft
+        model; None or "none": no speculative decoding), which requests may override;
+        `draft_options` maps a drafter name to its constructor options (e.g. p_min).
+        `probe` must be the AttentionProbe whose callback `model`'s context was created
         with; policies that need attention (h2o) require it. While some sequence is
         generating, prefill chunks are cut so that a step takes about `max_step_s`
         (measured), keeping inter-token latency bounded; otherwise the full budget."""
@@ -121,6 +153,32 @@ class Scheduler:
         self.executor = Executor(self._ll, model.ctx, self.max_batch + n_slots, n_slots)
         self.max_step_s = max_step_s
         self._ll.llama_memory_clear(self.mem, True)
+        self.drafters: dict[str, Drafter] = {}
+        self.draft_options = draft_options or {}
+        self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
+        if self.default_draft is not None:
+            self._drafter(self.default_draft)  # a bad choice fails at load time
+
+    def _drafter(self, name: str) -> Drafter:
+        """The drafter `name`, created on first use and shared by every slot."""
+        if name not in self.drafters:
+            from inferenceos.engine.drafters import DraftSetup, make_drafter
+
+            setup = DraftSetup(self.model.path, self.model.settings, len(self.slots),
+                               self.model.n_vocab)  # fmt: skip
+            self.drafters[name] = make_drafter(name, setup, **self.draft_options.get(name, {}))
+        return self.drafters[name]
+
+    def _draft_for(self, req: Request) -> Drafter | None:
+        name = req.draft if req.draft is not None else self.default_draft
+        if name in (None, *NO_DRAFT) or not can_draft(req.sampling):
+            return None
+        assert name is not None
+        return self._drafter(name)
+
+    def footprint_bytes(self) -> int:
+        """Memory the drafters hold (draft model weights and KV), for the planner."""
+        return sum(d.footprint_bytes for d in self.drafters.values())
 
     @property
     def slots(self) -> list[Slot]:
@@ -173,6 +231,13 @@ class Scheduler:
             self._policy(req.kv_policy)  # unknown, or needs what this engine lacks
             if not self.can_shift:
                 raise UsageError(f"this model's KV cache cannot shift: no {req.kv_policy} policy")
+        named_file = req.draft is not None and req.draft.endswith(".gguf")
+        if named_file and req.draft != self.default_draft:
+            raise UsageError("a draft model file is chosen when the model is loaded "
+                             "(--draft PATH); a request may ask for ngram, self or none")
+        if req.draft not in (None, *NO_DRAFT):
+            assert req.draft is not None
+            self._drafter(req.draft)  # unknown, or cannot be built here
         self.queue.append(req)
 
     def cancel(self, req_id: int) -> list[Event]:
@@ -217,7 +282,8 @@ class Scheduler:
             req = self.queue.popleft()
             self.table.claim(slot, reuse)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
-            self.running.append(Sequence(req, slot, reuse, self.model, policy))
+            self.running.append(Sequence(req, slot, reuse, self.model, policy,
+                                         self._draft_for(req)))  # fmt: skip
 
     # -- one step ----------------------------------------------------------------------
 
@@ -228,6 +294,7 @@ class Scheduler:
         self._make_room(events)
         if not self.running:
             return events
+        self._propose()
         plan = self.plan()
         rows = self.executor.fill(plan)
         self._commit(plan)
@@ -257,6 +324,7 @@ class Scheduler:
             seq = by_key[d.key]
             seq.slot.cached.extend(d.tokens)
             seq.pending = None
+            seq.draft = d.tokens[1:]  # what the batch really carries (maybe trimmed)
         for p in plan.prefills:
             seq = by_key[p.key]
             seq.slot.cached.extend(p.tokens)
@@ -281,13 +349,78 @@ class Scheduler:
         fits = int(self.max_step_s / self.s_per_token)
         return max(16 + len(self.running), min(self.token_budget, fits))
 
+    def _propose(self) -> None:
+        """Ask each drafter for the drafts of its generating sequences (one call per
+        drafter: a model drafter batches them)."""
+        asks: dict[int, list[tuple[Sequence, DraftAsk]]] = {}
+        for seq in self.running:
+            seq.draft = ()
+            if seq.spec is None or seq.pending is None:
+                continue
+            left = seq.req.sampling.max_tokens - seq.metrics.completion_tokens
+            room = min(self.n_ctx_slot - seq.n_past - 1, left - 1)
+            k = seq.spec.want(seq.metrics.completion_tokens, room)
+            if k > 0:
+                ask = DraftAsk(seq.slot.index, [*seq.slot.cached, seq.pending], k)
+                asks.setdefault(id(seq.spec.drafter), []).append((seq, ask))
+        for group in asks.values():
+            drafter = group[0][0].spec.drafter  # type: ignore[union-attr]
+            for (seq, ask), draft in zip(group, drafter.propose([a for _, a in group]),
+                                         strict=True):  # fmt: skip
+                seq.draft = tuple(draft[: ask.k])
+
     def _sample_all(self, rows: StepRows) -> list[Event]:
         events: list[Event] = []
         for seq in list(self.running):
             key = seq.slot.index
-            row = rows.decode[key][0] if key in rows.decode else rows.prefill_last.get(key)
-            if row is not None:
-                events.extend(self._sample(seq, row))
+            if key in rows.decode:
+                seq.metrics.decode_steps += 1
+                if seq.draft:
+                    events.extend(self._verify(seq, rows.decode[key]))
+                    continue
+                events.extend(self._sample(seq, rows.decode[key][0]))
+            elif key in rows.prefill_last:
+                events.extend(self._sample(seq, rows.prefill_last[key]))
+        return events
+
+    def _verify(self, seq: Sequence, rows: Seq[int]) -> list[Event]:
+        """Accept a prefix of the sequence's draft from its rows' logits, plus the one
+        token the first unaccepted row (or the row after the last draft) gives; drop
+        the rejected drafts' cells (see speculative.py for the rule)."""
+        draft, sp = seq.draft, seq.req.sampling
+        assert seq.spec is not None and seq.rng is not None and len(rows) == len(draft) + 1
+        greedy = sp.temperature == 0
+        chosen: list[tuple[int, int]] = []  # (token, row it was chosen from)
+        for i, row in enumerate(rows):
+            logits = self.model.logits_row(row)
+            if greedy:
+                tok = int(logits.argmax())
+                ok = i < len(draft) and tok == draft[i]
+            else:
+                ids, probs = target_distribution(logits, sp)
+                if i < len(draft):
+                    ok, tok = accept_or_resample(ids, probs, draft[i], seq.rng)
+                else:
+                    ok, tok = False, sample_target(ids, probs, seq.rng)
+            chosen.append((tok, row))
+            if not ok:
+                break
+        n_acc = len(chosen) - 1
+        base = seq.n_past - len(rows)  # position of the pending token
+        self.table.truncate(seq.slot, base + 1 + n_acc)
+        m = seq.metrics
+        m.draft_tokens += len(draft)
+        m.draft_accepted += n_acc
+        seq.spec.update(len(draft), n_acc, m.completion_tokens)
+        seq.draft = ()
+        events: list[Event] = []
+        for tok, row in chosen:
+            self._ll.llama_sampler_accept(seq.sampler.ptr, tok)
+            events += seq.out.push(tok, self._extra(seq, row, tok))
+            if seq.out.finished:
+                self._release(seq)
+                return events
+        seq.pending = chosen[-1][0]
         return events
 
     def _sample(self, seq: Sequence, row: int) -> list[Event]:
@@ -305,6 +438,8 @@ class Scheduler:
         return () if n is None else self.model.logprobs(row, token, n)
 
     def _release(self, seq: Sequence) -> None:
+        if seq.spec is not None:
+            seq.spec.drafter.release(seq.slot.index)
         seq.sampler.close()
         self.table.release(seq.slot)
         self.running.remove(seq)
@@ -321,4 +456,6 @@ class Scheduler:
     def close(self) -> None:
         for seq in list(self.running):
             self._release(seq)
+        for drafter in self.drafters.values():
+            drafter.close()
         self.executor.close()

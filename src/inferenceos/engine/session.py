@@ -52,6 +52,24 @@ class GenerationMetrics:
     decode_tps: float = 0.0
     stop_reason: str = ""  # eos, length, stop, interrupted
     cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse)
+    # speculative decoding (engine.speculative): the drafter, draft tokens proposed and
+    # accepted, and decode steps (each verifies 1 + accepted tokens)
+    draft: str = ""
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    decode_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of draft tokens the target accepted (0 when nothing was drafted)."""
+        return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens each decode (verification) step produced on average (1 without drafts)."""
+        if not self.decode_steps:
+            return 0.0
+        return (self.decode_steps + self.draft_accepted) / self.decode_steps
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +81,12 @@ class GenerationMetrics:
             "decode_tps": round(self.decode_tps, 2),
             "stop_reason": self.stop_reason,
             "cached_tokens": self.cached_tokens,
+            "draft": self.draft,
+            "draft_tokens": self.draft_tokens,
+            "draft_accepted": self.draft_accepted,
+            "decode_steps": self.decode_steps,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tokens_per_step": round(self.tokens_per_step, 3),
         }
 
     @classmethod

@@ -1,0 +1,202 @@
+"""Speculative decoding, per sequence, inside the continuous-batching step.
+
+A drafting sequence's pending token rides in the step's one llama_batch followed by k
+draft tokens, every row with logits; the verifier then walks the rows:
+
+- greedy: the draft token is accepted while it equals the argmax of the row before it;
+  the first row whose argmax differs gives the correction, and when every draft is
+  accepted the last row gives one token more. The output is the one plain greedy
+  decoding would produce (up to the batch-shape rounding llama.cpp's kernels have
+  anyway, see docs/engine.md);
+- sampling (standard speculative sampling, Leviathan et al. 2023 / Chen et al. 2023):
+  draft token d is accepted with probability min(1, p(d) / q(d)), where p is the target
+  distribution after the request's own top-k / top-p / min-p / temperature; on rejection
+  the token is drawn from the residual max(0, p - q), normalised. Every drafter here
+  drafts deterministically, so q is a point mass at d: accept with p(d), else draw from
+  p with d removed. The accepted tokens then follow p exactly.
+
+Rejected draft cells are removed from the KV cache after the step. The draft length
+adapts per sequence (`DraftState`): it grows while drafts are accepted and falls back
+to what was accepted otherwise; a sequence whose drafts keep failing stops drafting
+for a cooldown that doubles each time.
+
+Drafters are plugins (entry-point group `inferenceos.drafters`), like the KV policies;
+see drafters.py for `ngram`, `self` and a draft model file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+import numpy as np
+
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.errors import UsageError
+
+ENTRY_POINT_GROUP = "inferenceos.drafters"
+NO_DRAFT = ("", "none")
+
+
+@dataclass(frozen=True)
+class DraftAsk:
+    """A request for up to `k` draft tokens following `tokens` (the sequence so far, its
+    pending token last), for the sequence in slot `key`."""
+
+    key: int
+    tokens: Sequence[int]
+    k: int
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens. `propose` answers every ask of a step at once (a model
+    drafter batches them into one decode per draft position) with at most `k` tokens
+    each (possibly none). `release(key)` says the slot's sequence ended. `footprint_bytes`
+    is the memory the drafter holds (weights and KV), for the planner."""
+
+    name: str
+    footprint_bytes: int
+
+    def propose(self, asks: Sequence[DraftAsk]) -> list[list[int]]: ...
+
+    def release(self, key: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def available_drafters() -> dict[str, str]:
+    """Installed drafter names → 'module:Class' (from the entry-point group)."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def drafter_class(name: str) -> Any:
+    """The class registered as `name`; a name ending in .gguf is a draft model file."""
+    from inferenceos.engine import drafters
+
+    if name.endswith(".gguf"):
+        return drafters.ModelDrafter
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    builtin = {"ngram": drafters.NgramDrafter, "self": drafters.SelfDrafter}
+    if name not in builtin:
+        known = sorted(set(available_drafters()) | set(builtin))
+        raise UsageError(f"unknown drafter {name!r} (use {', '.join(known)} or a .gguf path)")
+    return builtin[name]
+
+
+def can_draft(sp: SamplingParams) -> bool:
+    """Whether a request's sampling can be verified here: greedy, or a top-k-first chain
+    without grammar, logit bias or penalties (their state depends on every token, and
+    their distribution is not a pure function of one row's logits)."""
+    if sp.grammar or sp.logit_bias:
+        return False
+    if sp.repeat_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
+        return False
+    return sp.temperature == 0 or sp.top_k > 0
+
+
+# -- the target distribution and the acceptance rule ---------------------------------------
+
+
+def target_distribution(logits: np.ndarray, sp: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, probabilities) that the request's sampler chain draws from, computed
+    as llama.cpp's chain does: top-k, then top-p and min-p on the softmax of the raw
+    logits (top-p keeps the smallest prefix reaching p, min-p the tokens with
+    p >= min_p * p_max), then temperature and softmax. Requires sp.top_k > 0."""
+    k = min(sp.top_k, len(logits))
+    ids = np.argpartition(logits, -k)[-k:]
+    order = np.argsort(-logits[ids], kind="stable")
+    ids = ids[order]
+    lg = logits[ids].astype(np.float64)
+    if sp.top_p < 1.0:
+        p = np.exp(lg - lg[0])
+        p /= p.sum()
+        last = int(np.searchsorted(np.cumsum(p), sp.top_p)) + 1
+        ids, lg = ids[:last], lg[:last]
+    if sp.min_p > 0.0:
+        keep = max(1, int(np.count_nonzero(lg >= lg[0] + np.log(sp.min_p))))
+        ids, lg = ids[:keep], lg[:keep]
+    z = lg / sp.temperature
+    probs = np.exp(z - z.max())
+    return ids, probs / probs.sum()
+
+
+def accept_or_resample(
+    ids: np.ndarray, probs: np.ndarray, draft: int, rng: np.random.Generator,
+    q: np.ndarray | None = None,
+) -> tuple[bool, int]:
+    """The speculative sampling rule for one draft token under target (ids, probs).
+
+    `q`: the draft distribution over the same ids, None for a point mass at `draft`.
+    Returns (accepted, token): the draft itself when accepted, else a token drawn from
+    the normalised residual max(0, p - q)."""
+    where = np.flatnonzero(ids == draft)
+    p_d = float(probs[where[0]]) if where.size else 0.0
+    q_d = 1.0 if q is None else (float(q[where[0]]) if where.size else 0.0)
+    if q_d > 0 and rng.random() < min(1.0, p_d / q_d):
+        return True, draft
+    if q is None:
+        residual = probs.copy()
+        if where.size:
+            residual[where[0]] = 0.0
+    else:
+        residual = np.maximum(probs - q, 0.0)
+    total = residual.sum()
+    if total <= 0:  # p == q: nothing to correct (cannot happen after a rejection)
+        residual, total = probs, probs.sum()
+    return False, int(ids[rng.choice(len(ids), p=residual / total)])
+
+
+def sample_target(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> int:
+    return int(ids[rng.choice(len(ids), p=probs)])
+
+
+# -- per-sequence adaptation ----------------------------------------------------------------
+
+
+@dataclass
+class DraftState:
+    """How much one sequence drafts. `k` grows by 2 after a fully accepted draft (up to
+    `k_max`) and drops to accepted + 1 otherwise. After `patience` verifications in a row
+    with an acceptance below `min_rate`, drafting pauses for `cooldown` generated tokens
+    (doubling each time): a sequence whose drafts keep failing stops drafting."""
+
+    drafter: Drafter
+    k: int = 4
+    k_max: int = 12
+    min_rate: float = 0.3
+    patience: int = 3
+    cooldown: int = 32
+    proposed: int = 0
+    accepted: int = 0
+    verifications: int = 0
+    _bad: int = 0
+    paused_until: int = 0  # completion token count before which no drafting
+    history: list[tuple[int, int]] = field(default_factory=list)
+
+    def want(self, generated: int, room: int) -> int:
+        """Draft tokens to ask for now (0: not drafting), at most `room`."""
+        if generated < self.paused_until:
+            return 0
+        return max(0, min(self.k, room))
+
+    def update(self, n_proposed: int, n_accepted: int, generated: int) -> None:
+        if n_proposed <= 0:
+            return
+        self.proposed += n_proposed
+        self.accepted += n_accepted
+        self.verifications += 1
+        if n_accepted == n_proposed:
+            self.k = min(self.k_max, self.k + 2)
+        else:
+            self.k = max(1, n_accepted + 1)
+        self._bad = self._bad + 1 if n_accepted / n_proposed < self.min_rate else 0
+        if self._bad >= self.patience:
+            self._bad = 0
+            self.k = 1
+            self.paused_until = generated + self.cooldown
+            self.cooldown *= 2
+
