@@ -2,18 +2,22 @@
 
 Each command lives in its own module and is registered here. `main()` is the console
 entry point: it turns user errors (`InferenceOSError`) into one line on stderr and a
-non-zero exit code, and never shows a traceback unless INFERENCEOS_DEBUG=1.
+non-zero exit code, and never shows a traceback unless INFERENCEOS_DEBUG=1. When the
+command line has `--json`, every failure (a usage error included) is printed as one JSON
+object `{"error": ..., "type": ...}` on stdout instead, still with a non-zero exit code.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
 from inferenceos.cli import (
     cache_cmd,
+    chat_cmd,
     config_cmd,
     doctor_cmd,
     hardware_cmd,
@@ -32,7 +36,7 @@ from inferenceos.cli import (
     update_cmd,
     version_cmd,
 )
-from inferenceos.cli.console import print_error
+from inferenceos.cli.console import print_error, print_json
 from inferenceos.errors import InferenceOSError
 
 app = typer.Typer(
@@ -46,6 +50,7 @@ app = typer.Typer(
 
 # One line per command; keep the order of `inferenceos --help`.
 app.command("run")(run_cmd.run)
+app.command("chat")(chat_cmd.chat)
 app.command("serve")(serve_cmd.serve)
 app.add_typer(models_cmd.models_app, name="models")
 app.command("ps")(ps_cmd.ps)
@@ -65,24 +70,66 @@ app.command("stats")(stats_cmd.stats)
 app.command("logs")(logs_cmd.logs)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from inferenceos import __version__
+
+        typer.echo(f"inferenceos {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", "-V", callback=_print_version, is_eager=True,
+        help="Print the version and exit")] = False,
+) -> None:
+    """Plan, run and serve GGUF models locally on llama.cpp."""
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """`--json` among the options (not after a `--` that ends them)."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in args
+
+
+def _fail(message: str, code: int, kind: str, as_json: bool) -> None:
+    if as_json:
+        print_json({"error": " ".join(message.split()), "type": kind})
+    else:
+        print_error(message)
+    sys.exit(code)
+
+
+def _is_click_usage(exc: Exception) -> bool:
+    """A Click usage exception, whichever Click raised it (Typer vendors its own, so the
+    class cannot be imported from a public place): it can show itself and has a code."""
+    return all(hasattr(exc, a) for a in ("show", "format_message", "exit_code"))
+
+
 def main() -> None:
     """Console entry point."""
+    as_json = _wants_json(sys.argv[1:])
     from inferenceos import logs
 
     logs.setup("cli")
     try:
-        app()
+        code = app(standalone_mode=False)
     except InferenceOSError as exc:
-        print_error(str(exc))
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code, type(exc).__name__, as_json)
     except KeyboardInterrupt:
-        print_error("interrupted")
-        sys.exit(130)
-    except Exception as exc:  # a bug: say so briefly, keep the traceback for debugging
+        _fail("interrupted", 130, "Interrupted", as_json)
+    except Exception as exc:
+        if _is_click_usage(exc):  # a bad option, a missing argument, an unknown command
+            if not as_json or type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # type: ignore[attr-defined]
+                sys.exit(int(exc.exit_code))  # type: ignore[attr-defined]
+            _fail(exc.format_message(), int(exc.exit_code),  # type: ignore[attr-defined]
+                  "UsageError", as_json)
+        if type(exc).__name__ == "Abort":  # Ctrl-C or Ctrl-D at a confirmation prompt
+            _fail("aborted", 1, "Aborted", as_json)
         if os.environ.get("INFERENCEOS_DEBUG"):
             raise
-        print_error(
-            f"internal error: {type(exc).__name__}: {exc} "
-            "(set INFERENCEOS_DEBUG=1 to see the traceback)"
-        )
-        sys.exit(70)
+        _fail(f"internal error: {type(exc).__name__}: {exc} "
+              "(set INFERENCEOS_DEBUG=1 to see the traceback)", 70, "InternalError", as_json)
+    sys.exit(code if isinstance(code, int) else 0)

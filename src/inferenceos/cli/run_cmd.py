@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,7 +12,7 @@ import typer
 from inferenceos.cli.console import err, print_json
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
 from inferenceos.errors import UsageError
 
 if TYPE_CHECKING:  # gguf, numpy and jinja2 load only when the command runs
@@ -68,6 +69,17 @@ def _prompt_text(
     return text
 
 
+def _generate(
+    lm: LoadedModel, tokens: list[int], sampling: SamplingParams, draft: str | None
+) -> Iterator[TokenEvent]:
+    """Plain decoding, or speculative decoding through the scheduler with `draft`."""
+    if draft in (None, "", "none"):
+        return lm.generate(tokens, sampling)
+    from inferenceos.engine.scheduler import generate_one
+
+    return generate_one(lm, tokens, sampling, draft)
+
+
 def footer(m: GenerationMetrics) -> str:
     """The one-line summary printed after a streamed answer."""
     return (
@@ -121,8 +133,21 @@ def run(
         bool, typer.Option("--json", help="Print one JSON object at the end")
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+    draft: Annotated[
+        str | None,
+        typer.Option("--draft", help="Speculative decoding: ngram, self, or a draft model .gguf"),
+    ] = None,
 ) -> None:
-    """Generate a completion for one prompt, streaming tokens as they come."""
+    """Generate a completion for one prompt, streaming tokens as they come.
+
+    Without a prompt at a terminal, chat interactively instead (as `ollama run` does)."""
+    if prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
+        from inferenceos.cli.chat_cmd import start_chat
+
+        start_chat(model, system=system, ctx=ctx, threads=threads, verbose=verbose,
+                   options={"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                            "min_p": min_p, "seed": seed, "max_tokens": max_tokens})
+        return
     text = _read_prompt(prompt)
     sampling = SamplingParams(
         temperature=temperature,
@@ -155,7 +180,7 @@ def run(
         pieces: list[str] = []
         interrupted = False
         try:
-            for event in lm.generate(tokens, sampling):
+            for event in _generate(lm, tokens, sampling, draft):
                 pieces.append(event.text)
                 if not as_json and event.text:
                     sys.stdout.write(event.text)

@@ -17,7 +17,14 @@ from starlette.middleware.cors import CORSMiddleware
 from inferenceos import __version__
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
-from inferenceos.server import llamacpp_routes, ollama_routes, openai_routes, ops_routes
+from inferenceos.server import (
+    llamacpp_routes,
+    ollama_routes,
+    openai_routes,
+    ops_routes,
+    responses_routes,
+    sessions_routes,
+)
 from inferenceos.server.access_log import AccessLog
 from inferenceos.server.errors import install_handlers
 from inferenceos.server.json_body import JsonBodies
@@ -53,7 +60,8 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
     app.state.ios = state
     install_handlers(app)
     for router in (ops_routes.router, openai_routes.router, ollama_routes.router,
-                   openai_routes.bare_router, llamacpp_routes.router):
+                   openai_routes.bare_router, llamacpp_routes.router,
+                   responses_routes.router, sessions_routes.router):
         app.include_router(router)
     # add_middleware wraps: the last added is the outermost
     app.add_middleware(JsonBodies)

@@ -1,0 +1,371 @@
+"""The public Python API (`import inferenceos`), the layer `chat` and the CLI sit on.
+
+    import inferenceos
+    with inferenceos.load("gemma3-270m") as model:
+        print(model.generate("The capital of France is", max_tokens=8).text)
+
+Contract:
+- `load(model, **options)` takes a registry name, a .gguf path, or "" for the built-in
+  Gemma 3 270M; it asks the planner how to load it on this machine and returns a
+  `Model` whose engine runs in this process (`isolated=True`: in a worker process,
+  so that a crash inside llama.cpp cannot take the caller down).
+- `Model.generate(prompt)` completes raw text, `Model.chat(messages)` goes through the
+  model's chat template (a plain "User: / Assistant:" transcript when the model has
+  none); both return a `Completion` (text + metrics), or with `stream=True` a
+  `TextStream` that yields text pieces and holds the metrics once it ends.
+- Sampling options are keyword arguments named as `SamplingParams`' fields
+  (temperature, top_k, top_p, min_p, seed, max_tokens, stop, ...); an unknown one is
+  a `UsageError`, never silently ignored.
+- `pull(name)`, `list()` and `simulate(model)` are the registry and the planner.
+- Every error a caller can act on is an `inferenceos.errors.InferenceOSError`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from inferenceos.errors import ModelNotFoundError, UsageError
+
+if TYPE_CHECKING:  # keep `import inferenceos` cheap: these load on first use
+    from inferenceos.engine.chat_template import ChatMessage
+    from inferenceos.engine.engine import Generation
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.session import GenerationMetrics
+    from inferenceos.model.spec import ModelSpec
+    from inferenceos.plan.simulate import Prediction
+    from inferenceos.registry.store import ModelEntry
+
+__all__ = ["Completion", "Model", "TextStream", "list", "load", "pull", "resolve", "simulate"]
+
+# Base models (no chat template) chat in this transcript form; a reply ends where the
+# model starts the user's next line.
+TRANSCRIPT_STOP = "\nUser:"
+
+
+def resolve(model: str | Path = "") -> Path:
+    """The .gguf file `model` means: "" → the built-in model, an existing path → itself,
+    else a registry name. ModelNotFoundError when it is none of these."""
+    if not str(model):
+        from inferenceos.model.default_model import ensure_default_model
+
+        return ensure_default_model()
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    if path.exists():  # a directory, or something else that is not a model file
+        raise ModelNotFoundError(f"{path} is not a model file")
+    if path.suffix == ".gguf" or str(model).startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"no such model file: {path}")
+    from inferenceos.registry.names import InvalidNameError
+    from inferenceos.registry.store import ModelStore
+
+    try:
+        entry = ModelStore().find(str(model))
+    except InvalidNameError:
+        raise ModelNotFoundError(f"no model file or registry name {str(model)!r}") from None
+    if entry is None or not entry.path.is_file():
+        raise ModelNotFoundError(
+            f"model '{model}' not found: pass a .gguf path, or `inferenceos pull` it first")
+    return entry.path
+
+
+def sampling_params(options: Mapping[str, Any]) -> SamplingParams:
+    """SamplingParams from keyword options; UsageError names an unknown or bad one."""
+    from inferenceos.engine.sampling import SamplingParams
+
+    fields = {f.name for f in dataclasses.fields(SamplingParams)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise UsageError(f"unknown sampling option(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(fields))}")
+    opts = dict(options)
+    if isinstance(opts.get("stop"), str):
+        opts["stop"] = (opts["stop"],)
+    elif opts.get("stop") is not None:
+        opts["stop"] = tuple(opts["stop"])
+    params = SamplingParams(**opts)
+    params.validate()
+    return params
+
+
+@dataclass
+class Completion:
+    """A finished generation: its text and metrics (TTFT, t/s, token counts, stop reason)."""
+
+    text: str
+    metrics: GenerationMetrics
+
+    @property
+    def finish_reason(self) -> str:
+        """eos, stop, length or interrupted."""
+        return self.metrics.stop_reason
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class TextStream:
+    """Text pieces as they are generated. `metrics` is complete once the stream ends;
+    `close()` (or leaving a `with` block, or breaking out of a loop and dropping it)
+    stops the generation."""
+
+    def __init__(self, gen: Generation) -> None:
+        self._gen = gen
+        self._parts: builtins.list[str] = []
+
+    def __iter__(self) -> Iterator[str]:
+        for event in self._gen:
+            if event.text:
+                self._parts.append(event.text)
+                yield event.text
+
+    @property
+    def metrics(self) -> GenerationMetrics:
+        return self._gen.metrics
+
+    @property
+    def text(self) -> str:
+        """The text produced so far."""
+        return "".join(self._parts)
+
+    def close(self) -> None:
+        self._gen.close()
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _messages(messages: Sequence[Any]) -> builtins.list[ChatMessage]:
+    """ChatMessages from dicts ({"role", "content"}) or ChatMessages."""
+    from inferenceos.engine.chat_template import ChatMessage
+
+    out = []
+    for m in messages:
+        if isinstance(m, ChatMessage):
+            out.append(m)
+        elif isinstance(m, Mapping) and isinstance(m.get("role"), str):
+            out.append(ChatMessage(m["role"], str(m.get("content") or "")))
+        else:
+            raise UsageError("a message is a dict with 'role' and 'content'")
+    if not out:
+        raise UsageError("chat needs at least one message")
+    return out
+
+
+def transcript(messages: Sequence[ChatMessage]) -> str:
+    """A base model's chat prompt: "System:/User:/Assistant:" lines, ending with
+    "Assistant:" for the reply (stop it at TRANSCRIPT_STOP)."""
+    names = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+    lines = [f"{names.get(m.role, m.role.title())}: {m.content}" for m in messages]
+    return "\n".join([*lines, "Assistant:"])
+
+
+class Model:
+    """A loaded model. Thread-safe; `close()` it (or use `with`) to free its memory."""
+
+    def __init__(self, engine: Any, name: str, path: Path) -> None:
+        self._engine = engine
+        self.name = name
+        self.path = path
+        self._lock = threading.Lock()
+
+    @property
+    def spec(self) -> ModelSpec:
+        """What the GGUF header says (architecture, context length, chat template...)."""
+        spec: ModelSpec = self._engine.spec
+        return spec
+
+    @property
+    def n_ctx(self) -> int:
+        """Tokens one conversation may hold (prompt + reply)."""
+        return int(self._engine.n_ctx)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.spec.chat_template)
+
+    @property
+    def engine(self) -> Any:
+        """The engine underneath (LocalEngine or Engine), for what this API lacks."""
+        return self._engine
+
+    def tokenize(self, text: str, add_special: bool = True) -> builtins.list[int]:
+        return builtins.list(self._engine.tokenize(text, add_special))
+
+    def _run(self, prompt: str | builtins.list[int], stream: bool,
+             options: Mapping[str, Any]) -> Completion | TextStream:
+        gen = self._engine.generate(prompt, sampling_params(options))
+        if stream:
+            return TextStream(gen)
+        try:
+            text = gen.text()
+        finally:
+            gen.close()
+        return Completion(text, gen.metrics)
+
+    @overload
+    def generate(self, prompt: str | Sequence[int], *, stream: Literal[False] = False,
+                 **options: Any) -> Completion: ...
+    @overload
+    def generate(self, prompt: str | Sequence[int], *, stream: Literal[True],
+                 **options: Any) -> TextStream: ...
+
+    def generate(self, prompt: str | Sequence[int], *, stream: bool = False,
+                 **options: Any) -> Completion | TextStream:
+        """Complete `prompt` (text, sent as is, or token ids); see the module contract."""
+        body = prompt if isinstance(prompt, str) else builtins.list(prompt)
+        return self._run(body, stream, options)
+
+    def chat_prompt(self, messages: Sequence[Any], template: str | None = None) -> str:
+        """The prompt text `chat` would send for `messages`."""
+        msgs = _messages(messages)
+        if not self.has_chat_template and template is None:
+            return transcript(msgs)
+        text: str = self._engine.chat_prompt(msgs, template=template)
+        return text
+
+    @overload
+    def chat(self, messages: Sequence[Any], *, stream: Literal[False] = False,
+             template: str | None = None, **options: Any) -> Completion: ...
+    @overload
+    def chat(self, messages: Sequence[Any], *, stream: Literal[True],
+             template: str | None = None, **options: Any) -> TextStream: ...
+
+    def chat(self, messages: Sequence[Any], *, stream: bool = False,
+             template: str | None = None, **options: Any) -> Completion | TextStream:
+        """Reply to `messages` ([{"role": "user", "content": "..."}, ...]) through the
+        chat template (`template`: one of llama.cpp's built-in ones by name)."""
+        prompt = self.chat_prompt(messages, template)
+        if not self.has_chat_template and template is None:
+            stop = options.get("stop") or ()
+            stop = (stop,) if isinstance(stop, str) else tuple(stop)
+            options = {**options, "stop": (*stop, TRANSCRIPT_STOP)}
+        return self._run(prompt, stream, options)
+
+    def embed(self, texts: str | Sequence[str]) -> builtins.list[builtins.list[float]]:
+        """One mean-pooled, L2-normalised vector per text (a str is one text)."""
+        items = [texts] if isinstance(texts, str) else builtins.list(texts)
+        if not items:
+            raise UsageError("embed needs at least one text")
+        return builtins.list(self._engine.embed(items))
+
+    def close(self) -> None:
+        """Unload the model (idempotent)."""
+        with self._lock:
+            if self._engine is not None:
+                self._engine.close()
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<inferenceos.Model {self.name!r} n_ctx={self.n_ctx}>"
+
+
+def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
+                  n_parallel: int = 1, need_tokens: int = 0) -> Any:
+    """The planner's llama parameters for `path` on this machine, per sequence (what
+    the engines take); `n_ctx`, `threads`, `batch`: 0 = the plan's choice. The
+    full-size sliding-window cache is kept: prefix reuse (follow-up turns, saved
+    sessions) needs every cell of the history."""
+    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    req = LoadRequest(n_ctx=n_ctx, n_seq=n_parallel, threads=threads, n_batch=batch,
+                      need_tokens=need_tokens, swa_full=True)  # fmt: skip
+    req.validate()
+    return plan_load(load_model_facts(path), local_machine(), req).params().per_sequence()
+
+
+def load(
+    model: str | Path = "",
+    *,
+    n_ctx: int = 0,
+    threads: int = 0,
+    batch: int = 0,
+    n_parallel: int = 1,
+    kv_policy: str = "none",
+    isolated: bool = False,
+    settings: Any = None,
+    verbose: bool = False,
+) -> Model:
+    """Load `model` (registry name, .gguf path, or "" for the built-in model).
+
+    `n_ctx` (0: planned), `threads`, `batch` override the plan; `settings` (a
+    LoadSettings) replaces it altogether. `n_parallel` sequences can generate at once.
+    `verbose` shows llama.cpp's log on stderr.
+    """
+    for label, value in (("n_ctx", n_ctx), ("threads", threads), ("batch", batch)):
+        if value < 0:
+            raise UsageError(f"{label} must be >= 0, got {value}")
+    if n_parallel < 1:
+        raise UsageError(f"n_parallel must be >= 1, got {n_parallel}")
+    from inferenceos.engine.llama_lib import log
+
+    path = resolve(model)
+    log().echo = verbose
+    chosen = settings or load_settings(path, n_ctx, threads, batch, n_parallel)
+    if isolated:
+        from inferenceos.engine.engine import Engine
+
+        engine: Any = Engine(path, chosen, n_parallel=n_parallel, kv_policy=kv_policy)
+    else:
+        from inferenceos.engine.local import LocalEngine
+
+        engine = LocalEngine(path, chosen, n_parallel=n_parallel, kv_policy=kv_policy)
+    name = path.stem if Path(str(model)).expanduser().is_file() else str(model)
+    return Model(engine, name or "gemma3-270m", path)
+
+
+def pull(name: str, *, progress: Any = None) -> ModelEntry:
+    """Register a model: a local .gguf path is imported, a name is pulled (the built-in
+    `gemma3-270m`, or what the registry knows how to fetch). Returns its entry."""
+    from inferenceos.registry.store import ModelStore
+
+    store = ModelStore()
+    report = progress or (lambda _msg: None)
+    path = Path(name).expanduser()
+    if path.is_file():
+        return store.import_file(path, None, progress=report)
+    return store.pull(name, progress=report)
+
+
+def list() -> builtins.list[ModelEntry]:  # shadows the builtin on purpose, as ollama.list()
+    """Every registered model (name, digest, size, architecture, path...)."""
+    from inferenceos.registry.store import ModelStore
+
+    return ModelStore().list()
+
+
+def simulate(
+    model: str | Path = "",
+    *,
+    prompt_tokens: int = 512,
+    output_tokens: int = 128,
+    n_ctx: int = 0,
+    cache_type: str = "f16",
+    threads: int = 0,
+) -> Prediction:
+    """Predict memory, speed and the bottleneck of running `model` here, without
+    loading it (metadata only). `.to_json()` gives the same figures as
+    `inferenceos simulate --json`."""
+    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.simulate import Workload
+    from inferenceos.plan.simulate import simulate as simulate_plan
+
+    w = Workload(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n_ctx=n_ctx or None)
+    return simulate_plan(resolve(model), local_machine(), w, threads=threads,
+                         type_k=cache_type, type_v=cache_type)  # fmt: skip

@@ -1,0 +1,317 @@
+"""What `inferenceos chat` does, apart from the terminal: history, options, backends.
+
+A `ChatSession` holds the conversation (a list of {"role", "content"} dicts), the
+sampling options set with `/set`, and a backend that streams a reply:
+- `LocalBackend`: the model loaded in this process through the Python API;
+- `ServerBackend`: a running InferenceOS (or Ollama) server, through Ollama's
+  `/api/chat` (or `/api/generate` with `raw` for a model without a chat template).
+Both yield text pieces and leave the reply's `ReplyStats` behind. A base model (no chat
+template) is spoken to in a plain transcript ("User: ... / Assistant:") that stops
+where the model would start the user's next line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from inferenceos.errors import InferenceOSError, UsageError
+
+# /set KEY VALUE: the sampling options chat accepts, and their types
+OPTION_TYPES: dict[str, type] = {
+    "temperature": float, "top_k": int, "top_p": float, "min_p": float, "seed": int,
+    "max_tokens": int, "repeat_penalty": float, "presence_penalty": float,
+    "frequency_penalty": float, "stop": str,
+}
+# the same options as Ollama's `options` names them
+_OLLAMA_NAMES = {"max_tokens": "num_predict"}
+
+
+@dataclass
+class ReplyStats:
+    """Figures of the last reply, for `/stats`."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float = 0.0
+    prompt_tps: float = 0.0
+    decode_tps: float = 0.0
+    n_ctx: int = 0
+    stop_reason: str = ""
+
+    def lines(self) -> list[str]:
+        used = self.prompt_tokens + self.completion_tokens
+        used = min(used, self.n_ctx) if self.n_ctx else used
+        share = f" ({100 * used / self.n_ctx:.0f} %)" if self.n_ctx else ""
+        cached = f", {self.cached_tokens} reused from the cache" if self.cached_tokens else ""
+        return [
+            f"TTFT          {self.ttft_s * 1000:.0f} ms",
+            f"prompt        {self.prompt_tokens} tokens at {self.prompt_tps:.1f} t/s{cached}",
+            f"reply         {self.completion_tokens} tokens at {self.decode_tps:.1f} t/s "
+            f"(stop: {self.stop_reason or '-'})",
+            f"context used  {used} of {self.n_ctx or '?'} tokens{share}",
+        ]
+
+
+class Backend(Protocol):
+    """Streams replies for one model."""
+
+    name: str
+    where: str  # "in-process" or the server's URL
+    has_template: bool
+    stats: ReplyStats
+
+    def reply(self, messages: list[dict[str, str]], options: dict[str, Any]) -> Iterator[str]:
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """The model loaded in this process (inferenceos.load)."""
+
+    where = "in-process"
+
+    def __init__(self, model: str, **load_options: Any) -> None:
+        import inferenceos
+
+        self.model = inferenceos.load(model, **load_options)
+        self.name = self.model.name
+        self.has_template = self.model.has_chat_template
+        self.stats = ReplyStats(n_ctx=self.model.n_ctx)
+
+    def reply(self, messages: list[dict[str, str]], options: dict[str, Any]) -> Iterator[str]:
+        stream = self.model.chat(messages, stream=True, **options)
+        try:
+            yield from stream
+        finally:
+            stream.close()
+            m = stream.metrics
+            self.stats = ReplyStats(m.prompt_tokens, m.cached_tokens, m.completion_tokens,
+                                    m.ttft_s, m.prompt_tps, m.decode_tps, self.model.n_ctx,
+                                    m.stop_reason)  # fmt: skip
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """Prompt tokens `messages` take under the model's template."""
+        return len(self.model.tokenize(self.model.chat_prompt(messages)))
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def _request(url: str, api_key: str, body: dict[str, Any] | None = None,
+             timeout: float = 600) -> Any:
+    """An open HTTP response (POST with a JSON body, or GET)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    req.add_header("Content-Type", "application/json")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read() or b"{}")
+            detail = detail.get("error", detail) if isinstance(detail, dict) else detail
+            detail = detail.get("message", detail) if isinstance(detail, dict) else detail
+        except ValueError:
+            detail = exc.reason
+        hint = " (pass --api-key or set server.api_key)" if exc.code == 401 else ""
+        raise InferenceOSError(f"the server answered {exc.code}: {detail}{hint}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise InferenceOSError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def probe_server(url: str, api_key: str = "", timeout: float = 0.5) -> bool:
+    """True when an Ollama-compatible server answers at `url` (any HTTP status)."""
+    req = urllib.request.Request(url.rstrip("/") + "/api/version")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True  # it answered (401 without a key, ...): a server is there
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class ServerBackend:
+    """A model served by a running server, spoken to through Ollama's API."""
+
+    def __init__(self, url: str, model: str, api_key: str = "") -> None:
+        self.url = url.rstrip("/")
+        self.where = self.url
+        self.api_key = api_key
+        with _request(f"{self.url}/api/show", api_key, {"model": model}, timeout=60) as r:
+            shown = json.loads(r.read())
+        self.name = model
+        self.has_template = bool(shown.get("template"))
+        self.stats = ReplyStats()
+
+    def _n_ctx(self) -> int:
+        try:
+            with _request(f"{self.url}/api/ps", self.api_key, timeout=5) as r:
+                models = json.loads(r.read()).get("models", [])
+        except (InferenceOSError, ValueError):
+            return 0
+        for m in models:
+            if self.name in (m.get("name"), m.get("model")) or len(models) == 1:
+                return int(m.get("context_length") or 0)
+        return 0
+
+    def reply(self, messages: list[dict[str, str]], options: dict[str, Any]) -> Iterator[str]:
+        from inferenceos.api import TRANSCRIPT_STOP, _messages, transcript
+
+        opts = {_OLLAMA_NAMES.get(k, k): v for k, v in options.items()}
+        if self.has_template:
+            path, key = "/api/chat", "message"
+            body: dict[str, Any] = {"model": self.name, "messages": messages}
+        else:
+            path, key = "/api/generate", "response"
+            stop = opts.get("stop") or []
+            opts["stop"] = [*([stop] if isinstance(stop, str) else stop), TRANSCRIPT_STOP]
+            body = {"model": self.name, "prompt": transcript(_messages(messages)), "raw": True}
+        body.update(stream=True, options=opts)
+        t0 = time.perf_counter()
+        final: dict[str, Any] = {}
+        with _request(self.url + path, self.api_key, body) as resp:
+            for line in resp:
+                if not line.strip():
+                    continue
+                msg = json.loads(line)
+                if msg.get("error"):
+                    raise InferenceOSError(f"the server failed: {msg['error']}")
+                piece = msg.get(key)
+                text = piece.get("content", "") if isinstance(piece, dict) else piece or ""
+                if text:
+                    yield text
+                if msg.get("done"):
+                    final = msg
+                    break
+        self.stats = self._stats(final, time.perf_counter() - t0)
+
+    def _stats(self, final: dict[str, Any], wall_s: float) -> ReplyStats:
+        ns = 1e-9
+        prompt, ttft = int(final.get("prompt_eval_count", 0)), final.get("prompt_eval_duration", 0)
+        out, decode = int(final.get("eval_count", 0)), final.get("eval_duration", 0) * ns
+        ttft_s = ttft * ns or wall_s
+        return ReplyStats(prompt, 0, out, ttft_s, prompt / ttft_s if ttft_s else 0.0,
+                          (out - 1) / decode if decode and out > 1 else 0.0, self._n_ctx(),
+                          str(final.get("done_reason", "")))  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+def parse_option(key: str, value: str) -> Any:
+    """A `/set KEY VALUE` value, typed; UsageError for an unknown key or a bad value."""
+    kind = OPTION_TYPES.get(key)
+    if kind is None:
+        raise UsageError(f"unknown option {key!r}; options: {', '.join(OPTION_TYPES)}, system")
+    try:
+        return kind(value)
+    except ValueError:
+        raise UsageError(f"{key} takes a {kind.__name__}, not {value!r}") from None
+
+
+@dataclass
+class ChatSession:
+    """The conversation, its options and its backend (see the module docstring)."""
+
+    backend: Backend
+    system: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, str]] = field(default_factory=list)
+    dropped: int = 0  # messages dropped so far to fit the context
+
+    def messages(self, user_text: str | None = None) -> list[dict[str, str]]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        tail = [{"role": "user", "content": user_text}] if user_text is not None else []
+        return head + self.history + tail
+
+    def ask(self, text: str) -> Iterator[str]:
+        """Stream the reply to `text`. The exchange joins the history when the reply
+        ends, or is cut short (Ctrl-C) with what was shown of it; not when it failed.
+        When the conversation outgrows the context, the oldest exchanges are dropped
+        (`dropped` counts them) so that the reply still has room."""
+        msgs = self.fit(text)
+        parts: list[str] = []
+        done = False
+        try:
+            for piece in self.backend.reply(msgs, self.options):
+                parts.append(piece)
+                yield piece
+            done = True
+        except (KeyboardInterrupt, GeneratorExit):
+            done = True
+            raise
+        finally:
+            if done:
+                self.history.append({"role": "user", "content": text})
+                self.history.append({"role": "assistant", "content": "".join(parts).strip()})
+
+    def fit(self, text: str) -> list[dict[str, str]]:
+        """The messages to send for `text`, the oldest exchanges dropped from the
+        history while the prompt leaves the reply less than a quarter of the context
+        (or its max_tokens, when smaller)."""
+        count = getattr(self.backend, "count_tokens", None)
+        n_ctx = self.backend.stats.n_ctx
+        if count is None or not n_ctx:
+            return self.messages(text)
+        reserve = min(int(self.options.get("max_tokens") or n_ctx), n_ctx // 4)
+        while count(self.messages(text)) > n_ctx - reserve and self.history:
+            del self.history[:2]
+            self.dropped += 2
+        return self.messages(text)
+
+    def set_option(self, key: str, value: str) -> str:
+        """Apply `/set KEY VALUE`; returns what changed, for the user."""
+        if key == "system":
+            self.system = value
+            return "system message set"
+        typed = parse_option(key, value)
+        from inferenceos.api import sampling_params
+
+        trial = {**self.options, key: typed}
+        sampling_params(trial)  # validated as the engine would: a bad value is refused now
+        self.options = trial
+        return f"{key} = {typed!r}"
+
+    def clear(self) -> None:
+        self.history.clear()
+
+    def save(self, path: Path) -> None:
+        from inferenceos.atomic import write_text_atomic
+
+        data = {"model": self.backend.name, "system": self.system, "options": self.options,
+                "messages": self.history}
+        write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+    def load(self, path: Path) -> int:
+        """Replace the conversation with a `/save` file; returns its message count."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+        except ValueError:
+            raise UsageError(f"{path} is not a saved chat (not JSON)") from None
+        msgs = data.get("messages") if isinstance(data, dict) else None
+        if not isinstance(msgs, list) or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str) for m in msgs):
+            raise UsageError(f"{path} is not a saved chat (no list of messages)")
+        options = data.get("options") or {}
+        for key, value in options.items():
+            parse_option(key, str(value))
+        self.history = [{"role": m["role"], "content": m["content"]} for m in msgs]
+        self.system = str(data.get("system") or "")
+        self.options = dict(options)
+        return len(self.history)

@@ -1,0 +1,220 @@
+"""The engine in the caller's process: the same scheduler as the worker, no subprocess.
+
+`LocalEngine` has `Engine`'s shape (generate / embed / tokenize / chat_prompt / stats /
+export_state / import_state / close) but runs llama.cpp in this process. It is what the
+Python API and `chat` use by default: it starts in a fraction of the worker's time and
+needs no `if __name__ == "__main__"` guard in user scripts (the worker is spawned, and a
+spawned child re-imports the caller's main module). The price: a crash inside llama.cpp
+takes the caller down, which `Engine` prevents.
+
+There is no thread of its own: whoever waits for an event runs scheduler steps (under a
+lock) until one arrives, and hands the events of other requests to their queues. So
+several threads can generate at once and share batches, as the worker's clients do.
+An exception during a step (Ctrl-C included) ends the running requests and clears their
+KV cells, so the prefix cache never claims tokens that were not evaluated.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from inferenceos import errors
+from inferenceos.engine.chat_template import ChatMessage, render_chat
+from inferenceos.engine.engine import Generation, _error
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
+from inferenceos.model.spec import ModelSpec, load_spec
+
+Event = tuple[int, str, Any]
+
+
+class LocalEngine:
+    """A model loaded in this process, served by the continuous-batching scheduler."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        settings: LoadSettings | None = None,
+        n_parallel: int = 1,
+        kv_policy: str = "none",
+        max_queue: int = 64,
+    ) -> None:
+        from inferenceos.engine.scheduler import Scheduler
+        from inferenceos.engine.worker import policy_options
+
+        self.spec: ModelSpec = load_spec(path)
+        base = settings or LoadSettings()
+        total = replace(base, n_ctx=base.n_ctx * n_parallel, n_seq_max=n_parallel,
+                        kv_unified=True)  # fmt: skip
+        if kv_policy == "h2o":
+            raise errors.UsageError("the h2o policy needs the worker engine (Engine)")
+        self._lm = LoadedModel(self.spec.path, total)
+        try:
+            self._sched = Scheduler(self._lm, n_parallel, total.n_batch, kv_policy,
+                                    max_queue=max_queue,
+                                    policy_options=policy_options(self.spec))  # fmt: skip
+        except BaseException:
+            self._lm.close()
+            raise
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._inbox: dict[int, collections.deque[tuple[str, Any]]] = {}
+        self._closed = False
+
+    # -- facts ---------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        """Context of one sequence."""
+        return int(self._sched.n_ctx_slot)
+
+    @property
+    def load_s(self) -> float:
+        return float(self._lm.load_s)
+
+    def _model(self) -> LoadedModel:
+        if self._closed:
+            raise errors.WorkerDiedError("the engine was closed (the model is unloaded)")
+        return self._lm
+
+    def chat_prompt(
+        self,
+        messages: Sequence[ChatMessage],
+        template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """As `Engine.chat_prompt`."""
+        lm = self._model()
+        text, _ = render_chat(self.spec.chat_template, messages,
+                              bos_token=lm.token_text(lm.bos_token),
+                              eos_token=lm.token_text(lm.eos_token), builtin=template,
+                              tools=tools)  # fmt: skip
+        return text
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        with self._lock:
+            return self._model().tokenize(text, add_special=add_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        with self._lock:
+            lm = self._model()
+            return b"".join(lm.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        with self._lock:
+            return self._model().embed_many(list(texts))
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            self._model()
+            return dict(self._sched.stats())
+
+    def export_state(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
+        """As `Engine.export_state`."""
+        from inferenceos.engine.slot_state import export_slot
+
+        with self._lock:
+            self._model()
+            return export_slot(self._sched, list(tokens))
+
+    def import_state(self, tokens: Sequence[int], data: bytes) -> int:
+        """As `Engine.import_state`."""
+        from inferenceos.engine.slot_state import import_slot
+
+        with self._lock:
+            self._model()
+            return import_slot(self._sched, list(tokens), data)
+
+    # -- generation ------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        cancel: threading.Event | None = None,
+        kv_policy: str | None = None,
+    ) -> Generation:
+        """As `Engine.generate`, except that errors the scheduler finds at submission
+        (prompt too long, queue full) are raised here, at once."""
+        from inferenceos.engine.scheduler import Request
+
+        sampling.validate()
+        with self._lock:
+            lm = self._model()
+            tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+            req_id = next(self._ids)
+            self._sched.submit(Request(req_id, tokens, sampling, kv_policy=kv_policy))
+            self._inbox[req_id] = collections.deque()
+        gen = Generation(iter(()))
+        gen.events = self._stream(req_id, cancel, gen)
+        return gen
+
+    def _next(self, req_id: int) -> tuple[str, Any]:
+        """The request's next event, stepping the scheduler until there is one."""
+        with self._lock:
+            box = self._inbox[req_id]
+            while not box:
+                if self._closed or not self._sched.has_work():
+                    return ("error", ("GenerationError", "the engine stopped this request"))
+                self._step()
+            return box.popleft()
+
+    def _step(self) -> None:
+        try:
+            events: list[Event] = list(self._sched.step())
+        except BaseException:
+            # a step cut short (Ctrl-C, a bug): its KV cells cannot be trusted
+            self._dispatch(self._sched.fail_all("the step was interrupted"))
+            raise
+        self._dispatch(events)
+
+    def _dispatch(self, events: list[Event]) -> None:
+        for rid, kind, payload in events:
+            box = self._inbox.get(rid)
+            if box is not None:
+                box.append((kind, payload))
+
+    def _stream(self, req_id: int, cancel: threading.Event | None,
+                gen: Generation) -> Iterator[TokenEvent]:
+        finished = False
+        try:
+            while not (cancel is not None and cancel.is_set()):
+                kind, payload = self._next(req_id)
+                if kind == "token":
+                    gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
+                    yield TokenEvent(*payload)
+                elif kind == "done":
+                    finished = True
+                    gen.metrics = GenerationMetrics.from_json(payload)
+                    gen.metrics.load_s = self.load_s
+                    return
+                else:
+                    finished = True
+                    raise _error(payload)
+        finally:
+            with self._lock:
+                if not finished and not self._closed:  # closed early or cancelled
+                    gen.metrics.stop_reason = "interrupted"
+                    self._sched.cancel(req_id)
+                self._inbox.pop(req_id, None)
+
+    def close(self) -> None:
+        """Free the model; later calls raise WorkerDiedError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._sched.close()
+            self._lm.close()
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,259 @@
+"""OpenAI's Responses API: `POST /v1/responses`, `GET /v1/responses/{id}`.
+
+What `client.responses.create(...)` sends and parses: `input` as text or messages
+(`input_text` / `output_text` parts), `instructions` (the system message),
+`max_output_tokens`, `temperature`, `top_p`, `text.format` (json_object / json_schema,
+enforced by a grammar), and `previous_response_id` to continue a stored response
+(`store`, default true, keeps the last 256 per server in memory). Streamed, it is SSE
+with named events, in OpenAI's order: response.created, response.in_progress,
+response.output_item.added, response.content_part.added, response.output_text.delta...,
+response.output_text.done, response.content_part.done, response.output_item.done,
+response.completed (response.incomplete when max_output_tokens cut it; an `error`
+event on failure). Tools are refused with a 400, not ignored.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.server.errors import APIError, api_error_from
+from inferenceos.server.generation import Done, GenRequest, Run, start_generation, until_disconnect
+from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.options import UNLIMITED, sampling_from
+from inferenceos.server.responses_schema import InputItem, ResponseRequest
+from inferenceos.server.sse import ClosingStreamingResponse
+from inferenceos.server.state import ServerState
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+MAX_STORED = 256
+_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+
+
+class ResponseStore:
+    """Stored responses (for `previous_response_id` and GET): id → (the conversation
+    that led to it plus its reply, the response object). Oldest dropped past the cap."""
+
+    def __init__(self, cap: int = MAX_STORED) -> None:
+        self.cap = cap
+        self._items: collections.OrderedDict[str, tuple[list[ChatMessage], dict[str, Any]]] = (
+            collections.OrderedDict())
+
+    def put(self, rid: str, messages: list[ChatMessage], response: dict[str, Any]) -> None:
+        self._items[rid] = (messages, response)
+        while len(self._items) > self.cap:
+            self._items.popitem(last=False)
+
+    def get(self, rid: str) -> tuple[list[ChatMessage], dict[str, Any]]:
+        try:
+            return self._items[rid]
+        except KeyError:
+            raise APIError(404, f"no stored response {rid[:100]!r}", "response_not_found") from None
+
+
+def _store(request: Request) -> ResponseStore:
+    store = getattr(request.app.state, "responses", None)
+    if store is None:
+        store = request.app.state.responses = ResponseStore()
+    return store
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.ios
+    return state
+
+
+def _item_text(item: InputItem) -> str:
+    if item.content is None or isinstance(item.content, str):
+        return item.content or ""
+    parts = []
+    for p in item.content:
+        if p.type not in ("input_text", "output_text", "text"):
+            raise APIError(400, f"input parts of type {p.type!r} are not supported",
+                           "unsupported_content")
+        parts.append(p.text or "")
+    return "".join(parts)
+
+
+def _input_messages(body: ResponseRequest) -> list[ChatMessage]:
+    if isinstance(body.input, str):
+        return [ChatMessage("user", body.input)]
+    out = []
+    for item in body.input:
+        if item.type not in (None, "message") or item.role not in _ROLES:
+            raise APIError(400, f"input items of type {item.type or item.role!r} are not "
+                           "supported (messages only)", "unsupported_input")
+        out.append(ChatMessage(_ROLES[item.role], _item_text(item)))
+    if not out:
+        raise APIError(400, "input must not be empty", "invalid_input")
+    return out
+
+
+def _grammar(body: ResponseRequest) -> str | None:
+    fmt = body.text.format if body.text else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return JSON_OBJECT_GBNF
+    if fmt.type == "json_schema":
+        if fmt.schema_ is None:
+            raise APIError(400, "text.format json_schema needs a schema", "invalid_format")
+        return grammar_for_schema(fmt.schema_)
+    raise APIError(400, f"text.format {fmt.type!r} is not supported", "unsupported_parameter")
+
+
+def _sampling(body: ResponseRequest) -> SamplingParams:
+    return sampling_from({
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+        "min_p": body.min_p, "seed": body.seed, "grammar": _grammar(body),
+        "max_tokens": body.max_output_tokens or UNLIMITED,
+    })
+
+
+def _message_item(mid: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"id": mid, "type": "message", "role": "assistant", "status": status,
+            "content": content if status != "in_progress" else []}
+
+
+class _Reply:
+    """The response object as it grows (ids, times, settings echoed back)."""
+
+    def __init__(self, body: ResponseRequest, model: str) -> None:
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.msg_id = f"msg_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.body = body
+        self.model = model
+
+    def obj(self, status: str, output: list[dict[str, Any]],
+            done: Done | None = None) -> dict[str, Any]:
+        b = self.body
+        usage = incomplete = None
+        if done is not None:
+            g = done.metrics
+            usage = {"input_tokens": g.prompt_tokens,
+                     "input_tokens_details": {"cached_tokens": g.cached_tokens},
+                     "output_tokens": g.completion_tokens,
+                     "output_tokens_details": {"reasoning_tokens": 0},
+                     "total_tokens": g.prompt_tokens + g.completion_tokens}
+            if status == "incomplete":
+                incomplete = {"reason": "max_output_tokens"}
+        fmt = b.text.format.model_dump(by_alias=True, exclude_none=True) if (
+            b.text and b.text.format) else {"type": "text"}
+        return {
+            "id": self.id, "object": "response", "created_at": self.created,
+            "status": status, "model": self.model, "output": output,
+            "output_text": "".join(c["text"] for o in output for c in o.get("content", [])),
+            "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
+            "previous_response_id": b.previous_response_id, "temperature": b.temperature,
+            "top_p": b.top_p, "parallel_tool_calls": False, "tool_choice": "none",
+            "tools": [], "text": {"format": fmt}, "store": b.store, "error": None,
+            "incomplete_details": incomplete, "metadata": b.metadata or {}, "usage": usage,
+            "completed_at": int(time.time()) if done is not None else None,
+        }
+
+
+def _status(done: Done) -> str:
+    return "incomplete" if done.metrics.stop_reason == "length" else "completed"
+
+
+@router.post("/responses")
+async def create_response(body: ResponseRequest, request: Request) -> Any:
+    """A model response (OpenAI Responses API), streamed as named SSE events when
+    `stream` is true."""
+    state = _state(request)
+    if body.tools:
+        raise APIError(400, "tools are not supported on /v1/responses; use "
+                       "/v1/chat/completions", "unsupported_parameter")
+    store = _store(request)
+    history = store.get(body.previous_response_id)[0] if body.previous_response_id else []
+    messages = list(history)
+    if body.instructions:
+        messages = [m for m in messages if m.role != "system"]
+        messages.insert(0, ChatMessage("system", body.instructions))
+    messages += _input_messages(body)
+    name = state.model_name(body.model)
+    req = GenRequest(name, _sampling(body), messages=tuple(messages))
+    reply = _Reply(body, name)
+    run = await until_disconnect(request, start_generation(state, req))
+
+    def keep(text: str, obj: dict[str, Any]) -> None:
+        if body.store:
+            store.put(reply.id, [*messages, ChatMessage("assistant", text)], obj)
+
+    if body.stream:
+        return ClosingStreamingResponse(_sse(_events(run, reply, keep)), "text/event-stream",
+                                        run.close)
+
+    async def whole() -> dict[str, Any]:
+        text, done = await run.collect()
+        status = _status(done)
+        obj = reply.obj(status, [_message_item(reply.msg_id, text, status)], done)
+        keep(text, obj)
+        return obj
+
+    return await until_disconnect(request, whole())
+
+
+@router.get("/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> Any:
+    """A stored response (404 when unknown or dropped)."""
+    return _store(request).get(response_id)[1]
+
+
+async def _events(run: Run, reply: _Reply, keep: Any) -> AsyncIterator[dict[str, Any]]:
+    """The Responses API's event sequence for one generation (see module docstring)."""
+    ids = {"item_id": reply.msg_id, "output_index": 0, "content_index": 0}
+    yield {"type": "response.created", "response": reply.obj("in_progress", [])}
+    yield {"type": "response.in_progress", "response": reply.obj("in_progress", [])}
+    yield {"type": "response.output_item.added", "output_index": 0,
+           "item": _message_item(reply.msg_id, "", "in_progress")}
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield {"type": "response.content_part.added", **ids, "part": part}
+    parts: list[str] = []
+    events = run.events()
+    try:
+        async for item in events:
+            if isinstance(item, Done):
+                text, status = "".join(parts), _status(item)
+                yield {"type": "response.output_text.done", **ids, "text": text, "logprobs": []}
+                yield {"type": "response.content_part.done", **ids, "part": {**part, "text": text}}
+                msg = _message_item(reply.msg_id, text, status)
+                yield {"type": "response.output_item.done", "output_index": 0, "item": msg}
+                obj = reply.obj(status, [msg], item)
+                keep(text, obj)
+                yield {"type": f"response.{status}", "response": obj}
+            elif item.text:
+                parts.append(item.text)
+                yield {"type": "response.output_text.delta", **ids, "delta": item.text,
+                       "logprobs": []}
+    finally:
+        await events.aclose()
+
+
+async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """`event: TYPE` / `data: {...}` pairs with sequence numbers; a failure mid-stream
+    becomes an `error` event (headers are already sent)."""
+    n = 0
+    try:
+        async for event in events:
+            event["sequence_number"] = n
+            n += 1
+            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    except Exception as exc:
+        e = api_error_from(exc)
+        err = {"type": "error", "code": e.code, "message": e.message, "param": None,
+               "sequence_number": n}
+        yield f"event: error\ndata: {json.dumps(err, ensure_ascii=False)}\n\n"
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
