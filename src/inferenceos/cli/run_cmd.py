@@ -86,7 +86,8 @@ def footer(m: GenerationMetrics) -> str:
         f"load {m.load_s:.2f}s · prompt {m.prompt_tokens} tok at {m.prompt_tps:.1f} t/s · "
         f"TTFT {m.ttft_s * 1000:.0f} ms · generated {m.completion_tokens} tok at "
         f"{m.decode_tps:.1f} t/s · stop: {m.stop_reason}"
-    )
+    ) + (f" · draft {m.draft}: {m.acceptance_rate:.0%} accepted, "
+         f"{m.tokens_per_step:.2f} tok/step" if m.draft else "")  # fmt: skip
 
 
 def run(

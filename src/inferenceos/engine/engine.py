@@ -156,7 +156,10 @@ class Engine:
         kv_policy: str = "none",
         max_queue: int = 64,
         start_timeout: float = 300,
+        draft: str | None = None,
     ) -> None:
+        """`draft`: the default drafter for speculative decoding ("ngram", "self" or a
+        draft model .gguf path; None: none); its memory is `draft_bytes`."""
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
         # one shared KV pool (unified): with one stream per slot each sequence would
@@ -168,7 +171,7 @@ class Engine:
                         kv_unified=True)  # fmt: skip
         total.validate()
         self._cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch,
-                                 kv_policy, max_queue=max_queue)  # fmt: skip
+                                 kv_policy, max_queue=max_queue, draft=draft)  # fmt: skip
         self._start_timeout = start_timeout
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -193,6 +196,11 @@ class Engine:
     def n_ctx(self) -> int:
         """Context of one sequence."""
         return int(self._worker.info["n_ctx_slot"])
+
+    @property
+    def draft_bytes(self) -> int:
+        """Memory the drafters hold in the worker (draft weights and KV), for the planner."""
+        return int(self._worker.info.get("draft_bytes", 0))
 
     @property
     def load_s(self) -> float:
@@ -287,8 +295,12 @@ class Engine:
         sampling: SamplingParams,
         cancel: threading.Event | None = None,
         kv_policy: str | None = None,
+        draft: str | None = None,
     ) -> Generation:
         """Start generating for `prompt` (text or token ids); see the module contract.
+
+        `draft` overrides the engine's drafter for this request ("ngram", "self",
+        "none"; a draft model file only when it is the engine's own).
 
         `kv_policy` overrides the engine's KV policy for this request ("none",
         "streaming", or "h2o" when the engine was started with it). Raises UsageError
@@ -298,7 +310,7 @@ class Engine:
         sampling.validate()
         worker = self._live_worker()
         req_id = next(self._ids)
-        q = worker.send(("generate", req_id, prompt, sampling, kv_policy), req_id)
+        q = worker.send(("generate", req_id, prompt, sampling, kv_policy, draft), req_id)
         assert q is not None
         gen = Generation(iter(()))
         gen.events = self._stream(worker, req_id, q, cancel, gen)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.output import Event, OutputStream
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
-from inferenceos.engine.session import GenerationMetrics, LoadedModel
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, TokenEvent
 from inferenceos.engine.slots import Slot, SlotTable
 from inferenceos.engine.speculative import (
     NO_DRAFT,
@@ -459,3 +460,27 @@ class Scheduler:
         for drafter in self.drafters.values():
             drafter.close()
         self.executor.close()
+
+
+def generate_one(
+    lm: LoadedModel, prompt: list[int], sampling: SamplingParams, draft: str | None = None
+) -> Iterator[TokenEvent]:
+    """`LoadedModel.generate`'s contract, through a one-slot scheduler on `lm`: how
+    `run --draft` decodes speculatively in process. `lm.metrics` follows the run."""
+    sched = Scheduler(lm, 1, lm.settings.n_batch, draft=draft)
+    try:
+        sched.submit(Request(1, prompt, sampling))
+        while sched.has_work():
+            events = sched.step()
+            if sched.running:
+                lm.metrics = sched.running[0].metrics
+            for _, kind, payload in events:
+                if kind == "token":
+                    yield TokenEvent(*payload)
+                elif kind == "done":
+                    lm.metrics = GenerationMetrics.from_json(payload)
+                elif kind == "error":
+                    raise GenerationError(payload[1])
+    finally:
+        lm.metrics.load_s = lm.load_s
+        sched.close()

@@ -4,7 +4,8 @@ A crash or abort inside llama.cpp kills this process, never the caller's. Messag
 tuples over a multiprocessing Pipe.
 
 Parent → worker:
-    ("generate", req_id, prompt text or token ids, SamplingParams, kv policy or None)
+    ("generate", req_id, prompt text or token ids, SamplingParams, kv policy or None,
+        drafter name or None)
     ("stats", req_id)
     ("tokenize", req_id, text, add_special)
     ("embed", req_id, [text, ...])
@@ -48,6 +49,7 @@ class WorkerConfig:
     kv_policy: str = "none"
     slot_policy: str = "lru"
     max_queue: int = 64
+    draft: str | None = None  # default drafter (ngram, self, a .gguf path); None: none
 
 
 def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
@@ -74,7 +76,8 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
             prompt = msg[2]
             tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
             policy = msg[4] if len(msg) > 4 else None
-            sched.submit(Request(req_id, tokens, msg[3], kv_policy=policy))
+            draft = msg[5] if len(msg) > 5 else None
+            sched.submit(Request(req_id, tokens, msg[3], kv_policy=policy, draft=draft))
             return []
         if kind == "stats":
             return [(req_id, "result", sched.stats())]
@@ -154,7 +157,7 @@ class _Runtime:
         c = self.cfg
         return Scheduler(self.lm, c.n_slots, c.token_budget, c.kv_policy, c.slot_policy,
                          max_queue=c.max_queue, probe=self.probe,
-                         policy_options=policy_options(self.spec))  # fmt: skip
+                         policy_options=policy_options(self.spec), draft=c.draft)  # fmt: skip
 
     def awake(self) -> Any:
         """The scheduler, opening a context first if the worker sleeps."""
@@ -164,7 +167,9 @@ class _Runtime:
         return self.sched
 
     def info(self) -> dict[str, Any]:
-        return {**_info(self.lm, self.cfg.n_slots), "asleep": self.sched is None}
+        drafts = self.sched.footprint_bytes() if self.sched is not None else 0
+        return {**_info(self.lm, self.cfg.n_slots), "asleep": self.sched is None,
+                "draft_bytes": drafts}  # fmt: skip
 
     def lifecycle(self, msg: tuple[Any, ...]) -> list[Any]:
         """sleep / wake / resize (see the module docstring); only when idle."""
