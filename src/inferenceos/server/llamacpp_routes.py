@@ -140,7 +140,8 @@ async def _whole(state: ServerState, index: int, prompt: list[int], req: GenRequ
     return _Result(index, prompt, text, done, run.scored)
 
 
-_SSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+_SSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"schema": {
+    "type": "string"}}},
               "description": "A completion (a list of them for several prompts), or SSE "
                              "events when stream is true"}}
 
@@ -340,8 +341,8 @@ async def _facts(state: ServerState) -> tuple[ResolvedModel, int]:
     for lm in state.manager.loaded():
         if lm.model.name == model.name:
             return model, lm.engine.n_ctx
-    n_ctx = state.manager.settings_for(model, None).n_ctx
-    return model, n_ctx
+    plan = await call_in_thread(lambda: state.manager.plan_for(model.name))
+    return model, plan.ctx.n_ctx // state.manager.slots
 
 
 @router.get("/props")

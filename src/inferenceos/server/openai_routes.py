@@ -108,6 +108,7 @@ def _sampling(body: SamplingFields, max_tokens: int | None,
         "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
         "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
         "stop": stops(body.stop), "max_tokens": UNLIMITED if max_tokens is None else max_tokens,
+        "draft": body.draft,
     })
 
 
@@ -177,6 +178,9 @@ def _grammar(fmt: Any) -> str | None:
         return None
     if fmt.type == "json_object":
         return JSON_OBJECT_GBNF if fmt.schema_ is None else grammar_for_schema(fmt.schema_)
+    if fmt.type != "json_schema":
+        raise APIError(400, f"response_format {fmt.type!r} is not supported",
+                       "unsupported_parameter")
     schema = (fmt.json_schema or {}).get("schema")
     if schema is None:
         raise APIError(400, "response_format json_schema needs json_schema.schema")
@@ -328,7 +332,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if len(prompts) * body.n > 16:
         raise APIError(400, "at most 16 choices (prompts × n) per request", "too_many_choices")
     name = state.model_name(body.model)
-    variants = _variants(_sampling(body, body.max_tokens, _constraint(body),
+    variants = _variants(_sampling(body, body.max_tokens,
+                                   _constraint(body, body.response_format),
                                    logprobs=body.logprobs), body.n)
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
                        tokens=None if isinstance(p, str) else tuple(p))

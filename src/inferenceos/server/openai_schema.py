@@ -84,6 +84,8 @@ class SamplingFields(BaseModel):
     user: str | None = None
     grammar: str | None = Field(None, description="llama.cpp extension: a GBNF grammar")
     json_schema: Any = Field(None, description="llama.cpp extension: a JSON schema")
+    draft: str | None = Field(None, max_length=64,
+                              description="InferenceOS extension: drafter (ngram, none)")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -106,6 +108,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=5)
     best_of: int | None = Field(None, ge=1, le=8)
+    response_format: ResponseFormat | None = Field(None, description="llama.cpp extension")
 
 
 class EmbeddingRequest(BaseModel):
