@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from inferenceos.cli import (
+    benchmark_cmd,
     cache_cmd,
     chat_cmd,
     config_cmd,
@@ -24,8 +25,10 @@ from inferenceos.cli import (
     inspect_cmd,
     logs_cmd,
     models_cmd,
+    optimize_cmd,
     placement_cmd,
     plugins_cmd,
+    profile_cmd,
     ps_cmd,
     reset_cmd,
     run_cmd,
@@ -56,6 +59,9 @@ app.add_typer(models_cmd.models_app, name="models")
 app.command("ps")(ps_cmd.ps)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("simulate")(simulate_cmd.simulate)
+app.command("optimize")(optimize_cmd.optimize)
+app.command("benchmark")(benchmark_cmd.benchmark)
+app.command("profile")(profile_cmd.profile)
 app.command("placement")(placement_cmd.placement)
 app.command("hardware")(hardware_cmd.hardware)
 app.command("doctor")(doctor_cmd.doctor)

@@ -1,0 +1,119 @@
+"""`inferenceos optimize [MODEL] [--budget SECONDS] [--json]`: find the fastest settings
+for a model on this machine by short real trials, and store them for `run` and `serve`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from inferenceos.cli.console import err, out, print_json, safe_text
+from inferenceos.cli.model_arg import resolve_model
+from inferenceos.errors import UsageError
+
+if TYPE_CHECKING:
+    from inferenceos.tuning.search import SearchResult
+
+MIN_BUDGET_S = 5.0
+
+
+def _has_gpu() -> bool:
+    """An accelerator here that this llama.cpp build can offload to."""
+    from inferenceos.engine.llama_lib import lib
+    from inferenceos.plan.devices import local_machine
+
+    return bool(lib().llama_supports_gpu_offload()) and bool(local_machine().accelerators)
+
+
+def _report(result: SearchResult) -> None:
+    from rich.table import Table
+
+    table = Table(title="search trials", title_justify="left", show_edge=False)
+    for col in ("dimension", "settings", "prefill t/s", "decode t/s", "status"):
+        table.add_column(col, justify="right" if "t/s" in col else "left")
+    for t in result.trials:
+        if t.phase != "search":
+            continue
+        status = ("failed: " + t.error[:60]) if t.error else (
+            "stopped early" if t.stopped_early else "")  # fmt: skip
+        table.add_row(t.dimension, t.knobs.label(), f"{t.prefill_tps:,.1f}",
+                      f"{t.decode_tps:,.1f}" if t.decode_tokens else "—",
+                      safe_text(status))  # fmt: skip
+    out.print(table)
+    base, best, r = result.baseline_measured, result.best_measured, result.ratios
+    out.print(
+        f"\nbaseline (llama.cpp defaults)  {result.baseline.label()}\n"
+        f"  prefill {base['prefill_tps']:,.1f} t/s · decode {base['decode_tps']:,.1f} t/s"
+    )
+    out.print(f"best                           {result.best.label()}\n"
+              f"  prefill {best['prefill_tps']:,.1f} t/s ({r['prefill']:.2f}x) · decode "
+              f"{best['decode_tps']:,.1f} t/s ({r['decode']:.2f}x)", style="bold")  # fmt: skip
+    for note in result.notes:
+        out.print(f"note: {note}", style="yellow")
+    stopped = sum(t.stopped_early for t in result.trials)
+    failed = sum(bool(t.error) for t in result.trials)
+    conf = (f", confirmed over {result.confirm_rounds} paired rounds"
+            if result.confirm_rounds else "")  # fmt: skip
+    err.print(f"{len(result.trials)} trials in {result.elapsed_s:.0f} s ({stopped} stopped "
+              f"early, {failed} refused by llama.cpp){conf}; "
+              f"{'search complete' if result.ended == 'searched' else 'budget reached'}. "
+              "Stored as this machine's best settings for the model: `run` and `serve` "
+              "use them.", style="dim")  # fmt: skip
+
+
+def optimize(
+    model: Annotated[
+        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma 3 270M)")
+    ] = "",
+    budget: Annotated[
+        float, typer.Option("--budget", help="Seconds the whole search may take")
+    ] = 120,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the baseline, best and every trial as JSON")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+) -> None:
+    """Search threads, batch sizes, flash attention, KV types (and GPU layers) by short
+    real trials; store the fastest settings for this machine and model."""
+    if not budget >= MIN_BUDGET_S:
+        raise UsageError(f"--budget must be at least {MIN_BUDGET_S:.0f} seconds")
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from inferenceos.engine.llama_lib import log
+    from inferenceos.model.spec import load_spec
+    from inferenceos.tuning import records
+    from inferenceos.tuning.search import optimize as search
+    from inferenceos.tuning.trials import TrialResult
+
+    spec = load_spec(resolve_model(model))
+    path: Path = spec.path
+    log().echo = verbose
+    has_gpu = _has_gpu()
+    sid = records.new_search_id()
+    progress = Progress(TextColumn("[bold]optimize[/]"), BarColumn(), TimeElapsedColumn(),
+                        TextColumn("/ {task.total:.0f} s · {task.fields[trials]} trials · "
+                                   "{task.description}"),
+                        console=err, transient=True)  # fmt: skip
+    with progress:
+        task = progress.add_task("baseline", total=budget, trials=0)
+        count = 0
+        elapsed = 0.0
+
+        def on_trial(res: TrialResult) -> None:
+            nonlocal count, elapsed
+            count += 1
+            elapsed += res.elapsed_s
+            records.trial(path, sid, res)
+            what = f"{res.phase} {res.dimension} {res.knobs.label()}".replace("  ", " ")
+            progress.update(task, completed=min(elapsed, budget), trials=count,
+                            description=safe_text(what))  # fmt: skip
+
+        result = search(path, budget_s=budget, has_gpu=has_gpu, n_layers=spec.block_count,
+                        on_trial=on_trial)  # fmt: skip
+    records.best(path, sid, result)
+    records.flush()
+    if as_json:
+        print_json(result.to_json())
+    else:
+        _report(result)

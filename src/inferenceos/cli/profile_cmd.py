@@ -1,0 +1,98 @@
+"""`inferenceos profile [MODEL]`: one run broken down by phase (load, tokenize, prefill
+chunks, decode steps, sampling, detokenize) into a self-contained HTML report with a
+timeline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from inferenceos.cli.console import err, out, print_json
+from inferenceos.cli.model_arg import resolve_model
+
+DEFAULT_PROMPT_REPEATS = 4  # the built-in prose four times: ~200 tokens
+
+
+def _planned_params(path: Path, ctx: int, threads: int, batch: int, need: int) -> Any:
+    """The planner's parameters for this run (as `run` plans), its line on stderr."""
+    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    req = LoadRequest(n_ctx=ctx, threads=threads, n_batch=batch, need_tokens=need)
+    plan = plan_load(load_model_facts(path), local_machine(), req)
+    err.print(plan.summary(), style="dim", markup=False)
+    return plan.params()
+
+
+def profile(
+    model: Annotated[
+        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma 3 270M)")
+    ] = "",
+    prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt", "-p", help="Prompt, sent as is (default: built-in prose of ~200 tokens)"
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")
+    ] = 64,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Where to write the HTML report")
+    ] = Path("profile.html"),
+    ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: planned)")] = 0,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: planned)")] = 0,
+    batch: Annotated[int, typer.Option("--batch", help="Prefill chunk size (0: planned)")] = 0,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy")] = 0.8,
+    seed: Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the phases and every step as JSON")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+) -> None:
+    """Profile one generation and write an HTML report with a timeline of its phases."""
+    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.errors import UsageError
+    from inferenceos.model.spec import load_spec
+    from inferenceos.tuning import records
+    from inferenceos.tuning.html_report import write_report
+    from inferenceos.tuning.profiler import profile_run
+    from inferenceos.tuning.trials import PROSE
+
+    if output.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--output writes HTML: give a file name ending in .html, not {output}")
+    if not output.parent.is_dir():
+        raise UsageError(f"--output: the folder {output.parent} does not exist")
+    sampling = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
+    sampling.validate()
+    text = prompt if prompt is not None else PROSE * DEFAULT_PROMPT_REPEATS
+    spec = load_spec(resolve_model(model))
+    log().echo = verbose
+    need = len(text.encode()) + max_tokens + 64
+    params = _planned_params(spec.path, ctx, threads, batch, need)
+    prof = profile_run(spec.path, params, text, sampling)
+    write_report(prof, output)
+    data = prof.to_json()
+    records.profile_run(spec.path, data)
+    records.flush()
+    if as_json:
+        print_json({**data, "report": str(output)})
+        return
+    from rich.table import Table
+
+    table = Table(title="where the time went", title_justify="left", show_edge=False)
+    for col in ("phase", "steps", "total ms", "mean ms", "longest ms", "share"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for r in data["phases"]:
+        table.add_row(r["phase"], str(r["steps"]), f"{r['total_s'] * 1000:,.1f}",
+                      f"{r['mean_ms']:,.2f}", f"{r['max_ms']:,.2f}",
+                      f"{r['share'] * 100:.1f} %")  # fmt: skip
+    out.print(table)
+    out.print(f"prompt {data['prompt_tokens']} tok at {data['prefill_tps']:,.1f} t/s · "
+              f"generated {data['completion_tokens']} tok at {data['decode_tps']:,.1f} t/s · "
+              f"total {data['total_s']:.2f} s")  # fmt: skip
+    err.print(f"report written to {output}", style="dim")

@@ -1,0 +1,101 @@
+"""The settings `inferenceos optimize` found fastest, read back for the planner.
+
+`optimize` stores its best configuration per machine and model in the telemetry store
+(`best_settings` table). The planner's entry point asks `best_settings(model_path)` and
+applies the answer with `apply_best(params, best)`, which only moves a parameter where
+doing so cannot break what the planner already decided:
+
+- thread counts never rise above the plan's (the plan's pick follows the cores that are
+  free now; the tuned count was measured when they may all have been);
+- the micro-batch never grows past the plan's (the plan sized it to the memory left);
+- KV cache types and flash attention change only when the plan kept llama.cpp's f16
+  cache (a quantized cache chosen to fit memory is kept, and a quantized V cache keeps
+  flash attention on);
+- GPU layers only ever go down (fewer layers on a GPU need less of its memory);
+- `pinned` names parameters the user set explicitly: those are never touched.
+
+`describe(best)` is the phrase the plan line shows. Telemetry failures read as "nothing
+stored" (the store itself warns once), so a broken database never stops a run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+TUNED_KEYS = ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "flash_attn",
+              "type_k", "type_v", "n_gpu_layers")  # fmt: skip
+
+
+def best_settings(model_path: str | Path) -> dict[str, Any] | None:
+    """The stored best for `model_path` on this machine (else on one of the same kind):
+    `{"settings": {n_threads, n_threads_batch, n_batch, n_ubatch, flash_attn, type_k,
+    type_v, n_gpu_layers}, "measured": {...}, "ts": unix time, "machine": fingerprint}`,
+    or None when `optimize` never ran for it (or the file is not readable)."""
+    from inferenceos import telemetry
+
+    try:
+        best = telemetry.best_settings(Path(model_path))
+    except OSError:  # the model file vanished between planning steps
+        return None
+    if best is None or not isinstance(best.settings, dict):
+        return None
+    settings = {k: best.settings[k] for k in TUNED_KEYS if k in best.settings}
+    if not settings:
+        return None
+    return {"settings": settings, "measured": dict(best.measured or {}), "ts": best.ts,
+            "machine": best.machine}  # fmt: skip
+
+
+def apply_best(params: Any, best: dict[str, Any], pinned: Iterable[str] = ()) -> Any:
+    """`params` (a LlamaParams-like frozen dataclass) with the tuned values of `best`
+    applied under the rules of the module docstring."""
+    tuned = best.get("settings", best)
+    have = {f.name for f in fields(params)}
+    keep = set(pinned)
+    change: dict[str, Any] = {}
+
+    def want(key: str) -> Any:
+        return None if key in keep or key not in have or key not in tuned else tuned[key]
+
+    for key in ("n_threads", "n_threads_batch"):
+        value, current = want(key), getattr(params, key, 0)
+        if isinstance(value, int) and value >= 1:
+            change[key] = min(value, current) if current else value
+    n_batch = want("n_batch")
+    if isinstance(n_batch, int) and n_batch >= 1:
+        change["n_batch"] = n_batch
+    ubatch = want("n_ubatch")
+    if isinstance(ubatch, int) and ubatch >= 1:
+        change["n_ubatch"] = min(ubatch, params.n_ubatch)
+    change["n_ubatch"] = min(change.get("n_ubatch", params.n_ubatch),
+                             change.get("n_batch", params.n_batch))  # fmt: skip
+    if getattr(params, "type_k", "f16") == "f16" and getattr(params, "type_v", "f16") == "f16":
+        for key in ("type_k", "type_v", "flash_attn"):
+            if want(key) is not None:
+                change[key] = tuned[key]
+        if change.get("type_v", "f16") != "f16" and change.get("flash_attn", 1) == 0:
+            change.pop("type_v")  # a quantized V cache needs flash attention
+    layers = want("n_gpu_layers")
+    if isinstance(layers, int) and 0 <= layers < getattr(params, "n_gpu_layers", 0):
+        change["n_gpu_layers"] = layers
+    return replace(params, **change)
+
+
+def describe(best: dict[str, Any]) -> str:
+    """The plan line's phrase, e.g. `tuned by optimize 2026-11-30: t2/2 b512/u256 fa:on
+    kv:f16/f16 (prefill 1.04x, decode 1.02x vs llama.cpp defaults)`."""
+    s = best.get("settings", {})
+    fa = {-1: "auto", 0: "off", 1: "on"}.get(s.get("flash_attn", -1), "?")
+    when = time.strftime("%Y-%m-%d", time.localtime(best.get("ts") or 0))
+    text = (f"tuned by optimize {when}: t{s.get('n_threads', '?')}/"
+            f"{s.get('n_threads_batch', '?')} b{s.get('n_batch', '?')}/u{s.get('n_ubatch', '?')}"
+            f" fa:{fa} kv:{s.get('type_k', 'f16')}/{s.get('type_v', 'f16')}")  # fmt: skip
+    ratios = best.get("measured", {}).get("ratios")
+    if isinstance(ratios, dict) and "prefill" in ratios and "decode" in ratios:
+        text += (f" (prefill {ratios['prefill']:.2f}x, decode {ratios['decode']:.2f}x vs "
+                 "llama.cpp defaults)")  # fmt: skip
+    return text

@@ -1,0 +1,235 @@
+"""The budgeted search behind `inferenceos optimize`.
+
+1. *Baseline*: llama.cpp's defaults (`space.llama_defaults`), measured first.
+2. *Coordinate search*: for each dimension of `space.search_space` (placement, threads,
+   flash attention, batch shape, KV types) every value is tried with the others held at
+   the current best, the current value first (so the sweep's reference is measured
+   moments before its rivals). Hopeless trials stop early (`stopping`). Threads are
+   separable: decode and prompt batches each get the count that was fastest for them.
+3. *Duel*: a sweep's winner replaces the current best only after paired rounds against
+   it (`stopping.adopt`).
+4. *Confirmation*: the best and the baseline alternate for up to `rounds` paired rounds
+   (at least one; more while the budget lasts); the reported figures are their medians
+   and the ratios the medians of per-round ratios.
+   A best that does not hold up against the baseline there is dropped for the baseline.
+
+The budget covers all of it: a sweep stops when the time left would not pay for the
+duel and one confirmation round (estimated from the mean trial time so far), so the
+search ends within about one paired round of the budget. Every trial is
+handed to `on_trial`, which records it and drives the progress bar.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from inferenceos.errors import ModelLoadError
+from inferenceos.tuning import stopping
+from inferenceos.tuning.space import Dimension, Knobs, llama_defaults, search_space
+from inferenceos.tuning.trials import TrialResult, TrialRunner
+
+DUEL_ROUNDS = 2
+
+
+@dataclass
+class SearchResult:
+    """What `optimize` found; `to_json` is the `--json` output."""
+
+    model: str
+    baseline: Knobs
+    baseline_measured: dict[str, float]
+    best: Knobs
+    best_measured: dict[str, float]
+    ratios: dict[str, float]
+    trials: list[TrialResult]
+    budget_s: float
+    elapsed_s: float
+    ended: str  # "searched" (every dimension visited) or "budget"
+    confirm_rounds: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "baseline": {"settings": self.baseline.to_json(), **self.baseline_measured},
+            "best": self.best.to_json(),
+            "best_measured": self.best_measured,
+            "ratios": self.ratios,
+            "confirm_rounds": self.confirm_rounds,
+            "budget_s": self.budget_s,
+            "elapsed_s": round(self.elapsed_s, 2),
+            "ended": self.ended,
+            "notes": self.notes,
+            "trials": [t.to_json() for t in self.trials],
+        }
+
+
+class _Search:
+    def __init__(
+        self,
+        runner: TrialRunner,
+        budget_s: float,
+        on_trial: Callable[[TrialResult], None],
+        rounds: int,
+    ) -> None:
+        self.runner = runner
+        self.deadline = time.monotonic() + budget_s
+        self.on_trial = on_trial
+        self.rounds = rounds
+        self.trials: list[TrialResult] = []
+
+    def trial(self, knobs: Knobs, phase: str, **kw: Any) -> TrialResult:
+        res = self.runner.run(knobs, phase, **kw)
+        self.trials.append(res)
+        self.on_trial(res)
+        return res
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def mean_trial_s(self) -> float:
+        done = [t.elapsed_s - t.load_s for t in self.trials if t.ok and not t.stopped_early]
+        return statistics.mean(done) if done else 1.0
+
+    def reserve(self) -> float:
+        """Seconds kept back for the final confirmation (one paired round at least)."""
+        return 2 * self.mean_trial_s()
+
+    def pair(
+        self, a: Knobs, b: Knobs, phase: str, n: int, timed: bool = False
+    ) -> tuple[list[TrialResult], ...]:
+        """`n` alternating rounds of a then b (a's position alternates too, so neither
+        always runs right after a context switch). `timed`: after the first round, only
+        as many rounds as the budget still pays for."""
+        ra: list[TrialResult] = []
+        rb: list[TrialResult] = []
+        for i in range(n):
+            if timed and i and self.left() < 2 * self.mean_trial_s():
+                break
+            order = ((a, ra), (b, rb)) if i % 2 == 0 else ((b, rb), (a, ra))
+            for knobs, out in order:
+                out.append(self.trial(knobs, phase))
+        return ra, rb
+
+    def sweep(self, dim: Dimension, best: Knobs) -> tuple[Knobs | None, bool]:
+        """Try every value of `dim` around `best`; (the winner or None, budget hit)."""
+        current = [v for v in dim.values if dim.apply(best, v) == best]
+        others = [v for v in dim.values if v not in current]
+        separable = dim.name == "threads"
+        results: list[TrialResult] = []
+        for value in [*current, *others]:
+            cand = dim.apply(best, value)
+            if not cand.valid():
+                continue
+            if self.left() < self.reserve() + self.mean_trial_s():
+                return self._winner(dim, best, results), True
+            top_pre = max((r.prefill_tps for r in results), default=0.0)
+            top_dec = max((r.decode_tps for r in results if not r.stopped_early), default=0.0)
+            res = self.trial(
+                cand,
+                "search",
+                dimension=dim.name,
+                skip_decode=lambda p, top=top_pre: stopping.skip_decode(p, top, separable),
+                stop=lambda d, top=top_dec: stopping.stop_decode(d, top),
+            )
+            if res.ok:
+                results.append(res)
+        return self._winner(dim, best, results), False
+
+    @staticmethod
+    def _winner(dim: Dimension, best: Knobs, results: list[TrialResult]) -> Knobs | None:
+        full = [r for r in results if not r.stopped_early]
+        if not results or not full:
+            return None
+        if dim.name == "threads":
+            dec = max(full, key=lambda r: r.decode_tps).knobs.n_threads
+            pre = max(results, key=lambda r: r.prefill_tps).knobs.n_threads_batch
+            cand = replace(best, n_threads=dec, n_threads_batch=pre)
+        else:
+            ref = next((r for r in full if r.knobs == best), full[0])
+            cand = max(full, key=lambda r: stopping.score(r.prefill_tps, r.decode_tps,
+                                                          ref.prefill_tps, ref.decode_tps)
+                       ).knobs  # fmt: skip
+        return None if cand == best else cand
+
+    def duel(self, cand: Knobs, best: Knobs) -> bool:
+        rc, rb = self.pair(cand, best, "duel", DUEL_ROUNDS)
+        if not all(r.ok for r in rc + rb):
+            return False
+        pre = stopping.paired_ratios([r.prefill_tps for r in rc], [r.prefill_tps for r in rb])
+        dec = stopping.paired_ratios([r.decode_tps for r in rc], [r.decode_tps for r in rb])
+        return stopping.adopt(pre, dec)
+
+
+def _measured(results: list[TrialResult]) -> dict[str, float]:
+    return {
+        "prefill_tps": round(statistics.median(r.prefill_tps for r in results), 2),
+        "decode_tps": round(statistics.median(r.decode_tps for r in results), 2),
+    }
+
+
+def optimize(
+    path: Path,
+    budget_s: float = 120,
+    has_gpu: bool = False,
+    n_layers: int = 0,
+    on_trial: Callable[[TrialResult], None] = lambda r: None,
+    rounds: int = 3,
+    prompt_len: int = 512,
+    decode_len: int = 64,
+    max_threads: int | None = None,
+) -> SearchResult:
+    """Search for the fastest settings of `path` here within `budget_s` seconds.
+
+    Raises ModelLoadError when llama.cpp cannot run even its own defaults (there is then
+    nothing to compare against). The best is never worse than the baseline in the
+    confirmation: when it does not hold up there, the baseline is returned as the best.
+    """
+    started = time.monotonic()
+    base = llama_defaults(has_gpu)
+    with TrialRunner(path, prompt_len, decode_len) as runner:
+        s = _Search(runner, budget_s, on_trial, rounds)
+        first = s.trial(base, "baseline")
+        if not first.ok:
+            raise ModelLoadError(f"llama.cpp's default settings failed: {first.error}")
+        best, ended = base, "searched"
+        for dim in search_space(has_gpu, n_layers, max_threads):
+            cand, out_of_time = s.sweep(dim, best)
+            if cand is not None:
+                if s.left() < s.reserve() + 2 * DUEL_ROUNDS * s.mean_trial_s():
+                    out_of_time = True
+                elif s.duel(cand, best):
+                    best = cand
+            if out_of_time:
+                ended = "budget"
+                break
+        notes: list[str] = []
+        if best == base:
+            base_runs = [t for t in s.trials if t.knobs == base and t.ok and
+                         not t.stopped_early]  # fmt: skip
+            measured = _measured(base_runs)
+            note = "llama.cpp's defaults were the fastest settings tried"
+            return SearchResult(str(path), base, measured, base, measured,
+                                {"prefill": 1.0, "decode": 1.0}, s.trials, budget_s,
+                                time.monotonic() - started, ended, 0, [note])  # fmt: skip
+        rb, rc = s.pair(base, best, "confirm", rounds, timed=True)
+        ratios = {
+            "prefill": round(stopping.paired_ratios([r.prefill_tps for r in rc],
+                                                    [r.prefill_tps for r in rb]), 4),
+            "decode": round(stopping.paired_ratios([r.decode_tps for r in rc],
+                                                   [r.decode_tps for r in rb]), 4),
+        }  # fmt: skip
+        base_m, best_m = _measured(rb), _measured(rc)
+        if min(ratios.values()) < stopping.TOLERANCE:
+            notes.append(f"the best of the search ({best.label()}) did not hold up against "
+                         f"the defaults (prefill {ratios['prefill']:.2f}x, decode "
+                         f"{ratios['decode']:.2f}x): keeping llama.cpp's defaults")  # fmt: skip
+            best, best_m, ratios = base, base_m, {"prefill": 1.0, "decode": 1.0}
+        return SearchResult(str(path), base, base_m, best, best_m, ratios, s.trials,
+                            budget_s, time.monotonic() - started, ended, len(rb),
+                            notes)  # fmt: skip
