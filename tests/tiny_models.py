@@ -46,6 +46,8 @@ SHAPES = {
     "llama": TinyShape(),
     "moe": TinyShape(n_expert=4, n_expert_used=2),
     "swa": TinyShape(arch="gemma3", n_layer=4, sliding_window=32, swa_pattern=2),
+    # enough layers (of ~1 MiB) to split over several devices (tests/test_cluster*.py)
+    "deep": TinyShape(n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=512),
 }
 
 

@@ -38,6 +38,7 @@ from inferenceos.cli import (
     telemetry_cmd,
     update_cmd,
     version_cmd,
+    worker_cmd,
 )
 from inferenceos.cli.console import print_error, print_json
 from inferenceos.errors import InferenceOSError
@@ -56,6 +57,12 @@ app.command("run")(run_cmd.run)
 app.command("chat")(chat_cmd.chat)
 app.command("serve")(serve_cmd.serve)
 app.add_typer(models_cmd.models_app, name="models")
+app.command("pull")(models_cmd.pull)
+app.command("list")(models_cmd.list_models)
+app.command("show")(models_cmd.show)
+app.command("rm")(models_cmd.rm)
+app.command("cp")(models_cmd.cp)
+app.command("stop")(models_cmd.stop)
 app.command("ps")(ps_cmd.ps)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("simulate")(simulate_cmd.simulate)
@@ -74,6 +81,7 @@ app.command("plugins")(plugins_cmd.plugins)
 app.add_typer(telemetry_cmd.telemetry_app, name="telemetry")
 app.command("stats")(stats_cmd.stats)
 app.command("logs")(logs_cmd.logs)
+app.command("worker")(worker_cmd.worker)
 
 
 def _print_version(value: bool) -> None:

@@ -126,6 +126,13 @@ def _placement_params(ll: Any, params: Any, s: LoadSettings) -> list[Any]:
         split = (ctypes.c_float * max(len(s.tensor_split), 16))(*s.tensor_split)
         params.tensor_split = split
         keep.append(split)
+    if s.devices:
+        from inferenceos.engine.devices import device_array
+
+        devices = device_array(s.devices)  # None: llama.cpp's default (every local device)
+        if devices is not None:
+            params.devices = ctypes.cast(devices, ctypes.c_void_p)
+            keep.append(devices)
     return keep
 
 

@@ -57,6 +57,20 @@ class Device:
     isa: tuple[str, ...] = ()
     assumed: tuple[str, ...] = ()  # which figures are assumptions
     llama_name: str = ""
+    # RPC devices (kind "rpc", served by an `inferenceos worker`): the measured round
+    # trip to the worker and what the device is over there ("cpu", "gpu"); link_gbps
+    # is then the network bandwidth to it
+    rtt_s: float = 0.0
+    remote_kind: str = ""
+
+    @property
+    def is_remote(self) -> bool:
+        return self.kind == "rpc"
+
+    @property
+    def computes_like_cpu(self) -> bool:
+        """A CPU here or a worker's CPU: the perf model's CPU rates apply."""
+        return self.kind == "cpu" or (self.kind == "rpc" and self.remote_kind == "cpu")
 
     @property
     def is_cpu(self) -> bool:
@@ -74,6 +88,7 @@ class Device:
             "isa": list(self.isa),
             "assumed": list(self.assumed),
             "llama_name": self.llama_name or self.name,
+            **({"rtt_s": self.rtt_s, "remote_kind": self.remote_kind} if self.is_remote else {}),
         }
 
 
@@ -85,6 +100,7 @@ class Machine:
     disk_gbps: float = ASSUMED_DISK_GBPS
     notes: tuple[str, ...] = field(default_factory=tuple)
     source: str = "unknown"
+    lost: tuple[str, ...] = ()  # workers asked for but left out, each with the reason
 
     @property
     def cpu(self) -> Device:
@@ -105,6 +121,7 @@ class Machine:
             "disk_gbps": self.disk_gbps,
             "notes": list(self.notes),
             "devices": [d.to_json() for d in self.devices],
+            **({"lost_workers": list(self.lost)} if self.lost else {}),
         }
 
 
@@ -288,13 +305,14 @@ def apply_overrides(machine: Machine, o: Overrides) -> Machine:
             assumed=tuple(a for a in cpu.assumed if a != "bandwidth"),
         )
     notes = list(machine.notes)
-    gpus = list(machine.accelerators)
+    remote = [d for d in machine.accelerators if d.is_remote]  # workers stay as they are
+    gpus = [d for d in machine.accelerators if not d.is_remote]
     if o.gpu_memory is not None:
         notes = [n for n in notes if not n.startswith(("GPU", "CUDA", "Vulkan", "ROCm"))]
         gpus = [
             _gpu(f"GPU{i}", "gpu", m, ASSUMED_LINK_GBPS, notes) for i, m in enumerate(o.gpu_memory)
         ]
-    gpus = [_override_gpu(g, o) for g in gpus]
+    gpus = [*remote, *(_override_gpu(g, o) for g in gpus)]
     if o.gpu_gbps or o.gpu_tflops:
         notes = [n for n in notes if "assumed (not measured" not in n]
     if o.ram_gbps:
@@ -306,6 +324,7 @@ def apply_overrides(machine: Machine, o: Overrides) -> Machine:
         disk_gbps=o.disk_gbps or machine.disk_gbps,
         notes=tuple(notes),
         source=machine.source + (" + overrides" if o != Overrides() else ""),
+        lost=machine.lost,
     )
 
 
@@ -320,3 +339,73 @@ def _override_gpu(g: Device, o: Overrides) -> Device:
     if o.link_gbps:
         g = replace(g, link_gbps=o.link_gbps)
     return replace(g, assumed=tuple(sorted(assumed)))
+
+
+# -- remote devices (inferenceos worker, llama.cpp RPC) ----------------------------------
+
+ASSUMED_NET_GBPS = 0.1  # ~1 Gbit/s Ethernet, when the link was not measured
+ASSUMED_RTT_S = 0.5e-3
+
+
+def with_workers(machine: Machine, rpc: Any, refresh: bool = False) -> Machine:
+    """`machine` plus the devices of the workers at `rpc` (`"host:port,..."` or a list),
+    asked now through their info endpoints. Each worker device becomes a `Device` of
+    kind "rpc" named `RPC[host:port]` (`#i` for its device i > 0), with the memory the
+    worker offers (its `--mem` cap, or `host:port=SIZE`), the worker's RAM bandwidth
+    and threads, and the measured link. Workers that do not answer, are busy with
+    another client or serve nothing are left out and listed in `Machine.lost`.
+
+    Remote devices come before local GPUs: llama.cpp gives the first devices of its list
+    the first offloaded layers, and the planner keeps the fastest devices for the last
+    layers and the output head (see placement.py)."""
+    from inferenceos.cluster.endpoint import parse_endpoints
+    from inferenceos.cluster.probe import probe_workers
+
+    endpoints = parse_endpoints(rpc)
+    if not endpoints:
+        return machine
+    remote: list[Device] = []
+    notes, lost = list(machine.notes), list(machine.lost)
+    for probe in probe_workers(endpoints, refresh=refresh):
+        if not probe.usable or probe.info is None:
+            lost.append(probe.error)
+            notes.append(f"left out: {probe.error}")
+            continue
+        remote += _worker_devices(probe, notes)
+    local_gpus = [d for d in machine.accelerators if not d.is_remote]
+    old_remote = [d for d in machine.accelerators if d.is_remote]
+    return replace(
+        machine, devices=(machine.cpu, *old_remote, *remote, *local_gpus),
+        notes=tuple(notes), lost=tuple(lost),
+    )  # fmt: skip
+
+
+def _worker_devices(probe: Any, notes: list[str]) -> list[Device]:
+    info, ep, link = probe.info, probe.endpoint, probe.link
+    out = []
+    left = ep.mem_cap
+    for pos, d in enumerate(info.devices):  # RPC device numbers are positions
+        memory = d.offered_bytes if left is None else min(d.offered_bytes, left)
+        if left is not None:
+            left -= memory
+        assumed = []
+        if d.type == "cpu":
+            gbps, tflops = info.ram_read_gbps, 0.0
+            if not gbps:
+                gbps = ASSUMED_RAM_GBPS
+                assumed.append("bandwidth")
+        else:
+            gbps, tflops = ASSUMED_GPU_GBPS, ASSUMED_GPU_TFLOPS
+            assumed += ["bandwidth", "tflops"]
+        if link is None:
+            assumed.append("link")
+        name = ep.device_name(pos)
+        out.append(Device(
+            name=name, kind="rpc", memory_bytes=max(0, memory), bandwidth_gbps=float(gbps),
+            tflops=tflops, link_gbps=link.bandwidth_gbps if link else ASSUMED_NET_GBPS,
+            threads=info.threads, assumed=tuple(assumed), llama_name=name,
+            rtt_s=link.rtt_s if link else ASSUMED_RTT_S, remote_kind=d.type,
+        ))  # fmt: skip
+        if assumed:
+            notes.append(f"{name}: {', '.join(assumed)} assumed (not measured)")
+    return out

@@ -14,6 +14,13 @@ that is what llama.cpp's `n_gpu_layers` does (the last N layers are offloaded); 
 block is split over several GPUs in order (`tensor_split`). Experts that do not fit stay
 on the CPU through `tensor_buft_overrides` patterns (llama.cpp's `--n-cpu-moe` / `-ot`).
 Weights that do not fit in RAM either are left to mmap, read from disk as needed.
+
+Remote devices (kind "rpc", an `inferenceos worker` on another machine) cost a network
+round trip and the activations' transfer at every evaluation, on top of their compute.
+A remote device whose memory is no faster than this CPU's (a worker serving its CPU)
+saves nothing per byte, so it takes only the layers this machine's RAM cannot hold
+(`_overflow_layers`): the layers nearest the local block, so that the offloaded block
+stays contiguous. A remote GPU is used like a local one.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import Device, Machine
 from inferenceos.plan.memory import ContextSettings, kv_layer_bytes
 from inferenceos.plan.model_facts import ModelFacts, TensorFact
 
@@ -160,9 +167,12 @@ def place(
     """
     parts = layer_parts(facts, ctx)
     n = len(parts)
+    cap = n if max_gpu_layers is None else max(0, min(n, max_gpu_layers))
+    slow = {d.name for d in machine.accelerators if _no_faster_than_cpu(d, machine)}
+    if slow:
+        cap = min(cap, _overflow_layers(facts, machine, ctx, parts, gpu_free, slow, cap))
     dense = ["CPU"] * n
     budgets = [_Budget(d.name, gpu_free.get(d.name, 0)) for d in machine.accelerators]
-    cap = n if max_gpu_layers is None else max(0, min(n, max_gpu_layers))
     _place_dense(parts, dense, budgets, cap)
     head_bytes, head_params = output_head(facts)
     output_device = "CPU"
@@ -177,6 +187,46 @@ def place(
     loads = _loads(facts, parts, dense, experts, output_device, head_bytes, head_params)
     notes = _notes(facts, parts, dense, experts)
     return Placement(tuple(dense), tuple(experts), output_device, loads, 0, tuple(notes))
+
+
+def _no_faster_than_cpu(dev: Device, machine: Machine) -> bool:
+    """A remote device that reads memory no faster than this CPU (within 25 %)."""
+    cpu_gbps = machine.cpu.bandwidth_gbps
+    return dev.is_remote and dev.computes_like_cpu and dev.bandwidth_gbps <= 1.25 * cpu_gbps
+
+
+def _overflow_layers(
+    facts: ModelFacts,
+    machine: Machine,
+    ctx: ContextSettings,
+    parts: list[LayerParts],
+    gpu_free: dict[str, int],
+    slow: set[str],
+    cap: int,
+) -> int:
+    """How many layers to offload when slow remote devices should only take what local
+    RAM cannot hold: the fast accelerators' block, plus the fewest layers before it
+    whose bytes cover the RAM overflow."""
+    from inferenceos.plan.memory import compute_terms, output_buffer_bytes, process_overhead
+
+    fast_only = {k: (0 if k in slow else v) for k, v in gpu_free.items()}
+    dense = ["CPU"] * len(parts)
+    budgets = [_Budget(d.name, fast_only.get(d.name, 0)) for d in machine.accelerators]
+    _place_dense(parts, dense, budgets, cap)
+    on_cpu = [p for p in parts if dense[p.index] == "CPU"]
+    fixed = (
+        compute_terms(facts, ctx).total + output_buffer_bytes(facts, ctx)
+        + process_overhead(facts) + sum(t.n_bytes for t in facts.tensors if t.layer < 0)
+    )  # fmt: skip
+    need = fixed + sum(p.dense_bytes + p.expert_bytes + p.kv_bytes for p in on_cpu)
+    overflow = need - machine.cpu.memory_bytes
+    offloaded = len(parts) - len(on_cpu)
+    for p in reversed(on_cpu):  # the layers just before the offloaded block go first
+        if overflow <= 0:
+            break
+        overflow -= p.dense_bytes + p.expert_bytes + p.kv_bytes
+        offloaded += 1
+    return offloaded
 
 
 def _place_dense(
