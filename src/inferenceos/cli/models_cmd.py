@@ -1,25 +1,52 @@
-"""`inferenceos models list|show|pull|rm|cp`: the model registry on this machine."""
+"""`inferenceos models list|show|pull|rm|cp|stop|discover|search`: the models on this machine.
+
+`pull`, `list`, `show`, `rm`, `cp` and `stop` are also top-level commands, as in Ollama.
+"""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from inferenceos.cli.console import err, out, print_json, safe_text
+from inferenceos.errors import InferenceOSError
 from inferenceos.units import format_bytes as fmt_bytes
 
-models_app = typer.Typer(help="Models on disk: list, show, pull (import), rm, cp.",
-                         no_args_is_help=True)
+if TYPE_CHECKING:
+    from inferenceos.registry.store import ModelEntry, ModelStore
+
+models_app = typer.Typer(
+    help="Models on disk: list, show, pull (Hugging Face Hub or a local file), rm, cp, "
+         "stop, discover, search.",
+    no_args_is_help=True)
 
 
-def _store():  # type: ignore[no-untyped-def]
+def _store() -> ModelStore:
     from inferenceos.registry.store import ModelStore
 
     return ModelStore()
+
+
+def _entry_json(e: ModelEntry) -> dict[str, Any]:
+    return {"name": e.name, "digest": e.digest, "size": e.size, "source": e.source,
+            "architecture": e.architecture, "file_type": e.file_type,
+            "modified_at": e.modified_at, "parts": e.parts, "in_place": e.in_place}
+
+
+def _table(entries: list[ModelEntry]) -> Table:
+    table = Table("NAME", "ID", "SIZE", "TYPE", "MODIFIED", box=None)
+    for e in entries:
+        kind = f"{e.architecture} {e.file_type}" + (" (in place)" if e.in_place else "")
+        table.add_row(safe_text(e.name), e.digest[:12], fmt_bytes(e.size), safe_text(kind),
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(e.modified_at)))
+    return table
 
 
 @models_app.command("list")
@@ -29,16 +56,28 @@ def list_models(
     """Registered models."""
     entries = _store().list()
     if as_json:
-        print_json([{"name": e.name, "digest": e.digest, "size": e.size, "source": e.source,
-                     "architecture": e.architecture, "file_type": e.file_type,
-                     "modified_at": e.modified_at} for e in entries])
+        print_json([_entry_json(e) for e in entries])
         return
-    table = Table("NAME", "ID", "SIZE", "TYPE", "MODIFIED", box=None)
-    for e in entries:
-        table.add_row(safe_text(e.name), e.digest[:12], fmt_bytes(e.size),
-                      safe_text(f"{e.architecture} {e.file_type}"),
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(e.modified_at)))
-    out.print(table)
+    out.print(_table(entries))
+
+
+@models_app.command("search")
+def search(
+    text: Annotated[str, typer.Argument(help="Words to look for (all must match)")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """Registered models whose name, architecture, type or source hold every word."""
+    words = text.lower().split()
+    hits = [e for e in _store().list()
+            if all(w in f"{e.name} {e.architecture} {e.file_type} {e.source}".lower()
+                   for w in words)]
+    if as_json:
+        print_json([_entry_json(e) for e in hits])
+        return
+    if not hits:
+        err.print(f"no registered model matches {text!r}", markup=False)
+        raise typer.Exit(1)
+    out.print(_table(hits))
 
 
 @models_app.command("show")
@@ -50,7 +89,8 @@ def show(
     e = _store().get(name)
     data = {"name": e.name, "path": str(e.path), "digest": e.digest, "size": e.size,
             "source": e.source, "architecture": e.architecture, "file_type": e.file_type,
-            "parameters": e.parameters, "context_length": e.context_length}
+            "parameters": e.parameters, "context_length": e.context_length,
+            "parts": e.parts, "in_place": e.in_place}
     if as_json:
         print_json(data)
         return
@@ -58,38 +98,87 @@ def show(
         out.print(f"{k:>15}  {safe_text(str(v))}")
 
 
+def _looks_like_path(source: str) -> bool:
+    return (Path(source).expanduser().exists() or source.lower().endswith(".gguf")
+            or source.startswith(("/", "./", "../", "~", "\\")))
+
+
 @models_app.command("pull")
 def pull(
-    source: Annotated[str, typer.Argument(help="A .gguf path, or 'gemma3-270m' (built-in)")],
+    source: Annotated[str, typer.Argument(
+        help="hf.co/ORG/REPO[:QUANT], hf.co/ORG/REPO/FILE.gguf, a .gguf path, or "
+             "'gemma3-270m' (built-in)")],
     name: Annotated[str | None, typer.Option("--name", help="Register under this name")] = None,
     link: Annotated[bool, typer.Option(
-        "--link", help="Hard-link instead of copying (the file must then stay unchanged)")
+        "--link", help="Hard-link a local file instead of copying (it must then stay unchanged)")
     ] = False,
 ) -> None:
-    """Register a model: import a local GGUF file, or the built-in model by name.
+    """Register a model: from the Hugging Face Hub, a local GGUF file, or the built-in one.
 
-    There is no model hub here: nothing is downloaded.
+    From the Hub, the quant tag picks the file (default: the best that fits this
+    machine); the download resumes after a cut, is checked against the Hub's sha256, and
+    llama.cpp must accept the file before it is registered. HF_ENDPOINT, HF_TOKEN and
+    HF_HUB_OFFLINE are honoured.
     """
+    from inferenceos.registry import hub
+    from inferenceos.registry.loadcheck import check_loadable
+
     store = _store()
-    path = Path(source).expanduser()
+
     def progress(msg: str) -> None:
-        err.print(msg, style="dim")
-    if path.is_file():
-        e = store.import_file(path, name, link=link, progress=progress)
+        err.print(msg, style="dim", markup=False)
+
+    if hub.is_hub_name(source):
+        e = _pull_hub(store, source, name)
+    elif _looks_like_path(source):
+        e = store.import_file(Path(source).expanduser(), name, link=link, progress=progress,
+                              check=check_loadable)
     else:
         e = store.pull(source, progress=progress)
         if name:
             e = store.copy(e.name, name)
-    out.print(f"{safe_text(e.name)}  {e.digest[:12]}  {fmt_bytes(e.size)}")
+    out.print(f"{safe_text(e.name)}  {e.digest[:12]}  {fmt_bytes(e.size)}", markup=False)
+
+
+def _pull_hub(store: ModelStore, source: str, name: str | None) -> ModelEntry:
+    """A Hub pull with a Rich progress bar per file (on stderr)."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    from inferenceos.registry import hub
+
+    entry = None
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        tasks: dict[str, Any] = {}
+        for event in hub.pull_events(store, source, name=name):
+            if event.digest and event.total is not None:
+                if event.digest not in tasks:
+                    tasks[event.digest] = bar.add_task(event.status, total=event.total)
+                bar.update(tasks[event.digest], completed=event.completed)
+            elif event.status != "success":
+                bar.console.print(safe_text(event.status), style="dim")
+            entry = event.entry or entry
+    assert entry is not None  # pull_events ends with "success" or raises
+    return entry
 
 
 @models_app.command("rm")
 def rm(names: Annotated[list[str], typer.Argument(help="Model names")]) -> None:
-    """Remove models (their file goes when no other name uses it)."""
+    """Remove models (a file goes with its last name; `discover`ed files stay in place)."""
     store = _store()
     for n in names:
+        e = store.find(n)
         store.remove(n)
-        out.print(f"deleted '{safe_text(n)}'")
+        where = " (its file stays where it is)" if e is not None and e.in_place else ""
+        out.print(f"deleted '{safe_text(n)}'{where}")
 
 
 @models_app.command("cp")
@@ -100,3 +189,88 @@ def cp(
     """Give a model a second name (no copy of the file)."""
     e = _store().copy(source, destination)
     out.print(f"copied '{safe_text(source)}' to '{safe_text(e.name)}'")
+
+
+@models_app.command("stop")
+def stop(
+    model: Annotated[str, typer.Argument(help="A model the running server has loaded")],
+    host: Annotated[str | None, typer.Option("--host")] = None,
+    port: Annotated[int | None, typer.Option("--port")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", help="The server's API key (default: server.api_key)")] = None,
+) -> None:
+    """Unload a model from the running server now (as `ollama stop`)."""
+    from inferenceos.cli.ps_cmd import fetch_ps
+    from inferenceos.config import load_config
+    from inferenceos.registry.names import canonical
+
+    cfg = load_config()
+    host, port = host or cfg.get("server.host"), port or cfg.get("server.port")
+    key = api_key if api_key is not None else cfg.get("server.api_key")
+    loaded = [str(m.get("name")) for m in fetch_ps(host, port, key).get("models", [])]
+    wanted = canonical(model)
+    if wanted not in loaded:
+        shown = ", ".join(loaded) or "none"
+        raise InferenceOSError(f"model '{wanted}' is not loaded (loaded: {shown})")
+    _post(host, port, key, "/api/generate", {"model": wanted, "keep_alive": 0})
+    out.print(f"stopped '{safe_text(wanted)}'")
+
+
+def _post(host: str, port: int, api_key: str, route: str, body: dict[str, Any]) -> Any:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
+    req = urllib.request.Request(f"http://{shown}:{port}{route}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            why = json.loads(exc.read()).get("error")
+        except (ValueError, AttributeError):
+            why = None
+        raise InferenceOSError(f"the server answered {exc.code}: {why or exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise InferenceOSError(f"no InferenceOS server at {shown}:{port} "
+                               f"({getattr(exc, 'reason', exc)})") from None
+
+
+@models_app.command("discover")
+def discover(
+    folders: Annotated[list[Path] | None, typer.Argument(
+        help="Folders to look in (default: Ollama's, LM Studio's and the Hugging Face "
+             "cache's places)")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Only show what would be registered")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """Register GGUF models other tools keep, in place, under their familiar names.
+
+    Looks in Ollama's store, LM Studio's models folders and the Hugging Face cache, or in
+    FOLDERS; nothing is copied, and `rm` only forgets the name.
+    """
+    from inferenceos.registry.discover import default_places
+    from inferenceos.registry.discover import discover as run_discover
+
+    for folder in folders or []:
+        if not folder.expanduser().is_dir():
+            raise InferenceOSError(f"{folder}: not a folder")
+    outcomes = run_discover(_store(), folders or None, dry_run=dry_run)
+    if as_json:
+        print_json([{"name": o.found.name, "path": str(o.found.path), "tool": o.found.tool,
+                     "status": o.status, "reason": o.reason} for o in outcomes])
+        return
+    if not outcomes:
+        where = ", ".join(str(f) for f in folders) if folders else \
+            ", ".join(str(p) for _, p in default_places())
+        out.print(f"no GGUF models found in {where}", markup=False)
+        return
+    table = Table("STATUS", "NAME", "FROM", "FILE", box=None)
+    for o in outcomes:
+        table.add_row(o.status, safe_text(o.found.name), o.found.tool,
+                      safe_text(o.reason or str(o.found.path)))
+    out.print(table)
+    counts = {s: sum(o.status == s for o in outcomes)
+              for s in ("added", "would-add", "present", "skipped")}
+    out.print(", ".join(f"{n} {s}" for s, n in counts.items() if n), markup=False)

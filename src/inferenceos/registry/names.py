@@ -1,6 +1,8 @@
 """Model names and digests, validated strictly before they ever touch a path.
 
-A name is `[namespace/]model[:tag]` (`gemma3-270m`, `gemma3-270m:latest`, `me/tiny:q8`).
+A name is `[host/][namespace/]model[:tag]` (`gemma3-270m`, `gemma3-270m:latest`,
+`me/tiny:q8`, `hf.co/bartowski/llama-3.2-1b-instruct-gguf:Q4_K_M`). A host, as in
+Ollama's names, holds a dot and is only allowed in front of a namespace.
 Names arrive from HTTP clients, so they are untrusted: Ollama's "Probllama"
 (CVE-2024-37032) came from a digest that was joined into a file path unchecked. Here a
 name or digest either matches a narrow pattern or is refused with `InvalidNameError`;
@@ -15,9 +17,13 @@ from typing import NamedTuple
 from inferenceos.errors import UsageError
 
 DEFAULT_TAG = "latest"
-_PART = r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?"
+# 96 characters: the longest repository name the Hugging Face Hub allows
+_PART = r"[a-z0-9](?:[a-z0-9._-]{0,94}[a-z0-9])?"
+_HOST = r"[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?)+"
 _TAG = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9_])?"
-_NAME_RE = re.compile(rf"(?:(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>{_TAG}))?")
+_NAME_RE = re.compile(
+    rf"(?:(?:(?P<host>{_HOST})/)?(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>{_TAG}))?"
+)
 _DIGEST_RE = re.compile(r"sha256[:-](?P<hex>[0-9a-f]{64})")
 
 
@@ -26,22 +32,25 @@ class InvalidNameError(UsageError):
 
 
 class ModelName(NamedTuple):
-    """A parsed, validated model name; `str()` gives the canonical `ns/model:tag` form."""
+    """A parsed, validated model name; `str()` gives the canonical `[host/]ns/model:tag`."""
 
     namespace: str
     model: str
     tag: str
+    host: str = ""
 
     def __str__(self) -> str:
         base = f"{self.namespace}/{self.model}" if self.namespace else self.model
+        base = f"{self.host}/{base}" if self.host else base
         return f"{base}:{self.tag}"
 
 
 def parse_name(text: str) -> ModelName:
     """Validate `text` and return its parts; the tag defaults to `latest`.
 
-    Model and namespace are lower case letters, digits, `.`, `_`, `-` (not at either
-    end, no `..`); the tag may also hold upper case. Raises InvalidNameError otherwise.
+    Host, namespace and model are lower case letters, digits, `.`, `_`, `-` (not at
+    either end, no `..`; a host has a dot and no `_`); the tag may also hold upper case.
+    Raises InvalidNameError otherwise.
     """
     if not isinstance(text, str) or len(text) > 200:
         raise InvalidNameError("invalid model name: too long")
@@ -52,7 +61,7 @@ def parse_name(text: str) -> ModelName:
             f"invalid model name {text[:80]!r}: use [namespace/]name[:tag] with letters, "
             "digits, '.', '_' and '-'"
         )
-    return ModelName(m["ns"] or "", m["model"], m["tag"] or DEFAULT_TAG)
+    return ModelName(m["ns"] or "", m["model"], m["tag"] or DEFAULT_TAG, m["host"] or "")
 
 
 def canonical(text: str) -> str:

@@ -31,7 +31,7 @@ import re
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,7 +233,7 @@ class ModelStore:
         progress("success")
         return self.get(key)
 
-    def _import_parts(self, parts: list[Path], key: str, label: str,
+    def _import_parts(self, parts: Sequence[Path], key: str, label: str,
                       progress: Progress) -> ModelEntry:
         """Copy every part of a split GGUF into a temporary folder, then add it."""
         ensure_dir(self.blobs)
@@ -325,7 +325,8 @@ class ModelStore:
         ensure_dir(self.blobs)
         tmp = self.blobs / f".partial-{digest[:16]}-{os.getpid()}-{time.monotonic_ns()}"
         try:
-            if not (link and _try_link(source, tmp)):
+            # resolved: os.link on Linux links a symlink itself, not its target
+            if not (link and _try_link(source.resolve(), tmp)):
                 progress(f"copying {source.name} into the model store")
                 copied = _copy_hashing(source, tmp)
                 if copied != digest:

@@ -9,6 +9,7 @@ Ollama does.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -18,8 +19,9 @@ from fastapi import APIRouter, Request, Response
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import TokenEvent
+from inferenceos.errors import InferenceOSError
 from inferenceos.registry.catalog import ResolvedModel, now_iso
-from inferenceos.registry.loaded import LoadedModel
+from inferenceos.registry.leases import LoadedModel
 from inferenceos.server.errors import APIError
 from inferenceos.server.generation import (
     Done,
@@ -332,7 +334,10 @@ async def show(body: ShowRequest, request: Request) -> Any:
         from inferenceos.model.spec import load_spec
 
         m = state.catalog.resolve(body.target())
-        spec = load_spec(m.path)
+        try:
+            spec = load_spec(m.path)
+        except InferenceOSError as exc:  # its message starts with the path: not for clients
+            raise type(exc)(str(exc).replace(str(m.path), f"model '{m.name}'")) from None
         arch = spec.architecture
         info = {"general.architecture": arch, "general.parameter_count": spec.parameters,
                 "general.file_type": spec.file_type, f"{arch}.context_length": spec.context_length,
@@ -353,10 +358,14 @@ def _capabilities(template: str | None) -> list[str]:
 
 def _ps_entry(lm: LoadedModel, now: float) -> dict[str, Any]:
     exp = lm.expires_wall(now)
+    if lm.pinned:
+        exp = None
     return {"name": lm.model.name, "model": lm.model.name, "size": lm.memory_bytes,
             "digest": lm.model.digest, "details": _details(lm.model),
             "expires_at": _FOREVER if exp is None else now_iso(exp),
-            "size_vram": 0, "context_length": lm.settings.n_ctx}
+            "size_vram": lm.vram_bytes, "context_length": lm.n_ctx, "state": lm.tier,
+            "pinned": lm.pinned, "slots": lm.slots, "memory_by_device": lm.charge,
+            "reason": lm.reason}
 
 
 @router.get("/ps", response_model=PsResponse)
@@ -369,19 +378,31 @@ async def ps(request: Request) -> Any:
 @router.post("/pull", response_model=StatusResponse,
              responses={200: {"content": _NDJSON, "description": "Status, or NDJSON progress"}})
 async def pull(body: PullRequest, request: Request) -> Any:
-    """Register a model by name. No network: only the built-in model can be pulled."""
+    """Register a model by name: `hf.co/ORG/REPO[:QUANT]` (or `.../FILE.gguf`) from the
+    Hugging Face Hub, streaming byte progress (`total` / `completed`) as Ollama does, or
+    the built-in model."""
+    from inferenceos.registry import hub
+
     state = _state(request)
     name = body.target()
     if not name:
         raise APIError(400, "model is required")
     store = state.catalog.store
+    if hub.is_hub_name(name):
+        hub.parse_hub_ref(name)  # a bad name fails before the stream starts
+    else:
+        store.pull_check(name)
     if not body.stream:
-        await call_in_thread(lambda: store.pull(name))
+        await call_in_thread(lambda: hub.pull(store, name))
         return {"status": "success"}
-    store.pull_check(name)  # unknown names fail before the stream starts
 
-    def job(_: Any) -> Iterator[dict[str, Any]]:
+    def job(cancel: threading.Event) -> Iterator[dict[str, Any]]:
+        if hub.is_hub_name(name):  # a client that leaves stops the download (kept to resume)
+            for event in hub.pull_events(store, name, cancel=cancel):
+                yield event.to_ollama()
+            return
         messages: list[str] = []
+        yield {"status": "pulling manifest"}
         store.pull(name, progress=messages.append)
         for m in messages:
             yield {"status": m}
@@ -389,9 +410,12 @@ async def pull(body: PullRequest, request: Request) -> Any:
     from inferenceos.server.bridge import ThreadStream
 
     async def lines() -> AsyncIterator[dict[str, Any]]:
-        yield {"status": "pulling manifest"}
-        async for item in ThreadStream(job, name="pull"):
-            yield item
+        stream = ThreadStream(job, name="pull")
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            await stream.aclose()
 
     return ndjson_response(lines())
 

@@ -1,0 +1,659 @@
+"""Pulls from the Hugging Face Hub: `hf.co/ORG/REPO[:QUANT]` and `hf.co/ORG/REPO/FILE.gguf`.
+
+Ollama's syntax: the quant tag picks the file (`:Q4_K_M` → `...-Q4_K_M.gguf`); without
+one, the best quant for this machine is taken (`choose`). Split GGUFs
+(`-00001-of-0000N.gguf`) are pulled whole and registered as one model.
+
+Contract (each point has a test against the fake Hub in tests/fake_hub.py):
+- Every part of the name (org, repo, quant, each folder of the file path) is validated
+  before anything is built from it, and so is every file name and digest the Hub
+  answers: `..`, absolute paths, backslashes, NULs and control characters are refused.
+- `huggingface_hub` does the talking to the Hub (`HF_ENDPOINT`, `HF_TOKEN` or the saved
+  login, `HF_HUB_OFFLINE`): the file list with each file's LFS sha256 and size
+  (`model_info(files_metadata=True)`), and each file's HEAD (`get_hf_file_metadata`:
+  commit, ETag, size, where the bytes are). The bytes themselves are fetched here, with
+  Range requests, so a cut connection resumes where it stopped (up to `retries` times
+  in one pull, and from the kept `.download-<sha256>` file on the next pull), progress
+  is reported per chunk, and the sha256 is computed while the bytes arrive. The token
+  is only sent to the Hub's own host, never to the CDN a file redirects to.
+- Free disk space is checked before the first byte.
+- A file appears as a model only after its sha256 matched the Hub's LFS digest and
+  llama.cpp's own dry load accepted it (`loadcheck.py`), then by a rename inside the
+  store (`ModelStore.add_blob` / `add_parts`). A wrong digest deletes the download and
+  registers nothing.
+- Offline (`HF_HUB_OFFLINE=1`): the model is taken from the Hugging Face cache when it is
+  there (hard-linked or copied into the store), else the pull fails and says why.
+
+The default quant rule: the planner's memory figure needs each file's GGUF header (layer
+count, KV geometry), which the Hub's file list does not give, so the rule uses file sizes
+only: the largest quantized file that fits in 80 % of this machine's usable memory (RAM
+plus dedicated GPU memory, as `plan.devices.local_machine` reports it), leaving a fifth
+for the KV cache and compute buffers; 16/32-bit float files only when no quantized one
+fits; the smallest file when none fits. The pull says which rule it used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import re
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from inferenceos.errors import InferenceOSError, ModelNotFoundError, UsageError
+from inferenceos.paths import ensure_dir
+from inferenceos.registry.names import InvalidNameError, canonical
+from inferenceos.registry.store import ModelEntry, ModelStore, split_file_name, split_info
+from inferenceos.units import format_bytes
+
+HOST = "hf.co"
+_PREFIXES = ("hf.co/", "huggingface.co/", "https://hf.co/", "https://huggingface.co/")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+FIT_FRACTION = 0.8  # of usable memory a model file may take (the rest: KV, compute)
+DISK_MARGIN = 64 * 1024 * 1024
+_CHUNK = 1024 * 1024
+_MAX_SIZE = 1 << 50  # 1 PiB: anything larger is a lie from the server
+
+_REPO_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_FILE_PART = re.compile(r"[A-Za-z0-9_(\[](?:[A-Za-z0-9._+=,@()\[\] -]{0,198}[A-Za-z0-9_)\]])?")
+_QUANT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,46}[A-Za-z0-9])?")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# A quantization label inside a file name, bounded by a separator or an end:
+# Q4_K_M, IQ2_XXS, Q8_0, UD-Q4_K_XL, TQ1_0, MXFP4_MOE, BF16, F16, F32
+_LABEL = re.compile(
+    r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q[1-8](?:_[A-Z0-9]+)*|TQ[12]_[0-9]|MXFP4(?:_MOE)?"
+    r"|BF16|FP16|F16|FP32|F32))(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
+_FLOAT_LABELS = {"BF16", "FP16", "F16", "FP32", "F32"}
+
+
+class HubError(InferenceOSError):
+    """The Hub could not be reached, or refused, or answered something unusable."""
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A parsed, validated `hf.co/...` name."""
+
+    repo: str  # ORG/REPO as given (the Hub's ids are case-insensitive; URLs keep case)
+    quant: str | None = None
+    file: str | None = None  # a path inside the repo, when named
+
+    def registry_name(self, label: str | None = None) -> str:
+        """The registry name: `hf.co/org/repo:TAG` (TAG: the quant asked for, the chosen
+        file's label when a file was named, else `latest`, as Ollama names it)."""
+        tag = self.quant or label or "latest"
+        return canonical(f"{HOST}/{self.repo.lower()}:{tag}")
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a repo as the Hub lists it (validated)."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model in a repo: one GGUF file, or every part of a split one, in order."""
+
+    label: str  # the quant label (Q4_K_M), or the file's stem when it has none
+    files: tuple[HubFile, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def is_float(self) -> bool:
+        return self.label.upper() in _FLOAT_LABELS
+
+
+@dataclass(frozen=True)
+class PullEvent:
+    """One step of a pull, shaped like Ollama's `/api/pull` progress lines."""
+
+    status: str
+    digest: str | None = None  # sha256 hex of the file being fetched
+    total: int | None = None
+    completed: int | None = None
+    entry: ModelEntry | None = field(default=None, compare=False)  # on "success"
+
+    def to_ollama(self) -> dict[str, Any]:
+        line: dict[str, Any] = {"status": self.status}
+        if self.digest:
+            line["digest"] = f"sha256:{self.digest}"
+        if self.total is not None:
+            line["total"] = self.total
+        if self.completed is not None:
+            line["completed"] = self.completed
+        return line
+
+
+# -- names -------------------------------------------------------------------------------
+
+
+def is_hub_name(text: str) -> bool:
+    """Whether `text` names a Hub model (`hf.co/...`, `huggingface.co/...`)."""
+    return isinstance(text, str) and text.lower().startswith(_PREFIXES)
+
+
+def _refuse(text: str, why: str) -> InvalidNameError:
+    return InvalidNameError(f"invalid Hugging Face name {text[:120]!r}: {why}")
+
+
+def parse_hub_ref(text: str) -> HubRef:
+    """Validate `hf.co/ORG/REPO[:QUANT]` or `hf.co/ORG/REPO/PATH/FILE.gguf`.
+
+    Raises InvalidNameError for anything else, before any path or URL is built.
+    """
+    if not is_hub_name(text) or len(text) > 600:
+        raise _refuse(str(text), "expected hf.co/ORG/REPO[:QUANT] or hf.co/ORG/REPO/FILE.gguf")
+    if any(ord(c) < 32 or c in "\\\x7f" for c in text):
+        raise _refuse(text, "control characters and backslashes are not allowed")
+    rest = text[next(len(p) for p in _PREFIXES if text.lower().startswith(p)):]
+    parts = rest.split("/")
+    if len(parts) < 2:
+        raise _refuse(text, "expected hf.co/ORG/REPO")
+    org, repo_tag, *file_parts = parts
+    repo, quant = repo_tag, None
+    if not file_parts and ":" in repo_tag:
+        repo, quant = repo_tag.split(":", 1)
+        if not _QUANT.fullmatch(quant) or ".." in quant:
+            raise _refuse(text, f"bad quantization tag {quant[:50]!r}")
+    for part in (org, repo):
+        if not _REPO_PART.fullmatch(part) or ".." in part:
+            raise _refuse(text, f"bad organisation or repository {part[:100]!r}")
+    file = None
+    if file_parts:
+        file = validate_repo_path("/".join(file_parts), text)
+        if not file.lower().endswith(".gguf"):
+            raise _refuse(text, "the file must be a .gguf file")
+    return HubRef(f"{org}/{repo}", quant, file)
+
+
+def validate_repo_path(path: str, shown: str | None = None) -> str:
+    """A relative path inside a repo (from the user or the Hub), validated part by part."""
+    parts = path.split("/")
+    if (len(parts) > 8 or any(p in ("", ".", "..") for p in parts)
+            or not all(_FILE_PART.fullmatch(p) for p in parts) or ".." in path):
+        raise _refuse(shown or path, f"bad file path {path[:150]!r}")
+    return path
+
+
+def quant_label(path: str) -> str | None:
+    """The quantization label of a repo file (`Q4_K_M`), from its name or its folder."""
+    p = PurePosixPath(path)
+    info = split_info(p.name)
+    stem = info[0] if info else p.stem
+    for text in (stem, *reversed(p.parts[:-1])):
+        found = _LABEL.findall(text)
+        if found:
+            return str(found[-1]).upper()
+    return None
+
+
+# -- choosing a file ---------------------------------------------------------------------
+
+
+def candidates(files: list[HubFile]) -> list[Candidate]:
+    """The loadable models among a repo's files: single GGUFs and complete split sets.
+
+    Vision projectors (`mmproj`) and importance matrices are not models and are left out.
+    """
+    singles: list[Candidate] = []
+    groups: dict[tuple[str, str, int], dict[int, HubFile]] = {}
+    for f in files:
+        p = PurePosixPath(f.path)
+        low = p.name.lower()
+        if not low.endswith(".gguf") or "mmproj" in low or "imatrix" in low:
+            continue
+        info = split_info(p.name)
+        if info and info[2] > 1:
+            groups.setdefault((str(p.parent), info[0], info[2]), {})[info[1]] = f
+            continue
+        singles.append(Candidate(quant_label(f.path) or p.stem, (f,)))
+    for (_, base, count), parts in groups.items():
+        if sorted(parts) == list(range(1, count + 1)):
+            first = parts[1]
+            singles.append(Candidate(quant_label(first.path) or base,
+                                     tuple(parts[i] for i in range(1, count + 1))))
+    return sorted(singles, key=lambda c: (c.size, c.label))
+
+
+def choose(cands: list[Candidate], quant: str | None, memory_bytes: int | None,
+           shown: str) -> tuple[Candidate, str]:
+    """The candidate to pull and a sentence saying why it was chosen."""
+    if not cands:
+        raise ModelNotFoundError(f"{shown}: the repository has no GGUF model file")
+    labels = ", ".join(sorted({c.label for c in cands}))
+    if quant:
+        exact = [c for c in cands if c.label.upper() == quant.upper()]
+        if not exact:  # a label inside a longer one, e.g. "Q4_K_XL" in "UD-Q4_K_XL"
+            exact = [c for c in cands if c.label.upper().endswith("-" + quant.upper())]
+        if len(exact) == 1:
+            return exact[0], f"{exact[0].label}, as asked"
+        if not exact:
+            raise ModelNotFoundError(f"{shown}: no {quant} file in the repository; "
+                                     f"it has {labels}")
+        names = ", ".join(c.files[0].path for c in exact[:4])
+        raise UsageError(f"{shown}: several files match {quant} ({names}); name one, "
+                         f"e.g. {shown}/{exact[0].files[0].path}")
+    if len(cands) == 1:
+        return cands[0], f"{cands[0].label}, the repository's only model"
+    if memory_bytes is None:
+        from inferenceos.plan.devices import local_machine
+
+        memory_bytes = local_machine().total_memory
+    budget = int(memory_bytes * FIT_FRACTION)
+    fits = [c for c in cands if c.size <= budget]
+    pick = (max((c for c in fits if not c.is_float), key=lambda c: c.size, default=None)
+            or max(fits, key=lambda c: c.size, default=None))
+    if pick is None:
+        pick = min(cands, key=lambda c: c.size)
+        return pick, (f"{pick.label}, the smallest: no file fits in "
+                      f"{FIT_FRACTION:.0%} of this machine's usable memory "
+                      f"({format_bytes(memory_bytes)}); pass :QUANT to choose ({labels})")
+    kind = "float file" if pick.is_float else "quantization"
+    return pick, (f"{pick.label}, the largest {kind} whose file ({format_bytes(pick.size)}) "
+                  f"fits in {FIT_FRACTION:.0%} of this machine's usable memory "
+                  f"({format_bytes(memory_bytes)}); pass :QUANT to choose ({labels})")
+
+
+# -- talking to the Hub ------------------------------------------------------------------
+
+
+def endpoint() -> str:
+    """The Hub's base URL: `HF_ENDPOINT` (read now, not at import) or huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def offline() -> bool:
+    """huggingface_hub's offline switch, read now (`HF_HUB_OFFLINE=1`)."""
+    from huggingface_hub import constants
+
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return constants._is_true(value) if value is not None else bool(constants.HF_HUB_OFFLINE)
+
+
+def _hub_error(exc: Exception, ref: HubRef) -> InferenceOSError:
+    from huggingface_hub import errors
+
+    shown = f"hf.co/{ref.repo}"
+    if isinstance(exc, errors.GatedRepoError):
+        return HubError(f"{shown} is gated: accept its terms on the Hub and set HF_TOKEN "
+                        "(or run `hf auth login`)")
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return ModelNotFoundError(f"{shown}: no such repository on {endpoint()} (or it is "
+                                  "private: set HF_TOKEN)")
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return ModelNotFoundError(f"{shown}: no such revision")
+    if isinstance(exc, errors.OfflineModeIsEnabled):
+        return HubError(f"{shown}: offline mode (HF_HUB_OFFLINE) is on")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status is not None:
+        return HubError(f"{shown}: the Hub answered HTTP {status}")
+    msg = " ".join(str(exc).split())[:200]
+    return HubError(f"cannot reach the Hub at {endpoint()}: {type(exc).__name__}: {msg}")
+
+
+def repo_files(ref: HubRef) -> tuple[str, list[HubFile]]:
+    """The repo's commit and its files with sizes and LFS digests (validated)."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint()).model_info(ref.repo, files_metadata=True)
+    except Exception as exc:  # httpx errors are not OSError; map them all to one line
+        raise _hub_error(exc, ref) from None
+    commit = str(info.sha or "main")
+    if not re.fullmatch(r"[0-9a-f]{40}|main", commit):
+        raise HubError(f"hf.co/{ref.repo}: the Hub answered a bad commit id")
+    files = []
+    for s in info.siblings or []:
+        if not str(s.rfilename).lower().endswith(".gguf"):
+            continue
+        lfs = s.lfs
+        sha = str(lfs.sha256 if lfs is not None else "")
+        size = int(lfs.size if lfs is not None else (s.size or 0))
+        if not _SHA256.fullmatch(sha) or not 0 < size < _MAX_SIZE:
+            continue  # not an LFS file: no digest to verify against, so never pulled
+        try:
+            files.append(HubFile(validate_repo_path(str(s.rfilename)), size, sha))
+        except InvalidNameError:
+            continue  # a name we would not build a path from; not a model we pull
+    return commit, files
+
+
+def _headers_for(url: str) -> dict[str, str]:
+    """huggingface_hub's headers (user agent, token) for the Hub's own host only."""
+    from huggingface_hub.utils import build_hf_headers
+
+    headers = dict(build_hf_headers())
+    if urllib.parse.urlsplit(url)[:2] != urllib.parse.urlsplit(endpoint())[:2]:
+        headers.pop("authorization", None)
+        headers.pop("Authorization", None)
+    headers["Accept-Encoding"] = "identity"
+    return headers
+
+
+class _SameHostAuth(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, dropping the token when one leaves the Hub's host."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> Any:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl)[:2] != \
+                urllib.parse.urlsplit(req.full_url)[:2]:
+            new.remove_header("Authorization")
+        return new
+
+
+_opener = urllib.request.build_opener(_SameHostAuth)
+
+
+def _file_location(ref: HubRef, commit: str, f: HubFile) -> str:
+    """HEAD the file (huggingface_hub): check the Hub's ETag against the listed digest,
+    return the URL its bytes come from."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    url = hf_hub_url(ref.repo, f.path, revision=commit, endpoint=endpoint())
+    if not url.startswith(endpoint()):  # hf_hub_url only swaps the import-time endpoint
+        url = f"{endpoint()}/{ref.repo}/resolve/{commit}/{urllib.parse.quote(f.path)}"
+    try:
+        meta = get_hf_file_metadata(url, endpoint=endpoint())
+    except Exception as exc:
+        raise _hub_error(exc, ref) from None
+    etag = (meta.etag or "").strip('"')
+    if _SHA256.fullmatch(etag) and etag != f.sha256:
+        raise HubError(f"{f.path}: the Hub lists sha256 {f.sha256[:12]} but serves "
+                       f"{etag[:12]}; nothing was registered")
+    if meta.size is not None and meta.size != f.size:
+        raise HubError(f"{f.path}: the Hub lists {f.size} bytes but serves {meta.size}")
+    return str(meta.location or url)
+
+
+# -- downloading -------------------------------------------------------------------------
+
+
+class _Cancelled(InferenceOSError):
+    pass
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[IO[bytes]]:
+    """Open `path` for appending, locked against a second pull of the same file."""
+    fh = path.open("ab")
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # not POSIX: no lock
+            pass
+        except OSError:
+            raise UsageError(f"{path.name[10:22]}: another pull of this file is running"
+                             ) from None
+        yield fh
+    finally:
+        fh.close()
+
+
+def _hash_existing(path: Path) -> tuple[Any, int]:
+    h = hashlib.sha256()
+    done = 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(4 * _CHUNK):
+            h.update(chunk)
+            done += len(chunk)
+    return h, done
+
+
+def download(url: str, f: HubFile, partial: Path, retries: int = 3,
+             cancel: threading.Event | None = None,
+             timeout: float = 30.0) -> Iterator[PullEvent]:
+    """Fetch `f` into `partial`, resuming from what it holds; yield progress.
+
+    On return `partial` holds exactly `f.size` bytes whose sha256 is `f.sha256`; a
+    mismatch deletes it and raises HubError. A connection cut is retried `retries` times
+    from where it stopped; after that the partial file stays for the next pull.
+    """
+    with _locked(partial) as out:
+        h, done = _hash_existing(partial)
+        if done > f.size:
+            out.truncate(0)
+            h, done = hashlib.sha256(), 0
+        yield PullEvent(f"pulling {f.sha256[:12]}", f.sha256, f.size, done)
+        failures = 0
+        last = time.monotonic()
+        while done < f.size:
+            headers = _headers_for(url)
+            if done:
+                headers["Range"] = f"bytes={done}-"
+            try:
+                with _opener.open(urllib.request.Request(url, headers=headers),
+                                  timeout=timeout) as resp:
+                    if done and resp.status != 206:  # the server ignored Range: start over
+                        out.truncate(0)
+                        h, done = hashlib.sha256(), 0
+                    elif done and not str(resp.headers.get("Content-Range", "")).startswith(
+                            f"bytes {done}-"):
+                        raise HubError(f"{f.path}: the server resumed at the wrong offset")
+                    while chunk := resp.read(min(_CHUNK, f.size - done) or 1):
+                        if cancel is not None and cancel.is_set():
+                            raise _Cancelled("pull cancelled; run it again to resume")
+                        out.write(chunk)
+                        h.update(chunk)
+                        done += len(chunk)
+                        if done > f.size:
+                            break
+                        if time.monotonic() - last >= 0.2 or done == f.size:
+                            last = time.monotonic()
+                            yield PullEvent(f"pulling {f.sha256[:12]}", f.sha256, f.size, done)
+                    out.flush()
+                    if done < f.size:
+                        raise ConnectionError("the connection closed early")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 416 and done:  # nothing left to send from that offset
+                    out.truncate(0)
+                    h, done = hashlib.sha256(), 0
+                    continue
+                raise HubError(f"{f.path}: the Hub answered HTTP {exc.code}") from None
+            except (OSError, ValueError, http.client.HTTPException) as exc:  # cuts, timeouts
+                out.flush()
+                failures += 1
+                if failures > retries:
+                    raise HubError(
+                        f"download of {f.path} interrupted at {format_bytes(done)} of "
+                        f"{format_bytes(f.size)} ({_reason(exc)}); run the same pull again "
+                        "to resume") from None
+                time.sleep(min(8.0, 0.25 * 2 ** failures))
+        os.fsync(out.fileno())
+    if done != f.size or h.hexdigest() != f.sha256:
+        partial.unlink(missing_ok=True)
+        got = h.hexdigest() if done == f.size else f"{done} bytes"
+        raise HubError(f"{f.path}: sha256 mismatch (the Hub says {f.sha256[:12]}, the "
+                       f"download is {got[:12]}); the download was deleted and nothing "
+                       "was registered")
+
+
+def _reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    return " ".join(str(reason).split())[:120] or type(exc).__name__
+
+
+def check_disk(store: ModelStore, needed: int) -> None:
+    """UsageError when the store's disk cannot take `needed` more bytes."""
+    ensure_dir(store.blobs)
+    free = shutil.disk_usage(store.blobs).free
+    if needed + DISK_MARGIN > free:
+        raise UsageError(f"not enough disk space: the model needs {format_bytes(needed)} "
+                         f"more, the model store's disk has {format_bytes(free)} free")
+
+
+# -- the pull ----------------------------------------------------------------------------
+
+Check = Callable[[Path], None]
+
+
+def _default_check(path: Path) -> None:
+    from inferenceos.registry.loadcheck import check_loadable
+
+    check_loadable(path)
+
+
+def pull_events(store: ModelStore, text: str, *, name: str | None = None,
+                memory_bytes: int | None = None, retries: int = 3,
+                cancel: threading.Event | None = None,
+                check: Check = _default_check) -> Iterator[PullEvent]:
+    """Pull `text` (`hf.co/...`) into `store`, yielding progress; the last event is
+    `success` with the registered entry. See the module docstring for the contract."""
+    ref = parse_hub_ref(text)
+    key = canonical(name) if name else None
+    yield PullEvent("pulling manifest")
+    if offline():
+        yield from _from_hf_cache(store, ref, key, memory_bytes)
+        return
+    commit, files = repo_files(ref)
+    if ref.file:
+        matching = [c for c in candidates(files) if c.files[0].path == ref.file]
+        if not matching:
+            info = split_info(PurePosixPath(ref.file).name)
+            why = "it is not the first part of a split model" if info and info[1] > 1 \
+                else "no such GGUF file (with an LFS digest) in the repository"
+            raise ModelNotFoundError(f"hf.co/{ref.repo}/{ref.file}: {why}")
+        cand, why = matching[0], f"{matching[0].label}, as named"
+    else:
+        cand, why = choose(candidates(files), ref.quant, memory_bytes, f"hf.co/{ref.repo}")
+    key = key or ref.registry_name(cand.label if ref.file else None)
+    yield PullEvent(f"chose {cand.files[0].path}: {why}")
+    existing = store.find(key)
+    if existing and existing.digest == cand.files[0].sha256 and existing.path.is_file() \
+            and not existing.in_place:
+        yield PullEvent("already up to date")
+        yield PullEvent("success", entry=existing)
+        return
+    # partial downloads are named by their (validated) digest, so a later pull resumes them
+    partials = [store.blobs / f".download-{f.sha256}" for f in cand.files]
+    if not (len(cand.files) == 1 and store.blob_path(cand.files[0].sha256).is_file()):
+        have = [p.stat().st_size if p.is_file() else 0 for p in partials]
+        check_disk(store, sum(max(0, f.size - h) for f, h in zip(cand.files, have, strict=True)))
+    source = f"{endpoint()}/{ref.repo}@{commit[:12]}"
+    if len(cand.files) == 1:
+        entry = yield from _pull_single(store, ref, commit, cand.files[0], partials[0],
+                                        key, source, retries, cancel, check)
+    else:
+        entry = yield from _pull_split(store, ref, commit, cand, partials, key, source,
+                                       retries, cancel, check)
+    yield PullEvent("success", entry=entry)
+
+
+def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partial: Path,
+                 key: str, source: str, retries: int, cancel: threading.Event | None,
+                 check: Check) -> Generator[PullEvent, None, ModelEntry]:
+    blob = store.blob_path(f.sha256)
+    if blob.is_file() and blob.stat().st_size == f.size:  # same content under another name
+        yield PullEvent("writing manifest")
+        return store.add_blob(blob, f.sha256, key, source)
+    url = _file_location(ref, commit, f)
+    yield from download(url, f, partial, retries, cancel)
+    yield PullEvent("verifying sha256 digest", f.sha256)
+    yield PullEvent("checking that llama.cpp can load it")
+    try:
+        check(partial)
+    except InferenceOSError:
+        partial.unlink(missing_ok=True)
+        raise
+    yield PullEvent("writing manifest")
+    return store.add_blob(partial, f.sha256, key, source)
+
+
+def _pull_split(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
+                partials: list[Path], key: str, source: str, retries: int,
+                cancel: threading.Event | None, check: Check
+                ) -> Generator[PullEvent, None, ModelEntry]:
+    n = len(cand.files)
+    for f, partial in zip(cand.files, partials, strict=True):
+        url = _file_location(ref, commit, f)
+        yield from download(url, f, partial, retries, cancel)
+        yield PullEvent("verifying sha256 digest", f.sha256)
+    folder = store.blobs / f".partial-parts-{os.getpid()}-{time.monotonic_ns()}"
+    folder.mkdir()
+    try:
+        for i, partial in enumerate(partials, start=1):
+            target = folder / split_file_name(i, n)
+            try:
+                os.link(partial, target)
+            except OSError:
+                shutil.copyfile(partial, target)
+        yield PullEvent("checking that llama.cpp can load it")
+        try:
+            check(folder / split_file_name(1, n))
+        except InferenceOSError:
+            for p in partials:
+                p.unlink(missing_ok=True)
+            raise
+        yield PullEvent("writing manifest")
+        entry = store.add_parts(folder, cand.files[0].sha256, key, source)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    for p in partials:
+        p.unlink(missing_ok=True)
+    return entry
+
+
+def _from_hf_cache(store: ModelStore, ref: HubRef, key: str | None,
+                   memory_bytes: int | None) -> Iterator[PullEvent]:
+    """Offline: the model from the local Hugging Face cache, or a clear refusal."""
+    from inferenceos.registry.discover import hf_cache_repo_files
+
+    found = hf_cache_repo_files(ref.repo)
+    files = [HubFile(rel, p.stat().st_size, sha) for rel, (p, sha) in found.items()]
+    cands = candidates(files)
+    if ref.file:
+        cands = [c for c in cands if c.files[0].path == ref.file]
+    if not cands:
+        raise HubError(f"offline mode (HF_HUB_OFFLINE) is on and hf.co/{ref.repo} "
+                       f"{'has no ' + ref.file if ref.file else 'has no GGUF model'} in the "
+                       "Hugging Face cache; unset HF_HUB_OFFLINE to download it")
+    if ref.file:
+        cand, why = cands[0], "as named"
+    else:
+        cand, why = choose(cands, ref.quant, memory_bytes, f"hf.co/{ref.repo}")
+    yield PullEvent(f"offline: taking {cand.files[0].path} from the Hugging Face cache "
+                    f"({why})")
+    first = found[cand.files[0].path][0]
+    entry = store.import_file(first, key or ref.registry_name(cand.label if ref.file else None),
+                              link=True, source_label=f"hf-cache:{ref.repo}",
+                              check=_default_check)
+    yield PullEvent("success", entry=entry)
+
+
+def pull(store: ModelStore, text: str, on_event: Callable[[PullEvent], None] | None = None,
+         **options: Any) -> ModelEntry:
+    """Pull a Hub model (or, for any other name, `store.pull`); returns its entry."""
+    if not is_hub_name(text):
+        entry = store.pull(text, progress=(lambda m: on_event(PullEvent(m))) if on_event
+                           else lambda _: None)
+        if options.get("name"):
+            entry = store.copy(entry.name, options["name"])
+        return entry
+    result: ModelEntry | None = None
+    for event in pull_events(store, text, **options):
+        if on_event is not None:
+            on_event(event)
+        result = event.entry or result
+    assert result is not None  # pull_events ends with "success" or raises
+    return result
