@@ -13,16 +13,23 @@ from inferenceos.cli.console import out, print_json, safe_text
 def plugins(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
-    """List installed plugins: KV cache policies (group inferenceos.kv_policies)."""
-    from inferenceos.engine.kv_policies import ENTRY_POINT_GROUP, available_policies
+    """List installed plugins: KV cache policies (group inferenceos.kv_policies) and
+    speculative-decoding drafters (group inferenceos.drafters)."""
+    from inferenceos.engine import kv_policies, speculative
 
-    policies = available_policies()
+    groups = [
+        ("kv_policies", "KV cache policies", kv_policies.ENTRY_POINT_GROUP,
+         kv_policies.available_policies()),
+        ("drafters", "Drafters", speculative.ENTRY_POINT_GROUP,
+         speculative.available_drafters()),
+    ]  # fmt: skip
     if as_json:
-        print_json({"kv_policies": policies})
+        print_json({key: found for key, _, _, found in groups})
         return
-    t = Table(title=f"KV cache policies ({ENTRY_POINT_GROUP})", title_justify="left")
-    t.add_column("name", style="bold cyan")
-    t.add_column("provided by")
-    for name, target in sorted(policies.items()):
-        t.add_row(safe_text(name), safe_text(target))
-    out.print(t)
+    for _, title, group, found in groups:
+        t = Table(title=f"{title} ({group})", title_justify="left")
+        t.add_column("name", style="bold cyan")
+        t.add_column("provided by")
+        for name, target in sorted(found.items()):
+            t.add_row(safe_text(name), safe_text(target))
+        out.print(t)

@@ -40,6 +40,10 @@ class SamplingParams:
     # regexes over the whole output: with any, `grammar` is lazy (llama.cpp): free text
     # until one matches, then the grammar applies from the match's first group on
     grammar_triggers: tuple[str, ...] = ()
+    # speculative decoding for this request: "ngram", "self", "none", or None for the
+    # engine's default (engine.speculative); verified draft tokens follow the same
+    # distribution, so it changes speed, never what may be sampled
+    draft: str | None = None
 
     def validate(self) -> None:
         """Raise UsageError for values llama.cpp would misbehave on."""
@@ -52,6 +56,10 @@ class SamplingParams:
             (self.repeat_penalty > 0, f"repeat penalty must be > 0, got {self.repeat_penalty}"),
             (all(self.stop), "stop strings must not be empty"),
             (all(t >= 0 for t, _ in self.logit_bias), "logit bias token ids must be >= 0"),
+            (
+                self.draft is None or (0 < len(self.draft) <= 4096 and "\0" not in self.draft),
+                "draft must name a drafter (ngram, self, none)",
+            ),
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
                 f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}",

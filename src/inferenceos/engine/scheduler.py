@@ -170,8 +170,15 @@ class Scheduler:
             self.drafters[name] = make_drafter(name, setup, **self.draft_options.get(name, {}))
         return self.drafters[name]
 
+    def _draft_name(self, req: Request) -> str | None:
+        """The request's drafter: its own choice, its sampling's, else the default."""
+        for name in (req.draft, req.sampling.draft):
+            if name is not None:
+                return name
+        return self.default_draft
+
     def _draft_for(self, req: Request) -> Drafter | None:
-        name = req.draft if req.draft is not None else self.default_draft
+        name = self._draft_name(req)
         if name in (None, *NO_DRAFT) or not can_draft(req.sampling):
             return None
         assert name is not None
@@ -232,13 +239,14 @@ class Scheduler:
             self._policy(req.kv_policy)  # unknown, or needs what this engine lacks
             if not self.can_shift:
                 raise UsageError(f"this model's KV cache cannot shift: no {req.kv_policy} policy")
-        named_file = req.draft is not None and req.draft.endswith(".gguf")
-        if named_file and req.draft != self.default_draft:
-            raise UsageError("a draft model file is chosen when the model is loaded "
-                             "(--draft PATH); a request may ask for ngram, self or none")
-        if req.draft not in (None, *NO_DRAFT):
-            assert req.draft is not None
-            self._drafter(req.draft)  # unknown, or cannot be built here
+        draft = self._draft_name(req)
+        if draft not in (None, *NO_DRAFT, "ngram", self.default_draft):
+            # a model drafter holds memory the planner must have counted at load time
+            raise UsageError(f"the model was loaded without the {draft!r} drafter: load it "
+                             f"with --draft {draft} (a request may ask for ngram or none)")
+        if draft not in (None, *NO_DRAFT):
+            assert draft is not None
+            self._drafter(draft)  # unknown, or cannot be built here
         self.queue.append(req)
 
     def cancel(self, req_id: int) -> list[Event]:

@@ -191,6 +191,10 @@ class Run:
         m, g = self.state.metrics, done.metrics
         m.prompt_tokens.inc(g.prompt_tokens, model_name=name)
         m.generation_tokens.inc(g.completion_tokens, model_name=name)
+        m.decode_steps.inc(g.decode_steps, model_name=name)
+        if g.draft_tokens:
+            m.draft_tokens.inc(g.draft_tokens, model_name=name, drafter=g.draft)
+            m.accepted_tokens.inc(g.draft_accepted, model_name=name, drafter=g.draft)
         reason = {"eos": "stop", "stop": "stop", "length": "length"}.get(g.stop_reason, "abort")
         m.success.inc(model_name=name, finished_reason=reason)
         m.e2e.observe(now - self._t0, model_name=name)

@@ -2,7 +2,10 @@
 
 Histograms: time to first token, inter-token latency, end-to-end latency (seconds).
 Counters: prompt and generation tokens, finished requests by reason, rejected requests,
-HTTP responses by route and status, model loads and evictions. Gauges computed at
+HTTP responses by route and status, model loads and evictions, speculative decoding
+(vLLM's `spec_decode_*`: draft tokens proposed and accepted, and decode steps, so that
+acceptance rate = accepted / draft tokens and tokens per verification step =
+(decode steps + accepted) / decode steps). Gauges computed at
 scrape time: requests running and waiting, models loaded, KV cache usage per model.
 """
 
@@ -42,8 +45,15 @@ class ServerMetrics:
         self.rejected = Counter(P + "requests_rejected_total",
                                 "Requests refused before running (queue_full, draining)")
         self.http = Counter(P + "http_requests_total", "HTTP responses by route and status")
+        self.draft_tokens = Counter(P + "spec_decode_num_draft_tokens_total",
+                                    "Draft tokens proposed for verification")
+        self.accepted_tokens = Counter(P + "spec_decode_num_accepted_tokens_total",
+                                       "Draft tokens the model accepted")
+        self.decode_steps = Counter(P + "spec_decode_num_steps_total",
+                                    "Decode (verification) steps of finished requests")
         for m in (self.ttft, self.itl, self.e2e, self.prompt_tokens, self.generation_tokens,
-                  self.success, self.rejected, self.http):
+                  self.success, self.rejected, self.http, self.draft_tokens,
+                  self.accepted_tokens, self.decode_steps):
             r.add(m)
         r.add(Collected(P + "num_requests_running", "Requests being served", "gauge", running))
         r.add(Collected(P + "num_requests_waiting", "Requests queued", "gauge", waiting))

@@ -95,6 +95,10 @@ def ollama_options(options: dict[str, Any] | None) -> tuple[SamplingParams, dict
     if opts.get("stop") is not None:
         fields["stop"] = stops(opts["stop"])
     overrides: dict[str, int] = {}
+    if opts.get("draft") is not None:  # InferenceOS extension: speculative decoding
+        if not isinstance(opts["draft"], str) or len(opts["draft"]) > 64:
+            raise UsageError("option draft must name a drafter (ngram, none)")
+        fields["draft"] = opts["draft"]
     for key, field in _OLLAMA_LOAD.items():
         if opts.get(key) is not None:
             value = _number(key, opts[key], int)

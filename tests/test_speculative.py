@@ -1,0 +1,274 @@
+"""Speculative decoding in the scheduler: drafters, verification, acceptance (tiny models)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferenceos.engine.candidates import sample_from
+from inferenceos.engine.drafters import ngram_lookup
+from inferenceos.engine.llama_lib import lib
+from inferenceos.engine.sampling import SamplerChain, SamplingParams
+from inferenceos.engine.scheduler import Request, Scheduler
+from inferenceos.engine.self_draft import kept_layers, swa_flags
+from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.speculative import (
+    DraftAsk,
+    DraftState,
+    accept_or_resample,
+    target_distribution,
+)
+from inferenceos.errors import UsageError
+from inferenceos.plan.speculative import best_draft_length, expected_speedup
+
+N_SLOTS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+TEXTS = ["abc abc abc abc", "hello there hello there", "xyz", "a b c d a b c d",
+         "quiet quiet", "zebra", "kk ll kk ll", "the end the end"]  # fmt: skip
+
+
+def settings() -> LoadSettings:
+    return LoadSettings(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64, n_seq_max=N_SLOTS,
+                        n_threads=1)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
+    with LoadedModel(tiny_llama, settings()) as model:
+        yield model
+
+
+def create_scheduler(lm: LoadedModel, draft: str | None = None, **options: float) -> Scheduler:
+    opts = {draft: dict(options)} if draft and options else None
+    return Scheduler(lm, N_SLOTS, 64, draft=draft, draft_options=opts)
+
+
+def drain(sched: Scheduler) -> tuple[dict[int, list[int]], dict[int, dict]]:
+    tokens: dict[int, list[int]] = {}
+    done: dict[int, dict] = {}
+    while sched.has_work():
+        for rid, kind, payload in sched.step():
+            assert kind != "error", payload
+            if kind == "token" and payload[0] >= 0:
+                tokens.setdefault(rid, []).append(payload[0])
+            elif kind == "done":
+                done[rid] = payload
+    return tokens, done
+
+
+def generate_all(
+    sched: Scheduler, prompts: Sequence[list[int]], drafts: Sequence[str | None] | None = None
+) -> tuple[list[list[int]], list[dict]]:
+    for i, p in enumerate(prompts):
+        sched.submit(Request(i, p, GREEDY, draft=drafts[i] if drafts else None))
+    tokens, done = drain(sched)
+    sched.close()
+    return [tokens[i] for i in range(len(prompts))], [done[i] for i in range(len(prompts))]
+
+
+# chi-square critical values at p = 0.001 by degrees of freedom (no scipy here)
+_CHI2_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32,
+             8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26}  # fmt: skip
+
+
+def fits(observed: np.ndarray, expected: np.ndarray) -> bool:
+    """Pearson's chi-square test at the 0.1 % level (cells expected < 5 merged)."""
+    small = expected < 5
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return stat < _CHI2_001[len(obs) - 1]
+
+
+# -- greedy: identical with and without each drafter ------------------------------------
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model", "self"])
+def test_greedy_output_is_identical_with_each_drafter(drafter: str, tiny_llama: Path,
+                                                      tiny_swa: Path) -> None:  # fmt: skip
+    # self needs a model with enough layers to skip some: the 4-layer SWA gemma3
+    path = tiny_swa if drafter == "self" else tiny_llama
+    name = {"ngram": "ngram", "model": str(tiny_llama), "self": "self"}[drafter]
+    with LoadedModel(path, settings()) as model:
+        prompts = [model.tokenize(t) for t in TEXTS]
+        plain, _ = generate_all(create_scheduler(model), prompts)
+        opts = {} if drafter == "ngram" else {"p_min": 0.0}
+        drafted, done = generate_all(create_scheduler(model, name, **opts), prompts)
+    assert drafted == plain
+    assert sum(d["draft_tokens"] for d in done) > 0  # it really drafted
+    assert all(d["draft"] == ("model" if drafter == "model" else drafter) for d in done)
+    if drafter == "model":  # the model drafting for itself: every draft is accepted
+        assert all(d["acceptance_rate"] == 1.0 and d["tokens_per_step"] > 4 for d in done)
+
+
+def test_eight_concurrent_mixed_drafters_match_lone_runs(lm: LoadedModel, tiny_llama: Path) -> None:
+    prompts = [lm.tokenize(t) for t in TEXTS]
+    lone = []
+    for p in prompts:
+        out, _ = generate_all(create_scheduler(lm), [p])
+        lone += out
+    mixed = [None, "ngram", "none", None, "ngram", "none", None, "ngram"]  # None: model
+    together, done = generate_all(create_scheduler(lm, str(tiny_llama), p_min=0.0), prompts,
+                                  mixed)  # fmt: skip
+    assert together == lone
+    assert [d["draft"] for d in done] == ["model", "ngram", ""] * 2 + ["model", "ngram"]
+
+
+def test_draft_metrics_and_adaptation(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm, "ngram")
+    [out], [done] = generate_all(sched, [lm.tokenize("abc abc abc abc")])
+    assert done["completion_tokens"] == len(out) == 48
+    assert 0 < done["draft_accepted"] <= done["draft_tokens"]
+    assert done["acceptance_rate"] == pytest.approx(
+        done["draft_accepted"] / done["draft_tokens"], abs=1e-4)  # fmt: skip
+    assert done["tokens_per_step"] > 1.0
+
+
+def test_failing_drafts_stop_drafting() -> None:
+    state = DraftState(drafter=None, k=4, patience=3, cooldown=32)  # type: ignore[arg-type]
+    for generated in (10, 11, 12):
+        assert state.want(generated, room=100) > 0
+        state.update(state.want(generated, room=100), 0, generated)
+    assert state.want(13, room=100) == 0 and state.want(44, room=100) == 1  # paused, back
+    state.update(4, 4, 50)
+    assert state.k == 3  # grows after a full acceptance (1 + 2)
+
+
+def test_request_may_not_load_an_unplanned_drafter(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    with pytest.raises(UsageError, match="loaded without the 'self' drafter"):
+        sched.submit(Request(1, lm.tokenize("abc"), GREEDY, draft="self"))
+    with pytest.raises(UsageError, match="loaded without"):
+        sched.submit(Request(2, lm.tokenize("abc"), GREEDY, draft="/etc/passwd.gguf"))
+    with pytest.raises(UsageError, match="unknown drafter"):
+        Scheduler(lm, N_SLOTS, 64, draft="bogus")
+    sched.submit(Request(3, lm.tokenize("abc"), SamplingParams(max_tokens=4, draft="ngram")))
+    assert len(drain(sched)[0][3]) == 4
+    sched.close()
+
+
+# -- drafters ------------------------------------------------------------------------------
+
+
+def test_ngram_lookup_continues_the_latest_earlier_occurrence() -> None:
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert ngram_lookup(tokens, 3) == [7, 8, 5]  # the latest earlier "1 2 3"
+    assert ngram_lookup([4, 5, 6, 7], 3) == []  # no repeat
+    assert ngram_lookup(tokens, 0) == []
+    from inferenceos.engine.drafters import NgramDrafter
+
+    assert NgramDrafter().propose([DraftAsk(0, tokens, 2)]) == [[7, 8]]
+
+
+def test_self_draft_keeps_the_ends_and_each_layers_window_kind() -> None:
+    assert kept_layers(18, 0.67) == [0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17]
+    assert kept_layers(4, 0.83) == [0, 1, 3]
+    flags = swa_flags({"gemma3.attention.sliding_window": 512}, "gemma3", 18)
+    assert flags is not None and [i for i, f in enumerate(flags) if not f] == [5, 11, 17]
+
+
+# -- sampling: the acceptance rule keeps the target distribution ---------------------------
+
+
+def test_acceptance_rule_samples_the_target_distribution() -> None:
+    rng = np.random.default_rng(0)
+    ids = np.arange(6)
+    p = np.array([0.35, 0.25, 0.15, 0.12, 0.08, 0.05])
+    for q in (None, np.array([0.1, 0.5, 0.1, 0.1, 0.1, 0.1])):
+        counts = np.zeros(6)
+        for _ in range(6000):
+            draft = 1 if q is None else int(rng.choice(6, p=q))
+            counts[accept_or_resample(ids, p, draft, rng, q)[1]] += 1
+        assert fits(counts, 6000 * p)
+
+
+def test_target_distribution_is_the_sampler_chains() -> None:
+    """Our numpy replica of top-k/top-p/min-p/temperature against llama.cpp's chain."""
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal(300).astype(np.float32) * 2
+    sp = SamplingParams(temperature=0.9, top_k=12, top_p=0.9, min_p=0.05)
+    ids, probs = target_distribution(logits, sp)
+    counts: Counter[int] = Counter()
+    n = 4000
+    for seed in range(n):
+        with SamplerChain(SamplingParams(**{**sp.__dict__, "seed": seed})) as chain:
+            counts[sample_from(lib(), chain.ptr, logits, np.arange(300))] += 1
+    assert set(counts) <= set(ids.tolist())
+    observed = np.array([counts[int(i)] for i in ids], dtype=float)
+    assert fits(observed, n * probs)
+
+
+class _ConstDrafter:
+    """Always drafts the same token (a point mass): exercises accept and reject paths."""
+
+    name = "const"
+    footprint_bytes = 0
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, asks: Sequence[DraftAsk]) -> list[list[int]]:
+        return [[self.token] * a.k for a in asks]
+
+    def release(self, key: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_sampled_tokens_follow_plain_sampling_on_the_tiny_model(lm: LoadedModel) -> None:
+    """The second token (the first one verified against a draft), given the most common
+    first token, is distributed as the model's own sampling distribution at that point."""
+    sp = SamplingParams(temperature=1.5, top_k=5, top_p=1.0, min_p=0.0, max_tokens=3,
+                        ignore_eos=True)  # fmt: skip
+    prompt = lm.tokenize("hello there")
+    first_mode = _most_likely_first(lm, prompt, sp)
+    ids, probs = _target_after(lm, [*prompt, first_mode], sp)
+    sched = create_scheduler(lm)
+    sched.drafters["const"] = _ConstDrafter(int(ids[1]))  # the second most likely
+    sched.default_draft = "const"
+    seconds: Counter[int] = Counter()
+    drafted = 0
+    for start in range(0, 2400, N_SLOTS):
+        for i in range(start, start + N_SLOTS):
+            sched.submit(Request(i, prompt, SamplingParams(**{**sp.__dict__, "seed": i})))
+        tokens, done = drain(sched)
+        drafted += sum(d["draft_tokens"] for d in done.values())
+        seconds.update(t[1] for t in tokens.values() if t[0] == first_mode)
+    sched.close()
+    assert drafted > 0
+    observed = np.array([seconds[int(i)] for i in ids], dtype=float)
+    total = observed.sum()
+    assert total > 300 and set(seconds) <= set(ids.tolist())
+    assert fits(observed, total * probs)
+
+
+def _target_after(lm: LoadedModel, tokens: list[int], sp: SamplingParams) -> tuple[Any, Any]:
+    lm.reset()
+    lm.prefill(tokens)
+    return target_distribution(lm.logits_row().copy(), sp)
+
+
+def _most_likely_first(lm: LoadedModel, prompt: list[int], sp: SamplingParams) -> int:
+    ids, probs = _target_after(lm, prompt, sp)
+    return int(ids[int(np.argmax(probs))])
+
+
+# -- the speedup model -------------------------------------------------------------------
+
+
+def test_speedup_model() -> None:
+    assert expected_speedup(0.0, 4, 0.1) == pytest.approx(1 / 1.4)
+    assert expected_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    assert expected_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / 0.2 / 1.4)
+    assert best_draft_length(0.0, 0.1).k == 0  # drafting never pays: plain decoding
+    est = best_draft_length(0.9, 0.05)
+    assert est.k > 4 and est.speedup > 2 and est.tokens_per_step > 3
