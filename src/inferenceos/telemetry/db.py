@@ -60,8 +60,21 @@ def open_db(path: Path, busy_timeout_s: float = READ_BUSY_S, *,
     return conn
 
 
-def classify(exc: BaseException) -> str:
-    """`corrupt`, `locked`, `full`, `readonly` or `error` for a failure of the file."""
+def _disk_full(path: Path | None) -> bool:
+    """Less than 1 MiB free where `path` lives (SQLite reports a failed write during a
+    commit as a generic "disk I/O error", whatever the errno was)."""
+    if path is None:
+        return False
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def classify(exc: BaseException, path: Path | None = None) -> str:
+    """`corrupt`, `locked`, `full`, `readonly` or `error` for a failure of the file at
+    `path`."""
     msg = str(exc).lower()
     code = getattr(exc, "errno", None)
     if any(w in msg for w in ("not a database", "malformed", "corrupt")):
@@ -73,7 +86,7 @@ def classify(exc: BaseException) -> str:
     if ("readonly" in msg or "read-only" in msg or "unable to open" in msg
             or code in (errno.EACCES, errno.EPERM, errno.EROFS)):
         return "readonly"
-    if "disk i/o error" in msg:  # what SQLite reports for most failed writes (EFBIG, EIO)
+    if "disk i/o error" in msg and _disk_full(path):
         return "full"
     return "error"
 
@@ -82,7 +95,7 @@ _WHY = {
     "locked": "the database is locked by another process",
     "full": "the disk is full",
     "readonly": "the database cannot be written (read-only file or folder)",
-    "error": "the database failed",
+    "error": "the database could not be used",
 }
 
 
@@ -106,7 +119,7 @@ def warn_once(category: str, message: str) -> None:
 
 def warn_failure(category: str, exc: BaseException, path: Path, what: str) -> None:
     """The warning for a failed write or read of `path`."""
-    why = _WHY.get(category, "the database failed")
+    why = _WHY.get(category, _WHY["error"])
     warn_once(category, f"{why} ({path}: {exc}); {what} (the run itself is unaffected)")
 
 

@@ -150,7 +150,7 @@ def _read(path: Path | None) -> Iterator[sqlite3.Connection | None]:
     try:
         conn = dbmod.open_db(path, dbmod.READ_BUSY_S)
     except (sqlite3.Error, OSError) as exc:
-        dbmod.warn_failure(dbmod.classify(exc), exc, path, "reading it as empty")
+        dbmod.warn_failure(dbmod.classify(exc, path), exc, path, "reading it as empty")
         yield None
         return
     try:
@@ -166,7 +166,7 @@ def _query(sql: str, args: Sequence[Any], path: Path | None) -> list[sqlite3.Row
         try:
             return conn.execute(sql, tuple(args)).fetchall()
         except (sqlite3.Error, OSError) as exc:
-            dbmod.warn_failure(dbmod.classify(exc), exc, path or dbmod.db_path(),
+            dbmod.warn_failure(dbmod.classify(exc, path), exc, path or dbmod.db_path(),
                                "reading it as empty")
             return []
 
@@ -374,6 +374,6 @@ def counts(path: Path | None = None) -> dict[str, int]:
             return {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
                     for t in TABLES}
         except (sqlite3.Error, OSError) as exc:
-            dbmod.warn_failure(dbmod.classify(exc), exc, path or dbmod.db_path(),
+            dbmod.warn_failure(dbmod.classify(exc, path), exc, path or dbmod.db_path(),
                                "reading it as empty")
             return {}

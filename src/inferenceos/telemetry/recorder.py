@@ -7,7 +7,8 @@ machine and model identities (hashing, GGUF header), opens the database on first
 fails, the job in hand is lost, one warning line is printed per kind of failure, and the
 next job tries again with a fresh connection; a corrupt file is moved aside first and the
 job retried on a fresh database. A full queue drops jobs (counted) rather than block.
-At interpreter exit the queue is flushed for up to `FLUSH_AT_EXIT_S` seconds.
+At interpreter exit the queue is flushed (for up to `FLUSH_AT_EXIT_S` seconds) and the
+database closed, which folds the WAL back into the file.
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ class _Flush:
     done: threading.Event
 
 
+class _Stop:
+    """Ends the writer thread (`Recorder.close`)."""
+
+
 class Recorder:
     """Records runs into the telemetry database at `path` (see module contract)."""
 
@@ -100,7 +105,7 @@ class Recorder:
         self.lost = 0  # jobs dropped: failed file, full queue, unknown model
         self._lock = threading.Lock()
         self._pid = -1
-        self._queue: queue.Queue[_Job | _Flush] = queue.Queue(QUEUE_MAX)
+        self._queue: queue.Queue[_Job | _Flush | _Stop] = queue.Queue(QUEUE_MAX)
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._ids: dict[str, int] = {}
@@ -197,6 +202,21 @@ class Recorder:
             return False
         return marker.done.wait(timeout)
 
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush, stop the writer thread and close the database; later records start a
+        new thread."""
+        if self._thread is None or self._pid != os.getpid():
+            return
+        self.flush(timeout)
+        thread = self._thread
+        try:
+            self._queue.put(_Stop(), timeout=timeout)
+        except queue.Full:
+            return
+        thread.join(timeout)
+        with self._lock:
+            self._thread = None
+
     # -- the writer thread ---------------------------------------------------------------
 
     def _submit(self, job: _Job) -> None:
@@ -222,11 +242,14 @@ class Recorder:
             self._thread = threading.Thread(target=self._loop, name="telemetry-writer",
                                             daemon=True)
             self._thread.start()
-            atexit.register(self.flush, FLUSH_AT_EXIT_S)
+            atexit.register(self.close, FLUSH_AT_EXIT_S)
 
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
+            if isinstance(item, _Stop):
+                self._close()
+                return
             if isinstance(item, _Flush):
                 item.done.set()
                 continue
@@ -260,7 +283,7 @@ class Recorder:
                 self.written += 1
                 return
             except (sqlite3.Error, OSError) as exc:
-                category = dbmod.classify(exc)
+                category = dbmod.classify(exc, self.path)
                 self._close()
                 if category == "corrupt" and attempt == 1 and self._set_aside(exc):
                     continue
@@ -368,7 +391,10 @@ def recorder() -> Recorder:
 
 
 def set_recorder(rec: Recorder | None) -> None:
-    """Replace the process-wide recorder (None: build it again on next use)."""
+    """Replace the process-wide recorder (None: build it again on next use); the one
+    replaced is flushed and closed."""
     global _recorder
     with _recorder_lock:
-        _recorder = rec
+        old, _recorder = _recorder, rec
+    if old is not None and old is not rec:
+        old.close()
