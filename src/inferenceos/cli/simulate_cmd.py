@@ -7,11 +7,12 @@ overrides such as `--gpu-memory 4GiB --ram 32GiB` for a hypothetical machine.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from inferenceos.cli.cluster_opts import RpcOpt
 from inferenceos.cli.console import out, print_json
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.plan.devices import (
@@ -22,6 +23,7 @@ from inferenceos.plan.devices import (
     local_machine,
     parse_size,
 )
+from inferenceos.plan.preflight import PlanRefused
 from inferenceos.plan.simulate import Prediction, Workload
 from inferenceos.plan.simulate import simulate as simulate_plan
 from inferenceos.units import format_bytes
@@ -49,9 +51,15 @@ def machine_from_options(
     ram_bandwidth: float | None,
     gpu_bandwidth: float | None,
     disk_bandwidth: float | None,
+    rpc: list[str] | None = None,
 ) -> Machine:
-    """The Machine the options describe (shared by `simulate` and `placement`)."""
+    """The Machine the options describe (shared by `simulate` and `placement`), with
+    the devices of the `--rpc` workers (or the `cluster.rpc` setting's)."""
+    from inferenceos.cli.cluster_opts import rpc_workers
+    from inferenceos.plan.devices import with_workers
+
     base = load_profile_file(hardware) if hardware else local_machine()
+    base = with_workers(base, rpc_workers(rpc))
     return apply_overrides(
         base,
         Overrides(
@@ -84,15 +92,42 @@ def simulate(
     ram_bandwidth: RamBwOpt = None,
     gpu_bandwidth: GpuBwOpt = None,
     disk_bandwidth: DiskBwOpt = None,
+    rpc: RpcOpt = None,
+    policy: Annotated[
+        str,
+        typer.Option("--policy", help="Objective: latency, capacity, balanced, adaptive"),
+    ] = "balanced",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Predict memory, speed and the bottleneck of running MODEL, without loading it."""
     machine = machine_from_options(
-        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth
+        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
     )
-    pred = simulate_model(model, machine, prompt_tokens, output_tokens, ctx, cache_type, threads)
+    local = not (hardware or gpu_memory or ram or ram_bandwidth or gpu_bandwidth)
+    try:
+        pred = simulate_model(
+            model, machine, prompt_tokens, output_tokens, ctx, cache_type, threads,
+            policy=policy, local=local,
+        )  # fmt: skip
+    except PlanRefused as exc:
+        if not as_json:
+            raise
+        print_json(
+            {
+                "feasible": False,
+                "reason": str(exc),
+                "model": model or "(built-in default)",
+                "workload": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                             "n_ctx": ctx or None},
+                "policy": policy,
+                "machine": machine.to_json(),
+            }
+        )
+        raise typer.Exit(exc.exit_code) from None
     if as_json:
-        print_json(pred.to_json())
+        data = pred.to_json()
+        data["policy"] = _policy_json(pred)
+        print_json(data)
     else:
         print_report(pred)
 
@@ -105,11 +140,37 @@ def simulate_model(
     ctx: int,
     cache_type: str,
     threads: int,
+    policy: str = "balanced",
+    local: bool = True,
 ) -> Prediction:
+    """The prediction `simulate` prints. On this machine (`local`) the calibration
+    includes what recorded runs taught and the threads follow the free cores."""
+    from inferenceos.plan.calibration_load import load_calibration, recorded_workload
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.policy import choose
+
     w = Workload(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n_ctx=ctx or None)
+    path = resolve_model(model)
+    facts = load_model_facts(path)
+    history = recorded_workload(facts) if policy.strip().lower() == "adaptive" else None
+    choice = choose(policy, facts, history)
+    cal = load_calibration(machine, facts, threads) if local else None
+    load = None
+    if local and not threads:
+        from inferenceos.hardware.cpu_load import sample_cpu_load
+
+        load = sample_cpu_load()
     return simulate_plan(
-        resolve_model(model), machine, w, threads=threads, type_k=cache_type, type_v=cache_type
-    )
+        path, machine, w, threads=threads, type_k=cache_type, type_v=cache_type,
+        calibration=cal, policy=choice, cpu_load=load,
+    )  # fmt: skip
+
+
+def _policy_json(p: Prediction) -> dict[str, Any]:
+    c = p.policy
+    if c is None:
+        return {"name": "balanced", "resolved": "balanced", "changes": []}
+    return {"name": c.policy, "resolved": c.resolved, "changes": c.changes(), "why": c.why}
 
 
 def _section(title: str, rows: list[tuple[str, str]]) -> None:
@@ -138,6 +199,12 @@ def print_report(p: Prediction) -> None:
     verdict = "yes" + (" — disk-bound: " + plan.reason if plan.disk_bound else "")
     feas = [("fits", verdict), ("plan", plan.summary().removeprefix("plan: "))]
     feas += [("changed", str(c)) for c in plan.changes]
+    if p.policy is not None and p.policy.policy != "balanced":
+        c = p.policy
+        name = c.policy + (f" → {c.resolved}" if c.resolved != c.policy else "")
+        feas.append(("policy", name + (": " + ", ".join(c.changes()) if c.changes() else "")))
+        if c.why:
+            feas.append(("policy basis", c.why))
     _section("Feasibility", feas)
     _section("Peak memory", [(k, format_bytes(v)) for k, v in p.peak_memory.items()])
     perf = [
@@ -153,4 +220,11 @@ def print_report(p: Prediction) -> None:
     _section("Bottleneck", [("decode", p.bottleneck), ("recommendation", p.recommendation)])
     for note in m.notes:
         out.print(f"[dim]note: {note}[/]")
-    out.print(f"[dim]calibration: {p.calibration.source}[/]")
+    cal = p.calibration
+    basis = (
+        f"learned from {cal.runs} recorded run{'s' * (cal.runs != 1)}"
+        if cal.basis == "learned"
+        else "modelled (no recorded runs)"
+    )
+    out.print(f"[dim]basis: {basis}, confidence {cal.confidence:.2f}[/]")
+    out.print(f"[dim]calibration: {cal.source}[/]")

@@ -13,12 +13,13 @@ from inferenceos.hardware.profile import (
     HardwareProfile,
     LlamaDevice,
     LlamaInfo,
+    LlamaSpeed,
     MemoryInfo,
     Recommendation,
 )
 
 __all__ = [
-    "Bandwidth", "CpuInfo", "GpuInfo", "HardwareProfile", "LlamaDevice", "LlamaInfo",
+    "Bandwidth", "CpuInfo", "GpuInfo", "HardwareProfile", "LlamaDevice", "LlamaInfo", "LlamaSpeed",
     "MemoryInfo", "ProfileResult", "Recommendation", "get_profile", "load_cached",
     "profile_path",
 ]

@@ -39,13 +39,24 @@ def collect_profile(models_dir: Path, measure: bool = True) -> HardwareProfile:
         warnings.append(llama.error)
     warnings += disagreements(llama, gpus)
     bandwidth = Bandwidth()
+    speed = None
     if measure:
         bandwidth = measure_all(cpu.usable_threads, cpu.cache_bytes.get("l3", 0),
                                 mem.usable_bytes, models_dir, warnings)
+        if llama.loaded:  # a few seconds: what the perf model calibrates on
+            from inferenceos.hardware.cpu_load import free_threads, sample_cpu_load
+            from inferenceos.hardware.llama_speed import measure_llama_speed
+            from inferenceos.paths import data_dir
+
+            # as many threads as are free now, as the planner will pick: a probe whose
+            # threads share a core with another program measures the contention
+            threads = free_threads(cpu.usable_threads, sample_cpu_load())
+            speed = measure_llama_speed(data_dir() / "hardware", threads, warnings)
     return HardwareProfile(
         fingerprint=fingerprint, created_at=time.time(), cpu=cpu, memory=mem, gpus=gpus,
         llama=llama, bandwidth=bandwidth, recommendation=recommend(gpus, mem, llama),
         platform={"system": platform.system(), "release": platform.release(),
                   "machine": platform.machine(), "python": sys.version.split()[0]},
         warnings=warnings, collect_seconds=round(time.perf_counter() - start, 3),
+        llama_speed=speed,
     )

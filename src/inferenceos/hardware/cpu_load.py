@@ -15,6 +15,7 @@ in the per-CPU counters. The load average is kept as a fallback and for reports.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 from inferenceos.hardware.cgroup import cpu_quota
 
 WORKER_MARK = b"inferenceos.engine.worker"
+FREE_SHARE = 0.7  # a CPU whose time is ≥ 70 % ours counts as a whole free core
 # /proc/stat columns: user nice system idle iowait irq softirq steal (guest is in user)
 _BUSY_COLS = (0, 1, 2, 5, 6)
 _IDLE_COLS = (3, 4)
@@ -181,3 +183,23 @@ def sample_cpu_load(window_s: float = 0.1, proc: Path = Path("/proc")) -> CpuLoa
         loadavg_1m=_loadavg(proc),
         window_s=round(wall, 3),
     )
+
+
+def free_cpus(load: CpuLoad) -> float:
+    """CPUs (a float) left to us: capacity after quota and steal, minus others' use.
+    Without a sample, the load average less one (this process, running now)."""
+    cap = float(load.usable_cpus)
+    if load.quota_cpus:
+        cap = min(cap, load.quota_cpus)
+    cap *= 1.0 - min(max(load.steal_fraction, 0.0), 0.9)
+    busy = load.busy_others if load.sampled else max(0.0, load.loadavg_1m - 1.0)
+    return max(0.0, cap - busy)
+
+
+def free_threads(cores: int, load: CpuLoad | None) -> int:
+    """Free CPUs rounded down (a CPU ≥ FREE_SHARE free counts), within [1, cores]."""
+    cores = max(1, cores)
+    if load is None:
+        return cores
+    n = math.floor(free_cpus(load) + (1.0 - FREE_SHARE) + 1e-9)
+    return max(1, min(cores, n))

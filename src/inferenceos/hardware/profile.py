@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: llama_speed (the probe the perf model calibrates on)
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,35 @@ class Bandwidth:
 
 
 @dataclass(frozen=True)
+class LlamaSpeed:
+    """llama.cpp's own prefill and decode time on the probe model (`llama_speed.py`).
+
+    `model_path` is the probe model (its header stays readable; its data is a sparse
+    hole); the times are the best of a few rounds at `threads` threads, flash attention
+    as `flash_attn`, one ubatch of `n_ubatch` for the `prompt_tokens` prefill.
+    """
+
+    model_path: str
+    threads: int
+    prompt_tokens: int
+    prefill_s: float
+    decode_tokens: int
+    decode_s: float
+    n_ctx: int = 1024
+    n_ubatch: int = 512
+    flash_attn: bool = True
+    seconds: float = 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class Recommendation:
     """The backend to use and the quantizations that fit, with the reason."""
 
@@ -175,6 +204,7 @@ class HardwareProfile:
     warnings: list[str] = field(default_factory=list)
     collect_seconds: float = 0.0
     schema_version: int = SCHEMA_VERSION
+    llama_speed: LlamaSpeed | None = None
 
     @property
     def recommended_backend(self) -> str:
@@ -206,6 +236,9 @@ class HardwareProfile:
             warnings=list(data.get("warnings", [])),
             collect_seconds=float(data.get("collect_seconds", 0.0)),
             schema_version=int(data.get("schema_version", 0)),
+            llama_speed=(
+                _build(LlamaSpeed, data["llama_speed"]) if data.get("llama_speed") else None
+            ),
         )
 
 

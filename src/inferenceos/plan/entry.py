@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from inferenceos.errors import UsageError
+from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration
@@ -52,6 +53,14 @@ class LoadRequest:
     swa_full: bool = False
     rope_scaling: bool = False  # allow a context beyond the training context
     use_mmap: bool = True
+    # workers (`inferenceos worker`) whose devices join the machine, "host:port" each;
+    # asked at every plan, so a lost worker is planned without and a returning one used
+    rpc: tuple[str, ...] = ()
+    ram: int | None = None  # budget caps (bytes): leave room for other programs
+    gpu_memory: tuple[int, ...] | None = None
+    # what other programs take from the CPUs (hardware.cpu_load.sample_cpu_load()):
+    # with it and `threads` 0, the plan takes only the free cores (plan/threads.py)
+    cpu_load: CpuLoad | None = None
 
     def validate(self) -> None:
         """UsageError for values no plan can honour (negative, absurd)."""
@@ -83,6 +92,15 @@ def _machine_for(machine: Machine, backend: str | None) -> tuple[Machine, list[C
             raise UsageError(f"no device matches --backend {backend!r} (devices: CPU, {names})")
     ch = Change(f"backend {backend}", "asked for: other devices left out")
     return replace(machine, devices=(machine.cpu, *kept)), [ch]
+
+
+def _with_request_devices(machine: Machine, req: LoadRequest) -> Machine:
+    """`machine` with the request's budget caps and its RPC workers' devices."""
+    from inferenceos.plan.devices import Overrides, apply_overrides, with_workers
+
+    if req.ram is not None or req.gpu_memory is not None:
+        machine = apply_overrides(machine, Overrides(ram=req.ram, gpu_memory=req.gpu_memory))
+    return with_workers(machine, req.rpc) if req.rpc else machine
 
 
 def _context(facts: ModelFacts, req: LoadRequest) -> tuple[int, bool, list[Change]]:
@@ -119,7 +137,8 @@ def plan_load(
 
     req = req or LoadRequest()
     req.validate()
-    machine, changes = _machine_for(machine, req.backend)
+    machine, changes = _machine_for(_with_request_devices(machine, req), req.backend)
+    changes += [Change("worker left out", why) for why in machine.lost]
     n, pinned, ctx_changes = _context(facts, req)
     changes += ctx_changes
     ctx = ContextSettings(
@@ -134,8 +153,16 @@ def plan_load(
         swa_full=req.swa_full or req.n_seq > 1,
         kv_unified=req.n_seq > 1,  # the engine's sequences share one pool of cells
     )
+    threads = req.threads
+    if not threads and req.cpu_load is not None:
+        from inferenceos.plan.threads import explain_threads, pick_threads
+
+        threads = pick_threads(machine.cpu.threads, req.cpu_load)
+        if threads < machine.cpu.threads:
+            why = explain_threads(machine.cpu.threads, req.cpu_load)
+            changes.append(Change(f"threads {machine.cpu.threads} → {threads}", why))
     plan = make_plan(
-        facts, machine, ctx, threads=req.threads, pinned_ctx=pinned,
+        facts, machine, ctx, threads=threads, pinned_ctx=pinned,
         quantize_kv=req.type_k is None and req.type_v is None,
     )  # fmt: skip
     plan = size_ubatch(facts, machine, plan, calibration or Calibration.load())

@@ -8,14 +8,20 @@ between them, and each step pays a fixed overhead (graph setup, sampling over th
 vocabulary). Prefill is the same per ubatch of tokens, where weights are read once per
 ubatch and compute dominates on CPUs.
 
-The constants of `Calibration` are measured per machine (benchmarks/simulate_accuracy.py
---calibrate fits them to llama.cpp runs and stores them; the telemetry store will own
-them later); `Calibration.default()` holds uncalibrated placeholders and says so in
-`source`, which every report prints.
+The constants of `Calibration` are measured per machine, from two sources (see
+docs/plan.md, "Self-calibration"): the few-second llama.cpp probe that `hardware` runs
+(`hardware/llama_speed.py`, fitted by `plan/calibration.py`: basis "modelled"), and the
+runs recorded in the telemetry store, which scale the prediction per model, per
+quantization family and per machine (`telemetry/calibration.py`: basis "learned").
+`Calibration.load()` gives the machine-level value without history;
+`plan.calibration_load.load_calibration(machine, facts)` adds what was learned for one
+model. `Calibration.default()` holds uncalibrated placeholders and says so in `source`,
+which every report prints.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +31,7 @@ from inferenceos.paths import data_dir
 from inferenceos.plan.devices import Device, Machine
 from inferenceos.plan.memory import ContextSettings, kv_bytes_per_token
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.placement import Placement
+from inferenceos.plan.placement import Placement, output_head
 
 GB = 1e9
 GPU_BW_EFFICIENCY = 0.8  # assumption until GPU runs are calibrated (no GPU here)
@@ -41,15 +47,25 @@ class Calibration:
     decode (matrix-vector) and prefill (matrix-matrix) on quantized weights;
     `thread_scaling`: exponent of the speedup with threads (1 = linear);
     `token_overhead_s`: fixed cost per decode step; `ubatch_overhead_s` per prefill ubatch.
+
+    What history taught (`telemetry/calibration.py`): `decode_scale` / `prefill_scale`
+    multiply the roofline's speeds (1 = the roofline as is); `basis` is "modelled" (no
+    recorded run used) or "learned"; `runs` how many recorded runs the scales rest on;
+    `confidence` in [0, 1] how much to trust the figures (see docs/plan.md).
     """
 
     cpu_bw_efficiency: float = 0.7
-    gemv_gflops_per_thread: float = 20.0
+    gemv_gflops_per_thread: float = 40.0
     gemm_gflops_per_thread: float = 200.0
     thread_scaling: float = 1.0
     token_overhead_s: float = 0.002
     ubatch_overhead_s: float = 0.002
     source: str = "uncalibrated"
+    decode_scale: float = 1.0
+    prefill_scale: float = 1.0
+    basis: str = "modelled"
+    runs: int = 0
+    confidence: float = 0.1
 
     @staticmethod
     def path() -> Path:
@@ -57,14 +73,18 @@ class Calibration:
 
     @classmethod
     def load(cls) -> Calibration:
-        """The stored calibration of this machine, else `default()`."""
+        """This machine's calibration without history: a stored fit (perf.json, from
+        benchmarks/simulate_accuracy.py --calibrate), else the llama.cpp probe of the
+        cached hardware profile, else `default()`."""
         data = read_json(cls.path(), None)
         if isinstance(data, dict):
             try:
                 return cls(**{k: data[k] for k in asdict(cls()) if k in data})
             except (TypeError, ValueError):
                 pass
-        return cls.default()
+        from inferenceos.plan.calibration_load import probe_calibration_cached
+
+        return probe_calibration_cached() or cls.default()
 
     @classmethod
     def default(cls) -> Calibration:
@@ -111,8 +131,10 @@ def _cpu_threads_rate(dev: Device, per_thread: float, cal: Calibration, threads:
 def _device_time(
     dev: Device, bytes_read: float, flops: float, cal: Calibration, threads: int, gemm: bool
 ) -> tuple[str, float]:
-    """(resource name, seconds) for `bytes_read` and `flops` on `dev`."""
-    if dev.is_cpu:
+    """(resource name, seconds) for `bytes_read` and `flops` on `dev`. A worker's CPU
+    (an RPC device) runs at the CPU rates with the worker's own threads."""
+    if dev.computes_like_cpu:
+        threads = 0 if dev.is_remote else threads
         bw = dev.bandwidth_gbps * GB * cal.cpu_bw_efficiency
         rate = _cpu_threads_rate(
             dev, cal.gemm_gflops_per_thread if gemm else cal.gemv_gflops_per_thread, cal, threads
@@ -146,8 +168,8 @@ def decode_cost(
             continue
         name, t = _device_time(dev, load.bytes_read + kv_read, flops, cal, threads, gemm=False)
         parts[name] = parts.get(name, 0.0) + t
-    _add_disk_and_links(parts, placement, machine, facts, tokens=1)
-    return StepCost(parts, cal.token_overhead_s)
+    _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1)
+    return _scaled(StepCost(parts, cal.token_overhead_s), cal.decode_scale)
 
 
 def prefill_cost(
@@ -163,18 +185,34 @@ def prefill_cost(
     """Cost of evaluating a prompt of `n_tokens` in ubatches of `n_ubatch`."""
     parts: dict[str, float] = {}
     n_ub = max(1, -(-n_tokens // max(n_ubatch, 1)))
+    # the output head runs for the tokens whose logits are asked for: one, the last
+    # (Gemma 3 270M: 168M of its 268M parameters are the 262k-row head)
+    _, head_params = output_head(facts)
     for dev in machine.devices:
         load = placement.decode_load(dev.name)
         if load.bytes_read <= 0:
             continue
+        head = head_params if dev.name == placement.output_device else 0
+        body = max(load.active_params - head, 0.0)
         # attention: each token attends to n_tokens/2 earlier ones on average
-        flops = n_tokens * (
-            2.0 * load.active_params + 4.0 * load.layers * _attn_width(facts) * n_tokens / 2
+        flops = 2.0 * head + n_tokens * (
+            2.0 * body + 4.0 * load.layers * _attn_width(facts) * n_tokens / 2
         )
         name, t = _device_time(dev, load.bytes_read * n_ub, flops, cal, threads, gemm=True)
         parts[name] = parts.get(name, 0.0) + t
-    _add_disk_and_links(parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub)
-    return StepCost(parts, cal.ubatch_overhead_s * n_ub)
+    _add_disk_and_links(
+        parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub, n_kv=n_tokens
+    )
+    return _scaled(StepCost(parts, cal.ubatch_overhead_s * n_ub), cal.prefill_scale)
+
+
+def _scaled(cost: StepCost, speed_scale: float) -> StepCost:
+    """`cost` for a machine `speed_scale` times faster than the roofline says (what
+    recorded runs taught: every part shrinks alike, so the bottleneck is unchanged)."""
+    if speed_scale == 1.0 or speed_scale <= 0:
+        return cost
+    k = 1.0 / speed_scale
+    return StepCost({n: v * k for n, v in cost.parts.items()}, cost.overhead_s * k)
 
 
 def _attn_width(facts: ModelFacts) -> int:
@@ -201,12 +239,67 @@ def _add_disk_and_links(
     facts: ModelFacts,
     tokens: int,
     ubatches: int = 1,
+    n_kv: int = 0,
 ) -> None:
     if placement.disk_bytes > 0:
         # weights that do not fit in RAM are re-read from the file for every ubatch
         parts["disk read (mmap)"] = placement.disk_bytes * ubatches / (machine.disk_gbps * GB)
-    crossings = placement.crossings
+    remote = {d.name: d for d in machine.accelerators if d.is_remote}
+    crossings = _local_crossings(placement, remote)
     if crossings:
         act = facts.spec.embedding_length * 4 * tokens
-        link = min((d.link_gbps for d in machine.accelerators if d.link_gbps), default=12.0)
+        local = [d.link_gbps for d in machine.accelerators if d.link_gbps and not d.is_remote]
+        link = min(local, default=12.0)
         parts["host-device link"] = crossings * (LINK_LATENCY_S * ubatches + act / (link * GB))
+    for dev in remote.values():
+        t = _rpc_link_time(dev, placement, facts, tokens, ubatches, n_kv)
+        if t:
+            parts[f"link {dev.name}"] = t
+
+
+# llama.cpp's RPC client (ggml-rpc.cpp, protocol 7) per evaluation and remote split: the
+# split's inputs go out without waiting (the activations, positions and KQ mask:
+# SET_TENSOR), the graph runs (GRAPH_RECOMPUTE when the graph is unchanged, as in
+# decode; GRAPH_COMPUTE with the serialized graph otherwise), and its output comes back
+# with GET_TENSOR: one round trip, which also waits for the remote compute. Each message
+# costs a little software time at both ends besides the wire.
+RPC_MESSAGES_PER_SPLIT = 5
+RPC_MESSAGE_S = 15e-6
+RPC_GRAPH_BYTES_PER_LAYER = 12_000  # ~40 serialized tensors of ~300 B
+
+
+def _runs(placement: Placement) -> list[str]:
+    """The devices an evaluation passes through, in order, consecutive repeats merged:
+    the input layer (CPU), the layers, the output head."""
+    seq = ["CPU", *placement.dense, placement.output_device]
+    return [d for i, d in enumerate(seq) if i == 0 or seq[i - 1] != d]
+
+
+def _local_crossings(placement: Placement, remote: dict[str, Device]) -> int:
+    """Activation crossings between local devices (the RPC ones are costed apart)."""
+    if not remote:
+        return placement.crossings
+    pairs = zip(placement.dense, placement.experts, strict=True)
+    experts = 2 * sum(1 for d, e in pairs if e is not None and e != d and d not in remote)
+    seq = [*placement.dense, placement.output_device]  # as `Placement.crossings` counts
+    hops = sum(1 for a, b in itertools.pairwise(seq)
+               if a != b and a not in remote and b not in remote)  # fmt: skip
+    return hops + experts
+
+
+def _rpc_link_time(
+    dev: Device, placement: Placement, facts: ModelFacts, tokens: int, ubatches: int, n_kv: int
+) -> float:
+    """Seconds per evaluation of `tokens` spent on the network for remote device `dev`."""
+    runs = sum(1 for d in _runs(placement) if d == dev.name)
+    if not runs:
+        return 0.0
+    s = facts.spec
+    act = s.embedding_length * 4 * tokens  # f32 activations, in and out
+    mask = 2 * max(n_kv, 1) * tokens * (2 if s.sliding_window else 1)  # f16 KQ mask(s)
+    out = act
+    if placement.output_device == dev.name:
+        out = s.vocab_size * 4  # the logits of the one output row, instead
+    graph = 0 if tokens == 1 else RPC_GRAPH_BYTES_PER_LAYER * placement.decode_load(dev.name).layers
+    wire = runs * (act + mask + out + graph) / (max(dev.link_gbps, 1e-3) * GB)
+    return runs * ubatches * (dev.rtt_s + RPC_MESSAGES_PER_SPLIT * RPC_MESSAGE_S) + wire

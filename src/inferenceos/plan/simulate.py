@@ -13,11 +13,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.microbatch import choose_ubatch
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
 from inferenceos.plan.plan import Plan
+from inferenceos.plan.policy import PolicyChoice
 
 DEFAULT_CTX = 4096
 
@@ -48,6 +50,7 @@ class Prediction:
     recommendation: str
     calibration: Calibration
     decode_parts: dict[str, float] = field(default_factory=dict)
+    policy: PolicyChoice | None = None
 
     @property
     def feasible(self) -> bool:
@@ -68,6 +71,9 @@ class Prediction:
             "decode_seconds_by_resource": {k: round(v, 6) for k, v in self.decode_parts.items()},
             "workload": self.workload.__dict__,
             "machine": self.machine.to_json(),
+            "basis": self.calibration.basis,
+            "confidence": self.calibration.confidence,
+            "calibration_runs": self.calibration.runs,
             "calibration": self.calibration.to_json(),
             "plan": self.plan.to_json(),
         }
@@ -133,9 +139,13 @@ def simulate(
     type_k: str = "f16",
     type_v: str = "f16",
     calibration: Calibration | None = None,
+    policy: PolicyChoice | None = None,
+    cpu_load: CpuLoad | None = None,
 ) -> Prediction:
-    """Plan and predict for `path` on `machine` (metadata only)."""
+    """Plan and predict for `path` on `machine` (metadata only). `policy` (plan/policy.py)
+    changes the objective; `cpu_load` makes the thread count load-aware."""
     from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.policy import apply_to_plan, apply_to_request
 
     facts = load_model_facts(path)
     cal = calibration or Calibration.load()
@@ -144,10 +154,14 @@ def simulate(
         n_ctx=workload.n_ctx or 0, threads=threads,
         type_k=type_k if explicit else None, type_v=type_v if explicit else None,
         need_tokens=workload.prompt_tokens + workload.output_tokens,
-        prompt_tokens=workload.prompt_tokens,
+        prompt_tokens=workload.prompt_tokens, cpu_load=cpu_load,
     )  # fmt: skip
+    if policy is not None:
+        req = apply_to_request(policy, req, facts)
     plan = plan_load(facts, machine, req, cal)
-    return predict(facts, machine, plan, workload, cal)
+    if policy is not None:
+        plan = apply_to_plan(policy, plan, facts, machine, cal)
+    return replace(predict(facts, machine, plan, workload, cal), policy=policy)
 
 
 def predict(

@@ -10,39 +10,24 @@ using — fewer threads at full speed beat more threads that wait for each other
 processes (our other engine workers included); `pick_threads(cores, load)` rounds that
 down, counting a CPU as free when at least `FREE_SHARE` of it is, and keeps it within
 [1, cores]. The sensor is `inferenceos.hardware.cpu_load.sample_cpu_load()`; this
-module only does the arithmetic, so it is tested without a loaded machine.
+module is pure, so it is tested without a loaded machine.
 """
 
 from __future__ import annotations
 
-import math
+from inferenceos.hardware.cpu_load import FREE_SHARE, CpuLoad, free_cpus, free_threads
 
-from inferenceos.hardware.cpu_load import CpuLoad
-
-FREE_SHARE = 0.7  # a CPU whose time is ≥ 70 % ours counts as a whole free core
-
-
-def free_cpus(load: CpuLoad) -> float:
-    """CPUs (a float) left to us: capacity after quota and steal, minus others' use."""
-    cap = float(load.usable_cpus)
-    if load.quota_cpus:
-        cap = min(cap, load.quota_cpus)
-    cap *= 1.0 - min(max(load.steal_fraction, 0.0), 0.9)
-    busy = load.busy_others if load.sampled else max(0.0, load.loadavg_1m - 1.0)
-    return max(0.0, cap - busy)
+__all__ = ["FREE_SHARE", "explain_threads", "free_cpus", "pick_threads"]
 
 
 def pick_threads(cores: int, load: CpuLoad | None) -> int:
     """Threads for llama.cpp: the free CPUs, at least 1, at most `cores`.
 
     `cores` is the most the plan would use on an idle machine (the CPU device's usable
-    threads); `load` None (no sensor) keeps it.
+    threads); `load` None (no sensor) keeps it. (The arithmetic lives beside the sensor
+    so that `hardware`'s llama.cpp probe can use it too.)
     """
-    cores = max(1, cores)
-    if load is None:
-        return cores
-    n = math.floor(free_cpus(load) + (1.0 - FREE_SHARE) + 1e-9)
-    return max(1, min(cores, n))
+    return free_threads(cores, load)
 
 
 def explain_threads(cores: int, load: CpuLoad | None) -> str:

@@ -1,0 +1,244 @@
+"""What llama.cpp itself achieves here: a few-second prefill and decode of a probe model.
+
+The roofline of `plan/perf.py` needs two machine constants it cannot know from specs:
+how much of the measured RAM bandwidth llama.cpp's decode kernels reach, and how fast
+its prefill kernels compute. Guessing them left a fresh machine's predictions 20-29 %
+off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
+
+1. `write_probe_model` writes a llama-shaped model of ~85 MB with `gguf.GGUFWriter`:
+   6 layers, n_embd 1024, n_ff 4096, tensor types in the proportions of a typical
+   Q4_K_M file (q8_0 for most bytes, q5_0 attention, q4_K down projections). Weights
+   are zeros: speed does not depend on the values, and zeros are valid in every type.
+2. A child process (`python -m inferenceos.hardware.llama_speed MODEL THREADS`: a crash
+   inside llama.cpp must not take the parent down) loads it, prefills `PROMPT` tokens in
+   one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
+   as sampling would), best of `ROUNDS`, and prints one JSON line.
+3. The model's tensor data is then punched out (the file keeps its size as a sparse
+   hole): the planner re-reads only its header to compute the probe's roofline features
+   (`plan/calibration.py`), so the file costs a few KB of disk.
+
+The result is a `LlamaSpeed` record in the profile. A failure (no llama.cpp, a timeout)
+is one warning in the profile and no record: the planner then uses its defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from inferenceos.hardware.profile import LlamaSpeed
+
+PROMPT = 128
+DECODE = 24
+ROUNDS = 2
+N_CTX = 1024
+TIMEOUT_S = 60.0
+PROBE_NAME = "llama-speed-probe.gguf"
+
+_SHAPE = {"n_layer": 6, "n_embd": 1024, "n_ff": 4096, "n_head": 16, "n_head_kv": 4}
+_LETTERS = "abcdefghijklmnopqrstuvwxyz ."
+
+
+def write_probe_model(path: Path) -> Path:
+    """Write the probe model (see the module doc) to `path`; returns `path`."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
+
+    s = _SHAPE
+    e, ff, nh, nkv = s["n_embd"], s["n_ff"], s["n_head"], s["n_head_kv"]
+    hd = e // nh
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    for ch in _LETTERS:
+        tokens.append(("▁" if ch == " " else ch).encode())
+        types.append(TokenType.NORMAL)
+    n_vocab = len(tokens)
+    w = GGUFWriter(str(path), "llama")
+    w.add_name("llama-speed-probe")
+    for key, val in (
+        ("context_length", N_CTX),
+        ("embedding_length", e),
+        ("block_count", s["n_layer"]),
+        ("feed_forward_length", ff),
+        ("attention.head_count", nh),
+        ("attention.head_count_kv", nkv),
+        ("rope.dimension_count", hd),
+    ):
+        w.add_uint32(f"llama.{key}", val)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_float32("llama.rope.freq_base", 10000.0)
+    w.add_uint32("general.file_type", 15)  # MOSTLY_Q4_K_M
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(_LETTERS))])
+    w.add_token_types([int(t) for t in types])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def quant(name: str, qtype: GGMLQuantizationType, rows: int, cols: int) -> None:
+        block, size = GGML_QUANT_SIZES[qtype]
+        data = np.zeros((rows, cols // block * size), dtype=np.uint8)
+        w.add_tensor(name, data, raw_dtype=qtype)
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    Q8, Q5, Q4K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q4_K
+    quant("token_embd.weight", Q8, n_vocab, e)
+    for i in range(s["n_layer"]):
+        b = f"blk.{i}."
+        ones(b + "attn_norm.weight", e)
+        quant(b + "attn_q.weight", Q5, nh * hd, e)
+        quant(b + "attn_k.weight", Q5, nkv * hd, e)
+        quant(b + "attn_v.weight", Q5, nkv * hd, e)
+        quant(b + "attn_output.weight", Q5, e, nh * hd)
+        ones(b + "ffn_norm.weight", e)
+        quant(b + "ffn_gate.weight", Q8, ff, e)
+        quant(b + "ffn_up.weight", Q8, ff, e)
+        quant(b + "ffn_down.weight", Q4K, e, ff)
+    ones("output_norm.weight", e)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def punch_out_data(path: Path) -> None:
+    """Keep `path`'s header, turn its tensor data into a sparse hole of the same size."""
+    from gguf import GGUFReader
+
+    size = path.stat().st_size
+    start = min((int(t.data_offset) for t in GGUFReader(str(path)).tensors), default=size)
+    with open(path, "r+b") as f:
+        f.truncate(start)
+        f.truncate(size)
+
+
+def measure_llama_speed(
+    probe_dir: Path, threads: int, warnings: list[str] | None = None
+) -> LlamaSpeed | None:
+    """Write the probe model into `probe_dir`, time it in a child; None on failure."""
+    warnings = warnings if warnings is not None else []
+    path = probe_dir / PROBE_NAME
+    start = time.perf_counter()
+    try:
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        write_probe_model(tmp)
+        os.replace(tmp, path)
+        res = subprocess.run(
+            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(path), str(threads)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, ValueError, ImportError) as exc:
+        warnings.append(f"llama.cpp speed probe: {exc}")
+        return None
+    except subprocess.TimeoutExpired:
+        warnings.append(f"llama.cpp speed probe: no result within {TIMEOUT_S:g} s")
+        return None
+    finally:
+        if path.exists():
+            try:
+                punch_out_data(path)
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)
+    lines = res.stdout.strip().splitlines()
+    if res.returncode != 0 or not lines:
+        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+        warnings.append(f"llama.cpp speed probe failed: {why}")
+        return None
+    try:
+        data = json.loads(lines[-1])
+        return LlamaSpeed(
+            model_path=str(path),
+            threads=int(data["threads"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            prefill_s=float(data["prefill_s"]),
+            decode_tokens=int(data["decode_tokens"]),
+            decode_s=float(data["decode_s"]),
+            n_ctx=int(data["n_ctx"]),
+            n_ubatch=int(data["n_ubatch"]),
+            flash_attn=bool(data["flash_attn"]),
+            seconds=round(time.perf_counter() - start, 3),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        warnings.append(f"llama.cpp speed probe printed something unreadable: {exc}")
+        return None
+
+
+def _child(path: str, threads: int) -> dict[str, Any]:
+    """Load `path` and time prefill and decode (runs in the child process)."""
+    import ctypes
+
+    import llama_cpp.llama_cpp as ll
+    import numpy as np
+
+    @ll.llama_log_callback
+    def _quiet(level: int, text: bytes, user: ctypes.c_void_p) -> None:
+        pass
+
+    ll.llama_log_set(_quiet, ctypes.c_void_p(0))
+    ll.llama_backend_init()
+    mp = ll.llama_model_default_params()
+    model = ll.llama_model_load_from_file(path.encode(), mp)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not load {path}")
+    cp = ll.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX, 512, 512
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.flash_attn_type = 1  # on, as the planner's default
+    cp.no_perf = True
+    ctx = ll.llama_init_from_model(model, cp)
+    if not ctx:
+        raise RuntimeError("llama.cpp could not create a context")
+    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
+    prompt = [3 + i % 256 for i in range(PROMPT)]
+    mem = ll.llama_get_memory(ctx)
+
+    def decode(tokens: list[int]) -> None:
+        arr = (ll.llama_token * len(tokens))(*tokens)
+        if ll.llama_decode(ctx, ll.llama_batch_get_one(arr, len(tokens))) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def argmax() -> int:
+        ptr = ll.llama_get_logits_ith(ctx, -1)
+        return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
+
+    decode(prompt[:8])  # warm up: first-touch of the weights, thread pool start
+    best_pre = best_dec = float("inf")
+    for _ in range(ROUNDS):
+        ll.llama_memory_clear(mem, True)
+        t0 = time.perf_counter()
+        decode(prompt)
+        tok = argmax()
+        best_pre = min(best_pre, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(DECODE):
+            decode([3 + tok % 256])
+            tok = argmax()
+        best_dec = min(best_dec, time.perf_counter() - t0)
+    ll.llama_free(ctx)
+    ll.llama_model_free(model)
+    return {
+        "threads": threads,
+        "prompt_tokens": PROMPT,
+        "prefill_s": best_pre,
+        "decode_tokens": DECODE,
+        "decode_s": best_dec,
+        "n_ctx": N_CTX,
+        "n_ubatch": 512,
+        "flash_attn": True,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]))))

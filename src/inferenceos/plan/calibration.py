@@ -1,0 +1,211 @@
+"""Calibrating the roofline: from the hardware probe, and from recorded runs (pure).
+
+- `probe_calibration(speed, probe_facts, machine)`: the perf constants that make the
+  roofline reproduce what llama.cpp measured on the probe model at `hardware` time
+  (`hardware/llama_speed.py`). Decode: the RAM bandwidth efficiency and the
+  matrix-vector rate are scaled together until the modelled time per token matches;
+  prefill: the matrix-matrix rate. The per-step overheads keep their priors: one probe
+  cannot tell a fixed cost from a bandwidth (docs/plan.md says why that is good enough).
+- `observation(...)`: one recorded run turned into measured / modelled ratios, for the
+  fit in `telemetry/calibration.py`.
+- `with_learned(cal, learned)`: a Calibration carrying what was learned.
+- `quant_family(facts)`: the key under which what one model taught transfers to others.
+
+No I/O here: `plan/calibration_load.py` reads the profile and the store.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from inferenceos.hardware.profile import LlamaSpeed
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.memory import ContextSettings
+from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
+from inferenceos.plan.placement import place
+from inferenceos.telemetry.calibration import Learned, Observation
+
+# Priors for what the probe cannot separate; see docs/plan.md "Self-calibration".
+PRIOR = Calibration(token_overhead_s=0.0005, ubatch_overhead_s=0.001)
+FAMILY_SHARE = 0.05  # a tensor type carrying ≥ 5 % of the weight bytes is in the family
+
+
+def quant_family(facts_or_types: ModelFacts | dict[str, int]) -> str:
+    """The ggml types carrying most of the weights, e.g. "q4_k+q5_0+q6_k+q8_0".
+
+    Two models with the same family run the same kernels over the same bytes per
+    weight, so their measured/modelled ratios agree: what one taught transfers.
+    """
+    types = (
+        facts_or_types.spec.quant_types
+        if isinstance(facts_or_types, ModelFacts)
+        else facts_or_types
+    )
+    total = sum(types.values()) or 1
+    keep = sorted(t.lower() for t, b in types.items() if b >= FAMILY_SHARE * total)
+    return "+".join(keep) or "unknown"
+
+
+def _cpu_only(machine: Machine, threads: int) -> Machine:
+    cpu = replace(machine.cpu, threads=max(threads, 1))
+    return replace(machine, devices=(cpu,))
+
+
+def _solve(f: Any, target: float) -> float:
+    """k in [1e-3, 1e3] with f(k) ≈ target, for f decreasing in k (bisection on log k)."""
+    lo, hi = math.log(1e-3), math.log(1e3)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if f(math.exp(mid)) > target:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
+def probe_calibration(
+    speed: LlamaSpeed, facts: ModelFacts, machine: Machine, prior: Calibration = PRIOR
+) -> Calibration:
+    """The Calibration under which the roofline reproduces the probe's measurement."""
+    m = _cpu_only(machine, speed.threads)
+    ctx = ContextSettings(
+        n_ctx=speed.n_ctx, n_batch=speed.n_ubatch, n_ubatch=speed.n_ubatch,
+        flash_attn=speed.flash_attn,
+    )  # fmt: skip
+    pl = place(facts, m, ctx, {})
+    n_past = speed.prompt_tokens + speed.decode_tokens // 2
+    t_dec = speed.decode_s / max(speed.decode_tokens, 1)
+    t_pre = speed.prefill_s
+    cal = prior
+    if t_dec > prior.token_overhead_s:
+
+        def dec(k: float) -> float:
+            c = replace(
+                prior,
+                cpu_bw_efficiency=prior.cpu_bw_efficiency * k,
+                gemv_gflops_per_thread=prior.gemv_gflops_per_thread * k,
+            )
+            return decode_cost(facts, pl, m, ctx, n_past, c, speed.threads).seconds
+
+        k = _solve(dec, t_dec)
+        cal = replace(
+            cal,
+            cpu_bw_efficiency=prior.cpu_bw_efficiency * k,
+            gemv_gflops_per_thread=prior.gemv_gflops_per_thread * k,
+        )
+    if t_pre > prior.ubatch_overhead_s:
+
+        def pre(k: float) -> float:
+            c = replace(cal, gemm_gflops_per_thread=prior.gemm_gflops_per_thread * k)
+            n = speed.prompt_tokens
+            return prefill_cost(facts, pl, m, ctx, n, speed.n_ubatch, c, speed.threads).seconds
+
+        k = _solve(pre, t_pre)
+        cal = replace(cal, gemm_gflops_per_thread=prior.gemm_gflops_per_thread * k)
+    return replace(
+        cal,
+        source=(
+            f"llama.cpp probe at hardware time ({speed.threads} threads: "
+            f"{speed.decode_tps:.0f} t/s decode, {speed.prefill_tps:.0f} t/s prefill "
+            "of the probe model)"
+        ),
+        basis="modelled",
+        runs=0,
+        confidence=0.5,
+    )
+
+
+def modelled_speeds(
+    facts: ModelFacts,
+    machine: Machine,
+    cal: Calibration,
+    ctx: ContextSettings,
+    threads: int,
+    prompt_tokens: int,
+    output_tokens: int,
+) -> tuple[float, float]:
+    """(prefill t/s, decode t/s) the roofline predicts, as `simulate` computes them."""
+    from inferenceos.plan.preflight import make_plan
+
+    plan = make_plan(facts, machine, ctx, threads=threads, pinned_ctx=True)
+    pl, c, th = plan.placement, plan.ctx, plan.threads
+    pre = prefill_cost(facts, pl, machine, c, max(prompt_tokens, 1), c.n_ubatch, cal, th)
+    dec = decode_cost(facts, pl, machine, c, prompt_tokens + output_tokens // 2, cal, th)
+    return max(prompt_tokens, 1) / pre.seconds, 1.0 / dec.seconds
+
+
+def run_context(
+    n_ctx: int | None, n_ubatch: int | None, n_batch: int | None, settings: dict[str, Any]
+) -> ContextSettings:
+    """The ContextSettings a recorded run used (what its settings say; defaults else)."""
+
+    def kv(name: str) -> str:
+        v = settings.get(name)
+        return v if isinstance(v, str) and v in ("f16", "q8_0", "q4_0", "f32", "bf16") else "f16"
+
+    fa = settings.get("flash_attn", settings.get("flash_attn_type", True))
+    ub = n_ubatch or 512
+    return ContextSettings(
+        n_ctx=n_ctx or 4096,
+        n_batch=max(n_batch or 512, ub),
+        n_ubatch=ub,
+        type_k=kv("type_k"),
+        type_v=kv("type_v"),
+        flash_attn=bool(fa) if not isinstance(fa, int) else fa != 0,
+    )
+
+
+def observation(
+    facts: ModelFacts,
+    machine: Machine,
+    cal: Calibration,
+    *,
+    model: str,
+    ctx: ContextSettings,
+    threads: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    cached_tokens: int,
+    prefill_tps: float | None,
+    decode_tps: float | None,
+) -> Observation | None:
+    """A recorded single-stream run as measured / modelled ratios (None: unusable)."""
+    from inferenceos.telemetry.calibration import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS
+
+    fresh = prompt_tokens - cached_tokens
+    use_pre = bool(prefill_tps) and fresh >= MIN_PREFILL_TOKENS
+    use_dec = bool(decode_tps) and output_tokens >= MIN_DECODE_TOKENS
+    if not (use_pre or use_dec):
+        return None
+    base = replace(cal, decode_scale=1.0, prefill_scale=1.0)
+    try:
+        p_tps, d_tps = modelled_speeds(
+            facts, machine, base, ctx, threads, max(fresh, 1), output_tokens
+        )
+    except Exception:  # a run the planner cannot model teaches nothing
+        return None
+    return Observation(
+        model=model,
+        family=quant_family(facts),
+        threads=threads,
+        decode_ratio=(decode_tps or 0) / d_tps if use_dec and d_tps > 0 else None,
+        prefill_ratio=(prefill_tps or 0) / p_tps if use_pre and p_tps > 0 else None,
+    )
+
+
+def with_learned(cal: Calibration, learned: Learned | None) -> Calibration:
+    """`cal` carrying `learned`'s scales (unchanged when nothing was learned)."""
+    if learned is None or learned.runs == 0:
+        return cal
+    return replace(
+        cal,
+        decode_scale=learned.decode_scale,
+        prefill_scale=learned.prefill_scale,
+        basis="learned",
+        runs=learned.runs,
+        confidence=learned.confidence,
+        source=f"{learned.describe()}, over {cal.source}",
+    )

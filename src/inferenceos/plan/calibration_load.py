@@ -1,0 +1,136 @@
+"""Where a Calibration comes from on this machine (the I/O beside the pure planner).
+
+- `probe_calibration_cached()`: the hardware profile's llama.cpp probe, fitted
+  (`plan/calibration.py`); None when the profile has no probe (collected without
+  measuring, or llama.cpp missing). `Calibration.load()` uses it.
+- `load_calibration(machine, facts, threads)`: that, corrected by the runs the telemetry
+  store recorded on this kind of machine (`telemetry/calibration.py`). This is what
+  `simulate` passes to the planner, and what `run` / `serve` should pass too.
+
+Both never raise for missing or unreadable files: they fall back to less knowledge.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+
+from inferenceos.plan.calibration import observation, quant_family, run_context, with_learned
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.model_facts import ModelFacts, load_model_facts
+from inferenceos.plan.perf import Calibration
+from inferenceos.plan.policy import RecordedWorkload
+
+log = logging.getLogger("inferenceos.plan")
+MAX_RUNS = 500  # the newest recorded runs the fit reads
+
+
+def probe_calibration_cached() -> Calibration | None:
+    """The probe's calibration from the cached hardware profile, or None."""
+    from inferenceos.hardware.cache import profile_path
+
+    p = profile_path()
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return _probe_cached(str(p), st.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _probe_cached(path: str, mtime_ns: int) -> Calibration | None:
+    from inferenceos.hardware.cache import load_cached
+    from inferenceos.plan.calibration import probe_calibration
+    from inferenceos.plan.devices import machine_from_profile_json
+
+    profile = load_cached()
+    if profile is None or profile.llama_speed is None:
+        return None
+    speed = profile.llama_speed
+    try:
+        facts = load_model_facts(speed.model_path)
+        machine = machine_from_profile_json(profile.to_json())
+        return probe_calibration(speed, facts, machine)
+    except Exception as exc:  # a stale probe costs the calibration only
+        log.debug("probe calibration unavailable: %s", exc)
+        return None
+
+
+@lru_cache(maxsize=16)
+def _facts(path: str, mtime_ns: int) -> ModelFacts:
+    return load_model_facts(path)
+
+
+def _facts_of(path: str | None) -> ModelFacts | None:
+    if not path:
+        return None
+    try:
+        return _facts(path, Path(path).stat().st_mtime_ns)
+    except Exception:  # a moved or broken file: its runs are skipped
+        return None
+
+
+def load_calibration(
+    machine: Machine, facts: ModelFacts, threads: int = 0, base: Calibration | None = None
+) -> Calibration:
+    """`base` (default `Calibration.load()`) corrected by recorded runs for `facts`."""
+    from inferenceos import telemetry
+    from inferenceos.telemetry.calibration import fit_learned
+
+    base = base or Calibration.load()
+    rows = [r for r in telemetry.generations(machine="kind", limit=MAX_RUNS) if r.concurrency == 1]
+    if not rows:
+        return base
+    try:
+        target = telemetry.model_info(facts.spec.path).digest
+    except Exception:  # an unreadable target: nothing model-specific
+        target = ""
+    paths: dict[str, str] = {}
+    if any(r.model_digest != target for r in rows):
+        for ld in telemetry.loads(machine="kind", limit=MAX_RUNS):
+            model_path = ld.plan.get("model") if isinstance(ld.plan, dict) else None
+            if isinstance(model_path, str):
+                paths.setdefault(ld.model_digest, model_path)
+    obs = []
+    for r in rows:
+        if r.model_digest == target:
+            f: ModelFacts | None = facts
+        else:
+            hint = r.extra.get("model_path") if isinstance(r.extra, dict) else None
+            f = _facts_of(hint if isinstance(hint, str) else paths.get(r.model_digest))
+        if f is None:
+            continue
+        o = observation(
+            f, machine, base,
+            model=r.model_digest,
+            ctx=run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings),
+            threads=r.threads or machine.cpu.threads,
+            prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
+            cached_tokens=r.cached_tokens,
+            prefill_tps=r.prefill_tps, decode_tps=r.decode_tps,
+        )  # fmt: skip
+        if o is not None:
+            obs.append(o)
+    learned = fit_learned(obs, target, quant_family(facts), threads)
+    return with_learned(base, learned)
+
+
+def recorded_workload(facts: ModelFacts) -> RecordedWorkload:
+    """This model's recorded requests on this kind of machine (for `adaptive`)."""
+    import statistics
+
+    from inferenceos import telemetry
+
+    try:
+        rows = telemetry.generations(model=facts.spec.path, machine="kind", limit=MAX_RUNS)
+    except Exception:  # no history is a valid answer
+        rows = []
+    if not rows:
+        return RecordedWorkload()
+    conc = sorted(r.concurrency for r in rows)
+    return RecordedWorkload(
+        runs=len(rows),
+        concurrency_p90=float(conc[min(len(conc) - 1, int(0.9 * len(conc)))]),
+        prompt_p50=float(statistics.median(r.prompt_tokens for r in rows)),
+    )

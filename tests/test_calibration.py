@@ -1,0 +1,115 @@
+"""Self-calibration: the probe fit, the learned corrections, and a fresh profile's probe."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from inferenceos.hardware.profile import LlamaSpeed
+from inferenceos.plan.calibration import (
+    observation,
+    probe_calibration,
+    quant_family,
+    with_learned,
+)
+from inferenceos.plan.memory import ContextSettings
+from inferenceos.plan.perf import Calibration
+from inferenceos.telemetry.calibration import Observation, fit_learned
+from plan_factories import machine, make_facts
+
+
+def _speed(decode_s: float = 0.32, prefill_s: float = 0.5) -> LlamaSpeed:
+    return LlamaSpeed("probe.gguf", threads=2, prompt_tokens=256, prefill_s=prefill_s,
+                      decode_tokens=32, decode_s=decode_s)
+
+
+def test_probe_fit_reproduces_the_probe_measurement() -> None:
+    facts, m = make_facts(n_layer=4, n_embd=1024, n_ff=4096), machine(threads=2)
+    cal = probe_calibration(_speed(), facts, m)
+    ctx = ContextSettings(n_ctx=1024, n_ubatch=512, flash_attn=True)
+    obs = observation(facts, m, cal, model="x", ctx=ctx, threads=2, prompt_tokens=256,
+                      output_tokens=32, cached_tokens=0, prefill_tps=512.0, decode_tps=100.0)
+    assert obs is not None  # modelled = measured: ratios of 1 (up to the n_past midpoint)
+    assert obs.decode_ratio == pytest.approx(1.0, rel=0.02)
+    assert obs.prefill_ratio == pytest.approx(1.0, rel=0.02)
+    assert cal.basis == "modelled" and "probe" in cal.source and cal.confidence > 0.1
+
+
+def test_a_slower_probe_makes_slower_predictions() -> None:
+    facts, m = make_facts(n_layer=4, n_embd=1024, n_ff=4096), machine(threads=2)
+    fast, slow = (probe_calibration(_speed(d, p), facts, m) for d, p in ((0.2, 0.3), (0.4, 0.6)))
+    assert slow.cpu_bw_efficiency < fast.cpu_bw_efficiency
+    assert slow.gemm_gflops_per_thread < fast.gemm_gflops_per_thread
+
+
+def _obs(model: str, family: str, ratio: float, n: int, threads: int = 2) -> list[Observation]:
+    return [Observation(model, family, threads, ratio, ratio) for _ in range(n)]
+
+
+def test_no_history_learns_nothing() -> None:
+    assert fit_learned([], "m", "q4_0") is None
+    cal = Calibration()
+    assert with_learned(cal, None) is cal
+
+
+def test_runs_of_the_model_pull_its_prediction_to_what_was_measured() -> None:
+    obs = _obs("m", "q4_0", 0.8, 10)
+    got = fit_learned(obs, "m", "q4_0", threads=2)
+    assert got is not None and got.scope == "model" and got.runs == 10
+    assert got.decode_scale == pytest.approx(0.8, rel=0.03)
+    few = fit_learned(obs[:1], "m", "q4_0", threads=2)
+    assert few is not None and abs(math.log(few.decode_scale)) < abs(math.log(got.decode_scale))
+    assert few.confidence < got.confidence
+    cal = with_learned(Calibration(), got)
+    assert cal.basis == "learned" and cal.runs == 10 and "10 recorded runs" in cal.source
+
+
+def test_a_family_transfers_more_than_the_machine() -> None:
+    obs = _obs("a", "q4_k+q8_0", 0.7, 6) + _obs("b", "f16", 1.3, 6)
+    same = fit_learned(obs, "new", "q4_k+q8_0")
+    other = fit_learned(obs, "new", "q5_0")
+    assert same is not None and other is not None
+    assert same.scope == "family" and other.scope == "machine"
+    assert same.decode_scale < 0.8  # close to its family's 0.7
+    assert 0.8 < other.decode_scale < 1.2  # the machine's mix of both
+
+
+def test_outliers_are_dropped() -> None:
+    obs = _obs("m", "f", 1.0, 6) + _obs("m", "f", 0.2, 1)  # one run beside a build
+    got = fit_learned(obs, "m", "f")
+    assert got is not None and got.decode_scale == pytest.approx(1.0, abs=0.05)
+
+
+def test_quant_family_ignores_small_tensors() -> None:
+    assert quant_family({"Q8_0": 179, "Q5_0": 43, "Q4_K": 13, "Q6_K": 9, "F32": 0}) == (
+        "q4_k+q5_0+q8_0"  # q6_k carries 3.7 %: below FAMILY_SHARE
+    )
+    assert quant_family(make_facts()) == "q4_0"
+
+
+def test_probe_model_is_written_and_punched(tmp_path: Path) -> None:
+    from inferenceos.hardware.llama_speed import punch_out_data, write_probe_model
+    from inferenceos.plan.model_facts import load_model_facts
+
+    p = write_probe_model(tmp_path / "probe.gguf")
+    size = p.stat().st_size
+    before = load_model_facts(p).spec
+    punch_out_data(p)
+    assert p.stat().st_size == size and p.stat().st_blocks * 512 < size // 10
+    after = load_model_facts(p).spec  # the planner still reads its header
+    assert after.tensor_bytes == before.tensor_bytes and "q8_0" in quant_family(after.quant_types)
+
+
+def test_a_fresh_profile_carries_the_calibration() -> None:
+    from inferenceos.hardware.cache import get_profile
+
+    prof = get_profile(refresh=True, measure=True).profile  # isolated home: fresh
+    sp = prof.llama_speed
+    assert sp is not None, prof.warnings
+    assert sp.decode_tps > 1 and sp.prefill_tps > 1 and sp.seconds < 30
+    assert Path(sp.model_path).is_file()
+    cal = Calibration.load()
+    assert cal.basis == "modelled" and "probe" in cal.source
+    assert cal.cpu_bw_efficiency != Calibration().cpu_bw_efficiency
