@@ -41,7 +41,12 @@ def _entry_json(e: ModelEntry) -> dict[str, Any]:
 
 
 def _table(entries: list[ModelEntry]) -> Table:
-    table = Table("NAME", "ID", "SIZE", "TYPE", "MODIFIED", box=None)
+    table = Table(box=None)
+    # names are never cut: a user copies them into the next command
+    table.add_column("NAME", no_wrap=True, min_width=max((len(e.name) for e in entries),
+                                                          default=4))
+    for column in ("ID", "SIZE", "TYPE", "MODIFIED"):
+        table.add_column(column)
     for e in entries:
         kind = f"{e.architecture} {e.file_type}" + (" (in place)" if e.in_place else "")
         table.add_row(safe_text(e.name), e.digest[:12], fmt_bytes(e.size), safe_text(kind),
@@ -266,7 +271,11 @@ def discover(
             ", ".join(str(p) for _, p in default_places())
         out.print(f"no GGUF models found in {where}", markup=False)
         return
-    table = Table("STATUS", "NAME", "FROM", "FILE", box=None)
+    table = Table("STATUS", box=None)
+    table.add_column("NAME", no_wrap=True,
+                     min_width=max(len(o.found.name) for o in outcomes))
+    table.add_column("FROM")
+    table.add_column("FILE")
     for o in outcomes:
         table.add_row(o.status, safe_text(o.found.name), o.found.tool,
                       safe_text(o.reason or str(o.found.path)))
