@@ -86,7 +86,8 @@ def index_server() -> Iterator[str]:
     """A local package index that knows newer versions of both packages."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            versions = {"/pypi/inferenceos/json": "9.9.0", "/pypi/llama-cpp-python/json": "0.3.36"}
+            versions = {"/pypi/inferenceos-runtime/json": "9.9.0",
+                        "/pypi/llama-cpp-python/json": "0.3.36"}
             if self.path not in versions:
                 self.send_error(404)
                 return
@@ -113,10 +114,11 @@ def test_update_reports_newer_versions(index_server: str, capsys: pytest.Capture
     code, out, _ = run_cli(["update", "--json"], capsys, monkeypatch)
     data = json.loads(out)
     assert code == 0 and data["online"]
-    assert data["packages"]["inferenceos"]["latest"] == "9.9.0"
-    assert data["packages"]["inferenceos"]["update_available"]
+    assert data["packages"]["inferenceos-runtime"]["latest"] == "9.9.0"
+    assert data["packages"]["inferenceos-runtime"]["update_available"]
     code, out, _ = run_cli(["update"], capsys, monkeypatch)
-    assert "inferenceos 0.1.0 -> 9.9.0 available" in out
+    assert "inferenceos-runtime 0.1.0 -> 9.9.0 available: pip install -U inferenceos-runtime" \
+        in out
 
 
 def test_update_offline_says_so_quickly(capsys: pytest.CaptureFixture[str],
@@ -128,7 +130,7 @@ def test_update_offline_says_so_quickly(capsys: pytest.CaptureFixture[str],
     start = time.monotonic()
     code, out, _ = run_cli(["update"], capsys, monkeypatch)
     assert code == 0 and out.startswith("offline: could not reach")
-    assert "inferenceos 0.1.0" in out and time.monotonic() - start < 3
+    assert "inferenceos-runtime 0.1.0" in out and time.monotonic() - start < 3
 
 
 def test_update_never_hangs_on_a_silent_server(capsys: pytest.CaptureFixture[str],
@@ -144,8 +146,8 @@ def test_update_never_hangs_on_a_silent_server(capsys: pytest.CaptureFixture[str
         elapsed = time.monotonic() - start
     data = json.loads(out)
     assert code == 0 and not data["online"] and elapsed < 2
-    assert "0.5 s" in data["packages"]["inferenceos"]["error"] or \
-        "timed out" in data["packages"]["inferenceos"]["error"]
+    assert "0.5 s" in data["packages"]["inferenceos-runtime"]["error"] or \
+        "timed out" in data["packages"]["inferenceos-runtime"]["error"]
 
 
 def test_version_comparison() -> None:

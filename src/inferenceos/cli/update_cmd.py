@@ -4,6 +4,9 @@ Never hangs: each package is looked up in a daemon thread and the command waits 
 `update.timeout_s` seconds in all (DNS included, which socket timeouts do not cover);
 whatever has not answered by then is reported as unreachable. It only reports: upgrading
 is left to the user's pip command, printed when something is newer.
+
+The distribution is `inferenceos-runtime` (`inferenceos` on PyPI is an unrelated
+project); the import package and the command stay `inferenceos`.
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ import typer
 from inferenceos.cli.console import out, print_json
 from inferenceos.config import load_config
 
-PACKAGES = ("inferenceos", "llama-cpp-python")
+DIST_NAME = "inferenceos-runtime"  # pyproject's [project].name
+PACKAGES = (DIST_NAME, "llama-cpp-python")
 
 
 def installed_version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        if package == "inferenceos":  # running from a source tree
+        if package == DIST_NAME:  # running from a source tree
             import inferenceos
 
             return inferenceos.__version__
