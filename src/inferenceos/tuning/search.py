@@ -192,7 +192,9 @@ def optimize(
     """
     started = time.monotonic()
     base = llama_defaults(has_gpu)
-    with TrialRunner(path, prompt_len, decode_len) as runner:
+    # no trial may take more than a tenth of the budget (a machine busy enough to make
+    # one trial crawl would otherwise spend the whole budget on the baseline)
+    with TrialRunner(path, prompt_len, decode_len, max(2.0, budget_s / 10)) as runner:
         s = _Search(runner, budget_s, on_trial, rounds)
         first = s.trial(base, "baseline")
         if not first.ok:
@@ -212,7 +214,7 @@ def optimize(
         if best == base:
             base_runs = [t for t in s.trials if t.knobs == base and t.ok and
                          not t.stopped_early]  # fmt: skip
-            measured = _measured(base_runs)
+            measured = _measured(base_runs or [first])
             note = "llama.cpp's defaults were the fastest settings tried"
             return SearchResult(str(path), base, measured, base, measured,
                                 {"prefill": 1.0, "decode": 1.0}, s.trials, budget_s,

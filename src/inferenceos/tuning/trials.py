@@ -10,7 +10,8 @@ A trial: a warm-up (8 prompt tokens and 2 decode steps: the first evaluation on 
 thread count pays for waking the thread pool; the whole prompt on a new context, whose
 first evaluation pays for faulting in its buffers), then the prompt in n_batch chunks (prefill
 t/s), then single-token decode steps on top of it in chunks of `DECODE_CHUNK` (decode
-t/s), stopped early when `stop` says the rate is hopeless. Every evaluation ends with
+t/s), stopped early when `stop` says the rate is hopeless, or cut short (fewer tokens,
+still a measurement) past `max_trial_s`. Every evaluation ends with
 `llama_synchronize`, so a GPU's asynchronous work is inside the timed span.
 """
 
@@ -100,6 +101,9 @@ class TrialRunner:
     path: Path
     prompt_len: int = 512
     decode_len: int = 64
+    # a trial's decode ends after the chunk that crosses this many seconds (a machine
+    # so busy that one trial would eat the budget): fewer tokens, still a measurement
+    max_trial_s: float | None = None
     _models: OrderedDict[tuple[Any, ...], LoadedModel] = field(default_factory=OrderedDict)
     _tokens: list[int] = field(default_factory=list)
 
@@ -156,6 +160,7 @@ class TrialRunner:
         ll = lib()
         ll.llama_set_n_threads(lm.ctx, knobs.n_threads, knobs.n_threads_batch)
         tokens = self._tokens
+        t_start = time.perf_counter()
         lm.reset()  # warm-up: wake the thread pool at this thread count; on a new
         # context the whole prompt, so the first touch of the compute buffers is untimed
         lm.prefill(tokens if res.load_s else tokens[:8])
@@ -178,9 +183,12 @@ class TrialRunner:
                 lm.decode_one(token)
                 res.decode_tokens += 1
             ll.llama_synchronize(lm.ctx)
-            res.decode_tps = res.decode_tokens / (time.perf_counter() - t0)
+            now = time.perf_counter()
+            res.decode_tps = res.decode_tokens / (now - t0)
             if res.decode_tokens < self.decode_len and stop is not None and stop(res.decode_tps):
                 res.stopped_early = True
+                return
+            if self.max_trial_s is not None and now - t_start > self.max_trial_s:
                 return
 
     def close(self) -> None:
