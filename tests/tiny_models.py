@@ -130,9 +130,14 @@ def _add_layer(w: GGUFWriter, s: TinyShape, i: int, rng: np.random.Generator) ->
 
 
 def write_tiny_model(
-    path: Path, kind: str = "llama", seed: int = 0, chat_template: str | None = CHATML_TEMPLATE
+    path: Path, kind: str = "llama", seed: int = 0, chat_template: str | None = CHATML_TEMPLATE,
+    letters_only: bool = False,
 ) -> Path:
-    """Write a tiny model of `kind` ('llama', 'moe' or 'swa') to `path` and return it."""
+    """Write a tiny model of `kind` ('llama', 'moe' or 'swa') to `path` and return it.
+
+    `letters_only`: the output rows of every token but the letters are zero, so greedy
+    decoding writes readable letters (a logit of 0 loses to the best of 28 random ones)
+    and never ends on its own (for tests that read the text on a screen)."""
     s = SHAPES[kind]
     rng = np.random.default_rng(seed)
     n_vocab = 3 + 256 + len(LETTERS)
@@ -144,9 +149,10 @@ def write_tiny_model(
     for i in range(s.n_layer):
         _add_layer(w, s, i, rng)
     w.add_tensor("output_norm.weight", np.ones(s.n_embd, dtype=np.float32))
-    w.add_tensor(
-        "output.weight", (rng.standard_normal((n_vocab, s.n_embd)) * 0.1).astype(np.float32)
-    )
+    output = (rng.standard_normal((n_vocab, s.n_embd)) * 0.1).astype(np.float32)
+    if letters_only:
+        output[: n_vocab - len(LETTERS)] = 0.0
+    w.add_tensor("output.weight", output)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

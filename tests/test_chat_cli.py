@@ -1,0 +1,241 @@
+"""`inferenceos chat` in a real terminal: tmux runs it, the test types and reads the screen.
+
+The model writes letters only (tiny_models' `letters_only`), so its greedy reply can be
+computed with the Python API and looked for on the screen.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import cli_env
+from tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+GREEDY = ["--temperature", "0", "--max-tokens", "12", "--ctx", "256", "--threads", "1"]
+
+
+class Screen:
+    """One tmux session running a command; type into it and read what it shows. Each
+    screen has its own tmux server (socket), so tests never share or race one."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.name = f"ios-chat-{uuid.uuid4().hex[:8]}"
+        self.tmux = ["tmux", "-L", self.name]
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
+                           if k in ("PYTHONPATH", "INFERENCEOS_HOME", "PATH", "HOME"))
+        cmd = f"env {exports} TERM=xterm-256color {shlex.join(args)}; echo EXITED=$?; sleep 60"
+        subprocess.run([*self.tmux, "new-session", "-d", "-s", self.name, "-x", "150", "-y", "50",
+                        "-c", str(cwd), cmd], check=True)
+
+    def send(self, *keys: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
+
+    def line(self, text: str) -> None:
+        self.send("-l", text)
+        self.send("Enter")
+
+    def text(self) -> str:
+        return subprocess.run([*self.tmux, "capture-pane", "-p", "-J", "-S", "-200", "-t",
+                               self.name], capture_output=True, text=True).stdout
+
+    def wait(self, pattern: str, timeout: float = 60, count: int = 1) -> str:
+        """The screen once `pattern` (a regex) appears `count` times."""
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.text()
+            if len(re.findall(pattern, screen)) >= count:
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} did not appear; screen:\n{screen}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def letters(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("chat") / "letters.gguf",
+                            letters_only=True)
+
+
+@pytest.fixture(scope="module")
+def letters_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("chat") / "letters-base.gguf",
+                            letters_only=True, chat_template=None)
+
+
+@pytest.fixture
+def screens(tmp_path: Path) -> Iterator[list[Screen]]:
+    opened: list[Screen] = []
+    yield opened
+    for s in opened:
+        s.close()
+
+
+def _chat(screens: list[Screen], tmp_path: Path, *args: str) -> Screen:
+    env = cli_env()
+    screen = Screen([sys.executable, "-m", "inferenceos", *args], env, tmp_path)
+    screens.append(screen)
+    screen.wait(r"/help for commands")
+    return screen
+
+
+def _expected(model: Path, messages: list[dict[str, str]]) -> str:
+    import inferenceos
+
+    with inferenceos.load(model, n_ctx=256, threads=1) as m:
+        return m.chat(messages, temperature=0, max_tokens=12).text.strip()
+
+
+def test_reply_stats_save_clear_bye(letters: Path, tmp_path: Path,
+                                    screens: list[Screen]) -> None:
+    s = _chat(screens, tmp_path, "chat", str(letters), "--theme", "none", "--local", *GREEDY)
+    s.line("hello there")
+    want = _expected(letters, [{"role": "user", "content": "hello there"}])
+    screen = s.wait(r">>> ", count=2)
+    assert want in screen  # the streamed reply, as the API computes it
+    s.line("/stats")
+    screen = s.wait(r"context used")
+    assert re.search(r"TTFT\s+\d+ ms", screen)
+    assert re.search(r"reply\s+12 tokens at [\d.]+ t/s", screen)
+    assert re.search(r"context used\s+\d+ of 256 tokens", screen)
+    s.line("/save conv.json")
+    s.wait(r"saved 2 messages")
+    saved = json.loads((tmp_path / "conv.json").read_text())
+    assert saved["messages"][0] == {"role": "user", "content": "hello there"}
+    assert saved["messages"][1]["content"] == want
+    assert saved["options"] == {"temperature": 0.0, "max_tokens": 12}
+    # the second turn carries the history: its reply is the API's for both turns
+    s.line("more")
+    s.wait(r">>> ", count=5)  # hello, /stats, /save, more, and the next prompt
+    screen = s.text()
+    want2 = _expected(letters, [{"role": "user", "content": "hello there"},
+                                {"role": "assistant", "content": want},
+                                {"role": "user", "content": "more"}])
+    assert want2 in screen
+    s.line("/clear")
+    s.wait("conversation cleared")
+    s.line("/save after.json")
+    s.wait("saved 0 messages")
+    s.line("/load conv.json")
+    s.wait("loaded 2 messages")
+    s.line("/bye")
+    assert "EXITED=0" in s.wait(r"EXITED=\d+")
+
+
+def test_multiline_set_and_errors(letters: Path, tmp_path: Path,
+                                  screens: list[Screen]) -> None:
+    s = _chat(screens, tmp_path, "chat", str(letters), "--theme", "none", "--local", *GREEDY)
+    s.line('"""')
+    s.line("first line")
+    s.line('second line"""')
+    s.wait(r">>> ", count=2)
+    s.line("/save ml.json")
+    s.wait("saved 2 messages")
+    saved = json.loads((tmp_path / "ml.json").read_text())
+    assert saved["messages"][0]["content"] == "first line\nsecond line"
+    s.line("/set temperature -1")
+    s.wait(r"error: temperature must be >= 0")
+    s.line("/set top_k 5")
+    s.wait(r"top_k = 5")
+    s.line("/set bogus 1")
+    s.wait(r"error: unknown option 'bogus'")
+    s.line("/nope")
+    s.wait(r"error: unknown command /nope")
+    s.line("/load missing.json")
+    s.wait(r"error: cannot read")
+    s.send("C-d")
+    assert "EXITED=0" in s.wait(r"EXITED=\d+")
+
+
+def test_ctrl_c_stops_the_reply_not_the_session(letters: Path, tmp_path: Path,
+                                                screens: list[Screen]) -> None:
+    s = _chat(screens, tmp_path, "chat", str(letters), "--theme", "none", "--local",
+              "--max-tokens", "100000", "--threads", "1",
+              "--temperature", "0")
+    s.line("go on forever")
+    s.wait(r"forever\n.{10}")  # letters stream in; the model only stops at the context
+    s.send("C-c")
+    s.wait(r"\[reply stopped\]")
+    s.wait(r">>> ", count=2)
+    s.send("C-c")  # at the prompt: a hint, still no exit
+    s.wait(r"use Ctrl-D or /bye")
+    s.line("/set max_tokens 3")
+    s.line("again")
+    s.wait(r">>> ", count=5)
+    s.line("/stats")
+    assert re.search(r"reply\s+3 tokens", s.wait("context used"))
+    s.line("/bye")
+    assert "EXITED=0" in s.wait(r"EXITED=\d+")
+
+
+def test_base_model_says_so_and_uses_a_transcript(letters_base: Path, tmp_path: Path,
+                                                  screens: list[Screen]) -> None:
+    s = _chat(screens, tmp_path, "chat", str(letters_base), "--theme", "none", "--local",
+              *GREEDY)
+    screen = s.text()
+    assert screen.count("has no chat template") == 1
+    s.line("hi")
+    s.wait(r">>> ", count=2)
+    want = _expected(letters_base, [{"role": "user", "content": "hi"}])
+    assert want in s.text()
+    s.line("/bye")
+
+
+def test_run_without_prompt_at_a_terminal_chats(letters: Path, tmp_path: Path,
+                                                screens: list[Screen]) -> None:
+    s = _chat(screens, tmp_path, "run", str(letters), "--threads", "1", "--ctx", "256")
+    s.line("/bye")
+    assert "EXITED=0" in s.wait(r"EXITED=\d+")
+
+
+def test_colours_follow_the_theme(letters: Path, tmp_path: Path,
+                                  screens: list[Screen]) -> None:
+    """dark paints the prompt (ANSI escapes); NO_COLOR turns auto off."""
+    s = _chat(screens, tmp_path, "chat", str(letters), "--theme", "dark", "--local", *GREEDY)
+    raw = subprocess.run([*s.tmux, "capture-pane", "-p", "-e", "-t", s.name],
+                         capture_output=True, text=True).stdout
+    assert "\x1b[" in raw
+    s.line("/bye")
+    from inferenceos.cli.chat_cmd import THEMES, pick_theme
+
+    assert pick_theme("auto", tty=False) == THEMES["none"]
+    assert pick_theme("light", tty=False) == THEMES["light"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NO_COLOR", "1")
+        assert pick_theme("auto", tty=True) == THEMES["none"]
+        mp.delenv("NO_COLOR")
+        mp.setenv("COLORFGBG", "0;15")
+        assert pick_theme("auto", tty=True) == THEMES["light"]
+
+
+def test_chat_talks_to_a_running_server(letters: Path, tmp_path: Path,
+                                        screens: list[Screen]) -> None:
+    """With a server at --url, chat streams through it (the model is a name there)."""
+    from server_harness import serving
+
+    with serving({"letters": letters}, tmp_path / "srv") as h:
+        s = _chat(screens, tmp_path, "chat", "letters", "--url", h.url, "--theme", "none",
+                  "--temperature", "0", "--max-tokens", "12")
+        assert h.url in s.text()
+        s.line("hello there")
+        s.wait(r">>> ", count=2)
+        s.line("/stats")
+        screen = s.wait("context used")
+        assert re.search(r"reply\s+12 tokens", screen)
+        s.line("/bye")
+        s.wait(r"EXITED=\d+")
