@@ -62,6 +62,16 @@ def _host(v: str) -> str | None:
     return None if v and not any(c.isspace() for c in v) else "must be a host name or IP"
 
 
+def _workers(v: str) -> str | None:
+    from inferenceos.cluster.endpoint import parse_endpoints
+
+    try:
+        parse_endpoints(v)
+    except InferenceOSError as exc:
+        return str(exc)
+    return None
+
+
 def _url(v: str) -> str | None:
     return None if v.startswith(("http://", "https://")) else "must start with http(s)://"
 
@@ -83,6 +93,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "Package index JSON API that `update` asks", _url),
     Setting("telemetry.enabled", bool, True,
             "Record runs, requests and loads in the telemetry database"),
+    Setting("cluster.rpc", str, "",
+            "RPC workers every plan may use, comma-separated host:port (inferenceos worker)",
+            lambda v: _workers(v)),
 )}
 
 

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from inferenceos.cli.cluster_opts import RpcOpt
 from inferenceos.cli.console import out, print_json
 from inferenceos.cli.simulate_cmd import (
     DiskBwOpt,
@@ -42,11 +43,12 @@ def placement(
     ram_bandwidth: RamBwOpt = None,
     gpu_bandwidth: GpuBwOpt = None,
     disk_bandwidth: DiskBwOpt = None,
+    rpc: RpcOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
 ) -> None:
     """Show which device holds each layer and its experts, and each device's budget."""
     machine = machine_from_options(
-        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth
+        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
     )
     plan = simulate_model(model, machine, 512, 128, ctx, "f16", threads).plan
     if as_json:

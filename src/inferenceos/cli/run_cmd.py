@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from inferenceos.cli.cluster_opts import RpcOpt, budget_caps
 from inferenceos.cli.console import err, print_json
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.engine.sampling import SamplingParams
@@ -130,6 +131,11 @@ def run(
         "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")] = None,
     cache_type_v: Annotated[str | None, typer.Option(
         "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
+    rpc: RpcOpt = None,
+    ram: Annotated[str | None, typer.Option(
+        "--ram", help="RAM budget, e.g. 8GiB (leave room for other programs)")] = None,
+    gpu_memory: Annotated[list[str] | None, typer.Option(
+        "--gpu-memory", help="GPU memory budget per GPU, e.g. 6GiB (repeatable)")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object at the end")
     ] = False,
@@ -174,7 +180,7 @@ def run(
         n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
         threads=threads or int(cfg.get("run.threads") or 0),
         n_batch=batch, need_tokens=need, gpu_layers=gpu_layers, backend=backend,
-        type_k=cache_type_k, type_v=cache_type_v,
+        type_k=cache_type_k, type_v=cache_type_v, **budget_caps(rpc, ram, gpu_memory),
     )  # fmt: skip
     with LoadedModel(spec.path, _plan_settings(spec.path, req)) as lm:
         tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw, template))

@@ -40,10 +40,19 @@ def buffer_type(device: str) -> int:
     return int(buft)
 
 
+def _soname(stem: str) -> Any:
+    """lib{stem}.so.0 when present: the copy libllama.so links to. The wheel ships the
+    .so and .so.0 names as separate files, and loading the other one would give a
+    second instance with its own state (abort callback, RPC connections)."""
+    lib_dir = library_dir()
+    path = lib_dir / f"lib{stem}.so.0"
+    return path if path.exists() else lib_dir / f"lib{stem}.so"
+
+
 @functools.cache
 def _rpc() -> Any:
     _ggml()
-    path = library_dir() / "libggml-rpc.so"
+    path = _soname("ggml-rpc")
     if not path.exists():
         raise ModelLoadError(
             "the plan uses RPC workers but llama.cpp was built without its RPC backend; "
@@ -101,3 +110,60 @@ def device_array(names: tuple[str, ...]) -> Any:
             raise ModelLoadError(f"llama.cpp has no device named {name!r}")
         handles.append(int(dev))
     return (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+
+
+# llama.cpp's RPC client aborts the process when a worker's connection breaks
+# (RPC_STATUS_ASSERT → GGML_ABORT). In a model worker process that is the right end (the
+# parent reports WorkerDiedError and the model is planned again), but "exit code -6"
+# says nothing: the abort message is left in a note the parent reads (`abort_note`).
+_abort_callback: Any = None
+
+
+def _note_path(pid: int) -> Any:
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.gettempdir()) / f"inferenceos-abort-{pid}.txt"
+
+
+def install_abort_note() -> None:
+    """Make a ggml abort in this process leave its message for `abort_note(pid)`."""
+    global _abort_callback
+    if _abort_callback is not None:
+        return
+    import os
+
+    base = ctypes.CDLL(str(_soname("ggml-base")))
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+    path = str(_note_path(os.getpid()))
+
+    def on_abort(message: bytes | None) -> None:
+        text = (message or b"").decode("utf-8", "replace")
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError:
+            pass
+        import sys
+
+        sys.stderr.write(text + "\n")
+
+    _abort_callback = proto(on_abort)
+    base.ggml_set_abort_callback.argtypes = [proto]
+    base.ggml_set_abort_callback.restype = ctypes.c_void_p
+    base.ggml_set_abort_callback(_abort_callback)
+
+
+def abort_note(pid: int) -> str:
+    """Why process `pid` aborted inside llama.cpp, as a clause to append to a
+    WorkerDiedError (empty when it left no note); the note is removed."""
+    path = _note_path(pid)
+    try:
+        text = path.read_text().strip()
+        path.unlink()
+    except OSError:
+        return ""
+    if "RPC" in text:
+        return (f": a cluster worker was lost mid-request (llama.cpp: {text.split(': ', 1)[-1]});"
+                " the next request plans the model again without it")
+    return f": llama.cpp aborted ({text})"

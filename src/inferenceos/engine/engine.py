@@ -107,7 +107,10 @@ class _Worker:
         self.proc.join(5)
         with self.lock:
             self.alive = False
-            died = ("WorkerDiedError", f"the model worker died (exit code {self.proc.exitcode})")
+            from inferenceos.engine.devices import abort_note
+
+            died = ("WorkerDiedError", f"the model worker died (exit code {self.proc.exitcode})"
+                    + abort_note(self.proc.pid))  # fmt: skip
             for q in self.pending.values():
                 q.put(("error", died))
 

@@ -127,10 +127,11 @@ def _placement_params(ll: Any, params: Any, s: LoadSettings) -> list[Any]:
         params.tensor_split = split
         keep.append(split)
     if s.devices:
-        from inferenceos.engine.devices import device_array
+        from inferenceos.engine.devices import device_array, install_abort_note
 
         devices = device_array(s.devices)  # None: llama.cpp's default (every local device)
         if devices is not None:
+            install_abort_note()
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
             keep.append(devices)
     return keep

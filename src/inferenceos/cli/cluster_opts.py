@@ -1,0 +1,46 @@
+"""The `--rpc` option shared by run, serve, simulate, placement and hardware."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+RpcOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rpc",
+        help="Workers to use (inferenceos worker): host:port[,host:port...] "
+        "(default: config cluster.rpc)",
+    ),
+]
+
+
+def rpc_workers(values: list[str] | None) -> tuple[str, ...]:
+    """The workers asked for: `--rpc` values, else the `cluster.rpc` setting; each
+    checked (UsageError for a bad address), as "host:port[=SIZE]" strings."""
+    from inferenceos.cluster.endpoint import parse_endpoints
+
+    if not values:
+        from inferenceos.config import load_config
+
+        values = [str(load_config().get("cluster.rpc") or "")]
+    eps = parse_endpoints([v for v in values if v])
+    return tuple(
+        e.address + (f"/{e.info_port}" if e.info_port else "")
+        + (f"={e.mem_cap}" if e.mem_cap else "")
+        for e in eps
+    )
+
+
+def budget_caps(
+    rpc: list[str] | None, ram: str | None, gpu_memory: list[str] | None
+) -> dict[str, Any]:
+    """LoadRequest fields for `--rpc`, `--ram` and `--gpu-memory` (run and serve)."""
+    from inferenceos.plan.devices import parse_size
+
+    return {
+        "rpc": rpc_workers(rpc),
+        "ram": parse_size(ram) if ram else None,
+        "gpu_memory": tuple(parse_size(g) for g in gpu_memory) if gpu_memory else None,
+    }

@@ -1,0 +1,247 @@
+"""Multi-node over llama.cpp's RPC backend, on loopback: two real `inferenceos worker`
+processes, each offering less memory than the model needs, and a RAM cap here, so that
+the planner must split the model over this machine and both workers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run_cli
+from inferenceos.cluster.endpoint import parse_endpoint, parse_endpoints
+from inferenceos.cluster.probe import probe_worker
+from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
+from inferenceos.cluster.worker import WorkerConfig, check_bind
+from inferenceos.errors import UsageError, WorkerDiedError
+from tiny_models import write_tiny_model
+
+# the "deep" tiny model: 6 layers of ~1 MiB, 6.2 MB of weights. A worker offering 4 MiB
+# takes 2 layers (after its compute reserve); 6 MiB of RAM here holds 2 more.
+WORKER_MEM = "4MiB"
+RAM = 6 << 20
+N_CTX = 256
+
+
+@pytest.fixture(scope="module")
+def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("cluster") / "deep.gguf", "deep")
+
+
+class Workers:
+    """Two loopback workers that a test may kill and start again."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.ports = [free_port(), free_port()]
+        while self.ports[1] in (self.ports[0], self.ports[0] + 1, self.ports[0] - 1):
+            self.ports[1] = free_port()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        for p in self.ports:
+            self.start(p)
+
+    def start(self, port: int) -> None:
+        self.procs[port] = spawn_worker(port, mem=WORKER_MEM, threads=1,
+                                        log=self.logs / f"worker-{port}.log")  # fmt: skip
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(f"127.0.0.1:{p}" for p in self.ports)
+
+    def names(self) -> list[str]:
+        return [f"RPC[{a}]" for a in self.addresses]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            stop_worker(proc)
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    w = Workers(tmp_path_factory.mktemp("worker-logs"))
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def _plan(model: Path, rpc: tuple[str, ...], ram: int | None = RAM):  # type: ignore[no-untyped-def]
+    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    return plan_load(load_model_facts(model), local_machine(),
+                     LoadRequest(n_ctx=N_CTX, rpc=rpc, ram=ram))  # fmt: skip
+
+
+def _greedy(model: Path, params, n: int = 24) -> list[int]:  # type: ignore[no-untyped-def]
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.session import LoadedModel
+
+    sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    with LoadedModel(model, params) as lm:
+        return [e.token for e in lm.generate(lm.tokenize("hello world"), sp)]
+
+
+# -- addresses and the bind rule ------------------------------------------------------
+
+
+def test_endpoints_parse_and_reject_clearly() -> None:
+    eps = parse_endpoints(["10.0.0.2:50052,10.0.0.3:50052=8GiB", "10.0.0.2:50052"])
+    assert [e.address for e in eps] == ["10.0.0.2:50052", "10.0.0.3:50052"]
+    assert eps[1].mem_cap == 8 << 30 and eps[0].info_address == ("10.0.0.2", 50053)
+    assert parse_endpoint("h:7/9000").info_address == ("h", 9000)
+    for bad in ("nope", "h:0", "h:x", ":5", "h:5=lots"):
+        with pytest.raises(UsageError):
+            parse_endpoint(bad)
+
+
+def test_worker_refuses_a_remote_bind_without_allow_remote() -> None:
+    assert check_bind(WorkerConfig(host="127.0.0.1")) is None
+    with pytest.raises(UsageError, match="--allow-remote"):
+        check_bind(WorkerConfig(host="0.0.0.0"))
+    warning = check_bind(WorkerConfig(host="0.0.0.0", allow_remote=True))
+    assert warning and "neither authenticated nor encrypted" in warning
+    r = run_cli("worker", "--host", "0.0.0.0", "--port", "50999")
+    assert r.returncode == 2 and "refusing" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- what a worker offers ---------------------------------------------------------------
+
+
+def test_worker_offers_its_capped_memory_and_a_measured_link(workers: Workers) -> None:
+    ep = parse_endpoint(workers.addresses[0])
+    first = probe_worker(ep)
+    assert first.usable and first.info is not None and first.link is not None
+    [dev] = first.info.devices
+    assert dev.type == "cpu" and dev.offered_bytes == 4 << 20 < dev.memory_free_bytes
+    assert first.info.threads == 1 and not first.info.busy
+    assert 0 < first.link.rtt_s < 0.05 and first.link.bandwidth_gbps > 0.01
+    again = probe_worker(ep)
+    assert again.link_cached and again.link == first.link  # measured once, then cached
+
+
+def test_unreachable_worker_is_left_out_with_the_reason(deep_model: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    plan = _plan(deep_model, (dead,), ram=None)
+    assert plan.feasible and "RPC[" not in str(plan.placement.dense)
+    assert any("unreachable" in c.why and dead in c.why for c in plan.changes)
+
+
+# -- the planner splits, llama.cpp computes the same tokens -------------------------------
+
+
+def test_plan_splits_over_both_workers(deep_model: Path, workers: Workers) -> None:
+    plan = _plan(deep_model, workers.addresses)
+    dense = plan.placement.dense
+    assert dense.count("CPU") >= 1
+    for name in workers.names():
+        assert dense.count(name) >= 1, dense
+    assert plan.params().devices == tuple(workers.names())
+    assert sum(plan.params().tensor_split) == pytest.approx(1.0)
+    # the whole model fits nowhere alone: RAM here and each worker hold less than it
+    assert plan.memory.by_device["CPU"] <= RAM
+
+
+def test_split_run_gives_the_local_greedy_tokens(deep_model: Path, workers: Workers) -> None:
+    from inferenceos.engine.llama_lib import log
+
+    split = _plan(deep_model, workers.addresses)
+    mark = log().mark()
+    tokens = _greedy(deep_model, split.params())
+    buffers = " ".join(line for line in log().since(mark) if "model buffer size" in line)
+    assert "RPC0" in buffers or "RPC" in buffers, buffers  # llama.cpp put weights remote
+    local = _plan(deep_model, (), ram=None)
+    assert local.placement.gpu_layers == 0
+    assert tokens == _greedy(deep_model, local.params())
+
+
+def test_simulate_reports_each_worker_as_a_tier(deep_model: Path, workers: Workers) -> None:
+    import json
+
+    r = run_cli("simulate", str(deep_model), "--rpc", ",".join(workers.addresses),
+                "--ram", "6MiB", "--ctx", str(N_CTX), "--prompt-tokens", "16",
+                "--output-tokens", "8", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    peak = data["peak_memory_bytes"]
+    for name in workers.names():
+        assert peak[name] > 0
+    links = [k for k in data["decode_seconds_by_resource"] if k.startswith("link RPC[")]
+    assert len(links) == 2
+
+
+def test_run_cli_over_workers_matches_local(deep_model: Path, workers: Workers) -> None:
+    args = ["run", str(deep_model), "--prompt", "hello", "--raw", "-n", "12",
+            "--temperature", "0", "--ignore-eos", "--ctx", str(N_CTX), "--json"]  # fmt: skip
+    split = run_cli(*args, "--rpc", ",".join(workers.addresses), "--ram", "6MiB")
+    assert split.returncode == 0, split.stderr
+    assert "RPC[" in split.stderr  # the plan line names the workers
+    local = run_cli(*args)
+    assert local.returncode == 0, local.stderr
+    import json
+
+    assert json.loads(split.stdout)["text"] == json.loads(local.stdout)["text"]
+
+
+# -- one client at a time; failure mid-stream; a worker that comes back ------------------
+
+
+def test_busy_worker_is_left_out(deep_model: Path, workers: Workers) -> None:
+    from inferenceos.engine.session import LoadedModel
+
+    plan = _plan(deep_model, workers.addresses)
+    with LoadedModel(deep_model, plan.params()):
+        time.sleep(0.3)  # /proc/net/tcp shows the connection
+        probe = probe_worker(parse_endpoint(workers.addresses[0]))
+        assert not probe.usable and "busy" in probe.error
+        again = _plan(deep_model, workers.addresses, ram=None)
+        assert all(name not in again.placement.dense for name in workers.names())
+        assert any("busy" in c.why for c in again.changes)
+
+
+def test_worker_lost_mid_stream_then_replanned_then_back(
+    deep_model: Path, workers: Workers
+) -> None:
+    from inferenceos.engine.engine import Engine
+    from inferenceos.engine.sampling import SamplingParams
+
+    plan = _plan(deep_model, workers.addresses)
+    sp = SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True)
+    victim = workers.ports[1]
+    engine = Engine(deep_model, plan.params().per_sequence(), n_parallel=1)
+    try:
+        gen = engine.generate("hello world", sp)
+        events = iter(gen.events)
+        for _ in range(5):
+            next(events)
+        workers.procs[victim].send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="cluster worker was lost"):
+            for _ in events:
+                assert time.monotonic() - started < 30, "the stream hangs"
+    finally:
+        engine.close()
+    workers.procs[victim].wait(5)
+    # the next plan leaves the lost worker out and runs on what is left
+    replanned = _plan(deep_model, workers.addresses)
+    lost = f"RPC[127.0.0.1:{victim}]"
+    assert lost not in replanned.placement.dense
+    assert any(f"127.0.0.1:{victim}" in c.why for c in replanned.changes)
+    assert len(_greedy(deep_model, replanned.params(), n=8)) >= 8
+    # a worker that comes back is used again by the next plan
+    workers.start(victim)
+    back = _plan(deep_model, workers.addresses)
+    assert lost in back.placement.dense
+
+
+def test_worker_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    proc = spawn_worker(port, threads=1, log=tmp_path / "w.log")
+    assert stop_worker(proc) == 0
+    text = (tmp_path / "w.log").read_text()
+    assert "worker ready" in text and "worker stopped" in text
