@@ -146,3 +146,12 @@ def test_stop_unloads_through_the_server(server: Harness) -> None:
     assert client.ps().models == []
     r = run_cli("stop", "tiny", *args)
     assert r.returncode == 1 and "not loaded" in r.stderr
+
+
+def test_python_api_pull(hub_env: dict[str, str]) -> None:
+    import inferenceos
+
+    seen: list[str] = []
+    e = inferenceos.pull(f"hf.co/{REPO}:Q4_K_M", progress=seen.append)
+    assert e.name == "hf.co/theorg/tiny-gguf:Q4_K_M" and seen[-1] == "success"
+    assert [m.name for m in inferenceos.list()] == [e.name]

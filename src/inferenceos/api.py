@@ -332,7 +332,9 @@ def load(
 
 def pull(name: str, *, progress: Any = None) -> ModelEntry:
     """Register a model: a local .gguf path is imported, a name is pulled (the built-in
-    `gemma3-270m`, or what the registry knows how to fetch). Returns its entry."""
+    `gemma3-270m`, or `hf.co/ORG/REPO[:QUANT]` from the Hugging Face Hub). `progress`
+    gets one status line at a time. Returns its entry."""
+    from inferenceos.registry import hub
     from inferenceos.registry.store import ModelStore
 
     store = ModelStore()
@@ -340,7 +342,7 @@ def pull(name: str, *, progress: Any = None) -> ModelEntry:
     path = Path(name).expanduser()
     if path.is_file():
         return store.import_file(path, None, progress=report)
-    return store.pull(name, progress=report)
+    return hub.pull(store, name, lambda event: report(event.status))
 
 
 def list() -> builtins.list[ModelEntry]:  # shadows the builtin on purpose, as ollama.list()
