@@ -14,16 +14,14 @@ from fake_hub import FakeHub, tiny_gguf, tiny_split_gguf
 from inferenceos.errors import ModelLoadError, ModelNotFoundError, UsageError
 from inferenceos.model.spec import load_spec
 from inferenceos.registry import hub as hubmod
-from inferenceos.registry.hub import (
+from inferenceos.registry.hub import HubError, PullEvent, pull, pull_events
+from inferenceos.registry.hub_names import (
     Candidate,
-    HubError,
     HubFile,
-    PullEvent,
+    HubRef,
     candidates,
     choose,
     parse_hub_ref,
-    pull,
-    pull_events,
     quant_label,
 )
 from inferenceos.registry.loadcheck import check_loadable
@@ -68,8 +66,8 @@ def leftovers(store: ModelStore) -> list[str]:
 
 
 def test_hub_names_parse() -> None:
-    assert parse_hub_ref("hf.co/a/b:Q4_K_M") == hubmod.HubRef("a/b", "Q4_K_M")
-    assert parse_hub_ref("huggingface.co/a/b") == hubmod.HubRef("a/b")
+    assert parse_hub_ref("hf.co/a/b:Q4_K_M") == HubRef("a/b", "Q4_K_M")
+    assert parse_hub_ref("huggingface.co/a/b") == HubRef("a/b")
     r = parse_hub_ref("hf.co/Org/Repo-GGUF/sub/Model-Q8_0.gguf")
     assert (r.repo, r.quant, r.file) == ("Org/Repo-GGUF", None, "sub/Model-Q8_0.gguf")
     assert r.registry_name("Q8_0") == "hf.co/org/repo-gguf:Q8_0"

@@ -142,7 +142,7 @@ def _ollama_model_digest(manifest: Path) -> str | None:
 
 def lmstudio_models(root: Path) -> Iterator[Found | Outcome]:
     """`PUBLISHER/REPO/FILE.gguf` under an LM Studio models folder."""
-    from inferenceos.registry.hub import quant_label
+    from inferenceos.registry.hub_names import quant_label
 
     for path in _gguf_files(root):
         rel = path.relative_to(root).parts
@@ -176,7 +176,7 @@ def hf_cache_repo_files(repo: str, root: Path | None = None) -> dict[str, tuple[
     """{path in repo: (snapshot file, sha256 hex)} for the GGUF files of `repo` in the
     Hugging Face cache (newest snapshot first wins). Only LFS files count: their blob is
     named by its sha256, which is where the digest comes from."""
-    from inferenceos.registry.hub import validate_repo_path
+    from inferenceos.registry.hub_names import validate_repo_path
 
     root = root or hf_cache_root()
     out: dict[str, tuple[Path, str]] = {}
@@ -200,7 +200,7 @@ def hf_cache_repo_files(repo: str, root: Path | None = None) -> dict[str, tuple[
 
 def hf_cache_models(root: Path) -> Iterator[Found | Outcome]:
     """Every GGUF model in the Hugging Face cache, named as a pull would name it."""
-    from inferenceos.registry.hub import HOST, HubFile, candidates
+    from inferenceos.registry.hub_names import HOST, HubFile, candidates
 
     for repo, _ in _hf_repo_dirs(root):
         files = hf_cache_repo_files(repo, root)
