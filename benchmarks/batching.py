@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import finish, record
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import LoadSettings, default_threads
@@ -67,17 +68,23 @@ def alone(n: int, one: One) -> list[str]:
     return [one(i)[2] for i in range(n)]
 
 
-def ours(engine: Engine, tokens: int) -> One:
+def ours(engine: Engine, tokens: int, concurrency: int = 0,
+         settings: LoadSettings | None = None) -> One:
+    """Request i on `engine`; recorded in telemetry when `concurrency` is given."""
     sampling = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
     def one(i: int) -> tuple[float, int, str]:
         t0 = time.perf_counter()
         ttft, n, text = 0.0, 0, []
-        for ev in engine.generate(PROMPTS[i % len(PROMPTS)], sampling):
+        gen = engine.generate(PROMPTS[i % len(PROMPTS)], sampling)
+        for ev in gen:
             text.append(ev.text)
             if ev.token >= 0:
                 n += 1
                 ttft = ttft or time.perf_counter() - t0
+        if concurrency:
+            record("batching", engine.spec.path, metrics=gen.metrics, settings=settings,
+                   concurrency=concurrency, total_s=time.perf_counter() - t0)
         return ttft, n, "".join(text)
 
     return one
@@ -128,11 +135,12 @@ def start_server(
     raise RuntimeError("llama-server did not become healthy")
 
 
-def lone_decode_tps(engine: Engine, tokens: int) -> float:
+def lone_decode_tps(engine: Engine, tokens: int, settings: LoadSettings | None = None) -> float:
     """One stream's decode t/s (decode only, as llama-bench's tg measures)."""
     lone = engine.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=tokens,
                                                       ignore_eos=True))  # fmt: skip
     lone.text()
+    record("batching", engine.spec.path, metrics=lone.metrics, settings=settings)
     return lone.metrics.decode_tps
 
 
@@ -165,9 +173,10 @@ def main() -> None:
                 # a fresh engine, as llama-bench starts empty: prefixes other sequences
                 # left cached in the shared KV pool slow a lone stream (docs/engine.md)
                 with Engine(model, settings, n_parallel=args.streams) as fresh:
-                    single.append(lone_decode_tps(fresh, args.tokens))
+                    single.append(lone_decode_tps(fresh, args.tokens, settings))
                 bench.append(bench_tg(bench_bin, model, args.tokens, threads))
-                a, t, texts = concurrent(args.streams, ours(engine, args.tokens))
+                a, t, texts = concurrent(args.streams,
+                                         ours(engine, args.tokens, args.streams, settings))
                 agg.append(a)
                 ttfts += t
                 a, t, s_texts = concurrent(args.streams, server(port, args.tokens))
@@ -193,6 +202,7 @@ def main() -> None:
     s_same = sum(a == b for a, b in zip(s_texts, s_lone_texts, strict=True))
     print(f"greedy texts identical to the prompt run alone: ours {same}/{args.streams}, "
           f"llama-server {s_same}/{args.streams}")  # fmt: skip
+    finish("batching")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import child_env, finish
 from inferenceos.model.default_model import ensure_default_model
 from llama_tools import llama_tool
 
@@ -72,7 +73,9 @@ def ours_tg(model: Path, tokens: int, threads: int, greedy: bool) -> float:
     ]
     if greedy:
         args += ["--temperature", "0"]
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    # the run records itself in telemetry, tagged as this benchmark's
+    out = subprocess.run(args, check=True, capture_output=True, text=True,
+                         env=child_env("run_overhead")).stdout
     metrics = json.loads(out)["metrics"]
     assert metrics["completion_tokens"] == tokens, metrics
     return float(metrics["decode_tps"])
@@ -111,6 +114,7 @@ def main() -> None:
         print(f"        rounds: llama-bench {[round(x, 1) for x in base]}, "
               f"ours {[round(x, 1) for x in sampled]}, greedy {[round(x, 1) for x in greedy]}")
     print(f"worst ratio {worst:.3f} (target >= 0.95)")
+    finish("run_overhead")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from inferenceos.telemetry import db as dbmod
 from inferenceos.telemetry.identity import Machine, ModelInfo, current_machine, model_info
 
 QUEUE_MAX = 10_000
+SOURCE_ENV = "INFERENCEOS_TELEMETRY_SOURCE"
 FLUSH_AT_EXIT_S = 5.0
 
 ModelRef = Path | str  # a GGUF path, or (with digest=) any name
@@ -101,6 +102,9 @@ class Recorder:
     def __init__(self, path: Path | None = None, enabled: bool = True) -> None:
         self.path = Path(path) if path is not None else dbmod.db_path()
         self.enabled = enabled
+        # a benchmark tags the runs of the processes it starts (`inferenceos run`, a
+        # server) with its own name: INFERENCEOS_TELEMETRY_SOURCE=benchmark:NAME
+        self.source_override = os.environ.get(SOURCE_ENV) or None
         self.written = 0  # jobs committed
         self.lost = 0  # jobs dropped: failed file, full queue, unknown model
         self._lock = threading.Lock()
@@ -138,7 +142,8 @@ class Recorder:
             if settings and row.get(col) is None and isinstance(settings.get(skey), int):
                 row[col] = settings[skey]
         row.update(fields)
-        row.update(uid=_uid(), ts=time.time(), load_uid=load_uid, source=source,
+        row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
+                   source=self.source_override or source,
                    concurrency=int(concurrency), settings=_json(dict(settings or {})),
                    loadavg=_loadavg() if loadavg is None else loadavg,
                    extra=_json(dict(extra or {})))
@@ -155,7 +160,8 @@ class Recorder:
         if not self.enabled:
             return uid
         mem, total = memory_json(memory)
-        row = dict(uid=uid, ts=time.time(), source=source, load_s=load_s,
+        row = dict(uid=uid, ts=time.time(), source=self.source_override or source,
+                   load_s=load_s,
                    plan=_json(dict(plan or {})), settings=_json(dict(settings or {})),
                    memory=_json(mem), memory_bytes=total)
         self._submit(_Job(_insert("loads", row), model, digest, name))
