@@ -131,3 +131,83 @@ def test_describe_names_the_source_and_ratios() -> None:
     text = describe(_best())
     assert text.startswith("tuned by optimize")
     assert "t2/2 b1024/u256 fa:on kv:q8_0/q8_0" in text and "1.10x" in text
+
+
+# -- the search on a machine with known rates --------------------------------------------
+
+
+class FakeRunner:
+    """A machine whose rates are a function of the settings (no noise): the search's rules
+    decide alone. The real trials are tested in test_optimize.py."""
+
+    def __init__(self, rates) -> None:  # rates(knobs) -> (prefill t/s, decode t/s)
+        self.rates = rates
+        self.seen: list[tuple[str, Knobs]] = []
+
+    def run(self, knobs: Knobs, phase: str, stop=None, skip_decode=None, dimension=""):
+        from inferenceos.tuning.trials import TrialResult
+
+        self.seen.append((phase, knobs))
+        pre, dec = self.rates(knobs)
+        res = TrialResult(knobs, phase, pre, dec, 512, 64, dimension=dimension,
+                          elapsed_s=0.001)  # fmt: skip
+        if skip_decode is not None and skip_decode(pre):
+            res.decode_tps, res.decode_tokens, res.stopped_early = 0.0, 0, True
+        elif stop is not None and stop(dec):
+            res.decode_tokens, res.stopped_early = 16, True
+        return res
+
+    def close(self) -> None:
+        pass
+
+
+def _search(rates, monkeypatch: pytest.MonkeyPatch, max_threads: int = 4):
+    from inferenceos.tuning import space
+    from inferenceos.tuning.search import optimize
+
+    monkeypatch.setattr(space, "physical_cores", lambda: 4)  # the defaults: 4 threads
+    runner = FakeRunner(rates)
+    result = optimize(Path("m.gguf"), budget_s=60, max_threads=max_threads, runner=runner)
+    return result, runner
+
+
+def test_search_finds_separate_thread_counts_and_a_faster_ubatch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def rates(k: Knobs) -> tuple[float, float]:
+        # decode peaks at 2 threads (bandwidth), prefill scales with threads; ubatch 256
+        # is 20 % faster at prefill; a q8_0 cache costs 10 % decode
+        dec = {1: 40, 2: 60, 3: 55, 4: 50}[k.n_threads] * (0.9 if k.type_k == "q8_0" else 1)
+        pre = 100 * k.n_threads_batch * (1.2 if k.n_ubatch == 256 else 1)
+        return pre, dec
+
+    result, runner = _search(rates, monkeypatch)
+    assert (result.baseline.n_threads, result.baseline.n_threads_batch) == (4, 4)
+    assert (result.best.n_threads, result.best.n_threads_batch) == (2, 4)
+    assert result.best.n_ubatch == 256 and result.best.type_k == "f16"
+    base_pre, base_dec = rates(result.baseline)
+    assert result.ratios["prefill"] == pytest.approx(480 / base_pre)
+    assert result.ratios["decode"] == pytest.approx(60 / base_dec)
+    assert result.ended == "searched" and result.confirm_rounds == 3
+    phases = [p for p, _ in runner.seen]
+    assert phases[0] == "baseline" and "duel" in phases and phases[-1] == "confirm"
+    # the thread sweep measures 4 threads first (decode 50), so 1 thread (40 < 0.85 x 50)
+    # is hopeless and stops early; in the batch sweep ubatch 128 (prefill 400 after 480
+    # at ubatch 256) skips its decode; a q8_0 cache (90 % of 60) is not hopeless
+    stopped = [t.knobs for t in result.trials if t.stopped_early]
+    assert [(k.n_threads, k.n_ubatch) for k in stopped] == [(1, 512), (2, 128)]
+    assert all(k.type_k == "f16" for k in stopped)
+
+
+def test_a_trade_off_is_not_adopted_and_defaults_stay_best(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def rates(k: Knobs) -> tuple[float, float]:
+        # flash attention off: 30 % faster prefill but 5 % slower decode: not adopted
+        fa_off = k.flash_attn == 0
+        return (130.0 if fa_off else 100.0), (47.5 if fa_off else 50.0)
+
+    result, _ = _search(rates, monkeypatch, max_threads=4)
+    assert result.best == result.baseline
+    assert result.ratios == {"prefill": 1.0, "decode": 1.0}
+    assert "defaults" in result.notes[0]

@@ -78,7 +78,9 @@ class _Search:
         rounds: int,
     ) -> None:
         self.runner = runner
-        self.deadline = time.monotonic() + budget_s
+        self.budget_s = budget_s
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s
         self.on_trial = on_trial
         self.rounds = rounds
         self.trials: list[TrialResult] = []
@@ -183,55 +185,67 @@ def optimize(
     prompt_len: int = 512,
     decode_len: int = 64,
     max_threads: int | None = None,
+    runner: TrialRunner | None = None,
 ) -> SearchResult:
     """Search for the fastest settings of `path` here within `budget_s` seconds.
 
     Raises ModelLoadError when llama.cpp cannot run even its own defaults (there is then
     nothing to compare against). The best is never worse than the baseline in the
     confirmation: when it does not hold up there, the baseline is returned as the best.
+    `runner` replaces the TrialRunner (the caller closes it), e.g. to test the search's
+    rules on rates that do not depend on a shared machine's noise.
     """
-    started = time.monotonic()
     base = llama_defaults(has_gpu)
     # no trial may take more than a tenth of the budget (a machine busy enough to make
     # one trial crawl would otherwise spend the whole budget on the baseline)
-    with TrialRunner(path, prompt_len, decode_len, max(2.0, budget_s / 10)) as runner:
-        s = _Search(runner, budget_s, on_trial, rounds)
-        first = s.trial(base, "baseline")
-        if not first.ok:
-            raise ModelLoadError(f"llama.cpp's default settings failed: {first.error}")
-        best, ended = base, "searched"
-        for dim in search_space(has_gpu, n_layers, max_threads):
-            cand, out_of_time = s.sweep(dim, best)
-            if cand is not None:
-                if s.left() < s.reserve() + 2 * DUEL_ROUNDS * s.mean_trial_s():
-                    out_of_time = True
-                elif s.duel(cand, best):
-                    best = cand
-            if out_of_time:
-                ended = "budget"
-                break
-        notes: list[str] = []
-        if best == base:
-            base_runs = [t for t in s.trials if t.knobs == base and t.ok and
-                         not t.stopped_early]  # fmt: skip
-            measured = _measured(base_runs or [first])
-            note = "llama.cpp's defaults were the fastest settings tried"
-            return SearchResult(str(path), base, measured, base, measured,
-                                {"prefill": 1.0, "decode": 1.0}, s.trials, budget_s,
-                                time.monotonic() - started, ended, 0, [note])  # fmt: skip
-        rb, rc = s.pair(base, best, "confirm", rounds, timed=True)
-        ratios = {
-            "prefill": round(stopping.paired_ratios([r.prefill_tps for r in rc],
-                                                    [r.prefill_tps for r in rb]), 4),
-            "decode": round(stopping.paired_ratios([r.decode_tps for r in rc],
-                                                   [r.decode_tps for r in rb]), 4),
-        }  # fmt: skip
-        base_m, best_m = _measured(rb), _measured(rc)
-        if min(ratios.values()) < stopping.TOLERANCE:
-            notes.append(f"the best of the search ({best.label()}) did not hold up against "
-                         f"the defaults (prefill {ratios['prefill']:.2f}x, decode "
-                         f"{ratios['decode']:.2f}x): keeping llama.cpp's defaults")  # fmt: skip
-            best, best_m, ratios = base, base_m, {"prefill": 1.0, "decode": 1.0}
-        return SearchResult(str(path), base, base_m, best, best_m, ratios, s.trials,
-                            budget_s, time.monotonic() - started, ended, len(rb),
-                            notes)  # fmt: skip
+    owned = runner is None
+    run = runner or TrialRunner(path, prompt_len, decode_len, max(2.0, budget_s / 10))
+    try:
+        return _optimize(_Search(run, budget_s, on_trial, rounds), path, base,
+                         search_space(has_gpu, n_layers, max_threads))  # fmt: skip
+    finally:
+        if owned:
+            run.close()
+
+
+def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> SearchResult:
+    """The search's steps (see the module docstring) on `s`'s runner."""
+    first = s.trial(base, "baseline")
+    if not first.ok:
+        raise ModelLoadError(f"llama.cpp's default settings failed: {first.error}")
+    best, ended = base, "searched"
+    for dim in dims:
+        cand, out_of_time = s.sweep(dim, best)
+        if cand is not None:
+            if s.left() < s.reserve() + 2 * DUEL_ROUNDS * s.mean_trial_s():
+                out_of_time = True
+            elif s.duel(cand, best):
+                best = cand
+        if out_of_time:
+            ended = "budget"
+            break
+    notes: list[str] = []
+    if best == base:
+        base_runs = [t for t in s.trials if t.knobs == base and t.ok and
+                     not t.stopped_early]  # fmt: skip
+        measured = _measured(base_runs or [first])
+        note = "llama.cpp's defaults were the fastest settings tried"
+        return SearchResult(str(path), base, measured, base, measured,
+                            {"prefill": 1.0, "decode": 1.0}, s.trials, s.budget_s,
+                            time.monotonic() - s.started, ended, 0, [note])  # fmt: skip
+    rb, rc = s.pair(base, best, "confirm", s.rounds, timed=True)
+    ratios = {
+        "prefill": round(stopping.paired_ratios([r.prefill_tps for r in rc],
+                                                [r.prefill_tps for r in rb]), 4),
+        "decode": round(stopping.paired_ratios([r.decode_tps for r in rc],
+                                               [r.decode_tps for r in rb]), 4),
+    }  # fmt: skip
+    base_m, best_m = _measured(rb), _measured(rc)
+    if min(ratios.values()) < stopping.TOLERANCE:
+        notes.append(f"the best of the search ({best.label()}) did not hold up against "
+                     f"the defaults (prefill {ratios['prefill']:.2f}x, decode "
+                     f"{ratios['decode']:.2f}x): keeping llama.cpp's defaults")  # fmt: skip
+        best, best_m, ratios = base, base_m, {"prefill": 1.0, "decode": 1.0}
+    return SearchResult(str(path), base, base_m, best, best_m, ratios, s.trials,
+                        s.budget_s, time.monotonic() - s.started, ended, len(rb),
+                        notes)  # fmt: skip
