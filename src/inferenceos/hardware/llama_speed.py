@@ -44,12 +44,13 @@ _SHAPE = {"n_layer": 6, "n_embd": 1024, "n_ff": 4096, "n_head": 16, "n_head_kv":
 _LETTERS = "abcdefghijklmnopqrstuvwxyz ."
 
 
-def write_probe_model(path: Path) -> Path:
-    """Write the probe model (see the module doc) to `path`; returns `path`."""
+def write_probe_model(path: Path, shape: dict[str, int] | None = None) -> Path:
+    """Write the probe model (see the module doc) to `path`; returns `path`.
+    `shape` overrides its dimensions (the overhead probes are tiny)."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, TokenType
 
-    s = _SHAPE
+    s = {**_SHAPE, **(shape or {})}
     e, ff, nh, nkv = s["n_embd"], s["n_ff"], s["n_head"], s["n_head_kv"]
     hd = e // nh
     tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
@@ -57,6 +58,10 @@ def write_probe_model(path: Path) -> Path:
     for ch in _LETTERS:
         tokens.append(("▁" if ch == " " else ch).encode())
         types.append(TokenType.NORMAL)
+    n_letters = len(tokens) - 259
+    pad = max(0, s.get("n_vocab", 0) - len(tokens))
+    tokens += [f"<pad{i}>".encode() for i in range(pad)]
+    types += [TokenType.UNUSED] * pad
     n_vocab = len(tokens)
     w = GGUFWriter(str(path), "llama")
     w.add_name("llama-speed-probe")
@@ -75,7 +80,9 @@ def write_probe_model(path: Path) -> Path:
     w.add_uint32("general.file_type", 15)  # MOSTLY_Q4_K_M
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
-    w.add_token_scores([0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(len(_LETTERS))])
+    w.add_token_scores(
+        [0.0] * 3 + [-1000.0] * 256 + [-float(i) for i in range(n_letters)] + [-1e9] * pad
+    )
     w.add_token_types([int(t) for t in types])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
