@@ -48,9 +48,24 @@ def _warnings(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if WARNING in line]
 
 
-def _run(model: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    r = run_cli("run", str(model), "-p", "hi", "-n", "4", "--temperature", "0", "--json",
-                INFERENCEOS_HOME=str(home))
+def _small_files() -> None:
+    """In the child: files may not grow past 1 KiB (writes beyond fail with EFBIG), the
+    injected stand-in for a full disk where no tmpfs can be mounted."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+
+def _run(model: Path, home: Path, inject_full: bool = False
+         ) -> subprocess.CompletedProcess[str]:
+    if inject_full:
+        args = [sys.executable, "-m", "inferenceos", "run", str(model), "-p", "hi", "-n", "4",
+                "--temperature", "0", "--json"]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                           env=cli_env(INFERENCEOS_HOME=str(home)), preexec_fn=_small_files)
+    else:
+        r = run_cli("run", str(model), "-p", "hi", "-n", "4", "--temperature", "0", "--json",
+                    INFERENCEOS_HOME=str(home))
     assert r.returncode == 0, r.stderr
     assert '"completion_tokens"' in r.stdout
     return r
@@ -65,21 +80,30 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
     return r.returncode == 0
 
 
+def _is_mount(path: Path) -> bool:
+    return os.path.ismount(path)
+
+
 def _umount(where: Path) -> None:
     subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @contextlib.contextmanager
-def _disk(home: Path, kind: str) -> Iterator[None]:
-    """For the full-disk fault, the data dir is a small tmpfs for the whole test."""
+def _disk(home: Path, kind: str, inject: bool = False) -> Iterator[bool]:
+    """For the full-disk fault, the data dir is a small tmpfs for the whole test. Where
+    none can be mounted: with `inject`, yields True (the caller limits file sizes
+    instead), else skips."""
     if kind != "full":
-        yield
+        yield False
         return
     data = home / "data"
     if not _mount_tmpfs(data, "2m"):
-        pytest.skip("mounting a tmpfs needs root here")
+        if not inject:
+            pytest.skip("mounting a tmpfs needs root here")
+        yield True
+        return
     try:
-        yield
+        yield False
     finally:
         _umount(data)
 
@@ -134,6 +158,8 @@ def fault(kind: str, home: Path) -> Iterator[None]:
     elif kind == "garbage":
         db.write_bytes(os.urandom(64 * 1024))
         yield
+    elif kind == "full" and not _is_mount(db.parent):
+        yield  # injected: the run itself cannot grow files (see _small_files)
     elif kind == "full":
         filler = db.parent / "filler"
         with open(filler, "wb") as fh:
@@ -160,17 +186,19 @@ def _expected_after(kind: str, before: int) -> int:
 @pytest.mark.parametrize("kind", FAULTS)
 def test_run_survives(kind: str, tiny_llama: Path, isolated_home: Path) -> None:
     home = isolated_home
-    with _disk(home, kind):
+    with _disk(home, kind, inject=True) as inject:
         assert _warnings(_run(tiny_llama, home).stderr) == []
         before = _count(_db(home))
         assert before == 1
         with fault(kind, home):
-            r = _run(tiny_llama, home)
+            r = _run(tiny_llama, home, inject_full=inject)
         warnings = _warnings(r.stderr)
         assert len(warnings) == 1, r.stderr
         if kind in ("truncated", "garbage"):
             assert "moved it to" in warnings[0] and "fresh database" in warnings[0]
             assert list(_db(home).parent.glob("telemetry.db.corrupt-*"))
+        if kind == "full" and not inject:
+            assert "disk is full" in warnings[0]
         r = _run(tiny_llama, home)
         assert _warnings(r.stderr) == []
         assert _count(_db(home)) == _expected_after(kind, before)

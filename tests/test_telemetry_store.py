@@ -178,3 +178,14 @@ def test_device_of_buffer_types() -> None:
         ["CPU", "CPU", "CPU", "CPU", "CUDA0", "Vulkan1", "ROCm0"]
     assert memory_json(None) == ({}, None)
     assert memory_json({"model:CUDA0": 5})[0]["devices"] == {"CUDA0": 5}
+
+
+def test_a_registry_blob_is_known_by_its_name(tiny_llama: Path, tmp_path: Path) -> None:
+    blob = tmp_path / ("sha256-" + "cd" * 32)
+    blob.write_bytes(tiny_llama.read_bytes())
+    assert telemetry.model_info(blob).digest == "cd" * 32  # no hashing needed
+    rec = telemetry.recorder()
+    rec.generation(blob, source="server", name="tiny:latest", output_tokens=1)
+    rec.flush(30)
+    (row,) = telemetry.generations(blob)
+    assert row.model_digest == "cd" * 32 and row.model_name == "tiny:latest"

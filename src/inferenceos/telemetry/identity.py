@@ -3,7 +3,8 @@
 Both are computed in the recorder's writer thread (never on the token path) and cached
 for the life of the process. A model's key is its sha256 (`model/digest.py`, itself
 cached by path, mtime and size), so a file renamed or served from the registry is still
-the same model. Hashing a large file takes minutes the first time, so for a file bigger
+the same model (a registry blob, `blobs/sha256-<hex>`, is known by its name). Hashing a
+large file takes minutes the first time, so for a file bigger
 than `QUICK_ID_BYTES` whose digest is not cached yet the key is a quick id
 (`q:` + sha256 of size, first and last MiB): stable for that file, cheap, and documented.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,10 +98,16 @@ def _quick_id(path: Path, size: int) -> str:
     return "q:" + h.hexdigest()
 
 
+_BLOB_NAME = re.compile(r"^sha256-([0-9a-f]{64})$")
+
+
 def _digest(path: Path, size: int) -> str:
     from inferenceos.atomic import read_json
     from inferenceos.model.digest import _cache_file, file_digest
 
+    blob = _BLOB_NAME.match(path.name)
+    if blob:  # a registry blob is named by its verified sha256
+        return blob.group(1)
     if size > QUICK_ID_BYTES:
         cache = read_json(_cache_file(), {})
         hit = cache.get(str(path.resolve())) if isinstance(cache, dict) else None
