@@ -113,3 +113,9 @@ def test_a_fresh_profile_carries_the_calibration() -> None:
     cal = Calibration.load()
     assert cal.basis == "modelled" and "probe" in cal.source
     assert cal.cpu_bw_efficiency != Calibration().cpu_bw_efficiency
+
+
+def test_newer_runs_weigh_more() -> None:
+    obs = _obs("m", "f", 1.0, 40) + _obs("m", "f", 0.7, 40)  # the machine got slower
+    got = fit_learned(obs, "m", "f")
+    assert got is not None and got.decode_scale < 0.8

@@ -20,7 +20,9 @@ and a log keeps one 3x-slow outlier from outweighing many good runs; ratios beyo
 `OUTLIER` of the scope's median are dropped (a build running beside one run). Why
 nested scopes: a model never run here inherits what its family (same ggml tensor types:
 the same kernels read the same bytes per weight) and the machine taught. Runs at the
-target's thread count weigh 1, others `OTHER_THREADS_WEIGHT`.
+target's thread count weigh 1, others `OTHER_THREADS_WEIGHT`; weights halve every
+`HALF_LIFE_RUNS` newer runs, so a machine that changed (a new neighbour, a driver)
+is followed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 PRIOR_RUNS = 1.0  # K: pseudo-runs of the parent scope's value each scope starts from
 OTHER_THREADS_WEIGHT = 0.3
 OUTLIER = math.log(2.0)  # drop ratios more than 2x away from the scope's median
+HALF_LIFE_RUNS = 20.0  # a run's weight halves with every 20 newer runs (machines drift)
 MIN_DECODE_TOKENS = 8
 MIN_PREFILL_TOKENS = 16
 
@@ -84,18 +87,21 @@ def _phase(
 ) -> tuple[float, int, str, float]:
     """(log scale, runs at the chosen scope, scope, spread) for one phase."""
 
-    def pairs(keep: Iterable[Observation]) -> list[tuple[float, float]]:
+    n = len(obs)
+
+    def pairs(keep: Iterable[tuple[int, Observation]]) -> list[tuple[float, float]]:
         out = []
-        for o in keep:
+        for i, o in keep:
             r = o.decode_ratio if decode else o.prefill_ratio
             if r is not None and r > 0:
                 w = 1.0 if not threads or o.threads == threads else OTHER_THREADS_WEIGHT
+                w *= 0.5 ** ((n - 1 - i) / HALF_LIFE_RUNS)
                 out.append((math.log(r), w))
         return _robust(out)
 
-    every = pairs(obs)
-    fam = pairs(o for o in obs if o.family == family)
-    own = pairs(o for o in obs if o.model == model)
+    every = pairs(enumerate(obs))
+    fam = pairs((i, o) for i, o in enumerate(obs) if o.family == family)
+    own = pairs((i, o) for i, o in enumerate(obs) if o.model == model)
     m0 = _shrunk(every, 0.0) if every else 0.0
     m1 = _shrunk(fam, m0) if fam else m0
     m2 = _shrunk(own, m1) if own else m1
@@ -107,7 +113,8 @@ def _phase(
 def fit_learned(
     obs: Sequence[Observation], model: str, family: str, threads: int = 0
 ) -> Learned | None:
-    """The correction for `model` (digest) of `family`, or None without observations."""
+    """The correction for `model` (digest) of `family`, or None without observations.
+    `obs` are oldest first: newer runs weigh more (`HALF_LIFE_RUNS`)."""
     if not obs:
         return None
     d_log, d_n, d_scope, d_sd = _phase(obs, model, family, threads, decode=True)
