@@ -106,7 +106,9 @@ def offline() -> bool:
     from huggingface_hub import constants
 
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
-    return constants._is_true(value) if value is not None else bool(constants.HF_HUB_OFFLINE)
+    if value is None:
+        return bool(constants.HF_HUB_OFFLINE)
+    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def _hub_error(exc: Exception, ref: HubRef) -> InferenceOSError:

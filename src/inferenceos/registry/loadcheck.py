@@ -8,8 +8,10 @@ The check is a `no_alloc` dry load (`load_mode = NONE`: no mmap, no tensor data 
 buffers allocated; see design.md): llama.cpp reads the architecture, hyper-parameters,
 vocabulary and every tensor's name and shape, and refuses what it would refuse in a real
 load. It runs in a child process because a malformed file can make llama.cpp abort(),
-which would otherwise end the CLI or the server. Cost: one Python start and library load
-(about a second), independent of the model's size.
+which would otherwise end the CLI or the server. Cost: a Python start and the library
+load (0.5 s) plus reading the header and vocabulary: 0.2 s in all for a tiny model,
+1.8 s for Gemma 3 270M (its 262k-token vocabulary dominates; as fast as a vocab-only
+load, so no tensor data is read), whatever the size of the weights.
 
 Child protocol: `python -m inferenceos.registry.loadcheck PATH` prints one JSON line,
 `{"ok": true}` or `{"ok": false, "reason": "..."}`.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +30,8 @@ from pathlib import Path
 from inferenceos.errors import ModelLoadError
 
 TIMEOUT_S = 300.0
+# llama.cpp's "llama_model_load: error loading model: " in front of every cause
+_PREFIX = re.compile(r"^(?:[a-z_]+: )?(?:error loading model: )?")
 
 
 def check_loadable(path: Path, timeout: float = TIMEOUT_S) -> None:
@@ -95,7 +100,7 @@ def probe(path: Path) -> str | None:
         errors = log().errors_since(mark)
         # llama.cpp logs the cause first, then "failed to load model"
         causes = [e for e in errors if "failed to load model" not in e] or errors
-        return "; ".join(causes[-2:]) or "unknown reason"
+        return "; ".join(_PREFIX.sub("", c) for c in causes[-2:]) or "unknown reason"
     ll.llama_model_free(model)
     return None
 
