@@ -141,6 +141,8 @@ class Recorder:
         for col, skey in _FROM_SETTINGS.items():
             if settings and row.get(col) is None and isinstance(settings.get(skey), int):
                 row[col] = settings[skey]
+        if row.get("threads") == 0:  # "0: every core this process may run on"
+            row["threads"] = _usable_cores()
         row.update(fields)
         row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
                    source=self.source_override or source,
@@ -284,7 +286,7 @@ class Recorder:
                 conn = self._connection()
                 with conn:
                     machine_id = self._machine_id(conn, machine)
-                    model_id = self._model_id(conn, model) if model else None
+                    model_id = self._model_id(conn, model, bool(job.name)) if model else None
                     job.write(conn, machine_id, model_id)
                 self.written += 1
                 return
@@ -335,14 +337,16 @@ class Recorder:
             self._ids[key] = int(row[0])
         return self._ids[key]
 
-    def _model_id(self, conn: sqlite3.Connection, m: ModelInfo) -> int:
-        key = "model:" + m.digest
+    def _model_id(self, conn: sqlite3.Connection, m: ModelInfo, named: bool) -> int:
+        """The model's row id; a name the caller gave (a served or registry name)
+        replaces the recorded one, the file's own name only fills a new row."""
+        key = f"model:{m.digest}:{m.name if named else ''}"
         if key not in self._ids:
+            rename = " ON CONFLICT(digest) DO UPDATE SET name = excluded.name" if named else ""
             conn.execute(
                 "INSERT INTO models (digest, name, architecture, file_type, parameters,"
                 " size_bytes, tensor_types, first_seen) VALUES (?,?,?,?,?,?,?,?)"
-                " ON CONFLICT(digest) DO UPDATE SET name = excluded.name"
-                " WHERE excluded.name != ''",
+                + (rename or " ON CONFLICT(digest) DO NOTHING"),
                 (m.digest, m.name, m.architecture, m.file_type, m.parameters, m.size_bytes,
                  _json(m.tensor_types), time.time()))
             row = conn.execute("SELECT id FROM models WHERE digest = ?", (m.digest,)).fetchone()
@@ -361,6 +365,13 @@ def _insert(table: str, row: dict[str, Any], *, model_optional: bool = False,
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         conn.execute(f"{verb} INTO {table} ({cols}) VALUES ({marks})", tuple(data.values()))
     return write
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _loadavg() -> float | None:
