@@ -71,6 +71,21 @@ def test_sensor_sees_a_busy_process_and_our_worker() -> None:
         proc.kill()
         proc.wait()
     assert load.sampled and load.usable_cpus >= 1
-    assert load.busy_others >= 0.6
-    assert load.workers >= 1 and load.worker_cpus >= 0.5
+    assert load.busy_others >= 0.6  # the loop alone keeps one CPU busy
+    # its share of that CPU depends on what else runs here; it is counted as our worker
+    assert load.workers >= 1 and 0.05 <= load.worker_cpus <= load.busy_others + 1e-6
     assert 0.0 <= load.steal_fraction < 1.0
+
+
+def test_the_planner_takes_the_free_cores_and_says_why() -> None:
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from plan_factories import machine, make_facts
+
+    busy = CpuLoad(usable_cpus=8, busy_others=3.0, window_s=0.1)
+    plan = plan_load(make_facts(), machine(threads=8), LoadRequest(cpu_load=busy))
+    assert plan.threads == 5
+    assert any(c.what == "threads 8 → 5" and "busy" in c.why for c in plan.changes)
+    asked = plan_load(make_facts(), machine(threads=8), LoadRequest(threads=8, cpu_load=busy))
+    assert asked.threads == 8  # an explicit thread count wins
+    idle = plan_load(make_facts(), machine(threads=8), LoadRequest(cpu_load=CpuLoad(8)))
+    assert idle.threads == 8 and not any("threads" in c.what for c in idle.changes)
