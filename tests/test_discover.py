@@ -13,6 +13,7 @@ import pytest
 from cli_helpers import run_cli
 from fake_hub import tiny_split_gguf
 from inferenceos.registry.discover import discover, ollama_name, scan
+from inferenceos.registry.loadcheck import check_loadable
 from inferenceos.registry.store import ModelStore
 from tiny_models import write_tiny_model
 
@@ -128,6 +129,14 @@ def test_discover_folders_given(tmp_path: Path, tiny_llama: Path) -> None:
     assert split.parts == 2 and split.path.name == "Big-Q8_0-00001-of-00002.gguf"
     assert outcomes["notes:latest"].status == "skipped"
     assert str(folder) not in outcomes["notes:latest"].reason
+    # with llama.cpp's check, a file it cannot load is skipped with its reason
+    bad = tmp_path / "checked" / "Bad.gguf"
+    bad.parent.mkdir()
+    bad.write_bytes((folder / "deep" / "er" / "My-Model.Q4.gguf").read_bytes()
+                    .replace(b"llama", b"llamz"))
+    checked = discover(store, [bad.parent], check=check_loadable)
+    assert [(o.status, o.reason) for o in checked] == \
+        [("skipped", "llama.cpp cannot load this model: unknown model architecture: 'llamz'")]
     # a folder laid out like a tool's store is read as one
     ollama = ollama_tree(tmp_path / "elsewhere", tiny_llama)
     assert "llama3:8b" in {f.name for f in scan([ollama]) if hasattr(f, "tool")}

@@ -248,6 +248,9 @@ def discover(
              "cache's places)")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Only show what would be registered")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Ask llama.cpp whether it can load each file (about 1-2 s a file)")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Register GGUF models other tools keep, in place, under their familiar names.
@@ -257,11 +260,13 @@ def discover(
     """
     from inferenceos.registry.discover import default_places
     from inferenceos.registry.discover import discover as run_discover
+    from inferenceos.registry.loadcheck import check_loadable
 
     for folder in folders or []:
         if not folder.expanduser().is_dir():
             raise InferenceOSError(f"{folder}: not a folder")
-    outcomes = run_discover(_store(), folders or None, dry_run=dry_run)
+    outcomes = run_discover(_store(), folders or None, dry_run=dry_run,
+                            check=check_loadable if check else None)
     if as_json:
         print_json([{"name": o.found.name, "path": str(o.found.path), "tool": o.found.tool,
                      "status": o.status, "reason": o.reason} for o in outcomes])

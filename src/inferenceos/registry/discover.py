@@ -20,7 +20,9 @@ forgets the name. Everything read here is untrusted: manifest paths, names and d
 are validated before a path is built from them; unreadable or malformed entries are
 skipped with a reason, never fatal. Digests come from the blob names of Ollama and the
 Hugging Face cache (content-addressed by sha256, not re-hashed); other files are hashed
-(cached by path, size and mtime). Split GGUFs are registered by their first part.
+(cached by path, size and mtime). Split GGUFs are registered by their first part. Each
+file's header is read; llama.cpp's own load check (`loadcheck.py`, a child process per
+file) runs only when asked (`check`, `models discover --check`).
 """
 
 from __future__ import annotations
@@ -303,11 +305,13 @@ def scan(folders: list[Path] | None = None) -> Iterator[Found | Outcome]:
 
 
 def discover(store: ModelStore, folders: list[Path] | None = None, dry_run: bool = False,
-             on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+             on_outcome: Callable[[Outcome], None] | None = None,
+             check: Callable[[Path], None] | None = None) -> list[Outcome]:
     """Register in place what `scan` finds; one Outcome per model found.
 
     A name already registered for another file is left alone (skipped, with the reason);
-    the same file under the same name is `present`.
+    the same file under the same name is `present`. `check` (llama.cpp's load check,
+    `--check`) runs on each new file first; a file it refuses is skipped with its reason.
     """
     from inferenceos.model.digest import file_digest
 
@@ -316,7 +320,7 @@ def discover(store: ModelStore, folders: list[Path] | None = None, dry_run: bool
         if isinstance(item, Outcome):
             outcome = item
         else:
-            outcome = _register(store, item, dry_run, file_digest)
+            outcome = _register(store, item, dry_run, file_digest, check)
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
@@ -324,7 +328,8 @@ def discover(store: ModelStore, folders: list[Path] | None = None, dry_run: bool
 
 
 def _register(store: ModelStore, found: Found, dry_run: bool,
-              digest_of: Callable[[Path], str]) -> Outcome:
+              digest_of: Callable[[Path], str],
+              check: Callable[[Path], None] | None) -> Outcome:
     from inferenceos.model.spec import load_spec
 
     existing = store.find(found.name)
@@ -334,6 +339,8 @@ def _register(store: ModelStore, found: Found, dry_run: bool,
         return Outcome(found, "skipped", f"the name {found.name} is taken by another model")
     try:
         load_spec(found.path)  # the header must be a model InferenceOS can read
+        if check is not None:
+            check(found.path)
         if dry_run:
             return Outcome(found, "would-add")
         digest = found.digest or digest_of(found.path)
