@@ -47,9 +47,13 @@ def test_version_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
 
 def _fill_caches() -> None:
     get_profile(measure=False)
-    for kind, folder in cache_kinds().items():
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{kind}-sample.json").write_text("{}")
+    for kind, path in cache_kinds().items():
+        if path.suffix == ".json":  # a cache kept in one file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            (path / f"{kind}-sample.json").write_text("{}")
 
 
 def test_cache_list_and_clean(capsys: pytest.CaptureFixture[str],
@@ -57,12 +61,16 @@ def test_cache_list_and_clean(capsys: pytest.CaptureFixture[str],
     _fill_caches()
     code, out, _ = run_cli(["cache", "list", "--json"], capsys, monkeypatch)
     data = json.loads(out)
-    assert code == 0 and set(data) == {"profiles", "plans", "benchmarks"}
-    assert data["profiles"]["files"] >= 2 and data["plans"]["bytes"] == 2
-    code, _, _ = run_cli(["cache", "clean", "plans"], capsys, monkeypatch, stdin="n\n")
-    assert code == 1 and cache_kinds()["plans"].exists()
-    code, out, _ = run_cli(["cache", "clean", "plans", "--yes"], capsys, monkeypatch)
-    assert code == 0 and "plans: 2 B freed" in out and not cache_kinds()["plans"].exists()
+    # only what InferenceOS writes somewhere (issue 15: no kinds nothing ever fills)
+    assert code == 0 and set(data) == {"profiles", "digests", "self-drafts"}
+    assert data["profiles"]["files"] >= 2 and data["self-drafts"]["bytes"] == 2
+    assert data["digests"] == {"path": str(cache_kinds()["digests"]), "files": 1, "bytes": 2}
+    code, _, _ = run_cli(["cache", "clean", "self-drafts"], capsys, monkeypatch, stdin="n\n")
+    assert code == 1 and cache_kinds()["self-drafts"].exists()
+    code, out, _ = run_cli(["cache", "clean", "self-drafts", "digests", "--yes"], capsys,
+                           monkeypatch)
+    assert code == 0 and "self-drafts: 2 B freed" in out
+    assert not cache_kinds()["self-drafts"].exists() and not cache_kinds()["digests"].exists()
     assert profile_path().exists()
     code, _, err = run_cli(["cache", "clean", "models", "-y"], capsys, monkeypatch)
     assert code == 2 and "unknown cache kind(s) models" in err

@@ -1,9 +1,10 @@
 """`inferenceos cache`: list and clean what InferenceOS keeps to save work.
 
-Kinds and where they live (re-creatable; models are never touched here):
-  profiles    <data dir>/hardware    hardware profiles (`inferenceos hardware`)
-  plans       <cache dir>/plans      execution plans
-  benchmarks  <data dir>/benchmarks  benchmark results
+Kinds and where they live (each written by some part of InferenceOS, each re-created
+when needed; models, sessions and the telemetry history are never touched here):
+  profiles     <data dir>/hardware          hardware profiles (`inferenceos hardware`)
+  digests      <cache dir>/digests.json     sha256 of model files, by size and mtime
+  self-drafts  <cache dir>/self-drafts      layer-skipped draft models (speculative decoding)
 """
 
 from __future__ import annotations
@@ -20,19 +21,21 @@ from inferenceos.errors import UsageError
 from inferenceos.paths import cache_dir, data_dir
 from inferenceos.units import format_bytes
 
-cache_app = typer.Typer(help="List and clean cached plans, profiles and benchmark results.",
-                        invoke_without_command=True)
+cache_app = typer.Typer(help="List and clean cached hardware profiles, file digests and "
+                        "self-draft models.", invoke_without_command=True)
 
 
 def cache_kinds() -> dict[str, Path]:
     """Every cache kind and its folder."""
-    return {"profiles": data_dir() / "hardware", "plans": cache_dir() / "plans",
-            "benchmarks": data_dir() / "benchmarks"}
+    return {"profiles": data_dir() / "hardware", "digests": cache_dir() / "digests.json",
+            "self-drafts": cache_dir() / "self-drafts"}
 
 
-def usage(folder: Path) -> tuple[int, int]:
-    """(files, bytes) under `folder`; (0, 0) when it does not exist."""
-    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+def usage(path: Path) -> tuple[int, int]:
+    """(files, bytes) of the file or folder `path`; (0, 0) when it does not exist."""
+    if path.is_file():
+        return 1, path.stat().st_size
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
     return len(files), sum(p.stat().st_size for p in files)
 
 
@@ -46,7 +49,10 @@ def clean(kinds: list[str]) -> dict[str, int]:
     freed = {}
     for kind in kinds:
         freed[kind] = usage(known[kind])[1]
-        shutil.rmtree(known[kind], ignore_errors=True)
+        if known[kind].is_file():
+            known[kind].unlink(missing_ok=True)
+        else:
+            shutil.rmtree(known[kind], ignore_errors=True)
     return freed
 
 
@@ -67,7 +73,7 @@ def list_(
         print_json({k: {"path": str(p), "files": n, "bytes": b} for k, (p, n, b) in rows.items()})
         return
     t = Table(title="Caches", title_justify="left")
-    for col in ("kind", "files", "size", "folder"):
+    for col in ("kind", "files", "size", "where"):
         t.add_column(col)
     for kind, (folder, n, size) in rows.items():
         t.add_row(kind, str(n), format_bytes(size), str(folder))
@@ -76,7 +82,7 @@ def list_(
 
 @cache_app.command("clean")
 def clean_cmd(
-    kinds: Annotated[list[str] | None, typer.Argument(help="profiles, plans, benchmarks "
+    kinds: Annotated[list[str] | None, typer.Argument(help="profiles, digests, self-drafts "
                                                       "(default: all)")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False,
 ) -> None:

@@ -26,6 +26,7 @@ from inferenceos.cli.chat_session import (
     ServerBackend,
     probe_server,
 )
+from inferenceos.cli.limits import check_threads
 from inferenceos.errors import InferenceOSError, UsageError
 
 HELP = """\
@@ -262,7 +263,8 @@ def chat(
     local: Annotated[bool, typer.Option(
         "--local", help="Load the model in this process even if a server runs")] = False,
     ctx: Annotated[int, typer.Option("--ctx", min=0, help="Context size (0: planned)")] = 0,
-    threads: Annotated[int, typer.Option("--threads", min=0, help="CPU threads (0: auto)")] = 0,
+    threads: Annotated[int, typer.Option(
+        "--threads", callback=check_threads, help="CPU threads (0: auto)")] = 0,
     temperature: Annotated[float | None, typer.Option("--temperature", "-t")] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,

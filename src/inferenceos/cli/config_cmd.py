@@ -8,10 +8,11 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
 from rich.table import Table
 
 from inferenceos.cli.console import out, print_json
@@ -26,9 +27,20 @@ from inferenceos.config import (
     unset_value,
 )
 
+class _ShorthandGroup(TyperGroup):
+    """`config KEY VALUE` means `config set KEY VALUE`, and `config KEY` means
+    `config get KEY` (a key has a dot; no subcommand does)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in self.commands and "." in args[0]:
+            args = ["set" if len(args) > 1 else "get", *args]
+        return super().resolve_command(ctx, args)
+
+
 config_app = typer.Typer(
-    help="Show or change settings. The file is TOML; INFERENCEOS_* env vars override it.",
-    no_args_is_help=False, invoke_without_command=True,
+    help="Show or change settings (`config KEY VALUE` sets one, `config KEY` prints it). "
+    "The file is TOML; INFERENCEOS_* env vars override it.",
+    no_args_is_help=False, invoke_without_command=True, cls=_ShorthandGroup,
 )
 
 

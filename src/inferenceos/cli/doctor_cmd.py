@@ -33,7 +33,6 @@ from inferenceos.units import format_bytes
 
 NVIDIA_MIN_DRIVER = (525, 60)  # CUDA 12.x on Linux
 MIN_FREE_BYTES, LOW_FREE_BYTES = 512 << 20, 2 << 30
-DB_NAME = "telemetry.db"
 
 
 @dataclass(frozen=True)
@@ -217,7 +216,9 @@ def check_models_dir(ctx: Context) -> CheckResult:
 
 
 def check_database(ctx: Context) -> CheckResult:
-    path = data_dir() / DB_NAME
+    from inferenceos.telemetry.db import db_path
+
+    path = db_path()  # where the telemetry store writes it, so the two never disagree
     if not path.exists():
         return CheckResult("database", "pass", f"no database yet ({path} is created on first run)")
     fix = f"move it aside (mv '{path}' '{path}.corrupt'); a new one is created on the next run"

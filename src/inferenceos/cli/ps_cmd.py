@@ -28,7 +28,11 @@ def fetch_ps(host: str, port: int, api_key: str, timeout: float = 5.0) -> dict[s
             data: dict[str, Any] = json.loads(resp.read())
             return data
     except urllib.error.HTTPError as exc:
-        raise InferenceOSError(f"the server at {shown}:{port} answered {exc.code}") from None
+        hint = ""
+        if exc.code == 401:  # the server wants a key: say how to give it
+            hint = (": wrong API key" if api_key else ": it needs an API key") + (
+                "; pass --api-key KEY or set it with `inferenceos config server.api_key KEY`")
+        raise InferenceOSError(f"the server at {shown}:{port} answered {exc.code}{hint}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise InferenceOSError(
             f"no InferenceOS server at {shown}:{port} ({getattr(exc, 'reason', exc)}); "
@@ -39,6 +43,8 @@ def fetch_ps(host: str, port: int, api_key: str, timeout: float = 5.0) -> dict[s
 def ps(
     host: Annotated[str | None, typer.Option("--host")] = None,
     port: Annotated[int | None, typer.Option("--port")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", help="The server's API key (default: config server.api_key)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Models loaded by the running server, their memory and expiry."""
@@ -46,7 +52,7 @@ def ps(
 
     cfg = load_config()
     data = fetch_ps(host or cfg.get("server.host"), port or cfg.get("server.port"),
-                    cfg.get("server.api_key"))
+                    api_key or cfg.get("server.api_key"))
     if as_json:
         print_json(data)
         return

@@ -14,8 +14,9 @@ from inferenceos.config import config_path
 def reset(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False,
 ) -> None:
-    """Delete the config file and every cache (profiles, plans, benchmarks). Models and
-    the telemetry database are kept. Asks first unless --yes."""
+    """Delete the config file and every cache (hardware profiles, file digests,
+    self-draft models). Models, sessions and the telemetry database are kept. Asks first
+    unless --yes."""
     targets = [str(config_path()), *(str(p) for p in cache_kinds().values())]
     out.print("This deletes:\n  " + "\n  ".join(targets), markup=False)
     if not yes and not typer.confirm("Reset InferenceOS to its defaults?", default=False):

@@ -11,6 +11,7 @@ import typer
 
 from inferenceos.cli.cluster_opts import RpcOpt, budget_caps
 from inferenceos.cli.console import err, print_json
+from inferenceos.cli.limits import check_threads
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
@@ -120,9 +121,11 @@ def run(
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Generate past end-of-text")
     ] = False,
-    ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: auto)")] = 0,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: auto)")] = 0,
-    batch: Annotated[int, typer.Option("--batch", help="Prefill batch size (0: planned)")] = 0,
+    ctx: Annotated[int, typer.Option("--ctx", min=0, help="Context size (0: auto)")] = 0,
+    threads: Annotated[int, typer.Option(
+        "--threads", callback=check_threads, help="CPU threads (0: auto)")] = 0,
+    batch: Annotated[int, typer.Option(
+        "--batch", min=0, help="Prefill batch size (0: planned)")] = 0,
     gpu_layers: Annotated[int | None, typer.Option(
         "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")] = None,
     backend: Annotated[str | None, typer.Option(

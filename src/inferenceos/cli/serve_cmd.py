@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from inferenceos.cli.console import err
+from inferenceos.cli.limits import check_threads
 
 _LOCAL_WARNING = (
     "WARNING: serving on {host} without an API key: anyone who can reach this machine "
@@ -42,9 +43,12 @@ def serve(
     api_key: Annotated[str | None, typer.Option(
         "--api-key", help="Require this key (server.api_key / INFERENCEOS_SERVER_API_KEY)"
     )] = None,
-    ctx: Annotated[int, typer.Option("--ctx", help="Context per sequence (0: auto)")] = 0,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: auto)")] = 0,
-    parallel: Annotated[int, typer.Option("--parallel", help="Sequences batched at once")] = 4,
+    ctx: Annotated[int, typer.Option(
+        "--ctx", min=0, help="Context per sequence (0: auto)")] = 0,
+    threads: Annotated[int, typer.Option(
+        "--threads", callback=check_threads, help="CPU threads (0: auto)")] = 0,
+    parallel: Annotated[int, typer.Option(
+        "--parallel", min=1, help="Sequences batched at once")] = 4,
     queue: Annotated[int, typer.Option("--queue", help="Requests queued beyond those")] = 32,
     keep_alive: Annotated[float, typer.Option(
         "--keep-alive", help="Seconds an idle model stays loaded (<0: forever)")] = 300.0,

@@ -206,7 +206,7 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
     return await until_disconnect(request, whole())
 
 
-@router.post("/generate", response_model=GenerateResponse,
+@router.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True,
              responses={200: {"content": _NDJSON,
                               "description": "The response, or NDJSON lines when streaming"}})
 async def generate(body: GenerateRequest, request: Request) -> Any:
@@ -233,7 +233,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
     return await _respond(request, state, req, body.stream, "response", context=True)
 
 
-@router.post("/chat", response_model=ChatResponse,
+@router.post("/chat", response_model=ChatResponse, response_model_exclude_none=True,
              responses={200: {"content": _NDJSON,
                               "description": "The message, or NDJSON lines when streaming"}})
 async def chat(body: ChatRequest, request: Request) -> Any:
