@@ -189,3 +189,27 @@ def test_a_registry_blob_is_known_by_its_name(tiny_llama: Path, tmp_path: Path) 
     rec.flush(30)
     (row,) = telemetry.generations(blob)
     assert row.model_digest == "cd" * 32 and row.model_name == "tiny:latest"
+
+
+def test_telemetry_imports_only_lower_layers() -> None:
+    """telemetry/ sits between hardware/ and plan/: it never imports plan/, engine/,
+    registry/, server/ or cli/ (the planner reads it, not the other way round)."""
+    import ast
+
+    allowed = ("inferenceos.telemetry", "inferenceos.model", "inferenceos.hardware",
+               "inferenceos.errors", "inferenceos.paths", "inferenceos.config",
+               "inferenceos.atomic", "inferenceos.sqlite_db", "inferenceos.units")
+    root = Path(telemetry.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "inferenceos":
+                names = [f"inferenceos.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.startswith("inferenceos"):
+                    assert name.startswith(allowed), (path.name, name)
