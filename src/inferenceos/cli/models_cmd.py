@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.error
@@ -161,15 +162,18 @@ def _pull_hub(store: ModelStore, source: str, name: str | None) -> ModelEntry:
     entry = None
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err) as bar:
+    with contextlib.ExitStack() as stack:
+        bar: Progress | None = None  # started with the first byte: no empty live line
         tasks: dict[str, Any] = {}
         for event in hub.pull_events(store, source, name=name):
             if event.digest and event.total is not None:
+                if bar is None:
+                    bar = stack.enter_context(Progress(*columns, console=err))
                 if event.digest not in tasks:
                     tasks[event.digest] = bar.add_task(event.status, total=event.total)
                 bar.update(tasks[event.digest], completed=event.completed)
             elif event.status != "success":
-                bar.console.print(safe_text(event.status), style="dim")
+                (bar.console if bar else err).print(safe_text(event.status), style="dim")
             entry = event.entry or entry
     assert entry is not None  # pull_events ends with "success" or raises
     return entry
