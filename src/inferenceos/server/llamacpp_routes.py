@@ -140,10 +140,10 @@ async def _whole(state: ServerState, index: int, prompt: list[int], req: GenRequ
     return _Result(index, prompt, text, done, run.scored)
 
 
-_SSE: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"schema": {
-    "type": "string"}}},
-              "description": "A completion (a list of them for several prompts), or SSE "
-                             "events when stream is true"}}
+_SSE: dict[int | str, dict[str, Any]] = {200: {
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "description": "A completion (a list of them for several prompts), or SSE events when "
+                   "stream is true"}}
 
 
 @router.post("/completion", summary="llama.cpp completion", responses=_SSE)
