@@ -44,3 +44,13 @@ def budget_caps(
         "ram": parse_size(ram) if ram else None,
         "gpu_memory": tuple(parse_size(g) for g in gpu_memory) if gpu_memory else None,
     }
+
+
+RamCapOpt = Annotated[
+    str | None,
+    typer.Option("--ram", help="RAM budget for plans, e.g. 8GiB (leave room for other programs)"),
+]
+GpuCapOpt = Annotated[
+    list[str] | None,
+    typer.Option("--gpu-memory", help="GPU memory budget per GPU, e.g. 6GiB (repeatable)"),
+]

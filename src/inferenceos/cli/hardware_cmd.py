@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from inferenceos.cli.cluster_opts import RpcOpt
 from inferenceos.cli.console import out, print_json
 from inferenceos.hardware import HardwareProfile, get_profile
 from inferenceos.units import format_bytes
@@ -17,13 +18,17 @@ from inferenceos.units import format_bytes
 def hardware(
     refresh: Annotated[bool, typer.Option("--refresh", help="Probe and measure again")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    rpc: RpcOpt = None,
 ) -> None:
     """Show CPU, memory, GPUs, llama.cpp devices, measured bandwidth and the backend to use."""
     start = time.perf_counter()
     profile, from_cache = get_profile(refresh=refresh)
+    workers = worker_probes(rpc, refresh)
     if as_json:
-        print_json({**profile.to_json(), "from_cache": from_cache})
+        extra = {"workers": [_worker_json(w) for w in workers]} if workers else {}
+        print_json({**profile.to_json(), "from_cache": from_cache, **extra})
         return
+    _print_workers(workers)
     _print_machine(profile)
     _print_gpus(profile)
     _print_llama(profile)
@@ -106,3 +111,41 @@ def _print_verdict(p: HardwareProfile) -> None:
         out.print(f"  rebuild: {escape(r.reinstall_hint)}")
     for w in p.warnings:
         out.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def worker_probes(rpc: list[str] | None, refresh: bool) -> list[Any]:
+    """Each `--rpc` (or cluster.rpc) worker asked now; the link measured once, cached."""
+    from inferenceos.cli.cluster_opts import rpc_workers
+    from inferenceos.cluster.endpoint import parse_endpoints
+    from inferenceos.cluster.probe import probe_workers
+
+    return probe_workers(parse_endpoints(rpc_workers(rpc)), refresh=refresh)
+
+
+def _worker_json(w: Any) -> dict[str, Any]:
+    return {
+        "address": w.endpoint.address,
+        "usable": w.usable,
+        "error": w.error or None,
+        "info": w.info.to_json() if w.info else None,
+        "link": {"rtt_s": w.link.rtt_s, "bandwidth_gbps": w.link.bandwidth_gbps,
+                 "cached": w.link_cached} if w.link else None,
+    }  # fmt: skip
+
+
+def _print_workers(workers: list[Any]) -> None:
+    if not workers:
+        return
+    t = Table(title="Cluster workers (llama.cpp RPC)", title_justify="left")
+    for col in ("worker", "devices", "offered", "threads", "round trip", "link"):
+        t.add_column(col)
+    for w in workers:
+        if not w.usable:
+            t.add_row(w.endpoint.address, f"[red]{escape(w.error)}[/]", "", "", "", "")
+            continue
+        devs = ", ".join(f"{d.name} ({d.type})" for d in w.info.devices)
+        offered = format_bytes(sum(d.offered_bytes for d in w.info.devices))
+        rtt = f"{w.link.rtt_s * 1e3:.2f} ms" if w.link else "-"
+        bw = f"{w.link.bandwidth_gbps:.2f} GB/s" if w.link else "-"
+        t.add_row(w.endpoint.address, devs, offered, str(w.info.threads), rtt, bw)
+    out.print(t)

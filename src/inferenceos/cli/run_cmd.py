@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from inferenceos.cli.cluster_opts import RpcOpt, budget_caps
+from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt, budget_caps
 from inferenceos.cli.console import err, print_json
 from inferenceos.cli.limits import check_threads
 from inferenceos.cli.model_arg import resolve_model
@@ -135,10 +135,8 @@ def run(
     cache_type_v: Annotated[str | None, typer.Option(
         "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
     rpc: RpcOpt = None,
-    ram: Annotated[str | None, typer.Option(
-        "--ram", help="RAM budget, e.g. 8GiB (leave room for other programs)")] = None,
-    gpu_memory: Annotated[list[str] | None, typer.Option(
-        "--gpu-memory", help="GPU memory budget per GPU, e.g. 6GiB (repeatable)")] = None,
+    ram: RamCapOpt = None,
+    gpu_memory: GpuCapOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object at the end")
     ] = False,

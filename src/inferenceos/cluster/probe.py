@@ -15,6 +15,7 @@ hardware profile; `refresh=True` (`inferenceos hardware --refresh`) measures aga
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -83,10 +84,8 @@ def probe_worker(ep: Endpoint, timeout: float = 2.0, refresh: bool = False,
         info = query_info(ep, timeout)
     except WorkerUnreachable as exc:
         return WorkerProbe(ep, error=f"worker {ep.address} unreachable: {exc}")
-    if info.rpc_port != ep.port:
-        return WorkerProbe(ep, info, error=(
-            f"worker {ep.address}: its info endpoint serves RPC port {info.rpc_port}, "
-            f"not {ep.port}"))  # fmt: skip
+    # info.rpc_port may differ from ep.port: through an SSH tunnel or a relay the client
+    # reaches the worker's ports under other numbers (docs/cluster.md)
     if info.busy:
         return WorkerProbe(ep, info, error=f"worker {ep.address} is busy with another client")
     if not info.devices:
@@ -121,3 +120,22 @@ def wait_ready(ep: Endpoint, timeout: float = 30.0) -> WorkerInfo:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def worker_states(rpc: Iterable[str], timeout: float = 0.5) -> dict[str, str]:
+    """address → "up" (free), "in use" (a client, e.g. a loaded model, holds it) or
+    "lost: <why>"; for /health. Never measures the link."""
+    from inferenceos.cluster.endpoint import parse_endpoints
+
+    out = {}
+    endpoints = parse_endpoints(list(rpc))
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints)))) as pool:
+        probes = list(pool.map(lambda ep: probe_worker(ep, timeout, measure=False), endpoints))
+    for p in probes:
+        if p.usable:
+            out[p.endpoint.address] = "up"
+        elif p.info is not None and p.info.busy:
+            out[p.endpoint.address] = "in use"
+        else:
+            out[p.endpoint.address] = f"lost: {p.error}"
+    return out

@@ -19,14 +19,24 @@ router = APIRouter(tags=["operations"])
 class Health(BaseModel):
     status: str
     models_loaded: int
+    # cluster workers (serve --rpc): address → "up", "in use" or "lost: <why>"
+    workers: dict[str, str] | None = None
 
 
 @router.get("/health", response_model=Health)
 async def health(request: Request) -> Any:
     """Liveness: always open, even when an API key is set. 'draining' during shutdown."""
     state = request.app.state.ios
-    return {"status": "draining" if state.draining else "ok",
-            "models_loaded": len(state.manager.loaded())}
+    body: dict[str, Any] = {"status": "draining" if state.draining else "ok",
+                            "models_loaded": len(state.manager.loaded())}
+    rpc = getattr(getattr(state.manager, "base", None), "rpc", ())
+    if rpc:
+        import asyncio
+
+        from inferenceos.cluster.probe import worker_states
+
+        body["workers"] = await asyncio.to_thread(worker_states, rpc)
+    return body
 
 
 @router.get("/metrics", response_class=PlainTextResponse,
