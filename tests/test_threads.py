@@ -89,3 +89,28 @@ def test_the_planner_takes_the_free_cores_and_says_why() -> None:
     assert asked.threads == 8  # an explicit thread count wins
     idle = plan_load(make_facts(), machine(threads=8), LoadRequest(cpu_load=CpuLoad(8)))
     assert idle.threads == 8 and not any("threads" in c.what for c in idle.changes)
+
+
+def _llama_worker(ready) -> None:  # type: ignore[no-untyped-def]
+    import llama_cpp.llama_cpp  # noqa: F401 - maps libllama, as an engine worker does
+
+    ready.set()
+    while True:
+        pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sensor_finds_a_spawned_llama_worker() -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # how engine/engine.py starts its workers
+    ready = ctx.Event()
+    proc = ctx.Process(target=_llama_worker, args=(ready,), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(60)
+        load = sample_cpu_load(window_s=0.3)
+    finally:
+        proc.kill()
+        proc.join()
+    assert load.workers >= 1 and load.worker_cpus > 0

@@ -4,7 +4,7 @@
 default, short enough for `run`'s start-up): per-CPU busy and steal time from
 /proc/stat over the CPUs this process may run on (its affinity mask), this process's own
 CPU time from /proc/self/stat (so our own work never counts as "someone else"), the CPU
-time of our other engine workers (`inferenceos.engine.worker` processes), the 1-minute
+time of our other llama.cpp processes (engine workers: `_our_workers`), the 1-minute
 load average and the cgroup CPU quota. It never raises: on a system without /proc
 (macOS) it returns `CpuLoad.unknown()`, which the planner treats as "all idle".
 
@@ -121,7 +121,9 @@ def _proc_ticks(stat: Path) -> int:
 
 
 def _our_workers(proc: Path) -> list[Path]:
-    """/proc/PID dirs of engine worker processes other than this one."""
+    """/proc/PID dirs of our llama.cpp processes other than this one: a command line
+    naming the engine worker, or an `inferenceos` / multiprocessing-spawn Python process
+    (how the engine starts its workers) that has libllama mapped."""
     me = os.getpid()
     found = []
     try:
@@ -132,7 +134,11 @@ def _our_workers(proc: Path) -> list[Path]:
         if not d.name.isdigit() or int(d.name) == me:
             continue
         try:
-            if WORKER_MARK in (d / "cmdline").read_bytes():
+            cmd = (d / "cmdline").read_bytes()
+            if WORKER_MARK in cmd or (
+                (b"inferenceos" in cmd or b"multiprocessing.spawn" in cmd)
+                and b"libllama" in (d / "maps").read_bytes()
+            ):
                 found.append(d)
         except OSError:
             continue
