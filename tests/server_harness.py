@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from inferenceos.engine.session import LoadSettings
+from inferenceos.plan.entry import LoadRequest
 from inferenceos.registry.catalog import Catalog
-from inferenceos.registry.loaded import ModelManager
+from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.store import ModelStore
 from inferenceos.server.app import create_app
 from inferenceos.server.runner import GracefulServer, make_server
@@ -27,6 +28,8 @@ from inferenceos.server.settings import ServerSettings
 from inferenceos.server.state import ServerState
 
 TINY_SETTINGS = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+# what the servers' managers plan tiny models with: small contexts, one thread
+TINY_REQUEST = LoadRequest(n_ctx=256, n_batch=64, threads=1)
 
 
 @dataclass
@@ -59,7 +62,7 @@ def start_server(
     catalog = Catalog(store)
     for name, path in models.items():
         catalog.add_file(path, name)
-    kw = {"base_settings": TINY_SETTINGS, **(manager_kw or {})}
+    kw = {"base": TINY_REQUEST, "context_hint": None, **(manager_kw or {})}
     manager = ModelManager(catalog.resolve, **kw)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -8,14 +8,14 @@ import ollama
 import openai
 import pytest
 
-from inferenceos.engine.session import LoadSettings
+from inferenceos.plan.entry import LoadRequest
 from server_harness import start_server
 
 
 @pytest.mark.slow
 def test_gemma_through_both_apis(gemma_path: Path, tmp_path: Path) -> None:
     h = start_server({"gemma3-270m": gemma_path}, tmp_path,
-                     manager_kw={"base_settings": LoadSettings(n_ctx=1024)})
+                     manager_kw={"base": LoadRequest(n_ctx=1024)})
     try:
         oa = openai.OpenAI(base_url=h.v1, api_key="x", max_retries=0, timeout=120)
         stream = oa.completions.create(model="gemma3-270m", prompt="The capital of France is",

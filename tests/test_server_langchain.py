@@ -15,7 +15,7 @@ from langchain_core.tools import tool
 from langchain_ollama import ChatOllama, OllamaEmbeddings
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
-from server_harness import TINY_SETTINGS, Harness, serving
+from server_harness import TINY_REQUEST, Harness, serving
 from tiny_models import write_tiny_model
 from tool_templates import TINY_HERMES_TEMPLATE
 
@@ -35,7 +35,7 @@ def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     root = tmp_path_factory.mktemp("server-langchain")
     hermes = write_tiny_model(root / "tiny-hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
     with serving({"tiny": tiny_llama, "hermes": hermes}, root,
-                 manager_kw={"base_settings": replace(TINY_SETTINGS, n_ctx=512)}) as h:
+                 manager_kw={"base": replace(TINY_REQUEST, n_ctx=512)}) as h:
         yield h
 
 

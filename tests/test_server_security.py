@@ -43,8 +43,8 @@ class SlowEngine(Engine):
         return gen
 
 
-def _slow_factory(path: Path, settings: LoadSettings) -> Engine:
-    return SlowEngine(path, settings, n_parallel=2)
+def _slow_factory(path: Path, settings: LoadSettings, slots: int) -> Engine:
+    return SlowEngine(path, settings.per_sequence(), n_parallel=slots)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,8 @@ def test_metrics_names(guarded: Harness) -> None:
 
 def test_graceful_shutdown_ends_streams_cleanly(tiny_llama: Path, tmp_path: Path) -> None:
     settings = ServerSettings(shutdown_grace_s=0.3)
-    h = start_server({"tiny": tiny_llama}, tmp_path, settings, {"factory": _slow_factory})
+    h = start_server({"tiny": tiny_llama}, tmp_path, settings,
+                     {"factory": _slow_factory, "slots": 2})
     body = {**CHAT, "max_tokens": 200, "stream": True}
     with httpx.stream("POST", h.v1 + "/chat/completions", json=body, timeout=30) as r:
         lines = r.iter_lines()

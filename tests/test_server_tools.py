@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 
-from server_harness import TINY_SETTINGS, Harness, serving
+from server_harness import TINY_REQUEST, Harness, serving
 from tiny_models import write_tiny_model
 from tool_templates import TINY_HERMES_TEMPLATE
 
@@ -46,7 +46,7 @@ def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     hermes = write_tiny_model(root / "tiny-hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
     # 512: the whole training context of the tiny models; a prompt with tools needs it
     with serving({"hermes": hermes, "tiny": tiny_llama}, root,
-                 manager_kw={"base_settings": replace(TINY_SETTINGS, n_ctx=512)}) as h:
+                 manager_kw={"base": replace(TINY_REQUEST, n_ctx=512)}) as h:
         yield h
 
 

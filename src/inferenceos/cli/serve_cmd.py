@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt, budget_caps
 from inferenceos.cli.console import err
 from inferenceos.cli.limits import check_threads
 
@@ -34,6 +35,25 @@ def _default_model(model: str, catalog: object) -> str:
     return catalog.resolve(DEFAULT_MODEL_NAME).name
 
 
+def _config_pins(value: object) -> list[str]:
+    """server.pin: model names separated by commas."""
+    return [p.strip() for p in str(value or "").split(",") if p.strip()]
+
+
+def _print_default_plan(manager: object, name: str) -> None:
+    """The default model's plan line, before any request loads it (planning only)."""
+    from inferenceos.errors import InferenceOSError
+    from inferenceos.registry.manager import ModelManager
+
+    assert isinstance(manager, ModelManager)
+    try:
+        plan = manager.plan_for(name)
+    except InferenceOSError as exc:
+        err.print(f"{name}: cannot be planned here: {exc}", markup=False)
+        return
+    err.print(f"{name}: {plan.summary()}", style="dim", markup=False)
+
+
 def serve(
     model: Annotated[str, typer.Argument(
         help="Default model: a .gguf path, a registry name (default: built-in Gemma 3 270M)"
@@ -52,22 +72,42 @@ def serve(
     queue: Annotated[int, typer.Option("--queue", help="Requests queued beyond those")] = 32,
     keep_alive: Annotated[float, typer.Option(
         "--keep-alive", help="Seconds an idle model stays loaded (<0: forever)")] = 300.0,
-    max_models: Annotated[int, typer.Option("--max-models", help="Models loaded at once")] = 3,
+    max_models: Annotated[int, typer.Option(
+        "--max-models", help="Extra cap on models loaded at once (0: by memory only)")] = 0,
+    memory_budget: Annotated[str | None, typer.Option(
+        "--memory-budget", help="Cap on the memory all models may hold (e.g. 8GiB)")] = None,
+    pin: Annotated[list[str] | None, typer.Option(
+        "--pin", help="Keep this model hot: never demoted (repeatable; server.pin)")] = None,
+    gpu_layers: Annotated[int | None, typer.Option(
+        "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")] = None,
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="Run on this device only: cpu, or a GPU name (CUDA0, Metal...)")] = None,
+    cache_type_k: Annotated[str | None, typer.Option(
+        "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")] = None,
+    cache_type_v: Annotated[str | None, typer.Option(
+        "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
+    any_model: Annotated[bool, typer.Option(
+        "--any-model", help="An unknown model name reaches the default model (llama-server)")
+    ] = False,
     allow_host: Annotated[list[str] | None, typer.Option(
         "--allow-host", help="Extra Host header accepted on loopback (repeatable)")] = None,
     cors_origin: Annotated[list[str] | None, typer.Option(
         "--cors-origin", help="Extra CORS origin allowed (repeatable)")] = None,
     max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest body")] = 8.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Access log")] = False,
+    rpc: RpcOpt = None,
+    ram: RamCapOpt = None,
+    gpu_memory: GpuCapOpt = None,
 ) -> None:
     """Serve models over the OpenAI and Ollama APIs (loopback only unless told)."""
     from inferenceos.config import load_config
-    from inferenceos.engine.session import LoadSettings
     from inferenceos.errors import UsageError
-    from inferenceos.hardware.memory import detect_memory
     from inferenceos.net import bind_error
+    from inferenceos.plan.devices import parse_size
+    from inferenceos.plan.entry import LoadRequest
+    from inferenceos.registry.budget import MemoryBudget
     from inferenceos.registry.catalog import Catalog
-    from inferenceos.registry.loaded import ModelManager, engine_factory
+    from inferenceos.registry.manager import ModelManager, engine_factory
     from inferenceos.registry.store import ModelStore
     from inferenceos.server.app import create_app
     from inferenceos.server.runner import make_server
@@ -79,18 +119,25 @@ def serve(
         api_key=api_key if api_key is not None else cfg.get("server.api_key"),
         allowed_hosts=tuple(allow_host or ()), cors_origins=tuple(cors_origin or ()),
         max_body_bytes=int(max_body_mb * 1024 * 1024), max_running=parallel,
-        max_waiting=queue,
+        max_waiting=queue, any_model=any_model,
     )
     catalog = Catalog(ModelStore(cfg.models_dir))
     settings = dataclasses.replace(settings, default_model=_default_model(model, catalog))
-    budget = int(detect_memory().usable_bytes * 0.9) or None
+    base = LoadRequest(
+        n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
+        threads=threads or int(cfg.get("run.threads") or 0),
+        gpu_layers=gpu_layers, backend=backend, type_k=cache_type_k, type_v=cache_type_v,
+        **budget_caps(rpc, ram, gpu_memory),
+    )  # fmt: skip
+    base.validate()
+    pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
     manager = ModelManager(
-        catalog.resolve, factory=engine_factory(parallel, queue),
-        base_settings=LoadSettings(n_ctx=ctx or cfg.get("run.n_ctx"),
-                                   n_threads=threads or cfg.get("run.threads")),
-        keep_alive_s=keep_alive, max_loaded=max_models, memory_budget_bytes=budget,
-        slots=parallel,
-    )
+        catalog.resolve, factory=engine_factory(queue),
+        budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
+        base=base, slots=parallel, keep_alive_s=keep_alive,
+        max_loaded=max_models or None, pinned=[catalog.resolve(p).name for p in pinned],
+        on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False),
+    )  # fmt: skip
     if not settings.on_loopback and not settings.api_key:
         err.print(_LOCAL_WARNING.format(host=settings.host), style="bold red")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -101,6 +148,7 @@ def serve(
             f"cannot listen on {settings.host}:{settings.port}: {problem.strerror or problem} "
             "(another InferenceOS or Ollama server? choose one with --port)"
         )
+    _print_default_plan(manager, settings.default_model)
     err.print(f"InferenceOS API on http://{settings.host}:{settings.port} "
               f"(default model {settings.default_model}; OpenAI at /v1, Ollama at /api)")
     server = make_server(create_app(settings, catalog, manager), settings.host, settings.port,

@@ -25,7 +25,7 @@ from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
-from inferenceos.registry.loaded import EngineLike, LoadedModel
+from inferenceos.registry.leases import EngineLike, LoadedModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
 from inferenceos.server.request_telemetry import record_request

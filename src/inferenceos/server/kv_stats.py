@@ -12,7 +12,8 @@ import asyncio
 import math
 from typing import Any
 
-from inferenceos.registry.loaded import LoadedModel, ModelManager
+from inferenceos.registry.leases import LoadedModel
+from inferenceos.registry.manager import ModelManager
 from inferenceos.server.generation import call_in_thread
 
 KV_STATS_TIMEOUT_S = 0.5

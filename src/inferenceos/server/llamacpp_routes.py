@@ -153,7 +153,7 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     when `stream` is true. See the module contract."""
     state = _state(request)
     name, vocab = await _model(state, body.get("model"))
-    p = await call_in_thread(lambda: parse_completion(body, vocab))
+    p = await call_in_thread(lambda: parse_completion(body, vocab, state.settings.n_predict))
     reqs = _requests(p, name)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))

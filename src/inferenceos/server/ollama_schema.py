@@ -191,6 +191,12 @@ class PsModel(BaseModel):
     expires_at: str
     size_vram: int
     context_length: int
+    # ours, beside Ollama's: the tier, the plan's charge per device and why
+    state: str = "hot"
+    pinned: bool = False
+    slots: int = 1
+    memory_by_device: dict[str, int] = {}
+    reason: str = ""
 
 
 class PsResponse(BaseModel):

@@ -65,9 +65,10 @@ _OLLAMA_SAMPLING = {
     "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
     "seed": "seed",
 }
-# Ollama's option names → LoadSettings fields (a change reloads an idle model)
-_OLLAMA_LOAD = {"num_ctx": "n_ctx", "num_batch": "n_batch", "num_thread": "n_threads",
-                "num_gpu": "n_gpu_layers"}
+# Ollama's option names → LoadRequest fields (the planner's input: a change of context
+# resizes an idle model, any other change reloads it)
+_OLLAMA_LOAD = {"num_ctx": "n_ctx", "num_batch": "n_batch", "num_thread": "threads",
+                "num_gpu": "gpu_layers"}
 
 
 def _number(name: str, value: Any, kind: type) -> Any:
@@ -94,19 +95,17 @@ def ollama_options(options: dict[str, Any] | None) -> tuple[SamplingParams, dict
         fields["max_tokens"] = UNLIMITED if n < 0 else n
     if opts.get("stop") is not None:
         fields["stop"] = stops(opts["stop"])
-    overrides: dict[str, int] = {}
     if opts.get("draft") is not None:  # InferenceOS extension: speculative decoding
         if not isinstance(opts["draft"], str) or len(opts["draft"]) > 64:
             raise UsageError("option draft must name a drafter (ngram, none)")
         fields["draft"] = opts["draft"]
+    overrides: dict[str, int] = {}
     for key, field in _OLLAMA_LOAD.items():
         if opts.get(key) is not None:
             value = _number(key, opts[key], int)
             if value <= 0 and key != "num_gpu":
                 raise UsageError(f"option {key} must be positive, got {value}")
             overrides[field] = value
-    if "n_batch" in overrides:
-        overrides["n_ubatch"] = overrides["n_batch"]
     if "n_ctx" in overrides and overrides["n_ctx"] < 16:
         raise UsageError("option num_ctx must be at least 16")
     return sampling_from(fields), overrides

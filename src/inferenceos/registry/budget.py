@@ -1,0 +1,61 @@
+"""The memory budget per device: what the planner says is usable now.
+
+Free memory is read again before each load (not 90 % of what was free when the server
+started): RAM from /proc/meminfo and the cgroup limit (`hardware.memory`), accelerators
+from the profile. The models this manager already holds are part of what the system
+reports as used, so the capacity for our models is `free now + our own charges`;
+`serve --memory-budget SIZE` caps the sum over all devices further.
+
+Tests inject a `machine` callable with fixed figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from inferenceos.plan.devices import Machine, local_machine
+
+
+def machine_now() -> Machine:
+    """This machine with RAM as usable right now (the rest of the profile cached)."""
+    machine = local_machine()
+    try:
+        from inferenceos.hardware.memory import detect_memory
+
+        usable = detect_memory().usable_bytes
+    except Exception:  # an unreadable /proc keeps the profile's figure
+        return machine
+    if usable <= 0:
+        return machine
+    cpu = replace(machine.cpu, memory_bytes=usable)
+    return replace(machine, devices=(cpu, *machine.accelerators))
+
+
+class MemoryBudget:
+    """Capacity per device for the models one manager holds (see the module doc)."""
+
+    def __init__(
+        self,
+        machine: Callable[[], Machine] = machine_now,
+        total_cap: int | None = None,
+    ) -> None:
+        self._machine = machine
+        self.total_cap = total_cap
+
+    def machine(self, ours: Mapping[str, int]) -> Machine:
+        """The machine as a new model may see it: each device's free memory plus what
+        our loaded models hold there (they can give it back), within the total cap."""
+        m = self._machine()
+        devices = tuple(
+            replace(d, memory_bytes=d.memory_bytes + ours.get(d.name, 0)) for d in m.devices
+        )
+        if self.total_cap is not None:  # no device holds more than the whole cap
+            devices = tuple(
+                replace(d, memory_bytes=min(d.memory_bytes, self.total_cap)) for d in devices
+            )
+        return replace(m, devices=devices)
+
+    def capacity(self, ours: Mapping[str, int]) -> dict[str, int]:
+        """Bytes per device our models may hold in all."""
+        return {d.name: d.memory_bytes for d in self.machine(ours).devices}

@@ -1,0 +1,120 @@
+"""Loaded models and the leases requests hold on them.
+
+A `LoadedModel` is one engine with its plan, tier and bookkeeping; a `Lease` is one
+request's hold on it (while leased, a model is never demoted or unloaded). Times come
+from `time.monotonic` unless stated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from inferenceos.plan.llama_params import LlamaParams
+from inferenceos.plan.plan import Plan
+from inferenceos.registry.catalog import ResolvedModel
+
+if TYPE_CHECKING:
+    from inferenceos.registry.manager import ModelManager
+
+HOT, WARM, COLD = "hot", "warm", "cold"
+
+
+class EngineLike(Protocol):
+    """What the server needs from an engine (`inferenceos.engine.engine.Engine`)."""
+
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def load_s(self) -> float: ...
+    def chat_prompt(
+        self,
+        messages: Sequence[Any],
+        template: str | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str: ...
+    def generate(self, prompt: str | list[int], sampling: Any, cancel: Any = None) -> Any: ...
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class LoadedModel:
+    """A loaded engine and its bookkeeping.
+
+    `charge` is what the model holds per device in its current tier: the plan's own
+    figures (`Plan.charge`), never a separate estimate. `reason` says why the model
+    has its current size / tier (what `ps` shows).
+    """
+
+    model: ResolvedModel
+    engine: EngineLike
+    plan: Plan
+    slots: int
+    loaded_at: float
+    keep_alive: float
+    last_used: float
+    tier: str = HOT
+    pinned: bool = False
+    refs: int = 0
+    expires_at: float | None = None  # monotonic deadline once idle; None: never
+    reason: str = ""
+    key: tuple[Any, ...] = field(default_factory=tuple)  # the load request it answers
+
+    @property
+    def charge(self) -> dict[str, int]:
+        return self.plan.charge(warm=self.tier == WARM)
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(self.charge.values())
+
+    @property
+    def vram_bytes(self) -> int:
+        return sum(b for d, b in self.charge.items() if d != "CPU")
+
+    @property
+    def settings(self) -> LlamaParams:
+        """The llama parameters the engine was loaded with (the plan's)."""
+        return self.plan.params()
+
+    @property
+    def n_ctx(self) -> int:
+        """Context of one sequence."""
+        return self.plan.ctx.n_ctx // max(1, self.slots)
+
+    def expires_wall(self, now: float) -> float | None:
+        """Wall-clock expiry (for /api/ps): when busy, as if released now."""
+        if self.keep_alive < 0:
+            return None
+        deadline = self.expires_at if self.refs == 0 and self.expires_at else now + self.keep_alive
+        return time.time() + (deadline - now)
+
+
+@dataclass
+class Lease:
+    """A loaded model in use by one request; `release()` (or `with`) hands it back."""
+
+    manager: ModelManager
+    loaded: LoadedModel
+    fresh: bool = False  # this acquire loaded the model (cold → hot)
+    woke: bool = False  # this acquire promoted it (warm → hot)
+    released: bool = field(default=False)
+
+    @property
+    def engine(self) -> EngineLike:
+        return self.loaded.engine
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.manager._release(self.loaded)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,479 @@
+"""The memory manager: many models in one memory budget, hot / warm / cold.
+
+Contract of `ModelManager`:
+- `acquire(name, keep_alive, overrides)` returns a `Lease` on a hot engine (blocking:
+  call it from a worker thread, never on an event loop): a hot model is leased at once;
+  a warm one (worker and weights kept, context freed) is promoted by opening a context,
+  without reading the weights again; a cold one is planned and loaded. Release the
+  lease when the request is done; a leased model is never demoted.
+- Every load is planned by the one planner entry point (`plan.entry.plan_load`) against
+  the memory usable now (`budget.MemoryBudget`), and the model is charged the plan's
+  own figures per device (`Plan.charge`): hot = weights + KV + compute + output,
+  warm = what stays when the context is freed.
+- Room is made by memory, least recently used first, hot → warm before warm → cold
+  (`tiers`); pinned models are never demoted. A load that cannot fit even then raises
+  `NoRoomError` (503) with the figures.
+- Ollama's keep_alive: seconds an idle model stays loaded (0: unloaded on release,
+  negative: never by time; memory pressure may still demote an unpinned model).
+- Requests carrying load overrides (num_ctx, num_gpu, ...) get a model planned for
+  them: a change of context only is a resize of the same worker that carries cached
+  conversations over (`Engine.resize`); any other change reloads an idle model.
+- Loads are serialised (one at a time); requests to hot models never wait for a load,
+  and requests to different hot models run in parallel, each on its own worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from inferenceos.errors import InferenceOSError
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.entry import LoadRequest
+from inferenceos.plan.llama_params import LlamaParams
+from inferenceos.plan.plan import Plan
+from inferenceos.registry.budget import MemoryBudget
+from inferenceos.registry.catalog import ResolvedModel
+from inferenceos.registry.leases import COLD, HOT, WARM, EngineLike, Lease, LoadedModel
+from inferenceos.registry.tiers import blockers, next_demotion, shortfall, used_by
+from inferenceos.units import format_bytes as fb
+
+DEFAULT_KEEP_ALIVE_S = 300.0
+
+
+class ModelBusyError(InferenceOSError):
+    """No room to load a model now: the others that would have to go are in use."""
+
+
+class NoRoomError(ModelBusyError):
+    """The model does not fit the budget even after every idle model gave way."""
+
+
+Planner = Callable[[ResolvedModel, LoadRequest, Machine], Plan]
+EngineFactory = Callable[[Path, LlamaParams, int], EngineLike]
+ContextHint = Callable[[ResolvedModel], "tuple[int, str] | None"]
+
+
+def plan_model(model: ResolvedModel, req: LoadRequest, machine: Machine) -> Plan:
+    """The default planner: the one entry point, on the model's GGUF header."""
+    from inferenceos.plan.entry import plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    return plan_load(load_model_facts(model.path), machine, req)
+
+
+def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
+    """Engines in worker processes that batch `slots` sequences, queue `max_queue`."""
+    def factory(path: Path, params: LlamaParams, slots: int) -> EngineLike:
+        from inferenceos.engine.engine import Engine
+
+        return Engine(path, params.per_sequence(), n_parallel=slots, max_queue=max_queue,
+                      **engine_kw)  # fmt: skip
+    return factory
+
+
+def recent_context(model: ResolvedModel) -> tuple[int, str] | None:
+    """The context this model's recorded traffic needs: the 95th percentile of prompt +
+    output tokens over its last 200 generations here, with 25 % headroom, rounded up to
+    a power of two (≥ 2048); None without history."""
+    try:
+        from inferenceos import telemetry
+
+        rows = telemetry.generations(model.path, limit=200)
+    except Exception:  # telemetry is advice: never a reason to fail a load
+        return None
+    sizes = sorted(r.prompt_tokens + r.output_tokens for r in rows)
+    if len(sizes) < 3:
+        return None
+    p95 = sizes[min(len(sizes) - 1, int(0.95 * len(sizes)))]
+    n = 2048
+    while n < p95 * 1.25:
+        n *= 2
+    return n, f"p95 of {len(sizes)} recorded requests is {p95} tokens"
+
+
+class ModelManager:
+    """Loads, leases, demotes and unloads engines by model name (see the module doc)."""
+
+    def __init__(
+        self,
+        resolve: Callable[[str], ResolvedModel],
+        factory: EngineFactory | None = None,
+        *,
+        planner: Planner = plan_model,
+        budget: MemoryBudget | None = None,
+        base: LoadRequest | None = None,
+        slots: int = 1,
+        keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+        max_loaded: int | None = None,
+        pinned: Iterable[str] = (),
+        context_hint: ContextHint | None = recent_context,
+        on_load: Callable[[str, Plan], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._resolve = resolve
+        self._factory = factory or engine_factory()
+        self._planner = planner
+        self.budget = budget or MemoryBudget()
+        self.slots = max(1, slots)  # sequences per engine
+        self.base = replace(base or LoadRequest(), n_seq=self.slots)
+        self.keep_alive_s = keep_alive_s
+        self.max_loaded = max_loaded
+        self._pinned_names = set(pinned)
+        self._hint = context_hint
+        self._on_load = on_load
+        self._clock = clock
+        self._models: dict[str, LoadedModel] = {}
+        self._moving: set[str] = set()  # models being demoted, promoted or resized
+        self._lock = threading.Lock()  # guards _models, _moving and counters
+        self._load_lock = threading.Lock()  # one load / promotion / demotion at a time
+        self._wake = threading.Event()
+        self._closed = False
+        self._reaper: threading.Thread | None = None
+        self.loads_total = 0
+        self.evictions_total: dict[str, int] = {}
+        self.promotions_total = 0
+
+    # -- requests ----------------------------------------------------------------------
+
+    def request_for(
+        self, model: ResolvedModel, overrides: dict[str, Any] | None
+    ) -> tuple[LoadRequest, str]:
+        """The LoadRequest for `model` with a request's overrides (LoadRequest field
+        names), and why its context is what it is."""
+        req, why = self.base, ""
+        if req.n_ctx:
+            why = f"--ctx {req.n_ctx}"
+        elif self._hint is not None and (hint := self._hint(model)) is not None:
+            req, why = replace(req, n_ctx=hint[0]), hint[1]
+        if overrides:
+            req = replace(req, **overrides)
+            if "n_ctx" in overrides:
+                why = f"num_ctx {overrides['n_ctx']} asked by a request"
+        train = model.context_length or 0
+        if req.n_ctx and train and req.n_ctx > train and not req.rope_scaling:
+            req = replace(req, n_ctx=train)  # a client may not size beyond training
+        return req, why or "default context"
+
+    def plan_for(self, name: str, overrides: dict[str, Any] | None = None) -> Plan:
+        """The plan a load of `name` would get now (nothing is loaded)."""
+        model = self._resolve(name)
+        return self._plan(model, self.request_for(model, overrides)[0], exclude=model.name)
+
+    def acquire(
+        self, name: str, keep_alive: float | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> Lease:  # fmt: skip
+        """Lease the model `name`, loading or promoting it if needed (blocking)."""
+        model = self._resolve(name)
+        req, why = self.request_for(model, overrides)
+        hit = self._try_lease(model.name, req, keep_alive, overrides is not None)
+        if hit:
+            return hit
+        with self._load_lock:
+            hit = self._try_lease(model.name, req, keep_alive, overrides is not None)
+            if hit:
+                return hit
+            lm = self._models.get(model.name)
+            if lm is not None and lm.tier == WARM and self._fits_request(lm, req, False):
+                return self._promote(lm, keep_alive)
+            if lm is not None and lm.refs == 0:
+                resized = self._try_resize(lm, req, why, keep_alive)
+                if resized:
+                    return resized
+                self._drop(lm, "replaced")
+            return self._load(model, req, why, keep_alive)
+
+    @staticmethod
+    def _fits_request(lm: LoadedModel, req: LoadRequest, strict: bool) -> bool:
+        return not strict or lm.key == _key(req)
+
+    def _try_lease(
+        self, name: str, req: LoadRequest, keep_alive: float | None, strict: bool
+    ) -> Lease | None:
+        """A lease on the hot `name` if it suits the request: an explicit request whose
+        load settings differ takes the slow path (resize or reload) when the model is
+        idle; a busy model is used as it is."""
+        with self._lock:
+            lm = self._models.get(name)
+            if lm is None or lm.tier != HOT or name in self._moving:
+                return None
+            if strict and lm.key != _key(req) and lm.refs == 0:
+                return None
+            self._lease(lm, keep_alive)
+            return Lease(self, lm)
+
+    def _lease(self, lm: LoadedModel, keep_alive: float | None) -> None:
+        lm.refs += 1
+        lm.last_used = self._clock()
+        lm.expires_at = None
+        if keep_alive is not None:
+            lm.keep_alive = keep_alive
+
+    # -- loading, promoting, resizing ----------------------------------------------------
+
+    def _plan(self, model: ResolvedModel, req: LoadRequest, exclude: str = "") -> Plan:
+        """The plan for `model` on the memory our other models could give back."""
+        from inferenceos.plan.preflight import PlanRefused
+
+        ours = used_by(m for m in self.loaded() if m.model.name != exclude)
+        try:
+            return self._planner(model, req, self.budget.machine(ours))
+        except PlanRefused as exc:
+            raise NoRoomError(f"cannot load '{model.name}': {exc}") from None
+
+    def _load(self, model: ResolvedModel, req: LoadRequest, why: str,
+              keep_alive: float | None) -> Lease:  # fmt: skip
+        plan = self._plan(model, req)
+        self._make_room(model.name, plan.charge())
+        t0 = time.perf_counter()
+        engine = self._factory(model.path, plan.params(), self.slots)
+        now = self._clock()
+        lm = LoadedModel(
+            model, engine, plan, self.slots, now,
+            self.keep_alive_s if keep_alive is None else keep_alive, now, refs=1,
+            pinned=model.name in self._pinned_names, reason=f"{why}; {plan.summary()}",
+            key=_key(req),
+        )  # fmt: skip
+        with self._lock:
+            self._models[model.name] = lm
+            self.loads_total += 1
+        _record_load(model, time.perf_counter() - t0, plan)
+        if self._on_load is not None:
+            self._on_load(model.name, plan)
+        return Lease(self, lm, fresh=True)
+
+    def _promote(self, lm: LoadedModel, keep_alive: float | None) -> Lease:
+        """warm → hot: room for the context, then a new context on the kept weights."""
+        hot = lm.plan.charge()
+        delta = {d: b - lm.charge.get(d, 0) for d, b in hot.items()}
+        self._moving.add(lm.model.name)
+        try:
+            self._make_room(lm.model.name, delta)
+            _call_tier(lm.engine, "wake")
+            with self._lock:
+                lm.tier = HOT
+                self._lease(lm, keep_alive)
+                self.promotions_total += 1
+        finally:
+            self._moving.discard(lm.model.name)
+        return Lease(self, lm, woke=True)
+
+    def _try_resize(self, lm: LoadedModel, req: LoadRequest, why: str,
+                    keep_alive: float | None) -> Lease | None:  # fmt: skip
+        """Only the context differs: a new context on the same worker, cached
+        conversations carried over (the context follows the workload)."""
+        resize = getattr(lm.engine, "resize", None)
+        if resize is None or lm.key[1:] != _key(req)[1:]:
+            return None
+        plan = self._plan(lm.model, req, exclude=lm.model.name)
+        if plan.params().n_gpu_layers != lm.plan.params().n_gpu_layers:
+            return None  # placement changed too: a reload
+        self._moving.add(lm.model.name)
+        try:
+            grow = {d: b - lm.charge.get(d, 0) for d, b in plan.charge().items()}
+            self._make_room(lm.model.name, grow)
+            if lm.tier == WARM:
+                _call_tier(lm.engine, "wake")
+            old = lm.n_ctx
+            resize(plan.ctx.n_ctx // self.slots, self.slots)
+            with self._lock:
+                lm.plan, lm.tier, lm.key = plan, HOT, _key(req)
+                lm.reason = f"resized {old} → {lm.n_ctx}: {why}"
+                self._lease(lm, keep_alive)
+        finally:
+            self._moving.discard(lm.model.name)
+        _record("resize", lm.model, n_ctx_before=old, n_ctx_after=lm.n_ctx)
+        return Lease(self, lm)
+
+    def _make_room(self, name: str, need: dict[str, int]) -> None:
+        """Demote idle models (tiers' order) until `need` more bytes fit, or raise."""
+        while True:
+            with self._lock:
+                models = [m for m in self._models.values() if m.model.name not in self._moving
+                          or m.model.name == name]  # fmt: skip
+                ours = used_by(self._models.values())
+                short = shortfall(
+                    ours, need, self.budget.capacity(ours), self.budget.total_cap,
+                    len(self._models) if name not in self._models else 0, self.max_loaded,
+                )  # fmt: skip
+                if not short:
+                    return
+                step = next_demotion(models, short, exclude=name)
+                if step is not None:
+                    victim, tier = step
+                    self._moving.add(victim.model.name)
+                    if tier == COLD:
+                        del self._models[victim.model.name]
+            if step is None:  # the message reads the models: outside the lock
+                raise NoRoomError(self._no_room(name, need, short.describe()))
+            try:
+                self._demote(victim, tier, "memory" if short.bytes_by_device else "max_models")
+            finally:
+                self._moving.discard(victim.model.name)
+
+    def _no_room(self, name: str, need: dict[str, int], short: str) -> str:
+        held = blockers(self.loaded(), exclude=name)
+        needs = ", ".join(f"{d} {fb(b)}" for d, b in need.items() if b > 0)
+        return (f"cannot load '{name}' now: it needs {needs}; {short}"
+                + (f"; held by {held}" if held else "") + "; retry later or free memory")
+
+    def _demote(self, lm: LoadedModel, tier: str, reason: str) -> None:
+        if tier == WARM:
+            _call_tier(lm.engine, "sleep")
+            with self._lock:
+                lm.tier, lm.reason = WARM, f"demoted to warm ({reason})"
+        else:
+            self._close(lm, reason)
+        with self._lock:
+            key = f"{reason}_{tier}"
+            self.evictions_total[key] = self.evictions_total.get(key, 0) + 1
+        _record("eviction", lm.model, reason=reason, tier=tier)
+
+    def _release(self, lm: LoadedModel) -> None:
+        with self._lock:
+            lm.refs -= 1
+            lm.last_used = self._clock()
+            if lm.refs == 0 and lm.keep_alive >= 0 and not lm.pinned:
+                lm.expires_at = lm.last_used + lm.keep_alive
+                if lm.keep_alive == 0:
+                    self._wake.set()
+
+    # -- unloading ---------------------------------------------------------------------
+
+    def unload(self, name: str) -> bool:
+        """Unload `name` now if idle, else as soon as its last lease ends. False if it
+        was not loaded."""
+        model = self._resolve(name)
+        with self._lock:
+            lm = self._models.get(model.name)
+            if lm is None:
+                return False
+            lm.keep_alive, lm.pinned = 0, False
+            if lm.refs > 0:
+                lm.expires_at = None
+                return True
+            del self._models[model.name]
+        self._close(lm, "unload")
+        return True
+
+    def reap(self) -> int:
+        """Unload every idle model whose keep-alive has passed; return how many."""
+        now = self._clock()
+        with self._lock:
+            due = [m for m in self._models.values()
+                   if m.refs == 0 and m.expires_at is not None and m.expires_at <= now
+                   and m.model.name not in self._moving]  # fmt: skip
+            for m in due:
+                del self._models[m.model.name]
+        for m in due:
+            self._close(m, "expired")
+        return len(due)
+
+    def _drop(self, lm: LoadedModel, reason: str) -> None:
+        with self._lock:
+            self._models.pop(lm.model.name, None)
+        self._close(lm, reason)
+
+    def _close(self, lm: LoadedModel, reason: str) -> None:
+        with self._lock:
+            self.evictions_total[reason] = self.evictions_total.get(reason, 0) + 1
+        lm.tier = COLD
+        lm.engine.close()
+
+    # -- views -------------------------------------------------------------------------
+
+    def loaded(self) -> list[LoadedModel]:
+        """A snapshot of the loaded (hot and warm) models."""
+        with self._lock:
+            return list(self._models.values())
+
+    def pin(self, name: str) -> None:
+        """Keep `name` hot once loaded: never demoted, never expired."""
+        resolved = self._resolve(name).name
+        with self._lock:
+            self._pinned_names.add(resolved)
+            if resolved in self._models:
+                self._models[resolved].pinned = True
+
+    def ps(self) -> list[dict[str, Any]]:
+        """What `inferenceos ps --json` shows per loaded model."""
+        now = self._clock()
+        out = []
+        for lm in self.loaded():
+            exp = lm.expires_wall(now) if not lm.pinned else None
+            out.append({
+                "name": lm.model.name, "state": lm.tier, "pinned": lm.pinned,
+                "memory_by_device": lm.charge, "size": lm.memory_bytes,
+                "size_vram": lm.vram_bytes, "context_length": lm.n_ctx, "slots": lm.slots,
+                "expires_at": exp, "in_use": lm.refs, "reason": lm.reason,
+            })  # fmt: skip
+        return out
+
+    # -- lifetime ----------------------------------------------------------------------
+
+    def start_reaper(self, interval_s: float = 1.0) -> None:
+        """Start the background thread that unloads expired models."""
+        def loop() -> None:
+            while not self._closed:
+                self._wake.wait(interval_s)
+                self._wake.clear()
+                if not self._closed:
+                    self.reap()
+
+        self._reaper = threading.Thread(target=loop, name="model-reaper", daemon=True)
+        self._reaper.start()
+
+    def close(self) -> None:
+        """Stop the reaper and unload every model (waits for engines to finish)."""
+        self._closed = True
+        self._wake.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=5)
+        with self._lock:
+            models = list(self._models.values())
+            self._models.clear()
+        for m in models:
+            m.engine.close()
+
+
+def _key(req: LoadRequest) -> tuple[Any, ...]:
+    """What identifies a loaded configuration: the context first (a resize can change
+    it), then everything that needs a reload."""
+    return (req.n_ctx, req.n_batch, req.threads, req.gpu_layers, req.backend, req.type_k,
+            req.type_v, req.flash_attn, req.n_seq)  # fmt: skip
+
+
+def _call_tier(engine: EngineLike, verb: str) -> None:
+    """engine.sleep() / engine.wake() when the engine has tiers (fakes may not)."""
+    fn = getattr(engine, verb, None)
+    if fn is not None:
+        fn()
+
+
+def _record(kind: str, model: ResolvedModel, **detail: Any) -> None:
+    """A telemetry event; recording never fails a load."""
+    try:
+        from inferenceos import telemetry
+
+        telemetry.recorder().event(kind, model.path, digest=model.digest or None,
+                                   name=model.name, **detail)
+    except Exception:
+        pass
+
+
+def _record_load(model: ResolvedModel, load_s: float, plan: Plan) -> None:
+    try:
+        from dataclasses import asdict
+
+        from inferenceos import telemetry
+
+        telemetry.recorder().load(model.path, source="server", load_s=load_s,
+                                  digest=model.digest or None,
+                                  settings=asdict(plan.params()), plan=plan.to_json())
+    except Exception:  # recording never fails a load
+        pass

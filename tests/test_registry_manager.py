@@ -1,0 +1,265 @@
+"""The memory manager with injected memory figures: tiers, eviction by memory (LRU,
+hot → warm before warm → cold), pins, 503 with the numbers, keep-alive, resize.
+
+Engines are fakes that record sleep/wake/resize; plans are real plans of a tiny model
+whose memory figures are replaced by round numbers, so every charge is known exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferenceos.errors import ModelNotFoundError
+from inferenceos.plan.entry import LoadRequest
+from inferenceos.plan.llama_params import LlamaParams
+from inferenceos.plan.memory import MemoryEstimate
+from inferenceos.plan.plan import Plan
+from inferenceos.registry.budget import MemoryBudget
+from inferenceos.registry.catalog import ResolvedModel
+from inferenceos.registry.leases import HOT, WARM
+from inferenceos.registry.manager import ModelManager, NoRoomError
+from plan_factories import GiB, machine
+
+MB = 1_000_000
+# each model: 60 MB of weights, 20 MB KV, 20 MB compute (hot 100 MB, warm 60 MB)
+WEIGHTS, KV, COMPUTE = 60 * MB, 20 * MB, 20 * MB
+
+
+class FakeEngine:
+    def __init__(self, path: Path, params: LlamaParams, slots: int) -> None:
+        self.path, self.params, self.slots = path, params, slots
+        self.closed, self.asleep, self.resized = False, False, 0
+        self.n_ctx, self.load_s = params.n_ctx // slots, 0.0
+
+    def chat_prompt(self, messages: Sequence[Any], template: str | None = None,
+                    tools: Sequence[dict[str, Any]] | None = None) -> str:
+        return ""
+
+    def generate(self, prompt: Any, sampling: Any, cancel: Any = None) -> Any:
+        raise NotImplementedError
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return []
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return []
+
+    def sleep(self) -> float:
+        self.asleep = True
+        return 0.0
+
+    def wake(self) -> float:
+        self.asleep = False
+        return 0.0
+
+    def resize(self, n_ctx: int, n_parallel: int | None = None) -> dict[str, Any]:
+        self.resized += 1
+        self.n_ctx = n_ctx
+        return {"carried": 0}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def resolved(name: str) -> ResolvedModel:
+    return ResolvedModel(f"{name}:latest", Path(f"/m/{name}.gguf"), "0" * 64, 100, "llama",
+                         "F32", 1, 8192, 0.0)
+
+
+@pytest.fixture
+def base_plan(tiny_llama: Path) -> Plan:
+    from inferenceos.plan.entry import plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    return plan_load(load_model_facts(tiny_llama), machine(ram=8 * GiB), LoadRequest())
+
+
+def figures(plan: Plan, n_ctx: int) -> Plan:
+    """`plan` with round memory figures: KV and compute scale with the context."""
+    scale = n_ctx / 4096
+    kv, compute = int(KV * scale), int(COMPUTE * scale)
+    m = plan.memory
+    memory = MemoryEstimate(
+        weights={"CPU": WEIGHTS}, repack=0, kv={"CPU": kv}, compute={"CPU": compute},
+        output=0, overhead=0, context=m.context, by_device={"CPU": WEIGHTS + kv + compute},
+    )
+    return replace(plan, memory=memory, ctx=replace(plan.ctx, n_ctx=n_ctx))
+
+
+def make(base_plan: Plan, cap: int | None = 2 * (WEIGHTS + KV + COMPUTE),
+         **kw: Any) -> tuple[ModelManager, list[FakeEngine], Clock]:  # fmt: skip
+    made: list[FakeEngine] = []
+    clock = Clock()
+
+    def factory(path: Path, params: LlamaParams, slots: int) -> FakeEngine:
+        made.append(FakeEngine(path, params, slots))
+        return made[-1]
+
+    def resolve(name: str) -> ResolvedModel:
+        if name.split(":")[0] not in ("a", "b", "c"):
+            raise ModelNotFoundError(name)
+        return resolved(name.split(":")[0])
+
+    def planner(model: ResolvedModel, req: LoadRequest, m: Any) -> Plan:
+        return figures(base_plan, req.n_ctx or 4096)
+
+    budget = MemoryBudget(machine=lambda: machine(ram=64 * GiB), total_cap=cap)
+    mgr = ModelManager(resolve, factory, planner=planner, budget=budget, clock=clock,
+                       context_hint=None, **kw)  # fmt: skip
+    return mgr, made, clock
+
+
+def tiers(mgr: ModelManager) -> dict[str, str]:
+    return {lm.model.name.split(":")[0]: lm.tier for lm in mgr.loaded()}
+
+
+def use(mgr: ModelManager, clock: Clock, name: str, **kw: Any) -> Any:
+    clock.t += 1
+    lease = mgr.acquire(name, **kw)
+    lease.release()
+    return lease
+
+
+def test_each_model_is_charged_the_plans_figures(base_plan: Plan) -> None:
+    mgr, made, clock = make(base_plan)
+    use(mgr, clock, "a")
+    (lm,) = mgr.loaded()
+    assert lm.charge == lm.plan.memory.by_device == {"CPU": WEIGHTS + KV + COMPUTE}
+    assert made[0].params == lm.plan.params()  # the engine got the plan's parameters
+
+
+def test_third_model_demotes_lru_hot_to_warm_before_any_cold(base_plan: Plan) -> None:
+    """Budget for two hot models: the third demotes both idle ones to warm (40 MB
+    each), still 20 MB short, so the least recently used warm one goes cold."""
+    mgr, made, clock = make(base_plan)
+    use(mgr, clock, "a")
+    use(mgr, clock, "b")
+    lease = use(mgr, clock, "c")
+    assert lease.fresh
+    assert tiers(mgr) == {"b": WARM, "c": HOT}
+    assert made[0].closed and made[1].asleep and not made[1].closed
+    assert sum(lm.memory_bytes for lm in mgr.loaded()) <= 2 * (WEIGHTS + KV + COMPUTE)
+
+
+def test_warm_model_is_promoted_without_a_reload(base_plan: Plan) -> None:
+    mgr, made, clock = make(base_plan, cap=WEIGHTS * 2 + KV + COMPUTE)  # two weights, one ctx
+    use(mgr, clock, "a")
+    use(mgr, clock, "b")  # a goes warm: both weights, one context fit
+    assert tiers(mgr) == {"a": WARM, "b": HOT}
+    lease = use(mgr, clock, "a")
+    assert lease.woke and not lease.fresh and len(made) == 2  # no new engine
+    assert tiers(mgr) == {"a": HOT, "b": WARM}
+    assert mgr.promotions_total == 1
+
+
+def test_pinned_model_is_never_demoted(base_plan: Plan) -> None:
+    mgr, made, clock = make(base_plan, pinned=["a:latest"])
+    use(mgr, clock, "a")
+    use(mgr, clock, "b")
+    use(mgr, clock, "c")  # a is the LRU but pinned: b gives way
+    assert tiers(mgr)["a"] == HOT and "c" in tiers(mgr)
+    assert not made[0].asleep and not made[0].closed
+
+
+def test_load_that_needs_a_pinned_models_memory_is_refused_with_figures(
+    base_plan: Plan,
+) -> None:
+    mgr, _, clock = make(base_plan, cap=WEIGHTS + KV + COMPUTE + 50 * MB, pinned=["a:latest"])
+    use(mgr, clock, "a")
+    with pytest.raises(NoRoomError) as info:
+        mgr.acquire("b")
+    msg = str(info.value)
+    assert "cannot load 'b:latest'" in msg and "short by" in msg and "pinned" in msg
+    assert "CPU" in msg and ("MB" in msg or "MiB" in msg)
+
+
+def test_busy_models_block_and_the_error_says_so(base_plan: Plan) -> None:
+    mgr, _, _ = make(base_plan, cap=WEIGHTS + KV + COMPUTE)
+    lease = mgr.acquire("a")
+    with pytest.raises(NoRoomError, match="in use"):
+        mgr.acquire("b")
+    lease.release()
+    mgr.acquire("b").release()  # a gives way once idle
+    assert tiers(mgr) == {"b": HOT}
+
+
+def test_max_models_is_only_an_extra_cap(base_plan: Plan) -> None:
+    mgr, made, clock = make(base_plan, cap=None, max_loaded=2)
+    for name in "abc":
+        use(mgr, clock, name)
+    assert set(tiers(mgr)) == {"b", "c"} and made[0].closed
+
+
+def test_keep_alive_zero_forever_and_expiry(base_plan: Plan) -> None:
+    mgr, _, clock = make(base_plan, cap=None, keep_alive_s=10)
+    use(mgr, clock, "a")
+    use(mgr, clock, "b", keep_alive=-1)
+    clock.t += 11
+    assert mgr.reap() == 1 and set(tiers(mgr)) == {"b"}  # b never expires by time
+    use(mgr, clock, "c", keep_alive=0)
+    assert mgr.reap() == 1 and set(tiers(mgr)) == {"b"}
+
+
+def test_a_context_change_resizes_the_same_worker(base_plan: Plan) -> None:
+    mgr, made, clock = make(base_plan, cap=None)
+    use(mgr, clock, "a")
+    lease = use(mgr, clock, "a", overrides={"n_ctx": 8192})
+    assert len(made) == 1 and made[0].resized == 1  # no reload
+    (lm,) = mgr.loaded()
+    assert lm.n_ctx == 8192 and lm.charge["CPU"] == WEIGHTS + 2 * (KV + COMPUTE)
+    assert "resized 4096 → 8192" in lm.reason and lease.loaded is lm
+
+
+def test_other_load_changes_reload_an_idle_model(base_plan: Plan) -> None:
+    mgr, made, clock = make(base_plan, cap=None)
+    use(mgr, clock, "a")
+    use(mgr, clock, "a", overrides={"threads": 1})
+    assert len(made) == 2 and made[0].closed
+
+
+def test_concurrent_acquires_load_once(base_plan: Plan) -> None:
+    mgr, made, _ = make(base_plan, cap=None)
+    leases: list[Any] = []
+    threads = [threading.Thread(target=lambda: leases.append(mgr.acquire("a")))
+               for _ in range(8)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(made) == 1 and len(leases) == 8
+    for lease in leases:
+        lease.release()
+
+
+def test_served_model_gets_the_same_plan_as_run_with_an_injected_gpu(tiny_llama: Path) -> None:
+    """On a machine with a GPU (an injected profile), the server plans a model exactly
+    as `run` does: same llama parameters, layers offloaded."""
+    from inferenceos.cli.run_cmd import _plan_settings
+    from inferenceos.registry.catalog import Catalog
+    from inferenceos.registry.store import ModelStore
+
+    gpu_machine = machine(ram=16 * GiB, gpus=(8 * GiB,))
+    catalog = Catalog(ModelStore(tiny_llama.parent / "store-gpu"))
+    name = catalog.add_file(tiny_llama, "tiny").name
+    mgr = ModelManager(catalog.resolve, planner=ModelManager.__init__.__kwdefaults__["planner"],
+                       budget=MemoryBudget(machine=lambda: gpu_machine), context_hint=None)
+    served = mgr.plan_for(name).params()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("inferenceos.plan.devices.local_machine", lambda: gpu_machine)
+        ran = _plan_settings(tiny_llama, LoadRequest(need_tokens=100))
+    assert served == ran
+    assert served.n_gpu_layers > 0 and served.devices == ("GPU0",)
