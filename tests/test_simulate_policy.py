@@ -71,3 +71,15 @@ def test_adaptive_follows_the_recorded_workload() -> None:
     assert choose("adaptive", f, RecordedWorkload(runs=1)).resolved == "balanced"
     with pytest.raises(UsageError):
         choose("fastest", f)
+
+
+def test_plan_here_applies_policy_load_and_calibration() -> None:
+    from inferenceos.hardware.cpu_load import CpuLoad
+    from inferenceos.plan.entry import LoadRequest
+    from inferenceos.plan.here import plan_here
+    from plan_factories import machine
+
+    busy = CpuLoad(usable_cpus=8, busy_others=4.0, window_s=0.1)
+    got = plan_here(make_facts(), machine(threads=8), LoadRequest(cpu_load=busy), "capacity")
+    assert got.plan.threads == 4 and got.plan.ctx.n_seq == 4
+    assert got.policy.resolved == "capacity" and got.calibration.basis == "modelled"

@@ -66,6 +66,10 @@ def _print_machine(p: HardwareProfile) -> None:
     if b.disk_read_gbps is not None:
         t.add_row("disk read", f"{b.disk_read_gbps:.2f} GB/s in {escape(str(b.disk_path))} "
                   f"({b.disk_fs}, page cache bypassed by {b.disk_method})")
+    if p.llama_speed is not None:  # what simulate's perf model is calibrated on
+        sp = p.llama_speed
+        t.add_row("llama.cpp probe", f"{sp.decode_tps:.0f} t/s decode, {sp.prefill_tps:.0f} "
+                  f"t/s prefill ({sp.threads} threads, {sp.seconds:.1f} s)")
     out.print(t)
 
 
