@@ -5,11 +5,14 @@ stays; a load that cannot fit gets 503 with the figures; two hot models answer a
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
+from cli_helpers import run_main
 from inferenceos.registry.budget import MemoryBudget
 from server_harness import serving
 from tiny_models import write_tiny_model
@@ -91,3 +94,21 @@ def test_two_hot_models_answer_concurrently(tmp_path: Path) -> None:
             assert sum(1 for _ in events) > 0
             pids = {lm.model.name: lm.engine.worker_pid for lm in h.manager.loaded()}
         assert len(set(pids.values())) == 2
+
+
+def test_ps_cli_shows_state_memory_context_and_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = _models(tmp_path)
+    with serving(models, tmp_path, manager_kw={"pinned": ["a:latest"]}) as h:
+        _gen(h, "a")
+        code, out, _ = run_main(["ps", "--port", str(h.port), "--json"], capsys, monkeypatch)
+        assert code == 0
+        (entry,) = json.loads(out)["models"]
+        assert entry["state"] == "hot" and entry["pinned"] and entry["slots"] == 1
+        assert entry["memory_by_device"]["CPU"] == entry["size"] > 0
+        assert entry["reason"].startswith("--ctx 256; plan: ctx 256")
+        code, out, _ = run_main(["ps", "--port", str(h.port)], capsys, monkeypatch)
+        assert code == 0
+        for text in ("a:latest", "hot (pinned)", "CPU", "256 × 1", "plan: ctx 256"):
+            assert text in out, out

@@ -47,7 +47,8 @@ def ps(
         "--api-key", help="The server's API key (default: config server.api_key)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
-    """Models loaded by the running server, their memory and expiry."""
+    """Models loaded by the running server: state (hot / warm), memory per device,
+    context × slots, pinned, expiry and the reason for the last change."""
     from inferenceos.config import load_config
 
     cfg = load_config()
@@ -56,9 +57,23 @@ def ps(
     if as_json:
         print_json(data)
         return
-    table = Table("NAME", "ID", "SIZE", "CONTEXT", "UNTIL", box=None)
+    table = Table("NAME", "STATE", "MEMORY", "CONTEXT", "UNTIL", "WHY", box=None)
     for m in data.get("models", []):
-        table.add_row(safe_text(str(m.get("name"))), str(m.get("digest", ""))[:12],
-                      fmt_bytes(int(m.get("size", 0))), str(m.get("context_length", "")),
-                      safe_text(str(m.get("expires_at", ""))))
+        table.add_row(safe_text(str(m.get("name"))), _state(m), _memory(m),
+                      f"{m.get('context_length', '')} × {m.get('slots', 1)}",
+                      safe_text(str(m.get("expires_at", ""))),
+                      safe_text(str(m.get("reason", ""))))  # fmt: skip
     out.print(table)
+
+
+def _state(m: dict[str, Any]) -> str:
+    state = str(m.get("state", "hot"))
+    return state + (" (pinned)" if m.get("pinned") else "")
+
+
+def _memory(m: dict[str, Any]) -> str:
+    """Per device ('CPU 512 MiB, CUDA0 4.1 GiB'), or the total from a plain Ollama."""
+    by_device = m.get("memory_by_device") or {}
+    if not by_device:
+        return fmt_bytes(int(m.get("size", 0)))
+    return ", ".join(f"{safe_text(str(d))} {fmt_bytes(int(b))}" for d, b in by_device.items())
