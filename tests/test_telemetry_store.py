@@ -213,3 +213,20 @@ def test_telemetry_imports_only_lower_layers() -> None:
             for name in names:
                 if name.startswith("inferenceos"):
                     assert name.startswith(allowed), (path.name, name)
+
+
+def test_a_reader_moves_a_garbage_file_aside(tiny_llama: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    dbmod.reset_warnings()
+    path = telemetry.db_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x13" * 8192)
+    assert telemetry.generations() == [] and telemetry.counts() == {}
+    err = capsys.readouterr().err
+    assert err.count("warning: telemetry:") == 1 and "moved it to" in err
+    assert len(list(path.parent.glob("telemetry.db.corrupt-*"))) == 1
+    rec = telemetry.recorder()
+    _record_one(rec, tiny_llama)
+    rec.flush(30)
+    assert len(telemetry.generations()) == 1 and "warning" not in capsys.readouterr().err
+    dbmod.reset_warnings()

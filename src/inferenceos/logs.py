@@ -5,7 +5,9 @@
 
     2026-11-30 23:40:01,123 INFO    server[4242] inferenceos.access: {"method": ...}
 
-The file rotates at `MAX_BYTES` keeping `BACKUPS` old files (`inferenceos.log.1` ...).
+The file rotates at `MAX_BYTES` keeping `BACKUPS` old files (`inferenceos.log.1` ...);
+several processes append to it (lines stay whole: each is one write in append mode),
+and when two rotate at the same moment a few lines may land in the older file.
 It is opened on the first record, and a file that cannot be written (full disk,
 read-only folder) silently stops the file logging for this process: logging must never
 fail a command. Warnings and errors still reach stderr as before (the handler Python

@@ -143,3 +143,20 @@ def reset_warnings() -> None:
     """Forget which warnings were shown (tests)."""
     with _warn_lock:
         _warned.clear()
+
+
+def set_aside(path: Path, exc: BaseException) -> bool:
+    """Move a damaged database aside and say so (once); True when `path` is now free
+    for a fresh database (also when another thread or process moved it first)."""
+    try:
+        moved = quarantine(path)
+    except FileNotFoundError:
+        return True
+    except OSError as err:
+        warn_failure("readonly", err, path, "it is damaged and could not be moved aside; "
+                                            "nothing is recorded")
+        return False
+    warn_once("corrupt", f"{path} was damaged ({exc}); moved it to {moved.name} and "
+                         "started a fresh database")
+    return True
+

@@ -150,13 +150,23 @@ def _read(path: Path | None) -> Iterator[sqlite3.Connection | None]:
     try:
         conn = dbmod.open_db(path, dbmod.READ_BUSY_S)
     except (sqlite3.Error, OSError) as exc:
-        dbmod.warn_failure(dbmod.classify(exc, path), exc, path, "reading it as empty")
+        _unreadable(path, exc)
         yield None
         return
     try:
         yield conn
     finally:
         conn.close()
+
+
+def _unreadable(path: Path, exc: BaseException) -> None:
+    """One warning; a damaged file is moved aside (as the writer would), so the next
+    record starts a fresh database."""
+    category = dbmod.classify(exc, path)
+    if category == "corrupt":
+        dbmod.set_aside(path, exc)
+    else:
+        dbmod.warn_failure(category, exc, path, "reading it as empty")
 
 
 def _query(sql: str, args: Sequence[Any], path: Path | None) -> list[sqlite3.Row]:
@@ -166,8 +176,7 @@ def _query(sql: str, args: Sequence[Any], path: Path | None) -> list[sqlite3.Row
         try:
             return conn.execute(sql, tuple(args)).fetchall()
         except (sqlite3.Error, OSError) as exc:
-            dbmod.warn_failure(dbmod.classify(exc, path), exc, path or dbmod.db_path(),
-                               "reading it as empty")
+            _unreadable(path or dbmod.db_path(), exc)
             return []
 
 
@@ -374,6 +383,5 @@ def counts(path: Path | None = None) -> dict[str, int]:
             return {t: int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
                     for t in TABLES}
         except (sqlite3.Error, OSError) as exc:
-            dbmod.warn_failure(dbmod.classify(exc, path), exc, path or dbmod.db_path(),
-                               "reading it as empty")
+            _unreadable(path or dbmod.db_path(), exc)
             return {}

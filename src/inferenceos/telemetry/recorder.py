@@ -293,22 +293,11 @@ class Recorder:
             except (sqlite3.Error, OSError) as exc:
                 category = dbmod.classify(exc, self.path)
                 self._close()
-                if category == "corrupt" and attempt == 1 and self._set_aside(exc):
+                if category == "corrupt" and attempt == 1 and dbmod.set_aside(self.path, exc):
                     continue
                 self.lost += 1
                 dbmod.warn_failure(category, exc, self.path, "this record was not saved")
                 return
-
-    def _set_aside(self, exc: BaseException) -> bool:
-        try:
-            moved = dbmod.quarantine(self.path)
-        except OSError as err:
-            dbmod.warn_failure("readonly", err, self.path, "it is damaged and could not be "
-                                                           "moved aside; nothing is recorded")
-            return False
-        dbmod.warn_once("corrupt", f"{self.path} was damaged ({exc}); moved it to "
-                                   f"{moved.name} and started a fresh database")
-        return True
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
