@@ -50,9 +50,9 @@ def write_chart(rows: list[Row], path: Path, title: str) -> Path:
                 ax.axvline(ref, color=_BASE_COLOUR, linestyle="--", linewidth=1)
             top = max(values) if values and max(values) > 0 else 1.0
             for y, r, v in zip(ys, rows, values, strict=True):
-                text = "failed" if r.error else (
-                    f"{v:,.0f}" + (f"  {v / ref:.2f}x" if ref > 0 and not r.point.baseline
-                                   else ""))  # fmt: skip
+                value = f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
+                ratio = f"  {v / ref:.2f}x" if ref > 0 and not r.point.baseline else ""
+                text = "failed" if r.error else value + ratio
                 ax.text(v + top * 0.01, y, text, va="center", fontsize=8)
             ax.set_xlim(0, top * 1.3)
             ax.set_title(name)
