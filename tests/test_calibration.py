@@ -119,3 +119,29 @@ def test_newer_runs_weigh_more() -> None:
     obs = _obs("m", "f", 1.0, 40) + _obs("m", "f", 0.7, 40)  # the machine got slower
     got = fit_learned(obs, "m", "f")
     assert got is not None and got.decode_scale < 0.8
+
+
+def test_recorded_runs_teach_simulate(tiny_llama: Path, tiny_swa: Path) -> None:
+    from inferenceos import telemetry
+    from inferenceos.plan.calibration import modelled_speeds, run_context
+    from inferenceos.plan.calibration_load import load_calibration
+    from inferenceos.plan.model_facts import load_model_facts
+
+    m = machine(threads=2)
+    facts = load_model_facts(tiny_llama)
+    ctx = run_context(512, 512, 512, {"flash_attn": 1})
+    pre, dec = modelled_speeds(facts, m, Calibration.load(), ctx, 2, 64, 32)
+    rec = telemetry.recorder()
+    for _ in range(6):  # this machine runs the model at half the roofline's speed
+        rec.generation(tiny_llama, source="run", settings={"flash_attn": 1},
+                       prompt_tokens=64, output_tokens=32, prefill_tps=pre * 0.5,
+                       decode_tps=dec * 0.5, threads=2, n_ctx=512, n_batch=512,
+                       n_ubatch=512, extra={"model_path": str(tiny_llama)})
+    assert rec.flush(timeout=30)
+    cal = load_calibration(m, facts, threads=2)
+    assert cal.basis == "learned" and cal.runs == 6
+    assert 0.45 < cal.decode_scale < 0.6 and 0.45 < cal.prefill_scale < 0.6
+    # a model never run here, of the same tensor types (all f32), inherits the family's
+    other = load_calibration(m, load_model_facts(tiny_swa), threads=2)
+    assert other.basis == "learned" and "tensor types" in other.source
+    assert other.decode_scale < 0.7

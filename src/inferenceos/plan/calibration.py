@@ -171,8 +171,10 @@ def observation(
     cached_tokens: int,
     prefill_tps: float | None,
     decode_tps: float | None,
+    memo: dict[tuple[Any, ...], tuple[float, float]] | None = None,
 ) -> Observation | None:
-    """A recorded single-stream run as measured / modelled ratios (None: unusable)."""
+    """A recorded single-stream run as measured / modelled ratios (None: unusable).
+    `memo` keeps modelled speeds across calls (recorded runs repeat their settings)."""
     from inferenceos.telemetry.calibration import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS
 
     fresh = prompt_tokens - cached_tokens
@@ -181,12 +183,18 @@ def observation(
     if not (use_pre or use_dec):
         return None
     base = replace(cal, decode_scale=1.0, prefill_scale=1.0)
-    try:
-        p_tps, d_tps = modelled_speeds(
-            facts, machine, base, ctx, threads, max(fresh, 1), output_tokens
-        )
-    except Exception:  # a run the planner cannot model teaches nothing
-        return None
+    key = (model, ctx, threads, fresh, output_tokens)
+    if memo is not None and key in memo:
+        p_tps, d_tps = memo[key]
+    else:
+        try:
+            p_tps, d_tps = modelled_speeds(
+                facts, machine, base, ctx, threads, max(fresh, 1), output_tokens
+            )
+        except Exception:  # a run the planner cannot model teaches nothing
+            return None
+        if memo is not None:
+            memo[key] = (p_tps, d_tps)
     return Observation(
         model=model,
         family=quant_family(facts),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from inferenceos.plan.calibration import observation, quant_family, run_context, with_learned
 from inferenceos.plan.devices import Machine
@@ -93,6 +94,7 @@ def load_calibration(
             if isinstance(model_path, str):
                 paths.setdefault(ld.model_digest, model_path)
     obs = []
+    memo: dict[tuple[Any, ...], tuple[float, float]] = {}
     for r in rows:
         if r.model_digest == target:
             f: ModelFacts | None = facts
@@ -108,7 +110,7 @@ def load_calibration(
             threads=r.threads or machine.cpu.threads,
             prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
             cached_tokens=r.cached_tokens,
-            prefill_tps=r.prefill_tps, decode_tps=r.decode_tps,
+            prefill_tps=r.prefill_tps, decode_tps=r.decode_tps, memo=memo,
         )  # fmt: skip
         if o is not None:
             obs.append(o)
