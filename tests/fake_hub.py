@@ -11,7 +11,7 @@ It speaks the routes `huggingface_hub` and `registry/hub.py` call:
 Unknown repos answer 401 with `X-Error-Code: RepoNotFound`, as the Hub does.
 
 Faults to inject: `cut[file] = n` closes the connection after n bytes of the next GET
-of `file` (once); `declared_sha[file]` lists a digest the bytes do not have; `token`
+of `file` (once); `slow_s` pauses after each 64 KiB sent; `declared_sha[file]` lists a digest the bytes do not have; `token`
 makes the Hub refuse requests without `Authorization: Bearer <token>`;
 `raw_siblings` adds file entries as a hostile server would send them.
 Every request is recorded in `requests` (method, path, Range, Authorization).
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,6 +56,7 @@ class FakeHub:
     raw_siblings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     token: str | None = None
     cdn: bool = False
+    slow_s: float = 0.0  # a pause after each 64 KiB of a GET body (a slow link)
     requests: list[Seen] = field(default_factory=list)
 
     def start(self) -> FakeHub:
@@ -158,6 +160,20 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
                 data, status = data[start:end + 1], 206
             cut = hub.cut.pop(file, None) if self.command == "GET" else None
+            if cut is None and hub.slow_s and self.command == "GET":
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    for i in range(0, len(data), 65536):
+                        self.wfile.write(data[i:i + 65536])
+                        self.wfile.flush()
+                        time.sleep(hub.slow_s)
+                except OSError:  # the client went away
+                    self.close_connection = True
+                return None
             if cut is None:
                 return self._send(status, data, headers, "application/octet-stream")
             self.send_response(status)

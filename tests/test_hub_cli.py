@@ -155,3 +155,33 @@ def test_python_api_pull(hub_env: dict[str, str]) -> None:
     e = inferenceos.pull(f"hf.co/{REPO}:Q4_K_M", progress=seen.append)
     assert e.name == "hf.co/theorg/tiny-gguf:Q4_K_M" and seen[-1] == "success"
     assert [m.name for m in inferenceos.list()] == [e.name]
+
+
+def test_api_pull_stops_when_the_client_leaves_and_resumes(server: Harness, hub: FakeHub,
+                                                           tmp_path: Path) -> None:
+    import hashlib
+    import time
+
+    data = tiny_gguf(tmp_path, "moe", seed=7)
+    hub.repos[REPO]["Slow-Q6_K.gguf"] = data
+    sha = hashlib.sha256(data).hexdigest()
+    partial = server.catalog.store.blobs / f".download-{sha}"
+    hub.slow_s = 0.05  # ~1 MB at 64 KiB / 50 ms: about 0.8 s
+    try:
+        with httpx.stream("POST", server.url + "/api/pull", timeout=60,
+                          json={"model": f"hf.co/{REPO}:Q6_K"}) as r:
+            for line in r.iter_lines():
+                if json.loads(line).get("completed"):
+                    break  # the client leaves mid-download
+        time.sleep(1.5)
+        size = partial.stat().st_size
+        assert 0 < size < len(data)  # stopped, kept for the next pull
+        time.sleep(0.5)
+        assert partial.stat().st_size == size  # and no longer growing
+    finally:
+        hub.slow_s = 0.0
+    r = httpx.post(server.url + "/api/pull", json={"model": f"hf.co/{REPO}:Q6_K",
+                                                   "stream": False}, timeout=60)
+    assert r.json() == {"status": "success"}
+    assert hub.gets("Slow-Q6_K.gguf")[-1].range == f"bytes={size}-"
+    assert not partial.exists()

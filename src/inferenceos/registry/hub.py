@@ -273,7 +273,8 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
                     elif done and not str(resp.headers.get("Content-Range", "")).startswith(
                             f"bytes {done}-"):
                         raise HubError(f"{f.path}: the server resumed at the wrong offset")
-                    while chunk := resp.read(min(_CHUNK, f.size - done) or 1):
+                    # read1: what has arrived (up to 1 MiB), so cancel and progress stay live
+                    while chunk := resp.read1(min(_CHUNK, f.size - done) or 1):
                         if cancel is not None and cancel.is_set():
                             raise _Cancelled("pull cancelled; run it again to resume")
                         out.write(chunk)
