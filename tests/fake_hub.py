@@ -11,9 +11,10 @@ It speaks the routes `huggingface_hub` and `registry/hub.py` call:
 Unknown repos answer 401 with `X-Error-Code: RepoNotFound`, as the Hub does.
 
 Faults to inject: `cut[file] = n` closes the connection after n bytes of the next GET
-of `file` (once); `slow_s` pauses after each 64 KiB sent; `declared_sha[file]` lists a digest the bytes do not have; `token`
-makes the Hub refuse requests without `Authorization: Bearer <token>`;
-`raw_siblings` adds file entries as a hostile server would send them.
+of `file` (once); `slow_s` pauses after each 64 KiB sent; `declared_sha[file]` lists a
+digest the bytes do not have; `token` makes the Hub refuse requests without
+`Authorization: Bearer <token>`; `raw_siblings` adds file entries as a hostile server
+would send them.
 Every request is recorded in `requests` (method, path, Range, Authorization).
 """
 
