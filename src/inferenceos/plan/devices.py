@@ -373,7 +373,9 @@ def with_workers(machine: Machine, rpc: Any, refresh: bool = False) -> Machine:
             continue
         remote += _worker_devices(probe, notes)
     local_gpus = [d for d in machine.accelerators if not d.is_remote]
-    old_remote = [d for d in machine.accelerators if d.is_remote]
+    asked = {ep.device_name() for ep in endpoints}  # asked again: their old entries go
+    old_remote = [d for d in machine.accelerators
+                  if d.is_remote and d.name.split("#")[0] not in asked]  # fmt: skip
     return replace(
         machine, devices=(machine.cpu, *old_remote, *remote, *local_gpus),
         notes=tuple(notes), lost=tuple(lost),

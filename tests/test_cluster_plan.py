@@ -1,0 +1,87 @@
+"""The planner with remote (RPC) devices, without any worker: placement and cost model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from inferenceos.plan.devices import Device, Machine
+from inferenceos.plan.entry import LoadRequest, plan_load
+from inferenceos.plan.model_facts import ModelFacts, load_model_facts
+from inferenceos.plan.perf import Calibration, decode_cost
+from inferenceos.plan.simulate import Workload, predict
+from tiny_models import write_tiny_model
+
+GB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
+    path: Path = write_tiny_model(tmp_path_factory.mktemp("plan") / "deep.gguf", "deep")
+    return load_model_facts(path)
+
+
+def _machine(ram: int, *remote: Device) -> Machine:
+    cpu = Device(name="CPU", kind="cpu", memory_bytes=ram, bandwidth_gbps=20.0, threads=2,
+                 llama_name="CPU")  # fmt: skip
+    return Machine(devices=(cpu, *remote), source="test")
+
+
+def _rpc(name: str, mem: int, kind: str = "cpu", rtt: float = 1e-4, gbps: float = 20.0) -> Device:
+    return Device(name=f"RPC[{name}]", kind="rpc", memory_bytes=mem, bandwidth_gbps=gbps,
+                  threads=2, llama_name=f"RPC[{name}]", rtt_s=rtt, remote_kind=kind,
+                  link_gbps=1.0, tflops=20.0 if kind == "gpu" else 0.0)  # fmt: skip
+
+
+REQ = LoadRequest(n_ctx=256)
+
+
+def test_a_workers_cpu_is_not_used_when_the_model_fits_here(facts: ModelFacts) -> None:
+    plan = plan_load(facts, _machine(GB, _rpc("a:1", GB), _rpc("b:1", GB)), REQ)
+    assert set(plan.placement.dense) == {"CPU"} and plan.params().devices == ()
+
+
+def test_workers_take_only_what_local_ram_cannot_hold(facts: ModelFacts) -> None:
+    full = plan_load(facts, _machine(GB), REQ).memory.by_device["CPU"]
+    layer = 1_050_000  # one layer of the deep model with its KV, roughly
+    plan = plan_load(facts, _machine(full - layer, _rpc("a:1", GB), _rpc("b:1", GB)), REQ)
+    remote = [d for d in plan.placement.dense if d != "CPU"]
+    assert 1 <= len(remote) <= 2, plan.placement.dense  # the overflow, not everything
+    assert plan.memory.by_device["CPU"] <= full - layer
+    # the offloaded block is contiguous at the end, as llama.cpp's n_gpu_layers is
+    assert plan.placement.dense[-len(remote):] == tuple(remote)
+
+
+def test_a_workers_gpu_is_used_like_a_local_one(facts: ModelFacts) -> None:
+    gpu = _rpc("g:1", GB, kind="gpu", gbps=900.0)
+    plan = plan_load(facts, _machine(GB, gpu), REQ)
+    assert all(d == gpu.name for d in plan.placement.dense)
+
+
+def test_each_remote_split_costs_a_round_trip_per_token(facts: ModelFacts) -> None:
+    ram = plan_load(facts, _machine(GB), REQ).memory.by_device["CPU"] - 3_000_000
+    cal = Calibration()
+
+    def cost(rtt: float) -> tuple[float, dict[str, float], object]:
+        m = _machine(ram, _rpc("a:1", 4 << 20, rtt=rtt), _rpc("b:1", 4 << 20, rtt=rtt))
+        plan = plan_load(facts, m, REQ)
+        c = decode_cost(facts, plan.placement, m, plan.ctx, 64, cal, plan.threads)
+        return c.seconds, c.parts, plan
+
+    base, parts, plan = cost(1e-4)
+    assert {"link RPC[a:1]", "link RPC[b:1]"} <= set(parts)
+    slow, parts5, _ = cost(5e-3 + 1e-4)
+    assert slow - base == pytest.approx(2 * 5e-3, rel=0.01)  # two remote splits, one trip each
+    assert max(parts5, key=lambda k: parts5[k]).startswith("link RPC[")  # the bottleneck
+    pred = predict(facts, _machine(ram, _rpc("a:1", 4 << 20), _rpc("b:1", 4 << 20)), plan,
+                   Workload(16, 8, 256), cal)  # fmt: skip
+    assert {"RPC[a:1]", "RPC[b:1]"} <= set(pred.peak_memory)
+
+
+def test_budget_caps_and_workers_reach_the_plan(facts: ModelFacts) -> None:
+    from inferenceos.plan.devices import local_machine
+
+    plan = plan_load(facts, local_machine(), replace(REQ, ram=6 << 20))
+    assert plan.budgets["CPU"] == 6 << 20
