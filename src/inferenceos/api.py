@@ -49,8 +49,9 @@ TRANSCRIPT_STOP = "\nUser:"
 
 
 def resolve(model: str | Path = "") -> Path:
-    """The .gguf file `model` means: "" → the built-in model, an existing path → itself,
-    else a registry name. ModelNotFoundError when it is none of these."""
+    """The .gguf file `model` means: "" (or "gemma3-270m" when not registered) → the
+    built-in model, an existing path → itself, else a registry name.
+    ModelNotFoundError when it is none of these."""
     if not str(model):
         from inferenceos.model.default_model import ensure_default_model
 
@@ -62,13 +63,16 @@ def resolve(model: str | Path = "") -> Path:
         raise ModelNotFoundError(f"{path} is not a model file")
     if path.suffix == ".gguf" or str(model).startswith((".", "/", "~")):
         raise ModelNotFoundError(f"no such model file: {path}")
-    from inferenceos.registry.names import InvalidNameError
+    from inferenceos.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+    from inferenceos.registry.names import InvalidNameError, canonical
     from inferenceos.registry.store import ModelStore
 
     try:
         entry = ModelStore().find(str(model))
     except InvalidNameError:
         raise ModelNotFoundError(f"no model file or registry name {str(model)!r}") from None
+    if entry is None and canonical(str(model)) == canonical(DEFAULT_MODEL_NAME):
+        return ensure_default_model()  # the built-in model needs no pull
     if entry is None or not entry.path.is_file():
         raise ModelNotFoundError(
             f"model '{model}' not found: pass a .gguf path, or `inferenceos pull` it first")
