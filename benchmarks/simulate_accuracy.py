@@ -177,7 +177,7 @@ def fit(facts: ModelFacts, points: list[tuple[int, int, float, float]]) -> Calib
     cal = Calibration(source="fitted by benchmarks/simulate_accuracy.py")
     names = [
         "cpu_bw_efficiency",
-        "gemv_gflops_per_thread",
+        "gemv_gbps_per_thread",
         "gemm_gflops_per_thread",
         "thread_scaling",
         "token_overhead_s",

@@ -3,9 +3,10 @@
 - `probe_calibration(speed, probe_facts, machine)`: the perf constants that make the
   roofline reproduce what llama.cpp measured on the probe model at `hardware` time
   (`hardware/llama_speed.py`). Decode: the RAM bandwidth efficiency and the
-  matrix-vector rate are scaled together until the modelled time per token matches;
-  prefill: the matrix-matrix rate. The per-step overheads keep their priors: one probe
-  cannot tell a fixed cost from a bandwidth (docs/plan.md says why that is good enough).
+  per-thread matrix-vector streaming rate are scaled together until the modelled time
+  per token matches; prefill: the matrix-matrix rate. The per-step overheads keep small
+  priors: one probe cannot tell a fixed cost from a bandwidth, and paired runs of Gemma
+  3 270M and the probe took time in the ratio of their bytes (docs/plan.md).
 - `observation(...)`: one recorded run turned into measured / modelled ratios, for the
   fit in `telemetry/calibration.py`.
 - `with_learned(cal, learned)`: a Calibration carrying what was learned.
@@ -29,7 +30,7 @@ from inferenceos.plan.placement import place
 from inferenceos.telemetry.calibration import Learned, Observation
 
 # Priors for what the probe cannot separate; see docs/plan.md "Self-calibration".
-PRIOR = Calibration(token_overhead_s=0.0005, ubatch_overhead_s=0.001)
+PRIOR = Calibration(token_overhead_s=0.0001, ubatch_overhead_s=0.001)
 FAMILY_SHARE = 0.05  # a tensor type carrying ≥ 5 % of the weight bytes is in the family
 
 
@@ -86,7 +87,7 @@ def probe_calibration(
             c = replace(
                 prior,
                 cpu_bw_efficiency=prior.cpu_bw_efficiency * k,
-                gemv_gflops_per_thread=prior.gemv_gflops_per_thread * k,
+                gemv_gbps_per_thread=prior.gemv_gbps_per_thread * k,
             )
             return decode_cost(facts, pl, m, ctx, n_past, c, speed.threads).seconds
 
@@ -94,7 +95,7 @@ def probe_calibration(
         cal = replace(
             cal,
             cpu_bw_efficiency=prior.cpu_bw_efficiency * k,
-            gemv_gflops_per_thread=prior.gemv_gflops_per_thread * k,
+            gemv_gbps_per_thread=prior.gemv_gbps_per_thread * k,
         )
     if t_pre > prior.ubatch_overhead_s:
 

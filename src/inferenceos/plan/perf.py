@@ -43,8 +43,11 @@ class Calibration:
     """Measured constants of the perf model for one machine.
 
     `cpu_bw_efficiency`: fraction of the measured RAM read bandwidth decode achieves;
-    `gemv_gflops_per_thread` / `gemm_gflops_per_thread`: CPU compute rate per thread for
-    decode (matrix-vector) and prefill (matrix-matrix) on quantized weights;
+    `gemv_gbps_per_thread`: weight bytes one CPU thread streams through llama.cpp's
+    matrix-vector kernels per second (decode): a core's load bandwidth limits them, not
+    its FLOPs — paired runs here took 3.1x longer per token for Gemma 3 270M than for
+    the probe model, its bytes ratio (3.1), not its FLOPs ratio (2.8);
+    `gemm_gflops_per_thread`: the matrix-matrix rate per thread (prefill);
     `thread_scaling`: exponent of the speedup with threads (1 = linear);
     `token_overhead_s`: fixed cost per decode step; `ubatch_overhead_s` per prefill ubatch.
 
@@ -55,7 +58,7 @@ class Calibration:
     """
 
     cpu_bw_efficiency: float = 0.7
-    gemv_gflops_per_thread: float = 40.0
+    gemv_gbps_per_thread: float = 15.0
     gemm_gflops_per_thread: float = 200.0
     thread_scaling: float = 1.0
     token_overhead_s: float = 0.002
@@ -136,13 +139,15 @@ def _device_time(
     if dev.computes_like_cpu:
         threads = 0 if dev.is_remote else threads
         bw = dev.bandwidth_gbps * GB * cal.cpu_bw_efficiency
-        rate = _cpu_threads_rate(
-            dev, cal.gemm_gflops_per_thread if gemm else cal.gemv_gflops_per_thread, cal, threads
-        )
+        if gemm:
+            rate = _cpu_threads_rate(dev, cal.gemm_gflops_per_thread, cal, threads)
+            t_comp = flops / rate
+        else:  # per-thread streaming of the weights (see Calibration)
+            t_comp = bytes_read / _cpu_threads_rate(dev, cal.gemv_gbps_per_thread, cal, threads)
     else:
         bw = dev.bandwidth_gbps * GB * GPU_BW_EFFICIENCY
-        rate = max(dev.tflops, 1e-3) * 1e12
-    t_mem, t_comp = bytes_read / bw, flops / rate
+        t_comp = flops / (max(dev.tflops, 1e-3) * 1e12)
+    t_mem = bytes_read / bw
     if t_mem >= t_comp:
         return f"{dev.name} memory bandwidth", t_mem
     return f"{dev.name} compute", t_comp
