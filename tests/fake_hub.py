@@ -11,10 +11,10 @@ It speaks the routes `huggingface_hub` and `registry/hub.py` call:
 Unknown repos answer 401 with `X-Error-Code: RepoNotFound`, as the Hub does.
 
 Faults to inject: `cut[file] = n` closes the connection after n bytes of the next GET
-of `file` (once); `slow_s` pauses after each 64 KiB sent; `declared_sha[file]` lists a
-digest the bytes do not have; `token` makes the Hub refuse requests without
-`Authorization: Bearer <token>`; `raw_siblings` adds file entries as a hostile server
-would send them.
+of `file` (once; a list cuts the next GETs in turn); `slow_s` pauses after each 64 KiB
+sent; `declared_sha[file]` lists a digest the bytes do not have; `token` makes the Hub
+refuse requests without `Authorization: Bearer <token>`; `raw_siblings` adds file
+entries as a hostile server would send them.
 Every request is recorded in `requests` (method, path, Range, Authorization).
 """
 
@@ -52,7 +52,7 @@ class FakeHub:
     """Repos {repo_id: {file path: bytes}} served on a loopback port."""
 
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
-    cut: dict[str, int] = field(default_factory=dict)
+    cut: dict[str, Any] = field(default_factory=dict)  # file → n, or [n, n, ...]
     declared_sha: dict[str, str] = field(default_factory=dict)
     raw_siblings: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     token: str | None = None
@@ -160,7 +160,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
                 headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
                 data, status = data[start:end + 1], 206
-            cut = hub.cut.pop(file, None) if self.command == "GET" else None
+            cut = _next_cut(hub, file) if self.command == "GET" else None
             if cut is None and hub.slow_s and self.command == "GET":
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
@@ -190,6 +190,17 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         do_GET = do_HEAD = _route
 
     return Handler
+
+
+def _next_cut(hub: FakeHub, file: str) -> int | None:
+    """The byte count to cut the next GET of `file` at (an int: once; a list: in turn)."""
+    plan = hub.cut.get(file)
+    if isinstance(plan, list):
+        cut = plan.pop(0) if plan else None
+        if not plan:
+            hub.cut.pop(file, None)
+        return cut
+    return hub.cut.pop(file, None)
 
 
 def _info(hub: FakeHub, repo: str, blobs: bool) -> dict[str, Any]:

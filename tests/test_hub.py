@@ -3,10 +3,13 @@ resume after a cut, digest checks, split GGUFs, llama.cpp's load check, tokens, 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,6 +191,40 @@ def test_pull_cut_mid_file_retries_within_one_pull(hub: FakeHub, store: ModelSto
     e = pull(store, f"hf.co/{REPO}:Q4_K_M", retries=2)
     assert [g.range for g in hub.gets("Tiny-Q4_K_M.gguf")] == [None, "bytes=100000-"]
     assert e.path.read_bytes() == blobs["Tiny-Q4_K_M.gguf"]
+
+
+def test_cuts_with_progress_in_between_get_fresh_retries(hub: FakeHub, store: ModelStore,
+                                                          blobs: dict[str, bytes]) -> None:
+    hub.cut["Tiny-Q8_0.gguf"] = [200_000, 200_000, 200_000]  # three cuts, each after progress
+    e = pull(store, f"hf.co/{REPO}:Q8_0", retries=1)
+    assert [g.range for g in hub.gets("Tiny-Q8_0.gguf")] == \
+        [None, "bytes=200000-", "bytes=400000-", "bytes=600000-"]
+    assert e.path.read_bytes() == blobs["Tiny-Q8_0.gguf"]
+
+
+def test_a_full_disk_is_not_retried(hub: FakeHub, store: ModelStore,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    class Full:  # the real partial file, whose writes fail as on a full disk
+        def __init__(self, fh: Any) -> None:
+            self.fh = fh
+
+        def write(self, chunk: bytes) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fh, name)
+
+    real = hubmod._locked
+
+    @contextlib.contextmanager
+    def locked(path: Path) -> Iterator[Any]:
+        with real(path) as fh:
+            yield Full(fh)
+
+    monkeypatch.setattr(hubmod, "_locked", locked)
+    with pytest.raises(hubmod.InferenceOSError, match="No space left"):
+        pull(store, f"hf.co/{REPO}:Q8_0", retries=3)
+    assert len(hub.gets("Tiny-Q8_0.gguf")) == 1 and store.list() == []
 
 
 def test_wrong_digest_is_refused_and_nothing_registered(hub: FakeHub,

@@ -249,8 +249,9 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
     """Fetch `f` into `partial`, resuming from what it holds; yield progress.
 
     On return `partial` holds exactly `f.size` bytes whose sha256 is `f.sha256`; a
-    mismatch deletes it and raises HubError. A connection cut is retried `retries` times
-    from where it stopped; after that the partial file stays for the next pull.
+    mismatch deletes it and raises HubError. A connection cut is retried from where it
+    stopped, up to `retries` times in a row without progress; after that the partial
+    file stays for the next pull. A write error (a full disk) is not retried.
     """
     with _locked(partial) as out:
         h, done = _hash_existing(partial)
@@ -258,7 +259,7 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
             out.truncate(0)
             h, done = hashlib.sha256(), 0
         yield PullEvent(f"pulling {f.sha256[:12]}", f.sha256, f.size, done)
-        failures = 0
+        failures, failed_at = 0, done
         last = time.monotonic()
         while done < f.size:
             headers = _headers_for(url)
@@ -277,7 +278,7 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
                     while chunk := resp.read1(min(_CHUNK, f.size - done) or 1):
                         if cancel is not None and cancel.is_set():
                             raise _Cancelled("pull cancelled; run it again to resume")
-                        out.write(chunk)
+                        _write(out, chunk)
                         h.update(chunk)
                         done += len(chunk)
                         if done > f.size:
@@ -296,6 +297,8 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
                 raise HubError(f"{f.path}: the Hub answered HTTP {exc.code}") from None
             except (OSError, ValueError, http.client.HTTPException) as exc:  # cuts, timeouts
                 out.flush()
+                if done > failed_at:  # it moved since the last cut: a fresh set of retries
+                    failures, failed_at = 0, done
                 failures += 1
                 if failures > retries:
                     raise HubError(
@@ -310,6 +313,18 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
         raise HubError(f"{f.path}: sha256 mismatch (the Hub says {f.sha256[:12]}, the "
                        f"download is {got[:12]}); the download was deleted and nothing "
                        "was registered")
+
+
+class _WriteError(InferenceOSError):
+    pass
+
+
+def _write(out: IO[bytes], chunk: bytes) -> None:
+    try:
+        out.write(chunk)
+    except OSError as exc:  # not a network error: retrying would not help
+        raise _WriteError(f"cannot write the download to the model store: {exc.strerror}"
+                          ) from None
 
 
 def _reason(exc: BaseException) -> str:
