@@ -230,3 +230,17 @@ def test_a_reader_moves_a_garbage_file_aside(tiny_llama: Path,
     rec.flush(30)
     assert len(telemetry.generations()) == 1 and "warning" not in capsys.readouterr().err
     dbmod.reset_warnings()
+
+
+def test_the_engine_reports_llama_cpp_buffers_for_load_records(tiny_llama: Path) -> None:
+    """What a server load hands to `recorder().load(memory=...)`: the worker's own
+    llama.cpp buffer lines, per kind and buffer type."""
+    from inferenceos.engine.engine import Engine
+    from inferenceos.engine.session import LoadSettings
+
+    settings = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    with Engine(tiny_llama, settings, n_parallel=2) as engine:
+        buffers = engine.memory_buffers
+    assert buffers["model:CPU_Mapped"] > 400_000 and buffers["KV:CPU"] > 0
+    mem, total = memory_json(buffers)
+    assert mem["devices"]["CPU"] == total == sum(buffers.values())

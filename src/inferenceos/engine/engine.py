@@ -209,6 +209,12 @@ class Engine:
     def load_s(self) -> float:
         return float(self._worker.info["load_s"])
 
+    @property
+    def memory_buffers(self) -> dict[str, int]:
+        """llama.cpp's own buffers at load ("kind:buffer type" -> bytes, e.g.
+        "model:CPU_Mapped", "KV:CUDA0"), as its log reported them in the worker."""
+        return dict(self._worker.info.get("buffers", {}))
+
     # -- requests ----------------------------------------------------------------------
 
     def _call(self, msg_kind: str, *args: Any) -> Any:

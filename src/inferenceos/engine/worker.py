@@ -33,6 +33,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from inferenceos.engine.llama_lib import log as llama_log
+from inferenceos.engine.memory_report import parse_buffer_lines
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import InferenceOSError
 from inferenceos.model.spec import ModelSpec, load_spec
@@ -148,7 +150,12 @@ class _Runtime:
         self.spec = load_spec(cfg.path)  # the header, once: for the probe and policies
         settings, self.probe = _attention_setup(cfg, self.spec)
         cb = self.probe.callback if self.probe else None
+        mark = llama_log().mark()
         self.lm = LoadedModel(cfg.path, settings, eval_callback=cb)
+        # what llama.cpp allocated for this model and context, from its own log lines
+        # (before any drafter loads): "kind:buffer type" -> bytes, for telemetry
+        self.buffers = {f"{k}:{b}": v for (k, b), v
+                        in parse_buffer_lines(llama_log().since(mark)).items()}
         self.sched: Any = self._scheduler()
 
     def _scheduler(self) -> Any:
@@ -169,7 +176,7 @@ class _Runtime:
     def info(self) -> dict[str, Any]:
         drafts = self.sched.footprint_bytes() if self.sched is not None else 0
         return {**_info(self.lm, self.cfg.n_slots), "asleep": self.sched is None,
-                "draft_bytes": drafts}  # fmt: skip
+                "draft_bytes": drafts, "buffers": self.buffers}  # fmt: skip
 
     def lifecycle(self, msg: tuple[Any, ...]) -> list[Any]:
         """sleep / wake / resize (see the module docstring); only when idle."""
