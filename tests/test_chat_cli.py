@@ -160,6 +160,24 @@ def test_multiline_set_and_errors(letters: Path, tmp_path: Path,
     s.wait(r"error: cannot read")
     s.send("C-d")
     assert "EXITED=0" in s.wait(r"EXITED=\d+")
+    history = Path(cli_env()["INFERENCEOS_HOME"]) / "data" / "chat_history"
+    assert "/set top_k 5" in history.read_text()  # the input history is kept for next time
+
+
+def test_switch_keeps_the_conversation(letters: Path, letters_base: Path, tmp_path: Path,
+                                       screens: list[Screen]) -> None:
+    s = _chat(screens, tmp_path, "chat", str(letters), "--theme", "none", "--local", *GREEDY)
+    s.line("hello")
+    s.wait(r">>> ", count=2)
+    s.line(f"/switch {letters_base}")
+    s.wait("has no chat template")
+    s.line("/save sw.json")
+    s.wait("saved 2 messages")
+    assert json.loads((tmp_path / "sw.json").read_text())["model"] == "letters-base"
+    s.line("/switch /no/such.gguf")
+    s.wait("error: no such model file")
+    s.line("/bye")
+    assert "EXITED=0" in s.wait(r"EXITED=\d+")
 
 
 def test_ctrl_c_stops_the_reply_not_the_session(letters: Path, tmp_path: Path,

@@ -279,7 +279,8 @@ class Model:
 
 
 def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
-                  n_parallel: int = 1, need_tokens: int = 0) -> Any:
+                  n_parallel: int = 1, need_tokens: int = 0, gpu_layers: int | None = None,
+                  backend: str | None = None) -> Any:
     """The planner's llama parameters for `path` on this machine, per sequence (what
     the engines take); `n_ctx`, `threads`, `batch`: 0 = the plan's choice. The
     full-size sliding-window cache is kept: prefix reuse (follow-up turns, saved
@@ -289,7 +290,8 @@ def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
     from inferenceos.plan.model_facts import load_model_facts
 
     req = LoadRequest(n_ctx=n_ctx, n_seq=n_parallel, threads=threads, n_batch=batch,
-                      need_tokens=need_tokens, swa_full=True)  # fmt: skip
+                      need_tokens=need_tokens, swa_full=True, gpu_layers=gpu_layers,
+                      backend=backend)  # fmt: skip
     req.validate()
     return plan_load(load_model_facts(path), local_machine(), req).params().per_sequence()
 
@@ -302,13 +304,16 @@ def load(
     batch: int = 0,
     n_parallel: int = 1,
     kv_policy: str = "none",
+    gpu_layers: int | None = None,
+    backend: str | None = None,
     isolated: bool = False,
     settings: Any = None,
     verbose: bool = False,
 ) -> Model:
     """Load `model` (registry name, .gguf path, or "" for the built-in model).
 
-    `n_ctx` (0: planned), `threads`, `batch` override the plan; `settings` (a
+    `n_ctx` (0: planned), `threads`, `batch`, `gpu_layers` (-1: all) and `backend`
+    ("cpu", or a device such as "CUDA0") override the plan; `settings` (a
     LoadSettings) replaces it altogether. `n_parallel` sequences can generate at once.
     `verbose` shows llama.cpp's log on stderr.
     """
@@ -321,7 +326,8 @@ def load(
 
     path = resolve(model)
     log().echo = verbose
-    chosen = settings or load_settings(path, n_ctx, threads, batch, n_parallel)
+    chosen = settings or load_settings(path, n_ctx, threads, batch, n_parallel,
+                                       gpu_layers=gpu_layers, backend=backend)
     if isolated:
         from inferenceos.engine.engine import Engine
 

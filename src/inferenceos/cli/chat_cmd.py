@@ -8,6 +8,7 @@ stops the reply, not the session; Ctrl-D or `/bye` ends it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -148,6 +149,13 @@ class ChatUI:
 
     def loop(self) -> None:
         self.announce()
+        try:
+            self._loop()
+        finally:
+            if self.readline:
+                _save_history()
+
+    def _loop(self) -> None:
         while True:
             try:
                 text = read_message(self._input, ">>> ", "... ")
@@ -239,13 +247,37 @@ class ChatUI:
         return True
 
 
+HISTORY_LINES = 1000
+
+
+def _history_file() -> Path:
+    from inferenceos.paths import data_dir
+
+    return data_dir() / "chat_history"
+
+
 def _enable_readline() -> bool:
-    """Line editing and history with the arrow keys, where readline exists."""
+    """Line editing, and the input history of earlier chats under the arrow keys, where
+    readline exists."""
     try:
-        import readline  # noqa: F401 - importing it is what turns it on for input()
+        import readline
     except ImportError:
         return False
+    readline.set_history_length(HISTORY_LINES)
+    with contextlib.suppress(OSError):  # no history yet, or unreadable: start without
+        readline.read_history_file(_history_file())
     return True
+
+
+def _save_history() -> None:
+    try:
+        import readline
+
+        path = _history_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        readline.write_history_file(path)
+    except (ImportError, OSError):
+        pass  # history is a convenience: never fail a chat over it
 
 
 def chat(
@@ -265,6 +297,10 @@ def chat(
     ctx: Annotated[int, typer.Option("--ctx", min=0, help="Context size (0: planned)")] = 0,
     threads: Annotated[int, typer.Option(
         "--threads", callback=check_threads, help="CPU threads (0: auto)")] = 0,
+    gpu_layers: Annotated[int | None, typer.Option(
+        "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")] = None,
+    backend: Annotated[str | None, typer.Option(
+        "--backend", help="Run on this device only: cpu, or a GPU name (CUDA0, Metal...)")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", "-t")] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,
@@ -273,6 +309,7 @@ def chat(
     """Chat with a model interactively: streaming, history, /commands (/help)."""
     start_chat(model, system=system, theme=theme, url=url, api_key=api_key, local=local,
                ctx=ctx, threads=threads, verbose=verbose,
+               load={"gpu_layers": gpu_layers, "backend": backend},
                options={k: v for k, v in (("temperature", temperature), ("seed", seed),
                                           ("max_tokens", max_tokens)) if v is not None})
 
@@ -280,10 +317,11 @@ def chat(
 def start_chat(model: str, *, system: str | None = None, theme: str = "auto",
                url: str | None = None, api_key: str | None = None, local: bool = False,
                ctx: int = 0, threads: int = 0, verbose: bool = False,
-               options: dict[str, Any] | None = None) -> None:
+               options: dict[str, Any] | None = None,
+               load: dict[str, Any] | None = None) -> None:
     """Open the model and run the chat loop (also what `run MODEL` does at a terminal)."""
     chosen = pick_theme(theme, sys.stdout.isatty())
-    load_options = {"n_ctx": ctx, "threads": threads, "verbose": verbose}
+    load_options = {"n_ctx": ctx, "threads": threads, "verbose": verbose, **(load or {})}
 
     def open_model(name: str) -> Backend:
         return open_backend(name, url, api_key or "", local, load_options)
