@@ -86,7 +86,7 @@ def test_import_refuses_non_gguf(tmp_path: Path) -> None:
 
 
 def test_pull_without_network_says_so(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="no model hub"):
+    with pytest.raises(ModelNotFoundError, match="not from Ollama's library"):
         ModelStore(tmp_path).pull("llama3:8b")
 
 

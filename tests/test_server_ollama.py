@@ -120,7 +120,7 @@ def test_copy_delete_and_pull(client: ollama.Client) -> None:
     assert info.value.status_code == 404
     with pytest.raises(ollama.ResponseError) as info:
         client.pull("llama3:8b")
-    assert info.value.status_code == 404 and "no model hub" in info.value.error
+    assert info.value.status_code == 404 and "hf.co/ORG/REPO" in info.value.error
     with pytest.raises(ollama.ResponseError) as info:
         client.delete("tiny")  # served from a file: not the registry's to delete
     assert info.value.status_code == 400

@@ -19,7 +19,8 @@ Contract:
   real name. Index changes are single SQLite transactions.
 - A download (`registry/hub.py`) hands over a file already verified against its sha256;
   `add_blob` / `add_parts` only rename it into place and index it.
-- There is no network here: `pull` imports a local .gguf file or the built-in model.
+- There is no network here: `pull` registers the built-in model; downloads are
+  `registry/hub.py`'s.
 """
 
 from __future__ import annotations
@@ -337,7 +338,7 @@ class ModelStore:
         return digest
 
     def pull(self, name: str, progress: Progress = _quiet) -> ModelEntry:
-        """Register a model by name. Without network access only the built-in one exists."""
+        """Register the built-in model by name (Hub names go through `registry/hub.py`)."""
         from inferenceos.model.default_model import ensure_default_model
 
         key = self.pull_check(name)
@@ -355,9 +356,10 @@ class ModelStore:
         key = canonical(name)
         if key != canonical(DEFAULT_MODEL_NAME):
             raise ModelNotFoundError(
-                f"cannot pull '{key}': InferenceOS has no model hub to download from; only "
-                f"the built-in '{DEFAULT_MODEL_NAME}' can be pulled by name. Import a local "
-                "file with `inferenceos models pull PATH.gguf`"
+                f"cannot pull '{key}': not from Ollama's library; pull "
+                "hf.co/ORG/REPO[:QUANT] from the Hugging Face Hub, a .gguf file, or the "
+                f"built-in '{DEFAULT_MODEL_NAME}' (`inferenceos models discover` registers "
+                "the models Ollama already has)"
             )
         return key
 
