@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -244,3 +245,25 @@ def test_the_engine_reports_llama_cpp_buffers_for_load_records(tiny_llama: Path)
     assert buffers["model:CPU_Mapped"] > 400_000 and buffers["KV:CPU"] > 0
     mem, total = memory_json(buffers)
     assert mem["devices"]["CPU"] == total == sum(buffers.values())
+
+
+def test_a_worker_death_is_recorded(tiny_llama: Path) -> None:
+    import os
+    import signal
+
+    from inferenceos.engine.engine import Engine
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.session import LoadSettings
+    from inferenceos.errors import WorkerDiedError
+
+    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    greedy = SamplingParams(temperature=0, max_tokens=2)
+    with Engine(tiny_llama, settings, n_parallel=1) as engine:
+        os.kill(engine.worker_pid, signal.SIGKILL)
+        with contextlib.suppress(WorkerDiedError):  # the call that finds it dead
+            engine.generate("abc", greedy).text()
+        assert engine.generate("abc", greedy).text() is not None
+    telemetry.recorder().flush(30)
+    (ev,) = telemetry.events("worker_death")
+    assert ev.detail == {"exit_code": -signal.SIGKILL, "restarted": True}
+    assert ev.model_name == "tiny-llama"

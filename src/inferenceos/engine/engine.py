@@ -188,6 +188,7 @@ class Engine:
             if self._closed:
                 raise errors.WorkerDiedError("the engine was closed (the model is unloaded)")
             if not self._worker.alive:
+                _record_death(self._cfg.path, self._worker.proc.exitcode)
                 self._worker = _Worker(self._cfg, self._start_timeout)
             return self._worker
 
@@ -370,3 +371,13 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _record_death(path: Path, exit_code: int | None) -> None:
+    """A `worker_death` telemetry event (the worker is being restarted); never raises."""
+    try:
+        from inferenceos import telemetry
+
+        telemetry.recorder().event("worker_death", path, exit_code=exit_code, restarted=True)
+    except Exception:  # telemetry never fails a request
+        pass
