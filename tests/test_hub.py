@@ -17,6 +17,7 @@ from fake_hub import FakeHub, tiny_gguf, tiny_split_gguf
 from inferenceos.errors import ModelLoadError, ModelNotFoundError, UsageError
 from inferenceos.model.spec import load_spec
 from inferenceos.registry import hub as hubmod
+from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.hub import HubError, PullEvent, pull, pull_events
 from inferenceos.registry.hub_names import (
     Candidate,
@@ -267,6 +268,8 @@ def test_split_gguf_is_pulled_whole_and_loads(hub: FakeHub, store: ModelStore,
     whole.write_bytes(blobs["Tiny-Q4_K_M.gguf"])  # the same shape, in one file
     assert e.parameters == load_spec(whole).parameters  # every part's tensors counted
     assert leftovers(store) == []
+    served = Catalog(store).add_file(parts[0])  # `serve FIRST-PART.gguf`
+    assert served.name == "tiny-q5_k_m:latest" and served.size == e.size
     local = store.import_file(parts[0], "local-split")  # a local split import: same layout
     assert local.parts == 2 and local.digest == e.digest and local.path == e.path
     store.remove(e.name)

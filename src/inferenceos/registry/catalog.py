@@ -14,7 +14,13 @@ from pathlib import Path
 
 from inferenceos.errors import ModelNotFoundError
 from inferenceos.registry.names import canonical
-from inferenceos.registry.store import ModelEntry, ModelStore, name_for_file
+from inferenceos.registry.store import (
+    ModelEntry,
+    ModelStore,
+    name_for_file,
+    split_base,
+    split_parts,
+)
 
 
 @dataclass(frozen=True)
@@ -47,14 +53,18 @@ class Catalog:
             self.add_file(path)
 
     def add_file(self, path: Path, name: str | None = None) -> ResolvedModel:
-        """Serve `path` under `name` (default: from the file name) without copying it."""
+        """Serve `path` under `name` (default: from the file name) without copying it.
+
+        The first part of a split GGUF is named without its `-00001-of-0000N` suffix and
+        sized with all its parts (llama.cpp finds them next to it)."""
         from inferenceos.model.digest import file_digest
         from inferenceos.model.spec import load_spec
 
         spec = load_spec(Path(path).expanduser())
-        key = canonical(name) if name else name_for_file(spec.path)
+        key = canonical(name) if name else name_for_file(split_base(spec.path))
+        size = sum(p.stat().st_size for p in split_parts(spec.path))
         model = ResolvedModel(
-            key, spec.path, file_digest(spec.path), spec.size_bytes, spec.architecture,
+            key, spec.path, file_digest(spec.path), size, spec.architecture,
             spec.file_type, spec.parameters, spec.context_length, spec.path.stat().st_mtime,
         )
         self._aliases[key] = model
