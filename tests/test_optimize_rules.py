@@ -211,3 +211,16 @@ def test_a_trade_off_is_not_adopted_and_defaults_stay_best(
     assert result.best == result.baseline
     assert result.ratios == {"prefill": 1.0, "decode": 1.0}
     assert "defaults" in result.notes[0]
+
+
+def test_a_decisive_win_skips_the_duel(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rates(k: Knobs) -> tuple[float, float]:
+        # a busy neighbour: every thread past the first fights it for a core
+        return (180.0, 38.0) if k.n_threads == 1 else (40.0, 1.7)
+
+    assert stopping.decisive(4.5, 22.0) and not stopping.decisive(1.1, 1.1)
+    assert not stopping.decisive(3.0, 0.9)  # a large win on one phase, a loss on the other
+    result, runner = _search(rates, monkeypatch)
+    assert (result.best.n_threads, result.best.n_threads_batch) == (1, 1)
+    assert not any(phase == "duel" for phase, _ in runner.seen)
+    assert result.ratios["decode"] == pytest.approx(38 / 1.7, rel=1e-4)

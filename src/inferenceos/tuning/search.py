@@ -4,19 +4,22 @@
 2. *Coordinate search*: for each dimension of `space.search_space` (placement, threads,
    flash attention, batch shape, KV types) every value is tried with the others held at
    the current best, the current value first (so the sweep's reference is measured
-   moments before its rivals). Hopeless trials stop early (`stopping`). Threads are
-   separable: decode and prompt batches each get the count that was fastest for them.
+   moments before its rivals; when the trial just before was of the current best, it is
+   the reference). Hopeless trials stop early (`stopping`). Threads are separable:
+   decode and prompt batches each get the count that was fastest for them.
 3. *Duel*: a sweep's winner replaces the current best only after paired rounds against
-   it (`stopping.adopt`).
+   it (`stopping.adopt`), unless its win was decisive (`stopping.decisive`).
 4. *Confirmation*: the best and the baseline alternate for up to `rounds` paired rounds
    (at least one; more while the budget lasts); the reported figures are their medians
    and the ratios the medians of per-round ratios.
    A best that does not hold up against the baseline there is dropped for the baseline.
 
-The budget covers all of it: a sweep stops when the time left would not pay for the
-duel and one confirmation round (estimated from the mean trial time so far), so the
-search ends within about one paired round of the budget. Every trial is
-handed to `on_trial`, which records it and drives the progress bar.
+The budget covers all of it. What a trial of given settings costs is known from its
+last trial (`TrialResult.steady_s`: the measurement without load and warm-up); a sweep
+stops when the time left would not pay for the next trial (priced as the current best),
+a duel and one confirmation round (the baseline's cost plus the best's), so the search
+ends within about one paired round of the budget. Every trial is handed to `on_trial`,
+which records it and drives the progress bar.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class _Search:
         self.on_trial = on_trial
         self.rounds = rounds
         self.trials: list[TrialResult] = []
+        self.base: Knobs | None = None
 
     def trial(self, knobs: Knobs, phase: str, **kw: Any) -> TrialResult:
         res = self.runner.run(knobs, phase, **kw)
@@ -94,13 +98,17 @@ class _Search:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def mean_trial_s(self) -> float:
-        done = [t.elapsed_s - t.load_s for t in self.trials if t.ok and not t.stopped_early]
-        return statistics.mean(done) if done else 1.0
+    def cost(self, knobs: Knobs) -> float:
+        """Seconds a trial of `knobs` takes on a warm context: its last complete trial's,
+        else the last complete trial's of any settings."""
+        done = [t for t in self.trials if t.ok and not t.stopped_early]
+        same = [t for t in done if t.knobs == knobs]
+        last = same or done
+        return last[-1].steady_s if last else 1.0
 
-    def reserve(self) -> float:
+    def reserve(self, best: Knobs) -> float:
         """Seconds kept back for the final confirmation (one paired round at least)."""
-        return 2 * self.mean_trial_s()
+        return self.cost(best) + (self.cost(self.base) if self.base else 0.0)
 
     def pair(
         self, a: Knobs, b: Knobs, phase: str, n: int, timed: bool = False
@@ -111,25 +119,31 @@ class _Search:
         ra: list[TrialResult] = []
         rb: list[TrialResult] = []
         for i in range(n):
-            if timed and i and self.left() < 2 * self.mean_trial_s():
+            if timed and i and self.left() < self.cost(a) + self.cost(b):
                 break
             order = ((a, ra), (b, rb)) if i % 2 == 0 else ((b, rb), (a, ra))
             for knobs, out in order:
                 out.append(self.trial(knobs, phase))
         return ra, rb
 
-    def sweep(self, dim: Dimension, best: Knobs) -> tuple[Knobs | None, bool]:
-        """Try every value of `dim` around `best`; (the winner or None, budget hit)."""
+    def sweep(self, dim: Dimension, best: Knobs) -> tuple[Knobs | None, bool, bool]:
+        """Try every value of `dim` around `best`: (the winner or None, whether its win
+        was decisive, whether the budget ran out)."""
         current = [v for v in dim.values if dim.apply(best, v) == best]
         others = [v for v in dim.values if v not in current]
         separable = dim.name == "threads"
         results: list[TrialResult] = []
+        last = self.trials[-1] if self.trials else None
         for value in [*current, *others]:
             cand = dim.apply(best, value)
             if not cand.valid():
                 continue
-            if self.left() < self.reserve() + self.mean_trial_s():
-                return self._winner(dim, best, results), True
+            if cand == best and last is not None and last.knobs == best and last.ok and (
+                    not last.stopped_early):  # fmt: skip
+                results.append(last)  # measured just now: the sweep's reference
+                continue
+            if self.left() < self.reserve(best) + self.cost(best):
+                return (*self._winner(dim, best, results), True)
             top_pre = max((r.prefill_tps for r in results), default=0.0)
             top_dec = max((r.decode_tps for r in results if not r.stopped_early), default=0.0)
             res = self.trial(
@@ -141,23 +155,33 @@ class _Search:
             )
             if res.ok:
                 results.append(res)
-        return self._winner(dim, best, results), False
+        return (*self._winner(dim, best, results), False)
 
     @staticmethod
-    def _winner(dim: Dimension, best: Knobs, results: list[TrialResult]) -> Knobs | None:
+    def _winner(
+        dim: Dimension, best: Knobs, results: list[TrialResult]
+    ) -> tuple[Knobs | None, bool]:
+        """The sweep's winner (None: the current best) and whether the win is decisive
+        against the sweep's reference (the current best's trial)."""
         full = [r for r in results if not r.stopped_early]
-        if not results or not full:
-            return None
+        ref = next((r for r in full if r.knobs == best), None)
+        if not full or ref is None:
+            return None, False
         if dim.name == "threads":
-            dec = max(full, key=lambda r: r.decode_tps).knobs.n_threads
-            pre = max(results, key=lambda r: r.prefill_tps).knobs.n_threads_batch
-            cand = replace(best, n_threads=dec, n_threads_batch=pre)
+            dec = max(full, key=lambda r: r.decode_tps)
+            pre = max(results, key=lambda r: r.prefill_tps)
+            cand = replace(best, n_threads=dec.knobs.n_threads,
+                           n_threads_batch=pre.knobs.n_threads_batch)  # fmt: skip
+            ratios = (pre.prefill_tps / ref.prefill_tps, dec.decode_tps / ref.decode_tps)
         else:
-            ref = next((r for r in full if r.knobs == best), full[0])
-            cand = max(full, key=lambda r: stopping.score(r.prefill_tps, r.decode_tps,
-                                                          ref.prefill_tps, ref.decode_tps)
-                       ).knobs  # fmt: skip
-        return None if cand == best else cand
+            win = max(full, key=lambda r: stopping.score(r.prefill_tps, r.decode_tps,
+                                                         ref.prefill_tps, ref.decode_tps)
+                      )  # fmt: skip
+            cand = win.knobs
+            ratios = (win.prefill_tps / ref.prefill_tps, win.decode_tps / ref.decode_tps)
+        if cand == best:
+            return None, False
+        return cand, stopping.decisive(*ratios)
 
     def duel(self, cand: Knobs, best: Knobs) -> bool:
         rc, rb = self.pair(cand, best, "duel", DUEL_ROUNDS)
@@ -210,14 +234,18 @@ def optimize(
 
 def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> SearchResult:
     """The search's steps (see the module docstring) on `s`'s runner."""
+    s.base = base
     first = s.trial(base, "baseline")
     if not first.ok:
         raise ModelLoadError(f"llama.cpp's default settings failed: {first.error}")
     best, ended = base, "searched"
     for dim in dims:
-        cand, out_of_time = s.sweep(dim, best)
+        cand, decisive, out_of_time = s.sweep(dim, best)
         if cand is not None:
-            if s.left() < s.reserve() + 2 * DUEL_ROUNDS * s.mean_trial_s():
+            duel_s = DUEL_ROUNDS * (s.cost(cand) + s.cost(best))
+            if decisive:
+                best = cand
+            elif s.left() < s.reserve(cand) + duel_s:
                 out_of_time = True
             elif s.duel(cand, best):
                 best = cand

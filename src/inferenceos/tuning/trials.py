@@ -52,6 +52,7 @@ class TrialResult:
     decode_tokens: int = 0
     stopped_early: bool = False
     load_s: float = 0.0
+    warmup_s: float = 0.0
     elapsed_s: float = 0.0
     error: str = ""
     dimension: str = ""
@@ -59,6 +60,12 @@ class TrialResult:
     @property
     def ok(self) -> bool:
         return not self.error
+
+    @property
+    def steady_s(self) -> float:
+        """What a trial of these settings costs on a context already warm: the
+        measurement alone (the budget's unit)."""
+        return max(self.elapsed_s - self.load_s - self.warmup_s, 0.0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +79,7 @@ class TrialResult:
             "decode_tokens": self.decode_tokens,
             "stopped_early": self.stopped_early,
             "load_s": round(self.load_s, 4),
+            "warmup_s": round(self.warmup_s, 4),
             "elapsed_s": round(self.elapsed_s, 4),
             "error": self.error,
         }
@@ -169,6 +177,7 @@ class TrialRunner:
         ll.llama_synchronize(lm.ctx)
         lm.reset()
         t0 = time.perf_counter()
+        res.warmup_s = t0 - t_start
         lm.prefill(tokens)
         ll.llama_synchronize(lm.ctx)
         res.prompt_tokens = len(tokens)
