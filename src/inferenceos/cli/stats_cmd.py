@@ -11,7 +11,10 @@ from inferenceos.cli.console import out, print_json, safe_text
 
 
 def _f(x: float | None, nd: int = 1) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
+    """A figure with `nd` decimals below 100, none above (the last digits are noise)."""
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.{nd}f}"
 
 
 def stats(
@@ -37,8 +40,12 @@ def stats(
     if not rows:
         out.print("no runs recorded yet (see `inferenceos telemetry`)")
         return
-    table = Table("MODEL", "MACHINE", "RUNS", "DECODE t/s p50/p90", "PREFILL t/s p50/p90",
-                  "TTFT ms p50/p90/p99", "FROM", box=None)
+    table = Table(box=None, caption="t/s: p50 / p90 · TTFT: p50 / p90 / p99",
+                  caption_justify="left")
+    table.add_column("MODEL", min_width=10, overflow="fold")
+    for name in ("MACHINE", "RUNS", "DECODE t/s", "PREFILL t/s", "TTFT ms"):
+        table.add_column(name, no_wrap=True)  # figures never break over lines
+    table.add_column("FROM", min_width=8, overflow="fold")
     for s in rows:
         table.add_row(
             safe_text(s.model_name), s.machine[:8], str(s.runs),

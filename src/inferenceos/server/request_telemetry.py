@@ -22,7 +22,9 @@ def record_request(done: Any, *, total_s: float, concurrency: int) -> None:
         loaded = done.model  # registry.leases.LoadedModel
         resolved = loaded.model
         params = loaded.settings
-        settings = dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {}
+        settings = (dataclasses.asdict(params)
+                    if dataclasses.is_dataclass(params) and not isinstance(params, type)
+                    else {})
         rec.generation(resolved.path, source="server", digest=resolved.digest or None,
                        name=resolved.name, metrics=done.metrics.to_json(),
                        settings=settings, concurrency=max(1, concurrency),
