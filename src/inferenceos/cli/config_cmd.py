@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from typer.core import TyperGroup
 from rich.table import Table
+from typer.core import TyperGroup
 
 from inferenceos.cli.console import out, print_json
 from inferenceos.config import (
@@ -26,6 +26,7 @@ from inferenceos.config import (
     set_value,
     unset_value,
 )
+
 
 class _ShorthandGroup(TyperGroup):
     """`config KEY VALUE` means `config set KEY VALUE`, and `config KEY` means
