@@ -129,13 +129,13 @@ class _Search:
     def sweep(self, dim: Dimension, best: Knobs) -> tuple[Knobs | None, bool, bool]:
         """Try every value of `dim` around `best`: (the winner or None, whether its win
         was decisive, whether the budget ran out)."""
-        current = [v for v in dim.values if dim.apply(best, v) == best]
-        others = [v for v in dim.values if v not in current]
+        # the current best first, as the sweep's reference (also when the dimension
+        # does not list its value: llama.cpp's flash attention "auto" is not offered)
+        cands = list(dict.fromkeys([best, *(dim.apply(best, v) for v in dim.values)]))
         separable = dim.name == "threads"
         results: list[TrialResult] = []
         last = self.trials[-1] if self.trials else None
-        for value in [*current, *others]:
-            cand = dim.apply(best, value)
+        for cand in cands:
             if not cand.valid():
                 continue
             if cand == best and last is not None and last.knobs == best and last.ok and (
