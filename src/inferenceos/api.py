@@ -341,18 +341,25 @@ def load(
 
 
 def pull(name: str, *, progress: Any = None) -> ModelEntry:
-    """Register a model: a local .gguf path is imported, a name is pulled (the built-in
-    `gemma3-270m`, or `hf.co/ORG/REPO[:QUANT]` from the Hugging Face Hub). `progress`
-    gets one status line at a time. Returns its entry."""
+    """Register a model, as `inferenceos pull` does: a local .gguf path is imported
+    (after llama.cpp's own load check), `hf.co/ORG/REPO[:QUANT]` is downloaded from the
+    Hugging Face Hub, `gemma3-270m` is the built-in model. `progress(event)` receives
+    each `registry.hub.PullEvent` (status, digest, completed / total bytes). Returns
+    the registry entry."""
     from inferenceos.registry import hub
     from inferenceos.registry.store import ModelStore
 
     store = ModelStore()
-    report = progress or (lambda _msg: None)
     path = Path(name).expanduser()
     if path.is_file():
-        return store.import_file(path, None, progress=report)
-    return hub.pull(store, name, lambda event: report(event.status))
+        from inferenceos.registry.loadcheck import check_loadable
+
+        def report(message: str) -> None:
+            if progress is not None:
+                progress(hub.PullEvent(message))
+
+        return store.import_file(path, None, check=check_loadable, progress=report)
+    return hub.pull(store, name, on_event=progress)
 
 
 def list() -> builtins.list[ModelEntry]:  # shadows the builtin on purpose, as ollama.list()
