@@ -224,3 +224,14 @@ def test_a_decisive_win_skips_the_duel(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (result.best.n_threads, result.best.n_threads_batch) == (1, 1)
     assert not any(phase == "duel" for phase, _ in runner.seen)
     assert result.ratios["decode"] == pytest.approx(38 / 1.7, rel=1e-4)
+
+
+def test_flash_attention_on_can_beat_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "auto" (the defaults' value) is not among the sweep's values: it is still measured
+    # first, as the reference the others must beat
+    def rates(k: Knobs) -> tuple[float, float]:
+        return (150.0, 52.0) if k.flash_attn == 1 else (100.0, 50.0)
+
+    result, _ = _search(rates, monkeypatch)
+    assert result.best.flash_attn == 1
+    assert result.ratios == pytest.approx({"prefill": 1.5, "decode": 1.04})
