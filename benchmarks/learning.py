@@ -125,9 +125,13 @@ def row(label: str, pred: Prediction, meas: tuple[float, float]) -> tuple[float,
 
 
 def optimizer_hook(gemma: Path) -> dict[str, Any] | None:
-    """The optimizer's best against llama.cpp's defaults (issue 10's third figure):
-    filled in by `optimize`'s owner; None prints nothing."""
-    return None
+    """The optimizer's best against llama.cpp's defaults (issue 10's third figure): a
+    budgeted `optimize` recorded in this data dir, then paired rounds of its best against
+    the defaults (benchmarks/optimizer_ratio.py prints both steps)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from optimizer_ratio import optimizer_ratio
+
+    return optimizer_ratio(gemma, budget_s=120, rounds=5)
 
 
 def main() -> None:

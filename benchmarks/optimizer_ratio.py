@@ -48,7 +48,8 @@ def verify(
     """Paired rounds of `base` and `best` in a fresh runner: medians and ratios."""
     rb: list[TrialResult] = []
     rc: list[TrialResult] = []
-    with TrialRunner(model, prompt, tokens) as runner:
+    # a crawling baseline (a busy machine) gets fewer decode tokens, not minutes each
+    with TrialRunner(model, prompt, tokens, max_trial_s=20) as runner:
         for i in range(rounds):
             order = [(base, rb), (best, rc)] if i % 2 == 0 else [(best, rc), (base, rb)]
             for knobs, out in order:
