@@ -119,9 +119,9 @@ def llama_server_cmd(model: Path, port: int, cfg: dict[str, object], threads: in
 
 
 def ours_cmd(model: Path, port: int, cfg: dict[str, object], threads: int) -> list[str]:
-    """`inferenceos serve` with the same model file, context per slot, slots and key.
-    It has no server-wide n_predict, seed or temperature: requests carry their own (the
-    defaults are unlimited, random, 0.8)."""
+    """`inferenceos serve` with the same model file, context per slot, slots, key and
+    default n_predict, and `--any-model`. It has no server-wide seed or temperature:
+    requests carry their own (the defaults are random and 0.8, as the preset's)."""
     exe = Path(sys.executable).with_name("inferenceos")
     n_slots = int(str(cfg["n_slots"]))
     cmd = [str(exe), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
@@ -131,10 +131,13 @@ def ours_cmd(model: Path, port: int, cfg: dict[str, object], threads: int) -> li
         cmd += ["--api-key", str(cfg["api_key"])]
     help_text = subprocess.run([str(exe), "serve", "--help"], capture_output=True,
                                text=True).stdout
-    if "--any-model" in help_text:
+    if "--any-model" in help_text and "--n-predict" in help_text:
         cmd.append("--any-model")
-    else:  # before the flag existed: the same server with ServerSettings.any_model on
-        cmd = [sys.executable, __file__, "--serve-any-model", *cmd[1:]]
+        if "n_predict" in cfg:
+            cmd += ["--n-predict", str(cfg["n_predict"])]
+    else:  # a CLI without those flags: the same server, ServerSettings set directly
+        cmd = [sys.executable, __file__, "--serve-as-preset",
+               str(cfg.get("n_predict", -1)), *cmd[1:]]
     return cmd
 
 
@@ -314,9 +317,9 @@ def main() -> None:
                     indent=1))
 
 
-def serve_any_model(argv: list[str]) -> None:
-    """`inferenceos serve ARGS` with ServerSettings.any_model on (for a CLI without the
-    `--any-model` flag)."""
+def serve_as_preset(n_predict: int, argv: list[str]) -> None:
+    """`inferenceos serve ARGS` with ServerSettings.any_model on and `n_predict` as the
+    llama.cpp routes' default (for a CLI without `--any-model` / `--n-predict`)."""
     import dataclasses
 
     import inferenceos.server.app as app_module
@@ -324,7 +327,8 @@ def serve_any_model(argv: list[str]) -> None:
     create = app_module.create_app
 
     def create_any(settings, catalog, manager):  # type: ignore[no-untyped-def]
-        return create(dataclasses.replace(settings, any_model=True), catalog, manager)
+        return create(dataclasses.replace(settings, any_model=True, n_predict=n_predict),
+                      catalog, manager)
 
     app_module.create_app = create_any
     from inferenceos.cli.main import app
@@ -334,7 +338,7 @@ def serve_any_model(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--serve-any-model":
-        serve_any_model(sys.argv[2:])
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve-as-preset":
+        serve_as_preset(int(sys.argv[2]), sys.argv[3:])
     else:
         main()

@@ -343,3 +343,15 @@ def test_api_key_host_and_body_limit(tiny_llama: Path, tmp_path: Path) -> None:
         r = c.post("/completion", json={"prompt": "a"},
                    headers={**key, "Host": "evil.example"})
         assert r.status_code == 403
+
+
+def test_server_default_n_predict(tiny_llama: Path, tmp_path: Path) -> None:
+    """ServerSettings.n_predict is llama-server's --n-predict: the default when a
+    request sets none; a request's own limit wins."""
+    with serving({"tiny": tiny_llama}, tmp_path, settings=ServerSettings(n_predict=3)) as h, \
+            httpx.Client(base_url=h.url, timeout=60) as c:
+        body = {"prompt": "ab", "temperature": 0, "ignore_eos": True}
+        b = c.post("/completion", json=body).json()
+        assert b["tokens_predicted"] == 3 and b["generation_settings"]["n_predict"] == 3
+        b = c.post("/completion", json={**body, "n_predict": 5}).json()
+        assert b["tokens_predicted"] == 5 and b["stop_type"] == "limit"

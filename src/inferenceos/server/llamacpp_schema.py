@@ -197,8 +197,11 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise APIError(400, '"lora" adapters are not supported', "unsupported_parameter")
 
 
-def parse_completion(body: dict[str, Any], vocab: Vocab) -> CompletionParams:
-    """A /completion body → CompletionParams; APIError 400 for anything unusable."""
+def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int = -1
+                     ) -> CompletionParams:
+    """A /completion body → CompletionParams; APIError 400 for anything unusable.
+    `n_predict_default` (llama-server's `--n-predict`) applies when the body sets none
+    (a request's own limit wins, as in llama-server)."""
     _refuse_unsupported(body)
     n_predict = -1
     for name in ("max_completion_tokens", "max_tokens", "n_predict"):  # n_predict wins
@@ -207,6 +210,8 @@ def parse_completion(body: dict[str, Any], vocab: Vocab) -> CompletionParams:
             n_predict = value
     if n_predict < -1:
         raise _bad(f'"n_predict" must be -1 (unlimited) or more, got {n_predict}')
+    if n_predict < 0:
+        n_predict = n_predict_default
     fields: dict[str, Any] = {name: _number(body, name, kind) for name, kind in _NUMERIC.items()}
     seed = _number(body, "seed", int)
     if seed is not None and seed != -1 and not 0 <= seed < RANDOM_SEED:

@@ -38,6 +38,7 @@ class ServerSettings:
     shutdown_grace_s: float = 10.0  # streams get this long to finish on shutdown
     default_model: str = ""  # used when a request names no model
     any_model: bool = False  # an unknown model name reaches default_model (llama-server)
+    n_predict: int = -1  # llama.cpp routes: tokens to predict when a request sets none
     version: str = field(default="")
 
     @property
