@@ -27,19 +27,21 @@ def _has_gpu() -> bool:
 
 
 def _report(result: SearchResult) -> None:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="search trials", title_justify="left", show_edge=False)
-    for col in ("dimension", "settings", "prefill t/s", "decode t/s", "status"):
-        table.add_column(col, justify="right" if "t/s" in col else "left")
+    # compact enough for an 80-column terminal; errors in full are in --json
+    table = Table(title="search trials (t/s)", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)  # fmt: skip
+    for col in ("dimension", "settings", "prefill", "decode", ""):
+        table.add_column(col, justify="right" if col in ("prefill", "decode") else "left",
+                         no_wrap=col == "settings")  # fmt: skip
     for t in result.trials:
         if t.phase != "search":
             continue
-        status = ("failed: " + t.error[:60]) if t.error else (
-            "stopped early" if t.stopped_early else "")  # fmt: skip
+        status = "refused" if t.error else "stopped" if t.stopped_early else ""
         table.add_row(t.dimension, t.knobs.label(), f"{t.prefill_tps:,.1f}",
-                      f"{t.decode_tps:,.1f}" if t.decode_tokens else "—",
-                      safe_text(status))  # fmt: skip
+                      f"{t.decode_tps:,.1f}" if t.decode_tokens else "—", status)  # fmt: skip
     out.print(table)
     base, best, r = result.baseline_measured, result.best_measured, result.ratios
     out.print(
@@ -53,10 +55,10 @@ def _report(result: SearchResult) -> None:
         out.print(f"note: {note}", style="yellow")
     stopped = sum(t.stopped_early for t in result.trials)
     failed = sum(bool(t.error) for t in result.trials)
-    conf = (f", confirmed over {result.confirm_rounds} paired rounds"
-            if result.confirm_rounds else "")  # fmt: skip
+    n = result.confirm_rounds
+    conf = f", confirmed over {n} paired round{'s' if n > 1 else ''}" if n else ""
     err.print(f"{len(result.trials)} trials in {result.elapsed_s:.0f} s ({stopped} stopped "
-              f"early, {failed} refused by llama.cpp){conf}; "
+              f"early as hopeless, {failed} refused by llama.cpp){conf}; "
               f"{'search complete' if result.ended == 'searched' else 'budget reached'}. "
               "Stored as this machine's best settings for the model: `run` and `serve` "
               "use them.", style="dim")  # fmt: skip
