@@ -188,6 +188,7 @@ class Engine:
             if self._closed:
                 raise errors.WorkerDiedError("the engine was closed (the model is unloaded)")
             if not self._worker.alive:
+                self._worker.proc.join(1)  # dead: returns at once, with its exit code
                 _record_death(self._cfg.path, self._worker.proc.exitcode)
                 self._worker = _Worker(self._cfg, self._start_timeout)
             return self._worker

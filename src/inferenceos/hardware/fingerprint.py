@@ -48,7 +48,12 @@ def identity(models_dir: Path) -> dict[str, Any]:
     }
 
 
+def fingerprint_of(ident: dict[str, Any]) -> str:
+    """The short hash of facts from `identity()` (for callers that keep the facts too)."""
+    blob = json.dumps(ident, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def current_fingerprint(models_dir: Path) -> str:
     """A short hash of `identity(models_dir)`."""
-    blob = json.dumps(identity(models_dir), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return fingerprint_of(identity(models_dir))

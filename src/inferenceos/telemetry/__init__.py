@@ -37,6 +37,7 @@ Reading (synchronous; an unusable file reads as empty after one warning)::
     telemetry.counts() -> {table: rows}
     telemetry.current_machine() -> Machine (fingerprint, kind, cpu_count, ...)
     telemetry.model_info(path) -> ModelInfo (digest, file_type, tensor_types, ...)
+    telemetry.model_digest(path) -> str (the key alone: no GGUF header read)
 
 `machine` is "kind" (every machine with this one's hardware: CPU model and count, RAM,
 GPUs; includes imported knowledge), "current" (this exact fingerprint), None (all), or a
@@ -50,7 +51,13 @@ Moving knowledge: `export_file(path)`, `import_file(path)` (idempotent merge),
 from __future__ import annotations
 
 from inferenceos.telemetry.db import db_path
-from inferenceos.telemetry.identity import Machine, ModelInfo, current_machine, model_info
+from inferenceos.telemetry.identity import (
+    Machine,
+    ModelInfo,
+    current_machine,
+    model_digest,
+    model_info,
+)
 from inferenceos.telemetry.queries import (
     BestSettings,
     EventRow,
@@ -73,6 +80,7 @@ from inferenceos.telemetry.transfer import export_file, import_file, reset, set_
 __all__ = [
     "BestSettings", "EventRow", "GenerationRow", "LoadRow", "Machine", "ModelInfo",
     "ModelStats", "Recorder", "TrialRow", "best_settings", "counts", "current_machine",
-    "db_path", "events", "export_file", "generations", "import_file", "loads", "model_info",
+    "db_path", "events", "export_file", "generations", "import_file", "loads", "model_digest",
+    "model_info",
     "recorder", "reset", "runs", "set_enabled", "set_recorder", "stats", "trials",
 ]

@@ -65,13 +65,12 @@ def current_machine() -> Machine:
     global _machine
     with _lock:
         if _machine is None:
-            from inferenceos.hardware.fingerprint import current_fingerprint, identity
+            from inferenceos.hardware.fingerprint import fingerprint_of, identity
 
-            models_dir = _models_dir()
-            ident = identity(models_dir)
+            ident = identity(_models_dir())
             mem_kb = str(ident.get("mem_total_kb") or "0")
             _machine = Machine(
-                fingerprint=current_fingerprint(models_dir), kind=_kind(ident),
+                fingerprint=fingerprint_of(ident), kind=_kind(ident),
                 cpu_model=str(ident.get("cpu_model") or ""),
                 cpu_count=int(ident.get("cpu_count") or 0),
                 mem_bytes=int(mem_kb) * 1024 if mem_kb.isdigit() else 0,
@@ -116,6 +115,24 @@ def _digest(path: Path, size: int) -> str:
     return file_digest(path)
 
 
+_digests: dict[tuple[str, int, int], str] = {}
+
+
+def model_digest(path: Path | str) -> str:
+    """The key of the file at `path` (see the module docstring), cached while the file
+    is unchanged; cheaper than `model_info` (no GGUF header is read)."""
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    with _lock:
+        hit = _digests.get(key)
+    if hit is None:
+        hit = _digest(path, st.st_size)
+        with _lock:
+            _digests[key] = hit
+    return hit
+
+
 def model_info(path: Path | str, digest: str | None = None, name: str = "") -> ModelInfo:
     """The identity and facts of the GGUF file at `path` (cached while the file is
     unchanged). `digest`, when the caller knows it (registry models), skips hashing.
@@ -130,7 +147,7 @@ def model_info(path: Path | str, digest: str | None = None, name: str = "") -> M
     from inferenceos.errors import InferenceOSError
     from inferenceos.model.spec import load_spec
 
-    digest = digest or _digest(path, st.st_size)
+    digest = digest or model_digest(path)
     try:
         spec = load_spec(path)
         info = ModelInfo(digest, name or spec.name or path.stem, spec.architecture,

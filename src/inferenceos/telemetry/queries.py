@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.telemetry import db as dbmod
-from inferenceos.telemetry.identity import current_machine, model_info
+from inferenceos.telemetry.identity import current_machine, model_digest
 
 MachineFilter = str | None
 ModelFilter = Path | str | None
@@ -197,7 +197,7 @@ def _where(machine: MachineFilter, model: ModelFilter) -> tuple[list[str], list[
         if isinstance(model, Path) or (not _HEX64.match(key) and not key.startswith("q:")
                                         and Path(key).is_file()):
             clauses.append("mo.digest = ?")
-            args.append(model_info(Path(key)).digest)
+            args.append(model_digest(Path(key)))
         elif _HEX64.match(key) or key.startswith("q:"):
             clauses.append("mo.digest = ?")
             args.append(key)

@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.telemetry import db as dbmod
-from inferenceos.telemetry.identity import Machine, ModelInfo, current_machine, model_info
+from inferenceos.telemetry.identity import (
+    Machine,
+    ModelInfo,
+    current_machine,
+    model_digest,
+    model_info,
+)
 
 QUEUE_MAX = 10_000
 SOURCE_ENV = "INFERENCEOS_TELEMETRY_SOURCE"
@@ -85,6 +91,15 @@ class _Job:
     model: ModelRef | None = None
     digest: str | None = None
     name: str = ""
+
+
+@dataclass(frozen=True)
+class _Model:
+    """A model as the writer knows it before touching the database."""
+
+    digest: str
+    path: Path | None  # None: known by digest only
+    name: str  # "" : the file's own name (from its header) when the row is new
 
 
 @dataclass
@@ -268,15 +283,15 @@ class Recorder:
                 dbmod.warn_once("error", f"could not record ({exc!r}); the run itself "
                                          "is unaffected")
 
-    def _identify(self, job: _Job) -> tuple[Machine, ModelInfo | None]:
+    def _identify(self, job: _Job) -> tuple[Machine, _Model | None]:
         machine = current_machine()
         if job.model is None:
             return machine, None
         path = Path(job.model)
         if path.is_file():
-            return machine, model_info(path, job.digest, job.name)
+            return machine, _Model(job.digest or model_digest(path), path, job.name)
         if job.digest:
-            return machine, ModelInfo(job.digest, job.name or str(job.model))
+            return machine, _Model(job.digest, None, job.name or str(job.model))
         raise FileNotFoundError(f"model file {job.model} not found and no digest given")
 
     def _write(self, job: _Job) -> None:
@@ -286,7 +301,7 @@ class Recorder:
                 conn = self._connection()
                 with conn:
                     machine_id = self._machine_id(conn, machine)
-                    model_id = self._model_id(conn, model, bool(job.name)) if model else None
+                    model_id = self._model_id(conn, model) if model else None
                     job.write(conn, machine_id, model_id)
                 self.written += 1
                 return
@@ -326,20 +341,28 @@ class Recorder:
             self._ids[key] = int(row[0])
         return self._ids[key]
 
-    def _model_id(self, conn: sqlite3.Connection, m: ModelInfo, named: bool) -> int:
-        """The model's row id; a name the caller gave (a served or registry name)
-        replaces the recorded one, the file's own name only fills a new row."""
-        key = f"model:{m.digest}:{m.name if named else ''}"
-        if key not in self._ids:
-            rename = " ON CONFLICT(digest) DO UPDATE SET name = excluded.name" if named else ""
+    def _model_id(self, conn: sqlite3.Connection, m: _Model) -> int:
+        """The model's row id. Its facts (GGUF header) are read only for a new row; a
+        name the caller gave (a served or registry name) replaces the recorded one."""
+        key = f"model:{m.digest}:{m.name}"
+        if key in self._ids:
+            return self._ids[key]
+        row = conn.execute("SELECT id, name FROM models WHERE digest = ?",
+                           (m.digest,)).fetchone()
+        if row is None:
+            info = (model_info(m.path, m.digest, m.name) if m.path is not None
+                    else ModelInfo(m.digest, m.name))
             conn.execute(
                 "INSERT INTO models (digest, name, architecture, file_type, parameters,"
                 " size_bytes, tensor_types, first_seen) VALUES (?,?,?,?,?,?,?,?)"
-                + (rename or " ON CONFLICT(digest) DO NOTHING"),
-                (m.digest, m.name, m.architecture, m.file_type, m.parameters, m.size_bytes,
-                 _json(m.tensor_types), time.time()))
-            row = conn.execute("SELECT id FROM models WHERE digest = ?", (m.digest,)).fetchone()
-            self._ids[key] = int(row[0])
+                " ON CONFLICT(digest) DO NOTHING",
+                (info.digest, info.name, info.architecture, info.file_type, info.parameters,
+                 info.size_bytes, _json(info.tensor_types), time.time()))
+            row = conn.execute("SELECT id, name FROM models WHERE digest = ?",
+                               (m.digest,)).fetchone()
+        elif m.name and row[1] != m.name:
+            conn.execute("UPDATE models SET name = ? WHERE id = ?", (m.name, row[0]))
+        self._ids[key] = int(row[0])
         return self._ids[key]
 
 
