@@ -175,3 +175,38 @@ def test_ollama_replies_carry_no_nulls(tiny_llama: Path, tmp_path: Path) -> None
         r = httpx.post(h.url + "/api/chat", json={"model": "tiny", "stream": False,
                        "messages": [{"role": "user", "content": "hi"}], "options": opts})
         assert set(r.json()["message"]) == {"role", "content"}
+
+
+def _json_commands() -> list[list[str]]:
+    """Every command (and subcommand) that has a --json option, as argv prefixes."""
+    import typer.main
+
+    from inferenceos.cli.main import app
+
+    found: list[list[str]] = []
+
+    def walk(cmd: object, path: list[str]) -> None:
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, [*path, name])
+        if any("--json" in getattr(p, "opts", ()) for p in getattr(cmd, "params", ())):
+            found.append(path)
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+JSON_COMMANDS = _json_commands()
+
+
+def test_json_commands_are_found() -> None:
+    assert len(JSON_COMMANDS) >= 12 and ["run"] in JSON_COMMANDS
+
+
+@pytest.mark.parametrize("path", JSON_COMMANDS, ids=" ".join)
+def test_every_json_command_fails_in_json(path: list[str], capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A usage error on any --json command, present or future, is a JSON object."""
+    code, out, _ = run_main([*path, "--json", "--no-such-option"], capsys, monkeypatch)
+    assert code == 2 and json.loads(out)["type"] == "UsageError"
