@@ -100,3 +100,20 @@ def test_a_refused_configuration_is_a_failed_trial(tiny_llama: Path) -> None:
         res = runner.run(Knobs(n_threads=1, n_threads_batch=1, flash_attn=1, type_k="q8_0",
                                type_v="q8_0"), "search")  # fmt: skip
     assert res.error and res.prefill_tps == 0 and not res.ok
+
+
+def test_apply_tuned_reads_the_stored_best(tiny_llama: Path) -> None:
+    from inferenceos.engine.session import LoadSettings
+    from inferenceos.plan.tuned import apply_tuned
+
+    plan = LoadSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2)
+    assert apply_tuned(tiny_llama, plan) == (plan, "")  # nothing stored yet
+    best = Knobs(n_threads=1, n_threads_batch=2, n_batch=512, n_ubatch=256, flash_attn=1)
+    telemetry.recorder().best(tiny_llama, settings=best.to_json(),
+                              measured={"ratios": {"prefill": 1.1, "decode": 1.2}})  # fmt: skip
+    assert telemetry.recorder().flush()
+    params, phrase = apply_tuned(tiny_llama, plan)
+    assert (params.n_threads, params.n_threads_batch, params.n_ubatch) == (1, 2, 256)
+    assert phrase.startswith("tuned by optimize") and "decode 1.20x" in phrase
+    pinned, _ = apply_tuned(tiny_llama, plan, pinned={"n_threads"})
+    assert pinned.n_threads == 2

@@ -1,9 +1,10 @@
 """The settings `inferenceos optimize` found fastest, read back for the planner.
 
 `optimize` stores its best configuration per machine and model in the telemetry store
-(`best_settings` table). The planner's entry point asks `best_settings(model_path)` and
-applies the answer with `apply_best(params, best)`, which only moves a parameter where
-doing so cannot break what the planner already decided:
+(`best_settings` table). The planner's entry point calls
+`apply_tuned(model_path, params, pinned)` — `best_settings(model_path)` applied with
+`apply_best(params, best)`, which only moves a parameter where doing so cannot break
+what the planner already decided:
 
 - thread counts never rise above the plan's (the plan's pick follows the cores that are
   free now; the tuned count was measured when they may all have been);
@@ -99,3 +100,13 @@ def describe(best: dict[str, Any]) -> str:
         text += (f" (prefill {ratios['prefill']:.2f}x, decode {ratios['decode']:.2f}x vs "
                  "llama.cpp defaults)")  # fmt: skip
     return text
+
+
+def apply_tuned(model_path: str | Path, params: Any, pinned: Iterable[str] = ()) -> tuple[Any, str]:
+    """The planner's one call: `params` with this machine's `optimize` result for
+    `model_path` applied (`apply_best`), and the plan line's phrase (`describe`), or
+    `params` unchanged and "" when nothing is stored."""
+    best = best_settings(model_path)
+    if best is None:
+        return params, ""
+    return apply_best(params, best, pinned), describe(best)
