@@ -257,3 +257,17 @@ def test_chat_talks_to_a_running_server(letters: Path, tmp_path: Path,
         assert re.search(r"reply\s+12 tokens", screen)
         s.line("/bye")
         s.wait(r"EXITED=\d+")
+
+
+def test_server_backend_finds_the_default_model(letters: Path, tmp_path: Path) -> None:
+    """No MODEL: the server's default, named by an Ollama load request."""
+    from inferenceos.cli.chat_session import ChatSession, ServerBackend
+    from server_harness import serving
+
+    with serving({"letters": letters}, tmp_path) as h:
+        backend = ServerBackend(h.url, "")
+        assert backend.name == "letters:latest" and backend.has_template
+        chat = ChatSession(backend, options={"max_tokens": 5, "temperature": 0})
+        reply = "".join(chat.ask("hello"))
+        assert reply.strip() == chat.history[1]["content"] and reply.strip()
+        assert backend.stats.completion_tokens == 5 and backend.stats.n_ctx == 256

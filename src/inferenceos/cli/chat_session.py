@@ -150,6 +150,10 @@ class ServerBackend:
         self.url = url.rstrip("/")
         self.where = self.url
         self.api_key = api_key
+        if not model:  # the server's default: a load request (empty prompt) names it
+            with _request(f"{self.url}/api/generate", api_key,
+                          {"model": "", "prompt": "", "stream": False}) as r:
+                model = str(json.loads(r.read()).get("model") or "")
         with _request(f"{self.url}/api/show", api_key, {"model": model}, timeout=60) as r:
             shown = json.loads(r.read())
         self.name = model
