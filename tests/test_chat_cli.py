@@ -266,7 +266,7 @@ def test_server_backend_finds_the_default_model(letters: Path, tmp_path: Path) -
 
     with serving({"letters": letters}, tmp_path) as h:
         backend = ServerBackend(h.url, "")
-        assert backend.name == "letters:latest" and backend.has_template
+        assert backend.name in ("letters", "letters:latest") and backend.has_template
         chat = ChatSession(backend, options={"max_tokens": 5, "temperature": 0})
         reply = "".join(chat.ask("hello"))
         assert reply.strip() == chat.history[1]["content"] and reply.strip()
