@@ -201,3 +201,24 @@ def test_stats_report_kv_usage_per_slot(lm: LoadedModel) -> None:
     assert st["kv_external_fragmentation"] == pytest.approx(1 - cap / free)
     assert busy[0]["cell_span"] is None and st["kv_window_cells"] is None  # no probe
     drain(sched)
+
+
+def test_idle_prefixes_leave_the_pool_while_others_run_and_come_back(lm: LoadedModel) -> None:
+    sched = create_scheduler(lm)
+    base = lm.tokenize("a b c d e f g h i j k l m n o p")
+    sched.submit(Request(1, lm.tokenize("zz"), SamplingParams(temperature=0, max_tokens=80,
+                                                                ignore_eos=True)))  # fmt: skip
+    sched.submit(Request(2, base, SamplingParams(temperature=0, max_tokens=4)))
+    while any(s.req.id == 2 for s in sched.running) or sched.queue:
+        sched.step()
+    sched.step()  # request 1 still runs: request 2's finished prefix is parked
+    [slot] = [s for s in sched.slots if s.cached == base + s.cached[len(base):] and not s.busy]
+    assert sched.table.is_parked(slot)
+    assert lm._ll.llama_memory_seq_pos_max(sched.mem, slot.index) == -1  # no cells in the pool
+    longer = base + lm.tokenize(" q", add_special=False)
+    sched.submit(Request(3, longer, GREEDY))
+    tokens, done = drain(sched)
+    assert done[3]["cached_tokens"] >= len(base) - 1  # restored, not prefilled again
+    fresh = create_scheduler(lm)
+    fresh.submit(Request(4, longer, GREEDY))
+    assert drain(fresh)[0][4] == tokens[3]

@@ -64,6 +64,9 @@ class NgramDrafter:
 
     name = "ngram"
     footprint_bytes = 0
+    # a lookup costs nothing, and a copied passage is accepted whole: draft long runs (as
+    # llama.cpp's ngram-simple, 48); a failed run costs only its verification rows
+    k_max = 32
 
     def __init__(self, setup: DraftSetup | None = None, n_max: int = 4, n_min: int = 2) -> None:
         self.n_max, self.n_min = n_max, n_min

@@ -86,7 +86,8 @@ class Sequence:
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
                                 model.piece, model.is_eog)  # fmt: skip
-        self.spec = DraftState(drafter) if drafter is not None else None
+        self.spec = (DraftState(drafter, k_max=getattr(drafter, "k_max", 12))
+                     if drafter is not None else None)  # fmt: skip
         self.draft: tuple[int, ...] = ()  # proposed for this step
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
         if drafter is not None:
@@ -145,7 +146,8 @@ class Scheduler:
             raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
         self.n_ctx_slot = model.n_ctx // n_slots
         self.table = SlotTable(self._ll, self.mem, n_slots, self.n_ctx_slot, slot_policy,
-                               self.tracker)  # fmt: skip
+                               self.tracker, model.save_sequence,
+                               model.restore_sequence)  # fmt: skip
         self.max_batch = model.settings.n_batch  # llama_decode takes at most n_batch tokens
         self.token_budget = max(1, min(token_budget, self.max_batch))
         self.max_queue = max_queue
@@ -303,6 +305,7 @@ class Scheduler:
         self._make_room(events)
         if not self.running:
             return events
+        self.table.park_idle()  # keep idle prefixes out of the running ones' attention
         self._propose()
         plan = self.plan()
         rows = self.executor.fill(plan)

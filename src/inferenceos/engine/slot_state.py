@@ -37,6 +37,7 @@ def export_slot(sched: Any, tokens: list[int]) -> tuple[list[int], bytes] | None
             best, n = slot, c
     if best is None:
         return None
+    sched.table.unpark(best)  # a parked prefix (slots.py) comes back into the pool first
     if n < len(best.cached):  # drop what the caller's conversation does not contain
         sched._ll.llama_memory_seq_rm(sched.mem, best.index, n, -1)
         del best.cached[n:]
@@ -66,6 +67,7 @@ def import_slot(sched: Any, tokens: list[int], data: bytes) -> int:
         if _common(slot.cached, tokens) == len(tokens):
             return len(tokens)
     slot = min(free, key=lambda s: s.last_used)
+    sched.table.parked.pop(slot.index, None)  # its parked prefix (slots.py) is replaced
     slot.cached.clear()
     sched.model.restore_sequence(data, slot.index)
     ll = sched._ll

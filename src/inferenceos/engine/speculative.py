@@ -58,6 +58,7 @@ class Drafter(Protocol):
 
     name: str
     footprint_bytes: int
+    # optional: `k_max` (int), the longest draft worth verifying at once
 
     def propose(self, asks: Sequence[DraftAsk]) -> list[list[int]]: ...
 
@@ -159,10 +160,11 @@ def sample_target(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) 
 
 @dataclass
 class DraftState:
-    """How much one sequence drafts. `k` grows by 2 after a fully accepted draft (up to
-    `k_max`) and drops to accepted + 1 otherwise. After `patience` verifications in a row
-    with an acceptance below `min_rate`, drafting pauses for `cooldown` generated tokens
-    (doubling each time): a sequence whose drafts keep failing stops drafting."""
+    """How much one sequence drafts. `k` doubles after a fully accepted draft (up to
+    `k_max`, the drafter's own when it names one) and drops to accepted + 1 otherwise.
+    After `patience` verifications in a row with an acceptance below `min_rate`, drafting
+    pauses for `cooldown` generated tokens (doubling each time): a sequence whose drafts
+    keep failing stops drafting."""
 
     drafter: Drafter
     k: int = 4
@@ -190,7 +192,7 @@ class DraftState:
         self.accepted += n_accepted
         self.verifications += 1
         if n_accepted == n_proposed:
-            self.k = min(self.k_max, self.k + 2)
+            self.k = min(self.k_max, 2 * self.k)
         else:
             self.k = max(1, n_accepted + 1)
         self._bad = self._bad + 1 if n_accepted / n_proposed < self.min_rate else 0
