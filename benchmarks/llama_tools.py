@@ -97,3 +97,21 @@ def _cmake(src: Path, build: Path, name: str, env: dict[str, str], log: TextIO) 
         stdout=log,
         stderr=log,
     )
+
+
+def quantize_q8(src: Path, dst: Path) -> Path:
+    """`src` requantized to Q8_0 at `dst` (once): a second model with the same weights
+    and vocabulary, for benchmarks that need two."""
+    import llama_cpp.llama_cpp as ll
+
+    if dst.exists():
+        return dst
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
+    params.allow_requantize = True
+    params.nthread = 2
+    tmp = dst.with_suffix(".partial")
+    if ll.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+        raise RuntimeError("llama_model_quantize failed")
+    tmp.replace(dst)
+    return dst
