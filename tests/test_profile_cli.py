@@ -90,3 +90,18 @@ def test_bad_output_and_too_long_prompt_are_one_line_errors(
     assert code != 0 and len(err.strip().splitlines()) >= 1
     assert "error:" in err and "Traceback" not in err
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("command", ["optimize", "benchmark", "profile"])
+def test_a_missing_or_garbage_model_is_a_one_line_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a model at all")
+    monkeypatch.chdir(tmp_path)
+    for model, needle in ((tmp_path / "missing.gguf", "not found"), (garbage, "not a GGUF")):
+        code, out, err = run_main([command, str(model)], capsys, monkeypatch)
+        assert code == 1 and needle in err and len(err.strip().splitlines()) == 1, err
+        assert out == ""
+    assert not (tmp_path / "profile.html").exists()
