@@ -28,7 +28,9 @@ log = logging.getLogger("inferenceos.telemetry")
 
 DB_NAME = "telemetry.db"
 WRITE_BUSY_S = 2.0  # the writer waits this long for another process's lock, then drops
-READ_BUSY_S = 2.0
+LOCKED_BACKOFF_S = 10.0  # after a lock timeout, for this long...
+LOCKED_RETRY_BUSY_S = 0.1  # ...the writer waits only this long
+READ_BUSY_S = 0.5  # WAL readers are blocked only by an exclusive-mode holder or recovery
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()

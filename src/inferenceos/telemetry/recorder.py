@@ -128,6 +128,7 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._ids: dict[str, int] = {}
+        self._locked_until = 0.0  # monotonic: until then, wait briefly for locks
 
     # -- public writes ------------------------------------------------------------------
 
@@ -230,7 +231,8 @@ class Recorder:
         new thread."""
         if self._thread is None or self._pid != os.getpid():
             return
-        self.flush(timeout)
+        if not self.flush(timeout):
+            return  # stuck on a slow file: the daemon thread ends with the process
         thread = self._thread
         try:
             self._queue.put(_Stop(), timeout=timeout)
@@ -308,6 +310,8 @@ class Recorder:
             except (sqlite3.Error, OSError) as exc:
                 category = dbmod.classify(exc, self.path)
                 self._close()
+                if category == "locked":
+                    self._locked_until = time.monotonic() + dbmod.LOCKED_BACKOFF_S
                 if category == "corrupt" and attempt == 1 and dbmod.set_aside(self.path, exc):
                     continue
                 self.lost += 1
@@ -316,7 +320,11 @@ class Recorder:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            self._conn = dbmod.open_db(self.path, dbmod.WRITE_BUSY_S, check=True)
+            # right after a lock timeout, do not wait the full time again for every
+            # queued record: a backlog would otherwise take 2 s a record to drain
+            recent = time.monotonic() < self._locked_until
+            busy = dbmod.LOCKED_RETRY_BUSY_S if recent else dbmod.WRITE_BUSY_S
+            self._conn = dbmod.open_db(self.path, busy, check=True)
             self._ids = {}
         return self._conn
 
