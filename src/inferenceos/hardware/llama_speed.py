@@ -13,9 +13,10 @@ off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
    inside llama.cpp must not take the parent down) loads it, prefills `PROMPT` tokens in
    one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
    as sampling would), best of `ROUNDS`, and prints one JSON line.
-3. The model's tensor data is then punched out (the file keeps its size as a sparse
-   hole): the planner re-reads only its header to compute the probe's roofline features
-   (`plan/calibration.py`), so the file costs a few KB of disk.
+3. The model stays in the cache dir (re-created when missing, reused by the next
+   refresh: writing it is a third of the probe's time); the data dir gets a copy of its
+   header whose tensor data is a sparse hole, which the planner reads to compute the
+   probe's roofline features (`plan/calibration.py`): a few KB of disk.
 
 The result is a `LlamaSpeed` record in the profile. A failure (no llama.cpp, a timeout)
 is one warning in the profile and no record: the planner then uses its defaults.
@@ -33,7 +34,7 @@ from typing import Any
 
 from inferenceos.hardware.profile import LlamaSpeed
 
-PROMPT = 128
+PROMPT = 64
 DECODE = 24
 ROUNDS = 2
 N_CTX = 1024
@@ -116,31 +117,56 @@ def write_probe_model(path: Path, shape: dict[str, int] | None = None) -> Path:
     return path
 
 
-def punch_out_data(path: Path) -> None:
-    """Keep `path`'s header, turn its tensor data into a sparse hole of the same size."""
+def _complete(path: Path) -> bool:
+    """`path` holds its data (it was not punched out or cut short)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_size > 1 << 20 and st.st_blocks * 512 >= 0.9 * st.st_size
+
+
+def header_copy(src: Path, dst: Path) -> Path:
+    """`dst`: `src`'s header with the tensor data a sparse hole of the same size."""
     from gguf import GGUFReader
 
-    size = path.stat().st_size
-    start = min((int(t.data_offset) for t in GGUFReader(str(path)).tensors), default=size)
-    with open(path, "r+b") as f:
-        f.truncate(start)
-        f.truncate(size)
+    size = src.stat().st_size
+    start = min((int(t.data_offset) for t in GGUFReader(str(src)).tensors), default=size)
+    tmp = dst.with_suffix(".tmp")
+    with open(src, "rb") as f, open(tmp, "wb") as g:
+        g.write(f.read(start))
+        g.truncate(size)
+    os.replace(tmp, dst)
+    return dst
 
 
 def measure_llama_speed(
-    probe_dir: Path, threads: int, warnings: list[str] | None = None
+    probe_dir: Path,
+    threads: int,
+    warnings: list[str] | None = None,
+    model_dir: Path | None = None,
 ) -> LlamaSpeed | None:
-    """Write the probe model into `probe_dir`, time it in a child; None on failure."""
+    """Time the probe model in a child; None on failure (with a warning).
+
+    The model (with its data) lives in `model_dir` (default `probe_dir`; `hardware`
+    passes the cache dir: it is written once and reused by later refreshes); a
+    header-only copy goes to `probe_dir`, where the planner reads it.
+    """
     warnings = warnings if warnings is not None else []
+    model_dir = model_dir or probe_dir
+    model = model_dir / ("full-" + PROBE_NAME)
     path = probe_dir / PROBE_NAME
     start = time.perf_counter()
     try:
+        model_dir.mkdir(parents=True, exist_ok=True)
         probe_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        write_probe_model(tmp)
-        os.replace(tmp, path)
+        if not _complete(model):
+            tmp = model.with_suffix(".tmp")
+            write_probe_model(tmp)
+            os.replace(tmp, model)
+        header_copy(model, path)
         res = subprocess.run(
-            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(path), str(threads)],
+            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model), str(threads)],
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
@@ -152,12 +178,6 @@ def measure_llama_speed(
     except subprocess.TimeoutExpired:
         warnings.append(f"llama.cpp speed probe: no result within {TIMEOUT_S:g} s")
         return None
-    finally:
-        if path.exists():
-            try:
-                punch_out_data(path)
-            except (OSError, ValueError):
-                path.unlink(missing_ok=True)
     lines = res.stdout.strip().splitlines()
     if res.returncode != 0 or not lines:
         why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
