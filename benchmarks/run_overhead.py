@@ -1,4 +1,4 @@
-"""Decode speed of `inferenceos run` against llama.cpp's own llama-bench, same run.
+"""Decode and prefill speed of `inferenceos run` against llama.cpp's llama-bench, same run.
 
 For each thread count, alternates llama-bench `tg` runs with `inferenceos run --json`
 runs (the user's path: a fresh process, the chat template, the sampler chain) on the
@@ -6,6 +6,11 @@ same model and token count, and prints the medians and their ratio. Target: rati
 On a shared machine other work only ever slows a round down, so the best round of each
 side is printed too (the least disturbed estimate of what each can do), and the median
 of the rounds' own ratios (each round's runs are adjacent in time).
+
+Prefill: llama-bench pp512 against `run`'s prompt t/s on a raw 512-token prompt (target
+>= 1.0 at 2 threads). Bandwidth: decode reads every weight once per token, so weight
+bytes × t/s is the memory bandwidth achieved, printed against the machine's measured RAM
+read bandwidth (the hardware profile): the physical limit, and how close each side is.
 
     .venv/bin/python benchmarks/run_overhead.py [--model PATH] [--tokens 128]
         [--threads 1 2] [--rounds 3]
@@ -24,7 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_record import child_env, finish
 from inferenceos.model.default_model import ensure_default_model
+from inferenceos.model.spec import load_spec
 from llama_tools import llama_tool
+
+PP_TOKENS = 512
 
 
 def bench_tg(bench: Path, model: Path, tokens: int, threads: int) -> float:
@@ -50,6 +58,39 @@ def bench_tg(bench: Path, model: Path, tokens: int, threads: int) -> float:
         text=True,
     ).stdout
     return float(json.loads(out)[0]["avg_ts"])
+
+
+def bench_pp(bench: Path, model: Path, tokens: int, threads: int) -> float:
+    """llama-bench's prefill t/s for a `tokens`-token prompt (one repetition)."""
+    out = subprocess.run([str(bench), "-m", str(model), "-p", str(tokens), "-n", "0", "-t",
+                          str(threads), "-r", "1", "-o", "json"],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return float(json.loads(out)[0]["avg_ts"])
+
+
+# ~512 Gemma tokens of plain prose (a word is about one token); checked per run
+PROSE = ("The river ran past the old mill where the children played after school, and "
+         "the miller watched them from his window while the wheel turned slowly. ") * 19
+
+
+def ours_pp(model: Path, threads: int) -> tuple[float, int]:
+    """`inferenceos run`'s prompt t/s on the raw PROSE prompt, and its token count."""
+    args = [sys.executable, "-m", "inferenceos", "run", str(model), "--raw", "-n", "1",
+            "--threads", str(threads), "--json", "--temperature", "0"]  # fmt: skip
+    out = subprocess.run(args, input=PROSE, check=True, capture_output=True, text=True,
+                         env=child_env("run_overhead")).stdout  # fmt: skip
+    metrics = json.loads(out)["metrics"]
+    return float(metrics["prompt_tps"]), int(metrics["prompt_tokens"])
+
+
+def ram_gbps() -> float | None:
+    """The machine's measured RAM read bandwidth (hardware profile), if measured."""
+    try:
+        from inferenceos.hardware.cache import get_profile
+
+        return get_profile(measure=True).profile.bandwidth.ram_read_gbps
+    except Exception:  # a benchmark prints what it can
+        return None
 
 
 def ours_tg(model: Path, tokens: int, threads: int, greedy: bool) -> float:
@@ -96,6 +137,7 @@ def main() -> None:
         f"{'ratio default':>14} {'ratio greedy':>13}"
     )
     worst = 1.0
+    decode_medians: dict[int, tuple[float, float]] = {}
     for t in args.threads:
         base, sampled, greedy = [], [], []
         for _ in range(args.rounds):
@@ -111,9 +153,34 @@ def main() -> None:
         ps = statistics.median(x / y for x, y in zip(sampled, base, strict=True))
         pg = statistics.median(x / y for x, y in zip(greedy, base, strict=True))
         print(f"{'paired':>7} {'':>12} {'':>13} {'':>12} {ps:>14.3f} {pg:>13.3f}")
+        decode_medians[t] = (b, g)
         print(f"        rounds: llama-bench {[round(x, 1) for x in base]}, "
               f"ours {[round(x, 1) for x in sampled]}, greedy {[round(x, 1) for x in greedy]}")
     print(f"worst ratio {worst:.3f} (target >= 0.95)")
+    weights = load_spec(model).tensor_bytes
+    bw = ram_gbps()
+    print(f"\nbandwidth: {weights / 1e6:.0f} MB of weights read per decoded token; "
+          f"machine RAM read {bw or float('nan'):.1f} GB/s (hardware profile)")
+    for t, (b, g) in decode_medians.items():
+        for name, tps in (("llama-bench", b), ("ours greedy", g)):
+            gbps = weights * tps / 1e9
+            share = f" = {gbps / bw:.0%} of RAM bandwidth" if bw else ""
+            print(f"  {t} threads {name:<12} {tps:6.1f} t/s x {weights / 1e6:.0f} MB = "
+                  f"{gbps:5.1f} GB/s{share}")  # fmt: skip
+    print(f"\nprefill (pp{PP_TOKENS}): {'threads':>7} {'llama-bench':>12} {'ours':>8} "
+          f"{'ratio':>6} {'paired':>7}")  # fmt: skip
+    for t in args.threads:
+        base_pp, ours_pp_ = [], []
+        n_tok = 0
+        for _ in range(args.rounds):
+            base_pp.append(bench_pp(bench, model, PP_TOKENS, t))
+            tps, n_tok = ours_pp(model, t)
+            ours_pp_.append(tps)
+        b, o = statistics.median(base_pp), statistics.median(ours_pp_)
+        paired = statistics.median(x / y for x, y in zip(ours_pp_, base_pp, strict=True))
+        print(f"{'':>16} {t:>7} {b:>12.1f} {o:>8.1f} {o / b:>6.3f} {paired:>7.3f}"
+              f"   (our prompt: {n_tok} tokens)")  # fmt: skip
+    print("prefill target: ratio >= 1.0 at 2 threads")
     finish("run_overhead")
 
 
