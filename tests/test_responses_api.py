@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from server_harness import Harness, serving
+from server_harness import TINY_REQUEST, Harness, serving
+from tiny_models import write_tiny_model
+from tool_templates import TINY_HERMES_TEMPLATE
+
+WEATHER_PARAMS = {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}},
+                  "required": ["city"], "additionalProperties": False}
+WEATHER = {"type": "function", "name": "weather", "parameters": WEATHER_PARAMS}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
-    with serving({"tiny": tiny_llama}, tmp_path_factory.mktemp("server-responses")) as h:
+    root = tmp_path_factory.mktemp("server-responses")
+    hermes = write_tiny_model(root / "tiny-hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
+    # 512: the whole training context of the tiny models; a prompt with tools needs it
+    with serving({"tiny": tiny_llama, "hermes": hermes}, root,
+                 manager_kw={"base": replace(TINY_REQUEST, n_ctx=512)}) as h:
         yield h
 
 
@@ -112,9 +123,10 @@ def test_json_object_format_gives_json(client: openai.OpenAI) -> None:
 
 
 def test_unsupported_things_are_refused_not_ignored(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="tools"):
-        client.responses.create(model="tiny", input="hi", tools=[{
-            "type": "function", "name": "f", "parameters": {"type": "object"}}])
+    with pytest.raises(openai.BadRequestError, match="web_search"):
+        client.responses.create(model="tiny", input="hi", tools=[{"type": "web_search"}])
+    with pytest.raises(openai.BadRequestError, match="does not support tools"):
+        client.responses.create(model="tiny", input="hi", tools=[WEATHER])
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="tiny", input="hi", previous_response_id="resp_nope")
     with pytest.raises(openai.NotFoundError):
@@ -122,3 +134,56 @@ def test_unsupported_things_are_refused_not_ignored(client: openai.OpenAI) -> No
     with pytest.raises(openai.BadRequestError, match="input_image"):
         client.responses.create(model="tiny", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://x/y.png"}]}])
+
+
+FORCED = {"model": "hermes", "input": "weather in paris", "tools": [WEATHER],
+          "tool_choice": "required", "max_output_tokens": 120, "temperature": 0}
+
+
+def test_forced_tool_call_comes_back_as_a_function_call_item(client: openai.OpenAI) -> None:
+    r = client.responses.create(**FORCED)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1
+    call = calls[0]
+    assert call.name == "weather" and call.call_id.startswith("call_")
+    assert json.loads(call.arguments)["city"] in ("Paris", "Tokyo")
+    assert r.tools and r.tools[0].name == "weather"
+
+
+def test_streamed_tool_call_matches_the_whole_one(client: openai.OpenAI) -> None:
+    whole = next(o for o in client.responses.create(**FORCED).output
+                 if o.type == "function_call")
+    types, final = [], None
+    with client.responses.create(**FORCED, stream=True) as stream:
+        for ev in stream:
+            types.append(ev.type)
+            if ev.type == "response.function_call_arguments.done":
+                assert json.loads(ev.arguments) == json.loads(whole.arguments)
+            if ev.type == "response.completed":
+                final = ev.response
+    assert "response.function_call_arguments.delta" in types
+    assert types[-1] == "response.completed" and final is not None
+    [call] = [o for o in final.output if o.type == "function_call"]
+    assert call.name == whole.name and call.arguments == whole.arguments
+
+
+def test_the_call_and_its_output_go_into_the_next_turn(client: openai.OpenAI) -> None:
+    first = client.responses.create(**FORCED)
+    call = next(o for o in first.output if o.type == "function_call")
+    result = "sunny and warm today"
+    items = [{"role": "user", "content": "weather in paris"},
+             {"type": "function_call", "call_id": call.call_id, "name": call.name,
+              "arguments": call.arguments},
+             {"type": "function_call_output", "call_id": call.call_id, "output": result}]
+    second = client.responses.create(model="hermes", input=items, tools=[WEATHER],
+                                     max_output_tokens=4, temperature=0)
+    assert first.usage and second.usage
+    # the call and its result are in the prompt (one token per character, here)
+    grown = second.usage.input_tokens - first.usage.input_tokens
+    assert grown >= len(call.arguments) + len(result)
+    # the same through previous_response_id: the stored reply holds the call
+    chained = client.responses.create(
+        model="hermes", previous_response_id=first.id, tools=[WEATHER],
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": result}],
+        max_output_tokens=4, temperature=0)
+    assert chained.usage and chained.usage.input_tokens == second.usage.input_tokens

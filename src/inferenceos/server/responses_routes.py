@@ -9,7 +9,14 @@ with named events, in OpenAI's order: response.created, response.in_progress,
 response.output_item.added, response.content_part.added, response.output_text.delta...,
 response.output_text.done, response.content_part.done, response.output_item.done,
 response.completed (response.incomplete when max_output_tokens cut it; an `error`
-event on failure). Tools are refused with a 400, not ignored.
+event on failure).
+
+Function tools (`{"type": "function", "name", "parameters"}`, `tool_choice` auto / none
+/ required / `{"type": "function", "name"}`) go through the model's chat template as
+chat completions' do; calls come back as `function_call` output items (`call_id`, `name`,
+`arguments` as JSON text; streamed with response.function_call_arguments.delta/.done),
+and `function_call` / `function_call_output` input items carry a call and its result
+into the next turn. Other tool types (web search, files...) are refused with a 400.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.server.errors import APIError, api_error_from
 from inferenceos.server.generation import Done, GenRequest, Run, start_generation, until_disconnect
@@ -32,6 +39,8 @@ from inferenceos.server.options import UNLIMITED, sampling_from
 from inferenceos.server.responses_schema import InputItem, ResponseRequest
 from inferenceos.server.sse import ClosingStreamingResponse
 from inferenceos.server.state import ServerState
+from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+from inferenceos.server.tools import ToolRequest, history_call, tool_request
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -85,17 +94,70 @@ def _item_text(item: InputItem) -> str:
 
 
 def _input_messages(body: ResponseRequest) -> list[ChatMessage]:
+    """Chat messages from `input`: messages, and earlier function calls (joined onto an
+    assistant message) with their outputs (tool messages naming their function)."""
     if isinstance(body.input, str):
         return [ChatMessage("user", body.input)]
-    out = []
+    out: list[ChatMessage] = []
+    names: dict[str, str] = {}  # call_id → function name, for the outputs
     for item in body.input:
-        if item.type not in (None, "message") or item.role not in _ROLES:
+        if item.type == "function_call":
+            if not item.name or not item.call_id:
+                raise APIError(400, "a function_call item needs name and call_id",
+                               "invalid_input")
+            call = history_call(item.name, item.arguments, item.call_id)
+            names[item.call_id] = item.name
+            if out and out[-1].role == "assistant":  # parallel calls: one message
+                last = out.pop()
+                out.append(ChatMessage("assistant", last.content, (*last.tool_calls, call)))
+            else:
+                out.append(ChatMessage("assistant", "", (call,)))
+        elif item.type == "function_call_output":
+            if not item.call_id:
+                raise APIError(400, "a function_call_output item needs call_id",
+                               "invalid_input")
+            out.append(ChatMessage("tool", item.output or "", (), item.call_id,
+                                   names.get(item.call_id)))
+        elif item.type in (None, "message") and item.role in _ROLES:
+            out.append(ChatMessage(_ROLES[item.role], _item_text(item)))
+        else:
             raise APIError(400, f"input items of type {item.type or item.role!r} are not "
-                           "supported (messages only)", "unsupported_input")
-        out.append(ChatMessage(_ROLES[item.role], _item_text(item)))
+                           "supported", "unsupported_input")
     if not out:
         raise APIError(400, "input must not be empty", "invalid_input")
     return out
+
+
+def _tools(body: ResponseRequest) -> ToolRequest | None:
+    """The Responses API's flat function tools, as the chat machinery takes them."""
+    if not body.tools:
+        return None
+    defs = []
+    for t in body.tools:
+        if t.get("type") != "function" or not isinstance(t.get("name"), str):
+            raise APIError(400, f"tools of type {str(t.get('type'))[:40]!r} are not "
+                           "supported (function tools only)", "unsupported_parameter")
+        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+        defs.append({"type": "function", "function": fn})
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise APIError(400, "tool_choice must be auto, none, required or a function",
+                           "unsupported_parameter")
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return tool_request(defs, choice, body.parallel_tool_calls)
+
+
+def _call_items(calls: list[ParsedCall]) -> list[dict[str, Any]]:
+    return [{"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "completed",
+             "call_id": f"call_{uuid.uuid4().hex[:24]}", "name": c.name,
+             "arguments": json.dumps(c.arguments)} for c in calls]
+
+
+def _assistant(text: str, calls: list[dict[str, Any]]) -> ChatMessage:
+    """The reply as history, for previous_response_id."""
+    return ChatMessage("assistant", text, tuple(
+        ToolCall(c["name"], json.loads(c["arguments"]), c["call_id"]) for c in calls))
 
 
 def _grammar(body: ResponseRequest) -> str | None:
@@ -153,11 +215,13 @@ class _Reply:
         return {
             "id": self.id, "object": "response", "created_at": self.created,
             "status": status, "model": self.model, "output": output,
-            "output_text": "".join(c["text"] for o in output for c in o.get("content", [])),
+            "output_text": "".join(c["text"] for o in output for c in o.get("content") or []),
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
             "previous_response_id": b.previous_response_id, "temperature": b.temperature,
-            "top_p": b.top_p, "parallel_tool_calls": False, "tool_choice": "none",
-            "tools": [], "text": {"format": fmt}, "store": b.store, "error": None,
+            "top_p": b.top_p, "parallel_tool_calls": bool(b.parallel_tool_calls),
+            "tool_choice": b.tool_choice if b.tool_choice is not None else (
+                "auto" if b.tools else "none"),
+            "tools": b.tools or [], "text": {"format": fmt}, "store": b.store, "error": None,
             "incomplete_details": incomplete, "metadata": b.metadata or {}, "usage": usage,
             "completed_at": int(time.time()) if done is not None else None,
         }
@@ -172,9 +236,7 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
     """A model response (OpenAI Responses API), streamed as named SSE events when
     `stream` is true."""
     state = _state(request)
-    if body.tools:
-        raise APIError(400, "tools are not supported on /v1/responses; use "
-                       "/v1/chat/completions", "unsupported_parameter")
+    tools = _tools(body)
     store = _store(request)
     history = store.get(body.previous_response_id)[0] if body.previous_response_id else []
     messages = list(history)
@@ -183,13 +245,13 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
         messages.insert(0, ChatMessage("system", body.instructions))
     messages += _input_messages(body)
     name = state.model_name(body.model)
-    req = GenRequest(name, _sampling(body), messages=tuple(messages))
+    req = GenRequest(name, _sampling(body), messages=tuple(messages), tools=tools)
     reply = _Reply(body, name)
     run = await until_disconnect(request, start_generation(state, req))
 
-    def keep(text: str, obj: dict[str, Any]) -> None:
+    def keep(text: str, calls: list[dict[str, Any]], obj: dict[str, Any]) -> None:
         if body.store:
-            store.put(reply.id, [*messages, ChatMessage("assistant", text)], obj)
+            store.put(reply.id, [*messages, _assistant(text, calls)], obj)
 
     if body.stream:
         return ClosingStreamingResponse(_sse(_events(run, reply, keep)), "text/event-stream",
@@ -197,9 +259,14 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
 
     async def whole() -> dict[str, Any]:
         text, done = await run.collect()
-        status = _status(done)
-        obj = reply.obj(status, [_message_item(reply.msg_id, text, status)], done)
-        keep(text, obj)
+        parsed: list[ParsedCall] = []
+        if run.tool_format is not None:
+            text, parsed = parse_tool_calls(text, run.tool_format)
+        calls = _call_items(parsed)
+        status = _status(done) if not calls else "completed"
+        output = [_message_item(reply.msg_id, text, status)] if text or not calls else []
+        obj = reply.obj(status, output + calls, done)
+        keep(text, calls, obj)
         return obj
 
     return await until_disconnect(request, whole())
@@ -212,31 +279,72 @@ async def get_response(response_id: str, request: Request) -> Any:
 
 
 async def _events(run: Run, reply: _Reply, keep: Any) -> AsyncIterator[dict[str, Any]]:
-    """The Responses API's event sequence for one generation (see module docstring)."""
+    """The Responses API's event sequence for one generation (see module docstring).
+    With tools offered, text that may be a call is held back (as chat completions do)
+    and the calls come as function_call items once the reply is complete."""
     ids = {"item_id": reply.msg_id, "output_index": 0, "content_index": 0}
+    held = ToolCallStream(run.tool_format) if run.tool_format else None
     yield {"type": "response.created", "response": reply.obj("in_progress", [])}
     yield {"type": "response.in_progress", "response": reply.obj("in_progress", [])}
-    yield {"type": "response.output_item.added", "output_index": 0,
-           "item": _message_item(reply.msg_id, "", "in_progress")}
     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-    yield {"type": "response.content_part.added", **ids, "part": part}
+    opened = False  # the message item is announced with its first text
     parts: list[str] = []
+
+    def open_message() -> list[dict[str, Any]]:
+        nonlocal opened
+        opened = True
+        return [{"type": "response.output_item.added", "output_index": 0,
+                 "item": _message_item(reply.msg_id, "", "in_progress")},
+                {"type": "response.content_part.added", **ids, "part": part}]
+
+    if held is None:  # no tools: the message is certain, open it at once
+        for ev in open_message():
+            yield ev
     events = run.events()
     try:
         async for item in events:
             if isinstance(item, Done):
-                text, status = "".join(parts), _status(item)
-                yield {"type": "response.output_text.done", **ids, "text": text, "logprobs": []}
-                yield {"type": "response.content_part.done", **ids, "part": {**part, "text": text}}
-                msg = _message_item(reply.msg_id, text, status)
-                yield {"type": "response.output_item.done", "output_index": 0, "item": msg}
-                obj = reply.obj(status, [msg], item)
-                keep(text, obj)
+                rest, parsed = held.finish() if held else ("", [])
+                if rest:
+                    if not opened:
+                        for ev in open_message():
+                            yield ev
+                    parts.append(rest)
+                    yield {"type": "response.output_text.delta", **ids, "delta": rest,
+                           "logprobs": []}
+                text, calls = "".join(parts), _call_items(parsed)
+                status = _status(item) if not calls else "completed"
+                output: list[dict[str, Any]] = []
+                if opened:
+                    yield {"type": "response.output_text.done", **ids, "text": text,
+                           "logprobs": []}
+                    yield {"type": "response.content_part.done", **ids,
+                           "part": {**part, "text": text}}
+                    msg = _message_item(reply.msg_id, text, status)
+                    yield {"type": "response.output_item.done", "output_index": 0, "item": msg}
+                    output.append(msg)
+                for call in calls:
+                    n = len(output)
+                    yield {"type": "response.output_item.added", "output_index": n,
+                           "item": {**call, "arguments": "", "status": "in_progress"}}
+                    yield {"type": "response.function_call_arguments.delta", "output_index": n,
+                           "item_id": call["id"], "delta": call["arguments"]}
+                    yield {"type": "response.function_call_arguments.done", "output_index": n,
+                           "item_id": call["id"], "arguments": call["arguments"]}
+                    yield {"type": "response.output_item.done", "output_index": n, "item": call}
+                    output.append(call)
+                obj = reply.obj(status, output, item)
+                keep(text, calls, obj)
                 yield {"type": f"response.{status}", "response": obj}
             elif item.text:
-                parts.append(item.text)
-                yield {"type": "response.output_text.delta", **ids, "delta": item.text,
-                       "logprobs": []}
+                piece = held.feed(item.text) if held else item.text
+                if piece:
+                    if not opened:
+                        for ev in open_message():
+                            yield ev
+                    parts.append(piece)
+                    yield {"type": "response.output_text.delta", **ids, "delta": piece,
+                           "logprobs": []}
     finally:
         await events.aclose()
 

@@ -19,11 +19,17 @@ class InputPart(BaseModel):
 
 
 class InputItem(BaseModel):
-    """One input item: a message (`{"role", "content"}`, `type` "message" or absent)."""
+    """One input item: a message (`{"role", "content"}`, `type` "message" or absent),
+    an earlier `function_call` (`call_id`, `name`, `arguments` as JSON text), or a
+    `function_call_output` (`call_id`, `output`)."""
 
     type: str | None = None
     role: str | None = None
     content: str | list[InputPart] | None = None
+    call_id: str | None = Field(None, max_length=200)
+    name: str | None = Field(None, max_length=128)
+    arguments: str | None = None
+    output: str | None = None
 
 
 class TextFormat(BaseModel):
