@@ -112,3 +112,20 @@ def test_ps_cli_shows_state_memory_context_and_why(
         assert code == 0
         for text in ("a:latest", "hot (pinned)", "CPU", "256 × 1", "plan: ctx 256"):
             assert text in out, out
+
+
+def test_kv_types_and_policy_per_request(tmp_path: Path) -> None:
+    """Ollama options `cache_type_k`/`cache_type_v` re-plan the model with those KV
+    types; `kv_policy` picks the request's eviction policy; bad values are 400s."""
+    models = {"a": write_tiny_model(tmp_path / "a.gguf")}
+    with serving(models, tmp_path) as h:
+        r = httpx.post(h.url + "/api/generate", timeout=60, json={
+            "model": "a", "prompt": "ab", "stream": False,
+            "options": {"num_predict": 4, "cache_type_k": "f32", "kv_policy": "streaming"}})
+        assert r.status_code == 200, r.text
+        (lm,) = h.manager.loaded()
+        assert lm.settings.type_k == "f32" and lm.settings.type_v == "f16"
+        for bad in ({"cache_type_k": "q3"}, {"kv_policy": "../x"}, {"kv_policy": "nope"}):
+            r = httpx.post(h.url + "/api/generate", timeout=60, json={
+                "model": "a", "prompt": "ab", "stream": False, "options": bad})
+            assert r.status_code == 400, (bad, r.text)

@@ -48,7 +48,7 @@ class GenRequest:
     tokens: tuple[int, ...] | None = None
     context: tuple[int, ...] = ()
     keep_alive: float | None = None
-    overrides: dict[str, int] | None = None
+    overrides: dict[str, Any] | None = None
     want_tokens: bool = False  # tokenize first, to report the prompt's ids (Ollama context)
     tools: ToolRequest | None = None  # chat only: tools rendered, maybe a call forced
 
@@ -113,14 +113,18 @@ def _with_tools(engine: EngineLike, req: GenRequest) -> tuple[GenRequest, ToolFo
 def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Iterator[Any]]:
     def job(cancel: threading.Event) -> Iterator[Any]:
         t0 = time.perf_counter()
-        with state.manager.acquire(req.model, req.keep_alive, req.overrides) as lease:
+        load = dict(req.overrides or {})
+        policy = load.pop("kv_policy", None)  # a per-request choice, not a load setting
+        with state.manager.acquire(req.model, req.keep_alive, load or None) as lease:
             load_s = time.perf_counter() - t0 if lease.fresh else 0.0
             run_req, tool_format = _with_tools(lease.engine, req)
             yield _Loaded(lease.loaded, load_s, tool_format)
             prompt = _prompt(lease.engine, run_req)
             active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
             state.track(active)
-            gen = lease.engine.generate(prompt, run_req.sampling, cancel)
+            gen = (lease.engine.generate(prompt, run_req.sampling, cancel) if policy is None
+                   else lease.engine.generate(prompt, run_req.sampling, cancel,
+                                              kv_policy=policy))  # type: ignore[call-arg]
             out: list[int] = []
             try:
                 for ev in gen:

@@ -81,7 +81,7 @@ def _number(name: str, value: Any, kind: type) -> Any:
     return float(value)
 
 
-def ollama_options(options: dict[str, Any] | None) -> tuple[SamplingParams, dict[str, int]]:
+def ollama_options(options: dict[str, Any] | None) -> tuple[SamplingParams, dict[str, Any]]:
     """Ollama `options` → (sampling, load overrides). Unknown options are ignored, as
     Ollama does; num_predict -1 means unlimited and -2 fill the context."""
     opts = options or {}
@@ -108,4 +108,26 @@ def ollama_options(options: dict[str, Any] | None) -> tuple[SamplingParams, dict
             overrides[field] = value
     if "n_ctx" in overrides and overrides["n_ctx"] < 16:
         raise UsageError("option num_ctx must be at least 16")
-    return sampling_from(fields), overrides
+    return sampling_from(fields), {**overrides, **kv_options(opts)}
+
+
+def kv_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """InferenceOS extensions: `cache_type_k` / `cache_type_v` (load overrides: the model
+    is re-planned with them) and `kv_policy` (this request's eviction policy: none,
+    streaming, or h2o when the model was loaded for it)."""
+    from inferenceos.plan.llama_params import KV_CACHE_TYPES
+
+    out: dict[str, Any] = {}
+    for key, field in (("cache_type_k", "type_k"), ("cache_type_v", "type_v")):
+        value = opts.get(key)
+        if value is None:
+            continue
+        if value not in KV_CACHE_TYPES:
+            raise UsageError(f"option {key} must be one of {', '.join(KV_CACHE_TYPES)}")
+        out[field] = value
+    policy = opts.get("kv_policy")
+    if policy is not None:
+        if not isinstance(policy, str) or not policy.isidentifier() or len(policy) > 32:
+            raise UsageError("option kv_policy must name a KV policy (none, streaming, h2o)")
+        out["kv_policy"] = policy
+    return out
