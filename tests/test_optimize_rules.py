@@ -235,3 +235,17 @@ def test_flash_attention_on_can_beat_auto(monkeypatch: pytest.MonkeyPatch) -> No
     result, _ = _search(rates, monkeypatch)
     assert result.best.flash_attn == 1
     assert result.ratios == pytest.approx({"prefill": 1.5, "decode": 1.04})
+
+
+def test_thread_counts_transfer_only_under_the_same_load() -> None:
+    # optimize ran while a neighbour held one of two cores (1 CPU free): its 1-thread
+    # pick must not hold the plan back once both cores are free again
+    busy = _best(n_threads=1, n_threads_batch=1)
+    busy["measured"]["free_threads"] = 1
+    idle_plan = LoadSettings(n_threads=2, n_threads_batch=2)
+    assert apply_best(idle_plan, busy).n_threads == 2
+    assert apply_best(LoadSettings(n_threads=1, n_threads_batch=1), busy).n_threads == 1
+    idle = _best(n_threads=2, n_threads_batch=1)
+    idle["measured"]["free_threads"] = 2
+    got = apply_best(idle_plan, idle)
+    assert (got.n_threads, got.n_threads_batch) == (2, 1)

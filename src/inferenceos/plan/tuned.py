@@ -6,8 +6,10 @@
 `apply_best(params, best)`, which only moves a parameter where doing so cannot break
 what the planner already decided:
 
-- thread counts never rise above the plan's (the plan's pick follows the cores that are
-  free now; the tuned count was measured when they may all have been);
+- thread counts apply only when the plan's thread pick (which follows the CPUs free
+  now) equals the free CPUs when `optimize` ran — a count found while a neighbour held a
+  core must not hold an idle machine back, nor one found idle crowd a busy machine — and
+  never rise above the plan's;
 - the micro-batch never grows past the plan's (the plan sized it to the memory left);
 - KV cache types and flash attention change only when the plan kept llama.cpp's f16
   cache (a quantized cache chosen to fit memory is kept, and a quantized V cache keeps
@@ -62,9 +64,12 @@ def apply_best(params: Any, best: dict[str, Any], pinned: Iterable[str] = ()) ->
     def want(key: str) -> Any:
         return None if key in keep or key not in have or key not in tuned else tuned[key]
 
+    then = best.get("measured", {}).get("free_threads")
+    now = getattr(params, "n_threads", 0)
+    same_conditions = not isinstance(then, int) or not now or then == now
     for key in ("n_threads", "n_threads_batch"):
         value, current = want(key), getattr(params, key, 0)
-        if isinstance(value, int) and value >= 1:
+        if same_conditions and isinstance(value, int) and value >= 1:
             change[key] = min(value, current) if current else value
     n_batch = want("n_batch")
     if isinstance(n_batch, int) and n_batch >= 1:

@@ -48,6 +48,7 @@ def best(path: Path, search: str, result: SearchResult) -> None:
         "baseline_settings": result.baseline.to_json(),
         "ratios": result.ratios,
         "search": search,
+        **result.conditions,
     }
     telemetry.recorder().best(path, settings=result.best.to_json(), measured=measured,
                               source="optimize")  # fmt: skip

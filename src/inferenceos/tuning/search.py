@@ -33,7 +33,13 @@ from typing import Any
 
 from inferenceos.errors import ModelLoadError
 from inferenceos.tuning import stopping
-from inferenceos.tuning.space import Dimension, Knobs, llama_defaults, search_space
+from inferenceos.tuning.space import (
+    Dimension,
+    Knobs,
+    llama_defaults,
+    search_space,
+    usable_threads,
+)
 from inferenceos.tuning.trials import TrialResult, TrialRunner
 
 DUEL_ROUNDS = 2
@@ -55,6 +61,9 @@ class SearchResult:
     ended: str  # "searched" (every dimension visited) or "budget"
     confirm_rounds: int = 0
     notes: list[str] = field(default_factory=list)
+    # the machine when the search started: thread counts only transfer to a plan made
+    # under the same conditions (see plan.tuned.apply_best)
+    conditions: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +77,7 @@ class SearchResult:
             "elapsed_s": round(self.elapsed_s, 2),
             "ended": self.ended,
             "notes": self.notes,
+            "conditions": self.conditions,
             "trials": [t.to_json() for t in self.trials],
         }
 
@@ -220,16 +230,28 @@ def optimize(
     rules on rates that do not depend on a shared machine's noise.
     """
     base = llama_defaults(has_gpu)
+    conditions = _conditions()
     # no trial may take more than a tenth of the budget (a machine busy enough to make
     # one trial crawl would otherwise spend the whole budget on the baseline)
     owned = runner is None
     run = runner or TrialRunner(path, prompt_len, decode_len, max(2.0, budget_s / 10))
     try:
-        return _optimize(_Search(run, budget_s, on_trial, rounds), path, base,
-                         search_space(has_gpu, n_layers, max_threads))  # fmt: skip
+        result = _optimize(_Search(run, budget_s, on_trial, rounds), path, base,
+                           search_space(has_gpu, n_layers, max_threads))  # fmt: skip
+        result.conditions = conditions
+        return result
     finally:
         if owned:
             run.close()
+
+
+def _conditions() -> dict[str, float]:
+    """The CPUs free (as the planner counts them) and the load average, now."""
+    from inferenceos.hardware.cpu_load import free_threads, sample_cpu_load
+
+    load = sample_cpu_load(0.2)
+    return {"free_threads": free_threads(usable_threads(), load),
+            "loadavg_1m": round(load.loadavg_1m, 2)}  # fmt: skip
 
 
 def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> SearchResult:
