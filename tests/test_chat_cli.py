@@ -271,3 +271,18 @@ def test_server_backend_finds_the_default_model(letters: Path, tmp_path: Path) -
         reply = "".join(chat.ask("hello"))
         assert reply.strip() == chat.history[1]["content"] and reply.strip()
         assert backend.stats.completion_tokens == 5 and backend.stats.n_ctx == 256
+
+
+def test_server_chat_drops_old_turns_when_the_context_is_full(letters: Path,
+                                                              tmp_path: Path) -> None:
+    """The server refuses a prompt longer than its context (256 here): the oldest
+    exchanges are dropped and the question is asked again, not failed."""
+    from inferenceos.cli.chat_session import ChatSession, ServerBackend
+    from server_harness import serving
+
+    with serving({"letters": letters}, tmp_path) as h:
+        chat = ChatSession(ServerBackend(h.url, "letters"),
+                           options={"max_tokens": 60, "temperature": 0})
+        for i in range(6):
+            assert "".join(chat.ask(f"question {i}")).strip()
+        assert chat.dropped >= 2 and chat.history[-2]["content"] == "question 5"

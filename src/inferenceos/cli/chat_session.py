@@ -13,6 +13,7 @@ where the model would start the user's next line.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +32,13 @@ OPTION_TYPES: dict[str, type] = {
 }
 # the same options as Ollama's `options` names them
 _OLLAMA_NAMES = {"max_tokens": "num_predict"}
+
+
+class ContextFullError(InferenceOSError):
+    """The server refused the prompt as longer than its context."""
+
+
+_TOO_LONG = re.compile(r"prompt has \d+ tokens")
 
 
 @dataclass
@@ -124,7 +132,8 @@ def _request(url: str, api_key: str, body: dict[str, Any] | None = None,
         except ValueError:
             detail = exc.reason
         hint = " (pass --api-key or set server.api_key)" if exc.code == 401 else ""
-        raise InferenceOSError(f"the server answered {exc.code}: {detail}{hint}") from None
+        cls = ContextFullError if _TOO_LONG.search(str(detail)) else InferenceOSError
+        raise cls(f"the server answered {exc.code}: {detail}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise InferenceOSError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
 
@@ -246,13 +255,20 @@ class ChatSession:
         ends, or is cut short (Ctrl-C) with what was shown of it; not when it failed.
         When the conversation outgrows the context, the oldest exchanges are dropped
         (`dropped` counts them) so that the reply still has room."""
-        msgs = self.fit(text)
         parts: list[str] = []
         done = False
         try:
-            for piece in self.backend.reply(msgs, self.options):
-                parts.append(piece)
-                yield piece
+            while True:
+                try:
+                    for piece in self.backend.reply(self.fit(text), self.options):
+                        parts.append(piece)
+                        yield piece
+                    break
+                except ContextFullError:  # a server that counted: drop an exchange, retry
+                    if parts or not self.history:
+                        raise
+                    del self.history[:2]
+                    self.dropped += 2
             done = True
         except (KeyboardInterrupt, GeneratorExit):
             done = True
