@@ -1,15 +1,16 @@
 """One short real trial: prefill and decode t/s of one configuration, on llama.cpp.
 
 `TrialRunner` keeps the loaded models between trials: a configuration that differs only
-in thread counts reuses the live context (`llama_set_n_threads`), one that differs in
-batch shape, flash attention or KV types gets a new context, and only layer placement
-costs a model load. It holds at most two contexts, so a duel that alternates two
-configurations does not reload at every round.
+in thread counts reuses the live context (`llama_set_n_threads`); one that differs in
+batch shape, flash attention, KV types or layer placement is a new `LoadedModel` (the
+weights are mmap'd, so their second load mostly hits the page cache; load time is
+reported apart and never counted as measurement). It holds at most two, so a duel that
+alternates two configurations does not reload at every round.
 
 A trial: a warm-up (8 prompt tokens and 2 decode steps: the first evaluation on a new
 thread count pays for waking the thread pool; the whole prompt on a new context, whose
-first evaluation pays for faulting in its buffers), then the prompt in n_batch chunks (prefill
-t/s), then single-token decode steps on top of it in chunks of `DECODE_CHUNK` (decode
+first evaluation pays for faulting in its buffers), then the prompt in n_batch chunks
+(prefill t/s), then single-token decode steps on top of it in chunks of `DECODE_CHUNK` (decode
 t/s), stopped early when `stop` says the rate is hopeless, or cut short (fewer tokens,
 still a measurement) past `max_trial_s`. Every evaluation ends with
 `llama_synchronize`, so a GPU's asynchronous work is inside the timed span.
