@@ -35,6 +35,7 @@ import numpy as np
 
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.errors import UsageError
+from inferenceos.plan.speculative import best_draft_length
 
 ENTRY_POINT_GROUP = "inferenceos.drafters"
 NO_DRAFT = ("", "none")
@@ -162,9 +163,10 @@ def sample_target(ids: np.ndarray, probs: np.ndarray, rng: np.random.Generator) 
 class DraftState:
     """How much one sequence drafts. `k` doubles after a fully accepted draft (up to
     `k_max`, the drafter's own when it names one) and drops to accepted + 1 otherwise.
-    After `patience` verifications in a row with an acceptance below `min_rate`, drafting
-    pauses for `cooldown` generated tokens (doubling each time): a sequence whose drafts
-    keep failing stops drafting."""
+    After `patience` verifications in a row with an acceptance below `min_rate`, or once
+    the measured acceptance and `cost` say no draft length beats plain decoding
+    (plan.speculative), drafting pauses for `cooldown` generated tokens (doubling each
+    time): a sequence whose drafts keep failing, or do not pay, stops drafting."""
 
     drafter: Drafter
     k: int = 4
@@ -177,6 +179,10 @@ class DraftState:
     verifications: int = 0
     _bad: int = 0
     paused_until: int = 0  # completion token count before which no drafting
+    rate: float = 1.0  # moving average of the acceptance rate
+    # cost of one more draft token (drafting it and verifying one more row) relative to a
+    # plain decode step, measured by the scheduler
+    cost: float = 0.0
     history: list[tuple[int, int]] = field(default_factory=list)
 
     def want(self, generated: int, room: int) -> int:
@@ -195,8 +201,13 @@ class DraftState:
             self.k = min(self.k_max, 2 * self.k)
         else:
             self.k = max(1, n_accepted + 1)
-        self._bad = self._bad + 1 if n_accepted / n_proposed < self.min_rate else 0
-        if self._bad >= self.patience:
+        rate = n_accepted / n_proposed
+        self.rate = rate if self.verifications == 1 else 0.7 * self.rate + 0.3 * rate
+        self._bad = self._bad + 1 if rate < self.min_rate else 0
+        # or it does not pay at what one draft token costs (plan.speculative's model)
+        losing = self.verifications >= self.patience and best_draft_length(
+            self.rate, self.cost, self.k_max).k == 0  # fmt: skip
+        if self._bad >= self.patience or losing:
             self._bad = 0
             self.k = 1
             self.paused_until = generated + self.cooldown
