@@ -242,7 +242,7 @@ class ModelManager:
         with self._lock:
             self._models[model.name] = lm
             self.loads_total += 1
-        _record_load(model, time.perf_counter() - t0, plan)
+        _record_load(model, time.perf_counter() - t0, plan, engine)
         if self._on_load is not None:
             self._on_load(model.name, plan)
         return Lease(self, lm, fresh=True)
@@ -287,7 +287,7 @@ class ModelManager:
                 self._lease(lm, keep_alive)
         finally:
             self._moving.discard(lm.model.name)
-        _record("resize", lm.model, n_ctx_before=old, n_ctx_after=lm.n_ctx)
+        _record("reload", lm.model, reason="resize", n_ctx_before=old, n_ctx_after=lm.n_ctx)
         return Lease(self, lm)
 
     def _make_room(self, name: str, need: dict[str, int]) -> None:
@@ -310,7 +310,9 @@ class ModelManager:
                     if tier == COLD:
                         del self._models[victim.model.name]
             if step is None:  # the message reads the models: outside the lock
-                raise NoRoomError(self._no_room(name, need, short.describe()))
+                message = self._no_room(name, need, short.describe())
+                _record("oom_refusal", self._resolve(name), need=need, reason=message)
+                raise NoRoomError(message)
             try:
                 self._demote(victim, tier, "memory" if short.bytes_by_device else "max_models")
             finally:
@@ -466,14 +468,15 @@ def _record(kind: str, model: ResolvedModel, **detail: Any) -> None:
         pass
 
 
-def _record_load(model: ResolvedModel, load_s: float, plan: Plan) -> None:
+def _record_load(model: ResolvedModel, load_s: float, plan: Plan, engine: EngineLike) -> None:
     try:
         from dataclasses import asdict
 
         from inferenceos import telemetry
 
         telemetry.recorder().load(model.path, source="server", load_s=load_s,
-                                  digest=model.digest or None,
+                                  digest=model.digest or None, name=model.name,
+                                  memory=getattr(engine, "memory_buffers", None),
                                   settings=asdict(plan.params()), plan=plan.to_json())
     except Exception:  # recording never fails a load
         pass
