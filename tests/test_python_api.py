@@ -160,3 +160,12 @@ def test_state_export_import_round_trip(tiny_llama: Path, tiny_swa: Path) -> Non
 
         with pytest.raises(GenerationError):
             other.engine.import_state(tokens, data)
+
+
+def test_a_stream_closed_before_reading_frees_its_slot(tiny_llama: Path) -> None:
+    with inferenceos.load(tiny_llama, n_ctx=256, threads=1) as m:
+        for _ in range(3):  # one slot: a leaked request would block the next ones
+            m.generate("abc", stream=True, max_tokens=200).close()
+        stats = m.engine.stats()
+        assert stats["running"] == 0 and stats["waiting"] == 0
+        assert m.generate("abc", max_tokens=3).metrics.completion_tokens == 3

@@ -152,8 +152,15 @@ class LocalEngine:
             self._sched.submit(Request(req_id, tokens, sampling, kv_policy=kv_policy))
             self._inbox[req_id] = collections.deque()
         gen = Generation(iter(()))
-        gen.events = self._stream(req_id, cancel, gen)
+        gen.events = _Events(self, req_id, self._stream(req_id, cancel, gen))
         return gen
+
+    def _abandon(self, req_id: int) -> None:
+        """Drop a request whose events nobody will read (closed before its first)."""
+        with self._lock:
+            if not self._closed:
+                self._sched.cancel(req_id)
+            self._inbox.pop(req_id, None)
 
     def _next(self, req_id: int) -> tuple[str, Any]:
         """The request's next event, stepping the scheduler until there is one."""
@@ -206,6 +213,7 @@ class LocalEngine:
 
     def close(self) -> None:
         """Free the model; later calls raise WorkerDiedError."""
+        # (requests still running end: their streams see "the engine stopped")
         with self._lock:
             if self._closed:
                 return
@@ -218,3 +226,27 @@ class LocalEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Events:
+    """A generation's event iterator whose `close()` also frees a request that was
+    never iterated (a generator closed before its first `next` runs no `finally`)."""
+
+    def __init__(self, engine: LocalEngine, req_id: int, it: Iterator[TokenEvent]) -> None:
+        self._engine, self._req_id, self._it = engine, req_id, it
+        self._started = False
+
+    def __iter__(self) -> _Events:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        self._started = True
+        return next(self._it)
+
+    def close(self) -> None:
+        if not self._started:
+            self._started = True
+            self._engine._abandon(self._req_id)
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
