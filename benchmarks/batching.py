@@ -168,20 +168,22 @@ def main() -> None:
     proc, port = start_server(llama_tool("llama-server"), model, args.streams, threads)
     try:
         concurrent(1, server(port, 8))  # warm-up
-        with Engine(model, settings, n_parallel=args.streams) as engine:
-            for _ in range(args.rounds):
-                # a fresh engine, as llama-bench starts empty: prefixes other sequences
-                # left cached in the shared KV pool slow a lone stream (docs/engine.md)
-                with Engine(model, settings, n_parallel=args.streams) as fresh:
-                    single.append(lone_decode_tps(fresh, args.tokens, settings))
-                bench.append(bench_tg(bench_bin, model, args.tokens, threads))
+        for _ in range(args.rounds):
+            # a fresh engine, as llama-bench starts empty: prefixes other sequences
+            # left cached in the shared KV pool slow a lone stream (docs/engine.md)
+            with Engine(model, settings, n_parallel=args.streams) as fresh:
+                single.append(lone_decode_tps(fresh, args.tokens, settings))
+            bench.append(bench_tg(bench_bin, model, args.tokens, threads))
+            # like for like: llama-server gets cache_prompt false, so our engine must not
+            # reuse the previous round's cached prompts either: a fresh one each round
+            with Engine(model, settings, n_parallel=args.streams) as engine:
                 a, t, texts = concurrent(args.streams,
                                          ours(engine, args.tokens, args.streams, settings))
-                agg.append(a)
-                ttfts += t
-                a, t, s_texts = concurrent(args.streams, server(port, args.tokens))
-                s_agg.append(a)
-                s_ttfts += t
+            agg.append(a)
+            ttfts += t
+            a, t, s_texts = concurrent(args.streams, server(port, args.tokens))
+            s_agg.append(a)
+            s_ttfts += t
         s_lone_texts = alone(args.streams, server(port, args.tokens))
     finally:
         proc.terminate()

@@ -138,9 +138,17 @@ def report(name: str, s: Stats) -> None:
 def run_server(
     cmd: list[str], base: str, env: dict[str, str], args: argparse.Namespace, model: str, name: str
 ) -> Stats:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # stderr goes to a file, never an unread pipe: a server blocks once a pipe's 64 KiB
+    # fill up (llama-server logs every request), which hung this benchmark for minutes
+    with tempfile.NamedTemporaryFile(prefix=f"serve_load-{name}-", suffix=".log",
+                                     delete=False) as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
-        wait_healthy(base, proc)
+        try:
+            wait_healthy(base, proc)
+        except RuntimeError as exc:
+            tail = Path(log.name).read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{name}: {exc}; its log ({log.name}) ends:\n{tail}") from None
         asyncio.run(load(base, model, 1, 3, 4))  # warm up (load the model)
         stats = asyncio.run(load(base, model, args.clients, args.duration, args.max_tokens))
         report(name, stats)
