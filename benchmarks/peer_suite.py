@@ -168,9 +168,11 @@ def _wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 180) 
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with code {proc.returncode}")
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
             conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
+            health = conn.getresponse()
+            health.read()
+            if health.status == 200:
                 # warm: load the model (ours loads on first use, llama-server at start)
                 conn.request("POST", "/v1/completions", json.dumps(
                     {"prompt": "Hi", "max_tokens": 1}),
@@ -178,7 +180,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 180) 
                      "Authorization": f"Bearer {API_KEY}"})
                 conn.getresponse().read()
                 return
-        except OSError:
+        except (OSError, http.client.HTTPException):
             pass
         time.sleep(0.5)
     raise RuntimeError(f"the server did not answer /health within {timeout:.0f} s")
