@@ -13,9 +13,11 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferenceos.server.generation import ClientDisconnected
 from inferenceos.server.prometheus import Counter
 
 log = logging.getLogger("inferenceos.access")
+events = logging.getLogger("inferenceos.server")
 
 
 class AccessLog:
@@ -37,6 +39,12 @@ class AccessLog:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except ClientDisconnected:
+            # nginx's 499: the client closed the connection; one line, no traceback
+            status[0] = 499
+            client = scope.get("client") or ("", 0)
+            events.info("%s %s: client %s disconnected before the answer; generation "
+                        "cancelled", scope["method"], scope.get("path", ""), client[0])
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             self.counter.inc(method=scope["method"], route=route, status=str(status[0]))

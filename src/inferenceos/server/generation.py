@@ -252,9 +252,15 @@ async def start_generation(state: ServerState, req: GenRequest) -> Run:
     return run
 
 
+class ClientDisconnected(asyncio.CancelledError):
+    """The client went away before its (non-streamed) answer was ready. A CancelledError,
+    so the request unwinds as a cancellation; the access log turns it into one line (the
+    request is over, nobody reads a response) instead of uvicorn's full traceback."""
+
+
 async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.25) -> T:
     """Await `work`; if the client goes away first, cancel it (which cancels the
-    generation) and raise CancelledError."""
+    generation) and raise ClientDisconnected."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -265,7 +271,7 @@ async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float =
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-                raise asyncio.CancelledError("client disconnected")
+                raise ClientDisconnected("client disconnected")
     finally:
         if not task.done():
             task.cancel()
