@@ -120,3 +120,25 @@ def test_streamed_turn(tiny_llama: Path, tmp_path: Path) -> None:
 def test_delete_unknown_is_404(tiny_llama: Path, tmp_path: Path, sid: str) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         assert httpx.delete(f"{h.v1}/sessions/{sid}").status_code == 404
+
+
+def test_one_turn_at_a_time(tiny_llama: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a turn holds the session (its lock taken here, as a running turn takes
+    it), another message or a delete is a 409 at once, not a wait."""
+    import threading
+
+    from inferenceos.server.session_store import SessionStore
+
+    with serving({"tiny": tiny_llama}, tmp_path) as h:
+        sid = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        held = threading.Lock()
+        held.acquire()
+        with monkeypatch.context() as mp:
+            mp.setattr(SessionStore, "lock", lambda self, _sid: held)
+            busy = httpx.post(f"{h.v1}/sessions/{sid}/messages", json={"content": "x"})
+            assert busy.status_code == 409 and "another message" in busy.text
+            assert httpx.delete(f"{h.v1}/sessions/{sid}").status_code == 409
+            assert httpx.post(f"{h.v1}/sessions/{sid}/resume").status_code == 409
+        held.release()
+        assert _turn(h, sid, "next")["message"]["role"] == "assistant"

@@ -72,6 +72,11 @@ class SessionStore:
         with self._guard:
             return self._locks.setdefault(sid, threading.Lock())
 
+    def forget(self, sid: str) -> None:
+        """Drop a deleted session's lock."""
+        with self._guard:
+            self._locks.pop(sid, None)
+
     def _dir(self, sid: str) -> Path:
         if not isinstance(sid, str) or not _ID.fullmatch(sid):
             raise SessionNotFoundError(f"no session {str(sid)[:60]!r}")

@@ -97,11 +97,13 @@ async def get_session(session_id: str, request: Request) -> Any:
 async def delete_session(session_id: str, request: Request) -> Any:
     """Forget a session and its saved state."""
     store = _store(request)
+    _get(store, session_id)  # 404 first: no lock is made for ids that name nothing
     with _turn(store, session_id):
         try:
             store.delete(session_id)
         except SessionNotFoundError as exc:
             raise APIError(404, str(exc), "session_not_found") from None
+    store.forget(session_id)
     return {"id": session_id, "object": "session.deleted", "deleted": True}
 
 
