@@ -142,3 +142,19 @@ def test_one_turn_at_a_time(tiny_llama: Path, tmp_path: Path,
             assert httpx.post(f"{h.v1}/sessions/{sid}/resume").status_code == 409
         held.release()
         assert _turn(h, sid, "next")["message"]["role"] == "assistant"
+
+
+def test_interleaved_sessions_restore_from_disk(tiny_llama: Path, tmp_path: Path) -> None:
+    """One slot, two sessions taking turns: each turn finds the slot holding the other
+    conversation and restores its own from disk."""
+    with serving({"tiny": tiny_llama}, tmp_path) as h:
+        a = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        b = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        _turn(h, a, "abc")
+        _turn(h, b, "xyz")
+        for i in range(2):
+            for sid in (a, b):
+                r = _turn(h, sid, f"more {i}")
+                assert r["timings"]["restored_tokens"] > 0, r
+                assert r["usage"]["cached_tokens"] >= r["timings"]["restored_tokens"]
+        assert len(httpx.get(f"{h.v1}/sessions/{a}").json()["messages"]) == 6
