@@ -23,6 +23,7 @@ import itertools
 import multiprocessing as mp
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -179,6 +180,9 @@ class Engine:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False  # set by close(): no call may start a worker again
+        # held while a request picks its worker and sends, and while a migration swaps
+        # workers: no request lands on a worker whose sequences are being moved
+        self._route = threading.RLock()
         self._worker = _Worker(self._cfg, start_timeout)
 
     # -- worker lifecycle --------------------------------------------------------------
@@ -220,9 +224,10 @@ class Engine:
     # -- requests ----------------------------------------------------------------------
 
     def _call(self, msg_kind: str, *args: Any) -> Any:
-        worker = self._live_worker()
-        req_id = next(self._ids)
-        q = worker.send((msg_kind, req_id, *args), req_id)
+        with self._route:
+            worker = self._live_worker()
+            req_id = next(self._ids)
+            q = worker.send((msg_kind, req_id, *args), req_id)
         assert q is not None
         try:
             kind, payload = q.get()
@@ -319,9 +324,10 @@ class Engine:
         full, unknown policy) are raised when the Generation is first iterated.
         """
         sampling.validate()
-        worker = self._live_worker()
-        req_id = next(self._ids)
-        q = worker.send(("generate", req_id, prompt, sampling, kv_policy, draft), req_id)
+        with self._route:
+            worker = self._live_worker()
+            req_id = next(self._ids)
+            q = worker.send(("generate", req_id, prompt, sampling, kv_policy, draft), req_id)
         assert q is not None
         gen = Generation(iter(()))
         gen.events = self._stream(worker, req_id, q, cancel, gen)
@@ -354,11 +360,95 @@ class Engine:
                     finished = True
                     raise _error(payload)
         finally:
-            if not finished:  # closed early or cancelled: free the slot in the worker
-                gen.metrics.stop_reason = "interrupted"
-                with contextlib.suppress(errors.WorkerDiedError):
-                    worker.send(("cancel", req_id))
+            with self._route:  # a migration may have moved the request: its worker now
+                current = self._worker
+                if not finished:  # closed early or cancelled: free the slot in the worker
+                    gen.metrics.stop_reason = "interrupted"
+                    with contextlib.suppress(errors.WorkerDiedError):
+                        current.send(("cancel", req_id))
+                current.done(req_id)
             worker.done(req_id)
+
+    # -- live migration (engine.migrate) ------------------------------------------------
+
+    @property
+    def settings(self) -> LoadSettings:
+        """The worker's llama parameters (n_ctx counts every slot's cells)."""
+        return self._cfg.settings
+
+    def migrate(
+        self, settings: LoadSettings, n_parallel: int | None = None,
+        make_before_break: bool = True,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Move this engine to a new worker loaded with `settings` (n_ctx per sequence,
+        as the constructor takes it), carrying every running and queued request across
+        mid-stream (see engine.migrate); the Engine object stays the same.
+
+        Make before break: the new worker loads while the old one keeps generating, then
+        the old pauses at a step boundary, its sequences move, and it stops. Otherwise
+        (no memory for both) the old pauses first, its state is saved and it stops, then
+        the new one loads and resumes: the pause covers the load. If the new worker
+        fails to load, make-before-break leaves the old one serving; break-before-make
+        restarts it on the old settings and resumes there. Returns "pause_s"
+        (the token stream's gap), "seconds" (the whole migration), "load_s",
+        "moved", "restored", "reprefilled", "ended", "kv_bytes"."""
+        t0 = time.perf_counter()
+        n_par = n_parallel or self._cfg.n_slots
+        total = replace(settings, n_ctx=settings.n_ctx * n_par, n_seq_max=n_par,
+                        kv_unified=True)  # fmt: skip
+        total.validate()
+        cfg = replace(self._cfg, settings=total, n_slots=n_par)
+        new = _Worker(cfg, self._start_timeout) if make_before_break else None
+        with self._route:
+            old = self._live_worker()
+            t_pause = time.perf_counter()
+            try:
+                state = self._ask(old, "export_live")
+            except BaseException:
+                if new is not None:
+                    new.shutdown()
+                raise
+            with old.lock:  # the streams' queues follow their requests
+                moved = {rid: q for rid in state.ids
+                         if (q := old.pending.pop(rid, None)) is not None}  # fmt: skip
+            if new is None:
+                old.shutdown()
+                new, cfg = self._restart(cfg, moved)
+            with new.lock:
+                new.pending.update(moved)
+            result = dict(self._ask(new, "import_live", state))
+            self._worker, self._cfg = new, cfg
+            pause = time.perf_counter() - t_pause
+        if make_before_break:
+            old.shutdown()
+        return {**result, "pause_s": pause, "seconds": time.perf_counter() - t0,
+                "load_s": float(new.info["load_s"]), "moved": len(state.ids),
+                "kv_bytes": state.kv_bytes}  # fmt: skip
+
+    def _restart(self, cfg: WorkerConfig, moved: dict[int, Any]) -> tuple[_Worker, WorkerConfig]:
+        """Break before make: a worker on `cfg`, else on the old settings again; if both
+        fail, the moved streams end with the error (never a hang)."""
+        try:
+            return _Worker(cfg, self._start_timeout), cfg
+        except errors.InferenceOSError:
+            try:
+                return _Worker(self._cfg, self._start_timeout), self._cfg
+            except errors.InferenceOSError as exc:
+                for q in moved.values():
+                    q.put(("error", (type(exc).__name__, f"migration failed: {exc}")))
+                raise
+
+    def _ask(self, worker: _Worker, kind: str, *args: Any) -> Any:
+        req_id = next(self._ids)
+        q = worker.send((kind, req_id, *args), req_id)
+        assert q is not None
+        try:
+            kind, payload = q.get()
+        finally:
+            worker.done(req_id)
+        if kind == "error":
+            raise _error(payload)
+        return payload
 
     def close(self) -> None:
         """Stop the worker (waits for it to exit; kills it after 10 s). Final: later

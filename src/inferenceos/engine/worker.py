@@ -15,6 +15,9 @@ Parent → worker:
         model), or open a new context; ("resize", req_id, LoadSettings, n_slots): a new
         context of that size on the same weights, cached slots' KV states carried over.
         All three only when no request is in flight; any other request wakes the worker.
+    ("export_live", req_id) · ("import_live", req_id, LiveState): live migration
+        (engine.migrate): detach every running and queued request at this step
+        boundary, or resume them here; their streams keep their request ids
     ("shutdown",)
 Worker → parent (each message is a list of events, one per scheduler step):
     (req_id, "token", (token_id, text[, TokenLogprob, top TokenLogprobs]))
@@ -261,8 +264,27 @@ def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
             return [(msg[1], "error", (type(exc).__name__, str(exc)))]
     if msg[0] == "shutdown":
         return None
+    if msg[0] in ("export_live", "import_live"):
+        return _migrate(msg, rt)
     try:
         sched = rt.awake()
     except InferenceOSError as exc:
         return [(msg[1], "error", (type(exc).__name__, str(exc)))]
     return _handle(msg, rt.lm, sched)
+
+
+def _migrate(msg: tuple[Any, ...], rt: _Runtime) -> list[Any]:
+    """export_live / import_live (engine.migrate), between two scheduler steps."""
+    from inferenceos.engine.migrate import LiveState, export_live, import_live
+
+    try:
+        if msg[0] == "export_live":
+            state = export_live(rt.sched) if rt.sched is not None else LiveState()
+            return [(msg[1], "result", state)]
+        result = import_live(rt.awake(), msg[2])
+        events = result.pop("events")
+        return [*events, (msg[1], "result", result)]
+    except InferenceOSError as exc:
+        return [(msg[1], "error", (type(exc).__name__, str(exc)))]
+    except Exception as exc:  # a bug must not kill the worker that holds the streams
+        return [(msg[1], "error", ("GenerationError", f"migration failed: {exc!r}"))]

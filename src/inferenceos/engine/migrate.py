@@ -1,0 +1,200 @@
+"""Live migration, the mechanism: export every live sequence from one scheduler at a
+step boundary and import it into another (a new worker on a new placement).
+
+What moves, per running sequence (`SeqState`, picklable): its request (id, prompt,
+sampling with the sampler's seed made explicit), the tokens its KV cells hold and those
+cells' bytes (`llama_state_seq_get_data`), how much of the prompt is prefilled, the
+token sampled but not yet evaluated (`pending`), and the output processor's state (the
+UTF-8 decoder's held bytes, stop-string hold-back, metrics and clocks). Queued requests
+move as they are; idle cached prefixes (prefix reuse, server sessions) move with
+`slot_state`.
+
+On import the sequence resumes exactly where it stopped: the KV bytes go into a free
+slot, the sampler chain is rebuilt and re-accepts the generated tokens (grammar and
+penalties see the same history), and `pending` is evaluated by the next step. When the
+new context refuses the bytes (another KV type: quantized KV is one of the placements
+down) the sequence re-prefills what its cells held plus `pending`, and samples its next
+token from that prefill's last row: the same token greedily, up to float differences
+between the two KV types. A sequence that no longer fits a slot of the new context
+ends with stop reason "length" (never an error).
+
+Greedy generation is therefore token-exact across a migration between placements on
+the same kind of kernels. Seeded random sampling continues with a seed derived from the
+original (llama.cpp cannot export a sampler's RNG state): the same distribution, not
+the same draws.
+
+Both functions run on the worker's thread between scheduler steps (that *is* the step
+boundary): nothing else touches the scheduler meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from inferenceos.engine.scheduler import Request, Scheduler, Sequence
+from inferenceos.engine.session import GenerationMetrics
+
+__all__ = ["LiveState", "SeqState", "export_live", "import_live"]
+
+
+@dataclass
+class SeqState:
+    """One running sequence, detached from its context (see the module doc)."""
+
+    req: Request
+    cached: list[int]
+    n_prefilled: int
+    pending: int | None
+    kv: bytes | None
+    metrics: GenerationMetrics
+    utf8: tuple[bytes, int]
+    stop_held: str
+    stop_stopped: bool
+    t_start: float
+    t_first: float
+    steps: int
+    accepted: list[int]  # tokens the sampler chain accepted, in order
+
+
+@dataclass
+class LiveState:
+    """Everything one scheduler served: running sequences, queue, idle prefixes."""
+
+    running: list[SeqState] = field(default_factory=list)
+    queued: list[Request] = field(default_factory=list)
+    prefixes: list[tuple[list[int], bytes]] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        """Request ids whose streams continue on the importing side."""
+        return [s.req.id for s in self.running] + [r.id for r in self.queued]
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(len(s.kv or b"") for s in self.running) + sum(
+            len(b) for _, b in self.prefixes)  # fmt: skip
+
+
+def _accepted(seq: Sequence) -> list[int]:
+    """The tokens this sequence's sampler chain has accepted: everything generated."""
+    n_prompt = len(seq.req.prompt)
+    out = list(seq.slot.cached[n_prompt:]) if seq.n_past >= n_prompt else []
+    if seq.pending is not None:
+        out.append(seq.pending)
+    return out
+
+
+def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
+    """Detach every running and queued request from `sched` (no event is emitted for
+    them: their streams continue wherever the state is imported) and copy out idle
+    cached prefixes when `prefixes`."""
+    from inferenceos.engine.slot_state import export_slot
+
+    state = LiveState()
+    for seq in list(sched.running):
+        sched.table.unpark(seq.slot)
+        kv = sched.model.save_sequence(seq.slot.index) if seq.slot.cached else None
+        out = seq.out
+        sampling = replace(seq.req.sampling, seed=seq.sampler.seed)
+        state.running.append(SeqState(
+            req=replace(seq.req, sampling=sampling), cached=list(seq.slot.cached),
+            n_prefilled=seq.n_prefilled, pending=seq.pending, kv=kv, metrics=out.metrics,
+            utf8=out._utf8.getstate(), stop_held=out._stops._held,
+            stop_stopped=out._stops.stopped, t_start=out._t_start, t_first=out._t_first,
+            steps=out._steps, accepted=_accepted(seq),
+        ))  # fmt: skip
+        if seq.spec is not None:
+            seq.spec.drafter.release(seq.slot.index)
+        seq.sampler.close()
+        sched.table.release(seq.slot)
+        sched.running.remove(seq)
+    state.queued = list(sched.queue)
+    sched.queue.clear()
+    if prefixes:
+        for slot in sched.slots:
+            if not slot.busy and slot.cached:
+                item = export_slot(sched, list(slot.cached))
+                if item is not None:
+                    state.prefixes.append(item)
+    return state
+
+
+def import_live(sched: Scheduler, state: LiveState) -> dict[str, Any]:
+    """Resume `state` on `sched` (a fresh scheduler: every slot idle). Returns counts
+    ("restored": KV bytes taken as they are, "reprefilled", "ended") and the events of
+    sequences that had to end (a "length" done for one that no longer fits)."""
+    counts = {"restored": 0, "reprefilled": 0, "ended": 0, "prefixes": 0}
+    events: list[Any] = []
+    for st in state.running:
+        how, evs = _resume(sched, st)
+        counts[how] += 1
+        events += evs
+    sched.queue.extend(state.queued)
+    for tokens, data in state.prefixes:
+        if len(tokens) < sched.n_ctx_slot and sched.tracker is None:
+            from inferenceos.engine.slot_state import import_slot
+            from inferenceos.errors import InferenceOSError
+
+            # another KV type refuses the bytes: that prefix is prefilled again if asked
+            with contextlib.suppress(InferenceOSError):
+                counts["prefixes"] += 1 if import_slot(sched, tokens, data) else 0
+    return {**counts, "events": events}
+
+
+def _resume(sched: Scheduler, st: SeqState) -> tuple[str, list[Any]]:
+    """Put one sequence into a free slot of `sched`; (how, events)."""
+    held = len(st.cached) + (1 if st.pending is not None else 0)
+    free = [s for s in sched.slots if not s.busy]
+    req = st.req
+    if not free or held >= sched.n_ctx_slot:  # nowhere to continue: end it cleanly
+        seq = Sequence(req, sched.slots[0], 0, sched.model, sched.policy)
+        _restore_output(seq, st)
+        seq.sampler.close()
+        return "ended", seq.out.finish("length")
+    slot = min(free, key=lambda s: (bool(s.cached), s.last_used))
+    sched.table.claim(slot, 0)
+    how = "restored"
+    if st.kv is not None and not _restore_kv(sched, slot.index, st):
+        how = "reprefilled"
+    if how == "reprefilled":  # the cells again from tokens: the prompt grows by them
+        tokens = [*st.cached, *([st.pending] if st.pending is not None else [])]
+        req = replace(req, prompt=tokens)
+        n_prefilled, pending = 0, None
+    else:
+        slot.cached.extend(st.cached)
+        n_prefilled, pending = st.n_prefilled, st.pending
+    policy = sched._policy(req.kv_policy) if req.kv_policy else sched.policy
+    seq = Sequence(req, slot, n_prefilled, sched.model, policy, sched._draft_for(req))
+    seq.n_prefilled, seq.pending = n_prefilled, pending
+    _restore_output(seq, st)
+    for tok in st.accepted:  # grammar and penalty stages see the same history
+        sched._ll.llama_sampler_accept(seq.sampler.ptr, tok)
+    slot.last_used = time.perf_counter()
+    sched.running.append(seq)
+    return how, []
+
+
+def _restore_kv(sched: Scheduler, seq_id: int, st: SeqState) -> bool:
+    """The sequence's KV bytes into `seq_id`; False when llama.cpp refuses them."""
+    assert st.kv is not None
+    try:
+        sched.model.restore_sequence(st.kv, seq_id)
+    except Exception:
+        sched._ll.llama_memory_seq_rm(sched.mem, seq_id, -1, -1)
+        return False
+    if int(sched._ll.llama_memory_seq_pos_max(sched.mem, seq_id)) != len(st.cached) - 1:
+        sched._ll.llama_memory_seq_rm(sched.mem, seq_id, -1, -1)
+        return False
+    return True
+
+
+def _restore_output(seq: Sequence, st: SeqState) -> None:
+    """The output processor exactly as it was (held UTF-8 bytes, stop hold-back)."""
+    out = seq.out
+    out.metrics = st.metrics
+    out._utf8.setstate(st.utf8)
+    out._stops._held, out._stops.stopped = st.stop_held, st.stop_stopped
+    out._t_start, out._t_first, out._steps = st.t_start, st.t_first, st.steps
