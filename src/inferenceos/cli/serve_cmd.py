@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,30 @@ _LOCAL_WARNING = (
     "WARNING: serving on {host} without an API key: anyone who can reach this machine "
     "can use the models, pull, copy and delete them. Set --api-key (or server.api_key)."
 )
+_TLS_WARNING = (
+    "WARNING: serving on {host} without TLS: prompts, answers{key} cross the network in "
+    "clear text. Use --tls-cert and --tls-key (or a TLS proxy in front)."
+)
+
+
+def _tls_files(cert: Path | None, key: Path | None) -> tuple[str, str] | tuple[None, None]:
+    """Both TLS files or neither; each must be a readable file (UsageError otherwise)."""
+    from inferenceos.errors import UsageError
+
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert and --tls-key go together: give both PEM files")
+    if cert is None or key is None:
+        return None, None
+    for flag, f in (("--tls-cert", cert), ("--tls-key", key)):
+        if not f.expanduser().is_file():
+            raise UsageError(f"{flag}: no such file: {f}")
+    files = str(cert.expanduser()), str(key.expanduser())
+    try:  # load them now: a bad pair fails here in one line, not as uvicorn's traceback
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(*files)
+    except (ssl.SSLError, OSError) as exc:
+        raise UsageError(f"--tls-cert/--tls-key: not a usable PEM certificate and key: "
+                         f"{exc.strerror or exc}") from None
+    return files
 
 
 def _default_model(model: str, catalog: object) -> str:
@@ -98,6 +123,10 @@ def serve(
     rpc: RpcOpt = None,
     ram: RamCapOpt = None,
     gpu_memory: GpuCapOpt = None,
+    tls_cert: Annotated[Path | None, typer.Option(
+        "--tls-cert", help="Serve HTTPS with this certificate (PEM; with --tls-key)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(
+        "--tls-key", help="The certificate's private key (PEM)")] = None,
 ) -> None:
     """Serve models over the OpenAI and Ollama APIs (loopback only unless told)."""
     from inferenceos.config import load_config
@@ -138,8 +167,13 @@ def serve(
         max_loaded=max_models or None, pinned=[catalog.resolve(p).name for p in pinned],
         on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False),
     )  # fmt: skip
+    cert_file, key_file = _tls_files(tls_cert, tls_key)
     if not settings.on_loopback and not settings.api_key:
         err.print(_LOCAL_WARNING.format(host=settings.host), style="bold red")
+    if not settings.on_loopback and cert_file is None:
+        err.print(_TLS_WARNING.format(
+            host=settings.host, key=" and the API key" if settings.api_key else ""),
+            style="bold red")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(message)s")
     problem = bind_error(settings.host, settings.port)
@@ -149,8 +183,10 @@ def serve(
             "(another InferenceOS or Ollama server? choose one with --port)"
         )
     _print_default_plan(manager, settings.default_model)
-    err.print(f"InferenceOS API on http://{settings.host}:{settings.port} "
+    scheme = "https" if cert_file else "http"
+    err.print(f"InferenceOS API on {scheme}://{settings.host}:{settings.port} "
               f"(default model {settings.default_model}; OpenAI at /v1, Ollama at /api)")
     server = make_server(create_app(settings, catalog, manager), settings.host, settings.port,
-                         grace_s=settings.shutdown_grace_s)
+                         grace_s=settings.shutdown_grace_s, tls_cert=cert_file,
+                         tls_key=key_file)
     server.run()

@@ -43,11 +43,15 @@ class GracefulServer(uvicorn.Server):
 
 
 def make_server(app: FastAPI, host: str, port: int, grace_s: float = 10.0,
-                log_level: str = "warning") -> GracefulServer:
-    """A server for `app` (built by `create_app`), not yet started."""
+                log_level: str = "warning", tls_cert: str | None = None,
+                tls_key: str | None = None) -> GracefulServer:
+    """A server for `app` (built by `create_app`), not yet started. With `tls_cert` and
+    `tls_key` (PEM files) it speaks HTTPS only (uvicorn's own TLS; the files are read
+    when the server starts, so a bad one fails there, before any request)."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=False,
         timeout_graceful_shutdown=int(grace_s) + 5, lifespan="on",
         timeout_keep_alive=5, server_header=False,
+        ssl_certfile=tls_cert, ssl_keyfile=tls_key,
     )
     return GracefulServer(config, app.state.ios, grace_s)
