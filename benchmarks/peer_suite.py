@@ -42,6 +42,7 @@ from llama_tools import llama_tool
 
 ALIAS = "tinyllama-2"  # the name the suite's default preset gives its model
 API_KEY = "sk-this-is-the-secret-key"  # test_security.py's TEST_API_KEY
+PRESET_SEED = 42  # every preset's --seed
 # file → preset settings (tools/server/tests/utils.py ServerPreset and the file's fixture)
 BASE: dict[str, object] = {"n_ctx": 512, "n_slots": 2, "n_predict": 64, "n_batch": 32}
 FILES: dict[str, dict[str, object]] = {
@@ -105,7 +106,7 @@ def free_port() -> int:
 def llama_server_cmd(model: Path, port: int, cfg: dict[str, object], threads: int
                      ) -> list[str]:
     cmd = [str(llama_tool("llama-server")), "--host", "127.0.0.1", "--port", str(port),
-           "--model", str(model), "--alias", ALIAS, "--temp", "0.8", "--seed", "42",
+           "--model", str(model), "--alias", ALIAS, "--temp", "0.8", "--seed", str(PRESET_SEED),
            "--ctx-size", str(cfg["n_ctx"]), "--parallel", str(cfg["n_slots"]),
            "--batch-size", str(cfg["n_batch"]), "--threads", str(threads), "--slots",
            "--metrics", "--no-webui"]
@@ -120,8 +121,8 @@ def llama_server_cmd(model: Path, port: int, cfg: dict[str, object], threads: in
 
 def ours_cmd(model: Path, port: int, cfg: dict[str, object], threads: int) -> list[str]:
     """`inferenceos serve` with the same model file, context per slot, slots, key and
-    default n_predict, and `--any-model`. It has no server-wide seed or temperature:
-    requests carry their own (the defaults are random and 0.8, as the preset's)."""
+    default n_predict and seed, and `--any-model` (its default temperature is the
+    preset's, 0.8)."""
     exe = Path(sys.executable).with_name("inferenceos")
     n_slots = int(str(cfg["n_slots"]))
     cmd = [str(exe), "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
@@ -131,8 +132,8 @@ def ours_cmd(model: Path, port: int, cfg: dict[str, object], threads: int) -> li
         cmd += ["--api-key", str(cfg["api_key"])]
     help_text = subprocess.run([str(exe), "serve", "--help"], capture_output=True,
                                text=True).stdout
-    if "--any-model" in help_text and "--n-predict" in help_text:
-        cmd.append("--any-model")
+    if all(f in help_text for f in ("--any-model", "--n-predict", "--seed")):
+        cmd += ["--any-model", "--seed", str(PRESET_SEED)]
         if "n_predict" in cfg:
             cmd += ["--n-predict", str(cfg["n_predict"])]
     else:  # a CLI without those flags: the same server, ServerSettings set directly
@@ -320,8 +321,9 @@ def main() -> None:
 
 
 def serve_as_preset(n_predict: int, argv: list[str]) -> None:
-    """`inferenceos serve ARGS` with ServerSettings.any_model on and `n_predict` as the
-    llama.cpp routes' default (for a CLI without `--any-model` / `--n-predict`)."""
+    """`inferenceos serve ARGS` with ServerSettings.any_model on, and `n_predict` and the
+    preset's seed as the llama.cpp routes' defaults (for a CLI without `--any-model`,
+    `--n-predict` and `--seed`)."""
     import dataclasses
 
     import inferenceos.server.app as app_module
@@ -329,8 +331,8 @@ def serve_as_preset(n_predict: int, argv: list[str]) -> None:
     create = app_module.create_app
 
     def create_any(settings, catalog, manager):  # type: ignore[no-untyped-def]
-        return create(dataclasses.replace(settings, any_model=True, n_predict=n_predict),
-                      catalog, manager)
+        return create(dataclasses.replace(settings, any_model=True, n_predict=n_predict,
+                                          seed=PRESET_SEED), catalog, manager)
 
     app_module.create_app = create_any
     from inferenceos.cli.main import app

@@ -345,13 +345,23 @@ def test_api_key_host_and_body_limit(tiny_llama: Path, tmp_path: Path) -> None:
         assert r.status_code == 403
 
 
-def test_server_default_n_predict(tiny_llama: Path, tmp_path: Path) -> None:
-    """ServerSettings.n_predict is llama-server's --n-predict: the default when a
-    request sets none; a request's own limit wins."""
-    with serving({"tiny": tiny_llama}, tmp_path, settings=ServerSettings(n_predict=3)) as h, \
+def test_server_defaults(tiny_llama: Path, tmp_path: Path) -> None:
+    """ServerSettings.n_predict and .seed are llama-server's --n-predict and --seed: the
+    defaults when a request sets none; a request's own value wins."""
+    settings = ServerSettings(n_predict=3, seed=42)
+    with serving({"tiny": tiny_llama}, tmp_path, settings=settings) as h, \
             httpx.Client(base_url=h.url, timeout=60) as c:
         body = {"prompt": "ab", "temperature": 0, "ignore_eos": True}
         b = c.post("/completion", json=body).json()
         assert b["tokens_predicted"] == 3 and b["generation_settings"]["n_predict"] == 3
         b = c.post("/completion", json={**body, "n_predict": 5}).json()
         assert b["tokens_predicted"] == 5 and b["stop_type"] == "limit"
+        hot = {"prompt": "ab", "temperature": 1.5, "top_k": 0, "top_p": 1, "min_p": 0,
+               "n_predict": 12}
+        runs = [c.post("/completion", json=hot).json() for _ in range(2)]
+        assert runs[0]["generation_settings"]["seed"] == 42
+        assert runs[0]["content"] == runs[1]["content"]  # the server's seed, both times
+        assert c.post("/completion", json={**hot, "seed": -1}).json()[
+            "generation_settings"]["seed"] == 0xFFFFFFFF
+        props = c.get("/props").json()["default_generation_settings"]["params"]
+        assert props["seed"] == 42 and props["n_predict"] == 3

@@ -153,7 +153,8 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     when `stream` is true. See the module contract."""
     state = _state(request)
     name, vocab = await _model(state, body.get("model"))
-    p = await call_in_thread(lambda: parse_completion(body, vocab, state.settings.n_predict))
+    s = state.settings
+    p = await call_in_thread(lambda: parse_completion(body, vocab, s.n_predict, s.seed))
     reqs = _requests(p, name)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))
@@ -351,10 +352,11 @@ async def props(request: Request) -> Any:
     state = _state(request)
     model, n_ctx = await _facts(state)
     vocab = await call_in_thread(lambda: vocab_for(model.path))
-    s = SamplingParams()
+    defaults = SamplingParams(seed=state.settings.seed)
     return {
         "default_generation_settings": {
-            "params": generation_settings(s, -1, False), "n_ctx": n_ctx},
+            "params": generation_settings(defaults, state.settings.n_predict, False),
+            "n_ctx": n_ctx},
         "total_slots": state.manager.slots, "model_alias": model.name,
         "model_ftype": model.file_type, "model_path": str(model.path),
         "modalities": {"vision": False, "video": False, "audio": False},

@@ -197,11 +197,11 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise APIError(400, '"lora" adapters are not supported', "unsupported_parameter")
 
 
-def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int = -1
-                     ) -> CompletionParams:
+def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int = -1,
+                     seed_default: int | None = None) -> CompletionParams:
     """A /completion body → CompletionParams; APIError 400 for anything unusable.
-    `n_predict_default` (llama-server's `--n-predict`) applies when the body sets none
-    (a request's own limit wins, as in llama-server)."""
+    `n_predict_default` and `seed_default` (llama-server's `--n-predict` and `--seed`)
+    apply when the body sets none (a request's own value wins, as in llama-server)."""
     _refuse_unsupported(body)
     n_predict = -1
     for name in ("max_completion_tokens", "max_tokens", "n_predict"):  # n_predict wins
@@ -238,7 +238,7 @@ def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int 
         raise _bad('"response_fields" must be a list of field names')
     prompts = parse_prompts(body.get("prompt"), vocab)
     fields.update({
-        "seed": None if seed in (None, -1) else seed,
+        "seed": seed_default if seed is None else None if seed == -1 else seed,
         "max_tokens": UNLIMITED if n_predict < 0 else n_predict,
         "stop": stops(stop) if stop is not None else None,
         "ignore_eos": ignore_eos,

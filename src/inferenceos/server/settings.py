@@ -39,6 +39,7 @@ class ServerSettings:
     default_model: str = ""  # used when a request names no model
     any_model: bool = False  # an unknown model name reaches default_model (llama-server)
     n_predict: int = -1  # llama.cpp routes: tokens to predict when a request sets none
+    seed: int | None = None  # llama.cpp routes: the seed when a request sets none (random)
     version: str = field(default="")
 
     @property
