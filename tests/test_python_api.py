@@ -162,8 +162,10 @@ def test_state_export_import_round_trip(tiny_llama: Path, tiny_swa: Path) -> Non
             other.engine.import_state(tokens, data)
 
 
-def test_a_stream_closed_before_reading_frees_its_slot(tiny_llama: Path) -> None:
-    with inferenceos.load(tiny_llama, n_ctx=256, threads=1) as m:
+@pytest.mark.parametrize("isolated", [False, True], ids=["local", "worker"])
+def test_a_stream_closed_before_reading_frees_its_slot(tiny_llama: Path,
+                                                       isolated: bool) -> None:
+    with inferenceos.load(tiny_llama, n_ctx=256, threads=1, isolated=isolated) as m:
         for _ in range(3):  # one slot: a leaked request would block the next ones
             m.generate("abc", stream=True, max_tokens=200).close()
         stats = m.engine.stats()

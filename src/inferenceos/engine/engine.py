@@ -24,7 +24,7 @@ import multiprocessing as mp
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,31 @@ class Generation:
     def close(self) -> None:
         close = getattr(self.events, "close", None)
         if close:
+            close()
+
+
+class Events:
+    """A generation's event iterator whose `close()` also ends a request that was never
+    iterated: a generator closed before its first `next` runs no `finally`, so without
+    this a stream opened and dropped unread would keep its slot until it finished."""
+
+    def __init__(self, it: Iterator[TokenEvent], abandon: Callable[[], None]) -> None:
+        self._it, self._abandon = it, abandon
+        self._started = False
+
+    def __iter__(self) -> Events:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        self._started = True
+        return next(self._it)
+
+    def close(self) -> None:
+        if not self._started:
+            self._started = True
+            self._abandon()
+        close = getattr(self._it, "close", None)
+        if close is not None:
             close()
 
 
@@ -330,8 +355,16 @@ class Engine:
             q = worker.send(("generate", req_id, prompt, sampling, kv_policy, draft), req_id)
         assert q is not None
         gen = Generation(iter(()))
-        gen.events = self._stream(worker, req_id, q, cancel, gen)
+        gen.events = Events(self._stream(worker, req_id, q, cancel, gen),
+                            lambda: self._abandon(worker, req_id))
         return gen
+
+    @staticmethod
+    def _abandon(worker: _Worker, req_id: int) -> None:
+        """Cancel a request whose events nobody will read (closed before its first)."""
+        with contextlib.suppress(errors.WorkerDiedError):
+            worker.send(("cancel", req_id))
+        worker.done(req_id)
 
     def _stream(
         self,

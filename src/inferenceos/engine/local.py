@@ -26,7 +26,7 @@ from typing import Any
 
 from inferenceos import errors
 from inferenceos.engine.chat_template import ChatMessage, render_chat
-from inferenceos.engine.engine import Generation, _error
+from inferenceos.engine.engine import Events, Generation, _error
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
 from inferenceos.model.spec import ModelSpec, load_spec
@@ -152,7 +152,8 @@ class LocalEngine:
             self._sched.submit(Request(req_id, tokens, sampling, kv_policy=kv_policy))
             self._inbox[req_id] = collections.deque()
         gen = Generation(iter(()))
-        gen.events = _Events(self, req_id, self._stream(req_id, cancel, gen))
+        gen.events = Events(self._stream(req_id, cancel, gen),
+                            lambda: self._abandon(req_id))
         return gen
 
     def _abandon(self, req_id: int) -> None:
@@ -227,26 +228,3 @@ class LocalEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-class _Events:
-    """A generation's event iterator whose `close()` also frees a request that was
-    never iterated (a generator closed before its first `next` runs no `finally`)."""
-
-    def __init__(self, engine: LocalEngine, req_id: int, it: Iterator[TokenEvent]) -> None:
-        self._engine, self._req_id, self._it = engine, req_id, it
-        self._started = False
-
-    def __iter__(self) -> _Events:
-        return self
-
-    def __next__(self) -> TokenEvent:
-        self._started = True
-        return next(self._it)
-
-    def close(self) -> None:
-        if not self._started:
-            self._started = True
-            self._engine._abandon(self._req_id)
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
