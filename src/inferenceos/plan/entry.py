@@ -155,11 +155,11 @@ def plan_load(
     )
     threads = req.threads
     if not threads and req.cpu_load is not None:
-        from inferenceos.plan.threads import explain_threads, pick_threads
+        from inferenceos.plan.threads import fewer_threads_reason, pick_threads
 
         threads = pick_threads(machine.cpu.threads, req.cpu_load)
         if threads < machine.cpu.threads:
-            why = explain_threads(machine.cpu.threads, req.cpu_load)
+            why = fewer_threads_reason(req.cpu_load) or "fewer free cores"
             changes.append(Change(f"threads {machine.cpu.threads} → {threads}", why))
     plan = make_plan(
         facts, machine, ctx, threads=threads, pinned_ctx=pinned,

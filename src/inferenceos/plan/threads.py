@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from inferenceos.hardware.cpu_load import FREE_SHARE, CpuLoad, free_cpus, free_threads
 
-__all__ = ["FREE_SHARE", "explain_threads", "free_cpus", "pick_threads"]
+__all__ = [
+    "FREE_SHARE",
+    "explain_threads",
+    "fewer_threads_reason",
+    "free_cpus",
+    "pick_threads",
+]
 
 
 def pick_threads(cores: int, load: CpuLoad | None) -> int:
@@ -30,16 +36,13 @@ def pick_threads(cores: int, load: CpuLoad | None) -> int:
     return free_threads(cores, load)
 
 
-def explain_threads(cores: int, load: CpuLoad | None) -> str:
-    """One phrase for the plan line: why this many threads."""
-    n = pick_threads(cores, load)
-    if load is None or n == cores:
-        return f"{n} threads"
+def fewer_threads_reason(load: CpuLoad) -> str:
+    """Why the free cores are fewer than the usable ones (a phrase; "" when idle)."""
     why = []
     if load.busy_others >= 0.05 and load.sampled:
         who = f"{load.busy_others:.1f} CPUs busy with other processes"
         if load.worker_cpus >= 0.05:
-            who += f" ({load.worker_cpus:.1f} by {load.workers} other model worker(s))"
+            who += f", {load.worker_cpus:.1f} of them by {load.workers} other model worker(s)"
         why.append(who)
     if load.quota_cpus and load.quota_cpus < load.usable_cpus:
         why.append(f"cgroup quota {load.quota_cpus:g} CPUs")
@@ -47,4 +50,13 @@ def explain_threads(cores: int, load: CpuLoad | None) -> str:
         why.append(f"{load.steal_fraction:.0%} steal time")
     if not load.sampled and load.loadavg_1m:
         why.append(f"load average {load.loadavg_1m:.1f}")
-    return f"{n} of {cores} threads" + (f" ({'; '.join(why)})" if why else "")
+    return "; ".join(why)
+
+
+def explain_threads(cores: int, load: CpuLoad | None) -> str:
+    """One phrase for the plan line: how many threads and why."""
+    n = pick_threads(cores, load)
+    if load is None or n == cores:
+        return f"{n} threads"
+    why = fewer_threads_reason(load)
+    return f"{n} of {cores} threads" + (f" ({why})" if why else "")
