@@ -245,3 +245,15 @@ def test_worker_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     assert stop_worker(proc) == 0
     text = (tmp_path / "w.log").read_text()
     assert "worker ready" in text and "worker stopped" in text
+
+
+def test_hardware_lists_each_worker_and_its_link(workers: Workers) -> None:
+    import json
+
+    r = run_cli("hardware", "--rpc", workers.addresses[0], "--json",
+                INFERENCEOS_HARDWARE_MEASURE_BANDWIDTH="false", timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    [w] = json.loads(r.stdout)["workers"]
+    assert w["address"] == workers.addresses[0] and w["usable"]
+    assert w["info"]["devices"][0]["offered_bytes"] == 4 << 20
+    assert w["link"]["rtt_s"] > 0
