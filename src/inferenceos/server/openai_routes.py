@@ -61,8 +61,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
-# the same routes without /v1, as llama-server serves them (/completions there is
-# llama.cpp's own dialect: see llamacpp_routes)
+# the same routes without /v1, as llama-server serves them (/completions and /models
+# there are llama.cpp's own: see llamacpp_routes)
 bare_router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, include_in_schema=False)
 
 
@@ -438,7 +438,6 @@ def _b64(vector: list[float]) -> str:
 
 
 @router.get("/models", response_model=ModelList)
-@bare_router.get("/models", response_model=ModelList)
 async def list_models(request: Request) -> Any:
     """Every model a request may name."""
     state = _state(request)
