@@ -47,7 +47,7 @@ class LoadRequest:
     type_v: str | None = None
     flash_attn: bool | None = None
     gpu_layers: int | None = None  # force llama.cpp's n_gpu_layers (Ollama's num_gpu)
-    backend: str | None = None  # "cpu", or an accelerator name (CUDA0, GPU0, Metal...)
+    backend: str | None = None  # "auto", "cpu", or an accelerator (CUDA0, GPU0, Metal...)
     need_tokens: int = 0  # prompt + output the context should hold (one sequence)
     prompt_tokens: int = 0  # a prompt that must fit (longer: refused)
     swa_full: bool = False
@@ -76,9 +76,9 @@ class LoadRequest:
 
 def _machine_for(machine: Machine, backend: str | None) -> tuple[Machine, list[Change]]:
     """The machine restricted to `backend` (the CPU always stays)."""
-    if not backend:
+    want = (backend or "").strip().lower()
+    if want in ("", "auto"):  # the planner's choice
         return machine, []
-    want = backend.strip().lower()
     if want == "cpu":
         kept: tuple = ()
     else:

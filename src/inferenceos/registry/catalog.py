@@ -8,6 +8,7 @@ can never name a path on the server's disk.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,19 @@ class ResolvedModel:
     modified_at: float
 
 
+# a quantization suffix of a GGUF file name: .Q4_K_M, -q8_0, .IQ2_XXS, .f16, -BF16 ...
+_QUANT_SUFFIX = re.compile(r"[._-](i?q\d[a-z0-9_]*|f16|f32|bf16)(?=:latest$)")
+MAX_NAMES_SHOWN = 8
+
+
+def plain_name(key: str) -> str | None:
+    """`llama-3-8b-instruct.q4_k_m:latest` → `llama-3-8b-instruct:latest`: the name a
+    served file also answers to (the seeds' OpenAI snippet uses it); None if the name
+    has no quantization suffix."""
+    plain = _QUANT_SUFFIX.sub("", key)
+    return plain if plain != key else None
+
+
 def _from_entry(e: ModelEntry) -> ResolvedModel:
     return ResolvedModel(e.name, e.path, e.digest, e.size, e.architecture, e.file_type,
                          e.parameters, e.context_length, e.modified_at)
@@ -49,6 +63,7 @@ class Catalog:
     def __init__(self, store: ModelStore, files: list[Path] | None = None) -> None:
         self.store = store
         self._aliases: dict[str, ResolvedModel] = {}
+        self._plain: dict[str, str] = {}  # plain name → alias (quant suffix dropped)
         for path in files or []:
             self.add_file(path)
 
@@ -68,6 +83,9 @@ class Catalog:
             spec.file_type, spec.parameters, spec.context_length, spec.path.stat().st_mtime,
         )
         self._aliases[key] = model
+        plain = plain_name(key)
+        if plain is not None:
+            self._plain.setdefault(plain, key)
         return model
 
     def resolve(self, name: str) -> ResolvedModel:
@@ -76,9 +94,20 @@ class Catalog:
         if key in self._aliases:
             return self._aliases[key]
         entry = self.store.find(key)
-        if entry is None or not entry.path.is_file():
-            raise ModelNotFoundError(f"model '{key}' not found, try pulling it first")
-        return _from_entry(entry)
+        if entry is not None and entry.path.is_file():
+            return _from_entry(entry)
+        if key in self._plain:
+            return self._aliases[self._plain[key]]
+        raise ModelNotFoundError(self._not_found(key))
+
+    def _not_found(self, key: str) -> str:
+        """Name the models that do work when the server serves files (few, known)."""
+        if not self._aliases:
+            return f"model '{key}' not found, try pulling it first"
+        names = [*self._aliases, *self._plain]
+        shown = ", ".join(sorted(names)[:MAX_NAMES_SHOWN])
+        more = f" and {len(names) - MAX_NAMES_SHOWN} more" if len(names) > MAX_NAMES_SHOWN else ""
+        return f"model '{key}' not found; this server serves: {shown}{more}"
 
     def names(self) -> list[ResolvedModel]:
         """Every model a client may name: aliases first, then the registry."""
@@ -88,7 +117,8 @@ class Catalog:
         return list(seen.values())
 
     def is_alias(self, name: str) -> bool:
-        return canonical(name) in self._aliases
+        key = canonical(name)
+        return key in self._aliases or key in self._plain
 
     def first(self) -> str | None:
         """The name to use when a request names no model (the first alias), if any."""
