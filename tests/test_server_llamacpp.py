@@ -365,3 +365,18 @@ def test_server_defaults(tiny_llama: Path, tmp_path: Path) -> None:
             "generation_settings"]["seed"] == 0xFFFFFFFF
         props = c.get("/props").json()["default_generation_settings"]["params"]
         assert props["seed"] == 42 and props["n_predict"] == 3
+
+
+def test_chat_verbose_and_continuation_fields(http: httpx.Client) -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    b = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2,
+                                                 "verbose": True}).json()
+    assert b["__verbose"]["prompt"].endswith("<|im_start|>assistant\n")
+    assert b["__verbose"]["content"] == b["choices"][0]["message"]["content"]
+    plain = http.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}).json()
+    assert "__verbose" not in plain
+    # continuing the last assistant message is not supported: refused, never ignored
+    for extra in ({"continue_final_message": True}, {"add_generation_prompt": False},
+                  {"continue_final_message": True, "add_generation_prompt": True}):
+        r = http.post("/chat/completions", json={"messages": msgs, "max_tokens": 2, **extra})
+        assert r.status_code == 400, extra

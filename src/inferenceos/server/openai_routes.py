@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
@@ -26,6 +27,7 @@ from inferenceos.server.generation import (
     GenRequest,
     Run,
     admitted_call,
+    call_in_thread,
     start_generation,
     until_disconnect,
 )
@@ -145,6 +147,12 @@ def chat_message(m: ChatMessageIn) -> ChatMessage:
 
 
 def _chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
+    if body.continue_final_message and body.add_generation_prompt:
+        raise APIError(400, "add_generation_prompt and continue_final_message exclude each "
+                       "other", "invalid_request")
+    if body.continue_final_message or not body.add_generation_prompt:
+        raise APIError(400, "continuing the final assistant message is not supported "
+                       "(add_generation_prompt must be true)", "unsupported_parameter")
     fmt = body.response_format.type if body.response_format else "text"
     if fmt not in ("text", "json_object", "json_schema"):
         raise APIError(400, f"response_format {fmt!r} is not supported",
@@ -246,7 +254,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                 "usage": _usage(p_tok, c_tok, done.metrics.cached_tokens),
                 "timings": timings(done.metrics)}
 
-    return await until_disconnect(request, whole())
+    result = await until_disconnect(request, whole())
+    if not body.verbose:
+        return result
+    # llama.cpp's debugging extension: the prompt the template made (outside the
+    # response model, which has no place for a field named __verbose)
+    prompt = await call_in_thread(lambda: _rendered(state, name, messages, tools))
+    result["__verbose"] = {"prompt": prompt, "content": result["choices"][0]["message"][
+        "content"], "timings": result["timings"]}
+    return JSONResponse(result)
+
+
+def _rendered(state: ServerState, name: str, messages: tuple[ChatMessage, ...],
+              tools: ToolRequest | None) -> str:
+    with state.manager.acquire(name) as lease:
+        return lease.engine.chat_prompt(messages, tools=tools.tools if tools else None)
 
 
 async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], cid: str,

@@ -99,6 +99,10 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(
         None, description="Let a forced reply hold several calls (default false, as llama-server)")
+    verbose: bool = Field(False, description="llama.cpp extension: add `__verbose` (the "
+                          "rendered prompt, timings) to a non-streamed reply")
+    add_generation_prompt: bool = Field(True, description="llama.cpp / vLLM: only true")
+    continue_final_message: bool = Field(False, description="llama.cpp / vLLM: only false")
 
 
 class CompletionRequest(SamplingFields):
