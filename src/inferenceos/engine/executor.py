@@ -1,9 +1,14 @@
 """The executor: one StepPlan → one llama_batch → one llama_decode, timed.
 
-Rows are added in the plan's order (decodes, then prefill chunks), so the batch row of
-every token is known from the plan alone; `run` returns them per slot, and the decode
-rows of each sequence (the pending token's row first, then one per draft token) for the
-sampler and the verifier.
+Row order: the prefill chunks first — the chunk that completes a prompt (and so gives
+its first token) at row 0 — then the decodes. llama.cpp's CPU matrix kernels round
+differently depending on where a token's row falls among the batch's rows: on Gemma 3
+270M, a 20-token prompt evaluated after 2, 3, 6 or 7 decode rows gave first-token logits
+1-2 % (relative) away from the same prompt evaluated alone, and bit-identical ones at row
+0 whatever followed it (measured, see docs/engine.md). A prompt prefilled in one chunk at
+row 0 thus picks exactly the first token a lone run picks. `fill` returns every slot's
+rows, and the decode rows of each sequence (the pending token's first, then one per
+draft token) for the sampler and the verifier.
 """
 
 from __future__ import annotations
@@ -40,17 +45,18 @@ class Executor:
         b = self.batch
         b.clear()
         rows = StepRows()
-        for d in plan.decodes:
-            rs = [b.add(tok, d.pos + i, d.key, True) for i, tok in enumerate(d.tokens)]
-            rows.decode[d.key] = rs
-            rows.by_slot.setdefault(d.key, []).extend(rs)
-        for p in plan.prefills:
+        # completing chunks first (stable): the first of them lands at row 0
+        for p in sorted(plan.prefills, key=lambda p: not p.last):
             n = len(p.tokens)
             rs = [b.add(tok, p.start + i, p.key, p.last and i == n - 1)
                   for i, tok in enumerate(p.tokens)]  # fmt: skip
             rows.by_slot.setdefault(p.key, []).extend(rs)
             if p.last:
                 rows.prefill_last[p.key] = rs[-1]
+        for d in plan.decodes:
+            rs = [b.add(tok, d.pos + i, d.key, True) for i, tok in enumerate(d.tokens)]
+            rows.decode[d.key] = rs
+            rows.by_slot.setdefault(d.key, []).extend(rs)
         return rows
 
     def decode(self) -> int:
