@@ -286,14 +286,16 @@ def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
     full-size sliding-window cache is kept: prefix reuse (follow-up turns, saved
     sessions) needs every cell of the history."""
     from inferenceos.plan.devices import local_machine
-    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.entry import LoadRequest
+    from inferenceos.plan.here import plan_here
     from inferenceos.plan.model_facts import load_model_facts
 
     req = LoadRequest(n_ctx=n_ctx, n_seq=n_parallel, threads=threads, n_batch=batch,
                       need_tokens=need_tokens, swa_full=True, gpu_layers=gpu_layers,
                       backend=backend)  # fmt: skip
     req.validate()
-    return plan_load(load_model_facts(path), local_machine(), req).params().per_sequence()
+    plan = plan_here(load_model_facts(path), local_machine(), req).plan
+    return plan.params().per_sequence()
 
 
 def load(

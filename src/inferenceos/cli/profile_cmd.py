@@ -18,11 +18,12 @@ DEFAULT_PROMPT_REPEATS = 4  # the built-in prose four times: ~200 tokens
 def _planned_params(path: Path, ctx: int, threads: int, batch: int, need: int) -> Any:
     """The planner's parameters for this run (as `run` plans), its line on stderr."""
     from inferenceos.plan.devices import local_machine
-    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.entry import LoadRequest
+    from inferenceos.plan.here import plan_here
     from inferenceos.plan.model_facts import load_model_facts
 
     req = LoadRequest(n_ctx=ctx, threads=threads, n_batch=batch, need_tokens=need)
-    plan = plan_load(load_model_facts(path), local_machine(), req)
+    plan = plan_here(load_model_facts(path), local_machine(), req).plan
     err.print(plan.summary(), style="dim", markup=False)
     return plan.params()
 

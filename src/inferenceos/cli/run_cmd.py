@@ -35,12 +35,12 @@ def _read_prompt(prompt: str | None) -> str:
 
 
 def _plan_settings(path: Path, req: LoadRequest) -> LoadSettings:
-    """Ask the planner how to load the model here; print its one-line summary."""
+    """Ask the planner how to load the model here now; print its plan line."""
     from inferenceos.plan.devices import local_machine
-    from inferenceos.plan.entry import plan_load
+    from inferenceos.plan.here import plan_here
     from inferenceos.plan.model_facts import load_model_facts
 
-    plan = plan_load(load_model_facts(path), local_machine(), req)
+    plan = plan_here(load_model_facts(path), local_machine(), req).plan
     err.print(plan.summary(), style="dim", markup=False)
     for change in plan.changes:
         err.print(f"  {change}", style="dim", markup=False)
@@ -134,6 +134,9 @@ def run(
         "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")] = None,
     cache_type_v: Annotated[str | None, typer.Option(
         "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
+    policy: Annotated[str, typer.Option(
+        "--policy", help="Planner objective: latency, capacity, balanced, adaptive")
+    ] = "balanced",
     rpc: RpcOpt = None,
     ram: RamCapOpt = None,
     gpu_memory: GpuCapOpt = None,
@@ -181,7 +184,8 @@ def run(
         n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
         threads=threads or int(cfg.get("run.threads") or 0),
         n_batch=batch, need_tokens=need, gpu_layers=gpu_layers, backend=backend,
-        type_k=cache_type_k, type_v=cache_type_v, **budget_caps(rpc, ram, gpu_memory),
+        type_k=cache_type_k, type_v=cache_type_v, policy=policy,
+        **budget_caps(rpc, ram, gpu_memory),
     )  # fmt: skip
     with LoadedModel(spec.path, _plan_settings(spec.path, req)) as lm:
         tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw, template))

@@ -111,6 +111,9 @@ def serve(
         "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")] = None,
     cache_type_v: Annotated[str | None, typer.Option(
         "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
+    policy: Annotated[str, typer.Option(
+        "--policy", help="Planner objective: latency, capacity, balanced, adaptive")
+    ] = "balanced",
     any_model: Annotated[bool, typer.Option(
         "--any-model", help="An unknown model name reaches the default model (llama-server)")
     ] = False,
@@ -156,6 +159,7 @@ def serve(
         n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
         threads=threads or int(cfg.get("run.threads") or 0),
         gpu_layers=gpu_layers, backend=backend, type_k=cache_type_k, type_v=cache_type_v,
+        policy=policy,
         **budget_caps(rpc, ram, gpu_memory),
     )  # fmt: skip
     base.validate()

@@ -53,6 +53,7 @@ class LoadRequest:
     swa_full: bool = False
     rope_scaling: bool = False  # allow a context beyond the training context
     use_mmap: bool = True
+    policy: str = "balanced"  # the objective: latency, capacity, balanced, adaptive
     # workers (`inferenceos worker`) whose devices join the machine, "host:port" each;
     # asked at every plan, so a lost worker is planned without and a returning one used
     rpc: tuple[str, ...] = ()
@@ -72,6 +73,10 @@ class LoadRequest:
             raise UsageError(f"threads must be between 1 and {MAX_THREADS} (0: auto)")
         if self.gpu_layers is not None and self.gpu_layers < -1:
             raise UsageError("gpu layers must be >= 0 (-1: all)")
+        from inferenceos.plan.policy import POLICIES
+
+        if self.policy.strip().lower() not in POLICIES:
+            raise UsageError(f"unknown policy {self.policy!r} (one of {', '.join(POLICIES)})")
 
 
 def _machine_for(machine: Machine, backend: str | None) -> tuple[Machine, list[Change]]:

@@ -51,6 +51,9 @@ class Plan:
     changes: tuple[Change, ...] = field(default_factory=tuple)
     accelerators: tuple[str, ...] = ()
     gpu_layers_forced: int | None = None  # a user override of n_gpu_layers (see entry.py)
+    # llama parameters set after planning (optimize's stored best: plan/tuned.py); they
+    # only ever lower what costs memory, so the estimate stays an upper bound
+    param_overrides: tuple[tuple[str, Any], ...] = ()
 
     # -- llama.cpp parameters ------------------------------------------------------------
 
@@ -86,6 +89,10 @@ class Plan:
 
     def params(self) -> LlamaParams:
         """The one llama-parameters record the engine loads this plan with."""
+        params = self._planned_params()
+        return dataclasses.replace(params, **dict(self.param_overrides))
+
+    def _planned_params(self) -> LlamaParams:
         return self.ctx.llama_params(
             n_threads=self.threads,
             n_threads_batch=self.threads,

@@ -36,6 +36,7 @@ from inferenceos.plan.devices import Machine
 from inferenceos.plan.entry import LoadRequest
 from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.plan.plan import Plan
+from inferenceos.registry import events
 from inferenceos.registry.budget import MemoryBudget
 from inferenceos.registry.catalog import ResolvedModel
 from inferenceos.registry.leases import COLD, HOT, WARM, EngineLike, Lease, LoadedModel
@@ -59,11 +60,12 @@ ContextHint = Callable[[ResolvedModel], "tuple[int, str] | None"]
 
 
 def plan_model(model: ResolvedModel, req: LoadRequest, machine: Machine) -> Plan:
-    """The default planner: the one entry point, on the model's GGUF header."""
-    from inferenceos.plan.entry import plan_load
+    """The default planner: the one entry point for this machine now (free cores, the
+    learned calibration, the policy, optimize's stored best), on the GGUF header."""
+    from inferenceos.plan.here import plan_here
     from inferenceos.plan.model_facts import load_model_facts
 
-    return plan_load(load_model_facts(model.path), machine, req)
+    return plan_here(load_model_facts(model.path), machine, req).plan
 
 
 def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
@@ -137,6 +139,7 @@ class ModelManager:
         self.loads_total = 0
         self.evictions_total: dict[str, int] = {}
         self.promotions_total = 0
+        self.migrations_total = 0
 
     # -- requests ----------------------------------------------------------------------
 
@@ -243,6 +246,7 @@ class ModelManager:
             self._models[model.name] = lm
             self.loads_total += 1
         _record_load(model, time.perf_counter() - t0, plan, engine)
+        events.add("load", model.name, load_s=time.perf_counter() - t0, plan=plan.summary())
         if self._on_load is not None:
             self._on_load(model.name, plan)
         return Lease(self, lm, fresh=True)
@@ -344,6 +348,56 @@ class ModelManager:
                 lm.expires_at = lm.last_used + lm.keep_alive
                 if lm.keep_alive == 0:
                     self._wake.set()
+
+    # -- live migration ------------------------------------------------------------------
+
+    def migrate(self, name: str, plan: Plan, cause: str,
+                make_before_break: bool | None = None) -> dict[str, Any]:  # fmt: skip
+        """Move the loaded `name` to `plan` while its streams run (Engine.migrate): the
+        Engine object its leases hold stays, its worker is swapped underneath. Make
+        before break when old + new fit the budget (None: decided here), else pause,
+        save, reload, restore; a make-before-break whose load fails is retried the
+        other way. New leases wait for the switch (the model is "moving"); streams in
+        flight go on. Records a "migration" event (cause, plans, pause, duration).
+        UsageError when the model is not loaded or its engine cannot migrate."""
+        from inferenceos.errors import UsageError
+
+        with self._load_lock:
+            with self._lock:
+                lm = self._models.get(self._resolve(name).name)
+                if lm is None or lm.tier != HOT or not hasattr(lm.engine, "migrate"):
+                    raise UsageError(f"'{name}' is not a hot model that can migrate")
+                self._moving.add(lm.model.name)
+                if make_before_break is None:
+                    ours = used_by(self._models.values())
+                    make_before_break = not shortfall(ours, plan.charge(),
+                                                      self.budget.capacity(ours))  # fmt: skip
+            before = lm.plan
+            try:
+                params = plan.params().per_sequence()
+                migrate = lm.engine.migrate
+                try:
+                    info = migrate(params, self.slots, make_before_break=make_before_break)
+                except InferenceOSError:
+                    if not make_before_break:
+                        raise
+                    make_before_break = False  # no room for both after all
+                    info = migrate(params, self.slots, make_before_break=False)
+                with self._lock:
+                    lm.plan = plan
+                    lm.reason = f"migrated ({cause}); {plan.summary()}"
+                    self.migrations_total += 1
+            finally:
+                self._moving.discard(lm.model.name)
+        detail = {
+            "cause": cause, "plan_before": before.summary(), "plan_after": plan.summary(),
+            "charge_before": before.charge(), "charge_after": plan.charge(),
+            "pause_s": info.get("pause_s"), "duration_s": info.get("seconds"),
+            "make_before_break": make_before_break, "moved": info.get("moved"),
+            "restored": info.get("restored"), "reprefilled": info.get("reprefilled"),
+        }  # fmt: skip
+        _record("migration", lm.model, **detail)
+        return {**info, **detail}
 
     # -- unloading ---------------------------------------------------------------------
 
@@ -458,7 +512,9 @@ def _call_tier(engine: EngineLike, verb: str) -> None:
 
 
 def _record(kind: str, model: ResolvedModel, **detail: Any) -> None:
-    """A telemetry event; recording never fails a load."""
+    """A telemetry event (and one in this process's recent events); recording never
+    fails a load."""
+    events.add(kind, model.name, **detail)
     try:
         from inferenceos import telemetry
 
