@@ -6,6 +6,11 @@ from the profile. The models this manager already holds are part of what the sys
 reports as used, so the capacity for our models is `free now + our own charges`;
 `serve --memory-budget SIZE` caps the sum over all devices further.
 
+Caps per device change at run time (`set_cap`: `inferenceos budget DEVICE SIZE`,
+`POST /api/budget`): a cap is the most our models may hold on that device (llama.cpp's
+device name: CPU, CUDA0, RPC[host:port]); a lowered cap is memory pressure, and the
+pressure reactor (registry.pressure) migrates models down to fit it.
+
 Tests inject a `machine` callable with fixed figures.
 """
 
@@ -42,6 +47,25 @@ class MemoryBudget:
     ) -> None:
         self._machine = machine
         self.total_cap = total_cap
+        self.caps: dict[str, int] = {}  # device name → bytes our models may hold there
+
+    def set_cap(self, device: str, cap: int | None) -> None:
+        """Cap what our models may hold on `device` (None lifts the cap)."""
+        if cap is None:
+            self.caps.pop(device, None)
+        elif cap < 0:
+            raise ValueError(f"a memory cap must not be negative, got {cap}")
+        else:
+            self.caps = {**self.caps, device: int(cap)}  # a new dict: readers never see a half edit
+
+    def cap_machine(self, machine: Machine) -> Machine:
+        """`machine` with every device held to its cap (devices without one unchanged)."""
+        caps = self.caps
+        if not caps:
+            return machine
+        return replace(machine, devices=tuple(
+            replace(d, memory_bytes=min(d.memory_bytes, caps[d.name])) if d.name in caps else d
+            for d in machine.devices))  # fmt: skip
 
     def machine(self, ours: Mapping[str, int]) -> Machine:
         """The machine as a new model may see it: each device's free memory plus what
@@ -54,7 +78,7 @@ class MemoryBudget:
             devices = tuple(
                 replace(d, memory_bytes=min(d.memory_bytes, self.total_cap)) for d in devices
             )
-        return replace(m, devices=devices)
+        return self.cap_machine(replace(m, devices=devices))
 
     def capacity(self, ours: Mapping[str, int]) -> dict[str, int]:
         """Bytes per device our models may hold in all."""
