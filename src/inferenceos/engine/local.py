@@ -44,7 +44,9 @@ class LocalEngine:
         n_parallel: int = 1,
         kv_policy: str = "none",
         max_queue: int = 64,
+        draft: str | None = None,
     ) -> None:
+        """`draft`: the default drafter for speculative decoding, as for `Engine`."""
         from inferenceos.engine.scheduler import Scheduler
         from inferenceos.engine.worker import policy_options
 
@@ -58,7 +60,8 @@ class LocalEngine:
         try:
             self._sched = Scheduler(self._lm, n_parallel, total.n_batch, kv_policy,
                                     max_queue=max_queue,
-                                    policy_options=policy_options(self.spec))  # fmt: skip
+                                    policy_options=policy_options(self.spec),
+                                    draft=draft)  # fmt: skip
         except BaseException:
             self._lm.close()
             raise
@@ -139,6 +142,7 @@ class LocalEngine:
         sampling: SamplingParams,
         cancel: threading.Event | None = None,
         kv_policy: str | None = None,
+        draft: str | None = None,
     ) -> Generation:
         """As `Engine.generate`, except that errors the scheduler finds at submission
         (prompt too long, queue full) are raised here, at once."""
@@ -149,7 +153,8 @@ class LocalEngine:
             lm = self._model()
             tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
             req_id = next(self._ids)
-            self._sched.submit(Request(req_id, tokens, sampling, kv_policy=kv_policy))
+            self._sched.submit(Request(req_id, tokens, sampling, kv_policy=kv_policy,
+                                       draft=draft))  # fmt: skip
             self._inbox[req_id] = collections.deque()
         gen = Generation(iter(()))
         gen.events = Events(self._stream(req_id, cancel, gen),
