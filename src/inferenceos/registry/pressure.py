@@ -254,6 +254,8 @@ class PressureReactor:
         """Tick every `interval_s` on a daemon thread until `stop()`."""
         def loop() -> None:
             while not self._stop.wait(self.interval_s):
+                if self.manager._closed:  # the server is shutting down
+                    return
                 try:
                     self.tick()
                 except Exception as exc:  # a sensor or plan bug must not stop watching

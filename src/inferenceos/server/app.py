@@ -18,6 +18,7 @@ from inferenceos import __version__
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
 from inferenceos.server import (
+    budget_routes,
     llamacpp_routes,
     ollama_routes,
     openai_routes,
@@ -61,8 +62,9 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
     install_handlers(app)
     for router in (ops_routes.router, openai_routes.router, ollama_routes.router,
                    openai_routes.bare_router, llamacpp_routes.router,
-                   responses_routes.router, sessions_routes.router):
+                   responses_routes.router, sessions_routes.router, budget_routes.router):
         app.include_router(router)
+    budget_routes.attach(app, manager)  # the pressure reactor; it stops with the manager
     # add_middleware wraps: the last added is the outermost
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
