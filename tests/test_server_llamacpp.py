@@ -365,6 +365,9 @@ def test_server_defaults(tiny_llama: Path, tmp_path: Path) -> None:
             "generation_settings"]["seed"] == 0xFFFFFFFF
         props = c.get("/props").json()["default_generation_settings"]["params"]
         assert props["seed"] == 42 and props["n_predict"] == 3
+        chat = c.post("/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": "ab"}], "temperature": 0}).json()  # no max_tokens
+        assert chat["usage"]["completion_tokens"] <= 3
 
 
 def test_chat_verbose_and_continuation_fields(http: httpx.Client) -> None:

@@ -228,7 +228,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     tools = _tools(body)
     name = state.model_name(body.model)
     grammar = _constraint(body, body.response_format)
-    sampling = _sampling(body, body.max_completion_tokens or body.max_tokens, grammar,
+    limit = body.max_completion_tokens or body.max_tokens
+    if limit is None and state.settings.n_predict >= 0:
+        limit = state.settings.n_predict  # llama-server's --n-predict covers chat too
+    sampling = _sampling(body, limit, grammar,
                          chat_top_n(body.logprobs, body.top_logprobs))
     reqs = [GenRequest(name, s, messages=messages, tools=tools)
             for s in _variants(sampling, body.n)]
