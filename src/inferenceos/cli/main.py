@@ -17,6 +17,7 @@ import typer
 
 from inferenceos.cli import (
     benchmark_cmd,
+    budget_cmd,
     cache_cmd,
     chat_cmd,
     config_cmd,
@@ -25,6 +26,7 @@ from inferenceos.cli import (
     inspect_cmd,
     logs_cmd,
     models_cmd,
+    monitor_cmd,
     optimize_cmd,
     placement_cmd,
     plugins_cmd,
@@ -64,6 +66,8 @@ app.command("rm")(models_cmd.rm)
 app.command("cp")(models_cmd.cp)
 app.command("stop")(models_cmd.stop)
 app.command("ps")(ps_cmd.ps)
+app.command("monitor")(monitor_cmd.monitor)
+app.command("budget")(budget_cmd.budget)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("simulate")(simulate_cmd.simulate)
 app.command("optimize")(optimize_cmd.optimize)

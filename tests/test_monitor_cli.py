@@ -1,0 +1,78 @@
+"""`inferenceos monitor` in a real terminal (tmux) against a real server, and
+`inferenceos budget` changing a cap over the API."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli_helpers import cli_env, run_cli
+from server_harness import serving
+from test_chat_cli import Screen
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+@pytest.fixture
+def screens() -> Iterator[list[Screen]]:
+    opened: list[Screen] = []
+    yield opened
+    for s in opened:
+        s.close()
+
+
+def test_monitor_shows_devices_models_and_events_live_and_q_quits(
+    tiny_llama: Path, tmp_path: Path, screens: list[Screen]
+) -> None:
+    with serving({"tiny": tiny_llama}, tmp_path) as h:
+        s = Screen([sys.executable, "-m", "inferenceos", "monitor", "--url", h.url,
+                    "--interval", "0.3"], cli_env(), tmp_path)  # fmt: skip
+        screens.append(s)
+        screen = s.wait(r"InferenceOS monitor")
+        assert "devices" in screen and "CPU" in screen and "(none loaded)" in screen
+        httpx.post(h.url + "/api/generate", json={"model": "tiny", "prompt": "ab",
+                                                   "stream": False,
+                                                   "options": {"num_predict": 8}})  # fmt: skip
+        screen = s.wait(r"tiny:latest\s+hot")  # the model and its tier, live
+        assert "load" in screen  # the load event
+        httpx.post(h.url + "/api/budget", json={"device": "CPU", "bytes": 1 << 40})
+        s.wait(r"budget\s+device=CPU")
+        s.wait(r"1\.0 TiB")  # the cap in the device table
+        s.send("q")
+        s.wait(r"EXITED=0")
+
+
+def test_monitor_without_a_server_is_one_line(tmp_path: Path) -> None:
+    r = run_cli("monitor", "--url", "http://127.0.0.1:9", "--once")
+    assert r.returncode == 1
+    assert "no InferenceOS server at http://127.0.0.1:9" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_cli("monitor", "--url", "ftp://x")
+    assert r.returncode != 0 and "--url must start with http" in r.stderr
+
+
+def test_budget_command_sets_shows_and_lifts_a_cap(tiny_llama: Path, tmp_path: Path) -> None:
+    with serving({"tiny": tiny_llama}, tmp_path) as h:
+        r = run_cli("budget", "CPU", "3GiB", "--url", h.url)
+        assert r.returncode == 0, r.stderr
+        assert "CPU" in r.stdout and "3.0 GiB" in r.stdout
+        assert h.manager.budget.caps == {"CPU": 3 << 30}
+        r = run_cli("budget", "--url", h.url, "--json")
+        assert r.returncode == 0
+        assert '"cap_bytes": 3221225472' in r.stdout
+        r = run_cli("budget", "CPU", "none", "--url", h.url)
+        assert r.returncode == 0 and h.manager.budget.caps == {}
+        r = run_cli("budget", "GPU9", "1GiB", "--url", h.url)
+        assert r.returncode == 1 and "unknown device 'GPU9'" in r.stderr
+        r = run_cli("budget", "CPU", "lots", "--url", h.url)
+        assert r.returncode != 0 and "not a size" in r.stderr
+        r = run_cli("budget", "CPU", "--url", h.url)
+        assert r.returncode != 0 and "give a SIZE" in r.stderr
+        # the monitor's one-frame mode sees the same server
+        r = run_cli("monitor", "--url", h.url, "--once")
+        assert r.returncode == 0 and "devices" in r.stdout and "CPU" in r.stdout
