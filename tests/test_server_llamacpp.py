@@ -383,3 +383,15 @@ def test_chat_verbose_and_continuation_fields(http: httpx.Client) -> None:
                   {"continue_final_message": True, "add_generation_prompt": True}):
         r = http.post("/chat/completions", json={"messages": msgs, "max_tokens": 2, **extra})
         assert r.status_code == 400, extra
+
+
+def test_cors_header_names_as_llama_server_sends_them(http: httpx.Client) -> None:
+    """Some clients read CORS headers case-sensitively (llama.cpp's own tests do)."""
+    r = http.options("/completions", headers={
+        "Origin": "http://localhost:8080", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "Authorization"})
+    raw = dict(r.headers.raw)
+    assert raw[b"Access-Control-Allow-Origin"] == b"http://localhost:8080"
+    r = http.options("/completions", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    assert b"Access-Control-Allow-Origin" not in dict(r.headers.raw)  # still refused

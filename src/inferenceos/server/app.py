@@ -28,6 +28,7 @@ from inferenceos.server import (
 )
 from inferenceos.server.access_log import AccessLog
 from inferenceos.server.errors import install_handlers
+from inferenceos.server.header_case import CorsHeaderCase
 from inferenceos.server.json_body import JsonBodies
 from inferenceos.server.security import ApiKeyAuth, BodyLimit, HostCheck, cors_options
 from inferenceos.server.settings import ServerSettings
@@ -72,6 +73,7 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
         app.add_middleware(ApiKeyAuth, key=settings.api_key)
     app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins,
                                                       settings.cors_allow_local))
+    app.add_middleware(CorsHeaderCase)  # Access-Control-* names as llama-server sends them
     if settings.on_loopback:
         app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.add_middleware(AccessLog, counter=state.metrics.http)
