@@ -386,7 +386,10 @@ class Scheduler:
         for group in asks.values():
             drafter = group[0][0].spec.drafter  # type: ignore[union-attr]
             t0 = time.perf_counter()
-            drafts = drafter.propose([a for _, a in group])
+            try:
+                drafts = drafter.propose([a for _, a in group])
+            except GenerationError:  # the draft context failed: decode plainly this step
+                drafts = [[] for _ in group]
             n = sum(min(len(d), a.k) for (_, a), d in zip(group, drafts, strict=True))
             if n:
                 self._measure_draft_cost(drafter, (time.perf_counter() - t0) / n)
