@@ -25,6 +25,7 @@ from inferenceos.server import (
     ops_routes,
     responses_routes,
     sessions_routes,
+    ui_routes,
 )
 from inferenceos.server.access_log import AccessLog
 from inferenceos.server.errors import install_handlers
@@ -63,7 +64,8 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
     install_handlers(app)
     for router in (ops_routes.router, openai_routes.router, ollama_routes.router,
                    openai_routes.bare_router, llamacpp_routes.router,
-                   responses_routes.router, sessions_routes.router, budget_routes.router):
+                   responses_routes.router, sessions_routes.router, budget_routes.router,
+                   ui_routes.router):
         app.include_router(router)
     budget_routes.attach(app, manager)  # the pressure reactor; it stops with the manager
     # add_middleware wraps: the last added is the outermost

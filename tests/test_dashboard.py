@@ -1,0 +1,145 @@
+"""The web dashboard at /ui in a real headless Chromium (Debian's), driven over the
+DevTools protocol: the page fills with the server's models, devices and events, a
+screenshot is not blank, and a chat message gets a streamed reply."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from inferenceos.server.settings import ServerSettings
+from server_harness import serving
+from tiny_models import write_tiny_model
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+
+
+class Browser:
+    """One headless Chromium with one page, spoken to over its DevTools websocket."""
+
+    def __init__(self, url: str, profile: Path) -> None:
+        from websockets.sync.client import connect
+
+        assert CHROMIUM is not None
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+             "--disable-dev-shm-usage", "--no-first-run", "--remote-debugging-port=0",
+             f"--user-data-dir={profile}", "--window-size=1280,1000", url],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError("chromium did not start")
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json()
+                 if t["type"] == "page"]  # fmt: skip
+        self._conn = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 << 20,
+                             open_timeout=30)  # fmt: skip
+        self.ws = self._conn.__enter__()
+        self.ids = 0
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.ids += 1
+        self.ws.send(json.dumps({"id": self.ids, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("id") == self.ids:
+                if "error" in msg:
+                    raise AssertionError(f"{method}: {msg['error']}")
+                return dict(msg["result"])
+
+    def js(self, expression: str) -> Any:
+        r = self.call("Runtime.evaluate", expression=expression, returnByValue=True,
+                      awaitPromise=True)  # fmt: skip
+        return r["result"].get("value")
+
+    def wait(self, expression: str, timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.js(expression)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                body = self.js("document.body.innerText")
+                raise AssertionError(f"{expression} stayed false; page:\n{body}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self._conn.__exit__(None, None, None)
+        self.proc.terminate()
+        self.proc.wait(20)
+
+
+@pytest.fixture
+def browsers() -> Iterator[list[Browser]]:
+    opened: list[Browser] = []
+    yield opened
+    for b in opened:
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def letters(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("ui") / "letters.gguf", letters_only=True)
+
+
+def _not_blank(png: bytes, path: Path) -> tuple[int, float]:
+    """(distinct colours, pixel standard deviation) of a screenshot."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    path.write_bytes(png)
+    img = mpimg.imread(str(path))
+    flat = (img[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
+    return len(np.unique(flat, axis=0)), float(img[..., :3].std())
+
+
+def test_the_dashboard_shows_the_server_and_chats(letters: Path, tmp_path: Path,
+                                                  browsers: list[Browser]) -> None:
+    with serving({"letters": letters}, tmp_path) as h:
+        httpx.post(h.url + "/api/generate", json={"model": "letters", "prompt": "ab",
+                                                   "stream": False,
+                                                   "options": {"num_predict": 4}})  # fmt: skip
+        page = httpx.get(h.url + "/ui")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert "http" not in page.text.split("<body>")[1].replace("http-equiv", "")  # no CDN
+        b = Browser(h.url + "/ui", tmp_path / "profile")
+        browsers.append(b)
+        b.wait("document.getElementById('status').textContent === 'live'")
+        b.wait("document.querySelector('#models tbody').textContent.includes('letters:latest')")
+        assert "hot" in b.js("document.querySelector('#models tbody').textContent")
+        assert "CPU" in b.js("document.getElementById('devices').textContent")
+        b.wait("document.getElementById('events').textContent.includes('load')")
+        b.js("document.getElementById('chat-input').value = 'hello';"
+             "document.getElementById('chat-send').click(); true")
+        reply = b.wait("(e => e && e.classList.contains('done') && e.textContent)"
+                       "(document.querySelector('.msg.assistant'))")  # fmt: skip
+        assert reply.strip() and "error" not in b.js(
+            "document.querySelector('.msg.assistant').className")
+        b.wait("document.getElementById('tps-now').textContent !== ''")
+        shot = base64.b64decode(b.call("Page.captureScreenshot", format="png")["data"])
+        colours, spread = _not_blank(shot, tmp_path / "dashboard.png")
+        assert colours > 20 and spread > 0.02, (colours, spread)
+
+
+def test_the_dashboard_follows_the_api_rules(letters: Path, tmp_path: Path) -> None:
+    with serving({"letters": letters}, tmp_path, settings=ServerSettings(api_key="k")) as h:
+        assert httpx.get(h.url + "/ui").status_code == 401  # same key as every route
+        ok = httpx.get(h.url + "/ui/app.js", headers={"Authorization": "Bearer k"})
+        assert ok.status_code == 200 and "javascript" in ok.headers["content-type"]
+        evil = httpx.get(h.url + "/ui", headers={"Host": "evil.example",
+                                                  "Authorization": "Bearer k"})  # fmt: skip
+        assert evil.status_code in (400, 403, 421)  # DNS rebinding: refused on loopback
+        assert httpx.get(h.url + "/ui/../api/ps").status_code in (401, 404)
