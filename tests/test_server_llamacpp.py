@@ -395,3 +395,19 @@ def test_cors_header_names_as_llama_server_sends_them(http: httpx.Client) -> Non
     r = http.options("/completions", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert b"Access-Control-Allow-Origin" not in dict(r.headers.raw)  # still refused
+
+
+def test_embedding_input_objects(bare: openai.OpenAI, http: httpx.Client) -> None:
+    """llama.cpp's text objects in embedding input; token arrays stay refused (400)."""
+    plain = bare.embeddings.create(model="x", input=["hello world"]).data[0].embedding
+    r = http.post("/v1/embeddings", json={"input": [
+        {"prompt_string": "hello world"},
+        {"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]},
+    ]})
+    assert r.status_code == 200
+    assert all(d["embedding"] == pytest.approx(plain, abs=1e-5) for d in r.json()["data"])
+    for bad in ([1, 2, 3], [[1, 2]], {"content": "text"}, {"content": [{"type": "image_url"}]},
+                ["a", {"content": [{"type": "unknown"}]}]):
+        assert http.post("/v1/embeddings", json={"input": bad}).status_code == 400, bad
+    r = http.post("/embeddings", json={"input": "ab " * 400})
+    assert r.status_code == 400 and "too large" in r.json()["error"]["message"]

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import TokenEvent
+from inferenceos.errors import UsageError
 from inferenceos.server.errors import APIError
 from inferenceos.server.generation import (
     Done,
@@ -42,6 +43,7 @@ from inferenceos.server.openai_schema import (
     CompletionRequest,
     EmbeddingList,
     EmbeddingRequest,
+    EmbeddingText,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -431,10 +433,11 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     """Mean-pooled, L2-normalised embeddings; `encoding_format` float or base64."""
     state = _state(request)
-    texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    if not texts or not all(isinstance(t, str) for t in texts):
-        raise APIError(400, "input must be a non-empty string or list of strings (token "
-                       "arrays are not supported)", "invalid_input")
+    items = body.input if isinstance(body.input, list) else [body.input]
+    texts = [_embedding_text(t) for t in items]
+    if not texts:
+        raise APIError(400, "input must be a non-empty string or list of strings",
+                       "invalid_input")
     if len(texts) > 256:
         raise APIError(400, "at most 256 inputs per request", "too_many_inputs")
     name = state.model_name(body.model)
@@ -446,7 +449,13 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
             count = sum(len(lease.engine.tokenize(t)) for t in strs)
             return vectors, count
 
-    vectors, count = await admitted_call(state, work)
+    try:
+        vectors, count = await admitted_call(state, work)
+    except UsageError as exc:
+        if "embeddings take at most" in str(exc):  # llama-server's words for it
+            raise APIError(400, f"input is too large to process: {exc}", "input_too_large"
+                           ) from None
+        raise
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise APIError(400, f"this model's embeddings have {len(vectors[0])} dimensions; "
                        "dimensions cannot change it", "unsupported_parameter")
@@ -455,6 +464,23 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
             for i, v in enumerate(vectors)]
     return {"object": "list", "data": data, "model": name,
             "usage": {"prompt_tokens": count, "total_tokens": count}}
+
+
+def _embedding_text(item: Any) -> str:
+    """One embedding input as text: a string, or (llama.cpp) `{"prompt_string"}` or
+    `{"content": [text parts]}`. Token arrays are refused: the engine embeds texts, and
+    turning ids back into text would not always give the same tokens."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, EmbeddingText):
+        if item.prompt_string is not None:
+            return item.prompt_string
+        if item.content and all(p.type == "text" for p in item.content):
+            return "".join(p.text or "" for p in item.content)
+        raise APIError(400, "an input object needs prompt_string or text content parts "
+                       "(this model takes no images, audio or video)", "invalid_input")
+    raise APIError(400, "token arrays are not supported as embedding input; send text",
+                   "invalid_input")
 
 
 def _b64(vector: list[float]) -> str:

@@ -115,9 +115,17 @@ class CompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = Field(None, description="llama.cpp extension")
 
 
+class EmbeddingText(BaseModel):
+    """llama.cpp extension: a text given as `{"prompt_string": ...}` or as text parts."""
+
+    prompt_string: str | None = None
+    content: list[ContentPart] | None = None
+
+
 class EmbeddingRequest(BaseModel):
     model: str = Field("", max_length=200)
-    input: str | list[str] | list[int] | list[list[int]]
+    input: (str | EmbeddingText | list[int] | list[list[int]]
+            | list[str | EmbeddingText | list[int]])
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
