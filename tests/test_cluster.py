@@ -257,3 +257,30 @@ def test_hardware_lists_each_worker_and_its_link(workers: Workers) -> None:
     assert w["address"] == workers.addresses[0] and w["usable"]
     assert w["info"]["devices"][0]["offered_bytes"] == 4 << 20
     assert w["link"]["rtt_s"] > 0
+
+
+def test_a_frozen_worker_ends_the_stream_instead_of_hanging(
+    deep_model: Path, workers: Workers
+) -> None:
+    """SIGSTOP keeps the TCP connection open but answers nothing (as a cut network or a
+    machine that lost power would): llama.cpp would wait forever; the link watchdog
+    ends the model's process, and the request gets a WorkerDiedError that says why."""
+    from inferenceos.engine.engine import Engine
+    from inferenceos.engine.sampling import SamplingParams
+
+    plan = _plan(deep_model, workers.addresses)
+    victim = workers.procs[workers.ports[0]]
+    sp = SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True)
+    engine = Engine(deep_model, plan.params().per_sequence(), n_parallel=1)
+    try:
+        events = iter(engine.generate("hello world", sp).events)
+        next(events)
+        victim.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="unreachable"):
+            for _ in events:
+                pass
+        assert time.monotonic() - started < 20
+    finally:
+        victim.send_signal(signal.SIGCONT)
+        engine.close()

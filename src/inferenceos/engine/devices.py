@@ -163,7 +163,77 @@ def abort_note(pid: int) -> str:
         path.unlink()
     except OSError:
         return ""
+    if text.startswith("RPC worker"):  # the watchdog's note
+        return f": {text}; the next request plans the model again without it"
     if "RPC" in text:
         return (f": a cluster worker was lost mid-request (llama.cpp: {text.split(': ', 1)[-1]});"
                 " the next request plans the model again without it")
     return f": llama.cpp aborted ({text})"
+
+
+class LinkWatchdog:
+    """Ends this process when a worker holding part of the model stops answering.
+
+    llama.cpp's RPC client blocks on a socket without a timeout: a worker that dies
+    closes the connection and llama.cpp aborts (see above), but one that becomes
+    unreachable (power lost, network cut, process frozen) would leave a request hanging
+    forever. This thread asks each worker's info endpoint every `period_s`; after
+    `misses` unanswered rounds in a row for one worker it leaves the abort note and
+    aborts, so a model worker process dies (WorkerDiedError for its requests) instead.
+    """
+
+    def __init__(self, addresses: list[str], period_s: float = 2.0, misses: int = 3) -> None:
+        import threading
+
+        from inferenceos.cluster.endpoint import parse_endpoint
+
+        self._eps = [parse_endpoint(a) for a in addresses]
+        self._period, self._misses = period_s, misses
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rpc-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from inferenceos.cluster.info import WorkerUnreachable, query_info
+
+        missed = dict.fromkeys((ep.address for ep in self._eps), 0)
+        while not self._stop.wait(self._period):
+            for ep in self._eps:
+                try:
+                    query_info(ep, timeout=self._period)
+                    missed[ep.address] = 0
+                except WorkerUnreachable:
+                    missed[ep.address] += 1
+                if missed[ep.address] >= self._misses and not self._stop.is_set():
+                    self._abort(ep.address)
+
+    def _abort(self, address: str) -> None:
+        import os
+
+        waited = self._misses * self._period
+        text = (f"RPC worker {address} unreachable: no answer for {waited:.0f} s "
+                "(lost power or network?)")  # fmt: skip
+        import contextlib
+        import sys
+
+        with contextlib.suppress(OSError):
+            _note_path(os.getpid()).write_text(text)
+
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        os.abort()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def rpc_addresses(names: tuple[str, ...]) -> list[str]:
+    """The worker addresses among llama.cpp device names."""
+    from inferenceos.cluster.endpoint import parse_device_name
+
+    out = []
+    for n in names:
+        parsed = parse_device_name(n)
+        if parsed and parsed[0] not in out:
+            out.append(parsed[0])
+    return out

@@ -137,6 +137,17 @@ def _placement_params(ll: Any, params: Any, s: LoadSettings) -> list[Any]:
     return keep
 
 
+def _watch_workers(s: LoadSettings) -> Any:
+    """A LinkWatchdog over the RPC workers the model uses (None without any): a worker
+    that stops answering ends this process instead of hanging a request."""
+    if not s.devices:
+        return None
+    from inferenceos.engine.devices import LinkWatchdog, rpc_addresses
+
+    addresses = rpc_addresses(s.devices)
+    return LinkWatchdog(addresses) if addresses else None
+
+
 class LoadedModel:
     """A llama.cpp model with one context. Not thread-safe; call `close()` when done."""
 
@@ -163,6 +174,7 @@ class LoadedModel:
         self.n_vocab = int(self._ll.llama_vocab_n_tokens(self.vocab))
         self.n_ctx = int(self._ll.llama_n_ctx(self.ctx))
         self.load_s = time.perf_counter() - t0
+        self._watchdog = _watch_workers(self.settings)  # once loaded: nothing to undo
         self.metrics = GenerationMetrics(load_s=self.load_s)
         self._piece_buf = ctypes.create_string_buffer(256)
 
@@ -484,6 +496,9 @@ class LoadedModel:
         return time.perf_counter() - t0
 
     def close(self) -> None:
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         if self._embed_ctx is not None:
             self._ll.llama_free(self._embed_ctx)
             self._embed_ctx = None
