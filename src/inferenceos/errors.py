@@ -40,3 +40,8 @@ class EngineBusyError(InferenceOSError):
 
 class WorkerDiedError(GenerationError):
     """The model's worker process died; in-flight requests end with this error."""
+
+
+class StorageError(InferenceOSError):
+    """A database the runtime keeps is unusable now (corrupt, locked past its wait, on a
+    full disk); the message names the file. HTTP 503: nothing the client did wrong."""

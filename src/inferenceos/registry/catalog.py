@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferenceos.errors import ModelNotFoundError
+from inferenceos.errors import ModelNotFoundError, StorageError
 from inferenceos.registry.names import canonical
 from inferenceos.registry.store import (
     ModelEntry,
@@ -64,6 +64,7 @@ class Catalog:
         self.store = store
         self._aliases: dict[str, ResolvedModel] = {}
         self._plain: dict[str, str] = {}  # plain name → alias (quant suffix dropped)
+        self._resolved: dict[str, ResolvedModel] = {}  # registry names resolved so far
         for path in files or []:
             self.add_file(path)
 
@@ -93,9 +94,18 @@ class Catalog:
         key = canonical(name)
         if key in self._aliases:
             return self._aliases[key]
-        entry = self.store.find(key)
+        try:
+            entry = self.store.find(key)
+        except StorageError:
+            # the registry database is unusable (corrupt, locked too long): a model
+            # already resolved keeps serving from its file; anything else gets the error
+            known = self._resolved.get(key)
+            if known is not None and known.path.is_file():
+                return known
+            raise
         if entry is not None and entry.path.is_file():
-            return _from_entry(entry)
+            self._resolved[key] = _from_entry(entry)
+            return self._resolved[key]
         if key in self._plain:
             return self._aliases[self._plain[key]]
         raise ModelNotFoundError(self._not_found(key))

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from inferenceos.errors import InferenceOSError, ModelNotFoundError, UsageError
+from inferenceos.errors import InferenceOSError, ModelNotFoundError, StorageError, UsageError
 from inferenceos.paths import ensure_dir
 from inferenceos.registry.hub_names import (
     Candidate,
@@ -315,8 +315,9 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
                        "was registered")
 
 
-class _WriteError(InferenceOSError):
-    pass
+class _WriteError(StorageError):
+    """The store cannot take the bytes (a full disk): the server's 503, not the client's
+    fault; the partial file is kept, so the pull resumes once there is room."""
 
 
 def _write(out: IO[bytes], chunk: bytes) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferenceos import sqlite_db
-from inferenceos.errors import ModelNotFoundError, UsageError
+from inferenceos.errors import ModelNotFoundError, StorageError, UsageError
 from inferenceos.paths import ensure_dir
 from inferenceos.registry.names import canonical, parse_digest
 
@@ -131,13 +131,27 @@ class ModelStore:
     def _db(self) -> Iterator[sqlite3.Connection]:
         """A short-lived connection, migrated; commits on success, rolls back on error."""
         ensure_dir(self.root)
-        conn = sqlite_db.connect(self.db_path, busy_timeout_s=10)
+        try:
+            conn = sqlite_db.connect(self.db_path, busy_timeout_s=10)
+        except sqlite3.DatabaseError as exc:
+            raise self._storage_error(exc) from None
         try:
             sqlite_db.migrate(conn, _MIGRATIONS)
             with conn:
                 yield conn
+        except sqlite3.IntegrityError:
+            raise  # a constraint the caller's statement broke: the caller's to handle
+        except sqlite3.DatabaseError as exc:  # corrupt, locked past the wait, disk full
+            raise self._storage_error(exc) from None
         finally:
             conn.close()
+
+    def _storage_error(self, exc: sqlite3.DatabaseError) -> StorageError:
+        """One line naming the file; the models' files in blobs/ are not touched."""
+        hint = ""
+        if "not a database" in str(exc) or "malformed" in str(exc):
+            hint = " (move it aside to start an empty registry; the model files stay)"
+        return StorageError(f"model registry {self.db_path}: {exc}{hint}")
 
     def _entry(self, row: sqlite3.Row) -> ModelEntry:
         data = dict(row)

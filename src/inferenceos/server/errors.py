@@ -23,6 +23,7 @@ from inferenceos.errors import (
     InferenceOSError,
     ModelLoadError,
     ModelNotFoundError,
+    StorageError,
     WorkerDiedError,
 )
 from inferenceos.registry.manager import ModelBusyError
@@ -95,6 +96,8 @@ def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:
         return APIError(429, msg, "queue_full", {"Retry-After": str(retry_after_s)})
     if isinstance(exc, WorkerDiedError):
         return APIError(503, msg, "worker_died", {"Retry-After": str(retry_after_s)})
+    if isinstance(exc, StorageError):
+        return APIError(503, msg, "storage_error", {"Retry-After": str(retry_after_s)})
     if isinstance(exc, ModelBusyError):
         return APIError(503, msg, "model_busy", {"Retry-After": str(retry_after_s)})
     if isinstance(exc, (ModelLoadError, GenerationError, GGUFFormatError)):

@@ -1,0 +1,88 @@
+"""Shared pieces of the fault tests: a two-model server, requests, child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from server_harness import Harness
+
+
+def generate(h: Harness, model: str, n: int = 3, timeout: float = 60,
+             **extra: Any) -> httpx.Response:
+    """A non-streamed Ollama generate of `n` tokens."""
+    return httpx.post(h.url + "/api/generate", timeout=timeout, json={
+        "model": model, "prompt": "ab", "stream": False, "options": {"num_predict": n},
+        **extra})  # fmt: skip
+
+
+def unload(h: Harness, model: str) -> None:
+    r = httpx.post(h.url + "/api/generate", json={"model": model, "keep_alive": 0}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def tags(h: Harness) -> list[str]:
+    r = httpx.get(h.url + "/api/tags", timeout=30)
+    assert r.status_code == 200, r.text
+    return sorted(m["name"] for m in r.json()["models"])
+
+
+def ps(h: Harness) -> dict[str, dict[str, Any]]:
+    r = httpx.get(h.url + "/api/ps", timeout=30)
+    return {m["name"].split(":")[0]: m for m in r.json()["models"]}
+
+
+def children() -> set[int]:
+    """This process's child pids (the model workers among them)."""
+    kids: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            kids |= {int(k) for k in (task / "children").read_text().split()}
+    return kids
+
+
+def worker_pid(h: Harness, model: str) -> int:
+    """The pid of `model`'s engine worker (the model must be loaded)."""
+    lm = next(m for m in h.manager.loaded() if m.model.name.split(":")[0] == model)
+    engine: Any = lm.engine  # the real Engine, which has a worker process
+    return int(engine.worker_pid)
+
+
+@contextlib.contextmanager
+def kill_next_child(before: set[int]) -> Iterator[list[int]]:
+    """SIGKILL the first child process that appears (a worker being started), as soon as
+    it exists; yields the list the killed pid is put in."""
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set() and not killed:
+            for pid in children() - before:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.001)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        yield killed
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    return t, out
