@@ -85,3 +85,12 @@ def test_budget_caps_and_workers_reach_the_plan(facts: ModelFacts) -> None:
 
     plan = plan_load(facts, local_machine(), replace(REQ, ram=6 << 20))
     assert plan.budgets["CPU"] == 6 << 20
+
+
+def test_a_slow_link_is_named_as_the_bottleneck(facts: ModelFacts) -> None:
+    ram = plan_load(facts, _machine(GB), REQ).memory.by_device["CPU"] - 3_000_000
+    m = _machine(ram, _rpc("a:1", 4 << 20, rtt=0.02), _rpc("b:1", 4 << 20, rtt=0.02))
+    plan = plan_load(facts, m, REQ)
+    pred = predict(facts, m, plan, Workload(16, 8, 256), Calibration())
+    assert pred.bottleneck.startswith("link RPC[")
+    assert "round trips to RPC[" in pred.recommendation

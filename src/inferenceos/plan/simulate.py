@@ -204,6 +204,13 @@ def recommend(plan: Plan, dec: StepCost, machine: Machine) -> str:
             "weights stream from disk at every token: use a smaller quantization, add "
             "RAM or a GPU, or put the file on faster storage"
         )
+    if b.startswith("link RPC["):
+        worker = b.removeprefix("link ")
+        return (
+            f"round trips to {worker} limit decode (one per token per remote block): give "
+            "this machine more memory (--ram) so fewer layers go remote, or use a "
+            "lower-latency network"
+        )
     if "link" in b:
         return "activations cross the host-device link often: keep more layers on one device"
     if b.startswith("CPU memory") and machine.accelerators:
