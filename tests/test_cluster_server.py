@@ -23,11 +23,6 @@ def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("cluster-server") / "deep.gguf", "deep")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "registry: (1) the memory budget charges a plan's RPC devices against local capacity "
-    "(Plan.charge / tiers.shortfall should leave `RPC[...]` devices out: a worker's memory "
-    "is its own and serves one client); (2) the manager must drop a model whose engine "
-    "worker died with RPC devices, so the next request plans again (plan_load re-probes)"))
 def test_serve_over_workers_survives_a_lost_worker(deep_model: Path, tmp_path: Path) -> None:
     workers = Workers(tmp_path)
     try:

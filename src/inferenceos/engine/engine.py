@@ -136,7 +136,7 @@ class _Worker:
             from inferenceos.engine.devices import abort_note
 
             died = ("WorkerDiedError", f"the model worker died (exit code {self.proc.exitcode})"
-                    + abort_note(self.proc.pid))  # fmt: skip
+                    + abort_note(self.proc.pid or 0))  # fmt: skip
             for q in self.pending.values():
                 q.put(("error", died))
 
@@ -221,6 +221,11 @@ class Engine:
                 _record_death(self._cfg.path, self._worker.proc.exitcode)
                 self._worker = _Worker(self._cfg, self._start_timeout)
             return self._worker
+
+    @property
+    def worker_alive(self) -> bool:
+        """False once the worker process died (the next call would start a new one)."""
+        return bool(self._worker.alive)
 
     @property
     def worker_pid(self) -> int:

@@ -184,6 +184,9 @@ class ModelManager:
             lm = self._models.get(model.name)
             if lm is not None and lm.tier == WARM and self._fits_request(lm, req, False):
                 return self._promote(lm, keep_alive)
+            if lm is not None and lm.refs == 0 and _stale(lm):
+                self._drop(lm, "worker_lost")
+                lm = None
             if lm is not None and lm.refs == 0:
                 resized = self._try_resize(lm, req, why, keep_alive)
                 if resized:
@@ -207,6 +210,8 @@ class ModelManager:
                 return None
             if strict and lm.key != _key(req) and lm.refs == 0:
                 return None
+            if lm.refs == 0 and _stale(lm):
+                return None  # the slow path re-plans it
             self._lease(lm, keep_alive)
             return Lease(self, lm)
 
@@ -502,6 +507,14 @@ def _key(req: LoadRequest) -> tuple[Any, ...]:
     it), then everything that needs a reload."""
     return (req.n_ctx, req.n_batch, req.threads, req.gpu_layers, req.backend, req.type_k,
             req.type_v, req.flash_attn, req.n_seq)  # fmt: skip
+
+
+def _stale(lm: LoadedModel) -> bool:
+    """A model whose worker died while its plan used remote (RPC) devices: restarting
+    it on the same plan would fail again, so it is planned anew (without the worker
+    that was lost, or refused with the reason)."""
+    remote = any(d.startswith("RPC[") for d in lm.plan.memory.by_device)
+    return remote and not getattr(lm.engine, "worker_alive", True)
 
 
 def _call_tier(engine: EngineLike, verb: str) -> None:

@@ -38,6 +38,13 @@ class Shortfall:
         return "; ".join(parts)
 
 
+def is_remote(device: str) -> bool:
+    """An RPC worker's device (`RPC[host:port]`): its memory is the worker's own, offered
+    to one client at a time and checked by the planner against the worker's `--mem`;
+    this machine's budget does not count it."""
+    return device.startswith("RPC[")
+
+
 def used_by(models: Iterable[LoadedModel]) -> dict[str, int]:
     """Bytes charged per device by `models` in their current tiers."""
     used: dict[str, int] = {}
@@ -56,16 +63,21 @@ def shortfall(
     max_models: int | None = None,
 ) -> Shortfall:
     """What is missing for `need` on top of `used`, against `capacity` per device (a
-    device absent from `capacity` has no room) and the optional overall cap."""
+    local device absent from `capacity` has no room; an RPC worker's device absent from
+    it is not ours to budget: the planner sized the plan to what the worker offers)
+    and the optional overall cap."""
     short = {}
     for dev, b in need.items():
-        if b <= 0:
+        if b <= 0 or is_remote(dev):
             continue
+        if dev not in capacity and dev.startswith("RPC["):
+            continue  # a worker's memory is its own (the planner asked it); uncapped here
         missing = used.get(dev, 0) + b - capacity.get(dev, 0)
         if missing > 0:
             short[dev] = missing
-    if total_cap is not None:
-        missing = sum(used.values()) + sum(need.values()) - total_cap
+    if total_cap is not None:  # the cap is on this machine's memory
+        local_used = sum(b for d, b in used.items() if not is_remote(d))
+        missing = local_used + sum(b for d, b in need.items() if not is_remote(d)) - total_cap
         if missing > 0:
             short[TOTAL] = missing
     over = max_models is not None and n_models >= max_models

@@ -35,6 +35,7 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.server.errors import APIError, api_error_from
 from inferenceos.server.generation import Done, GenRequest, Run, start_generation, until_disconnect
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.openai_routes import ERROR_RESPONSES
 from inferenceos.server.options import UNLIMITED, sampling_from
 from inferenceos.server.responses_schema import InputItem, ResponseRequest
 from inferenceos.server.sse import ClosingStreamingResponse
@@ -42,7 +43,7 @@ from inferenceos.server.state import ServerState
 from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from inferenceos.server.tools import ToolRequest, history_call, tool_request
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 
 MAX_STORED = 256
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}

@@ -39,13 +39,17 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
+from inferenceos.server.openai_routes import ERROR_RESPONSES
+from inferenceos.server.openai_schema import ErrorResponse
 from inferenceos.server.options import UNLIMITED, sampling_from, stops
 from inferenceos.server.responses_schema import SessionCreate, SessionMessage
 from inferenceos.server.session_store import Session, SessionNotFoundError, SessionStore
 from inferenceos.server.sse import sse_response
 from inferenceos.server.state import ServerState
 
-router = APIRouter(prefix="/v1", tags=["sessions"])
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorResponse, "description": "A turn of this session runs"}}
+router = APIRouter(prefix="/v1", tags=["sessions"], responses={**ERROR_RESPONSES, **_CONFLICT})
 
 
 def _state(request: Request) -> ServerState:
