@@ -28,9 +28,9 @@ from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.pressure import PressureReactor
 from inferenceos.registry.tiers import used_by
 from inferenceos.server.errors import APIError
-from inferenceos.server.openai_routes import ERROR_RESPONSES
+from inferenceos.server.ollama_routes import ERRORS
 
-router = APIRouter(tags=["memory"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["memory"], responses=ERRORS)
 
 MAX_CAP = 1 << 60  # bytes: anything larger is a typo, not a budget
 

@@ -65,7 +65,7 @@ from inferenceos.server.tool_calls import (
 )
 from inferenceos.server.tools import history_call, ollama_calls, tool_request
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": OllamaError, "description": text} for code, text in (
         (400, "Invalid request"), (401, "Missing or wrong API key"),
         (403, "Host not allowed"), (404, "Model not found"), (413, "Body too large"),
@@ -76,7 +76,7 @@ _NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
 _FOREVER = "2318-01-01T00:00:00.000000Z"  # Ollama's "never expires"
 NS = 1_000_000_000
 
-router = APIRouter(prefix="/api", tags=["ollama"], responses=_ERRORS)
+router = APIRouter(prefix="/api", tags=["ollama"], responses=ERRORS)
 
 
 def _state(request: Request) -> ServerState:
