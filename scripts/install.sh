@@ -65,4 +65,23 @@ lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
 if not any(lib.glob("libggml-rpc*")):
     sys.exit("llama.cpp was built without its RPC backend; remove the wheel cache and rerun")
 EOF
+# --- what the test suite drives as a person would: a terminal (tmux) and a browser --------
+# (chat and monitor run under tmux; the web dashboard is checked in headless Chromium).
+# Installed with the system's package manager when we are root and they are missing.
+if [ "$EXTRA" = "test" ]; then
+    missing=()
+    command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+    command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+        || missing+=(chromium)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+            echo "Installing test tools: ${missing[*]}"
+            apt-get update -qq >/dev/null && \
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+                || echo "warning: could not install ${missing[*]}; the tests that need them skip"
+        else
+            echo "note: ${missing[*]} not installed; the tests that need them skip"
+        fi
+    fi
+fi
 echo "InferenceOS installed in $VENV"
