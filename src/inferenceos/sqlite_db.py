@@ -59,8 +59,19 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[str]) -> int:
             f"database schema version {version} is newer than this InferenceOS knows "
             f"({len(migrations)}); upgrade InferenceOS")
     for number, script in enumerate(migrations[version:], start=version + 1):
-        with conn:
-            # executescript commits first; BEGIN makes the script and the version bump
-            # one transaction, so a crash between them cannot leave a half-migrated file
-            conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        try:
+            with conn:
+                # executescript commits first; BEGIN makes the script and the version bump
+                # one transaction, so a crash between them cannot leave a half-migrated file
+                conn.executescript(
+                    f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        except sqlite3.OperationalError:
+            # two first opens at once (concurrent pulls on a new store): the other
+            # connection ran this migration while we waited for its lock ("table ...
+            # already exists"); its commit is visible now
+            if conn.in_transaction:
+                conn.rollback()
+            if schema_version(conn) >= number:
+                continue
+            raise
     return len(migrations)

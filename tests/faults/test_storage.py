@@ -189,3 +189,26 @@ def test_load_refused_by_preflight_then_served(two: Harness) -> None:
         two.manager.budget = old
     assert generate(two, "b").status_code == 200
     assert tags(two) == ["a:latest", "b:latest"]
+
+
+def test_concurrent_first_opens_of_a_new_registry(tmp_path: Path) -> None:
+    """Eight threads open a registry that does not exist yet: one runs the migrations,
+    the others wait for its lock and find them done (no "table already exists")."""
+    from inferenceos.registry.store import ModelStore
+
+    for trial in range(5):
+        root = tmp_path / f"store{trial}"
+        errors: list[BaseException] = []
+
+        def first_open(root: Path = root, errors: list[BaseException] = errors) -> None:
+            try:
+                ModelStore(root).list()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=first_open) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors[:2]
