@@ -5,7 +5,7 @@ Two tasks, greedy, the same prompts for everyone:
 (a) repetitive: continue a text that quotes a given passage (the model copies it);
 (b) free generation (a story opening).
 Ours is the `run --draft` path (a one-slot scheduler on an in-process model); llama-server
-runs plain, `--spec-type ngram-simple`, `ngram-map-k`, `ngram-mod`, and draft-simple with
+runs plain, `--spec-type ngram-simple`, `ngram-map-k`, and draft-simple with
 our self-draft file as its draft model (`-md`). Each round runs every configuration once
 per task, in a rotated order; the figures are medians, and the ratios are medians of each
 round's own ratios (both sides of a round share the machine's state). Decode t/s counts
@@ -62,7 +62,6 @@ SERVER = {
     "plain": [],
     "ngram-simple": ["--spec-type", "ngram-simple"],
     "ngram-map-k": ["--spec-type", "ngram-map-k"],
-    "ngram-mod": ["--spec-type", "ngram-mod"],
     "draft-self": ["--spec-type", "draft-simple", "-md", "{self}", "--spec-draft-n-max", "8"],
 }
 
@@ -129,7 +128,18 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends the run through `finally`, so the llama-servers are stopped too."""
+    import signal
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main() -> None:
+    _stop_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--tokens", type=int, default=96)
@@ -165,11 +175,11 @@ def main() -> None:
                                else server_once(servers[name][1], TASKS[task], args.tokens))
                         results.setdefault((task, f"{side}:{name}"), []).append(res)
                 print(f"round {r + 1}/{args.rounds} done", flush=True)
+                report(results, args, bytes_per_pass)  # so far: a slow machine may stop us
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(10)
-    report(results, args, bytes_per_pass)
 
 
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.Namespace,
