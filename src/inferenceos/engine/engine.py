@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from inferenceos import errors
+import inferenceos.errors as errors
 from inferenceos.engine.chat_template import ChatMessage, render_chat
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
@@ -414,6 +414,10 @@ class Engine:
         """The worker's llama parameters (n_ctx counts every slot's cells)."""
         return self._cfg.settings
 
+    def live_need(self) -> int:
+        """Context per sequence the live requests need (engine.migrate.live_need)."""
+        return int(self._call("live_need"))
+
     def migrate(
         self, settings: LoadSettings, n_parallel: int | None = None,
         make_before_break: bool = True,
@@ -505,7 +509,7 @@ class Engine:
 def _record_death(path: Path, exit_code: int | None) -> None:
     """A `worker_death` telemetry event (the worker is being restarted); never raises."""
     try:
-        from inferenceos import telemetry
+        import inferenceos.telemetry as telemetry
 
         telemetry.recorder().event("worker_death", path, exit_code=exit_code, restarted=True)
     except Exception:  # telemetry never fails a request

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from inferenceos import errors
+import inferenceos.errors as errors
 from inferenceos.engine.chat_template import ChatMessage, render_chat
 from inferenceos.engine.engine import Events, Generation, _error
 from inferenceos.engine.sampling import SamplingParams

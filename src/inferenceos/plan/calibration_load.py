@@ -76,7 +76,7 @@ def load_calibration(
     machine: Machine, facts: ModelFacts, threads: int = 0, base: Calibration | None = None
 ) -> Calibration:
     """`base` (default `Calibration.load()`) corrected by recorded runs for `facts`."""
-    from inferenceos import telemetry
+    import inferenceos.telemetry as telemetry
     from inferenceos.telemetry.calibration import fit_learned
 
     base = base or Calibration.load()
@@ -122,7 +122,7 @@ def recorded_workload(facts: ModelFacts) -> RecordedWorkload:
     """This model's recorded requests on this kind of machine (for `adaptive`)."""
     import statistics
 
-    from inferenceos import telemetry
+    import inferenceos.telemetry as telemetry
 
     try:
         rows = telemetry.generations(model=facts.spec.path, machine="kind", limit=MAX_RUNS)

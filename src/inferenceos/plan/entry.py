@@ -137,8 +137,8 @@ def plan_load(
 ) -> Plan:
     """The plan to load `facts` on `machine` for `req` (see the module contract)."""
     from inferenceos.plan.memory import ContextSettings
+    from inferenceos.plan.microbatch import size_ubatch
     from inferenceos.plan.preflight import make_plan
-    from inferenceos.plan.simulate import size_ubatch
 
     req = req or LoadRequest()
     req.validate()

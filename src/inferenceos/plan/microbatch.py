@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from inferenceos.plan.memory import ContextSettings, compute_terms
 from inferenceos.plan.model_facts import ModelFacts
+
+if TYPE_CHECKING:
+    from inferenceos.plan.devices import Machine
+    from inferenceos.plan.perf import Calibration
+    from inferenceos.plan.plan import Plan
 
 CANDIDATES = (32, 64, 128, 256, 512, 1024, 2048)
 MIN_GAIN = 0.05
@@ -50,3 +56,24 @@ def choose_ubatch(
             break
         best, best_tps = n, tps
     return replace(ctx, n_ubatch=best, n_batch=max(best, min(DEFAULT_BATCH, ctx.n_ctx)))
+
+
+def size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibration) -> Plan:
+    """`plan` with the ubatch `choose_ubatch` picks from the RAM headroom the plan
+    leaves and the predicted prefill curve (a disk-bound plan keeps its own)."""
+    from inferenceos.plan.footprint import estimate
+    from inferenceos.plan.perf import prefill_cost
+
+    if plan.disk_bound:
+        return plan
+    headroom = machine.cpu.memory_bytes - plan.memory.by_device.get("CPU", 0)
+    headroom += plan.memory.compute.get("CPU", 0)
+
+    def tps(n_ub: int) -> float:
+        c = prefill_cost(facts, plan.placement, machine, plan.ctx, n_ub, n_ub, cal, plan.threads)
+        return n_ub / c.seconds
+
+    ctx = choose_ubatch(facts, plan.ctx, headroom, tps)
+    if ctx == plan.ctx:
+        return plan
+    return replace(plan, ctx=ctx, memory=estimate(facts, plan.placement, machine, ctx))

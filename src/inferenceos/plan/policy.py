@@ -22,13 +22,16 @@ it into the planner's `LoadRequest`, `apply_to_plan` sizes the ubatch afterwards
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from inferenceos.errors import UsageError
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.entry import LoadRequest
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration, prefill_cost
 from inferenceos.plan.plan import Change, Plan
+
+if TYPE_CHECKING:  # the entry point imports this module: no import back at run time
+    from inferenceos.plan.entry import LoadRequest
 
 POLICIES = ("latency", "capacity", "balanced", "adaptive")
 CAPACITY_SLOTS = 4

@@ -15,7 +15,6 @@ from typing import Any
 
 from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.microbatch import choose_ubatch
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
 from inferenceos.plan.plan import Plan
@@ -111,24 +110,6 @@ def plan_for_run(
         flash_attn=flash_attn, swa_full=swa_full, need_tokens=need_tokens,
     )  # fmt: skip
     return plan_load(facts, machine, req, calibration)
-
-
-def size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibration) -> Plan:
-    if plan.disk_bound:
-        return plan
-    headroom = machine.cpu.memory_bytes - plan.memory.by_device.get("CPU", 0)
-    headroom += plan.memory.compute.get("CPU", 0)
-
-    def tps(n_ub: int) -> float:
-        c = prefill_cost(facts, plan.placement, machine, plan.ctx, n_ub, n_ub, cal, plan.threads)
-        return n_ub / c.seconds
-
-    ctx = choose_ubatch(facts, plan.ctx, headroom, tps)
-    if ctx == plan.ctx:
-        return plan
-    from inferenceos.plan.footprint import estimate
-
-    return replace(plan, ctx=ctx, memory=estimate(facts, plan.placement, machine, ctx))
 
 
 def simulate(

@@ -38,7 +38,7 @@ def best_settings(model_path: str | Path) -> dict[str, Any] | None:
     `{"settings": {n_threads, n_threads_batch, n_batch, n_ubatch, flash_attn, type_k,
     type_v, n_gpu_layers}, "measured": {...}, "ts": unix time, "machine": fingerprint}`,
     or None when `optimize` never ran for it (or the file is not readable)."""
-    from inferenceos import telemetry
+    import inferenceos.telemetry as telemetry
 
     try:
         best = telemetry.best_settings(Path(model_path))

@@ -10,14 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.plan.plan import Plan
 from inferenceos.registry.catalog import ResolvedModel
-
-if TYPE_CHECKING:
-    from inferenceos.registry.manager import ModelManager
 
 HOT, WARM, COLD = "hot", "warm", "cold"
 
@@ -94,11 +91,17 @@ class LoadedModel:
         return time.time() + (deadline - now)
 
 
+class Releaser(Protocol):
+    """Who hands leases out and takes them back (the `ModelManager`)."""
+
+    def _release(self, lm: LoadedModel) -> None: ...
+
+
 @dataclass
 class Lease:
     """A loaded model in use by one request; `release()` (or `with`) hands it back."""
 
-    manager: ModelManager
+    manager: Releaser
     loaded: LoadedModel
     fresh: bool = False  # this acquire loaded the model (cold → hot)
     woke: bool = False  # this acquire promoted it (warm → hot)

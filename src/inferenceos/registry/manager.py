@@ -83,7 +83,7 @@ def recent_context(model: ResolvedModel) -> tuple[int, str] | None:
     output tokens over its last 200 generations here, with 25 % headroom, rounded up to
     a power of two (≥ 2048); None without history."""
     try:
-        from inferenceos import telemetry
+        import inferenceos.telemetry as telemetry
 
         rows = telemetry.generations(model.path, limit=200)
     except Exception:  # telemetry is advice: never a reason to fail a load
@@ -529,7 +529,7 @@ def _record(kind: str, model: ResolvedModel, **detail: Any) -> None:
     fails a load."""
     events.add(kind, model.name, **detail)
     try:
-        from inferenceos import telemetry
+        import inferenceos.telemetry as telemetry
 
         telemetry.recorder().event(kind, model.path, digest=model.digest or None,
                                    name=model.name, **detail)
@@ -541,7 +541,7 @@ def _record_load(model: ResolvedModel, load_s: float, plan: Plan, engine: Engine
     try:
         from dataclasses import asdict
 
-        from inferenceos import telemetry
+        import inferenceos.telemetry as telemetry
 
         telemetry.recorder().load(model.path, source="server", load_s=load_s,
                                   digest=model.digest or None, name=model.name,

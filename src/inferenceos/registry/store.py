@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferenceos import sqlite_db
+import inferenceos.sqlite_db as sqlite_db
 from inferenceos.errors import ModelNotFoundError, StorageError, UsageError
 from inferenceos.paths import ensure_dir
 from inferenceos.registry.names import canonical, parse_digest

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from inferenceos import sqlite_db
+import inferenceos.sqlite_db as sqlite_db
 from inferenceos.paths import data_dir, ensure_dir
 from inferenceos.telemetry.schema import MIGRATIONS
 

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from inferenceos import telemetry
+import inferenceos.telemetry as telemetry
 from inferenceos.tuning.matrix import Row
 from inferenceos.tuning.search import SearchResult
 from inferenceos.tuning.trials import TrialResult
