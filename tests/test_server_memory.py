@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from cli_helpers import run_main
+from inferenceos.plan.entry import LoadRequest
 from inferenceos.registry.budget import MemoryBudget
 from server_harness import serving
 from tiny_models import write_tiny_model
@@ -129,3 +130,24 @@ def test_kv_types_and_policy_per_request(tmp_path: Path) -> None:
             r = httpx.post(h.url + "/api/generate", timeout=60, json={
                 "model": "a", "prompt": "ab", "stream": False, "options": bad})
             assert r.status_code == 400, (bad, r.text)
+
+
+def test_context_grows_for_a_prompt_that_does_not_fit(tmp_path: Path) -> None:
+    """A model started small (from its recorded traffic) is resized, not refused, when a
+    prompt needs more; the reason says so. With a pinned num_ctx it is refused."""
+    models = {"a": write_tiny_model(tmp_path / "a.gguf", letters_only=True)}
+    kw = {"base": LoadRequest(threads=1, n_batch=64),
+          "context_hint": lambda model: (128, "p95 of 5 recorded requests is 90 tokens")}
+    with serving(models, tmp_path, manager_kw=kw) as h:
+        _gen(h, "a")
+        assert _ps(h)["a"]["context_length"] == 128
+        long = "ab " * 100  # ~200 tokens on the tiny vocabulary
+        r = httpx.post(h.url + "/api/generate", timeout=60, json={
+            "model": "a", "prompt": long, "stream": False, "options": {"num_predict": 4}})
+        assert r.status_code == 200, r.text
+        entry = _ps(h)["a"]
+        assert entry["context_length"] == 512 and "grown for a prompt" in entry["reason"]
+        r = httpx.post(h.url + "/api/generate", timeout=60, json={
+            "model": "a", "prompt": long, "stream": False,
+            "options": {"num_predict": 4, "num_ctx": 128}})
+        assert r.status_code == 400 and "a sequence holds" in r.text

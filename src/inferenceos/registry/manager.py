@@ -144,11 +144,11 @@ class ModelManager:
     # -- requests ----------------------------------------------------------------------
 
     def request_for(
-        self, model: ResolvedModel, overrides: dict[str, Any] | None
+        self, model: ResolvedModel, overrides: dict[str, Any] | None, why: str = ""
     ) -> tuple[LoadRequest, str]:
         """The LoadRequest for `model` with a request's overrides (LoadRequest field
         names), and why its context is what it is."""
-        req, why = self.base, ""
+        asked, req, why = why, self.base, ""
         if req.n_ctx:
             why = f"--ctx {req.n_ctx}"
         elif self._hint is not None and (hint := self._hint(model)) is not None:
@@ -156,7 +156,7 @@ class ModelManager:
         if overrides:
             req = replace(req, **overrides)
             if "n_ctx" in overrides:
-                why = f"num_ctx {overrides['n_ctx']} asked by a request"
+                why = asked or f"num_ctx {overrides['n_ctx']} asked by a request"
         train = model.context_length or 0
         if req.n_ctx and train and req.n_ctx > train and not req.rope_scaling:
             req = replace(req, n_ctx=train)  # a client may not size beyond training
@@ -169,11 +169,12 @@ class ModelManager:
 
     def acquire(
         self, name: str, keep_alive: float | None = None,
-        overrides: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None, why: str = "",
     ) -> Lease:  # fmt: skip
-        """Lease the model `name`, loading or promoting it if needed (blocking)."""
+        """Lease the model `name`, loading or promoting it if needed (blocking); `why`
+        explains the overrides (what `ps` shows as the reason)."""
         model = self._resolve(name)
-        req, why = self.request_for(model, overrides)
+        req, why = self.request_for(model, overrides, why)
         hit = self._try_lease(model.name, req, keep_alive, overrides is not None)
         if hit:
             return hit

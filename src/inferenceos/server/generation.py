@@ -25,7 +25,7 @@ from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
-from inferenceos.registry.leases import EngineLike, LoadedModel
+from inferenceos.registry.leases import EngineLike, Lease, LoadedModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
 from inferenceos.server.request_telemetry import record_request
@@ -115,29 +115,71 @@ def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Ite
         t0 = time.perf_counter()
         load = dict(req.overrides or {})
         policy = load.pop("kv_policy", None)  # a per-request choice, not a load setting
-        with state.manager.acquire(req.model, req.keep_alive, load or None) as lease:
-            load_s = time.perf_counter() - t0 if lease.fresh else 0.0
+        lease = state.manager.acquire(req.model, req.keep_alive, load or None)
+        try:
             run_req, tool_format = _with_tools(lease.engine, req)
-            yield _Loaded(lease.loaded, load_s, tool_format)
             prompt = _prompt(lease.engine, run_req)
-            active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
-            state.track(active)
-            gen = (lease.engine.generate(prompt, run_req.sampling, cancel) if policy is None
-                   else lease.engine.generate(prompt, run_req.sampling, cancel,
-                                              kv_policy=policy))  # type: ignore[call-arg]
-            out: list[int] = []
-            try:
-                for ev in gen:
-                    if ev.token >= 0:
-                        out.append(ev.token)
-                    active.tokens = gen.metrics.prompt_tokens + len(out)
-                    yield ev
-            finally:
-                gen.close()
-                state.untrack(active)
-            ids = prompt if isinstance(prompt, list) else []
-            yield Done(gen.metrics, load_s, lease.loaded, ids, out)
+            fixed = "n_ctx" in load or bool(state.manager.base.n_ctx)  # num_ctx or --ctx
+            bigger = 0 if fixed else _context_to_grow(lease, prompt, run_req.sampling)
+            if bigger:  # the context follows the workload: a resize, not a refusal
+                lease.release()
+                lease = state.manager.acquire(
+                    req.model, req.keep_alive, {**load, "n_ctx": bigger},
+                    why=f"grown for a prompt that did not fit {lease.engine.n_ctx} tokens")
+                run_req, tool_format = _with_tools(lease.engine, req)
+                prompt = _prompt(lease.engine, run_req)
+            load_s = time.perf_counter() - t0 if lease.fresh else 0.0
+            yield _Loaded(lease.loaded, load_s, tool_format)
+            yield from _generate(state, lease, prompt, run_req, policy, cancel, load_s)
+        finally:
+            lease.release()
     return job
+
+
+def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req: GenRequest,
+              policy: str | None, cancel: threading.Event, load_s: float) -> Iterator[Any]:
+    """The token events of one generation on a leased engine, then its Done."""
+    active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
+    state.track(active)
+    gen = (lease.engine.generate(prompt, run_req.sampling, cancel) if policy is None
+           else lease.engine.generate(prompt, run_req.sampling, cancel,
+                                      kv_policy=policy))  # type: ignore[call-arg]
+    out: list[int] = []
+    try:
+        for ev in gen:
+            if ev.token >= 0:
+                out.append(ev.token)
+            active.tokens = gen.metrics.prompt_tokens + len(out)
+            yield ev
+    finally:
+        gen.close()
+        state.untrack(active)
+    ids = prompt if isinstance(prompt, list) else []
+    yield Done(gen.metrics, load_s, lease.loaded, ids, out)
+
+
+MAX_GROWTH_OUTPUT = 1024  # tokens of output a grown context leaves room for, at most
+
+
+def _context_to_grow(lease: Lease, prompt: str | list[int], sampling: SamplingParams) -> int:
+    """A larger context per sequence for a prompt that does not fit the loaded one (a
+    power of two with room for some output, within the training context), or 0: the
+    prompt fits, or the model cannot hold it anyway."""
+    n_ctx = lease.engine.n_ctx
+    if isinstance(prompt, str):
+        if len(prompt.encode()) + 8 < n_ctx:  # a token is at least one byte: it fits
+            return 0
+        n = len(lease.engine.tokenize(prompt))
+    else:
+        n = len(prompt)
+    if n < n_ctx:
+        return 0
+    train = lease.loaded.model.context_length or 0
+    want = 256
+    while want < n + min(sampling.max_tokens, MAX_GROWTH_OUTPUT):
+        want *= 2
+    want = min(want, train) if train else want
+    return want if want > n else 0
 
 
 class Run:
