@@ -37,7 +37,7 @@ from typing import Any
 from inferenceos.engine.scheduler import Request, Scheduler, Sequence
 from inferenceos.engine.session import GenerationMetrics
 
-__all__ = ["LiveState", "SeqState", "export_live", "import_live"]
+__all__ = ["LiveState", "SeqState", "export_live", "import_live", "live_need"]
 
 
 @dataclass
@@ -85,6 +85,15 @@ def _accepted(seq: Sequence) -> list[int]:
     if seq.pending is not None:
         out.append(seq.pending)
     return out
+
+
+def live_need(sched: Scheduler) -> int:
+    """Cells per sequence the live requests were promised: the largest prompt +
+    max_tokens among running and queued ones, at most a slot (0: none live). A
+    placement with a smaller context would end one of them early."""
+    reqs = [seq.req for seq in sched.running] + list(sched.queue)
+    need = max((len(r.prompt) + r.sampling.max_tokens for r in reqs), default=0)
+    return min(need, sched.n_ctx_slot)
 
 
 def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:

@@ -15,6 +15,7 @@ Parent → worker:
         model), or open a new context; ("resize", req_id, LoadSettings, n_slots): a new
         context of that size on the same weights, cached slots' KV states carried over.
         All three only when no request is in flight; any other request wakes the worker.
+    ("live_need", req_id): cells per sequence the live requests were promised
     ("export_live", req_id) · ("import_live", req_id, LiveState): live migration
         (engine.migrate): detach every running and queued request at this step
         boundary, or resume them here; their streams keep their request ids
@@ -264,7 +265,7 @@ def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
             return [(msg[1], "error", (type(exc).__name__, str(exc)))]
     if msg[0] == "shutdown":
         return None
-    if msg[0] in ("export_live", "import_live"):
+    if msg[0] in ("export_live", "import_live", "live_need"):
         return _migrate(msg, rt)
     try:
         sched = rt.awake()
@@ -275,9 +276,11 @@ def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
 
 def _migrate(msg: tuple[Any, ...], rt: _Runtime) -> list[Any]:
     """export_live / import_live (engine.migrate), between two scheduler steps."""
-    from inferenceos.engine.migrate import LiveState, export_live, import_live
+    from inferenceos.engine.migrate import LiveState, export_live, import_live, live_need
 
     try:
+        if msg[0] == "live_need":
+            return [(msg[1], "result", live_need(rt.sched) if rt.sched is not None else 0)]
         if msg[0] == "export_live":
             state = export_live(rt.sched) if rt.sched is not None else LiveState()
             return [(msg[1], "result", state)]

@@ -81,5 +81,7 @@ class MemoryBudget:
         return self.cap_machine(replace(m, devices=devices))
 
     def capacity(self, ours: Mapping[str, int]) -> dict[str, int]:
-        """Bytes per device our models may hold in all."""
-        return {d.name: d.memory_bytes for d in self.machine(ours).devices}
+        """Bytes per device our models may hold in all (a capped device that is not
+        part of this machine, an RPC worker's, is held to its cap)."""
+        cap = {d.name: d.memory_bytes for d in self.machine(ours).devices}
+        return {**{d: b for d, b in self.caps.items() if d not in cap}, **cap}

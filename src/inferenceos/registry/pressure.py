@@ -208,11 +208,11 @@ class PressureReactor:
         mgr = self.manager
         model = lm.model
         req, _ = mgr.request_for(model, None)
-        # the planner may shrink the context (unpinned); if it goes below what the live
-        # sequences need (twice the longest, as a power of two), the context is pinned
-        # there and the planner degrades the rest (KV type, ubatch, layers)
-        per_seq = lm.n_ctx
-        need = min(per_seq, _pow2(2 * _longest_live(lm)))
+        # the planner may shrink the context (unpinned), never below what the live
+        # requests were promised (prompt + max_tokens, asked from the engine); below
+        # that, the context is pinned and the planner degrades the rest (layers off the
+        # device, KV type, ubatch)
+        need = _live_need(lm)
         tries = [replace(req, n_ctx=0, need_tokens=0, rpc=())]
         if need:
             tries.append(replace(req, n_ctx=need, need_tokens=0, rpc=()))
@@ -223,6 +223,8 @@ class PressureReactor:
                 continue
             if plan.ctx.n_ctx // max(1, mgr.slots) < need:
                 continue
+            if plan.params() == lm.plan.params():
+                continue  # the same placement under another estimate: no help
             if plan.charge().get(dev, 0) < now_on_dev and plan.charge().get(dev, 0) <= max(
                     target, 0):  # fmt: skip
                 return plan
@@ -280,19 +282,13 @@ class PressureReactor:
         }  # fmt: skip
 
 
-def _longest_live(lm: LoadedModel) -> int:
-    """Tokens held by the longest sequence running on `lm` now (0 when unknown)."""
-    stats = getattr(lm.engine, "stats", None)
-    if stats is None:
-        return 0
+def _live_need(lm: LoadedModel) -> int:
+    """Context per sequence the requests live on `lm` were promised; an engine that
+    cannot say keeps its context (0 only when it says nothing is live)."""
+    ask = getattr(lm.engine, "live_need", None)
+    if ask is None:
+        return lm.n_ctx if lm.refs else 0
     try:
-        return max((s["cached_tokens"] for s in stats()["slots"] if s["busy"]), default=0)
-    except Exception:  # a busy or dead worker: the planner's own choice stands
-        return 0
-
-
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p if n else 0
+        return int(ask())
+    except Exception:  # a dead worker: keep the context, to be safe
+        return lm.n_ctx
