@@ -398,7 +398,7 @@ def test_cors_header_names_as_llama_server_sends_them(http: httpx.Client) -> Non
 
 
 def test_embedding_input_objects(bare: openai.OpenAI, http: httpx.Client) -> None:
-    """llama.cpp's text objects in embedding input; token arrays stay refused (400)."""
+    """llama.cpp's embedding input forms: text objects, token ids, ids mixed with text."""
     plain = bare.embeddings.create(model="x", input=["hello world"]).data[0].embedding
     r = http.post("/v1/embeddings", json={"input": [
         {"prompt_string": "hello world"},
@@ -406,8 +406,17 @@ def test_embedding_input_objects(bare: openai.OpenAI, http: httpx.Client) -> Non
     ]})
     assert r.status_code == 200
     assert all(d["embedding"] == pytest.approx(plain, abs=1e-5) for d in r.json()["data"])
-    for bad in ([1, 2, 3], [[1, 2]], {"content": "text"}, {"content": [{"type": "image_url"}]},
-                ["a", {"content": [{"type": "unknown"}]}]):
+    # token ids, and ids mixed with text, as llama.cpp reads them
+    ids = http.post("/tokenize", json={"content": "hello world", "add_special": True}).json()
+    for same in (ids["tokens"], [ids["tokens"]], [ids["tokens"][0], "hello world"]):
+        r = http.post("/v1/embeddings", json={"input": same})
+        assert r.status_code == 200, same
+        assert r.json()["data"][0]["embedding"] == pytest.approx(plain, abs=1e-5)
+    assert len(http.post("/v1/embeddings", json={"input": [[1, 260], "ab", [261]]}).json()[
+        "data"]) == 3
+    assert http.post("/v1/embeddings", json={"input": ""}).status_code == 200  # BOS alone
+    for bad in ([10**6], [[]], {"content": "text"}, {"content": [{"type": "image_url"}]},
+                ["a", {"content": [{"type": "unknown"}]}], []):
         assert http.post("/v1/embeddings", json={"input": bad}).status_code == 400, bad
     r = http.post("/embeddings", json={"input": "ab " * 400})
     assert r.status_code == 400 and "too large" in r.json()["error"]["message"]

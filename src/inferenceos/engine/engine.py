@@ -284,8 +284,8 @@ class Engine:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return list(self._call("tokenize", text, add_special))
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """Mean-pooled, L2-normalised embeddings, one per text, in order."""
+    def embed(self, texts: Sequence[str | list[int]]) -> list[list[float]]:
+        """Mean-pooled, L2-normalised embeddings, one per text (or token ids), in order."""
         return list(self._call("embed", list(texts)))
 
     def stats(self) -> dict[str, Any]:

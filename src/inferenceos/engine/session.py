@@ -11,7 +11,7 @@ import codecs
 import ctypes
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -421,15 +421,21 @@ class LoadedModel:
         """The mean-pooled, L2-normalised embedding of `text`."""
         return self.embed_many([text])[0]
 
-    def embed_many(self, texts: list[str]) -> list[list[float]]:
-        """Embeddings of `texts`, in order, several texts per llama_decode."""
+    def embed_many(self, texts: Sequence[str | list[int]]) -> list[list[float]]:
+        """Embeddings of `texts`, in order, several texts per llama_decode. An item may
+        be token ids (llama.cpp's API), checked against the vocabulary."""
         ctx = self._embedding_context()
         limit = int(self._ll.llama_n_ctx(ctx))
         token_lists = []
         for text in texts:
             if not text:
                 raise UsageError("cannot embed an empty text")
-            tokens = self.tokenize(text)
+            if isinstance(text, list):
+                bad = next((t for t in text if not 0 <= t < self.n_vocab), None)
+                if bad is not None:
+                    raise UsageError(f"token id {bad} is outside the vocabulary "
+                                     f"(0..{self.n_vocab - 1})")
+            tokens = list(text) if isinstance(text, list) else self.tokenize(text)
             if len(tokens) > limit:
                 raise UsageError(
                     f"a text has {len(tokens)} tokens; embeddings take at most {limit}"

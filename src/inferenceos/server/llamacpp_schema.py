@@ -26,6 +26,7 @@ from inferenceos.server.errors import APIError
 from inferenceos.server.json_grammar import grammar_for_schema
 from inferenceos.server.llamacpp_shapes import RANDOM_SEED
 from inferenceos.server.llamacpp_vocab import Vocab
+from inferenceos.server.openai_schema import EmbeddingText
 from inferenceos.server.options import UNLIMITED, sampling_from, stops
 
 MAX_PROMPTS = 16
@@ -258,3 +259,26 @@ def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int 
         n_cmpl=n_cmpl, timings_per_token=_flag(body, "timings_per_token"),
         eog_bias=vocab.eog if ignore_eos else (),
     )
+
+
+def embedding_input(item: Any, vocab: Vocab) -> str | list[int]:
+    """One embedding input, as llama-server reads it: text; `{"prompt_string": text}`
+    or `{"content": [text parts]}`; token ids, or ids and text mixed (→ ids). An empty
+    text is the model's special tokens alone (a BOS), as llama.cpp embeds it."""
+    if isinstance(item, EmbeddingText):
+        if item.prompt_string is not None:
+            item = item.prompt_string
+        elif item.content and all(p.type == "text" for p in item.content):
+            item = "".join(p.text or "" for p in item.content)
+        else:
+            raise APIError(400, "an input object needs prompt_string or text content parts "
+                           "(this model takes no images, audio or video)", "invalid_input")
+    if isinstance(item, str):
+        return item if item else vocab.tokenize("", add_special=True) or _empty()
+    if isinstance(item, list) and item and all(_is_ids(x) or isinstance(x, str) for x in item):
+        return _one_prompt(item, vocab)
+    raise _bad("each embedding input must be text, token ids, or both mixed")
+
+
+def _empty() -> list[int]:
+    raise _bad("an empty text has no tokens to embed with this model")

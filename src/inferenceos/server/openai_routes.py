@@ -33,7 +33,9 @@ from inferenceos.server.generation import (
     until_disconnect,
 )
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.llamacpp_schema import embedding_input
 from inferenceos.server.llamacpp_shapes import timings
+from inferenceos.server.llamacpp_vocab import vocab_for
 from inferenceos.server.logprobs import LegacyLogprobs, chat_top_n, entries
 from inferenceos.server.openai_schema import (
     ChatCompletion,
@@ -43,7 +45,6 @@ from inferenceos.server.openai_schema import (
     CompletionRequest,
     EmbeddingList,
     EmbeddingRequest,
-    EmbeddingText,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -433,20 +434,23 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     """Mean-pooled, L2-normalised embeddings; `encoding_format` float or base64."""
     state = _state(request)
-    items = body.input if isinstance(body.input, list) else [body.input]
-    texts = [_embedding_text(t) for t in items]
-    if not texts:
-        raise APIError(400, "input must be a non-empty string or list of strings",
+    raw = body.input
+    # a flat list of ids (and texts) is one input, as llama.cpp reads it
+    items = ([raw] if not isinstance(raw, list) or any(isinstance(x, int) for x in raw)
+             else raw)
+    if not items or len(items) > 256:
+        raise APIError(400, "input must be a string or a list of 1 to 256 inputs",
                        "invalid_input")
-    if len(texts) > 256:
-        raise APIError(400, "at most 256 inputs per request", "too_many_inputs")
     name = state.model_name(body.model)
+    model = await call_in_thread(lambda: state.catalog.resolve(name))
+    vocab = await call_in_thread(lambda: vocab_for(model.path))
+    inputs = [embedding_input(t, vocab) for t in items]
 
     def work() -> tuple[list[list[float]], int]:
         with state.manager.acquire(name) as lease:
-            strs = [str(t) for t in texts]
-            vectors = lease.engine.embed(strs)
-            count = sum(len(lease.engine.tokenize(t)) for t in strs)
+            vectors = lease.engine.embed(inputs)  # type: ignore[arg-type]
+            count = sum(len(t) if isinstance(t, list) else len(lease.engine.tokenize(t))
+                        for t in inputs)
             return vectors, count
 
     try:
@@ -464,23 +468,6 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
             for i, v in enumerate(vectors)]
     return {"object": "list", "data": data, "model": name,
             "usage": {"prompt_tokens": count, "total_tokens": count}}
-
-
-def _embedding_text(item: Any) -> str:
-    """One embedding input as text: a string, or (llama.cpp) `{"prompt_string"}` or
-    `{"content": [text parts]}`. Token arrays are refused: the engine embeds texts, and
-    turning ids back into text would not always give the same tokens."""
-    if isinstance(item, str):
-        return item
-    if isinstance(item, EmbeddingText):
-        if item.prompt_string is not None:
-            return item.prompt_string
-        if item.content and all(p.type == "text" for p in item.content):
-            return "".join(p.text or "" for p in item.content)
-        raise APIError(400, "an input object needs prompt_string or text content parts "
-                       "(this model takes no images, audio or video)", "invalid_input")
-    raise APIError(400, "token arrays are not supported as embedding input; send text",
-                   "invalid_input")
 
 
 def _b64(vector: list[float]) -> str:

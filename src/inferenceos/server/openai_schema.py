@@ -124,8 +124,8 @@ class EmbeddingText(BaseModel):
 
 class EmbeddingRequest(BaseModel):
     model: str = Field("", max_length=200)
-    input: (str | EmbeddingText | list[int] | list[list[int]]
-            | list[str | EmbeddingText | list[int]])
+    # text, token ids, or (llama.cpp) ids and text mixed, text objects; or a list of those
+    input: str | EmbeddingText | list[int | str | EmbeddingText | list[int | str]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
