@@ -70,8 +70,6 @@ def shortfall(
     for dev, b in need.items():
         if b <= 0 or is_remote(dev):
             continue
-        if dev not in capacity and dev.startswith("RPC["):
-            continue  # a worker's memory is its own (the planner asked it); uncapped here
         missing = used.get(dev, 0) + b - capacity.get(dev, 0)
         if missing > 0:
             short[dev] = missing
