@@ -1,11 +1,12 @@
 """`inferenceos monitor`: a live terminal view of a running server (htop-like).
 
 Reads the same routes any client can: /api/budget (devices: memory, caps, pressure),
-/api/ps (loaded models, tiers), /metrics (requests running / waiting, KV usage, tokens
-generated → throughput) and /api/events?since= (migrations, evictions, loads, budget
-changes as they happen). Redraws every `--interval` seconds with Rich Live on the
-terminal's alternate screen; `q` (or Ctrl-C) quits. Plain text over a TTY: it works
-over SSH. `--once` prints one frame and exits (scripts, and terminals without a TTY).
+/health (RPC workers: up, in use, lost), /api/ps (loaded models, tiers), /metrics
+(requests running / waiting, KV usage, tokens generated → throughput) and
+/api/events?since= (migrations, evictions, loads, budget changes as they happen).
+Redraws every `--interval` seconds with Rich Live on the terminal's alternate screen;
+`q` (or Ctrl-C) quits. Plain text over a TTY: it works over SSH. `--once` prints one
+frame and exits (scripts, and terminals without a TTY).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class Snapshot:
     at: float
     tps: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
+    workers: dict[str, str] = field(default_factory=dict)  # RPC workers (serve --rpc)
 
 
 class Monitor:
@@ -120,6 +122,7 @@ class Monitor:
         g = lambda p: fetch(self.url, p, self.key)  # noqa: E731
         snap = Snapshot(g("/api/budget"), g("/api/ps"), parse_metrics(g("/metrics")),
                         time.monotonic())  # fmt: skip
+        snap.workers = dict(g("/health").get("workers") or {})
         new = g(f"/api/events?since={self.last_id}")
         self.last_id = new.get("last_id", self.last_id)
         self.events = (self.events + new.get("events", []))[-MAX_EVENTS:]
@@ -180,7 +183,11 @@ def render(snap: Snapshot, url: str) -> Group:
         evs.add_row(time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0))),
                     Text(e.get("kind", ""), style=style), safe_text(e.get("model", "")),
                     safe_text(_detail(e)))  # fmt: skip
-    return Group(head, Text(""), dev, Text(""), models, Text(""), evs)
+    parts: list[Any] = [head, Text(""), dev]
+    if snap.workers:
+        parts.append(Text("workers: " + ", ".join(
+            f"{safe_text(a)} {safe_text(s)}" for a, s in snap.workers.items())))  # fmt: skip
+    return Group(*parts, Text(""), models, Text(""), evs)
 
 
 def _detail(e: dict[str, Any]) -> str:
