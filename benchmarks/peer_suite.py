@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -196,14 +197,36 @@ def run_file(python: Path, tests: Path, name: str, port: int, budget: float,
     env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": str(port),
            "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("VIRTUAL_ENV", None)
-    cmd = [str(python), "-m", "pytest", f"unit/{name}", "-q", "-m", "not slow",
+    cmd = [str(python), "-m", "pytest", f"unit/{name}", "-v", "-m", "not slow",
            "-p", "no:cacheprovider", f"--timeout={test_timeout}",
            f"--junitxml={report}", "-o", "junit_family=xunit1"]
-    try:
-        subprocess.run(cmd, cwd=tests, env=env, timeout=budget, capture_output=True)
-    except subprocess.TimeoutExpired:
-        return FileResult(note=f"stopped after its {budget:.0f} s budget")
+    out = workdir / f"{label}-{name}.out"
+    with out.open("w") as sink:
+        try:
+            subprocess.run(cmd, cwd=tests, env=env, timeout=budget, stdout=sink,
+                           stderr=subprocess.STDOUT)
+        except subprocess.TimeoutExpired:
+            # the XML report is written at the end: count what -v printed so far
+            res = parse_verbose(out.read_text(errors="replace"))
+            res.note = f"stopped after its {budget:.0f} s budget"
+            return res
     return parse_report(report)
+
+
+_VERBOSE = re.compile(r"^unit/[^:]+::(.+?) (PASSED|FAILED|ERROR|SKIPPED)\b", re.M)
+
+
+def parse_verbose(text: str) -> FileResult:
+    """Results from pytest -v lines (`unit/f.py::test PASSED [ 5%]`)."""
+    res = FileResult()
+    for test, outcome in _VERBOSE.findall(text):
+        if outcome == "PASSED":
+            res.passed.append(test)
+        elif outcome == "SKIPPED":
+            res.skipped.append(test)
+        else:
+            res.failed[test] = outcome.lower() + " (details lost with the budget)"
+    return res
 
 
 def parse_report(path: Path) -> FileResult:
