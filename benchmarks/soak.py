@@ -373,7 +373,7 @@ def main() -> int:
                   f"p50 {p50:7.0f} ms")
         for e in tally.errors:
             print("  error:", e)
-        moves = Counter()
+        moves: Counter[str] = Counter()
         for a, b in zip(load.switches, load.switches[1:], strict=False):
             for name in {*a, *b}:
                 if a.get(name) != b.get(name):
