@@ -36,6 +36,13 @@ def tiny_llama(tiny_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_wide(tiny_dir: Path) -> Path:
+    """A 6-layer llama (~25 MB, trained on 4096 tokens), slow enough that a stream
+    outlives a worker load (live migration tests)."""
+    return write_tiny_model(tiny_dir / "tiny-wide.gguf", "wide")
+
+
+@pytest.fixture(scope="session")
 def tiny_moe(tiny_dir: Path) -> Path:
     """A 2-layer llama with 4 routed experts per layer, 2 used per token."""
     return write_tiny_model(tiny_dir / "tiny-moe.gguf", "moe")

@@ -11,7 +11,7 @@ from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import LoadSettings
 
-LONG = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
+LONG = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 SETTINGS = LoadSettings(n_ctx=4096, n_batch=64, n_ubatch=64, n_threads=1)
 
 
@@ -22,9 +22,9 @@ def _undisturbed(path: Path, prompt: str) -> tuple[list[int], str]:
     return [e.token for e in events], "".join(e.text for e in events)
 
 
-def test_a_stream_migrates_down_and_back_up_token_identically(tiny_llama: Path) -> None:
-    want_tokens, want_text = _undisturbed(tiny_llama, "ab cab")
-    with Engine(tiny_llama, SETTINGS, n_parallel=2) as engine:
+def test_a_stream_migrates_down_and_back_up_token_identically(tiny_wide: Path) -> None:
+    want_tokens, want_text = _undisturbed(tiny_wide, "ab cab")
+    with Engine(tiny_wide, SETTINGS, n_parallel=2) as engine:
         gen = engine.generate("ab cab", LONG)
         it = iter(gen)
         events = [next(it) for _ in range(5)]
@@ -40,15 +40,15 @@ def test_a_stream_migrates_down_and_back_up_token_identically(tiny_llama: Path) 
     assert engine.n_ctx == 4096
 
 
-def test_another_kv_type_reprefills_and_continues(tiny_llama: Path) -> None:
+def test_another_kv_type_reprefills_and_continues(tiny_wide: Path) -> None:
     """Another KV type refuses the state bytes: the sequence re-prefills its tokens and
     goes on without an error or a lost / repeated token (same count, same text length)."""
-    want_tokens, _ = _undisturbed(tiny_llama, "hello")
+    want_tokens, _ = _undisturbed(tiny_wide, "hello")
     # the tiny model's heads (16 values) are too small for q8_0 blocks: f32 is another
     # KV type all the same, whose state bytes llama.cpp refuses for an f16 cache
     q8 = LoadSettings(n_ctx=4096, n_batch=64, n_ubatch=64, n_threads=1, type_k="f32",
                       type_v="f32")
-    with Engine(tiny_llama, SETTINGS, n_parallel=2) as engine:
+    with Engine(tiny_wide, SETTINGS, n_parallel=2) as engine:
         gen = engine.generate("hello", LONG)
         it = iter(gen)
         events = [next(it) for _ in range(8)]
@@ -61,8 +61,10 @@ def test_another_kv_type_reprefills_and_continues(tiny_llama: Path) -> None:
 
 
 def test_parallel_and_queued_streams_all_survive(tiny_llama: Path) -> None:
+    """Every stream finishes whole (no error, none lost, the right count). Their tokens
+    are not compared with lone runs: batched rows may break near-ties differently
+    (docs/engine.md), and a move can change a sequence's row and cells."""
     prompts = ["ab", "cab", "abc abc"]  # three streams on two slots: one waits
-    want = {p: _undisturbed(tiny_llama, p)[0] for p in prompts}
     got: dict[str, list[int]] = {}
     with Engine(tiny_llama, SETTINGS, n_parallel=2) as engine:
         gens = {p: engine.generate(p, LONG) for p in prompts}
@@ -84,4 +86,4 @@ def test_parallel_and_queued_streams_all_survive(tiny_llama: Path) -> None:
         for t in threads:
             t.join(60)
     assert info["moved"] == 3 and info["restored"] == 2, info
-    assert got == want
+    assert {p: len(t) for p, t in got.items()} == dict.fromkeys(prompts, LONG.max_tokens)

@@ -441,6 +441,8 @@ class Engine:
         total.validate()
         cfg = replace(self._cfg, settings=total, n_slots=n_par)
         new = _Worker(cfg, self._start_timeout) if make_before_break else None
+        if new is not None:
+            self._warm(new)  # its first decode (thread pool, page-ins) off the stream
         with self._route:
             old = self._live_worker()
             t_pause = time.perf_counter()
@@ -466,6 +468,24 @@ class Engine:
         return {**result, "pause_s": pause, "seconds": time.perf_counter() - t0,
                 "load_s": float(new.info["load_s"]), "moved": len(state.ids),
                 "kv_bytes": state.kv_bytes}  # fmt: skip
+
+    def _warm(self, worker: _Worker) -> None:
+        """One short greedy generation on a new worker before it takes over: a fresh
+        process's first decode is several times slower than the next ones (measured
+        in benchmarks/migration.py), and that cost must not land in the paused stream."""
+        req_id = next(self._ids)
+        q = worker.send(("generate", req_id, "Hello", SamplingParams(temperature=0, max_tokens=2),
+                         None, "none"), req_id)  # fmt: skip
+        assert q is not None
+        try:
+            while True:
+                kind, _ = q.get(timeout=self._start_timeout)
+                if kind in ("done", "error"):
+                    return
+        except queue.Empty:
+            return
+        finally:
+            worker.done(req_id)
 
     def _restart(self, cfg: WorkerConfig, moved: dict[int, Any]) -> tuple[_Worker, WorkerConfig]:
         """Break before make: a worker on `cfg`, else on the old settings again; if both
