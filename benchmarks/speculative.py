@@ -146,13 +146,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-server", action="store_true", help="ours only")
+    ap.add_argument("--ours", nargs="+", default=list(OURS), choices=OURS)
+    ap.add_argument("--servers", nargs="+", default=list(SERVER), choices=list(SERVER))
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     args = ap.parse_args()
+    if "none" not in args.ours:
+        ap.error("--ours must include none (the baseline)")
     model = args.model or ensure_default_model()
     self_file = self_draft_path(model)
     servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     if not args.no_server:
         binary = llama_tool("llama-server")
         for name, extra in SERVER.items():
+            if name not in args.servers:
+                continue
             extra = [x.replace("{self}", str(self_file)) for x in extra]
             try:
                 servers[name] = start_server(binary, model, args.threads, extra)
@@ -164,12 +171,12 @@ def main() -> None:
         with LoadedModel(model, settings) as lm:
             bytes_per_pass = load_spec(model).tensor_bytes  # weights read per step
             prompts = {task: lm.tokenize(text) for task, text in TASKS.items()}
-            for task in TASKS:  # warm-up: page cache, self-draft build, first decodes
+            for task in args.tasks:  # warm-up: page cache, self-draft build, first decodes
                 ours_once(lm, prompts[task], 8, "ngram")
-            configs = [("ours", d) for d in OURS] + [("server", s) for s in servers]
+            configs = [("ours", d) for d in args.ours] + [("server", s) for s in servers]
             for r in range(args.rounds):
                 order = configs[r % len(configs):] + configs[: r % len(configs)]
-                for task in TASKS:
+                for task in args.tasks:
                     for side, name in order:
                         res = (ours_once(lm, prompts[task], args.tokens, name) if side == "ours"
                                else server_once(servers[name][1], TASKS[task], args.tokens))
@@ -196,9 +203,9 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
         share = f"{gbps / bw:6.0%}" if bw else "     -"
         print(f"{task:<11} {name:<20} {tps:7.1f} {med([r['acc'] for r in rs]):7.2f} "
               f"{per_step:8.2f} {gbps:6.1f} {share}")  # fmt: skip
-    for task in TASKS:
+    for task in args.tasks:
         plain = [r["tps"] for r in results[(task, "ours:none")]]
-        for d in ("ngram", "self"):
+        for d in [x for x in args.ours if x != "none"]:
             xs = [r["tps"] for r in results[(task, f"ours:{d}")]]
             ratio = med([x / p for x, p in zip(xs, plain, strict=True)])
             same = all(r["text"] == p["text"] for r, p in
@@ -210,6 +217,8 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
         if spec:
             best = max(spec, key=lambda k: med([r["tps"] for r in results[(task, k)]]))
             theirs = [r["tps"] for r in results[(task, best)]]
+            if (task, "ours:ngram") not in results:
+                continue
             ours = [r["tps"] for r in results[(task, "ours:ngram")]]
             ratio = med([x / y for x, y in zip(ours, theirs, strict=True)])
             print(f"{task}: ours ngram / llama-server best ({best}) {ratio:.3f} (paired median)")
