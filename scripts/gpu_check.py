@@ -19,7 +19,7 @@ Steps (docs/gpu.md says how long each should take on the H200 machine):
   partial    `run --gpu-memory SIZE -v`: a partial offload (llama.cpp's "offloaded N/M")
   serve      `serve`, a request, `/api/ps` size_vram > 0
   memory     the planner's memory per device against llama.cpp's reported buffers
-  migrate    a migration under VRAM pressure, once registry/migrate* exists
+  migrate    a live migration under VRAM pressure (a lowered cap), and back up
 
     python scripts/gpu_check.py --out DIR [--dry-run] [--budget-s 420] [--bench BIN]
 """
@@ -27,6 +27,7 @@ Steps (docs/gpu.md says how long each should take on the H200 machine):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -36,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,8 +134,7 @@ def write_model(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
 
     n_vocab = len(_vocab()[0])
     w = GGUFWriter(str(path), "llama")
-    _add_metadata(w, shape, n_vocab, None)
-    w.add_uint32("general.file_type", 1)  # MOSTLY_F16
+    _add_metadata(w, shape, n_vocab, None)  # its general.file_type says F32: display only
     w.add_tensor("token_embd.weight", mat(n_vocab, n_embd).astype(np.float32))
     hd = n_embd // n_head
     for i in range(n_layer):
@@ -287,17 +287,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def step_serve(ctx: Ctx, step: Step) -> None:
+@contextlib.contextmanager
+def serving(ctx: Ctx, log_name: str, extra_env: dict[str, str] | None = None
+            ) -> Iterator[str]:
+    """`inferenceos serve MODEL` on a free loopback port; yields its base URL."""
     import httpx
 
     port = _free_port()
-    log = (ctx.out / "logs" / "serve.txt")
+    log = ctx.out / "logs" / f"{log_name}.txt"
     log.parent.mkdir(exist_ok=True)
     with log.open("w") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "inferenceos", "serve", str(ctx.model), "--port", str(port),
              "--ctx", "4096", "--parallel", "2"],
-            env=ctx.env, stdout=f, stderr=f, start_new_session=True)  # fmt: skip
+            env={**ctx.env, **(extra_env or {})}, stdout=f, stderr=f,
+            start_new_session=True)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + min(90.0, ctx.left())
@@ -308,8 +312,29 @@ def step_serve(ctx: Ctx, step: Step) -> None:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("serve did not start (logs/serve.txt)")
+                raise RuntimeError(f"serve did not start (logs/{log_name}.txt)")
             time.sleep(0.3)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _vram(base: str, key: str = "size_vram") -> int:
+    """What the loaded models hold on GPUs (`size` on a dry run: all of it)."""
+    import httpx
+
+    ps = httpx.get(base + "/api/ps", timeout=10).json()["models"]
+    return sum(int(m.get(key) or 0) for m in ps)
+
+
+def step_serve(ctx: Ctx, step: Step) -> None:
+    import httpx
+
+    with serving(ctx, "serve") as base:
         r = httpx.post(base + "/api/generate", timeout=120, json={
             "model": ctx.model.stem, "prompt": "hello", "stream": False,
             "options": {"num_predict": 32, "temperature": 0}})  # fmt: skip
@@ -324,12 +349,79 @@ def step_serve(ctx: Ctx, step: Step) -> None:
         vram = sum(int(m.get("size_vram") or 0) for m in ps)
         check(step, ctx, len(ps) == 1, "one model loaded", needs_gpu=False)
         check(step, ctx, vram > 0, f"/api/ps size_vram {vram / GiB:.2f} GiB > 0")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def step_migrate(ctx: Ctx, step: Step) -> None:
+    """Live migration under VRAM pressure (docs/migration.md): while a stream runs, the
+    GPU's cap is lowered to half of what the model holds there (`POST /api/budget`):
+    the model must move to a smaller placement with the stream going on, then back up
+    once the cap is lifted."""
+    import threading
+
+    import httpx
+
+    env = {"INFERENCEOS_PRESSURE_DWELL_S": "1"}
+    with serving(ctx, "migrate", env) as base:
+        name = ctx.model.stem
+        httpx.post(base + "/api/generate", timeout=120, json={
+            "model": name, "prompt": "hi", "stream": False,
+            "options": {"num_predict": 1}}).raise_for_status()  # fmt: skip
+        # a dry run walks the same path on the CPU (its cap, its memory, short waits)
+        key, wait_s, n_predict = ("size", 8.0, 300) if ctx.dry else ("size_vram", 60.0, 3000)
+        v0 = _vram(base, key)
+        devices = [d["name"] for d in httpx.get(base + "/api/budget", timeout=10).json()
+                   ["devices"] if d["name"] != "CPU" or ctx.dry]  # fmt: skip
+        step.figures = {"vram_before": v0, "devices": devices}
+        if not devices or v0 == 0:
+            check(step, ctx, False, "a GPU holds the model (nothing to migrate)")
+            return
+        dev = devices[0]
+        lines: list[dict[str, Any]] = []
+
+        def stream() -> None:  # llama-server's dialect: it has ignore_eos
+            with httpx.stream("POST", base + "/completion", timeout=300, json={
+                    "prompt": "count", "n_predict": n_predict, "temperature": 0,
+                    "ignore_eos": True, "stream": True}) as r:
+                lines.extend(json.loads(ln[6:]) for ln in r.iter_lines()
+                             if ln.startswith("data: {"))  # fmt: skip
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        httpx.post(base + "/api/budget", timeout=10,
+                   json={"device": dev, "bytes": v0 // 2}).raise_for_status()
+        down = None
+        while time.monotonic() - t0 < min(wait_s, ctx.left() - 20):
+            if _vram(base, key) < v0:
+                down = time.monotonic() - t0
+                break
+            time.sleep(0.5)
+        v1 = _vram(base, key)
+        httpx.post(base + "/api/budget", timeout=10,
+                   json={"device": dev, "bytes": None}).raise_for_status()
+        t1, up = time.monotonic(), None
+        while time.monotonic() - t1 < min(wait_s, ctx.left() - 10):
+            if _vram(base, key) >= v0 * 0.9:
+                up = time.monotonic() - t1
+                break
+            time.sleep(0.5)
+        t.join(max(1.0, min(120.0, ctx.left() - 5)))
+        events = httpx.get(base + "/api/events", timeout=10).json()
+        migrations = [e for e in (events.get("events", events) if isinstance(events, dict)
+                                  else events) if "migrat" in json.dumps(e)]  # fmt: skip
+        step.figures.update({"device": dev, "cap": v0 // 2, "vram_after_cap": v1,
+                             "down_s": down, "up_s": up, "vram_after_lift": _vram(base, key),
+                             "stream_tokens": len(lines), "migration_events": len(migrations),
+                             "stream_done": bool(lines and lines[-1].get("stop")),
+                             "stream_error": lines[-1].get("error") if lines else None})
+        check(step, ctx, down is not None and v1 <= v0 // 2 + (64 << 20),
+              f"moved down under the cap: {v0 / GiB:.2f} -> {v1 / GiB:.2f} GiB on {dev}")
+        check(step, ctx, bool(lines) and lines[-1].get("stop") is True
+              and not lines[-1].get("error"), "the stream went on to its end",
+              needs_gpu=False)
+        check(step, ctx, len(lines) >= n_predict, f"{len(lines)} of {n_predict} tokens streamed")
+        check(step, ctx, up is not None, "moved back up once the cap was lifted")
 
 
 def step_memory(ctx: Ctx, step: Step) -> None:
@@ -367,22 +459,13 @@ print(json.dumps({{"predicted": plan.charge(), "buffers": buffers,
           f"predicted GPU bytes / CUDA buffers = {ratio or 0:.3f} (0.9..1.25)")
 
 
-def step_migrate(ctx: Ctx, step: Step) -> None:
-    import importlib.util
-
-    if not list((ROOT / "src" / "inferenceos" / "registry").glob("migrate*")) or \
-            importlib.util.find_spec("inferenceos.registry.migrate") is None:
-        step.status, step.note = "skip", "registry/migrate* does not exist yet"
-        return
-    step.status, step.note = "skip", "registry/migrate* exists: add its VRAM-pressure check here"
-
-
 STEPS: list[tuple[str, Callable[[Ctx, Step], None], float]] = [
     # name, function, the most seconds it may take (the script's time boxes)
     ("model", step_model, 60), ("hardware", step_hardware, 60), ("doctor", step_doctor, 60),
     ("simulate", step_simulate, 45), ("placement", step_placement, 45),
     ("run", step_run, 120), ("bench", step_bench, 120), ("partial", step_partial, 120),
-    ("serve", step_serve, 120), ("memory", step_memory, 120), ("migrate", step_migrate, 10),
+    ("serve", step_serve, 120), ("memory", step_memory, 120),
+    ("migrate", step_migrate, 180),
 ]
 
 
