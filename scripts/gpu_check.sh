@@ -75,7 +75,7 @@ if ! "$PY" -c "import sys, llama_cpp; sys.exit(not llama_cpp.llama_supports_gpu_
     export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA_ALL_QUANTS=off -DGGML_RPC=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF"
     box=$(( $(left) < 330 ? $(left) : 330 ))
     t=$(date +%s)
-    timeout "$box" "$PY" -m pip wheel --no-build-isolation --no-deps --no-index \
+    timeout "$box" "$PY" -m pip wheel -v --no-build-isolation --no-deps --no-index \
         --config-settings=build-dir="$BUILD/cmake" -w "$BUILD/wheel" "$src" \
         > "$OUT/build.log" 2>&1
     rc=$?

@@ -31,7 +31,7 @@ pins=()
 for name in fastapi starlette pydantic pydantic-core annotated-types typing-inspection \
             annotated-doc uvicorn platformdirs diskcache gguf typer click rich shellingham \
             markdown-it-py mdurl anyio sniffio h11 typing-extensions scikit-build-core \
-            pathspec packaging; do
+            pathspec packaging opentelemetry-api; do
     v=$("$PY" -m pip show "$name" 2>/dev/null | awk '/^Version:/{print $2}' || true)
     if [ -n "$v" ]; then pins+=("$name==$v"); else pins+=("$name"); fi
 done
