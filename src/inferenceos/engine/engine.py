@@ -471,8 +471,9 @@ class Engine:
 
     def _warm(self, worker: _Worker) -> None:
         """One short greedy generation on a new worker before it takes over: a fresh
-        process's first decode is several times slower than the next ones (measured
-        in benchmarks/migration.py), and that cost must not land in the paused stream."""
+        process's first decode is slower than the next ones (thread pool start, pages
+        of the weights; on Gemma here 1.2 s against 0.4-0.5 s), and that cost should
+        not land in the moved streams."""
         req_id = next(self._ids)
         q = worker.send(("generate", req_id, "Hello", SamplingParams(temperature=0, max_tokens=2),
                          None, "none"), req_id)  # fmt: skip
