@@ -201,8 +201,9 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
         per_step = med([r["per_step"] for r in rs]) or 1.0
         gbps = tps / per_step * bytes_per_pass / 1e9  # weight passes per second × bytes
         share = f"{gbps / bw:6.0%}" if bw else "     -"
-        print(f"{task:<11} {name:<20} {tps:7.1f} {med([r['acc'] for r in rs]):7.2f} "
-              f"{per_step:8.2f} {gbps:6.1f} {share}")  # fmt: skip
+        known = name.startswith("ours:") or name == "server:plain"  # server: no step count
+        cells = f"{per_step:8.2f} {gbps:6.1f} {share}" if known else f"{'-':>8} {'-':>6} {'-':>6}"
+        print(f"{task:<11} {name:<20} {tps:7.1f} {med([r['acc'] for r in rs]):7.2f} {cells}")
     for task in args.tasks:
         plain = [r["tps"] for r in results[(task, "ours:none")]]
         for d in [x for x in args.ours if x != "none"]:

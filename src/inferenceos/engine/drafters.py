@@ -65,8 +65,10 @@ class NgramDrafter:
     name = "ngram"
     footprint_bytes = 0
     # a lookup costs nothing, and a copied passage is accepted whole: draft long runs (as
-    # llama.cpp's ngram-simple, 48); a failed run costs only its verification rows
-    k_max = 32
+    # llama.cpp's ngram-simple, 48) and start at 8 (fewer steps, each a full weight read);
+    # a failed run costs only its verification rows, and the length then falls at once
+    k_max = 48
+    k_start = 8
 
     def __init__(self, setup: DraftSetup | None = None, n_max: int = 4, n_min: int = 2) -> None:
         self.n_max, self.n_min = n_max, n_min

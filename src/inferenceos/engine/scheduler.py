@@ -93,7 +93,8 @@ class Sequence:
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
                                 model.piece, model.is_eog)  # fmt: skip
-        self.spec = (DraftState(drafter, k_max=getattr(drafter, "k_max", 12))
+        self.spec = (DraftState(drafter, k=getattr(drafter, "k_start", 4),
+                                k_max=getattr(drafter, "k_max", 12))
                      if drafter is not None else None)  # fmt: skip
         self.draft: tuple[int, ...] = ()  # proposed for this step
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None

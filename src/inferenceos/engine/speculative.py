@@ -59,7 +59,8 @@ class Drafter(Protocol):
 
     name: str
     footprint_bytes: int
-    # optional: `k_max` (int), the longest draft worth verifying at once
+    # optional: `k_max` (int), the longest draft worth verifying at once, and `k_start`
+    # (int), the first draft length of a sequence
 
     def propose(self, asks: Sequence[DraftAsk]) -> list[list[int]]: ...
 
