@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ollama
@@ -151,9 +152,10 @@ def test_stop_unloads_through_the_server(server: Harness) -> None:
 def test_python_api_pull(hub_env: dict[str, str]) -> None:
     import inferenceos
 
-    seen: list[str] = []
+    seen: list[Any] = []
     e = inferenceos.pull(f"hf.co/{REPO}:Q4_K_M", progress=seen.append)
-    assert e.name == "hf.co/theorg/tiny-gguf:Q4_K_M" and seen[-1] == "success"
+    assert e.name == "hf.co/theorg/tiny-gguf:Q4_K_M" and seen[-1].status == "success"
+    assert any(ev.total and ev.completed == ev.total for ev in seen)  # byte progress too
     assert [m.name for m in inferenceos.list()] == [e.name]
 
 
