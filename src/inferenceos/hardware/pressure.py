@@ -60,13 +60,19 @@ def ram_source() -> dict[str, DeviceMemory]:
     return {"CPU": DeviceMemory(max(0, mem.usable_bytes), max(0, total))}
 
 
+_NO_NVML: list[bool] = []  # set once NVML proved absent: not looked for every second
+
+
 def nvml_source() -> dict[str, DeviceMemory]:
     """NVIDIA GPUs through NVML as CUDA0, CUDA1... ({} without pynvml or a driver)."""
+    if _NO_NVML:
+        return {}
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:
+        _NO_NVML.append(True)
         return {}
     try:
         out = {}
