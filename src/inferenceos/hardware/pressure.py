@@ -69,10 +69,12 @@ def nvml_source() -> dict[str, DeviceMemory]:
         return {}
     try:
         import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
+    except ImportError:
         _NO_NVML.append(True)
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver now (it may come back): nothing this sample
         return {}
     try:
         out = {}
