@@ -101,6 +101,9 @@ class PressureReactor:
         now = self.clock() if now is None else now
         sample = self.sensor.sample()
         models = [m for m in self.manager.loaded() if m.tier == HOT]
+        loaded = {m.model.name for m in self.manager.loaded()}
+        for name in [n for n in self.degraded if n not in loaded]:
+            del self.degraded[name]  # unloaded since: a new load gets its own plan
         ours = used_by(models)
         sig = self.signals(sample, ours)
         self.last = sig
