@@ -134,12 +134,19 @@ def test_the_dashboard_shows_the_server_and_chats(letters: Path, tmp_path: Path,
         assert colours > 20 and spread > 0.02, (colours, spread)
 
 
-def test_the_dashboard_follows_the_api_rules(letters: Path, tmp_path: Path) -> None:
+def test_the_dashboard_follows_the_api_rules(letters: Path, tmp_path: Path,
+                                             browsers: list[Browser]) -> None:
+    """With a key, the page's static files are public (they hold no data) and every
+    data route needs the key, which the page sends once given (here in the link)."""
     with serving({"letters": letters}, tmp_path, settings=ServerSettings(api_key="k")) as h:
-        assert httpx.get(h.url + "/ui").status_code == 401  # same key as every route
-        ok = httpx.get(h.url + "/ui/app.js", headers={"Authorization": "Bearer k"})
-        assert ok.status_code == 200 and "javascript" in ok.headers["content-type"]
-        evil = httpx.get(h.url + "/ui", headers={"Host": "evil.example",
-                                                  "Authorization": "Bearer k"})  # fmt: skip
+        assert httpx.get(h.url + "/ui").status_code == 200
+        assert httpx.get(h.url + "/ui/app.js").status_code == 200
+        for route in ("/api/ps", "/api/budget", "/api/events", "/metrics"):
+            assert httpx.get(h.url + route).status_code == 401, route
+        evil = httpx.get(h.url + "/ui", headers={"Host": "evil.example"})
         assert evil.status_code in (400, 403, 421)  # DNS rebinding: refused on loopback
         assert httpx.get(h.url + "/ui/../api/ps").status_code in (401, 404)
+        b = Browser(h.url + "/ui#key=k", tmp_path / "profile-key")
+        browsers.append(b)
+        b.wait("document.getElementById('status').textContent === 'live'")
+        assert "key" not in b.js("location.href")  # not left in the address bar

@@ -22,7 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferenceos.server.errors import error_body
 from inferenceos.server.settings import is_loopback
 
-OPEN_PATHS = frozenset({"/health", "/v1/health"})
+# open without a key: health, and the dashboard's static files (no data: the page asks
+# for the key and sends it with every data request)
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/ui", "/ui/", "/ui/app.js", "/ui/style.css"})
 
 
 async def send_error(scope: Scope, send: Send, status: int, message: str,

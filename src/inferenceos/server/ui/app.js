@@ -22,8 +22,36 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
+// The page itself is public (it holds no data); every data route needs the server's
+// API key when it has one. The key comes from the link (/ui#key=KEY, removed from the
+// address bar at once) or is asked once, and is kept for this tab only.
+(function keyFromLink() {
+  const m = location.hash.match(/key=([^&]+)/);
+  if (m) {
+    sessionStorage.setItem("inferenceos-key", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname);
+  }
+})();
+
+function withKey(headers) {
+  const key = sessionStorage.getItem("inferenceos-key");
+  return key ? { ...headers, Authorization: "Bearer " + key } : headers;
+}
+
+async function authed(path, init) {
+  let r = await fetch(path, { ...(init || {}), headers: withKey((init || {}).headers || {}) });
+  if (r.status === 401) {
+    const key = window.prompt("This server needs its API key:");
+    if (key) {
+      sessionStorage.setItem("inferenceos-key", key);
+      r = await fetch(path, { ...(init || {}), headers: withKey((init || {}).headers || {}) });
+    }
+  }
+  return r;
+}
+
 async function getJSON(path) {
-  const r = await fetch(path, { headers: { Accept: "application/json" } });
+  const r = await authed(path, { headers: { Accept: "application/json" } });
   if (!r.ok) throw new Error(path + " answered " + r.status);
   return r.json();
 }
@@ -154,7 +182,7 @@ async function poll() {
   try {
     const [ps, budget, metrics, ev] = await Promise.all([
       getJSON("/api/ps"), getJSON("/api/budget"),
-      fetch("/metrics").then((r) => r.text()), getJSON("/api/events?since=" + state.lastEvent),
+      authed("/metrics").then((r) => r.text()), getJSON("/api/events?since=" + state.lastEvent),
     ]);
     renderModels(ps);
     renderDevices(budget);
@@ -179,7 +207,7 @@ async function chat(ev) {
   log.append(reply);
   const model = document.getElementById("chat-model").value || undefined;
   try {
-    const r = await fetch("/v1/chat/completions", {
+    const r = await authed("/v1/chat/completions", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: text }] }),
     });
