@@ -151,3 +151,19 @@ def test_context_grows_for_a_prompt_that_does_not_fit(tmp_path: Path) -> None:
             "model": "a", "prompt": long, "stream": False,
             "options": {"num_predict": 4, "num_ctx": 128}})
         assert r.status_code == 400 and "a sequence holds" in r.text
+
+
+def test_a_draft_model_is_charged_to_its_model(tmp_path: Path) -> None:
+    """serve --draft MODEL.gguf: the drafter's weights and KV live in the model's worker
+    and count in its charge (what /api/ps reports and eviction weighs)."""
+    from inferenceos.registry.manager import engine_factory
+
+    models = {"a": write_tiny_model(tmp_path / "a.gguf")}
+    draft = write_tiny_model(tmp_path / "draft.gguf", seed=3)
+    with serving(models, tmp_path,
+                 manager_kw={"factory": engine_factory(8, draft=str(draft))}) as h:  # fmt: skip
+        _gen(h, "a", 8)
+        (lm,) = h.manager.loaded()
+        assert lm.extra["CPU"] > 0
+        entry = _ps(h)["a"]
+        assert entry["size"] == sum(lm.plan.charge().values()) + lm.extra["CPU"]

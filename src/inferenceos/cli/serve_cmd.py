@@ -114,6 +114,8 @@ def serve(
     policy: Annotated[str, typer.Option(
         "--policy", help="Planner objective: latency, capacity, balanced, adaptive")
     ] = "balanced",
+    draft: Annotated[str | None, typer.Option(
+        "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")] = None,
     any_model: Annotated[bool, typer.Option(
         "--any-model", help="An unknown model name reaches the default model (llama-server)")
     ] = False,
@@ -165,7 +167,7 @@ def serve(
     base.validate()
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
     manager = ModelManager(
-        catalog.resolve, factory=engine_factory(queue),
+        catalog.resolve, factory=engine_factory(queue, draft=draft),
         budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
         base=base, slots=parallel, keep_alive_s=keep_alive,
         max_loaded=max_models or None, pinned=[catalog.resolve(p).name for p in pinned],

@@ -60,10 +60,16 @@ class LoadedModel:
     expires_at: float | None = None  # monotonic deadline once idle; None: never
     reason: str = ""
     key: tuple[Any, ...] = field(default_factory=tuple)  # the load request it answers
+    extra: dict[str, int] = field(default_factory=dict)  # e.g. a draft model, per device
 
     @property
     def charge(self) -> dict[str, int]:
-        return self.plan.charge(warm=self.tier == WARM)
+        """The plan's figures for the tier, plus what the worker holds besides the
+        model (a speculative draft model's weights and KV stay in both tiers)."""
+        charge = self.plan.charge(warm=self.tier == WARM)
+        for dev, b in self.extra.items():
+            charge[dev] = charge.get(dev, 0) + b
+        return charge
 
     @property
     def memory_bytes(self) -> int:

@@ -248,6 +248,9 @@ class ModelManager:
             pinned=model.name in self._pinned_names, reason=f"{why}; {plan.summary()}",
             key=_key(req),
         )  # fmt: skip
+        draft = int(getattr(engine, "draft_bytes", 0) or 0)
+        if draft:  # measured by the worker: known only once it has loaded
+            lm.extra = {"CPU": draft}
         with self._lock:
             self._models[model.name] = lm
             self.loads_total += 1
