@@ -36,10 +36,10 @@ for chunk in response:
 
 
 @contextlib.contextmanager
-def _serve(model: Path, port: int) -> Iterator[str]:
+def _serve(model: Path, port: int, *extra: str) -> Iterator[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferenceos", "serve", str(model), "--port", str(port),
-         "--backend", "auto", "--ctx", "256", "--threads", "1", "--parallel", "1"],
+         "--backend", "auto", "--ctx", "256", "--threads", "1", "--parallel", "1", *extra],
         env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -73,3 +73,21 @@ def test_the_seed_quick_start_works_verbatim(tmp_path: Path) -> None:
         assert r.status_code == 404
         err = r.json()["error"]["message"]
         assert "llama-3-8b-instruct:latest" in err and "llama-3-8b-instruct.q4_k_m" in err
+
+
+def test_llama_server_flags_any_model_and_n_predict(tmp_path: Path) -> None:
+    """`serve --any-model --n-predict 3`: a hard-coded foreign model name reaches the
+    default model, and a llama.cpp /completion without n_predict generates 3 tokens."""
+    model = write_tiny_model(tmp_path / "tiny.gguf", letters_only=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with _serve(model, port, "--any-model", "--n-predict", "3", "--seed", "7") as base:
+        r = httpx.post(base + "/v1/chat/completions", timeout=60, json={
+            "model": "gpt-4o", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        r = httpx.post(base + "/completion", timeout=60,
+                       json={"prompt": "ab", "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens_predicted"] == 3

@@ -116,6 +116,11 @@ def serve(
     ] = "balanced",
     draft: Annotated[str | None, typer.Option(
         "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")] = None,
+    n_predict: Annotated[int, typer.Option(
+        "--n-predict", help="Tokens a llama.cpp-dialect request generates by default "
+        "(-1: until the end; llama-server's -n)")] = -1,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", help="Default sampling seed of llama.cpp-dialect requests")] = None,
     any_model: Annotated[bool, typer.Option(
         "--any-model", help="An unknown model name reaches the default model (llama-server)")
     ] = False,
@@ -153,7 +158,7 @@ def serve(
         api_key=api_key if api_key is not None else cfg.get("server.api_key"),
         allowed_hosts=tuple(allow_host or ()), cors_origins=tuple(cors_origin or ()),
         max_body_bytes=int(max_body_mb * 1024 * 1024), max_running=parallel,
-        max_waiting=queue, any_model=any_model,
+        max_waiting=queue, any_model=any_model, n_predict=n_predict, seed=seed,
     )
     catalog = Catalog(ModelStore(cfg.models_dir))
     settings = dataclasses.replace(settings, default_model=_default_model(model, catalog))
