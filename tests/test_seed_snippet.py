@@ -91,3 +91,23 @@ def test_llama_server_flags_any_model_and_n_predict(tmp_path: Path) -> None:
                        json={"prompt": "ab", "ignore_eos": True})
         assert r.status_code == 200, r.text
         assert r.json()["tokens_predicted"] == 3
+
+
+def test_served_file_is_registered_and_kv_policy_is_served(tmp_path: Path) -> None:
+    """`serve FILE --kv-policy h2o`: the planner turns flash attention off for H2O, a
+    request is answered, and `models show NAME` finds the model serve named."""
+    import json
+
+    from cli_helpers import run_cli
+
+    model = write_tiny_model(tmp_path / "tiny.gguf", letters_only=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with _serve(model, port, "--kv-policy", "h2o") as base:
+        r = httpx.post(base + "/api/generate", timeout=60, json={
+            "prompt": "ab", "stream": False, "options": {"num_predict": 3}})
+        assert r.status_code == 200, r.text
+        shown = run_cli("models", "show", "tiny", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["name"] == "tiny:latest"

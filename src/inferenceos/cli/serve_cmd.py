@@ -51,13 +51,41 @@ def _default_model(model: str, catalog: object) -> str:
 
     assert isinstance(catalog, Catalog)
     if model and (model.endswith(".gguf") or Path(model).expanduser().is_file()):
-        return catalog.add_file(Path(model)).name
+        served = catalog.add_file(Path(model))
+        _register_in_place(catalog, served)
+        return served.name
     if model:
         return catalog.resolve(model).name  # fails early on an unknown name
     if catalog.store.find(DEFAULT_MODEL_NAME) is None:
         err.print("Registering the built-in model (Gemma 3 270M)...")
         catalog.store.pull(DEFAULT_MODEL_NAME)
     return catalog.resolve(DEFAULT_MODEL_NAME).name
+
+
+def _register_in_place(catalog: object, served: object) -> None:
+    """A served file is registered in place under the name it answers to, so `models
+    show NAME` (and every command taking a name) finds the model `serve` names."""
+    from inferenceos.errors import InferenceOSError
+    from inferenceos.registry.catalog import Catalog, ResolvedModel
+
+    assert isinstance(catalog, Catalog) and isinstance(served, ResolvedModel)
+    try:
+        entry = catalog.store.find(served.name)
+        if entry is None:
+            catalog.store.register_in_place(served.path, served.name, served.digest, "serve")
+        elif entry.path.resolve() != served.path.resolve():
+            err.print(f"note: the registry's {served.name} is another file; the served "
+                      f"file answers to that name here", markup=False)
+    except (InferenceOSError, OSError) as exc:  # serving never depends on the registry
+        err.print(f"note: {served.name} is served but not registered ({exc})", markup=False)
+
+
+def _reads_attention(kv_policy: str) -> bool:
+    """H2O reads attention probabilities, which llama.cpp has only with flash attention
+    off: the planner must plan for that (UsageError for an unknown policy)."""
+    from inferenceos.engine.kv_policies import load_policy
+
+    return bool(getattr(load_policy(kv_policy), "needs_attention", False))
 
 
 def _config_pins(value: object) -> list[str]:
@@ -114,6 +142,9 @@ def serve(
     policy: Annotated[str, typer.Option(
         "--policy", help="Planner objective: latency, capacity, balanced, adaptive")
     ] = "balanced",
+    kv_policy: Annotated[str, typer.Option(
+        "--kv-policy", help="KV cache eviction: none, streaming, h2o (requests may pick)")
+    ] = "none",
     draft: Annotated[str | None, typer.Option(
         "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")] = None,
     n_predict: Annotated[int, typer.Option(
@@ -166,13 +197,13 @@ def serve(
         n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
         threads=threads or int(cfg.get("run.threads") or 0),
         gpu_layers=gpu_layers, backend=backend, type_k=cache_type_k, type_v=cache_type_v,
-        policy=policy,
+        policy=policy, flash_attn=False if _reads_attention(kv_policy) else None,
         **budget_caps(rpc, ram, gpu_memory),
     )  # fmt: skip
     base.validate()
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
     manager = ModelManager(
-        catalog.resolve, factory=engine_factory(queue, draft=draft),
+        catalog.resolve, factory=engine_factory(queue, draft=draft, kv_policy=kv_policy),
         budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
         base=base, slots=parallel, keep_alive_s=keep_alive,
         max_loaded=max_models or None, pinned=[catalog.resolve(p).name for p in pinned],
