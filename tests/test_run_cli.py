@@ -117,3 +117,19 @@ def test_ctrl_c_stops_cleanly_with_footer(gemma_path: Path) -> None:
     assert proc.returncode == 130
     assert "stop: interrupted" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("policy", ["streaming", "h2o"])
+def test_run_with_a_kv_policy_generates_past_the_context(tiny_llama: Path,
+                                                         policy: str) -> None:
+    """`run --kv-policy` evicts instead of stopping at a full context: 300 tokens out of
+    a 256-token context."""
+    import json
+
+    args = ["run", str(tiny_llama), "-p", "ab", "-n", "300", "--ignore-eos", "--json",
+            "--ctx", "256", "--threads", "1", "--temperature", "0"]
+    plain = run_cli(*args)
+    assert json.loads(plain.stdout)["metrics"]["completion_tokens"] < 300  # context full
+    r = run_cli(*args, "--kv-policy", policy)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["metrics"]["completion_tokens"] == 300

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -72,14 +73,26 @@ def _prompt_text(
 
 
 def _generate(
-    lm: LoadedModel, tokens: list[int], sampling: SamplingParams, draft: str | None
+    lm: LoadedModel, tokens: list[int], sampling: SamplingParams, draft: str | None,
+    kv_policy: str = "none", probe: Any = None,
 ) -> Iterator[TokenEvent]:
-    """Plain decoding, or speculative decoding through the scheduler with `draft`."""
-    if draft in (None, "", "none"):
+    """Plain decoding, or through the scheduler for speculative decoding (`draft`) or
+    a KV eviction policy."""
+    if draft in (None, "", "none") and kv_policy == "none":
         return lm.generate(tokens, sampling)
     from inferenceos.engine.scheduler import generate_one
 
-    return generate_one(lm, tokens, sampling, draft)
+    return generate_one(lm, tokens, sampling, draft, kv_policy, probe)
+
+
+def _policy_probe(spec: ModelSpec, kv_policy: str) -> Any:
+    """The attention probe H2O reads (on the full-attention layers), or None."""
+    from inferenceos.engine.attention_probe import AttentionProbe
+    from inferenceos.engine.kv_policies import load_policy
+
+    if not getattr(load_policy(kv_policy), "needs_attention", False):
+        return None
+    return AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
 
 
 def footer(m: GenerationMetrics) -> str:
@@ -137,6 +150,9 @@ def run(
     policy: Annotated[str, typer.Option(
         "--policy", help="Planner objective: latency, capacity, balanced, adaptive")
     ] = "balanced",
+    kv_policy: Annotated[str, typer.Option(
+        "--kv-policy", help="KV cache eviction when the context fills: none, streaming, h2o")
+    ] = "none",
     rpc: RpcOpt = None,
     ram: RamCapOpt = None,
     gpu_memory: GpuCapOpt = None,
@@ -187,12 +203,16 @@ def run(
         type_k=cache_type_k, type_v=cache_type_v, policy=policy,
         **budget_caps(rpc, ram, gpu_memory),
     )  # fmt: skip
-    with LoadedModel(spec.path, _plan_settings(spec.path, req)) as lm:
+    probe = _policy_probe(spec, kv_policy)
+    if probe is not None:  # H2O reads attention, which exists only without flash attention
+        req = replace(req, flash_attn=False)
+    with LoadedModel(spec.path, _plan_settings(spec.path, req),
+                     eval_callback=probe.callback if probe else None) as lm:
         tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw, template))
         pieces: list[str] = []
         interrupted = False
         try:
-            for event in _generate(lm, tokens, sampling, draft):
+            for event in _generate(lm, tokens, sampling, draft, kv_policy, probe):
                 pieces.append(event.text)
                 if not as_json and event.text:
                     sys.stdout.write(event.text)

@@ -502,11 +502,14 @@ class Scheduler:
 
 
 def generate_one(
-    lm: LoadedModel, prompt: list[int], sampling: SamplingParams, draft: str | None = None
+    lm: LoadedModel, prompt: list[int], sampling: SamplingParams, draft: str | None = None,
+    kv_policy: str = "none", probe: AttentionProbe | None = None,
 ) -> Iterator[TokenEvent]:
     """`LoadedModel.generate`'s contract, through a one-slot scheduler on `lm`: how
-    `run --draft` decodes speculatively in process. `lm.metrics` follows the run."""
-    sched = Scheduler(lm, 1, lm.settings.n_batch, draft=draft)
+    `run --draft` decodes speculatively and `run --kv-policy` evicts, in process
+    (`probe`: the AttentionProbe `lm`'s context was created with, for H2O).
+    `lm.metrics` follows the run."""
+    sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft)
     try:
         sched.submit(Request(1, prompt, sampling))
         while sched.has_work():
