@@ -150,14 +150,14 @@ def model_info(path: Path | str, digest: str | None = None, name: str = "") -> M
     digest = digest or model_digest(path)
     try:
         spec = load_spec(path)
-        info = ModelInfo(digest, name or spec.name or path.stem, spec.architecture,
+        info = ModelInfo(digest, spec.name or path.stem, spec.architecture,
                          spec.file_type, spec.parameters, spec.size_bytes,
                          dict(spec.quant_types))
     except (InferenceOSError, OSError, ValueError):
-        info = ModelInfo(digest, name or path.stem, size_bytes=st.st_size)
-    with _lock:
+        info = ModelInfo(digest, path.stem, size_bytes=st.st_size)
+    with _lock:  # cached under the file's own name: a caller's name is its own
         _models[key] = info
-    return info
+    return info if not name or info.name == name else _renamed(info, name)
 
 
 def _renamed(info: ModelInfo, name: str) -> ModelInfo:
