@@ -73,6 +73,14 @@ def letters(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def slow_letters(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few hundred tokens a second and a 4096-token context: a reply that lasts long
+    enough to be interrupted on a fast machine."""
+    return write_tiny_model(tmp_path_factory.mktemp("chat") / "slow-letters.gguf",
+                            kind="wide", letters_only=True)
+
+
+@pytest.fixture(scope="module")
 def letters_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("chat") / "letters-base.gguf",
                             letters_only=True, chat_template=None)
@@ -180,9 +188,9 @@ def test_switch_keeps_the_conversation(letters: Path, letters_base: Path, tmp_pa
     assert "EXITED=0" in s.wait(r"EXITED=\d+")
 
 
-def test_ctrl_c_stops_the_reply_not_the_session(letters: Path, tmp_path: Path,
+def test_ctrl_c_stops_the_reply_not_the_session(slow_letters: Path, tmp_path: Path,
                                                 screens: list[Screen]) -> None:
-    s = _chat(screens, tmp_path, "chat", str(letters), "--theme", "none", "--local",
+    s = _chat(screens, tmp_path, "chat", str(slow_letters), "--theme", "none", "--local",
               "--max-tokens", "100000", "--threads", "1",
               "--temperature", "0")
     s.line("go on forever")
