@@ -91,11 +91,13 @@ def test_ram_bandwidth_is_positive_and_stable_over_three_runs() -> None:
     assert min(runs) > 0.5
     spread = (max(runs) - min(runs)) / max(runs)
     load = os.getloadavg()[0]
-    if spread >= 0.15 and load > threads:
+    # 0.25: an idle shared VM gave 50.7, 50.7 and 61.6 GB/s in a row (a neighbour's load
+    # ending between runs); a broken measurement is off by far more
+    if spread >= 0.25 and load > threads:
         pytest.skip(
             f"machine busy (load {load:.1f} on {threads} CPUs): runs {runs} cannot judge stability"
         )
-    assert spread < 0.15, f"RAM read GB/s over 3 runs: {runs}"
+    assert spread < 0.25, f"RAM read GB/s over 3 runs: {runs}"
 
 
 @linux_only

@@ -83,4 +83,6 @@ def test_concurrent_requests_get_their_own_rows_logprobs(tiny_llama: Path) -> No
         assert [ev.token for ev in together[p]] == [ev.token for ev in alone[p]]
         got = [ev.logprob.logprob for ev in together[p] if ev.logprob]
         want = [ev.logprob.logprob for ev in alone[p] if ev.logprob]
-        assert got == pytest.approx(want, abs=1e-3)
+        # batch shapes (rows batched with others, parked prefixes) move a tiny f32 model's
+        # logprobs by ~1e-3; a row mix-up moves them by whole units
+        assert got == pytest.approx(want, abs=5e-3)
