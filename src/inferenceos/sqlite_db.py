@@ -37,13 +37,29 @@ def connect(path: Path | str, busy_timeout_s: float = 10.0, *,
     try:
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        conn.execute("PRAGMA journal_mode=WAL")
+        _wal(conn, busy_timeout_s)
         # with WAL, NORMAL loses at most the last commits on power loss, never corrupts
         conn.execute("PRAGMA synchronous=NORMAL")
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch to WAL. On a new file another opener may hold the lock for its own switch;
+    that pragma does not always wait on the busy timeout, so retry within it."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
@@ -63,8 +79,10 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[str]) -> int:
             with conn:
                 # executescript commits first; BEGIN makes the script and the version bump
                 # one transaction, so a crash between them cannot leave a half-migrated file
+                # IMMEDIATE takes the write lock first, so a concurrent opener waits
+                # (busy timeout) instead of failing its read-to-write upgrade at once
                 conn.executescript(
-                    f"BEGIN;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+                    f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
         except sqlite3.OperationalError:
             # two first opens at once (concurrent pulls on a new store): the other
             # connection ran this migration while we waited for its lock ("table ...
