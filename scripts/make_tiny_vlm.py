@@ -1,0 +1,35 @@
+#!/usr/bin/env python3
+"""Write the tiny vision-language test pair: DIR/model.gguf and DIR/mmproj.gguf.
+
+    python scripts/make_tiny_vlm.py DIR
+
+The text model is tests/tiny_models.py's 2-layer llama (n_embd 64); the projector is a
+tiny LLaVA "mlp" projector (32x32 images, 8x8 patches -> 16 image tokens) with seeded
+random weights, written by tests/tiny_vlm.py. llama.cpp's mtmd loads and runs the pair
+(tests/test_tiny_vlm.py). No audio projector is written (docs/multimodal.md, "Limits").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from tiny_vlm import TINY_PROJECTOR, write_tiny_vlm
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path, help="folder to write model.gguf and mmproj.gguf in")
+    args = parser.parse_args(argv)
+    model, mmproj = write_tiny_vlm(args.dir)
+    p = TINY_PROJECTOR
+    print(f"{model}\n{mmproj}  (mlp projector, {p.image_size}px images, "
+          f"{p.patch_size}px patches, {p.image_tokens} tokens per image)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""A tiny vision-language pair that llama.cpp's mtmd really loads and runs.
+
+- `model.gguf`: the 2-layer llama of tests/tiny_models.py (n_embd 64, byte-fallback SPM
+  vocabulary, so ordinary text tokenizes);
+- `mmproj.gguf`: a LLaVA-1.5-style projector (`clip.projector_type = "mlp"`): a CLIP ViT
+  (conv patch embedding, learned 1-D position embeddings, pre-LN, 2 encoder blocks of
+  LayerNorm + MHA + GELU-quick FFN) and the 2-layer MLP `mm.0` / GELU / `mm.2` that maps
+  the vision width (32) to the text model's n_embd (64).
+
+Why "mlp": its positions are ordinary causal 1-D text positions (no M-RoPE), its token count
+is exactly (image_size / patch_size)^2 with no pooling, merge or special wrapper tokens
+(mtmd.cpp adds none for it), and its loader (clip.cpp `load_tensors`, PROJECTOR_TYPE_MLP)
+needs only the generic ViT tensors plus `mm.0` / `mm.2` - the smallest faithful real type.
+mtmd resizes any image to image_size x image_size (fixed-size preprocessor), so every image
+gives the same number of tokens: (32 / 8)^2 = 16.
+
+Note on layers: LLaVA takes the features of the second-to-last encoder block (clip.cpp
+`clip_graph_llava::build`: `il_last = n_layer - 1`), so with 2 blocks only block 0 runs;
+block 1's weights are loaded but unused, as in real LLaVA-1.5 files.
+
+`--audio` is not provided (see docs/multimodal.md, "Limits").
+
+Weights are seeded random numbers (f32), so two different images give different embeddings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+from tiny_models import SHAPES, write_tiny_model
+
+MODEL_NAME = "model.gguf"
+MMPROJ_NAME = "mmproj.gguf"
+
+
+@dataclass(frozen=True)
+class TinyProjector:
+    """Dimensions of the tiny CLIP + MLP projector (encodes one image in milliseconds)."""
+
+    image_size: int = 32
+    patch_size: int = 8
+    n_embd: int = 32  # vision width
+    n_head: int = 4
+    n_ff: int = 64  # must differ from n_embd (clip.cpp's up/down swap heuristic)
+    n_layer: int = 2
+    proj_hidden: int = 64  # mm.0 output width
+    n_embd_text: int = SHAPES["llama"].n_embd  # mm.2 output width = text model n_embd
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def image_tokens(self) -> int:
+        """Tokens per image: one per patch (no CLS token, no pooling)."""
+        return self.n_patches
+
+
+TINY_PROJECTOR = TinyProjector()
+
+
+def write_tiny_mmproj(path: Path, p: TinyProjector = TINY_PROJECTOR, seed: int = 1) -> Path:
+    """Write the tiny LLaVA "mlp" projector to `path` and return it.
+
+    Tensor names and keys follow clip.cpp (clip-impl.h `TN_*` / `KEY_*`); numpy shapes are
+    ggml `ne` reversed (a matrix mapping A -> B is ne {A, B}, numpy (B, A))."""
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), "clip")
+    w.add_name("tiny-llava-mlp")
+    w.add_uint32("general.file_type", 0)  # ALL_F32
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_audio_encoder", False)
+    w.add_string("clip.projector_type", "mlp")
+    w.add_uint32("clip.vision.image_size", p.image_size)
+    w.add_uint32("clip.vision.patch_size", p.patch_size)
+    w.add_uint32("clip.vision.embedding_length", p.n_embd)
+    w.add_uint32("clip.vision.feed_forward_length", p.n_ff)
+    w.add_uint32("clip.vision.block_count", p.n_layer)
+    w.add_uint32("clip.vision.projection_dim", p.n_embd_text)
+    w.add_uint32("clip.vision.attention.head_count", p.n_head)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    w.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
+    w.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+
+    def rand(name: str, *shape: int, scale: float = 0.1) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(f"{name}.weight", np.ones(n, dtype=np.float32))
+        w.add_tensor(f"{name}.bias", np.zeros(n, dtype=np.float32))
+
+    h = p.n_embd
+    # conv kernel ne {P, P, 3, H}: one H-vector per (P x P x RGB) patch
+    rand("v.patch_embd.weight", h, 3, p.patch_size, p.patch_size, scale=0.05)
+    rand("v.patch_embd.bias", h)
+    rand("v.position_embd.weight", p.n_patches, h)
+    norm("v.pre_ln", h)
+    for i in range(p.n_layer):
+        b = f"v.blk.{i}"
+        norm(f"{b}.ln1", h)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            rand(f"{b}.{name}.weight", h, h)
+            rand(f"{b}.{name}.bias", h)
+        norm(f"{b}.ln2", h)
+        rand(f"{b}.ffn_up.weight", p.n_ff, h)
+        rand(f"{b}.ffn_up.bias", p.n_ff)
+        rand(f"{b}.ffn_down.weight", h, p.n_ff)
+        rand(f"{b}.ffn_down.bias", h)
+    rand("mm.0.weight", p.proj_hidden, h)
+    rand("mm.0.bias", p.proj_hidden)
+    rand("mm.2.weight", p.n_embd_text, p.proj_hidden)
+    rand("mm.2.bias", p.n_embd_text)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _atomic(target: Path, write: object) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    write(tmp)  # type: ignore[operator]
+    os.replace(tmp, target)
+
+
+def write_tiny_vlm(directory: Path) -> tuple[Path, Path]:
+    """Write `model.gguf` and `mmproj.gguf` into `directory` (created) and return both."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model, mmproj = directory / MODEL_NAME, directory / MMPROJ_NAME
+    _atomic(model, lambda t: write_tiny_model(t, "llama"))
+    _atomic(mmproj, write_tiny_mmproj)
+    return model, mmproj
+
+
+_BUILT: dict[Path, tuple[Path, Path]] = {}
+
+
+def tiny_vlm(tmp_dir: Path) -> tuple[Path, Path]:
+    """(model_path, mmproj_path) of the tiny pair under `tmp_dir`/tiny-vlm, built once per
+    process (the session-scoped `tiny_vlm_pair` fixture passes the session's tiny dir)."""
+    directory = Path(tmp_dir) / "tiny-vlm"
+    if directory not in _BUILT:
+        model, mmproj = directory / MODEL_NAME, directory / MMPROJ_NAME
+        if not (model.is_file() and mmproj.is_file()):
+            model, mmproj = write_tiny_vlm(directory)
+        _BUILT[directory] = (model, mmproj)
+    return _BUILT[directory]
