@@ -42,3 +42,41 @@ def test_drafts_are_trimmed_to_the_batch_limit_never_the_pending_tokens() -> Non
 
 def test_nothing_to_do_is_an_empty_plan() -> None:
     assert not schedule([], budget=8, max_tokens=8)
+
+
+# -- media spans: a batch carries token ids or embeddings, never both ------------------
+
+def _media_seq(key: int = 5, n_prefilled: int = 0, atomic: bool = False) -> SeqNeeds:
+    """Prompt: 4 text tokens, a 10-cell media span (key -9), 3 text tokens."""
+    from inferenceos.engine.step_plan import MediaSpan
+
+    prompt = [1, 2, 3, 4, *([-9] * 10), 5, 6, 7]
+    return SeqNeeds(key, n_prefilled, prompt, n_prefilled, media=(MediaSpan(4, 14, atomic),))
+
+
+def test_a_text_chunk_stops_where_a_media_span_begins() -> None:
+    [chunk] = schedule([_media_seq()], budget=64, max_tokens=64).prefills
+    assert (chunk.start, chunk.tokens, chunk.last) == (0, (1, 2, 3, 4), False)
+
+
+def test_a_media_span_gets_a_step_of_its_own_chunked_by_the_budget() -> None:
+    gen = SeqNeeds(0, 10, [1] * 5, 5, pending=7)
+    seqs = [gen, _media_seq(n_prefilled=4)]
+    normal = schedule(seqs, budget=64, max_tokens=64)  # not media's turn: decode only
+    assert normal.media is None and [d.key for d in normal.decodes] == [0]
+    assert not normal.prefills
+    media = schedule(seqs, budget=6, max_tokens=64, media_first=True)
+    assert not media.decodes and not media.prefills and media.media is not None
+    assert (media.media.start, len(media.media.tokens), media.media.last) == (4, 6, False)
+    # the rest of the span next time, then the text after it
+    rest = schedule([_media_seq(n_prefilled=10)], budget=64, max_tokens=64, media_first=True)
+    assert rest.media is not None and (rest.media.start, len(rest.media.tokens)) == (10, 4)
+    tail = schedule([_media_seq(n_prefilled=14)], budget=64, max_tokens=64, media_first=True)
+    assert tail.media is None and tail.prefills[0].tokens == (5, 6, 7)
+    assert tail.prefills[0].last
+
+
+def test_an_atomic_span_goes_whole_whatever_the_budget() -> None:
+    plan = schedule([_media_seq(n_prefilled=4, atomic=True)], budget=3, max_tokens=64,
+                    media_first=True)  # fmt: skip
+    assert plan.media is not None and len(plan.media.tokens) == 10

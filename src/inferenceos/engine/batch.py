@@ -47,3 +47,42 @@ class TokenBatch:
         if self.raw is not None:
             self._ll.llama_batch_free(self.raw)
             self.raw = None
+
+
+class EmbdBatch:
+    """A llama_batch of embeddings (rows of `n_embd` floats) instead of token ids: how
+    a media chunk's encoder output enters the context. Same row contract as
+    TokenBatch; filled all at once by `fill`."""
+
+    def __init__(self, capacity: int, n_embd: int, n_seq_max: int) -> None:
+        self._ll = lib()
+        self.capacity, self.n_embd = capacity, n_embd
+        self.raw: Any = self._ll.llama_batch_init(capacity, n_embd, n_seq_max)
+        self.n = 0
+
+    def fill(self, embd: Any, pos0: int, seq_id: int, logits_last: bool) -> list[int]:
+        """Rows 0..len(embd)-1 ← `embd` (float32, shape (n, n_embd)) at positions
+        pos0.., all in `seq_id`; logits for the last row only when asked."""
+        import ctypes
+
+        import numpy as np
+
+        n = int(embd.shape[0])
+        if n > self.capacity or embd.shape[1] != self.n_embd:
+            raise OverflowError(f"{n} embedding rows of {embd.shape[1]} do not fit "
+                                f"{self.capacity} of {self.n_embd}")
+        b = self.raw
+        src = np.ascontiguousarray(embd, dtype=np.float32)
+        ctypes.memmove(b.embd, src.ctypes.data, src.nbytes)
+        for i in range(n):
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = 1 if (logits_last and i == n - 1) else 0
+        self.n = b.n_tokens = n
+        return list(range(n))
+
+    def close(self) -> None:
+        if self.raw is not None:
+            self._ll.llama_batch_free(self.raw)
+            self.raw = None

@@ -34,6 +34,7 @@ from inferenceos.engine.chat_template import ChatMessage, render_chat
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
 from inferenceos.engine.worker import WorkerConfig, worker_main
+from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 
 _POLL_S = 0.05  # how often a waiting generation looks at its cancel event
@@ -186,9 +187,13 @@ class Engine:
         max_queue: int = 64,
         start_timeout: float = 300,
         draft: str | None = None,
+        mmproj: str | Path | None = None,
+        mmproj_gpu: bool = True,
     ) -> None:
         """`draft`: the default drafter for speculative decoding ("ngram", "self" or a
-        draft model .gguf path; None: none); its memory is `draft_bytes`."""
+        draft model .gguf path; None: none); its memory is `draft_bytes`. `mmproj`: a
+        multimodal projector GGUF (the model then takes `media` in `generate`), its
+        encoder on a GPU backend when `mmproj_gpu` and there is one."""
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
         # one shared KV pool (unified): with one stream per slot each sequence would
@@ -200,7 +205,9 @@ class Engine:
                         kv_unified=True)  # fmt: skip
         total.validate()
         self._cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch,
-                                 kv_policy, max_queue=max_queue, draft=draft)  # fmt: skip
+                                 kv_policy, max_queue=max_queue, draft=draft,
+                                 mmproj=Path(mmproj) if mmproj else None,
+                                 mmproj_gpu=mmproj_gpu)  # fmt: skip
         self._start_timeout = start_timeout
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -244,6 +251,16 @@ class Engine:
     @property
     def load_s(self) -> float:
         return float(self._worker.info["load_s"])
+
+    @property
+    def media_support(self) -> dict[str, Any]:
+        """{"vision": bool, "audio": bool, "load_s": projector load seconds} when the
+        model has a projector, else {}."""
+        return dict(self._worker.info.get("media") or {})
+
+    def media_tokens(self, item: MediaItem) -> int:
+        """Context cells `item` takes in a prompt (UsageError without a projector)."""
+        return int(self._call("media_tokens", item))
 
     @property
     def memory_buffers(self) -> dict[str, int]:
@@ -342,8 +359,12 @@ class Engine:
         cancel: threading.Event | None = None,
         kv_policy: str | None = None,
         draft: str | None = None,
+        media: Sequence[MediaItem] = (),
     ) -> Generation:
         """Start generating for `prompt` (text or token ids); see the module contract.
+
+        `media`: images / audio for a text prompt holding one `MEDIA_MARKER` per item,
+        in order (the model needs a projector: UsageError otherwise, at first iteration).
 
         `draft` overrides the engine's drafter for this request ("ngram", "self",
         "none"; a draft model file only when it is the engine's own).
@@ -357,7 +378,8 @@ class Engine:
         with self._route:
             worker = self._live_worker()
             req_id = next(self._ids)
-            q = worker.send(("generate", req_id, prompt, sampling, kv_policy, draft), req_id)
+            msg: tuple[Any, ...] = ("generate", req_id, prompt, sampling, kv_policy, draft)
+            q = worker.send((*msg, tuple(media)) if media else msg, req_id)
         assert q is not None
         gen = Generation(iter(()))
         gen.events = Events(self._stream(worker, req_id, q, cancel, gen),

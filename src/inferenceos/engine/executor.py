@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferenceos.engine.batch import TokenBatch
-from inferenceos.engine.step_plan import StepPlan
+from inferenceos.engine.batch import EmbdBatch, TokenBatch
+from inferenceos.engine.step_plan import MediaWork, StepPlan
 
 
 @dataclass
@@ -37,6 +37,10 @@ class Executor:
     def __init__(self, ll: Any, ctx: Any, capacity: int, n_seq_max: int) -> None:
         self._ll, self._ctx = ll, ctx
         self.batch = TokenBatch(capacity, n_seq_max)
+        self._n_seq_max = n_seq_max
+        self._embd: EmbdBatch | None = None  # made on the first media step
+        self._current: TokenBatch | EmbdBatch = self.batch
+        self._non_causal = False
         self.step_times: collections.deque[float] = collections.deque(maxlen=32)
         self.s_per_token = 0.0  # moving average of a step's seconds per batched token
 
@@ -44,6 +48,7 @@ class Executor:
         """Fill the batch from `plan` (see module docstring)."""
         b = self.batch
         b.clear()
+        self._current, self._non_causal = b, False
         rows = StepRows()
         # completing chunks first (stable): the first of them lands at row 0
         for p in sorted(plan.prefills, key=lambda p: not p.last):
@@ -59,13 +64,32 @@ class Executor:
             rows.by_slot.setdefault(d.key, []).extend(rs)
         return rows
 
+    def fill_media(self, work: MediaWork, embd: Any, n_embd: int, non_causal: bool) -> StepRows:
+        """Fill the embedding batch with `work`'s rows (`embd`: their encoder output)."""
+        if self._embd is None or self._embd.n_embd != n_embd:
+            if self._embd is not None:
+                self._embd.close()
+            self._embd = EmbdBatch(self.batch.capacity, n_embd, self._n_seq_max)
+        rs = self._embd.fill(embd, work.start, work.key, work.last)
+        self._current, self._non_causal = self._embd, non_causal
+        rows = StepRows(by_slot={work.key: rs})
+        if work.last:
+            rows.prefill_last[work.key] = rs[-1]
+        return rows
+
     def decode(self) -> int:
         """Evaluate the filled batch; llama_decode's return code (0: success)."""
         t0 = time.perf_counter()
-        rc = int(self._ll.llama_decode(self._ctx, self.batch.raw))
+        if self._non_causal:  # the chunk's cells see each other (e.g. Gemma 3's images)
+            self._ll.llama_set_causal_attn(self._ctx, False)
+        try:
+            rc = int(self._ll.llama_decode(self._ctx, self._current.raw))
+        finally:
+            if self._non_causal:
+                self._ll.llama_set_causal_attn(self._ctx, True)
         elapsed = time.perf_counter() - t0
         self.step_times.append(elapsed)
-        per_token = elapsed / max(1, self.batch.n)
+        per_token = elapsed / max(1, self._current.n)
         self.s_per_token = (
             per_token if not self.s_per_token else (0.8 * self.s_per_token + 0.2 * per_token)
         )
@@ -73,3 +97,5 @@ class Executor:
 
     def close(self) -> None:
         self.batch.close()
+        if self._embd is not None:
+            self._embd.close()

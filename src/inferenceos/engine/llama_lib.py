@@ -103,6 +103,12 @@ def lib() -> ModuleType:
     return _lib
 
 
+def route_log(setter: Any) -> None:
+    """Send another llama.cpp library's log (e.g. mtmd's `mtmd_log_set`) to `log()`."""
+    lib()
+    setter(_log_callback, ctypes.c_void_p(0))
+
+
 def library_dir() -> Path:
     """The folder holding libllama.so and the ggml backend libraries."""
     import llama_cpp

@@ -29,6 +29,7 @@ from inferenceos.engine.chat_template import ChatMessage, render_chat
 from inferenceos.engine.engine import Events, Generation, _error
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
+from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 
 Event = tuple[int, str, Any]
@@ -45,10 +46,12 @@ class LocalEngine:
         kv_policy: str = "none",
         max_queue: int = 64,
         draft: str | None = None,
+        mmproj: str | Path | None = None,
+        mmproj_gpu: bool = True,
     ) -> None:
-        """`draft`: the default drafter for speculative decoding, as for `Engine`."""
+        """`draft`, `mmproj`, `mmproj_gpu`: as for `Engine`."""
         from inferenceos.engine.scheduler import Scheduler
-        from inferenceos.engine.worker import policy_options
+        from inferenceos.engine.worker import WorkerConfig, open_media, policy_options
 
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
@@ -57,12 +60,17 @@ class LocalEngine:
         if kv_policy == "h2o":
             raise errors.UsageError("the h2o policy needs the worker engine (Engine)")
         self._lm = LoadedModel(self.spec.path, total)
+        cfg = WorkerConfig(self.spec.path, total, mmproj=Path(mmproj) if mmproj else None,
+                           mmproj_gpu=mmproj_gpu)  # fmt: skip
+        self._media = open_media(cfg, self._lm)  # closes the model if it fails
         try:
             self._sched = Scheduler(self._lm, n_parallel, total.n_batch, kv_policy,
                                     max_queue=max_queue,
                                     policy_options=policy_options(self.spec),
-                                    draft=draft)  # fmt: skip
+                                    draft=draft, media=self._media)  # fmt: skip
         except BaseException:
+            if self._media is not None:
+                self._media.close()
             self._lm.close()
             raise
         self._lock = threading.RLock()
@@ -80,6 +88,20 @@ class LocalEngine:
     @property
     def load_s(self) -> float:
         return float(self._lm.load_s)
+
+    @property
+    def media_support(self) -> dict[str, Any]:
+        """As `Engine.media_support`."""
+        m = self._media
+        return {"vision": m.vision, "audio": m.audio, "load_s": m.load_s} if m else {}
+
+    def media_tokens(self, item: MediaItem) -> int:
+        """As `Engine.media_tokens`."""
+        from inferenceos.engine.worker import media_encoder
+
+        with self._lock:
+            self._model()
+            return int(media_encoder(self._sched).media_tokens(item))
 
     def _model(self) -> LoadedModel:
         if self._closed:
@@ -143,18 +165,24 @@ class LocalEngine:
         cancel: threading.Event | None = None,
         kv_policy: str | None = None,
         draft: str | None = None,
+        media: Sequence[MediaItem] = (),
     ) -> Generation:
         """As `Engine.generate`, except that errors the scheduler finds at submission
         (prompt too long, queue full) are raised here, at once."""
-        from inferenceos.engine.scheduler import Request
+        from inferenceos.engine.worker import prompt_request
 
         sampling.validate()
         with self._lock:
             lm = self._model()
-            tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
             req_id = next(self._ids)
-            self._sched.submit(Request(req_id, tokens, sampling, kv_policy=kv_policy,
-                                       draft=draft))  # fmt: skip
+            req = prompt_request(req_id, prompt, sampling, lm, self._media, media,
+                                 kv_policy=kv_policy, draft=draft)  # fmt: skip
+            try:
+                self._sched.submit(req)
+            except BaseException:
+                if self._media is not None:
+                    self._media.release(req.media.values())
+                raise
             self._inbox[req_id] = collections.deque()
         gen = Generation(iter(()))
         gen.events = Events(self._stream(req_id, cancel, gen),
@@ -225,6 +253,8 @@ class LocalEngine:
                 return
             self._closed = True
             self._sched.close()
+            if self._media is not None:
+                self._media.close()
             self._lm.close()
 
     def __enter__(self) -> LocalEngine:

@@ -101,7 +101,11 @@ def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
     them: their streams continue wherever the state is imported) and copy out idle
     cached prefixes when `prefixes`."""
     from inferenceos.engine.slot_state import export_slot
+    from inferenceos.errors import UsageError
 
+    if any(r.media for r in [*sched.queue, *(s.req for s in sched.running)]):
+        # their media chunks live in this worker's projector context (not picklable)
+        raise UsageError("requests with images or audio in flight cannot migrate yet")
     state = LiveState()
     for seq in list(sched.running):
         sched.table.unpark(seq.slot)

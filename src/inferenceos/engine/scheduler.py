@@ -51,7 +51,7 @@ from inferenceos.engine.speculative import (
     sample_target,
     target_distribution,
 )
-from inferenceos.engine.step_plan import SeqNeeds, StepPlan, schedule
+from inferenceos.engine.step_plan import MediaSpan, MediaWork, SeqNeeds, StepPlan, schedule
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
 # what verifying one more row costs against a one-token decode step: the batched rows
@@ -71,6 +71,22 @@ class Request:
     arrival: float = field(default_factory=time.perf_counter)
     kv_policy: str | None = None  # None: the scheduler's default policy
     draft: str | None = None  # drafter name, "none", or None: the scheduler's default
+    # media runs by key (media_encoder.MediaRun): `prompt` holds each key once per cell
+    media: dict[int, Any] = field(default_factory=dict)
+
+
+def media_spans(req: Request) -> tuple[MediaSpan, ...]:
+    """Where `req.prompt`'s media runs lie (consecutive cells carrying one key)."""
+    spans: list[MediaSpan] = []
+    i, prompt = 0, req.prompt
+    while i < len(prompt):
+        if prompt[i] >= 0:
+            i += 1
+            continue
+        run = req.media[prompt[i]]
+        spans.append(MediaSpan(i, i + run.n_tokens, run.non_causal))
+        i += run.n_tokens
+    return tuple(spans)
 
 
 class Sequence:
@@ -97,6 +113,8 @@ class Sequence:
                                 k_max=getattr(drafter, "k_max", 12))
                      if drafter is not None else None)  # fmt: skip
         self.draft: tuple[int, ...] = ()  # proposed for this step
+        self.media = media_spans(req) if req.media else ()
+        self.embd: dict[int, np.ndarray] = {}  # encoder output of the span being prefilled
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
         if drafter is not None:
             self.out.metrics.draft = drafter.name
@@ -115,7 +133,7 @@ class Sequence:
 
     def needs(self) -> SeqNeeds:
         return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
-                        self.pending, self.draft)  # fmt: skip
+                        self.pending, self.draft, self.media)  # fmt: skip
 
 
 class Scheduler:
@@ -134,6 +152,7 @@ class Scheduler:
         policy_options: dict[str, dict[str, Any]] | None = None,
         draft: str | None = None,
         draft_options: dict[str, dict[str, Any]] | None = None,
+        media: Any = None,
     ) -> None:
         """`draft` names the default drafter ("ngram", "self", a plugin, or a .gguf draft
         model; None or "none": no speculative decoding), which requests may override;
@@ -141,7 +160,9 @@ class Scheduler:
         `probe` must be the AttentionProbe whose callback `model`'s context was created
         with; policies that need attention (h2o) require it. While some sequence is
         generating, prefill chunks are cut so that a step takes about `max_step_s`
-        (measured), keeping inter-token latency bounded; otherwise the full budget."""
+        (measured), keeping inter-token latency bounded; otherwise the full budget.
+        `media`: the model's MediaEncoder (media_encoder.py) when it has a projector;
+        media steps alternate with the others (step_plan)."""
         self.probe = probe
         self.policy_options = policy_options or {}  # policy name → constructor options
         self.policy = self._policy(kv_policy)
@@ -163,6 +184,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.executor = Executor(self._ll, model.ctx, self.max_batch + n_slots, n_slots)
         self.max_step_s = max_step_s
+        self.media = media
+        self._media_turn = True  # whether a waiting media span may take the next step
         self._ll.llama_memory_clear(self.mem, True)
         self.drafters: dict[str, Drafter] = {}
         self.draft_cost: dict[str, float] = {}  # drafter name → relative cost per token
@@ -236,9 +259,11 @@ class Scheduler:
         if not req.prompt:
             raise UsageError("the prompt is empty")
         n_vocab = self.model.n_vocab
-        bad = next((t for t in req.prompt if not 0 <= t < n_vocab), None)
+        bad = next((t for t in req.prompt if not (0 <= t < n_vocab or t in req.media)), None)
         if bad is not None:
             raise UsageError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        if req.media:
+            self._check_media(req)
         if len(req.prompt) >= self.n_ctx_slot:
             raise UsageError(
                 f"the prompt has {len(req.prompt)} tokens; a sequence holds {self.n_ctx_slot}"
@@ -260,11 +285,28 @@ class Scheduler:
             self._drafter(draft)  # unknown, or cannot be built here
         self.queue.append(req)
 
+    def _check_media(self, req: Request) -> None:
+        """A request with media: its chunks must be decodable here; no drafter (draft
+        models read token ids, and media cells have none)."""
+        if self.media is None:
+            raise UsageError("this model has no projector: it cannot take images or audio")
+        for span in media_spans(req):
+            if span.atomic and span.end - span.start > self.max_batch:
+                raise UsageError(f"an image takes {span.end - span.start} cells, which must "
+                                 f"be evaluated in one batch of at most {self.max_batch}: "
+                                 "load the model with a larger batch")
+        req.draft = "none"
+
+    def _free_media(self, req: Request) -> None:
+        if req.media and self.media is not None:
+            self.media.release(req.media.values())
+
     def cancel(self, req_id: int) -> list[Event]:
         """Stop a queued or running request; its slot is free at once."""
         for req in self.queue:
             if req.id == req_id:
                 self.queue.remove(req)
+                self._free_media(req)
                 return [(req_id, "done", GenerationMetrics(stop_reason="interrupted").to_json())]
         for seq in self.running:
             if seq.req.id == req_id:
@@ -300,6 +342,9 @@ class Scheduler:
                 return
             slot, reuse = picked
             req = self.queue.popleft()
+            span = next((m for m in media_spans(req) if m.start < reuse < m.end), None)
+            if span is not None and span.atomic:  # never half an atomic chunk
+                reuse = span.start
             self.table.claim(slot, reuse)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
             self.running.append(Sequence(req, slot, reuse, self.model, policy,
@@ -317,7 +362,13 @@ class Scheduler:
         self.table.park_idle()  # keep idle prefixes out of the running ones' attention
         self._propose()
         plan = self.plan()
-        rows = self.executor.fill(plan)
+        if plan.media is not None:
+            try:
+                rows = self._fill_media(plan.media)
+            except GenerationError as exc:
+                return events + self._fail(plan.media.key, str(exc))
+        else:
+            rows = self.executor.fill(plan)
         self._commit(plan)
         if self.probe is not None:
             self.probe.reset()
@@ -336,7 +387,35 @@ class Scheduler:
         """This step's batch, from the running sequences' needs (pure: step_plan)."""
         needs = [seq.needs() for seq in self.running]
         generating = any(n.pending is not None for n in needs)
-        return schedule(needs, self.step_budget(generating), self.max_batch)
+        budget = self.step_budget(generating)
+        plan = schedule(needs, budget, self.max_batch, media_first=self._media_turn)
+        if not plan and not self._media_turn:  # nothing else to do: media goes now
+            plan = schedule(needs, budget, self.max_batch, media_first=True)
+        self._media_turn = plan.media is None
+        return plan
+
+    def _fill_media(self, work: MediaWork) -> StepRows:
+        """Encode the span on its first step (kept until the span is prefilled) and fill
+        the embedding batch with this step's rows."""
+        assert self.media is not None
+        seq = next(s for s in self.running if s.slot.index == work.key)
+        span = work.span
+        embd = seq.embd.get(span.start)
+        if embd is None:
+            embd = seq.embd[span.start] = self.media.encode(seq.req.media[work.tokens[0]])
+        off = work.start - span.start
+        rows = self.executor.fill_media(work, embd[off:off + len(work.tokens)],
+                                        self.media.n_embd, span.atomic)  # fmt: skip
+        if work.start + len(work.tokens) >= span.end:
+            del seq.embd[span.start]
+        return rows
+
+    def _fail(self, key: int, message: str) -> list[Event]:
+        """End the sequence in slot `key` with an error (its cells are dropped)."""
+        seq = next(s for s in self.running if s.slot.index == key)
+        self.table.truncate(seq.slot, 0)
+        self._release(seq)
+        return [(seq.req.id, "error", ("GenerationError", message))]
 
     def _commit(self, plan: StepPlan) -> None:
         """Record in each slot the tokens the plan puts in its cells."""
@@ -346,7 +425,7 @@ class Scheduler:
             seq.slot.cached.extend(d.tokens)
             seq.pending = None
             seq.draft = d.tokens[1:]  # what the batch really carries (maybe trimmed)
-        for p in plan.prefills:
+        for p in (*plan.prefills, *([plan.media] if plan.media else [])):
             seq = by_key[p.key]
             seq.slot.cached.extend(p.tokens)
             seq.n_prefilled = p.start + len(p.tokens)
@@ -481,6 +560,8 @@ class Scheduler:
         if seq.spec is not None:
             seq.spec.drafter.release(seq.slot.index)
         seq.sampler.close()
+        self._free_media(seq.req)
+        seq.embd.clear()
         self.table.release(seq.slot)
         self.running.remove(seq)
 
@@ -496,6 +577,8 @@ class Scheduler:
     def close(self) -> None:
         for seq in list(self.running):
             self._release(seq)
+        for req in self.queue:
+            self._free_media(req)
         for drafter in self.drafters.values():
             drafter.close()
         self.executor.close()

@@ -10,6 +10,14 @@
 2. prefill chunks of admitted prompts, oldest first, up to the step's token budget
    (which the decodes and drafts count against), logits only for a prompt's last token.
 
+Media (an image's or audio clip's encoder outputs, `SeqNeeds.media` spans of the prompt)
+cannot share a llama_batch with tokens: a batch carries either token ids or embeddings.
+A text chunk therefore stops where a media span begins, and a span is evaluated in a
+step of its own (`StepPlan.media`), chunked by the same budget unless the projector
+needs its cells in one batch (`atomic`: non-causal attention among them). The caller
+alternates: with `media_first` a waiting span goes first, so media steps interleave
+with the other sequences' decode steps instead of stalling them for a whole image.
+
 The executor fills one llama_batch from the plan, in exactly this row order.
 """
 
@@ -29,6 +37,17 @@ class SeqNeeds:
     n_prefilled: int  # prompt tokens already in its cells
     pending: int | None = None  # sampled, emitted, not yet evaluated
     draft: tuple[int, ...] = ()  # proposed tokens that follow `pending`
+    media: tuple[MediaSpan, ...] = ()  # the prompt's media runs, in order
+
+
+@dataclass(frozen=True)
+class MediaSpan:
+    """Prompt positions [start, end) hold one media chunk's embeddings; `atomic`: they
+    must be evaluated in one batch."""
+
+    start: int
+    end: int
+    atomic: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,12 +75,23 @@ class PrefillWork:
 
 
 @dataclass(frozen=True)
+class MediaWork(PrefillWork):
+    """Evaluate prompt positions [start, start + len(tokens)) of the media span
+    `span` (its tokens are the span's key) from the encoder's embeddings."""
+
+    span: MediaSpan = MediaSpan(0, 0)
+
+
+@dataclass(frozen=True)
 class StepPlan:
     decodes: tuple[DecodeWork, ...] = ()
     prefills: tuple[PrefillWork, ...] = ()
+    media: MediaWork | None = None  # when set, the step's only work
 
     @property
     def n_tokens(self) -> int:
+        if self.media is not None:
+            return len(self.media.tokens)
         return sum(len(d.tokens) for d in self.decodes) + sum(len(p.tokens) for p in self.prefills)
 
     @property
@@ -69,13 +99,43 @@ class StepPlan:
         return sum(len(d.tokens) for d in self.decodes)
 
     def __bool__(self) -> bool:
-        return bool(self.decodes or self.prefills)
+        return bool(self.decodes or self.prefills or self.media)
 
 
-def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int) -> StepPlan:
+def _span_at(s: SeqNeeds, pos: int) -> MediaSpan | None:
+    return next((m for m in s.media if m.start <= pos < m.end), None)
+
+
+def _text_end(s: SeqNeeds, end: int) -> int:
+    """`end` cut back to the start of the first media span after the prefilled part."""
+    nxt = next((m.start for m in s.media if m.start >= s.n_prefilled), end)
+    return min(end, nxt)
+
+
+def media_step(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int) -> StepPlan:
+    """A media-only step for the oldest sequence waiting at a media span, or an empty
+    plan. Atomic spans go whole (the caller checked at admission that one fits)."""
+    for s in seqs:
+        if s.pending is not None or s.n_prefilled >= len(s.prompt):
+            continue
+        span = _span_at(s, s.n_prefilled)
+        if span is None:
+            continue
+        end = span.end if span.atomic else min(span.end, s.n_prefilled + min(budget, max_tokens))
+        work = MediaWork(s.key, s.n_prefilled, tuple(s.prompt[s.n_prefilled:end]),
+                         end == len(s.prompt), span)  # fmt: skip
+        return StepPlan(media=work)
+    return StepPlan()
+
+
+def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int,
+             media_first: bool = False) -> StepPlan:
     """The step's batch (see module docstring). `budget`: tokens the step may evaluate,
     decodes included; `max_tokens`: the hard limit of one batch (n_batch). Pending tokens
-    are always taken (the caller never has more generating sequences than max_tokens)."""
+    are always taken (the caller never has more generating sequences than max_tokens).
+    `media_first`: a sequence waiting at a media span gets this step (`media_step`)."""
+    if media_first and (plan := media_step(seqs, budget, max_tokens)):
+        return plan
     generating = [s for s in seqs if s.pending is not None]
     room = max_tokens - len(generating)  # what drafts may use
     decodes = []
@@ -90,9 +150,9 @@ def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int) -> StepPlan
     for s in seqs:
         if left <= 0:
             break
-        if s.n_prefilled >= len(s.prompt):
-            continue
-        end = min(len(s.prompt), s.n_prefilled + left)
+        if s.n_prefilled >= len(s.prompt) or _span_at(s, s.n_prefilled) is not None:
+            continue  # done, or waiting for a media step
+        end = _text_end(s, min(len(s.prompt), s.n_prefilled + left))
         prefills.append(PrefillWork(s.key, s.n_prefilled, tuple(s.prompt[s.n_prefilled:end]),
                                     end == len(s.prompt)))  # fmt: skip
         left -= end - s.n_prefilled

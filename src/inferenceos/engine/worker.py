@@ -5,7 +5,8 @@ tuples over a multiprocessing Pipe.
 
 Parent → worker:
     ("generate", req_id, prompt text or token ids, SamplingParams, kv policy or None,
-        drafter name or None)
+        drafter name or None[, MediaItems: the text holds one media marker per item])
+    ("media_tokens", req_id, MediaItem): context cells the item takes
     ("stats", req_id)
     ("tokenize", req_id, text, add_special)
     ("embed", req_id, [text, ...])
@@ -56,6 +57,8 @@ class WorkerConfig:
     slot_policy: str = "lru"
     max_queue: int = 64
     draft: str | None = None  # default drafter (ngram, self, a .gguf path); None: none
+    mmproj: Path | None = None  # multimodal projector (media_encoder.py); None: text only
+    mmproj_gpu: bool = True  # the encoder may use a GPU backend when there is one
 
 
 def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
@@ -71,20 +74,20 @@ def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
 
 def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | None:
     """Apply one parent message; returns events to send, or None to shut down."""
-    from inferenceos.engine.scheduler import Request
-
     kind = msg[0]
     if kind == "shutdown":
         return None
     req_id = msg[1]
     try:
         if kind == "generate":
-            prompt = msg[2]
-            tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
             policy = msg[4] if len(msg) > 4 else None
             draft = msg[5] if len(msg) > 5 else None
-            sched.submit(Request(req_id, tokens, msg[3], kv_policy=policy, draft=draft))
+            sched.submit(prompt_request(req_id, msg[2], msg[3], lm, sched.media,
+                                        msg[6] if len(msg) > 6 else (),
+                                        kv_policy=policy, draft=draft))  # fmt: skip
             return []
+        if kind == "media_tokens":
+            return [(req_id, "result", media_encoder(sched).media_tokens(msg[2]))]
         if kind == "stats":
             return [(req_id, "result", sched.stats())]
         if kind == "cancel":
@@ -104,6 +107,35 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
     except Exception as exc:  # a bug must cost one request, not every client's
         return [(req_id, "error", ("GenerationError", f"internal error: {exc!r}"))]
     return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
+
+
+def media_encoder(sched: Any) -> Any:
+    """The scheduler's MediaEncoder; UsageError when the model has no projector."""
+    from inferenceos.errors import UsageError
+
+    if sched.media is None:
+        raise UsageError("this model cannot see images or hear audio: it was loaded "
+                         "without a projector (give one with --mmproj FILE)")
+    return sched.media
+
+
+def prompt_request(req_id: int, prompt: Any, sampling: Any, lm: LoadedModel, media: Any,
+                   items: Any, **kw: Any) -> Any:
+    """The scheduler Request for a prompt (text, or token ids) with optional media items
+    (text prompts only: one media marker per item)."""
+    from inferenceos.engine.scheduler import Request
+    from inferenceos.errors import UsageError
+
+    if not items:
+        tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return Request(req_id, tokens, sampling, **kw)
+    if not isinstance(prompt, str):
+        raise UsageError("media inputs need a text prompt (with one marker per item)")
+    if media is None:
+        raise UsageError("this model cannot see images or hear audio: it was loaded "
+                         "without a projector (give one with --mmproj FILE)")
+    tokens, runs = media.tokenize(prompt, list(items))
+    return Request(req_id, tokens, sampling, media=runs, **kw)
 
 
 def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
@@ -160,6 +192,7 @@ class _Runtime:
         # (before any drafter loads): "kind:buffer type" -> bytes, for telemetry
         self.buffers = {f"{k}:{b}": v for (k, b), v
                         in parse_buffer_lines(llama_log().since(mark)).items()}
+        self.media = open_media(cfg, self.lm)
         self.sched: Any = self._scheduler()
 
     def _scheduler(self) -> Any:
@@ -168,7 +201,8 @@ class _Runtime:
         c = self.cfg
         return Scheduler(self.lm, c.n_slots, c.token_budget, c.kv_policy, c.slot_policy,
                          max_queue=c.max_queue, probe=self.probe,
-                         policy_options=policy_options(self.spec), draft=c.draft)  # fmt: skip
+                         policy_options=policy_options(self.spec), draft=c.draft,
+                         media=self.media)  # fmt: skip
 
     def awake(self) -> Any:
         """The scheduler, opening a context first if the worker sleeps."""
@@ -179,8 +213,10 @@ class _Runtime:
 
     def info(self) -> dict[str, Any]:
         drafts = self.sched.footprint_bytes() if self.sched is not None else 0
+        m = self.media
+        media = {"vision": m.vision, "audio": m.audio, "load_s": m.load_s} if m else {}
         return {**_info(self.lm, self.cfg.n_slots), "asleep": self.sched is None,
-                "draft_bytes": drafts, "buffers": self.buffers}  # fmt: skip
+                "draft_bytes": drafts, "buffers": self.buffers, "media": media}  # fmt: skip
 
     def lifecycle(self, msg: tuple[Any, ...]) -> list[Any]:
         """sleep / wake / resize (see the module docstring); only when idle."""
@@ -224,6 +260,22 @@ class _Runtime:
         return {**self.info(), "carried": carried, "seconds": time.perf_counter() - t0}
 
 
+def open_media(cfg: WorkerConfig, lm: LoadedModel) -> Any:
+    """The projector's MediaEncoder over `lm`, or None without one (closes `lm` when
+    the projector fails to load, so the caller gets one clear error)."""
+    if cfg.mmproj is None:
+        return None
+    from inferenceos.engine.media_encoder import MediaEncoder
+    from inferenceos.engine.session import default_threads
+
+    try:
+        return MediaEncoder(cfg.mmproj, lm.model, lm.settings.n_threads or default_threads(),
+                            cfg.mmproj_gpu)  # fmt: skip
+    except BaseException:
+        lm.close()
+        raise
+
+
 def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     """Process entry point: load, report ready, then serve until shutdown or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -253,6 +305,8 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     finally:
         if rt.sched is not None:
             rt.sched.close()
+        if rt.media is not None:
+            rt.media.close()
         rt.lm.close()
 
 
