@@ -45,3 +45,8 @@ class WorkerDiedError(GenerationError):
 class StorageError(InferenceOSError):
     """A database the runtime keeps is unusable now (corrupt, locked past its wait, on a
     full disk); the message names the file. HTTP 503: nothing the client did wrong."""
+
+
+class MediaError(InferenceOSError):
+    """An image or audio input was refused: too large, of an unsupported type, corrupt,
+    or from a source the server does not fetch (HTTP 400; the message says which)."""
