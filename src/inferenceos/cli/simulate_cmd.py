@@ -97,6 +97,16 @@ def simulate(
         str,
         typer.Option("--policy", help="Objective: latency, capacity, balanced, adaptive"),
     ] = "balanced",
+    image_tokens: Annotated[
+        int,
+        typer.Option("--image-tokens", help="Image (media) tokens in the prompt: encoder "
+                     "time and TTFT with them", min=0),
+    ] = 0,
+    mmproj: Annotated[
+        str | None,
+        typer.Option("--mmproj", help="Multimodal projector (mmproj GGUF); default: one "
+                     "beside the model; 'none': without"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Predict memory, speed and the bottleneck of running MODEL, without loading it."""
@@ -107,7 +117,7 @@ def simulate(
     try:
         pred = simulate_model(
             model, machine, prompt_tokens, output_tokens, ctx, cache_type, threads,
-            policy=policy, local=local,
+            policy=policy, local=local, image_tokens=image_tokens, mmproj=mmproj,
         )  # fmt: skip
     except PlanRefused as exc:
         if not as_json:
@@ -118,7 +128,7 @@ def simulate(
                 "reason": str(exc),
                 "model": model or "(built-in default)",
                 "workload": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                             "n_ctx": ctx or None},
+                             "n_ctx": ctx or None, "image_tokens": image_tokens},
                 "policy": policy,
                 "machine": machine.to_json(),
             }
@@ -142,15 +152,24 @@ def simulate_model(
     threads: int,
     policy: str = "balanced",
     local: bool = True,
+    image_tokens: int = 0,
+    mmproj: str | None = None,
 ) -> Prediction:
     """The prediction `simulate` prints. On this machine (`local`) the calibration
-    includes what recorded runs taught and the threads follow the free cores."""
+    includes what recorded runs taught and the threads follow the free cores. The
+    projector is `mmproj`, else one found beside the model ('none': without)."""
+    from inferenceos.model.projector_files import NONE, check_projector, find_projector
     from inferenceos.plan.calibration_load import load_calibration, recorded_workload
     from inferenceos.plan.model_facts import load_model_facts
     from inferenceos.plan.policy import choose
 
-    w = Workload(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n_ctx=ctx or None)
+    w = Workload(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n_ctx=ctx or None,
+                 image_tokens=image_tokens)
     path = resolve_model(model)
+    if mmproj is not None and mmproj.strip().lower() == NONE:
+        projector = None
+    else:
+        projector = check_projector(mmproj) if mmproj else find_projector(path)
     facts = load_model_facts(path)
     history = recorded_workload(facts) if policy.strip().lower() == "adaptive" else None
     choice = choose(policy, facts, history)
@@ -162,8 +181,23 @@ def simulate_model(
         load = sample_cpu_load()
     return simulate_plan(
         path, machine, w, threads=threads, type_k=cache_type, type_v=cache_type,
-        calibration=cal, policy=choice, cpu_load=load,
+        calibration=cal, policy=choice, cpu_load=load, mmproj=projector,
     )  # fmt: skip
+
+
+def _encoder_rows(p: Prediction) -> list[tuple[str, str]]:
+    """The projector's lines of the Performance table."""
+    pp, enc = p.plan.projector, p.encoder
+    if pp is None:
+        if p.workload.image_tokens:
+            return [("encoder", "no projector (--mmproj FILE): encoder time not predicted")]
+        return []
+    rows = [("projector", f"{pp.kind} on {pp.device}: {format_bytes(pp.weight_bytes)} weights + "
+             f"{format_bytes(pp.compute_bytes)} compute ({pp.tokens_per_image} tokens per image)")]
+    if enc is not None and enc.images:
+        rows.append(("encoder", f"{enc.seconds * 1000:.1f} ms for {enc.images} image"
+                     f"{'s' * (enc.images != 1)} ({enc.bottleneck})"))
+    return rows
 
 
 def _policy_json(p: Prediction) -> dict[str, Any]:
@@ -207,12 +241,15 @@ def print_report(p: Prediction) -> None:
             feas.append(("policy basis", c.why))
     _section("Feasibility", feas)
     _section("Peak memory", [(k, format_bytes(v)) for k, v in p.peak_memory.items()])
+    w = p.workload
+    media = f" + {w.image_tokens} image tokens" if w.image_tokens else ""
     perf = [
         ("prefill", f"{p.prefill_tps:.1f} tokens/s"),
         ("decode", f"{p.decode_tps:.1f} tokens/s"),
-        ("TTFT", f"{p.ttft_s * 1000:.0f} ms for {p.workload.prompt_tokens} prompt tokens"),
+        ("TTFT", f"{p.ttft_s * 1000:.0f} ms for {w.prompt_tokens} prompt tokens{media}"),
         ("total", f"{p.total_s:.2f} s for {p.workload.output_tokens} output tokens"),
     ]
+    perf += _encoder_rows(p)
     _section("Performance", perf)
     _section(
         "Memory traffic per token", [(k, format_bytes(v)) for k, v in p.traffic_per_token.items()]

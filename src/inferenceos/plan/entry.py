@@ -13,15 +13,22 @@ Contract:
   numbers: a prompt that cannot fit is not "feasible".
 - `gpu_layers` and `backend` override the planner; each override is recorded as a
   `Change` that says what the planner would have done.
+- `mmproj` (a projector file or its facts) adds the projector's weights and encoder
+  compute buffer on the device its encoder runs on (`Plan.projector`, plan/projector.py):
+  an accelerator with room after the text model, else the CPU, where the text model is
+  re-planned within the RAM the projector leaves. `image_tokens` count against the
+  context like prompt tokens.
 - Raises `PlanRefused` (an InferenceOSError) when nothing fits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from inferenceos.errors import UsageError
 from inferenceos.hardware.cpu_load import CpuLoad
+from inferenceos.model.projector import ProjectorFacts
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration
@@ -62,10 +69,13 @@ class LoadRequest:
     # what other programs take from the CPUs (hardware.cpu_load.sample_cpu_load()):
     # with it and `threads` 0, the plan takes only the free cores (plan/threads.py)
     cpu_load: CpuLoad | None = None
+    # a multimodal projector (mmproj GGUF path, or its facts) loaded beside the model
+    mmproj: str | Path | ProjectorFacts | None = None
+    image_tokens: int = 0  # media tokens the context must hold besides the prompt's
 
     def validate(self) -> None:
         """UsageError for values no plan can honour (negative, absurd)."""
-        if self.n_ctx < 0 or self.n_batch < 0 or self.need_tokens < 0:
+        if min(self.n_ctx, self.n_batch, self.need_tokens, self.image_tokens) < 0:
             raise UsageError("context, batch and token counts must not be negative")
         if self.n_seq < 1:
             raise UsageError("at least one sequence slot is needed")
@@ -114,12 +124,19 @@ def _context(facts: ModelFacts, req: LoadRequest) -> tuple[int, bool, list[Chang
     if req.n_ctx:
         n, pinned = req.n_ctx, True
     else:
-        n = max(DEFAULT_CTX, req.need_tokens)
+        n = max(DEFAULT_CTX, req.need_tokens + req.image_tokens)
         n, pinned = (min(n, train) if train else n), False
     changes = []
     if train and n > train and not req.rope_scaling:
         changes.append(Change(f"context {n} → {train}", "the model's training context"))
         n = train
+    if req.image_tokens and req.prompt_tokens + req.image_tokens >= n:
+        raise PlanRefused(
+            f"a prompt of {req.prompt_tokens} text tokens and {req.image_tokens} image "
+            f"tokens does not fit a context of {n} (the model was trained on "
+            f"{train or 'an unknown number of'} tokens); use fewer or smaller images, "
+            "a shorter prompt, or a larger context"
+        )
     if req.prompt_tokens >= n:
         raise PlanRefused(
             f"a prompt of {req.prompt_tokens} tokens does not fit a context of {n} "
@@ -136,13 +153,74 @@ def plan_load(
     calibration: Calibration | None = None,
 ) -> Plan:
     """The plan to load `facts` on `machine` for `req` (see the module contract)."""
+    req = req or LoadRequest()
+    req.validate()
+    pf = _projector_facts(req.mmproj)
+    machine, changes = _machine_for(_with_request_devices(machine, req), req.backend)
+    plan = _plan_text(facts, machine, req, calibration, changes)
+    return plan if pf is None else _with_projector(plan, pf, facts, machine, req, calibration)
+
+
+def _projector_facts(mmproj: str | Path | ProjectorFacts | None) -> ProjectorFacts | None:
+    if mmproj is None or isinstance(mmproj, ProjectorFacts):
+        return mmproj
+    from inferenceos.model.projector import load_projector
+
+    return load_projector(mmproj)
+
+
+def _with_projector(
+    plan: Plan,
+    pf: ProjectorFacts,
+    facts: ModelFacts,
+    machine: Machine,
+    req: LoadRequest,
+    calibration: Calibration | None,
+) -> Plan:
+    """`plan` with the projector placed and charged (see the module contract)."""
+    from inferenceos.plan.devices import Overrides, apply_overrides
+    from inferenceos.plan.projector import place_projector, with_projector
+    from inferenceos.units import format_bytes as fb
+
+    pp = place_projector(
+        pf, machine, plan.memory, prefer=plan.accelerators, image_tokens=req.image_tokens,
+        flash_attn=True,  # mtmd's default "auto" (see plan/projector.py)
+    )  # fmt: skip
+    memory = with_projector(plan.memory, pp)
+    ram = machine.cpu.memory_bytes
+    if pp.device == "CPU" and memory.by_device.get("CPU", 0) > ram:
+        left = ram - pp.bytes
+        if left <= 0:
+            raise PlanRefused(
+                f"the projector {Path(pf.path).name} needs {fb(pp.bytes)} of RAM "
+                f"(weights {fb(pp.weight_bytes)}, encoder compute {fb(pp.compute_bytes)}); "
+                f"RAM budget {fb(ram)}"
+            )
+        smaller = apply_overrides(machine, Overrides(ram=left))
+        ch = Change(
+            f"{fb(pp.bytes)} of RAM kept for the projector",
+            f"its encoder runs on the CPU ({pp.why}); the text model planned within {fb(left)}",
+        )
+        plan = replace(
+            _plan_text(facts, smaller, req, calibration, [ch]), budgets=plan.budgets
+        )
+        memory = with_projector(plan.memory, pp)
+    return replace(plan, memory=memory, projector=pp)
+
+
+def _plan_text(
+    facts: ModelFacts,
+    machine: Machine,
+    req: LoadRequest,
+    calibration: Calibration | None,
+    changes: list[Change],
+) -> Plan:
+    """The text model's plan on `machine` (already restricted to the request)."""
     from inferenceos.plan.memory import ContextSettings
     from inferenceos.plan.microbatch import size_ubatch
     from inferenceos.plan.preflight import make_plan
 
-    req = req or LoadRequest()
-    req.validate()
-    machine, changes = _machine_for(_with_request_devices(machine, req), req.backend)
+    changes = list(changes)
     changes += [Change("worker left out", why) for why in machine.lost]
     n, pinned, ctx_changes = _context(facts, req)
     changes += ctx_changes

@@ -289,6 +289,9 @@ class MemoryEstimate:
     overhead: int
     context: EffectiveContext
     by_device: dict[str, int] = field(default_factory=dict)
+    # a multimodal projector's weights + encoder compute buffer, by device (plan/projector.py);
+    # already included in by_device
+    projector: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -315,6 +318,7 @@ class MemoryEstimate:
             "output": self.output,
             "overhead": self.overhead,
             "by_device": self.by_device,
+            "projector": self.projector,
             "total": self.total,
             "n_ctx": self.context.n_ctx,
             "n_ubatch": self.context.n_ubatch,

@@ -153,6 +153,9 @@ def _device_time(
     return f"{dev.name} compute", t_comp
 
 
+device_time = _device_time  # the same rates for a projector's encoder (plan/projector.py)
+
+
 def decode_cost(
     facts: ModelFacts,
     placement: Placement,

@@ -13,6 +13,7 @@ from inferenceos.atomic import write_json_atomic
 from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.placement import Placement
+from inferenceos.plan.projector import ProjectorPlan
 from inferenceos.units import format_bytes
 
 EXPERT_TENSORS = r"ffn_(up|down|gate|gate_up)_exps"
@@ -54,6 +55,9 @@ class Plan:
     # llama parameters set after planning (optimize's stored best: plan/tuned.py); they
     # only ever lower what costs memory, so the estimate stays an upper bound
     param_overrides: tuple[tuple[str, Any], ...] = ()
+    # the multimodal projector (LoadRequest.mmproj): its device and bytes, already
+    # counted in `memory` (plan/projector.py)
+    projector: ProjectorPlan | None = None
 
     # -- llama.cpp parameters ------------------------------------------------------------
 
@@ -136,6 +140,9 @@ class Plan:
         )
         mem = ", ".join(f"{d} {format_bytes(b)}" for d, b in self.memory.by_device.items())
         flags = " · disk-bound (mmap)" if self.disk_bound else ""
+        if self.projector is not None:
+            pp = self.projector
+            flags += f" · projector {pp.kind} on {pp.device} ({format_bytes(pp.bytes)})"
         return (
             f"plan: ctx {c.n_ctx} · KV {c.type_k}/{c.type_v} · flash-attn "
             f"{'on' if c.flash_attn else 'off'} · ubatch {c.n_ubatch} · {where} · "
@@ -155,6 +162,7 @@ class Plan:
             "memory": self.memory.to_json(),
             "budgets": self.budgets,
             "placement": self.placement.to_json(),
+            "projector": self.projector.to_json() if self.projector is not None else None,
         }
 
     def save(self, path: str | Path) -> None:

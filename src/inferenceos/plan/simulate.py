@@ -19,6 +19,7 @@ from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
 from inferenceos.plan.plan import Plan
 from inferenceos.plan.policy import PolicyChoice
+from inferenceos.plan.projector import EncoderTime
 
 DEFAULT_CTX = 4096
 
@@ -30,6 +31,7 @@ class Workload:
     prompt_tokens: int = 512
     output_tokens: int = 128
     n_ctx: int | None = None  # None: the planner picks (DEFAULT_CTX or the model's)
+    image_tokens: int = 0  # media tokens in the prompt besides its text tokens
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Prediction:
     calibration: Calibration
     decode_parts: dict[str, float] = field(default_factory=dict)
     policy: PolicyChoice | None = None
+    # the projector's encoder for the workload's image tokens (None: no projector)
+    encoder: EncoderTime | None = None
 
     @property
     def feasible(self) -> bool:
@@ -68,6 +72,7 @@ class Prediction:
             "bottleneck": self.bottleneck,
             "recommendation": self.recommendation,
             "decode_seconds_by_resource": {k: round(v, 6) for k, v in self.decode_parts.items()},
+            "encoder": self.encoder.to_json() if self.encoder is not None else None,
             "workload": self.workload.__dict__,
             "machine": self.machine.to_json(),
             "basis": self.calibration.basis,
@@ -122,9 +127,12 @@ def simulate(
     calibration: Calibration | None = None,
     policy: PolicyChoice | None = None,
     cpu_load: CpuLoad | None = None,
+    mmproj: str | Path | None = None,
 ) -> Prediction:
     """Plan and predict for `path` on `machine` (metadata only). `policy` (plan/policy.py)
-    changes the objective; `cpu_load` makes the thread count load-aware."""
+    changes the objective; `cpu_load` makes the thread count load-aware; `mmproj` a
+    multimodal projector loaded beside the model (its memory in the plan, its encoder
+    time in the TTFT of `workload.image_tokens`)."""
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.policy import apply_to_plan, apply_to_request
 
@@ -136,6 +144,7 @@ def simulate(
         type_k=type_k if explicit else None, type_v=type_v if explicit else None,
         need_tokens=workload.prompt_tokens + workload.output_tokens,
         prompt_tokens=workload.prompt_tokens, cpu_load=cpu_load,
+        mmproj=mmproj, image_tokens=workload.image_tokens,
     )  # fmt: skip
     if policy is not None:
         req = apply_to_request(policy, req, facts)
@@ -150,10 +159,13 @@ def predict(
 ) -> Prediction:
     """The performance half of simulate, for an existing plan."""
     pl, ctx = plan.placement, plan.ctx
-    pre = prefill_cost(facts, pl, machine, ctx, w.prompt_tokens, ctx.n_ubatch, cal, plan.threads)
-    mid = w.prompt_tokens + w.output_tokens // 2
+    # image tokens are decoded like prompt tokens once the encoder has made them
+    n_in = w.prompt_tokens + w.image_tokens
+    pre = prefill_cost(facts, pl, machine, ctx, n_in, ctx.n_ubatch, cal, plan.threads)
+    mid = n_in + w.output_tokens // 2
     dec = decode_cost(facts, pl, machine, ctx, mid, cal, plan.threads)
-    ttft = pre.seconds + cal.token_overhead_s
+    enc = _encoder(plan, machine, w, cal)
+    ttft = pre.seconds + cal.token_overhead_s + (enc.seconds if enc is not None else 0.0)
     total = ttft + max(w.output_tokens - 1, 0) * dec.seconds
     peak = dict(plan.memory.by_device)
     if pl.disk_bytes:
@@ -164,7 +176,7 @@ def predict(
         plan=plan,
         machine=machine,
         workload=w,
-        prefill_tps=w.prompt_tokens / pre.seconds if pre.seconds else 0.0,
+        prefill_tps=n_in / pre.seconds if pre.seconds else 0.0,
         decode_tps=1.0 / dec.seconds if dec.seconds else 0.0,
         ttft_s=ttft,
         total_s=total,
@@ -174,7 +186,19 @@ def predict(
         recommendation=recommend(plan, dec, machine),
         calibration=cal,
         decode_parts=dict(dec.parts),
+        encoder=enc,
     )
+
+
+def _encoder(plan: Plan, machine: Machine, w: Workload, cal: Calibration) -> EncoderTime | None:
+    """The encoder time of the plan's projector for `w.image_tokens` (None without one)."""
+    if plan.projector is None:
+        return None
+    from inferenceos.model.projector import load_projector
+    from inferenceos.plan.projector import encoder_time
+
+    pf = load_projector(plan.projector.path)
+    return encoder_time(pf, plan.projector, machine, w.image_tokens, cal, plan.threads)
 
 
 def recommend(plan: Plan, dec: StepCost, machine: Machine) -> str:
