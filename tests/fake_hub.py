@@ -229,6 +229,38 @@ def tiny_gguf(tmp: Path, kind: str = "llama", seed: int = 0) -> bytes:
     return path.read_bytes()
 
 
+def tiny_projector(path: Path, weights: str = "f16", name: str = "tiny-clip",
+                   arch: str = "clip", audio: bool = False, seed: int = 0) -> Path:
+    """A small GGUF shaped like a projector header (`general.architecture` `arch`,
+    `clip.projector_type` "mlp", one matrix of `weights` type f16 / f32 / bf16 / q8_0)
+    for the projector finding rules; tests/tiny_vlm.py has one mtmd really loads."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), arch)
+    w.add_name(name)
+    w.add_string("clip.projector_type", "mlp")
+    w.add_bool("clip.has_vision_encoder", not audio)
+    w.add_bool("clip.has_audio_encoder", audio)
+    w.add_uint32("clip.vision.image_size", 32)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    matrix = rng.standard_normal((64, 64)).astype(np.float32)
+    if weights == "f16":
+        w.add_tensor("mm.0.weight", matrix.astype(np.float16))
+    elif weights == "f32":
+        w.add_tensor("mm.0.weight", matrix)
+    else:
+        qtype = {"bf16": GGMLQuantizationType.BF16, "q8_0": GGMLQuantizationType.Q8_0}[weights]
+        w.add_tensor("mm.0.weight", quantize(matrix, qtype), raw_dtype=qtype)
+    w.add_tensor("mm.0.bias", np.zeros(64, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def tiny_split_gguf(folder: Path, parts: int = 2, base: str = "tiny") -> list[Path]:
     """A tiny llama written as a split GGUF (`base-0000i-of-0000N.gguf`) in `folder`."""
     s = SHAPES["llama"]

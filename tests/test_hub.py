@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fake_hub import FakeHub, tiny_gguf, tiny_split_gguf
+from fake_hub import FakeHub, tiny_gguf, tiny_projector, tiny_split_gguf
 from inferenceos.errors import ModelLoadError, ModelNotFoundError, UsageError
 from inferenceos.model.spec import load_spec
 from inferenceos.registry import hub as hubmod
@@ -42,7 +42,7 @@ def blobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """Three tiny models of different sizes, standing for three quants."""
     d = tmp_path_factory.mktemp("hub-models")
     return {"Tiny-Q4_K_M.gguf": tiny_gguf(d, "llama"), "Tiny-Q8_0.gguf": tiny_gguf(d, "moe"),
-            "mmproj-Tiny-F16.gguf": tiny_gguf(d, "llama", seed=3)}
+            "mmproj-Tiny-F16.gguf": tiny_projector(d / "mmproj.gguf").read_bytes()}
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_pull_by_quant(hub: FakeHub, store: ModelStore, blobs: dict[str, bytes])
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
     assert "verifying sha256 digest" in statuses
     assert "checking that llama.cpp can load it" in statuses
-    last = [ev for ev in events if ev.total][-1]
+    last = [ev for ev in events if ev.total and ev.digest == e.digest][-1]  # not the mmproj's
     assert last.completed == last.total == len(data)
     assert last.to_ollama()["digest"] == f"sha256:{e.digest}"
     assert leftovers(store) == [] and [m.name for m in store.list()] == [e.name]

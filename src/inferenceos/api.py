@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # keep `import inferenceos` cheap: these load on first use
     from inferenceos.plan.simulate import Prediction
     from inferenceos.registry.store import ModelEntry
 
-__all__ = ["Completion", "Model", "TextStream", "list", "load", "pull", "resolve", "simulate"]
+__all__ = ["Completion", "Model", "TextStream", "list", "load", "pull", "resolve",
+           "resolve_projector", "simulate"]
 
 # Base models (no chat template) chat in this transcript form; a reply ends where the
 # model starts the user's next line.
@@ -77,6 +78,37 @@ def resolve(model: str | Path = "") -> Path:
         raise ModelNotFoundError(
             f"model '{model}' not found: pass a .gguf path, or `inferenceos pull` it first")
     return entry.path
+
+
+def resolve_projector(model: str | Path = "", mmproj: str | Path | None = None) -> Path | None:
+    """The multimodal projector (mmproj GGUF) to load with `model`, or None.
+
+    `mmproj` (what `--mmproj` says) wins: "none" → None; a file → itself, checked to be
+    a projector (ModelNotFoundError when missing, UsageError when not a projector);
+    None or "auto" → the model's own: for a registry name, the projector its entry
+    records (pulled or imported with it; None when its file has gone missing, which
+    `models show` reports), for a .gguf path the projector beside it
+    (`model/projector_files.py` says which); the built-in model has none.
+    Call it with the same `model` text as `resolve`.
+    """
+    from inferenceos.model.projector_files import NONE, check_projector, find_projector
+
+    if mmproj is not None and str(mmproj).lower() not in ("", "auto"):
+        return None if str(mmproj).lower() == NONE else check_projector(mmproj)
+    if not str(model):
+        return None
+    path = Path(model).expanduser()
+    if path.is_file():
+        return find_projector(path)
+    from inferenceos.registry.catalog import entry_projector
+    from inferenceos.registry.names import InvalidNameError
+    from inferenceos.registry.store import ModelStore
+
+    try:
+        entry = ModelStore().find(str(model))
+    except InvalidNameError:
+        return None  # `resolve` says what is wrong with the name
+    return entry_projector(entry) if entry is not None else None
 
 
 def sampling_params(options: Mapping[str, Any]) -> SamplingParams:

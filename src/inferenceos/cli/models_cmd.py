@@ -38,7 +38,37 @@ def _store() -> ModelStore:
 def _entry_json(e: ModelEntry) -> dict[str, Any]:
     return {"name": e.name, "digest": e.digest, "size": e.size, "source": e.source,
             "architecture": e.architecture, "file_type": e.file_type,
-            "modified_at": e.modified_at, "parts": e.parts, "in_place": e.in_place}
+            "modified_at": e.modified_at, "parts": e.parts, "in_place": e.in_place,
+            "projector": str(e.projector) if e.projector is not None else None}
+
+
+def _projector_json(e: ModelEntry) -> dict[str, Any] | None:
+    """The entry's projector as `show` reports it; `problem` says why it cannot be
+    used (missing, or not a projector), "" when it can."""
+    from inferenceos.model.projector_files import read_projector
+
+    if e.projector is None:
+        return None
+    data: dict[str, Any] = {"path": str(e.projector), "digest": e.projector_digest,
+                            "in_place": e.projector_location is not None, "problem": ""}
+    try:
+        p = read_projector(e.projector)
+    except InferenceOSError as exc:
+        data["problem"] = "missing" if not e.projector.exists() else \
+            " ".join(str(exc).replace(str(e.projector), "the file").split())[:200]
+        return data
+    data.update(type=p.projector_type or "unknown", weights=p.weight_type, size=p.size,
+                vision=p.vision, audio=p.audio)
+    return data
+
+
+def _projector_line(proj: dict[str, Any]) -> str:
+    if proj["problem"]:
+        return f"{proj['path']} ({proj['problem']}: images cannot be used; pull the model " \
+               "again or pass --mmproj FILE)"
+    media = " + ".join(m for m in ("vision", "audio") if proj[m]) or "no encoder"
+    return f"{proj['path']} ({proj['type']}, {media}, {proj['weights']}, " \
+           f"{fmt_bytes(proj['size'])})"
 
 
 def _table(entries: list[ModelEntry]) -> Table:
@@ -91,16 +121,19 @@ def show(
     name: Annotated[str, typer.Argument(help="Model name")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
-    """One model's entry: file, digest, architecture."""
+    """One model's entry: file, digest, architecture, projector (images / audio)."""
     e = _store().get(name)
+    proj = _projector_json(e)
     data = {"name": e.name, "path": str(e.path), "digest": e.digest, "size": e.size,
             "source": e.source, "architecture": e.architecture, "file_type": e.file_type,
             "parameters": e.parameters, "context_length": e.context_length,
-            "parts": e.parts, "in_place": e.in_place}
+            "parts": e.parts, "in_place": e.in_place, "projector": proj}
     if as_json:
         print_json(data)
         return
     for k, v in data.items():
+        if k == "projector":
+            v = _projector_line(proj) if proj is not None else "none (text only)"
         out.print(f"{k:>15}  {safe_text(str(v))}")
 
 
@@ -118,18 +151,29 @@ def pull(
     link: Annotated[bool, typer.Option(
         "--link", help="Hard-link a local file instead of copying (it must then stay unchanged)")
     ] = False,
+    mmproj: Annotated[str | None, typer.Option(
+        "--mmproj", help="A local file's projector (mmproj GGUF) for images / audio, or "
+                         "'none' (default: the one beside the file, if any)")] = None,
 ) -> None:
     """Register a model: from the Hugging Face Hub, a local GGUF file, or the built-in one.
 
     From the Hub, the quant tag picks the file (default: the best that fits this
     machine); the download resumes after a cut, is checked against the Hub's sha256, and
     llama.cpp must accept the file before it is registered. HF_ENDPOINT, HF_TOKEN and
-    HF_HUB_OFFLINE are honoured.
+    HF_HUB_OFFLINE are honoured. A vision model's projector (mmproj) comes with it: the
+    repo's (f16 preferred), or the one beside a local file.
     """
     from inferenceos.registry import hub
     from inferenceos.registry.loadcheck import check_loadable
+    from inferenceos.registry.store import AUTO
 
     store = _store()
+    if mmproj is not None and (hub.is_hub_name(source) or not _looks_like_path(source)):
+        raise InferenceOSError("--mmproj is for a local .gguf file; a Hub pull takes the "
+                               "repository's projector")
+    projector: Path | str | None = AUTO
+    if mmproj is not None:
+        projector = None if mmproj.lower() == "none" else Path(mmproj).expanduser()
 
     def progress(msg: str) -> None:
         err.print(msg, style="dim", markup=False)
@@ -138,12 +182,15 @@ def pull(
         e = _pull_hub(store, source, name)
     elif _looks_like_path(source):
         e = store.import_file(Path(source).expanduser(), name, link=link, progress=progress,
-                              check=check_loadable)
+                              check=check_loadable, projector=projector)
     else:
         e = store.pull(source, progress=progress)
         if name:
             e = store.copy(e.name, name)
     out.print(f"{safe_text(e.name)}  {e.digest[:12]}  {fmt_bytes(e.size)}", markup=False)
+    if e.projector is not None:
+        shown = (e.projector_digest or "")[:12] or str(e.projector)
+        out.print(f"projector  {safe_text(shown)}  {fmt_bytes(e.projector.stat().st_size)}")
 
 
 def _pull_hub(store: ModelStore, source: str, name: str | None) -> ModelEntry:
@@ -273,7 +320,9 @@ def discover(
                             check=check_loadable if check else None)
     if as_json:
         print_json([{"name": o.found.name, "path": str(o.found.path), "tool": o.found.tool,
-                     "status": o.status, "reason": o.reason} for o in outcomes])
+                     "status": o.status, "reason": o.reason,
+                     "projector": str(o.found.projector) if o.found.projector else None}
+                    for o in outcomes])
         return
     if not outcomes:
         where = ", ".join(str(f) for f in folders) if folders else \

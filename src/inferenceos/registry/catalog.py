@@ -4,6 +4,10 @@
 name is validated, then looked up among the aliases given on the command line (`serve
 PATH` serves PATH under a name derived from its file name) and the registry. A client
 can never name a path on the server's disk.
+
+Each model comes with its multimodal projector when it has one (`ResolvedModel.mmproj`):
+the one its registry entry records, or for a file served by path the one given at
+startup (`serve --mmproj`) or found beside it (`model/projector_files.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 from inferenceos.errors import ModelNotFoundError, StorageError
 from inferenceos.registry.names import canonical
 from inferenceos.registry.store import (
+    AUTO,
     ModelEntry,
     ModelStore,
     name_for_file,
@@ -37,6 +42,9 @@ class ResolvedModel:
     parameters: int
     context_length: int
     modified_at: float
+    # the projector (mmproj GGUF) to load for images / audio; None: a text-only model,
+    # or a recorded projector whose file has gone missing (`models show` says which)
+    mmproj: Path | None = None
 
 
 # a quantization suffix of a GGUF file name: .Q4_K_M, -q8_0, .IQ2_XXS, .f16, -BF16 ...
@@ -54,7 +62,19 @@ def plain_name(key: str) -> str | None:
 
 def _from_entry(e: ModelEntry) -> ResolvedModel:
     return ResolvedModel(e.name, e.path, e.digest, e.size, e.architecture, e.file_type,
-                         e.parameters, e.context_length, e.modified_at)
+                         e.parameters, e.context_length, e.modified_at,
+                         entry_projector(e))
+
+
+def entry_projector(e: ModelEntry) -> Path | None:
+    """The projector to load with a registry entry: the one it records when its file
+    is there; for an entry registered in place without one, the projector beside its
+    file (entries from before projectors were recorded); else None."""
+    from inferenceos.model.projector_files import find_projector
+
+    if e.projector is not None:
+        return e.projector if e.projector.is_file() else None
+    return find_projector(e.path) if e.in_place else None
 
 
 class Catalog:
@@ -68,20 +88,31 @@ class Catalog:
         for path in files or []:
             self.add_file(path)
 
-    def add_file(self, path: Path, name: str | None = None) -> ResolvedModel:
+    def add_file(self, path: Path, name: str | None = None,
+                 mmproj: Path | str | None = AUTO) -> ResolvedModel:
         """Serve `path` under `name` (default: from the file name) without copying it.
 
         The first part of a split GGUF is named without its `-00001-of-0000N` suffix and
-        sized with all its parts (llama.cpp finds them next to it)."""
+        sized with all its parts (llama.cpp finds them next to it). `mmproj`: AUTO (the
+        projector beside the file, if any), a projector file (checked: UsageError when
+        it is not one), or None / "none" (no projector)."""
         from inferenceos.model.digest import file_digest
+        from inferenceos.model.projector_files import NONE, check_projector, find_projector
         from inferenceos.model.spec import load_spec
 
         spec = load_spec(Path(path).expanduser())
+        if mmproj is None or (isinstance(mmproj, str) and mmproj.lower() == NONE):
+            projector = None
+        elif isinstance(mmproj, str) and mmproj == AUTO:
+            projector = find_projector(spec.path)
+        else:
+            projector = check_projector(mmproj)
         key = canonical(name) if name else name_for_file(split_base(spec.path))
         size = sum(p.stat().st_size for p in split_parts(spec.path))
         model = ResolvedModel(
             key, spec.path, file_digest(spec.path), size, spec.architecture,
             spec.file_type, spec.parameters, spec.context_length, spec.path.stat().st_mtime,
+            projector,
         )
         self._aliases[key] = model
         plain = plain_name(key)

@@ -15,6 +15,11 @@ Where it looks (`default_places`), and the names it gives:
   from the file name as `models pull FILE` would; a folder laid out like one of the
   above is read as such.
 
+A vision model's projector is recorded with it, also in place: Ollama's projector layer
+(`application/vnd.ollama.image.projector`), elsewhere the `mmproj` file beside the model
+(`model/projector_files.find_projector`). A model registered before keeps its entry
+and gains the projector on the next discover.
+
 Files are registered with `ModelStore.register_in_place`: nothing is copied, `rm` only
 forgets the name. Everything read here is untrusted: manifest paths, names and digests
 are validated before a path is built from them; unreadable or malformed entries are
@@ -43,6 +48,7 @@ MAX_FILES = 20000  # entries looked at per folder: a bound on a walk of a huge t
 _MANIFEST_MAX = 1024 * 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+_OLLAMA_PROJECTOR_LAYER = "application/vnd.ollama.image.projector"
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class Found:
     path: Path  # what llama.cpp opens (the first part of a split model)
     tool: str  # ollama | lm-studio | hf-cache | folder
     digest: str | None = None  # sha256 hex when known without reading the file
+    projector: Path | None = None  # its multimodal projector, when it has one
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,8 @@ def ollama_models(root: Path) -> Iterator[Found | Outcome]:
         shown = Found("/".join(parts), manifest, "ollama")
         try:
             name = ollama_name(*parts)
-            digest = _ollama_model_digest(manifest)
+            layers = _ollama_layers(manifest)
+            digest = layers.get(_OLLAMA_MODEL_LAYER)
         except (InferenceOSError, OSError, ValueError) as exc:
             yield Outcome(shown, "skipped", _short(exc))
             continue
@@ -125,18 +133,37 @@ def ollama_models(root: Path) -> Iterator[Found | Outcome]:
         if not blob.is_file():
             yield Outcome(shown, "skipped", "its model blob is missing")
             continue
-        yield Found(name, blob, "ollama", digest)
+        proj = layers.get(_OLLAMA_PROJECTOR_LAYER)
+        proj_blob = root / "blobs" / f"sha256-{proj}" if proj else None
+        yield Found(name, blob, "ollama", digest, _checked_projector(proj_blob))
 
 
-def _ollama_model_digest(manifest: Path) -> str | None:
+def _ollama_layers(manifest: Path) -> dict[str, str]:
+    """{media type: sha256 hex} of a manifest's layers (the first of each type),
+    digests validated."""
     if manifest.stat().st_size > _MANIFEST_MAX:
         raise ValueError("manifest too large")
     data = json.loads(manifest.read_bytes())
     layers = data.get("layers") if isinstance(data, dict) else None
+    found: dict[str, str] = {}
     for layer in layers if isinstance(layers, list) else []:
-        if isinstance(layer, dict) and layer.get("mediaType") == _OLLAMA_MODEL_LAYER:
-            return parse_digest(str(layer.get("digest")).replace("sha256-", "sha256:"))
-    return None
+        kind = layer.get("mediaType") if isinstance(layer, dict) else None
+        if kind in (_OLLAMA_MODEL_LAYER, _OLLAMA_PROJECTOR_LAYER) and kind not in found:
+            found[kind] = parse_digest(str(layer.get("digest")).replace("sha256-", "sha256:"))
+    return found
+
+
+def _checked_projector(path: Path | None) -> Path | None:
+    """`path` when it is a real projector file (header checked), else None."""
+    from inferenceos.model.projector_files import is_projector
+
+    return path if path is not None and is_projector(path) else None
+
+
+def _beside(path: Path) -> Path | None:
+    from inferenceos.model.projector_files import find_projector
+
+    return find_projector(path)
 
 
 # -- LM Studio ---------------------------------------------------------------------------
@@ -158,7 +185,7 @@ def lmstudio_models(root: Path) -> Iterator[Found | Outcome]:
         except InvalidNameError as exc:
             yield Outcome(Found(str(Path(*rel)), path, "lm-studio"), "skipped", _short(exc))
             continue
-        yield Found(name, path, "lm-studio")
+        yield Found(name, path, "lm-studio", projector=_beside(path))
 
 
 # -- the Hugging Face cache --------------------------------------------------------------
@@ -216,7 +243,7 @@ def hf_cache_models(root: Path) -> Iterator[Found | Outcome]:
                 yield Outcome(Found(f"{repo}/{first.path}", path, "hf-cache"), "skipped",
                               _short(exc))
                 continue
-            yield Found(name, path, "hf-cache", first.sha256)
+            yield Found(name, path, "hf-cache", first.sha256, _beside(path))
 
 
 # -- plain folders -----------------------------------------------------------------------
@@ -224,7 +251,7 @@ def hf_cache_models(root: Path) -> Iterator[Found | Outcome]:
 
 def _folder_found(path: Path, tool: str) -> Iterator[Found | Outcome]:
     try:
-        yield Found(name_for_file(split_base(path)), path, tool)
+        yield Found(name_for_file(split_base(path)), path, tool, projector=_beside(path))
     except InvalidNameError as exc:
         yield Outcome(Found(path.name, path, tool), "skipped", _short(exc))
 
@@ -335,6 +362,8 @@ def _register(store: ModelStore, found: Found, dry_run: bool,
     existing = store.find(found.name)
     if existing is not None:
         if existing.location == str(found.path.absolute()):
+            if found.projector is not None and existing.projector is None and not dry_run:
+                store.set_projector(found.name, location=found.projector)  # found since
             return Outcome(found, "present")
         return Outcome(found, "skipped", f"the name {found.name} is taken by another model")
     try:
@@ -344,7 +373,8 @@ def _register(store: ModelStore, found: Found, dry_run: bool,
         if dry_run:
             return Outcome(found, "would-add")
         digest = found.digest or digest_of(found.path)
-        store.register_in_place(found.path, found.name, digest, found.tool)
+        store.register_in_place(found.path, found.name, digest, found.tool,
+                                projector=found.projector)
     except (InferenceOSError, OSError) as exc:
         return Outcome(found, "skipped", _short(exc).replace(str(found.path), found.path.name))
     return Outcome(found, "added")

@@ -21,6 +21,12 @@ Contract (each point has a test against the fake Hub in tests/fake_hub.py):
   llama.cpp's own dry load accepted it (`loadcheck.py`), then by a rename inside the
   store (`ModelStore.add_blob` / `add_parts`). A wrong digest deletes the download and
   registers nothing.
+- A repo with a multimodal projector (`mmproj*.gguf`) gives it with the model: the one
+  `hub_names.choose_projector` picks (f16 first), fetched after the model file with the
+  same digest checks, and kept only when its header says it is a projector
+  (`general.architecture == "clip"`; anything else is skipped with a note). It goes into
+  the store as a blob of its own, recorded on the entry; a model already up to date gets
+  a projector it lacks.
 - Offline (`HF_HUB_OFFLINE=1`): the model is taken from the Hugging Face cache when it is
   there (hard-linked or copied into the store), else the pull fails and says why.
 
@@ -53,6 +59,7 @@ from inferenceos.registry.hub_names import (
     HubRef,
     candidates,
     choose,
+    choose_projector,
     is_hub_name,
     parse_hub_ref,
     validate_repo_path,
@@ -378,34 +385,89 @@ def pull_events(store: ModelStore, text: str, *, name: str | None = None,
         cand, why = choose(candidates(files), ref.quant, memory_bytes, f"hf.co/{ref.repo}")
     key = key or ref.registry_name(cand.label if ref.file else None)
     yield PullEvent(f"chose {cand.files[0].path}: {why}")
+    proj = choose_projector(files, cand)
+    if proj is not None:
+        yield PullEvent(f"projector: {proj.path}")
     existing = store.find(key)
     if existing and existing.digest == cand.files[0].sha256 and existing.path.is_file() \
             and not existing.in_place:
-        yield PullEvent("already up to date")
+        if proj is None or (existing.projector_digest == proj.sha256
+                            and existing.projector is not None
+                            and existing.projector.is_file()):
+            yield PullEvent("already up to date")
+            yield PullEvent("success", entry=existing)
+            return
+        check_disk(store, _still_needed([proj], store))
+        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
+        if got is not None:
+            yield PullEvent("writing manifest")
+            existing = store.set_projector(key, store.add_projector_blob(*got))
         yield PullEvent("success", entry=existing)
         return
     # partial downloads are named by their (validated) digest, so a later pull resumes them
     partials = [store.blobs / f".download-{f.sha256}" for f in cand.files]
+    wanted = [*cand.files, *([proj] if proj is not None else [])]
     if not (len(cand.files) == 1 and store.blob_path(cand.files[0].sha256).is_file()):
-        have = [p.stat().st_size if p.is_file() else 0 for p in partials]
-        check_disk(store, sum(max(0, f.size - h) for f, h in zip(cand.files, have, strict=True)))
+        check_disk(store, _still_needed(wanted, store))
+    elif proj is not None:
+        check_disk(store, _still_needed([proj], store))
     source = f"{endpoint()}/{ref.repo}@{commit[:12]}"
     if len(cand.files) == 1:
         entry = yield from _pull_single(store, ref, commit, cand.files[0], partials[0],
-                                        key, source, retries, cancel, check)
+                                        key, source, retries, cancel, check, proj)
     else:
         entry = yield from _pull_split(store, ref, commit, cand, partials, key, source,
-                                       retries, cancel, check)
+                                       retries, cancel, check, proj)
     yield PullEvent("success", entry=entry)
+
+
+def _still_needed(files: list[HubFile], store: ModelStore) -> int:
+    """Bytes still to download for `files` (their blobs and partial downloads counted)."""
+    needed = 0
+    for f in files:
+        if store.blob_path(f.sha256).is_file():
+            continue
+        partial = store.blobs / f".download-{f.sha256}"
+        needed += max(0, f.size - (partial.stat().st_size if partial.is_file() else 0))
+    return needed
+
+
+def _pull_projector(store: ModelStore, ref: HubRef, commit: str, f: HubFile | None,
+                    retries: int, cancel: threading.Event | None
+                    ) -> Generator[PullEvent, None, tuple[Path, str] | None]:
+    """Fetch the projector `f` (digest-checked) and check its header: (file, sha256)
+    ready for `ModelStore.add_projector_blob`, or None when there is none or the file
+    is not a projector (deleted, with a note)."""
+    from inferenceos.model.projector_files import read_projector
+
+    if f is None:
+        return None
+    blob = store.blob_path(f.sha256)
+    if blob.is_file() and blob.stat().st_size == f.size:  # already here (another model)
+        return blob, f.sha256
+    partial = store.blobs / f".download-{f.sha256}"
+    url = _file_location(ref, commit, f)
+    yield from download(url, f, partial, retries, cancel)
+    yield PullEvent("verifying sha256 digest", f.sha256)
+    try:
+        read_projector(partial)
+    except InferenceOSError as exc:
+        partial.unlink(missing_ok=True)
+        why = str(exc).replace(str(partial), f.path)
+        yield PullEvent(f"skipping {f.path}: {why[:200]}")
+        return None
+    return partial, f.sha256
 
 
 def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partial: Path,
                  key: str, source: str, retries: int, cancel: threading.Event | None,
-                 check: Check) -> Generator[PullEvent, None, ModelEntry]:
+                 check: Check, proj: HubFile | None = None
+                 ) -> Generator[PullEvent, None, ModelEntry]:
     blob = store.blob_path(f.sha256)
     if blob.is_file() and blob.stat().st_size == f.size:  # same content under another name
+        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
         yield PullEvent("writing manifest")
-        return store.add_blob(blob, f.sha256, key, source)
+        return store.add_blob(blob, f.sha256, key, source, projector=got)
     url = _file_location(ref, commit, f)
     yield from download(url, f, partial, retries, cancel)
     yield PullEvent("verifying sha256 digest", f.sha256)
@@ -415,13 +477,16 @@ def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partia
     except InferenceOSError:
         partial.unlink(missing_ok=True)
         raise
+    # the projector after the model: a model refused by llama.cpp costs no projector
+    # download, and a cut here keeps the model's verified download for the next pull
+    got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
     yield PullEvent("writing manifest")
-    return store.add_blob(partial, f.sha256, key, source)
+    return store.add_blob(partial, f.sha256, key, source, projector=got)
 
 
 def _pull_split(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
                 partials: list[Path], key: str, source: str, retries: int,
-                cancel: threading.Event | None, check: Check
+                cancel: threading.Event | None, check: Check, proj: HubFile | None = None
                 ) -> Generator[PullEvent, None, ModelEntry]:
     n = len(cand.files)
     for f, partial in zip(cand.files, partials, strict=True):
@@ -444,8 +509,9 @@ def _pull_split(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
             for p in partials:
                 p.unlink(missing_ok=True)
             raise
+        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
         yield PullEvent("writing manifest")
-        entry = store.add_parts(folder, cand.files[0].sha256, key, source)
+        entry = store.add_parts(folder, cand.files[0].sha256, key, source, projector=got)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for p in partials:

@@ -5,7 +5,8 @@ Layout under the models directory (`models.dir`, default `<data dir>/models`):
     blobs/sha256-<64 hex>     one GGUF file per distinct content
     blobs/sha256-<hex>.parts/ a split GGUF (`model-00001-of-0000N.gguf` ...), named by the
                               sha256 of its first part, which is what llama.cpp opens
-    registry.db               SQLite (WAL): name → digest, size, a few facts from the header
+    registry.db               SQLite (WAL): name → digest, size, a few facts from the header,
+                              and the model's projector (below)
 
 A model may also live outside the store (`register_in_place`, used by `models discover`
 for files other tools keep): its row holds the file's location, and removing the name
@@ -19,6 +20,12 @@ Contract:
   real name. Index changes are single SQLite transactions.
 - A download (`registry/hub.py`) hands over a file already verified against its sha256;
   `add_blob` / `add_parts` only rename it into place and index it.
+- A model may have a multimodal projector (an `mmproj` GGUF, `general.architecture ==
+  "clip"`): a blob of its own (`projector_digest`, pulled or imported with the model) or
+  a file left in place (`projector_location`, for models registered in place). Several
+  names may share one projector; `remove` deletes its blob with the last name using it,
+  never a file in place. `import_file` takes the projector found beside the file
+  (`model/projector_files.py` says which) unless told otherwise.
 - There is no network here: `pull` registers the built-in model; downloads are
   `registry/hub.py`'s.
 """
@@ -42,6 +49,7 @@ from inferenceos.paths import ensure_dir
 from inferenceos.registry.names import canonical, parse_digest
 
 BUILTIN_SOURCE = "builtin"
+AUTO = "auto"  # import_file's projector: the one found beside the file
 _CHUNK = 4 * 1024 * 1024
 
 # Numbered migrations: index i brings the schema to user_version i + 1.
@@ -66,9 +74,16 @@ _MIGRATIONS = (
     ALTER TABLE models ADD COLUMN parts INTEGER NOT NULL DEFAULT 1;
     ALTER TABLE models ADD COLUMN location TEXT;
     """,
+    # the model's multimodal projector: a blob (`projector_digest`, sha256 hex) or a
+    # file in place (`projector_location`); both NULL for a text-only model
+    """
+    ALTER TABLE models ADD COLUMN projector_digest TEXT;
+    ALTER TABLE models ADD COLUMN projector_location TEXT;
+    """,
 )
 _COLUMNS = ("name", "digest", "size", "source", "architecture", "file_type", "parameters",
-            "context_length", "modified_at", "parts", "location")
+            "context_length", "modified_at", "parts", "location", "projector_digest",
+            "projector_location")
 _INSERT = (f"INSERT OR REPLACE INTO models ({', '.join(_COLUMNS)}) "
            f"VALUES ({', '.join('?' * len(_COLUMNS))})")
 
@@ -93,6 +108,11 @@ class ModelEntry:
     parts: int
     location: str | None  # registered in place: the file's own path (never deleted)
     path: Path
+    projector_digest: str | None = None  # sha256 hex of a projector blob in the store
+    projector_location: str | None = None  # a projector file in place (never deleted)
+    # the multimodal projector file recorded for this model (it may have gone missing
+    # since: check `is_file()`), or None for a text-only model
+    projector: Path | None = None
 
     @property
     def in_place(self) -> bool:
@@ -161,12 +181,19 @@ class ModelStore:
             path = self.parts_dir(data["digest"]) / split_file_name(1, int(data["parts"]))
         else:
             path = self.blob_path(data["digest"])
-        return ModelEntry(**data, path=path)
+        projector = None
+        if data["projector_location"]:
+            projector = Path(data["projector_location"])
+        elif data["projector_digest"]:
+            projector = self.blob_path(data["projector_digest"])
+        return ModelEntry(**data, path=path, projector=projector)
 
     def _insert(self, conn: sqlite3.Connection, **values: object) -> None:
         values.setdefault("modified_at", time.time())
         values.setdefault("parts", 1)
         values.setdefault("location", None)
+        values.setdefault("projector_digest", None)
+        values.setdefault("projector_location", None)
         conn.execute(_INSERT, tuple(values[c] for c in _COLUMNS))
 
     # -- reading -----------------------------------------------------------------------
@@ -216,6 +243,7 @@ class ModelStore:
         progress: Progress = _quiet,
         source_label: str | None = None,
         check: Callable[[Path], None] | None = None,
+        projector: Path | str | None = AUTO,
     ) -> ModelEntry:
         """Register the GGUF file `source` under `name` (default: from its file name).
 
@@ -224,32 +252,49 @@ class ModelStore:
         load check of `registry/loadcheck.py`), then copied into the blob store (or
         hard-linked when `link` and possible). The first part of a split GGUF
         (`-00001-of-0000N.gguf`) brings its sibling parts along. Re-importing identical
-        content is cheap: the blob is shared. Returns the new entry.
+        content is cheap: the blob is shared. `projector`: AUTO (the projector found
+        beside `source`, if any), a projector file (checked: UsageError when it is not
+        one), or None (none); it is stored as a blob of its own. Returns the new entry.
         """
+        from inferenceos.model.projector_files import check_projector, find_projector
         from inferenceos.model.spec import load_spec
 
         source = Path(source).expanduser()
         spec = load_spec(source)  # raises ModelNotFoundError / GGUFFormatError like `run`
         parts = split_parts(source)
         key = canonical(name) if name else name_for_file(split_base(source))
+        if isinstance(projector, str) and projector == AUTO:
+            mmproj = find_projector(source)
+        else:
+            mmproj = check_projector(projector) if projector is not None else None
         progress(f"reading {source.name}")
         if check is not None:
             progress("checking that llama.cpp can load it")
             check(source)
         label = source_label or str(source.resolve())
-        if len(parts) > 1:
-            return self._import_parts(parts, key, label, progress)
-        digest = self._store_blob(source, link, progress)
-        with self._db() as conn:
-            self._insert(conn, name=key, digest=digest, size=source.stat().st_size,
-                         source=label, architecture=spec.architecture,
-                         file_type=spec.file_type, parameters=spec.parameters,
-                         context_length=spec.context_length)
+        proj_digest = None
+        if mmproj is not None:
+            progress(f"projector: {mmproj.name}")
+            proj_digest = self._store_blob(mmproj, link, progress)
+        try:
+            if len(parts) > 1:
+                return self._import_parts(parts, key, label, progress, proj_digest)
+            digest = self._store_blob(source, link, progress)
+            with self._db() as conn:
+                self._insert(conn, name=key, digest=digest, size=source.stat().st_size,
+                             source=label, architecture=spec.architecture,
+                             file_type=spec.file_type, parameters=spec.parameters,
+                             context_length=spec.context_length,
+                             projector_digest=proj_digest)
+        except BaseException:
+            with contextlib.suppress(StorageError, OSError):  # the first error matters
+                self._drop_unused_projector(proj_digest, None)  # no name uses it: no orphan
+            raise
         progress("success")
         return self.get(key)
 
     def _import_parts(self, parts: Sequence[Path], key: str, label: str,
-                      progress: Progress) -> ModelEntry:
+                      progress: Progress, projector_digest: str | None) -> ModelEntry:
         """Copy every part of a split GGUF into a temporary folder, then add it."""
         ensure_dir(self.blobs)
         tmp = self.blobs / f".partial-parts-{os.getpid()}-{time.monotonic_ns()}"
@@ -259,29 +304,79 @@ class ModelStore:
             for i, part in enumerate(parts, start=1):
                 progress(f"copying {part.name} into the model store")
                 digests.append(_copy_hashing(part, tmp / split_file_name(i, len(parts))))
-            return self.add_parts(tmp, digests[0], key, label)
+            return self.add_parts(tmp, digests[0], key, label,
+                                  projector_digest=projector_digest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def add_blob(self, verified: Path, digest: str, name: str, source: str) -> ModelEntry:
+    def add_blob(self, verified: Path, digest: str, name: str, source: str,
+                 projector: tuple[Path, str] | None = None) -> ModelEntry:
         """Rename `verified` (a file under `blobs/` whose sha256 is `digest`, already
-        checked by the caller) into place and register it under `name`."""
+        checked by the caller) into place and register it under `name`; `projector`
+        (a verified projector file under `blobs/`, its sha256) goes into place first."""
         from inferenceos.model.spec import load_spec
 
         key = canonical(name)
         spec = load_spec(verified)
+        proj_digest = self.add_projector_blob(*projector) if projector else None
         target = self.blob_path(digest)
-        os.replace(verified, target)
+        if verified != target:
+            os.replace(verified, target)
         with self._db() as conn:
             self._insert(conn, name=key, digest=parse_digest(f"sha256:{digest}"),
                          size=target.stat().st_size, source=source,
                          architecture=spec.architecture, file_type=spec.file_type,
-                         parameters=spec.parameters, context_length=spec.context_length)
+                         parameters=spec.parameters, context_length=spec.context_length,
+                         projector_digest=proj_digest)
         return self.get(key)
 
-    def add_parts(self, folder: Path, first_digest: str, name: str, source: str) -> ModelEntry:
+    def add_projector_blob(self, verified: Path, digest: str) -> str:
+        """Rename `verified` (a projector file under `blobs/` whose sha256 is `digest`,
+        checked by the caller) into place; returns the validated digest. A blob already
+        there is kept (same content) and `verified` is left to the caller."""
+        hex_ = parse_digest(f"sha256:{digest}")
+        target = self.blob_path(hex_)
+        if verified != target and not target.is_file():
+            os.replace(verified, target)
+        return hex_
+
+    def set_projector(self, name: str, digest: str | None = None,
+                      location: Path | None = None) -> ModelEntry:
+        """Record `name`'s projector: a blob already in the store (`digest`), a file
+        left in place (`location`), or neither (none). The old projector's blob is
+        deleted when no other name uses it."""
+        key = canonical(name)
+        hex_ = parse_digest(f"sha256:{digest}") if digest else None
+        where = str(Path(location).absolute()) if location is not None else None
+        with self._db() as conn:
+            row = conn.execute("SELECT projector_digest, projector_location FROM models "
+                               "WHERE name = ?", (key,)).fetchone()
+            if row is None:
+                raise ModelNotFoundError(f"model '{key}' not found")
+            conn.execute("UPDATE models SET projector_digest = ?, projector_location = ? "
+                         "WHERE name = ?", (hex_, where, key))
+        self._drop_unused_projector(row["projector_digest"], row["projector_location"])
+        return self.get(key)
+
+    def _drop_unused_projector(self, digest: str | None, location: str | None) -> None:
+        """Delete the projector blob `digest` when no entry refers to it any more."""
+        if not digest or location:
+            return
+        with self._db() as conn:
+            users = conn.execute(
+                "SELECT COUNT(*) FROM models WHERE (projector_digest = ? AND "
+                "projector_location IS NULL) OR (digest = ? AND parts = 1 AND "
+                "location IS NULL)", (digest, digest)).fetchone()[0]
+        if not users:
+            self.blob_path(digest).unlink(missing_ok=True)
+
+    def add_parts(self, folder: Path, first_digest: str, name: str, source: str,
+                  projector: tuple[Path, str] | None = None,
+                  projector_digest: str | None = None) -> ModelEntry:
         """Rename `folder` (under `blobs/`, holding `model-0000i-of-0000N.gguf`, every
-        part verified by the caller) into place as one split model named `name`."""
+        part verified by the caller) into place as one split model named `name`, with
+        `projector` as `add_blob` takes it (or a projector blob already in place,
+        `projector_digest`)."""
         from inferenceos.model.gguf_file import read_gguf
         from inferenceos.model.spec import load_spec
 
@@ -291,6 +386,8 @@ class ModelStore:
         if n < 2 or [f.name for f in files] != [split_file_name(i, n) for i in range(1, n + 1)]:
             raise UsageError(f"incomplete split model: {n} parts")
         spec = load_spec(files[0])
+        if projector:
+            projector_digest = self.add_projector_blob(*projector)
         # parameters: every part's tensors (the first part's header only counts its own)
         parameters = sum(t.n_elements for f in files for t in read_gguf(f).tensors)
         size = sum(f.stat().st_size for f in files)
@@ -303,13 +400,16 @@ class ModelStore:
             self._insert(conn, name=key, digest=parse_digest(f"sha256:{first_digest}"),
                          size=size, source=source, architecture=spec.architecture,
                          file_type=spec.file_type, parameters=parameters,
-                         context_length=spec.context_length, parts=n)
+                         context_length=spec.context_length, parts=n,
+                         projector_digest=projector_digest)
         return self.get(key)
 
-    def register_in_place(self, path: Path, name: str, digest: str, source: str) -> ModelEntry:
+    def register_in_place(self, path: Path, name: str, digest: str, source: str,
+                          projector: Path | None = None) -> ModelEntry:
         """Register `path` under `name` without copying it (the file stays where it is,
         and `rm` only forgets the name). `digest` is its sha256 hex as the caller knows
-        it (from a blob name, or hashed)."""
+        it (from a blob name, or hashed). `projector`: its projector file, also left in
+        place (the caller has checked it)."""
         from inferenceos.model.gguf_file import read_gguf
         from inferenceos.model.spec import load_spec
 
@@ -325,7 +425,9 @@ class ModelStore:
                          size=sum(p.stat().st_size for p in parts), source=source,
                          architecture=spec.architecture, file_type=spec.file_type,
                          parameters=parameters, context_length=spec.context_length,
-                         parts=len(parts), location=str(path))
+                         parts=len(parts), location=str(path),
+                         projector_location=str(Path(projector).absolute())
+                         if projector is not None else None)
         return self.get(key)
 
     def _store_blob(self, source: Path, link: bool, progress: Progress) -> str:
@@ -385,15 +487,19 @@ class ModelStore:
             self._insert(conn, name=dst, digest=src.digest, size=src.size, source=src.source,
                          architecture=src.architecture, file_type=src.file_type,
                          parameters=src.parameters, context_length=src.context_length,
-                         parts=src.parts, location=src.location)
+                         parts=src.parts, location=src.location,
+                         projector_digest=src.projector_digest,
+                         projector_location=src.projector_location)
         return self.get(dst)
 
     def remove(self, name: str) -> None:
-        """Forget `name`; delete its blob (or parts folder) when no other name refers to
-        it. A model registered in place keeps its file: only the name goes."""
+        """Forget `name`; delete its blob (or parts folder), and its projector's blob,
+        when no other name refers to them. A model registered in place keeps its file
+        (and a projector in place its file): only the name goes."""
         key = canonical(name)
         with self._db() as conn:
-            row = conn.execute("SELECT digest, parts, location FROM models WHERE name = ?",
+            row = conn.execute("SELECT digest, parts, location, projector_digest, "
+                               "projector_location FROM models WHERE name = ?",
                                (key,)).fetchone()
             if row is None:
                 raise ModelNotFoundError(f"model '{key}' not found")
@@ -402,6 +508,7 @@ class ModelStore:
                 "SELECT COUNT(*) FROM models WHERE digest = ? AND parts = ? "
                 "AND location IS NULL", (row["digest"], row["parts"])
             ).fetchone()[0]
+        self._drop_unused_projector(row["projector_digest"], row["projector_location"])
         if row["location"] is not None or others:
             return
         if row["parts"] > 1:

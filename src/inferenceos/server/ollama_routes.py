@@ -12,6 +12,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -343,11 +344,34 @@ async def show(body: ShowRequest, request: Request) -> Any:
                 "general.file_type": spec.file_type, f"{arch}.context_length": spec.context_length,
                 f"{arch}.embedding_length": spec.embedding_length,
                 f"{arch}.block_count": spec.block_count}
+        projector = _projector_info(m.mmproj)
         return {"modelfile": f"FROM {m.name}\n", "parameters": "",
                 "template": spec.chat_template or "", "details": _details(m),
-                "model_info": info, "capabilities": _capabilities(spec.chat_template),
+                "model_info": info, "projector_info": projector,
+                "capabilities": [*_capabilities(spec.chat_template), *_media(projector)],
                 "modified_at": now_iso(m.modified_at)}
     return await call_in_thread(work)
+
+
+def _projector_info(path: Path | None) -> dict[str, Any] | None:
+    """The projector's metadata (Ollama's `projector_info`); None without a usable one."""
+    from inferenceos.model.projector_files import projector_info
+
+    if path is None:
+        return None
+    try:
+        return projector_info(path)
+    except InferenceOSError:  # gone or damaged since it was resolved: text only
+        return None
+
+
+def _media(projector: dict[str, Any] | None) -> list[str]:
+    """"vision" (Ollama's word) and "audio" for what the projector's encoders take."""
+    if projector is None:
+        return []
+    audio = projector.get("clip.has_audio_encoder") is True
+    vision = projector.get("clip.has_vision_encoder", not audio) is True
+    return [c for c, on in (("vision", vision), ("audio", audio)) if on]
 
 
 def _capabilities(template: str | None) -> list[str]:

@@ -209,6 +209,7 @@ class ShowResponse(BaseModel):
     template: str
     details: ModelDetails
     model_info: dict[str, Any]
+    projector_info: dict[str, Any] | None = None  # the mmproj's metadata, when it has one
     capabilities: list[str]
     modified_at: str
 
