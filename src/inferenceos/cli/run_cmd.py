@@ -18,7 +18,8 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
 from inferenceos.errors import UsageError
 
-if TYPE_CHECKING:  # gguf, numpy and jinja2 load only when the command runs
+if TYPE_CHECKING:  # gguf, numpy, jinja2 and Pillow load only when the command runs
+    from inferenceos.media.item import MediaItem
     from inferenceos.model.spec import ModelSpec
     from inferenceos.plan.entry import LoadRequest
 
@@ -83,6 +84,42 @@ def _generate(
     from inferenceos.engine.scheduler import generate_one
 
     return generate_one(lm, tokens, sampling, draft, kv_policy, probe)
+
+
+def _media_inputs(model: str, images: list[Path] | None, audios: list[Path] | None,
+                  mmproj: str | None) -> tuple[list[MediaItem], Path | None, int]:
+    """(the checked media files, the projector to see them with, the context cells the
+    images take by the projector's facts); no media: ([], None, 0) and no projector
+    is loaded. UsageError when there is media and no projector."""
+    if not images and not audios:
+        return [], None, 0
+    from inferenceos.api import resolve_projector
+    from inferenceos.media.files import read_media_file
+    from inferenceos.model.projector import image_tokens, load_projector
+
+    items = [read_media_file(p, "image") for p in images or ()]
+    items += [read_media_file(p, "audio") for p in audios or ()]
+    projector = resolve_projector(model, mmproj)
+    if projector is None:
+        raise UsageError(f"{model or 'the built-in model'} has no multimodal projector to "
+                         "see or hear with: give one with --mmproj FILE")
+    facts = load_projector(projector)
+    n_media = sum(image_tokens(facts, it.nx, it.ny) for it in items if it.kind == "image")
+    return items, projector, n_media
+
+
+def _encoder(lm: LoadedModel, projector: Path | None) -> Any:
+    """A MediaEncoder on `lm` for `projector` (a context manager), or a null one."""
+    import contextlib
+
+    if projector is None:
+        return contextlib.nullcontext(None)
+    from inferenceos.engine.media_encoder import MediaEncoder
+    from inferenceos.engine.session import default_threads
+
+    s = lm.settings
+    return MediaEncoder(projector, lm.model, s.n_threads or default_threads(),
+                        use_gpu=s.n_gpu_layers > 0)
 
 
 def _policy_probe(spec: ModelSpec, kv_policy: str) -> Any:
@@ -164,6 +201,15 @@ def run(
         str | None,
         typer.Option("--draft", help="Speculative decoding: ngram, self, or a draft model .gguf"),
     ] = None,
+    image: Annotated[list[Path] | None, typer.Option(
+        "--image", help="An image file to show the model (repeatable; needs a projector)",
+    )] = None,
+    audio: Annotated[list[Path] | None, typer.Option(
+        "--audio", help="An audio file (WAV, MP3, FLAC) for a model whose projector hears",
+    )] = None,
+    mmproj: Annotated[str | None, typer.Option(
+        "--mmproj", help="Multimodal projector .gguf (default: the model's own; 'none': off)",
+    )] = None,
 ) -> None:
     """Generate a completion for one prompt, streaming tokens as they come.
 
@@ -189,30 +235,40 @@ def run(
     sampling.validate()
     from inferenceos.config import load_config
     from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.scheduler import generate_one
+    from inferenceos.media.files import with_markers
     from inferenceos.model.spec import load_spec
     from inferenceos.plan.entry import LoadRequest
 
     spec = load_spec(resolve_model(model))
     log().echo = verbose
-    need = min(len(text.encode()) + max_tokens + 64, spec.context_length or DEFAULT_CTX)
+    items, projector, n_media = _media_inputs(model, image, audio, mmproj)
+    text = with_markers(text, len(items))
+    need = min(len(text.encode()) + n_media + max_tokens + 64,
+               spec.context_length or DEFAULT_CTX)  # fmt: skip
     cfg = load_config()
     req = LoadRequest(
         n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
         threads=threads or int(cfg.get("run.threads") or 0),
         n_batch=batch, need_tokens=need, gpu_layers=gpu_layers, backend=backend,
         type_k=cache_type_k, type_v=cache_type_v, policy=policy,
-        **budget_caps(rpc, ram, gpu_memory),
+        mmproj=projector, image_tokens=n_media, **budget_caps(rpc, ram, gpu_memory),
     )  # fmt: skip
     probe = _policy_probe(spec, kv_policy)
     if probe is not None:  # H2O reads attention, which exists only without flash attention
         req = replace(req, flash_attn=False)
     with LoadedModel(spec.path, _plan_settings(spec.path, req),
-                     eval_callback=probe.callback if probe else None) as lm:
-        tokens = lm.tokenize(_prompt_text(spec, lm, text, system, raw, template))
+                     eval_callback=probe.callback if probe else None) as lm, \
+            _encoder(lm, projector) as encoder:
+        prompt_text = _prompt_text(spec, lm, text, system, raw, template)
+        events = (generate_one(lm, prompt_text, sampling, draft, kv_policy, probe,
+                               media=encoder, items=items) if items
+                  else _generate(lm, lm.tokenize(prompt_text), sampling, draft, kv_policy,
+                                 probe))  # fmt: skip
         pieces: list[str] = []
         interrupted = False
         try:
-            for event in _generate(lm, tokens, sampling, draft, kv_policy, probe):
+            for event in events:
                 pieces.append(event.text)
                 if not as_json and event.text:
                     sys.stdout.write(event.text)

@@ -169,7 +169,7 @@ class LocalEngine:
     ) -> Generation:
         """As `Engine.generate`, except that errors the scheduler finds at submission
         (prompt too long, queue full) are raised here, at once."""
-        from inferenceos.engine.worker import prompt_request
+        from inferenceos.engine.scheduler import prompt_request
 
         sampling.validate()
         with self._lock:

@@ -186,3 +186,9 @@ class MediaEncoder:
         if self.ctx:
             self._m.mtmd_free(self.ctx)
             self.ctx = None
+
+    def __enter__(self) -> MediaEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -75,6 +75,26 @@ class Request:
     media: dict[int, Any] = field(default_factory=dict)
 
 
+def prompt_request(req_id: int, prompt: str | Seq[int], sampling: SamplingParams,
+                   lm: LoadedModel, media: Any, items: Seq[Any], **kw: Any) -> Request:
+    """The scheduler Request for a prompt (text, or token ids) with optional media items
+    (MediaItems; text prompts only, one media marker per item; `media`: the model's
+    MediaEncoder or None). The request owns the media runs: the scheduler frees them."""
+    if not items:
+        tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return Request(req_id, tokens, sampling, **kw)
+    if not isinstance(prompt, str):
+        raise UsageError("media inputs need a text prompt (with one marker per item)")
+    if media is None:
+        raise UsageError(NO_PROJECTOR)
+    tokens, runs = media.tokenize(prompt, list(items))
+    return Request(req_id, tokens, sampling, media=runs, **kw)
+
+
+NO_PROJECTOR = ("this model cannot see images or hear audio: it was loaded without a "
+                "projector (give one with --mmproj FILE)")
+
+
 def media_spans(req: Request) -> tuple[MediaSpan, ...]:
     """Where `req.prompt`'s media runs lie (consecutive cells carrying one key)."""
     spans: list[MediaSpan] = []
@@ -585,16 +605,19 @@ class Scheduler:
 
 
 def generate_one(
-    lm: LoadedModel, prompt: list[int], sampling: SamplingParams, draft: str | None = None,
-    kv_policy: str = "none", probe: AttentionProbe | None = None,
+    lm: LoadedModel, prompt: list[int] | str, sampling: SamplingParams,
+    draft: str | None = None, kv_policy: str = "none", probe: AttentionProbe | None = None,
+    media: Any = None, items: Seq[Any] = (),
 ) -> Iterator[TokenEvent]:
     """`LoadedModel.generate`'s contract, through a one-slot scheduler on `lm`: how
-    `run --draft` decodes speculatively and `run --kv-policy` evicts, in process
-    (`probe`: the AttentionProbe `lm`'s context was created with, for H2O).
+    `run --draft` decodes speculatively, `run --kv-policy` evicts and `run --image`
+    sees, in process (`probe`: the AttentionProbe `lm`'s context was created with, for
+    H2O; `media`: a MediaEncoder on `lm`, for `items` in a text `prompt`).
     `lm.metrics` follows the run."""
-    sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft)
+    sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
+                      media=media)  # fmt: skip
     try:
-        sched.submit(Request(1, prompt, sampling))
+        sched.submit(prompt_request(1, prompt, sampling, lm, media, items))
         while sched.has_work():
             events = sched.step()
             if sched.running:

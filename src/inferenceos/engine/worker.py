@@ -82,6 +82,8 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
         if kind == "generate":
             policy = msg[4] if len(msg) > 4 else None
             draft = msg[5] if len(msg) > 5 else None
+            from inferenceos.engine.scheduler import prompt_request
+
             sched.submit(prompt_request(req_id, msg[2], msg[3], lm, sched.media,
                                         msg[6] if len(msg) > 6 else (),
                                         kv_policy=policy, draft=draft))  # fmt: skip
@@ -111,31 +113,12 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
 
 def media_encoder(sched: Any) -> Any:
     """The scheduler's MediaEncoder; UsageError when the model has no projector."""
+    from inferenceos.engine.scheduler import NO_PROJECTOR
     from inferenceos.errors import UsageError
 
     if sched.media is None:
-        raise UsageError("this model cannot see images or hear audio: it was loaded "
-                         "without a projector (give one with --mmproj FILE)")
+        raise UsageError(NO_PROJECTOR)
     return sched.media
-
-
-def prompt_request(req_id: int, prompt: Any, sampling: Any, lm: LoadedModel, media: Any,
-                   items: Any, **kw: Any) -> Any:
-    """The scheduler Request for a prompt (text, or token ids) with optional media items
-    (text prompts only: one media marker per item)."""
-    from inferenceos.engine.scheduler import Request
-    from inferenceos.errors import UsageError
-
-    if not items:
-        tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return Request(req_id, tokens, sampling, **kw)
-    if not isinstance(prompt, str):
-        raise UsageError("media inputs need a text prompt (with one marker per item)")
-    if media is None:
-        raise UsageError("this model cannot see images or hear audio: it was loaded "
-                         "without a projector (give one with --mmproj FILE)")
-    tokens, runs = media.tokenize(prompt, list(items))
-    return Request(req_id, tokens, sampling, media=runs, **kw)
 
 
 def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
