@@ -81,6 +81,8 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting("server.port", int, 11434, "TCP port of the API server", _range(1, 65535)),
     Setting("server.api_key", str, "", "Require this key from API clients (empty: none)"),
     Setting("server.pin", str, "", "Models kept hot by `serve`, comma-separated"),
+    Setting("server.media_fetch", bool, False,
+            "Fetch http(s) image URLs in requests (public addresses only)"),
     Setting("run.threads", int, 0, "CPU threads for llama.cpp (0: automatic)",
             _range(0, 4096)),
     Setting("run.n_ctx", int, 0, "Context length in tokens (0: from the plan)",

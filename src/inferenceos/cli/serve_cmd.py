@@ -44,18 +44,27 @@ def _tls_files(cert: Path | None, key: Path | None) -> tuple[str, str] | tuple[N
     return files
 
 
-def _default_model(model: str, catalog: object) -> str:
-    """The model requests default to: a served file, a registry name, or the built-in."""
+def _default_model(model: str, catalog: object, mmproj: str | None = None) -> str:
+    """The model requests default to: a served file, a registry name, or the built-in.
+    `mmproj` (--mmproj): its projector instead of the one found beside it or recorded
+    ("none": text only)."""
+    from inferenceos.errors import UsageError
     from inferenceos.model.default_model import DEFAULT_MODEL_NAME
     from inferenceos.registry.catalog import Catalog
+    from inferenceos.registry.store import AUTO
 
     assert isinstance(catalog, Catalog)
     if model and (model.endswith(".gguf") or Path(model).expanduser().is_file()):
-        served = catalog.add_file(Path(model))
+        served = catalog.add_file(Path(model), mmproj=mmproj or AUTO)
         _register_in_place(catalog, served)
         return served.name
     if model:
-        return catalog.resolve(model).name  # fails early on an unknown name
+        known = catalog.resolve(model)  # fails early on an unknown name
+        if mmproj:  # the same file under the same name, with the projector asked for
+            catalog.add_file(known.path, name=known.name, mmproj=mmproj)
+        return known.name
+    if mmproj:
+        raise UsageError("--mmproj goes with a model: serve MODEL --mmproj FILE")
     if catalog.store.find(DEFAULT_MODEL_NAME) is None:
         err.print("Registering the built-in model (Gemma 3 270M)...")
         catalog.store.pull(DEFAULT_MODEL_NAME)
@@ -168,6 +177,12 @@ def serve(
         "--tls-cert", help="Serve HTTPS with this certificate (PEM; with --tls-key)")] = None,
     tls_key: Annotated[Path | None, typer.Option(
         "--tls-key", help="The certificate's private key (PEM)")] = None,
+    mmproj: Annotated[str | None, typer.Option(
+        "--mmproj", help="The model's multimodal projector .gguf ('none': text only; "
+        "default: found beside the model or recorded with it)")] = None,
+    allow_media_urls: Annotated[bool, typer.Option(
+        "--allow-media-urls", help="Fetch http(s) image URLs in requests (public "
+        "addresses only; off: data: URLs and base64 only; server.media_fetch)")] = False,
 ) -> None:
     """Serve models over the OpenAI and Ollama APIs (loopback only unless told)."""
     from inferenceos.config import load_config
@@ -190,9 +205,11 @@ def serve(
         allowed_hosts=tuple(allow_host or ()), cors_origins=tuple(cors_origin or ()),
         max_body_bytes=int(max_body_mb * 1024 * 1024), max_running=parallel,
         max_waiting=queue, any_model=any_model, n_predict=n_predict, seed=seed,
+        media_fetch=allow_media_urls or bool(cfg.get("server.media_fetch")),
     )
     catalog = Catalog(ModelStore(cfg.models_dir))
-    settings = dataclasses.replace(settings, default_model=_default_model(model, catalog))
+    settings = dataclasses.replace(settings,
+                                   default_model=_default_model(model, catalog, mmproj))
     base = LoadRequest(
         n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
         threads=threads or int(cfg.get("run.threads") or 0),

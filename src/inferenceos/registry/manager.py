@@ -55,7 +55,7 @@ class NoRoomError(ModelBusyError):
 
 
 Planner = Callable[[ResolvedModel, LoadRequest, Machine], Plan]
-EngineFactory = Callable[[Path, LlamaParams, int], EngineLike]
+EngineFactory = Callable[..., EngineLike]  # (path, LlamaParams, slots, **media keywords)
 ContextHint = Callable[[ResolvedModel], "tuple[int, str] | None"]
 
 
@@ -69,13 +69,20 @@ def plan_model(model: ResolvedModel, req: LoadRequest, machine: Machine) -> Plan
 
 
 def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
-    """Engines in worker processes that batch `slots` sequences, queue `max_queue`."""
-    def factory(path: Path, params: LlamaParams, slots: int) -> EngineLike:
+    """Engines in worker processes that batch `slots` sequences, queue `max_queue`; a
+    model with a projector gets it as keyword arguments (mmproj, mmproj_gpu)."""
+    def factory(path: Path, params: LlamaParams, slots: int, **media: Any) -> EngineLike:
         from inferenceos.engine.engine import Engine
 
         return Engine(path, params.per_sequence(), n_parallel=slots, max_queue=max_queue,
-                      **engine_kw)  # fmt: skip
+                      **engine_kw, **media)  # fmt: skip
     return factory
+
+
+def _media_kw(plan: Plan) -> dict[str, Any]:
+    """The engine's projector arguments from the plan (none for a text-only model)."""
+    p = plan.projector
+    return {} if p is None else {"mmproj": Path(p.path), "mmproj_gpu": p.use_gpu}
 
 
 def recent_context(model: ResolvedModel) -> tuple[int, str] | None:
@@ -230,6 +237,8 @@ class ModelManager:
         from inferenceos.plan.preflight import PlanRefused
 
         ours = used_by(m for m in self.loaded() if m.model.name != exclude)
+        if model.mmproj is not None and req.mmproj is None:  # its encoder is charged too
+            req = replace(req, mmproj=model.mmproj)
         try:
             return self._planner(model, req, self.budget.machine(ours))
         except PlanRefused as exc:
@@ -240,7 +249,7 @@ class ModelManager:
         plan = self._plan(model, req)
         self._make_room(model.name, plan.charge())
         t0 = time.perf_counter()
-        engine = self._factory(model.path, plan.params(), self.slots)
+        engine = self._factory(model.path, plan.params(), self.slots, **_media_kw(plan))
         now = self._clock()
         lm = LoadedModel(
             model, engine, plan, self.slots, now,
