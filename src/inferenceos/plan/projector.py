@@ -39,6 +39,14 @@ GPU_RESERVE_FRACTION = 0.05  # as the preflight keeps on each accelerator
 # per encode besides the graph's FLOPs (graph build, input copy): the tiny test projector
 # encodes a 32 px image in ~0.13 ms here, nearly all of it this
 ENCODE_OVERHEAD_S = 1e-4
+# The CPU runs an encoder's matrix products at this fraction of the calibrated prefill
+# rate (`Calibration.gemm_gflops_per_thread`, measured on quantized text weights):
+# f32 projectors encoded here (1 thread, 64 px image) at 26-52 GFLOP/s against a
+# calibrated 158; many small ops (norms, GELU, softmax) between the products add to it.
+# Fitted on 576- and 196-patch projectors (predicted/measured 0.93 and 1.18; a 256-patch,
+# width-128 one 0.35-0.6 between runs: small products run further below the rate).
+# GPUs: not measured (no GPU here); their rated TFLOPS are used as is.
+CPU_ENCODER_EFFICIENCY = 0.3
 AUDIO_FRAMES = 3000  # whisper's 30 s window of mel frames: what the audio warm-up uses
 # the fitted coefficients (see the module docstring)
 _FFN_COPIES = 1.5
@@ -191,5 +199,6 @@ def encoder_time(
     images = -(-image_tokens // per_image)
     flops = pf.encoder_flops() * image_tokens / per_image
     dev = next((d for d in machine.devices if d.name == pp.device), machine.cpu)
-    name, t = device_time(dev, pf.weight_bytes * images, flops, cal, threads, gemm=True)
+    effective = flops / CPU_ENCODER_EFFICIENCY if dev.computes_like_cpu else flops
+    name, t = device_time(dev, pf.weight_bytes * images, effective, cal, threads, gemm=True)
     return EncoderTime(t + ENCODE_OVERHEAD_S * images, images, pp.device, name, flops)
