@@ -131,9 +131,13 @@ def test_unsupported_things_are_refused_not_ignored(client: openai.OpenAI) -> No
         client.responses.create(model="tiny", input="hi", previous_response_id="resp_nope")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="no-such-model", input="hi")
-    with pytest.raises(openai.BadRequestError, match="input_image"):
+    # images are taken (tests/test_server_media.py), but not fetched from URLs by default
+    with pytest.raises(openai.BadRequestError, match="does not fetch media from URLs"):
         client.responses.create(model="tiny", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://x/y.png"}]}])
+    with pytest.raises(openai.BadRequestError, match="input_file"):
+        client.responses.create(model="tiny", input=[{"role": "user", "content": [
+            {"type": "input_file", "file_id": "file-1"}]}])
 
 
 FORCED = {"model": "hermes", "input": "weather in paris", "tools": [WEATHER],

@@ -25,6 +25,7 @@ from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
+from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
 from inferenceos.registry.leases import EngineLike, Lease, LoadedModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
@@ -39,7 +40,9 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class GenRequest:
     """What to generate. Exactly one of `text`, `messages`, `tokens` is the prompt;
-    `context` (Ollama) is a token prefix placed before the rendered prompt."""
+    `context` (Ollama) is a token prefix placed before the rendered prompt. `media`:
+    images / audio, one per `MEDIA_MARKER` in the text or messages, in order (a prompt
+    with media stays text: no token ids, no `context`)."""
 
     model: str
     sampling: SamplingParams
@@ -51,6 +54,7 @@ class GenRequest:
     overrides: dict[str, Any] | None = None
     want_tokens: bool = False  # tokenize first, to report the prompt's ids (Ollama context)
     tools: ToolRequest | None = None  # chat only: tools rendered, maybe a call forced
+    media: tuple[MediaItem, ...] = ()
 
 
 @dataclass
@@ -87,10 +91,26 @@ def _prompt(engine: EngineLike, req: GenRequest) -> str | list[int]:
     tools = req.tools.tools if req.tools is not None else None
     text = (engine.chat_prompt(req.messages, tools=tools) if req.messages is not None
             else req.text or "")  # fmt: skip
+    if req.media:
+        return _media_prompt(text, req)
     if req.context:
         return _check_ids(engine, req.context) + engine.tokenize(text, add_special=False)
     if req.want_tokens:
         return engine.tokenize(text)
+    return text
+
+
+def _media_prompt(text: str, req: GenRequest) -> str:
+    """The rendered prompt of a request with media: text, with exactly one marker per
+    item (the template could drop or repeat a message: refuse rather than misplace)."""
+    if req.tokens is not None or req.context:
+        raise UsageError("images and audio need a text prompt: token ids and a context "
+                         "cannot carry them")
+    found = count_markers(text)
+    if found != len(req.media):
+        raise UsageError(f"the rendered prompt holds {found} media markers for "
+                         f"{len(req.media)} images / clips (the chat template dropped or "
+                         "repeated a message that carries media)")
     return text
 
 
@@ -120,7 +140,8 @@ def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Ite
             run_req, tool_format = _with_tools(lease.engine, req)
             prompt = _prompt(lease.engine, run_req)
             fixed = "n_ctx" in load or bool(state.manager.base.n_ctx)  # num_ctx or --ctx
-            bigger = 0 if fixed else _context_to_grow(lease, prompt, run_req.sampling)
+            bigger = 0 if fixed else _context_to_grow(lease, prompt, run_req.sampling,
+                                                      run_req.media)
             if bigger:  # the context follows the workload: a resize, not a refusal
                 lease.release()
                 lease = state.manager.acquire(
@@ -141,9 +162,12 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
     """The token events of one generation on a leased engine, then its Done."""
     active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
     state.track(active)
-    gen = (lease.engine.generate(prompt, run_req.sampling, cancel) if policy is None
-           else lease.engine.generate(prompt, run_req.sampling, cancel,
-                                      kv_policy=policy))  # type: ignore[call-arg]
+    extra: dict[str, Any] = {}
+    if policy is not None:
+        extra["kv_policy"] = policy
+    if run_req.media:
+        extra["media"] = run_req.media
+    gen = lease.engine.generate(prompt, run_req.sampling, cancel, **extra)
     out: list[int] = []
     try:
         for ev in gen:
@@ -161,12 +185,18 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
 MAX_GROWTH_OUTPUT = 1024  # tokens of output a grown context leaves room for, at most
 
 
-def _context_to_grow(lease: Lease, prompt: str | list[int], sampling: SamplingParams) -> int:
+def _context_to_grow(lease: Lease, prompt: str | list[int], sampling: SamplingParams,
+                     media: tuple[MediaItem, ...] = ()) -> int:
     """A larger context per sequence for a prompt that does not fit the loaded one (a
     power of two with room for some output, within the training context), or 0: the
-    prompt fits, or the model cannot hold it anyway."""
+    prompt fits, or the model cannot hold it anyway. Media count with the cells their
+    encoder tokens take (`engine.media_tokens`; UsageError without a projector)."""
     n_ctx = lease.engine.n_ctx
-    if isinstance(prompt, str):
+    if media and isinstance(prompt, str):
+        cells = lease.engine.media_tokens  # type: ignore[attr-defined]
+        n = (len(lease.engine.tokenize(prompt.replace(MEDIA_MARKER, "")))
+             + sum(int(cells(m)) for m in media))
+    elif isinstance(prompt, str):
         if len(prompt.encode()) + 8 < n_ctx:  # a token is at least one byte: it fits
             return 0
         n = len(lease.engine.tokenize(prompt))

@@ -21,6 +21,8 @@ from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import InferenceOSError
+from inferenceos.media.collect import check_text
+from inferenceos.media.item import MediaItem
 from inferenceos.registry.catalog import ResolvedModel, now_iso
 from inferenceos.registry.leases import LoadedModel
 from inferenceos.server.errors import APIError
@@ -35,6 +37,7 @@ from inferenceos.server.generation import (
 )
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
 from inferenceos.server.logprobs import entries
+from inferenceos.server.media_parts import media_set, ollama_images
 from inferenceos.server.ollama_schema import (
     ChatRequest,
     ChatResponse,
@@ -89,9 +92,7 @@ def _ns(seconds: float) -> int:
     return max(0, int(seconds * NS))
 
 
-def _refuse(images: list[str] | None, fmt: Any, extra: str | None = None) -> None:
-    if images:
-        raise APIError(400, "images are not supported (no vision models yet)")
+def _refuse(fmt: Any, extra: str | None = None) -> None:
     if fmt not in (None, "", "json") and not isinstance(fmt, dict):
         raise APIError(400, "format: \"json\" or a JSON schema object")
     if extra:
@@ -213,25 +214,39 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
 async def generate(body: GenerateRequest, request: Request) -> Any:
     """Complete a prompt (templated unless `raw`)."""
     state = _state(request)
-    _refuse(body.images, body.format,
-            "template" if body.template else "suffix" if body.suffix else None)
+    _refuse(body.format, "template" if body.template else "suffix" if body.suffix else None)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
     sampling, overrides = _with_format(ollama_options(body.options), body.format,
                                        body.logprobs, body.top_logprobs)
-    if not body.prompt:
+    if not body.prompt and not body.images:
         return await _load_or_unload(state, name, keep_alive, {"response": ""})
+    prompt, items = body.prompt or "", tuple[MediaItem, ...]()
+    if body.images:  # Ollama puts the images before the prompt text
+        if body.context:
+            raise APIError(400, "images cannot be combined with context (token ids "
+                           "cannot carry them); send the conversation to /api/chat")
+        prompt, items = await call_in_thread(lambda: _with_images(state, body.images, prompt))
     if body.raw:
-        req = GenRequest(name, sampling, text=body.prompt, keep_alive=keep_alive,
-                         overrides=overrides or None, want_tokens=True,
-                         context=tuple(body.context or ()))
+        req = GenRequest(name, sampling, text=prompt, keep_alive=keep_alive,
+                         overrides=overrides or None, want_tokens=not items,
+                         context=tuple(body.context or ()), media=items)
     else:
         msgs = [ChatMessage("system", body.system)] if body.system else []
-        msgs.append(ChatMessage("user", body.prompt))
+        msgs.append(ChatMessage("user", prompt))
         req = GenRequest(name, sampling, messages=tuple(msgs), keep_alive=keep_alive,
-                         overrides=overrides or None, want_tokens=True,
-                         context=tuple(body.context or ()))
-    return await _respond(request, state, req, body.stream, "response", context=True)
+                         overrides=overrides or None, want_tokens=not items,
+                         context=tuple(body.context or ()), media=items)
+    # a prompt with images has no token-id form: no `context` in the answer
+    return await _respond(request, state, req, body.stream, "response", context=not items)
+
+
+def _with_images(state: ServerState, images: list[str] | None, text: str
+                 ) -> tuple[str, tuple[MediaItem, ...]]:
+    """`text` after one marker per image (Ollama's order), and the decoded images."""
+    media = media_set(state.settings)
+    markers = ollama_images(images, media)
+    return markers + check_text(text), tuple(media.items)
 
 
 @router.post("/chat", response_model=ChatResponse, response_model_exclude_none=True,
@@ -240,7 +255,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
 async def chat(body: ChatRequest, request: Request) -> Any:
     """Chat through the model's template."""
     state = _state(request)
-    _refuse(None, body.format)
+    _refuse(body.format)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
     sampling, overrides = _with_format(ollama_options(body.options), body.format,
@@ -248,22 +263,35 @@ async def chat(body: ChatRequest, request: Request) -> Any:
     if not body.messages:
         return await _load_or_unload(state, name, keep_alive,
                                      {"message": {"role": "assistant", "content": ""}})
-    for m in body.messages:
-        _refuse(m.images, None)
-    msgs = tuple(_chat_message(m) for m in body.messages)
+    items: tuple[MediaItem, ...] = ()
+    if any(m.images for m in body.messages):
+        msgs, items = await call_in_thread(lambda: _with_media(state, body.messages or []))
+    else:
+        msgs = tuple(_chat_message(m) for m in body.messages)
     tools = tool_request([t.for_template() for t in body.tools or ()], "auto", False)
     req = GenRequest(name, sampling, messages=msgs, keep_alive=keep_alive,
-                     overrides=overrides or None, tools=tools)
+                     overrides=overrides or None, tools=tools, media=items)
     return await _respond(request, state, req, body.stream, "message", context=False)
 
 
-def _chat_message(m: OllamaMessage) -> ChatMessage:
+def _chat_message(m: OllamaMessage, prefix: str = "") -> ChatMessage:
     """A request message for the template: past calls on assistant messages, the
-    answering tool's name on tool messages."""
+    answering tool's name on tool messages; `prefix`: its images' markers."""
     calls = tuple(history_call(c.function.name, c.function.arguments)
                   for c in m.tool_calls or ()) if m.role == "assistant" else ()
-    return ChatMessage(m.role, m.content or "", calls,
+    return ChatMessage(m.role, prefix + (m.content or ""), calls,
                        name=m.tool_name if m.role == "tool" else None)
+
+
+def _with_media(state: ServerState, messages: list[OllamaMessage]
+                ) -> tuple[tuple[ChatMessage, ...], tuple[MediaItem, ...]]:
+    """Messages whose `images` (base64) are decoded, as markers before each text."""
+    media = media_set(state.settings)
+    out = []
+    for m in messages:
+        check_text(m.content or "")
+        out.append(_chat_message(m, ollama_images(m.images, media)))
+    return tuple(out), tuple(media.items)
 
 
 async def _embed(state: ServerState, name: str, texts: list[str],

@@ -22,6 +22,7 @@ from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
+from inferenceos.media.collect import MediaSet, check_text
 from inferenceos.server.errors import APIError
 from inferenceos.server.generation import (
     Done,
@@ -37,6 +38,7 @@ from inferenceos.server.llamacpp_schema import embedding_input
 from inferenceos.server.llamacpp_shapes import timings
 from inferenceos.server.llamacpp_vocab import vocab_for
 from inferenceos.server.logprobs import LegacyLogprobs, chat_top_n, entries
+from inferenceos.server.media_parts import OPENAI_MEDIA_PARTS, media_set, openai_part
 from inferenceos.server.openai_schema import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -125,11 +127,17 @@ def _variants(sampling: SamplingParams, n: int) -> list[SamplingParams]:
             for i in range(n)]
 
 
-def _text_of(m: ChatMessageIn) -> str:
+def _text_of(m: ChatMessageIn, media: MediaSet | None = None) -> str:
+    """A message's text; with `media` (a request that carries some), each media part
+    becomes its marker at its place and its item joins `media`."""
     if m.content is None or isinstance(m.content, str):
-        return m.content or ""
+        text = m.content or ""
+        return check_text(text) if media is not None else text
     parts = []
     for p in m.content:
+        if media is not None:
+            parts.append(openai_part(p, media))
+            continue
         if p.type != "text":
             raise APIError(400, f"content parts of type {p.type!r} are not supported",
                            "unsupported_content")
@@ -137,19 +145,28 @@ def _text_of(m: ChatMessageIn) -> str:
     return "".join(parts)
 
 
-def chat_message(m: ChatMessageIn) -> ChatMessage:
+def has_media(messages: list[ChatMessageIn]) -> bool:
+    """Whether any message carries an image, audio or video part."""
+    return any(not isinstance(m.content, str) and m.content is not None
+               and any(p.type in OPENAI_MEDIA_PARTS for p in m.content) for m in messages)
+
+
+def chat_message(m: ChatMessageIn, media: MediaSet | None = None) -> ChatMessage:
     """One request message for the template: past tool calls with their arguments
-    parsed (OpenAI sends JSON text), a tool result with the call it answers."""
+    parsed (OpenAI sends JSON text), a tool result with the call it answers; media
+    parts as markers (their items gathered in `media`)."""
     role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
     calls: tuple[ToolCall, ...] = ()
     if m.tool_calls and role == "assistant":
         calls = tuple(history_call(c.function.name, c.function.arguments, c.id)
                       for c in m.tool_calls)
-    return ChatMessage(role, _text_of(m), calls, m.tool_call_id if role == "tool" else None,
+    return ChatMessage(role, _text_of(m, media), calls,
+                       m.tool_call_id if role == "tool" else None,
                        m.name if role == "tool" else None)
 
 
-def _chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
+def _chat_messages(body: ChatCompletionRequest, media: MediaSet | None = None
+                   ) -> tuple[ChatMessage, ...]:
     if body.continue_final_message and body.add_generation_prompt:
         raise APIError(400, "add_generation_prompt and continue_final_message exclude each "
                        "other", "invalid_request")
@@ -160,7 +177,7 @@ def _chat_messages(body: ChatCompletionRequest) -> tuple[ChatMessage, ...]:
     if fmt not in ("text", "json_object", "json_schema"):
         raise APIError(400, f"response_format {fmt!r} is not supported",
                        "unsupported_parameter")
-    return tuple(chat_message(m) for m in body.messages)
+    return tuple(chat_message(m, media) for m in body.messages)
 
 
 def _tools(body: ChatCompletionRequest) -> ToolRequest | None:
@@ -227,7 +244,11 @@ def _ids(prefix: str) -> tuple[str, int]:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """Chat completion, streamed as SSE when `stream` is true."""
     state = _state(request)
-    messages = _chat_messages(body)
+    media = media_set(state.settings) if has_media(body.messages) else None
+    # decoding images is CPU work on untrusted bytes: a worker thread, not the loop
+    messages = (await call_in_thread(lambda: _chat_messages(body, media)) if media
+                else _chat_messages(body))
+    items = tuple(media.items) if media else ()
     tools = _tools(body)
     name = state.model_name(body.model)
     grammar = _constraint(body, body.response_format)
@@ -236,7 +257,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         limit = state.settings.n_predict  # llama-server's --n-predict covers chat too
     sampling = _sampling(body, limit, grammar,
                          chat_top_n(body.logprobs, body.top_logprobs))
-    reqs = [GenRequest(name, s, messages=messages, tools=tools)
+    reqs = [GenRequest(name, s, messages=messages, tools=tools, media=items)
             for s in _variants(sampling, body.n)]
     cid, created = _ids("chatcmpl")
     if body.stream:

@@ -16,9 +16,26 @@ from inferenceos.server.tool_schema import ToolDef
 Role = Literal["system", "user", "assistant", "tool", "developer", "function"]
 
 
+class MediaURL(BaseModel):
+    url: str = Field(..., max_length=64 * 1024 * 1024)
+    detail: str | None = None  # accepted, not used (the projector decides the resolution)
+
+
+class InputAudio(BaseModel):
+    data: str  # base64
+    format: str | None = Field(None, max_length=20)  # wav, mp3 (flac accepted)
+
+
 class ContentPart(BaseModel):
+    """A message content part: `text`, `image_url` (data: URL; http(s) when the server
+    fetches), `input_audio` (base64 WAV / MP3 / FLAC), or `video_url` (an animated GIF /
+    WebP, sampled into frames). Media parts are decoded by server/media_parts.py."""
+
     type: str
     text: str | None = None
+    image_url: MediaURL | str | None = None
+    input_audio: InputAudio | None = None
+    video_url: MediaURL | str | None = None
 
 
 class FunctionCallIn(BaseModel):

@@ -32,9 +32,19 @@ from fastapi import APIRouter, Request
 
 from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.media.collect import MediaSet, check_text
+from inferenceos.media.item import MediaItem
 from inferenceos.server.errors import APIError, api_error_from
-from inferenceos.server.generation import Done, GenRequest, Run, start_generation, until_disconnect
+from inferenceos.server.generation import (
+    Done,
+    GenRequest,
+    Run,
+    call_in_thread,
+    start_generation,
+    until_disconnect,
+)
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.media_parts import RESPONSES_MEDIA_PARTS, media_set, responses_part
 from inferenceos.server.openai_routes import ERROR_RESPONSES
 from inferenceos.server.options import UNLIMITED, sampling_from
 from inferenceos.server.responses_schema import InputItem, ResponseRequest
@@ -46,28 +56,41 @@ from inferenceos.server.tools import ToolRequest, history_call, tool_request
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 
 MAX_STORED = 256
+MAX_STORED_MEDIA = 256 * 1024 * 1024  # bytes of decoded media the stored responses keep
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+
+
+_Stored = tuple[list[ChatMessage], dict[str, Any], tuple[MediaItem, ...]]
 
 
 class ResponseStore:
     """Stored responses (for `previous_response_id` and GET): id → (the conversation
-    that led to it plus its reply, the response object). Oldest dropped past the cap."""
+    that led to it plus its reply, the response object, the conversation's media in
+    marker order). Oldest dropped past the cap, or past `media_cap` bytes of media."""
 
-    def __init__(self, cap: int = MAX_STORED) -> None:
+    def __init__(self, cap: int = MAX_STORED, media_cap: int = MAX_STORED_MEDIA) -> None:
         self.cap = cap
-        self._items: collections.OrderedDict[str, tuple[list[ChatMessage], dict[str, Any]]] = (
-            collections.OrderedDict())
+        self.media_cap = media_cap
+        self._items: collections.OrderedDict[str, _Stored] = collections.OrderedDict()
+        self._media_bytes = 0
 
-    def put(self, rid: str, messages: list[ChatMessage], response: dict[str, Any]) -> None:
-        self._items[rid] = (messages, response)
-        while len(self._items) > self.cap:
-            self._items.popitem(last=False)
+    def put(self, rid: str, messages: list[ChatMessage], response: dict[str, Any],
+            media: tuple[MediaItem, ...] = ()) -> None:
+        self._items[rid] = (messages, response, media)
+        self._media_bytes += _size(media)
+        while len(self._items) > self.cap or (self._media_bytes > self.media_cap
+                                              and len(self._items) > 1):
+            self._media_bytes -= _size(self._items.popitem(last=False)[1][2])
 
-    def get(self, rid: str) -> tuple[list[ChatMessage], dict[str, Any]]:
+    def get(self, rid: str) -> _Stored:
         try:
             return self._items[rid]
         except KeyError:
             raise APIError(404, f"no stored response {rid[:100]!r}", "response_not_found") from None
+
+
+def _size(media: tuple[MediaItem, ...]) -> int:
+    return sum(len(m.data) for m in media)
 
 
 def _store(request: Request) -> ResponseStore:
@@ -82,11 +105,16 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-def _item_text(item: InputItem) -> str:
+def _item_text(item: InputItem, media: MediaSet | None = None) -> str:
+    """An item's text; with `media`, media parts become markers (items into `media`)."""
     if item.content is None or isinstance(item.content, str):
-        return item.content or ""
+        text = item.content or ""
+        return check_text(text) if media is not None else text
     parts = []
     for p in item.content:
+        if media is not None:
+            parts.append(responses_part(p, media))
+            continue
         if p.type not in ("input_text", "output_text", "text"):
             raise APIError(400, f"input parts of type {p.type!r} are not supported",
                            "unsupported_content")
@@ -94,9 +122,17 @@ def _item_text(item: InputItem) -> str:
     return "".join(parts)
 
 
-def _input_messages(body: ResponseRequest) -> list[ChatMessage]:
+def _has_media(body: ResponseRequest) -> bool:
+    return not isinstance(body.input, str) and any(
+        isinstance(i.content, list) and any(p.type in RESPONSES_MEDIA_PARTS for p in i.content)
+        for i in body.input)
+
+
+def _input_messages(body: ResponseRequest, media: MediaSet | None = None
+                    ) -> list[ChatMessage]:
     """Chat messages from `input`: messages, and earlier function calls (joined onto an
-    assistant message) with their outputs (tool messages naming their function)."""
+    assistant message) with their outputs (tool messages naming their function); media
+    parts as markers, their items gathered in `media`."""
     if isinstance(body.input, str):
         return [ChatMessage("user", body.input)]
     out: list[ChatMessage] = []
@@ -120,7 +156,7 @@ def _input_messages(body: ResponseRequest) -> list[ChatMessage]:
             out.append(ChatMessage("tool", item.output or "", (), item.call_id,
                                    names.get(item.call_id)))
         elif item.type in (None, "message") and item.role in _ROLES:
-            out.append(ChatMessage(_ROLES[item.role], _item_text(item)))
+            out.append(ChatMessage(_ROLES[item.role], _item_text(item, media)))
         else:
             raise APIError(400, f"input items of type {item.type or item.role!r} are not "
                            "supported", "unsupported_input")
@@ -239,20 +275,28 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
     state = _state(request)
     tools = _tools(body)
     store = _store(request)
-    history = store.get(body.previous_response_id)[0] if body.previous_response_id else []
+    history, _, earlier = (store.get(body.previous_response_id) if body.previous_response_id
+                           else ([], {}, ()))
     messages = list(history)
     if body.instructions:
         messages = [m for m in messages if m.role != "system"]
         messages.insert(0, ChatMessage("system", body.instructions))
-    messages += _input_messages(body)
+    if _has_media(body):  # decoding is CPU work on untrusted bytes: not on the loop
+        media = media_set(state.settings)
+        messages += await call_in_thread(lambda: _input_messages(body, media))
+        items = (*earlier, *media.items)
+    else:
+        messages += _input_messages(body, media_set(state.settings) if earlier else None)
+        items = earlier
     name = state.model_name(body.model)
-    req = GenRequest(name, _sampling(body), messages=tuple(messages), tools=tools)
+    req = GenRequest(name, _sampling(body), messages=tuple(messages), tools=tools,
+                     media=items)
     reply = _Reply(body, name)
     run = await until_disconnect(request, start_generation(state, req))
 
     def keep(text: str, calls: list[dict[str, Any]], obj: dict[str, Any]) -> None:
         if body.store:
-            store.put(reply.id, [*messages, _assistant(text, calls)], obj)
+            store.put(reply.id, [*messages, _assistant(text, calls)], obj, items)
 
     if body.stream:
         return ClosingStreamingResponse(_sse(_events(run, reply, keep)), "text/event-stream",

@@ -12,10 +12,16 @@ from pydantic import BaseModel, Field
 
 
 class InputPart(BaseModel):
-    """A content part: `input_text` / `output_text` (text), others are refused."""
+    """A content part: `input_text` / `output_text` (text), `input_image` (`image_url`
+    as a data: URL, or http(s) when the server fetches) and `input_audio` (`{"data":
+    base64, "format"}`); others are refused."""
 
     type: str
     text: str | None = None
+    image_url: str | dict[str, Any] | None = None
+    file_id: str | None = None
+    detail: str | None = None
+    input_audio: dict[str, Any] | None = None
 
 
 class InputItem(BaseModel):

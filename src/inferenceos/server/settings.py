@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from inferenceos.media.limits import MediaLimits
+
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -40,6 +42,10 @@ class ServerSettings:
     any_model: bool = False  # an unknown model name reaches default_model (llama-server)
     n_predict: int = -1  # llama.cpp routes: tokens to predict when a request sets none
     seed: int | None = None  # llama.cpp routes: the seed when a request sets none (random)
+    # media in requests: limits on every image / clip, and whether http(s) URLs are
+    # fetched (off: only data: URLs and base64; `serve --allow-media-urls`)
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
+    media_fetch: bool = False
     version: str = field(default="")
 
     @property
