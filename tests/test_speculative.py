@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inferenceos.engine.candidates import sample_from
-from inferenceos.engine.drafters import ngram_lookup
+from inferenceos.engine.drafters import NgramDrafter, ngram_lookup
 from inferenceos.engine.llama_lib import lib
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
@@ -114,7 +114,8 @@ def test_greedy_output_is_identical_with_each_drafter(drafter: str, tiny_llama: 
     with LoadedModel(path, settings()) as model:
         prompts = [model.tokenize(t) for t in TEXTS]
         plain, _ = generate_all(create_scheduler(model), prompts)
-        opts = {} if drafter == "ngram" else {"p_min": 0.0}
+        # a model drafting for itself could never pay (DraftState skips it): cost=0 forces it
+        opts = {} if drafter == "ngram" else {"p_min": 0.0, "cost": 0.0}
         drafted, done = generate_all(create_scheduler(model, name, **opts), prompts)
         flipped = [i for i in range(len(prompts)) if drafted[i] != plain[i]]
         assert len(flipped) <= 1  # near ties only (see same_as_lone), never systematically
@@ -132,8 +133,8 @@ def test_eight_concurrent_mixed_drafters_match_lone_runs(lm: LoadedModel, tiny_l
         out, _ = generate_all(create_scheduler(lm), [p])
         lone += out
     mixed = [None, "ngram", "none", None, "ngram", "none", None, "ngram"]  # None: model
-    together, done = generate_all(create_scheduler(lm, str(tiny_llama), p_min=0.0), prompts,
-                                  mixed)  # fmt: skip
+    together, done = generate_all(create_scheduler(lm, str(tiny_llama), p_min=0.0, cost=0.0),
+                                  prompts, mixed)  # fmt: skip
     assert sum(t != a for t, a in zip(together, lone, strict=True)) <= 2
     assert all(same_as_lone(lm, p, t) for p, t in zip(prompts, together, strict=True))
     assert [d["draft"] for d in done] == ["model", "ngram", ""] * 2 + ["model", "ngram"]
@@ -190,9 +191,49 @@ def test_ngram_lookup_continues_the_latest_earlier_occurrence() -> None:
     assert ngram_lookup(tokens, 3) == [7, 8, 5]  # the latest earlier "1 2 3"
     assert ngram_lookup([4, 5, 6, 7], 3) == []  # no repeat
     assert ngram_lookup(tokens, 0) == []
-    from inferenceos.engine.drafters import NgramDrafter
-
     assert NgramDrafter().propose([DraftAsk(0, tokens, 2)]) == [[7, 8]]
+
+
+def test_ngram_drafts_as_long_as_the_match_earns() -> None:
+    from inferenceos.engine.drafters import NgramDrafter, draft_cap, ngram_match
+
+    passage = list(range(100, 160))
+    copying = [*passage, 7, 8, *passage[:12]]  # the passage is being copied: 12 agree
+    start, length = ngram_match(copying)
+    assert start == 12 and length == 12
+    assert NgramDrafter().propose([DraftAsk(0, copying, 48)]) == [passage[12:60]]
+    assert NgramDrafter().propose([DraftAsk(0, copying, 5)]) == [passage[12:17]]
+    bigram = [1, 2, 3, 4, 9, 9, 5, 6, 1, 2]  # only "1 2" recurs: one token
+    assert ngram_match(bigram) == (2, 2)
+    assert NgramDrafter().propose([DraftAsk(0, bigram, 48)]) == [[3]]
+    assert [draft_cap(n, 48) for n in (2, 3, 4, 5, 6, 7, 8, 30)] == [1, 2, 4, 8, 16, 32, 48, 48]
+
+
+class _DearDrafter:
+    name = "dear"
+    footprint_bytes = 0
+    cost_prior = 1.25  # a draft token costs more than a decode step
+
+
+def test_a_drafter_that_cannot_pay_never_drafts() -> None:
+    state = DraftState(drafter=_DearDrafter(), k=4)  # type: ignore[arg-type]
+    assert state.cost == 1.25 and state.want(0, room=100) == 0
+    assert state.want(10**6, room=100) == 0
+    cheap = DraftState(drafter=NgramDrafter(), k=48, k_max=48)  # type: ignore[arg-type]
+    assert cheap.want(0, room=100) == 48
+
+
+def test_self_on_a_model_it_cannot_speed_up_decodes_plainly(tiny_swa: Path) -> None:
+    """The tiny model's layer-skipped copy reads nearly all its bytes: DraftState never
+    starts drafting, so the draft context is never even caught up with the prompt."""
+    with LoadedModel(tiny_swa, settings()) as model:
+        prompts = [model.tokenize(t) for t in TEXTS[:3]]
+        plain, _ = generate_all(create_scheduler(model), prompts)
+        sched = create_scheduler(model, "self")
+        assert sched.drafters["self"].cost_prior > 1.0
+        drafted, done = generate_all(sched, prompts)
+    assert drafted == plain
+    assert all(d["draft"] == "self" and d["draft_tokens"] == 0 for d in done)
 
 
 def test_self_draft_keeps_the_ends_and_each_layers_window_kind() -> None:

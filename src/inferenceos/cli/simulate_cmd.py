@@ -7,6 +7,7 @@ overrides such as `--gpu-memory 4GiB --ram 32GiB` for a hypothetical machine.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -107,6 +108,17 @@ def simulate(
         typer.Option("--mmproj", help="Multimodal projector (mmproj GGUF); default: one "
                      "beside the model; 'none': without"),
     ] = None,
+    draft: Annotated[
+        str | None,
+        typer.Option("--draft", help="Also predict decode with speculative decoding: "
+                     "ngram, self or a draft model (PATH.gguf or name)"),
+    ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option("--task", help="With --draft: the acceptance prior for 'copy' (the "
+                     "output quotes the prompt) or 'free' text, instead of what this "
+                     "model's recorded drafted runs measured"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Predict memory, speed and the bottleneck of running MODEL, without loading it."""
@@ -119,6 +131,8 @@ def simulate(
             model, machine, prompt_tokens, output_tokens, ctx, cache_type, threads,
             policy=policy, local=local, image_tokens=image_tokens, mmproj=mmproj,
         )  # fmt: skip
+        if draft:
+            pred = _with_draft(pred, draft, task, learned=local)
     except PlanRefused as exc:
         if not as_json:
             raise
@@ -200,6 +214,36 @@ def _encoder_rows(p: Prediction) -> list[tuple[str, str]]:
     return rows
 
 
+def _with_draft(pred: Prediction, draft: str, task: str | None, learned: bool) -> Prediction:
+    """`pred` with `--draft`'s expected speedup (plan/simulate.with_draft); a draft model
+    may be a path or a registry name."""
+    from inferenceos.errors import InferenceOSError, UsageError
+    from inferenceos.plan.simulate import with_draft
+
+    name = draft.strip()
+    if name.lower() in ("ngram", "self"):
+        name = name.lower()
+    else:
+        try:
+            name = str(resolve_model(name))
+        except InferenceOSError as exc:
+            raise UsageError(f"unknown drafter {draft!r}: use ngram, self or a draft model "
+                             f"(PATH.gguf or a registry name); {exc}") from None
+    return with_draft(pred, name, task.strip().lower() if task else None, learned=learned)
+
+
+def _draft_rows(p: Prediction) -> list[tuple[str, str]]:
+    """The 'decode with DRAFTER' line beside plain decode (none without --draft)."""
+    d = p.draft
+    if d is None:
+        return []
+    name = d.drafter if d.drafter in ("ngram", "self") else Path(d.drafter).name
+    why = ("drafting does not pay: plain decoding" if d.speedup <= 1.0 else
+           f"acceptance {d.acceptance:.2f}, {d.tokens_per_step:.2f} tokens per step")
+    return [(f"decode, {name} drafts", f"{p.draft_decode_tps:.1f} tokens/s "
+             f"(x{d.speedup:.2f}: {why}; {d.basis})")]  # fmt: skip
+
+
 def _policy_json(p: Prediction) -> dict[str, Any]:
     c = p.policy
     if c is None:
@@ -250,6 +294,7 @@ def print_report(p: Prediction) -> None:
         ("total", f"{p.total_s:.2f} s for {p.workload.output_tokens} output tokens"),
     ]
     perf += _encoder_rows(p)
+    perf += _draft_rows(p)
     _section("Performance", perf)
     _section(
         "Memory traffic per token", [(k, format_bytes(v)) for k, v in p.traffic_per_token.items()]

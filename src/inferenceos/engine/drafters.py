@@ -40,13 +40,18 @@ class DraftSetup:
     draft_path: Path | None = None  # a draft model file (ModelDrafter)
 
 
-def ngram_lookup(tokens: Sequence[int], k: int, n_max: int = 4, n_min: int = 2) -> list[int]:
-    """Up to `k` tokens that followed the most recent earlier occurrence of the last n
-    tokens of `tokens`, for the largest n in n_max..n_min that occurs; [] if none."""
+MATCH_CAP = 64  # how far back a match's length is measured
+
+
+def ngram_match(tokens: Sequence[int], n_max: int = 4, n_min: int = 2) -> tuple[int, int]:
+    """(start, length): `start` is where the continuation of the most recent earlier
+    occurrence of the last n tokens of `tokens` begins, for the largest n in n_max..n_min
+    that occurs, and `length` how many tokens before `start` agree with the end of
+    `tokens` (at least n, measured up to MATCH_CAP). (0, 0) if none."""
     arr = np.asarray(tokens, dtype=np.int64)
     size = len(arr)
     for n in range(n_max, n_min - 1, -1):
-        if size <= n or k <= 0:
+        if size <= n:
             continue
         tail = arr[size - n :]
         hit = np.ones(size - n, dtype=bool)  # window i = arr[i:i+n], followed by arr[i+n]
@@ -55,26 +60,58 @@ def ngram_lookup(tokens: Sequence[int], k: int, n_max: int = 4, n_min: int = 2) 
         found = np.flatnonzero(hit)
         if found.size:
             start = int(found[-1]) + n
-            return [int(t) for t in arr[start : start + k]]
-    return []
+            back = min(start, MATCH_CAP)  # compare backwards from both ends
+            same = arr[start - back : start][::-1] == arr[size - back :][::-1]
+            length = back if same.all() else int(np.argmin(same))
+            return start, max(length, n)
+    return 0, 0
+
+
+def ngram_lookup(tokens: Sequence[int], k: int, n_max: int = 4, n_min: int = 2) -> list[int]:
+    """Up to `k` tokens that followed the most recent earlier occurrence of the last n
+    tokens of `tokens`, for the largest n in n_max..n_min that occurs; [] if none."""
+    if k <= 0:
+        return []
+    start, length = ngram_match(tokens, n_max, n_min)
+    return [int(t) for t in tokens[start : start + k]] if length else []
+
+
+def draft_cap(length: int, k_max: int) -> int:
+    """How many tokens a match of `length` tokens is trusted for: 2^(length - 2), from
+    1 for a bigram (on free text a bigram's continuation is right about a third of the
+    time, and each rejected row costs a share of a decode step) up to `k_max` for a
+    match of 8 tokens or more (the text is being copied)."""
+    return max(1, min(k_max, 1 << max(0, length - 2)))
 
 
 class NgramDrafter:
-    """Prompt-lookup drafting from the sequence's own tokens (module docstring)."""
+    """Prompt-lookup drafting from the sequence's own tokens (module docstring).
+
+    A draft is as long as its match earns (`draft_cap`): a bigram's continuation gets
+    one token, a match of 8 tokens or more gets up to `k_max`; the sequence's DraftState
+    caps that further after rejections. llama.cpp's ngram-simple drafts 48 tokens after
+    a 12-token match: a copy is found later there (12 plain steps first) and a short
+    match is never tried."""
 
     name = "ngram"
     footprint_bytes = 0
     # a lookup costs nothing, and a copied passage is accepted whole: draft long runs (as
-    # llama.cpp's ngram-simple, 48) and start at 8 (fewer steps, each a full weight read);
+    # llama.cpp's ngram-simple, 48), as far as the match length allows from the start;
     # a failed run costs only its verification rows, and the length then falls at once
     k_max = 48
-    k_start = 8
+    k_start = 48
+    cost_prior = 0.15  # one verification row against a decode step (plan/speculative.py)
 
     def __init__(self, setup: DraftSetup | None = None, n_max: int = 4, n_min: int = 2) -> None:
         self.n_max, self.n_min = n_max, n_min
 
     def propose(self, asks: Sequence[DraftAsk]) -> list[list[int]]:
-        return [ngram_lookup(a.tokens, a.k, self.n_max, self.n_min) for a in asks]
+        drafts = []
+        for a in asks:
+            start, length = ngram_match(a.tokens, self.n_max, self.n_min) if a.k > 0 else (0, 0)
+            k = min(a.k, draft_cap(length, self.k_max)) if length else 0
+            drafts.append([int(t) for t in a.tokens[start : start + k]])
+        return drafts
 
     def release(self, key: int) -> None:
         pass
@@ -98,10 +135,18 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, setup: DraftSetup, path: Path | None = None, p_min: float = 0.5) -> None:
+    def __init__(self, setup: DraftSetup, path: Path | None = None, p_min: float = 0.5,
+                 cost: float | None = None) -> None:  # fmt: skip
+        """`cost`: one draft token's cost relative to a target decode step, before it is
+        measured (None: plan.speculative.model_draft_cost from the two files' sizes). A
+        drafter that could not pay even at a high acceptance never drafts (DraftState)."""
         path = Path(path or setup.draft_path or "")
         if not path.is_file():
             raise ModelLoadError(f"draft model {path} not found")
+        from inferenceos.plan.speculative import model_draft_cost
+
+        self.cost_prior = cost if cost is not None else model_draft_cost(
+            path.stat().st_size, Path(setup.model_path).stat().st_size)  # fmt: skip
         s = setup.settings
         settings = replace(s, n_seq_max=setup.n_slots, kv_unified=True, tensor_buft_overrides=(),
                            tensor_split=(), type_k="f16", type_v="f16")  # fmt: skip
@@ -218,10 +263,10 @@ class SelfDrafter(ModelDrafter):
     name = "self"
 
     def __init__(self, setup: DraftSetup, keep: float = 0.83, vocab: int = 0,
-                 p_min: float = 0.5) -> None:  # fmt: skip
+                 p_min: float = 0.5, cost: float | None = None) -> None:  # fmt: skip
         from inferenceos.engine.self_draft import self_draft_path
 
-        super().__init__(setup, self_draft_path(setup.model_path, keep, vocab), p_min)
+        super().__init__(setup, self_draft_path(setup.model_path, keep, vocab), p_min, cost)
 
 
 def make_drafter(name: str, setup: DraftSetup, **options: Any) -> Any:

@@ -35,10 +35,11 @@ import numpy as np
 
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.errors import UsageError
-from inferenceos.plan.speculative import best_draft_length
+from inferenceos.plan.speculative import best_draft_length, can_pay
 
 ENTRY_POINT_GROUP = "inferenceos.drafters"
 NO_DRAFT = ("", "none")
+NEVER = 1 << 62  # DraftState.paused_until for a drafter that cannot pay
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,13 @@ class DraftState:
     After `patience` verifications in a row with an acceptance below `min_rate`, or once
     the measured acceptance and `cost` say no draft length beats plain decoding
     (plan.speculative), drafting pauses for `cooldown` generated tokens (doubling each
-    time): a sequence whose drafts keep failing, or do not pay, stops drafting."""
+    time): a sequence whose drafts keep failing, or do not pay, stops drafting.
+
+    Before anything is measured, `cost` starts at the drafter's `cost_prior` (when it
+    names one); a drafter that could not pay even at a high acceptance
+    (plan.speculative.can_pay) never drafts: a layer-skipped copy of a model whose output
+    head dominates costs about a decode step per draft token, and merely catching its
+    context up with the prompt would cost more than its drafts could save."""
 
     drafter: Drafter
     k: int = 4
@@ -185,6 +192,13 @@ class DraftState:
     # plain decode step, measured by the scheduler
     cost: float = 0.0
     history: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        prior = getattr(self.drafter, "cost_prior", None)
+        if prior is not None and not self.cost:
+            self.cost = float(prior)
+        if self.cost and not can_pay(self.cost, self.k_max):
+            self.paused_until = NEVER
 
     def want(self, generated: int, room: int) -> int:
         """Draft tokens to ask for now (0: not drafting), at most `room`."""

@@ -103,6 +103,7 @@ def load_calibration(
             f = _facts_of(hint if isinstance(hint, str) else paths.get(r.model_digest))
         if f is None:
             continue
+        drafted = isinstance(r.extra, dict) and bool(r.extra.get("draft"))
         o = observation(
             f, machine, base,
             model=r.model_digest,
@@ -110,7 +111,9 @@ def load_calibration(
             threads=r.threads or machine.cpu.threads,
             prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
             cached_tokens=r.cached_tokens,
-            prefill_tps=r.prefill_tps, decode_tps=r.decode_tps, memo=memo,
+            prefill_tps=r.prefill_tps, memo=memo,
+            # a drafted run's decode is not the model's plain speed (plan/speculative.py)
+            decode_tps=None if drafted else r.decode_tps,
         )  # fmt: skip
         if o is not None:
             obs.append(o)

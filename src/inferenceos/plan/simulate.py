@@ -20,6 +20,7 @@ from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_co
 from inferenceos.plan.plan import Plan
 from inferenceos.plan.policy import PolicyChoice
 from inferenceos.plan.projector import EncoderTime
+from inferenceos.plan.speculative import DraftPrediction
 
 DEFAULT_CTX = 4096
 
@@ -54,6 +55,13 @@ class Prediction:
     policy: PolicyChoice | None = None
     # the projector's encoder for the workload's image tokens (None: no projector)
     encoder: EncoderTime | None = None
+    # speculative decoding's expected gain (`with_draft`; None: not asked)
+    draft: DraftPrediction | None = None
+
+    @property
+    def draft_decode_tps(self) -> float:
+        """Decode t/s with the drafter of `draft` (plain decode without one)."""
+        return self.decode_tps * (self.draft.speedup if self.draft else 1.0)
 
     @property
     def feasible(self) -> bool:
@@ -73,6 +81,8 @@ class Prediction:
             "recommendation": self.recommendation,
             "decode_seconds_by_resource": {k: round(v, 6) for k, v in self.decode_parts.items()},
             "encoder": self.encoder.to_json() if self.encoder is not None else None,
+            "speculative": None if self.draft is None else {
+                **self.draft.to_json(), "decode_tps": round(self.draft_decode_tps, 2)},
             "workload": self.workload.__dict__,
             "machine": self.machine.to_json(),
             "basis": self.calibration.basis,
@@ -199,6 +209,34 @@ def _encoder(plan: Plan, machine: Machine, w: Workload, cal: Calibration) -> Enc
 
     pf = load_projector(plan.projector.path)
     return encoder_time(pf, plan.projector, machine, w.image_tokens, cal, plan.threads)
+
+
+def with_draft(pred: Prediction, drafter: str, task: str | None = None,
+               learned: bool = True) -> Prediction:  # fmt: skip
+    """`pred` with the speedup `drafter` ('ngram', 'self' or a draft .gguf) should give
+    (plan/speculative.py): learned from the model's recorded drafted runs when
+    `learned` and no `task` is named, else the task's prior. A draft model's cost comes
+    from its size against the model's; its weights are a peak-memory entry of their own
+    (the engine loads it beside the model, with the model's placement)."""
+    from inferenceos.plan import speculative as spec
+
+    facts = load_model_facts(pred.plan.model_path)
+    target = facts.spec.tensor_bytes
+    cost, peak = None, pred.peak_memory
+    kind = spec.drafter_kind(drafter)
+    if kind == "model":
+        draft_facts = load_model_facts(drafter)
+        cost = spec.model_draft_cost(draft_facts.spec.tensor_bytes, target)
+        peak = {**peak, "draft model": draft_facts.spec.tensor_bytes}
+    elif kind == "self":
+        cost = spec.self_draft_bytes(facts) / max(target, 1) + spec.VERIFY_ROW_COST
+    elif kind != "ngram":
+        from inferenceos.errors import UsageError
+
+        raise UsageError(f"unknown drafter {drafter!r} (use ngram, self or a .gguf path)")
+    evidence = spec.learned_draft(facts.spec.path, drafter) if learned else None
+    return replace(pred, draft=spec.predict_draft(drafter, task, cost, evidence),
+                   peak_memory=peak)  # fmt: skip
 
 
 def recommend(plan: Plan, dec: StepCost, machine: Machine) -> str:

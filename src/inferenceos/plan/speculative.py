@@ -5,15 +5,35 @@ With a per-token acceptance rate a (drafts accepted independently, Leviathan et 
 average, and costs 1 + c·k plain decode steps, where c is the cost of drafting one token
 and verifying one more row, relative to one plain step. The speedup is their ratio.
 
-Typical figures measured by benchmarks/speculative.py on Gemma 3 270M, 2 CPU threads:
-n-gram drafting costs c ≈ 0.1 (verification rows only; the lookup is free) with a near 1
-on text that quotes its prompt and near 0 on free text; a layer-skipped self-draft
-costs c ≈ 1 on that model (its 262k-token output head dominates a token's cost).
+Figures measured by benchmarks/speculative.py on Gemma 3 270M, 2 CPU threads (the basis
+of `PRIORS`): n-gram drafting costs c ≈ 0.15-0.25 (verification rows only: the lookup is
+free, but each row computes the 262k-token output head) with a near 1 on text that
+quotes its prompt and near 0.15 on free text; a layer-skipped self-draft costs c ≈ 1.2
+on that model (its output head, 178 MB of the model's 250, is paid by every draft
+token), so no acceptance makes it pay. A draft model's c is its weight bytes over the
+target's (decode is memory-bound) plus one verification row.
+
+Learned figures (`learned_draft`): every drafted generation telemetry recorded for the
+model (its `extra` holds draft, draft_tokens, draft_accepted and decode_steps): the
+measured tokens per verification step and draft tokens per step give the speedup
+directly, tokens_per_step / (1 + c·drafts_per_step). The model's recorded traffic is its
+task mix; `--task` picks a prior instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# the cost of one more verification row against a one-token decode step; the engine's
+# scheduler measures drafting on top of it (engine.scheduler.ROW_COST, same value)
+VERIFY_ROW_COST = 0.25
+# the acceptance assumed before a drafter has been measured: only a drafter that could
+# not pay even at this rate skips drafting from the start
+OPTIMISTIC_ACCEPTANCE = 0.9
+TASKS = ("copy", "free")  # output that quotes its prompt (edits, RAG, code), or free text
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -51,3 +71,153 @@ def best_draft_length(acceptance: float, cost: float, k_max: int = 12) -> Specul
             best_k, best = k, s
     return SpeculativeEstimate(acceptance, cost, best_k, best,
                                expected_tokens(acceptance, best_k))  # fmt: skip
+
+
+def can_pay(cost: float, k_max: int, acceptance: float = OPTIMISTIC_ACCEPTANCE) -> bool:
+    """Whether drafting at `cost` per token could beat plain decoding at `acceptance`
+    (by default an optimistic one): False means do not even start."""
+    return best_draft_length(acceptance, cost, k_max).k > 0
+
+
+def model_draft_cost(draft_bytes: int, target_bytes: int) -> float:
+    """Prior cost of one draft token from a draft model: one decode of the draft reads
+    its weights once (memory-bound, so its bytes over the target's), plus the row that
+    verifies it."""
+    return draft_bytes / max(target_bytes, 1) + VERIFY_ROW_COST
+
+
+# -- priors and what telemetry taught --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftPrior:
+    """A drafter's expected per-token acceptance on a task, its cost, and the longest
+    draft it verifies at once."""
+
+    acceptance: float
+    cost: float
+    k_max: int
+
+
+# Gemma 3 270M, 2 threads (module docstring); a draft model's cost comes from its size
+PRIORS: dict[tuple[str, str], DraftPrior] = {
+    ("ngram", "copy"): DraftPrior(0.95, 0.15, 48),
+    ("ngram", "free"): DraftPrior(0.15, 0.15, 48),
+    ("self", "copy"): DraftPrior(0.6, 1.2, 12),
+    ("self", "free"): DraftPrior(0.25, 1.2, 12),
+    # a small sibling of the same family (Leviathan et al. report 0.5-0.8)
+    ("model", "copy"): DraftPrior(0.8, VERIFY_ROW_COST, 12),
+    ("model", "free"): DraftPrior(0.6, VERIFY_ROW_COST, 12),
+}
+
+
+def drafter_kind(name: str) -> str:
+    """'ngram', 'self' or 'model' (a .gguf path) for a `--draft` value."""
+    return "model" if name.endswith(".gguf") else name
+
+
+def self_draft_bytes(facts: Any, keep: float = 0.83) -> int:
+    """Bytes the `self` draft reads per token: everything but the skipped layers'
+    (engine.self_draft keeps `keep` of the blocks)."""
+    layer = sum(t.n_bytes for t in facts.tensors if t.layer >= 0)
+    return int(facts.spec.tensor_bytes - layer * (1.0 - keep))
+
+
+@dataclass(frozen=True)
+class DraftEvidence:
+    """Drafted generations of one model with one drafter, pooled."""
+
+    runs: int
+    draft_tokens: int
+    draft_accepted: int
+    decode_steps: int
+    output_tokens: int
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return (self.decode_steps + self.draft_accepted) / self.decode_steps
+
+    @property
+    def drafts_per_step(self) -> float:
+        return self.draft_tokens / self.decode_steps
+
+
+def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEvidence | None:
+    """Sum the draft counters of the telemetry `extra` dicts recorded with `drafter`
+    (its kind: a draft model file counts as 'model'); None without any."""
+    runs = tokens = accepted = steps = out = 0
+    kind = drafter_kind(drafter)
+    for x in extras:
+        if not isinstance(x, dict) or drafter_kind(str(x.get("draft") or "")) != kind:
+            continue
+        try:
+            n, a, s = int(x["draft_tokens"]), int(x["draft_accepted"]), int(x["decode_steps"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if s <= 0 or not 0 <= a <= n:
+            continue
+        runs, tokens, accepted, steps = runs + 1, tokens + n, accepted + a, steps + s
+        out += int(x.get("output_tokens") or 0)
+    return DraftEvidence(runs, tokens, accepted, steps, out) if runs else None
+
+
+def learned_draft(model: str | Path, drafter: str, limit: int = 200) -> DraftEvidence | None:
+    """What telemetry recorded for `model` drafted by `drafter` on this kind of machine
+    (the newest `limit` generations); None without history. Never raises."""
+    try:
+        import inferenceos.telemetry as telemetry
+
+        rows = telemetry.generations(model=Path(model), machine="kind", limit=limit)
+    except Exception:  # no history is a valid answer
+        return None
+    return pool_evidence(({**r.extra, "output_tokens": r.output_tokens} for r in rows
+                          if isinstance(r.extra, dict)), drafter)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DraftPrediction:
+    """What `simulate --draft` prints beside plain decode."""
+
+    drafter: str
+    task: str
+    basis: str  # "learned from N runs" or "prior (...)"
+    acceptance: float
+    cost: float
+    k: float  # draft tokens per verification step (the mean, when learned)
+    tokens_per_step: float
+    speedup: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "task": self.task, "basis": self.basis,
+                "acceptance": round(self.acceptance, 4), "cost": round(self.cost, 4),
+                "draft_tokens_per_step": round(self.k, 2),
+                "tokens_per_step": round(self.tokens_per_step, 3),
+                "speedup": round(self.speedup, 3)}  # fmt: skip
+
+
+def predict_draft(drafter: str, task: str | None, cost: float | None = None,
+                  evidence: DraftEvidence | None = None) -> DraftPrediction:
+    """The speedup `drafter` should give: from `evidence` when there is some and no
+    `task` was named, else from the task's prior (default 'free': never promise what
+    free text does not give). `cost` overrides the prior's (a draft model's size)."""
+    kind = drafter_kind(drafter)
+    if task is not None and task not in TASKS:
+        from inferenceos.errors import UsageError
+
+        raise UsageError(f"unknown task {task!r} (use {' or '.join(TASKS)})")
+    prior = PRIORS.get((kind, task or "free"), DraftPrior(0.5, VERIFY_ROW_COST, 12))
+    c = prior.cost if cost is None else cost
+    if evidence is not None and task is None:
+        speedup = evidence.tokens_per_step / (1.0 + c * evidence.drafts_per_step)
+        return DraftPrediction(drafter, "recorded", f"learned from {evidence.runs} run"
+                               f"{'s' * (evidence.runs != 1)}", evidence.acceptance, c,
+                               evidence.drafts_per_step, evidence.tokens_per_step,
+                               speedup)  # fmt: skip
+    est = best_draft_length(prior.acceptance, c, prior.k_max)
+    return DraftPrediction(drafter, task or "free", f"prior for {task or 'free'} text",
+                           prior.acceptance, c, est.k, est.tokens_per_step,
+                           est.speedup)  # fmt: skip

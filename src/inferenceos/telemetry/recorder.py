@@ -48,6 +48,9 @@ _GEN_FIELDS = ("prompt_tokens", "cached_tokens", "output_tokens", "prefill_tps",
                "ttft_s", "total_s", "threads", "n_ctx", "n_batch", "n_ubatch", "stop_reason")
 _FROM_SETTINGS = {"threads": "n_threads", "n_ctx": "n_ctx", "n_batch": "n_batch",
                   "n_ubatch": "n_ubatch"}
+# speculative decoding's counters, kept in `extra` of a drafted generation (the planner
+# learns each model's acceptance from them, plan/speculative.py)
+_DRAFT_FIELDS = ("draft", "draft_tokens", "draft_accepted", "decode_steps")
 
 
 def _json(value: Any) -> str:
@@ -142,7 +145,8 @@ class Recorder:
         """One finished generation. `metrics` may be `GenerationMetrics.to_json()`;
         `fields` (prompt_tokens, cached_tokens, output_tokens, prefill_tps, decode_tps,
         ttft_s, total_s, threads, n_ctx, n_batch, n_ubatch, stop_reason) override it;
-        threads and the batch shape default to `settings` (n_threads, n_batch...).
+        threads and the batch shape default to `settings` (n_threads, n_batch...); a
+        drafted generation's draft counters go to `extra`.
         `loadavg` defaults to the 1-minute load average now."""
         if not self.enabled:
             return
@@ -160,11 +164,16 @@ class Recorder:
         if row.get("threads") == 0:  # "0: every core this process may run on"
             row["threads"] = _usable_cores()
         row.update(fields)
+        extra = dict(extra or {})
+        if metrics and metrics.get("draft"):
+            for key in _DRAFT_FIELDS:
+                if key in metrics:
+                    extra.setdefault(key, metrics[key])
         row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
                    source=self.source_override or source,
                    concurrency=int(concurrency), settings=_json(dict(settings or {})),
                    loadavg=_loadavg() if loadavg is None else loadavg,
-                   extra=_json(dict(extra or {})))
+                   extra=_json(extra))
         self._submit(_Job(_insert("generations", row), model, digest, name))
 
     def load(self, model: ModelRef, *, source: str, load_s: float | None = None,
