@@ -24,7 +24,7 @@ from inferenceos.plan.preflight import PlanRefused
 from inferenceos.plan.projector import encoder_compute_bytes, encoder_time
 from inferenceos.plan.simulate import Workload, predict
 from plan_factories import GiB, machine, make_facts
-from tiny_vlm import TinyProjector, tiny_vlm, write_tiny_mmproj
+from tiny_vlm import TinyProjector, tiny_audio, tiny_vlm, write_tiny_mmproj
 
 MiB = 1024 * 1024
 CAL = Calibration.default()
@@ -72,6 +72,13 @@ def test_compute_buffer_estimate_matches_llama_cpp(
     predicted = encoder_compute_bytes(load_projector(path)) / MiB
     # llama.cpp prints two decimals: allow that rounding on the tiny one
     assert abs(predicted - measured) <= max(0.12 * measured, 0.006), (predicted, measured)
+
+
+def test_audio_compute_buffer_estimate_matches_llama_cpp(tiny_dir: Path) -> None:
+    model, mmproj = tiny_audio(tiny_dir)
+    measured = _llama_compute_mib(model, mmproj)
+    predicted = encoder_compute_bytes(load_projector(mmproj)) / MiB
+    assert abs(predicted - measured) <= 0.12 * measured, (predicted, measured)
 
 
 def _big(pf: ProjectorFacts) -> ProjectorFacts:

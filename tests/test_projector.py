@@ -18,7 +18,7 @@ from gguf import GGUFWriter
 from cli_helpers import run_cli
 from inferenceos.errors import GGUFFormatError
 from inferenceos.model.projector import image_tokens, load_projector
-from tiny_vlm import TINY_PROJECTOR, tiny_vlm
+from tiny_vlm import TINY_AUDIO, TINY_PROJECTOR, tiny_audio, tiny_vlm
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +125,15 @@ def test_audio_projector(tmp_path: Path) -> None:
     r = run_cli("inspect", str(path), "--no-digest", COLUMNS="160")
     assert r.returncode == 0, r.stderr
     assert "ultravox" in r.stdout and "128 mel bins" in r.stdout and "16000 Hz" in r.stdout
+
+
+def test_tiny_audio_projector_facts(tiny_dir: Path) -> None:
+    pf = load_projector(tiny_audio(tiny_dir)[1])
+    assert (pf.kind, pf.has_audio, pf.has_vision) == ("ultravox", True, False)
+    assert pf.audio is not None and pf.audio.block_count == TINY_AUDIO.n_layer
+    assert (pf.n_mel_bins, pf.audio_sample_rate) == (128, 16000)
+    assert pf.output_embedding == TINY_AUDIO.n_embd_text
+    assert pf.tokens_per_image == 0 and image_tokens(pf, 32, 32) == 0
 
 
 def test_not_a_projector_is_a_clear_error(pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from llama_cpp import llama_cpp as L
 from llama_cpp import mtmd_cpp as M
 
-from tiny_vlm import TINY_PROJECTOR, tiny_vlm
+from tiny_vlm import TINY_AUDIO, TINY_PROJECTOR, tiny_audio, tiny_vlm
 
 PROMPT = b"describe <__media__> please"
 
@@ -144,9 +144,55 @@ def test_chunks_enter_a_llama_context(mtmd: tuple[Any, Any]) -> None:
 def test_make_tiny_vlm_script_writes_the_pair(tmp_path: Path) -> None:
     script = Path(__file__).resolve().parent.parent / "scripts" / "make_tiny_vlm.py"
     out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "vlm")],
+        [sys.executable, str(script), str(tmp_path / "vlm"), "--audio"],
         capture_output=True, text=True, timeout=60, check=True,
     )
-    assert "16 tokens per image" in out.stdout
-    for name in ("model.gguf", "mmproj.gguf"):
+    assert "16 tokens per image" in out.stdout and "150 tokens per 30 s" in out.stdout
+    for name in ("model.gguf", "mmproj.gguf", "mmproj-audio.gguf"):
         assert (tmp_path / "vlm" / name).stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def mtmd_audio(tiny_dir: Path) -> Iterator[Any]:
+    """The mtmd context of the tiny Ultravox-type audio projector."""
+    model_path, mmproj_path = tiny_audio(tiny_dir)
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(str(model_path).encode(), L.llama_model_default_params())
+    cparams = M.mtmd_context_params_default()
+    cparams.use_gpu = False
+    cparams.n_threads = 1
+    ctx = M.mtmd_init_from_file(str(mmproj_path).encode(), model, cparams)
+    assert ctx, "mtmd_init_from_file failed on the tiny audio projector"
+    yield ctx
+    M.mtmd_free(ctx)
+    L.llama_model_free(model)
+
+
+def _encode_tone(ctx: Any, hz: float) -> tuple[list[tuple[int, int]], np.ndarray]:
+    t = np.arange(16000) / 16000  # one second at 16 kHz
+    pcm = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    bm = M.mtmd_bitmap_init_from_audio(len(pcm), pcm.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+    assert bm and M.mtmd_bitmap_is_audio(bm)
+    chunks = _tokenize(ctx, bm, b"hear <__media__> now")
+    try:
+        kinds = _chunk_kinds(chunks)
+        audio = M.mtmd_input_chunks_get(chunks, 1)
+        assert M.mtmd_encode_chunk(ctx, audio) == 0
+        n = M.mtmd_input_chunk_get_n_tokens(audio) * TINY_AUDIO.n_embd_text
+        out = np.ctypeslib.as_array(M.mtmd_get_output_embd(ctx), shape=(n,)).copy()
+        return kinds, out
+    finally:
+        M.mtmd_input_chunks_free(chunks)
+        M.mtmd_bitmap_free(bm)
+
+
+def test_audio_projector_hears(mtmd_audio: Any) -> None:
+    ctx = mtmd_audio
+    assert M.mtmd_support_audio(ctx) and not M.mtmd_support_vision(ctx)
+    assert M.mtmd_get_audio_sample_rate(ctx) == 16000
+    kinds, a = _encode_tone(ctx, 440.0)
+    text, audio = M.MTMD_INPUT_CHUNK_TYPE_TEXT, M.MTMD_INPUT_CHUNK_TYPE_AUDIO
+    assert [k for k, _ in kinds] == [text, audio, text]
+    assert kinds[1][1] == TINY_AUDIO.tokens_per_window == 150  # one 30 s window
+    _, b = _encode_tone(ctx, 880.0)
+    assert np.isfinite(a).all() and np.abs(a - b).max() > 1e-3

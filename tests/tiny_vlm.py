@@ -18,7 +18,12 @@ Note on layers: LLaVA takes the features of the second-to-last encoder block (cl
 `clip_graph_llava::build`: `il_last = n_layer - 1`), so with 2 blocks only block 0 runs;
 block 1's weights are loaded but unused, as in real LLaVA-1.5 files.
 
-`--audio` is not provided (see docs/multimodal.md, "Limits").
+`write_tiny_audio_mmproj` writes an audio projector of the Ultravox type (clip.cpp
+`clip_graph_whisper_enc`: Whisper's two 1-D convolutions over 128 mel bins, 1 encoder
+block, frames stacked by 10, an RMS-normed SwiGLU adapter to n_embd 64): mtmd computes
+the mel spectrogram itself (30 s windows of 3000 frames -> 150 tokens per window). It is
+kept apart from `mmproj.gguf` (`tiny_audio`: its own folder) so that a lookup of "the
+projector beside the model" stays unambiguous.
 
 Weights are seeded random numbers (f32), so two different images give different embeddings.
 """
@@ -122,6 +127,93 @@ def write_tiny_mmproj(path: Path, p: TinyProjector = TINY_PROJECTOR, seed: int =
     return path
 
 
+@dataclass(frozen=True)
+class TinyAudioProjector:
+    """Dimensions of the tiny Ultravox-style audio projector."""
+
+    n_mel: int = 128
+    n_embd: int = 32
+    n_head: int = 4
+    n_ff: int = 64
+    n_layer: int = 1
+    # frames stacked into one token after the encoder. Not Ultravox's 8: with 8, clip.cpp
+    # counts 3000/8/2 = 187 tokens but its graph pads 1500 rows to 188, and
+    # clip_image_batch_encode aborts the process ("Invalid number of output tokens")
+    stack: int = 10
+    n_pos: int = 1500  # 3000 mel frames / 2 (the second conv's stride)
+    proj_hidden: int = 64  # SwiGLU width (mm.a.mlp.1 gives twice this)
+    n_embd_text: int = SHAPES["llama"].n_embd
+
+    @property
+    def tokens_per_window(self) -> int:
+        """Tokens of one 30 s window: clip.cpp's count (3000 frames, stacked, halved)."""
+        return -(-3000 // self.stack) // 2
+
+
+TINY_AUDIO = TinyAudioProjector()
+
+
+def write_tiny_audio_mmproj(path: Path, p: TinyAudioProjector = TINY_AUDIO, seed: int = 2) -> Path:
+    """Write the tiny Ultravox-type audio projector to `path` and return it (tensor
+    names from clip.cpp `load_tensors`, PROJECTOR_TYPE_ULTRAVOX and the common blocks)."""
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), "clip")
+    w.add_name("tiny-ultravox")
+    w.add_uint32("general.file_type", 0)
+    w.add_bool("clip.has_vision_encoder", False)
+    w.add_bool("clip.has_audio_encoder", True)
+    w.add_string("clip.projector_type", "ultravox")
+    w.add_uint32("clip.audio.num_mel_bins", p.n_mel)
+    w.add_uint32("clip.audio.embedding_length", p.n_embd)
+    w.add_uint32("clip.audio.feed_forward_length", p.n_ff)
+    w.add_uint32("clip.audio.block_count", p.n_layer)
+    w.add_uint32("clip.audio.projection_dim", p.n_embd_text)
+    w.add_uint32("clip.audio.attention.head_count", p.n_head)
+    w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    w.add_uint32("clip.audio.projector.stack_factor", p.stack)
+
+    def rand(name: str, *shape: int, scale: float = 0.1, dtype: type = np.float32) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
+
+    def norm(name: str, n: int, bias: bool = True) -> None:
+        w.add_tensor(f"{name}.weight", np.ones(n, dtype=np.float32))
+        if bias:
+            w.add_tensor(f"{name}.bias", np.zeros(n, dtype=np.float32))
+
+    h = p.n_embd
+    # conv kernels ne {K=3, in, out}, f16 as Whisper conversions store them
+    rand("a.conv1d.1.weight", h, p.n_mel, 3, scale=0.05, dtype=np.float16)
+    # conv output is ne {length, channels}: a bias of ne {1, channels} broadcasts over it
+    rand("a.conv1d.1.bias", h, 1)
+    rand("a.conv1d.2.weight", h, h, 3, scale=0.05, dtype=np.float16)
+    rand("a.conv1d.2.bias", h, 1)
+    rand("a.position_embd.weight", p.n_pos, h)
+    for i in range(p.n_layer):
+        b = f"a.blk.{i}"
+        norm(f"{b}.ln1", h)
+        rand(f"{b}.attn_q.weight", h, h)
+        rand(f"{b}.attn_q.bias", h)
+        rand(f"{b}.attn_k.weight", h, h)  # Whisper's K has no bias
+        rand(f"{b}.attn_v.weight", h, h)
+        rand(f"{b}.attn_v.bias", h)
+        rand(f"{b}.attn_out.weight", h, h)
+        rand(f"{b}.attn_out.bias", h)
+        norm(f"{b}.ln2", h)
+        rand(f"{b}.ffn_up.weight", p.n_ff, h)
+        rand(f"{b}.ffn_up.bias", p.n_ff)
+        rand(f"{b}.ffn_down.weight", h, p.n_ff)
+        rand(f"{b}.ffn_down.bias", h)
+    norm("mm.a.norm_pre", h * p.stack, bias=False)
+    rand("mm.a.mlp.1.weight", 2 * p.proj_hidden, h * p.stack)
+    norm("mm.a.norm_mid", p.proj_hidden, bias=False)
+    rand("mm.a.mlp.2.weight", p.n_embd_text, p.proj_hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def _atomic(target: Path, write: object) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     write(tmp)  # type: ignore[operator]
@@ -137,6 +229,14 @@ def write_tiny_vlm(directory: Path) -> tuple[Path, Path]:
     return model, mmproj
 
 
+def write_tiny_audio(directory: Path) -> Path:
+    """Write `mmproj-audio.gguf` (the tiny Ultravox projector) into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / "mmproj-audio.gguf"
+    _atomic(target, write_tiny_audio_mmproj)
+    return target
+
+
 _BUILT: dict[Path, tuple[Path, Path]] = {}
 
 
@@ -148,5 +248,19 @@ def tiny_vlm(tmp_dir: Path) -> tuple[Path, Path]:
         model, mmproj = directory / MODEL_NAME, directory / MMPROJ_NAME
         if not (model.is_file() and mmproj.is_file()):
             model, mmproj = write_tiny_vlm(directory)
+        _BUILT[directory] = (model, mmproj)
+    return _BUILT[directory]
+
+
+def tiny_audio(tmp_dir: Path) -> tuple[Path, Path]:
+    """(model_path, audio mmproj_path) under `tmp_dir`/tiny-audio: the same text model
+    with the Ultravox-type projector, in a folder of their own; built once per process."""
+    directory = Path(tmp_dir) / "tiny-audio"
+    if directory not in _BUILT:
+        model, mmproj = directory / MODEL_NAME, directory / "mmproj-audio.gguf"
+        if not (model.is_file() and mmproj.is_file()):
+            directory.mkdir(parents=True, exist_ok=True)
+            _atomic(model, lambda t: write_tiny_model(t, "llama"))
+            write_tiny_audio(directory)
         _BUILT[directory] = (model, mmproj)
     return _BUILT[directory]

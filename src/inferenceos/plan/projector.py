@@ -70,13 +70,16 @@ def _vision_compute(pf: ProjectorFacts, flash_attn: bool) -> int:
 
 
 def _audio_compute(pf: ProjectorFacts, flash_attn: bool) -> int:
-    """The same block model for a whisper-style audio tower over a 30 s window (frames
-    halved by its stride-2 conv); not checked against a real audio projector."""
+    """A Whisper-style audio tower over a 30 s window: the first conv's input (mel
+    frames, f32) and its im2col (kernel 3, f16), or the block model over the frames
+    its stride-2 conv leaves. The tiny Ultravox-type test projector (128 mel bins)
+    logs 3.66 MiB, all of it the conv phase: the model says the same."""
     a = pf.audio
     if a is None:
         return 0
     t = AUDIO_FRAMES // 2
-    mel = max(pf.n_mel_bins, 1) * AUDIO_FRAMES * 4
+    n_mel = max(pf.n_mel_bins, 1)
+    mel = n_mel * AUDIO_FRAMES * 4 + 3 * n_mel * AUDIO_FRAMES * 2
     h, f = a.embedding_length, a.feed_forward_length
     block = int(4 * t * (_FFN_COPIES * f + _RESIDUAL_COPIES * h))
     scores = 0 if flash_attn else 4 * t * t * max(a.head_count, 1)
