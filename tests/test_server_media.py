@@ -22,7 +22,6 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.media.image import decode_image
 from inferenceos.media.item import MEDIA_MARKER
 from inferenceos.server.generation import _context_to_grow
-from inferenceos.server.settings import ServerSettings
 from server_harness import Harness, serving
 
 IMAGE_TOKENS = 16  # (32 / 8)^2 for the tiny projector
@@ -228,5 +227,18 @@ def test_context_growth_counts_media_tokens(tiny_vlm_pair: tuple[Path, Path]) ->
         eng.close()
 
 
-def test_url_fetching_is_an_operator_setting() -> None:
-    assert ServerSettings().media_fetch is False
+def test_fetching_allowed_still_refuses_loopback_urls(server: Harness, oai: openai.OpenAI
+                                                      ) -> None:
+    """`serve --allow-media-urls`: an image URL naming this very server (loopback) is
+    refused by the SSRF guard before any connection is made."""
+    import dataclasses
+
+    before = server.state.settings
+    server.state.settings = dataclasses.replace(before, media_fetch=True)
+    try:
+        for url in (f"{server.url}/v1/models", f"http://localhost:{server.port}/x.png",
+                    "http://169.254.169.254/latest/meta-data/"):
+            with pytest.raises(openai.BadRequestError, match="non-public address"):
+                _chat(oai, [{"type": "image_url", "image_url": {"url": url}}])
+    finally:
+        server.state.settings = before

@@ -174,7 +174,7 @@ def _to_rgb(im: Image.Image, limits: MediaLimits) -> Image.Image:
     if limits.max_side and max(im.size) > limits.max_side:
         im = im.copy()
         im.thumbnail((limits.max_side, limits.max_side), Image.Resampling.LANCZOS,
-                     reducing_gap=3.0)
+                     reducing_gap=2.0)
     return im
 
 

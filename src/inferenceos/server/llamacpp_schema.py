@@ -98,8 +98,9 @@ def _one_prompt(item: Any, vocab: Vocab) -> list[int]:
     """One prompt: text, ids, ids and text mixed, or {"prompt_string": text}."""
     if isinstance(item, dict):
         if item.get("multimodal_data"):
-            raise APIError(400, "this server's model takes no images or audio "
-                           "(multimodal_data)", "not_supported")
+            raise APIError(400, "multimodal_data is not supported by /completion; send "
+                           "images as image_url parts to /v1/chat/completions",
+                           "not_supported")
         text = item.get("prompt_string")
         if not isinstance(text, str):
             raise _bad('a prompt object needs "prompt_string" as text')
