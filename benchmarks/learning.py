@@ -180,7 +180,11 @@ def main() -> None:
     errs["transfer"] = row("Gemma Q8_0, never run (transfer)", p, m8)
     opt = optimizer_hook(gemma)
     if opt:
-        print(f"optimizer best over llama.cpp defaults: {opt}")
+        how = ("kept llama.cpp's defaults: no setting beat them in its confirmation"
+               if opt["kept_defaults"] else f"recommends {opt['best']}")
+        print(f"optimizer ({how}): prefill {opt['verify']['prefill']:.3f}x, decode "
+              f"{opt['verify']['decode']:.3f}x of the defaults (target >= 1.0x on both: "
+              f"{'PASS' if opt['pass'] else 'FAIL'})")
     fresh, learned = abs(errs["fresh"][1]), abs(errs["after 10"][1])
     same = errs.get("fresh, same load")
     print(f"\ndecode |error|: no history {fresh * 100:.1f} % (target <= 15 %: "

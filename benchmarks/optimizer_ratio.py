@@ -9,6 +9,10 @@
    ratios best / baseline (each round's two runs are adjacent in time, so a busy
    neighbour slows both). Target: >= 1.0x on both phases.
 
+When the search's own confirmation did not show its best beating the defaults, the
+optimizer keeps and stores the defaults (`tuning.stopping.confirmed`); the report says
+so, and the ratio is 1.0x by construction (nothing else is recommended).
+
 `optimizer_ratio(model)` is what `benchmarks/learning.py` calls; run this file alone:
 
     PYTHONPATH=src .venv/bin/python benchmarks/optimizer_ratio.py [--model PATH]
@@ -98,21 +102,34 @@ def optimizer_ratio(
     for note in result.notes:
         print(f"  note: {note}")
     same = result.best == result.baseline
+    if same:
+        # the optimizer recommends llama.cpp's defaults themselves (its confirmation did
+        # not show a faster setting, see the note): what `run` gets is the baseline,
+        # 1.0x by construction; a paired check of identical settings would measure noise
+        print("optimize kept and stored llama.cpp's defaults (no setting beat them in its "
+              "own confirmation): the recommendation is the baseline, 1.0x by "
+              "construction; no separate verification", flush=True)  # fmt: skip
+        return {
+            "best": result.best.label(),
+            "kept_defaults": True,
+            "search": result.ratios,
+            "verify": {"prefill": 1.0, "decode": 1.0, "rounds": 0},
+            "trials": len(result.trials),
+            "pass": True,
+        }
     v = verify(spec.path, result.baseline, result.best, rounds, prompt, tokens)
     print(f"verify ({rounds} paired rounds, {prompt} prompt + {tokens} decode tokens): "
           f"defaults {v['baseline']['prefill_tps']:.1f} / {v['baseline']['decode_tps']:.1f} "
           f"t/s, best {v['best']['prefill_tps']:.1f} / {v['best']['decode_tps']:.1f} t/s "
-          f"(prefill / decode): prefill {v['prefill']:.3f}x, decode {v['decode']:.3f}x"
-          + (" (the defaults were the best: identical settings)" if same else ""),
+          f"(prefill / decode): prefill {v['prefill']:.3f}x, decode {v['decode']:.3f}x",
           flush=True)  # fmt: skip
-    # the same settings on both sides are 1.0x by construction (what is left is noise)
-    ok = same or (v["prefill"] >= 1.0 and v["decode"] >= 1.0)
     return {
         "best": result.best.label(),
+        "kept_defaults": False,
         "search": result.ratios,
         "verify": {"prefill": v["prefill"], "decode": v["decode"], "rounds": rounds},
         "trials": len(result.trials),
-        "pass": ok,
+        "pass": v["prefill"] >= 1.0 and v["decode"] >= 1.0,
     }
 
 
@@ -126,8 +143,9 @@ def main() -> None:
     a = ap.parse_args()
     model = a.model or ensure_default_model()
     out = optimizer_ratio(model, a.budget, a.rounds, a.prompt, a.tokens)
+    kept = " (kept the defaults)" if out["kept_defaults"] else ""
     print(f"optimizer best over llama.cpp defaults: prefill {out['verify']['prefill']:.3f}x, "
-          f"decode {out['verify']['decode']:.3f}x (target >= 1.0x on both: "
+          f"decode {out['verify']['decode']:.3f}x{kept} (target >= 1.0x on both: "
           f"{'PASS' if out['pass'] else 'FAIL'})")  # fmt: skip
 
 

@@ -91,6 +91,13 @@ def test_adoption_needs_a_gain_and_no_phase_lost() -> None:
     assert not stopping.adopt(1.005, 1.0)  # within noise
 
 
+def test_a_best_is_confirmed_only_when_it_beats_the_defaults_on_both_phases() -> None:
+    assert stopping.confirmed(1.05, 1.0) and stopping.confirmed(1.0, 1.03)
+    assert not stopping.confirmed(0.999, 0.994)  # a tie within the noise (seen here)
+    assert not stopping.confirmed(1.009, 0.978)  # faster prefill, slower decode
+    assert not stopping.confirmed(1.004, 1.0)  # no phase lost, but no real gain either
+
+
 # -- applying tuned settings ---------------------------------------------------------------
 
 
@@ -211,6 +218,38 @@ def test_a_trade_off_is_not_adopted_and_defaults_stay_best(
     assert result.best == result.baseline
     assert result.ratios == {"prefill": 1.0, "decode": 1.0}
     assert "defaults" in result.notes[0]
+
+
+def test_defaults_are_kept_and_stored_when_the_confirmation_does_not_confirm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ubatch 256 wins the batch sweep decisively, but in the final paired rounds against
+    # the defaults its decode is 0.6 % slower (what a search here once recommended)
+    def rates(k: Knobs) -> tuple[float, float]:
+        return (130.0, 52.0) if k.n_ubatch == 256 else (100.0, 50.0)
+
+    confirming = {"on": False}
+
+    class Confirming(FakeRunner):
+        def run(self, knobs: Knobs, phase: str, **kw):  # type: ignore[no-untyped-def]
+            res = super().run(knobs, phase, **kw)
+            if phase == "confirm" and knobs.n_ubatch == 256:
+                confirming["on"] = True
+                res.prefill_tps, res.decode_tps = 100.1, 49.7
+            return res
+
+    from inferenceos.tuning import space
+    from inferenceos.tuning.search import optimize
+
+    monkeypatch.setattr(space, "physical_cores", lambda: 4)
+    result = optimize(Path("m.gguf"), budget_s=60, max_threads=4, runner=Confirming(rates))
+    assert confirming["on"], "the search never confirmed its best"
+    assert result.best == result.baseline
+    assert result.ratios == {"prefill": 1.0, "decode": 1.0}
+    assert result.best_measured == result.baseline_measured
+    assert any("did not beat the defaults" in n for n in result.notes)
+    # what is stored for run / serve (records.best) is the result's best: the defaults
+    assert result.to_json()["best"] == result.baseline.to_json()
 
 
 def test_a_decisive_win_skips_the_duel(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,8 @@
 4. *Confirmation*: the best and the baseline alternate for up to `rounds` paired rounds
    (at least one; more while the budget lasts); the reported figures are their medians
    and the ratios the medians of per-round ratios.
-   A best that does not hold up against the baseline there is dropped for the baseline.
+   A best that does not beat the baseline there (`stopping.confirmed`: no phase below
+   1.0x, a score gain of at least 1 %) is dropped: the defaults are kept and stored.
 
 The budget covers all of it. What a trial of given settings costs is known from its
 last trial (`TrialResult.steady_s`: the measurement without load and warm-up); a sweep
@@ -224,8 +225,8 @@ def optimize(
     """Search for the fastest settings of `path` here within `budget_s` seconds.
 
     Raises ModelLoadError when llama.cpp cannot run even its own defaults (there is then
-    nothing to compare against). The best is never worse than the baseline in the
-    confirmation: when it does not hold up there, the baseline is returned as the best.
+    nothing to compare against). The best always beats the baseline in the confirmation
+    (`stopping.confirmed`); when it does not, the baseline is returned as the best.
     `runner` replaces the TrialRunner (the caller closes it), e.g. to test the search's
     rules on rates that do not depend on a shared machine's noise.
     """
@@ -291,10 +292,11 @@ def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> Sea
                                                [r.decode_tps for r in rb]), 4),
     }  # fmt: skip
     base_m, best_m = _measured(rb), _measured(rc)
-    if min(ratios.values()) < stopping.TOLERANCE:
-        notes.append(f"the best of the search ({best.label()}) did not hold up against "
-                     f"the defaults (prefill {ratios['prefill']:.2f}x, decode "
-                     f"{ratios['decode']:.2f}x): keeping llama.cpp's defaults")  # fmt: skip
+    if not stopping.confirmed(ratios["prefill"], ratios["decode"]):
+        notes.append(f"the best of the search ({best.label()}) did not beat the defaults "
+                     f"in the confirmation (prefill {ratios['prefill']:.3f}x, decode "
+                     f"{ratios['decode']:.3f}x over {len(rb)} paired rounds): keeping "
+                     "llama.cpp's defaults")  # fmt: skip
         best, best_m, ratios = base, base_m, {"prefill": 1.0, "decode": 1.0}
     return SearchResult(str(path), base, base_m, best, best_m, ratios, s.trials,
                         s.budget_s, time.monotonic() - s.started, ended, len(rb),

@@ -15,6 +15,11 @@ Pure functions over measured rates, so the rules are testable without llama.cpp.
   up by `DECISIVE`, neither phase below `TOLERANCE`) skips the duel: no noise is that
   large, and on a machine where the best is slow (two threads fighting a busy neighbour
   for two cores ran at 1.7 t/s against 38 with one) the duel would eat the budget.
+- The search's best is *confirmed* against llama.cpp's defaults only when, in the final
+  paired rounds, neither phase is below 1.0x and the score gained `MIN_GAIN`: a best
+  that merely ties the defaults within the noise is not a recommendation (a search
+  here kept `t2/2 b1024/u256` at 0.999x / 0.994x, which an independent check then
+  measured at 1.009x / 0.978x). Otherwise the defaults are kept and stored.
 """
 
 from __future__ import annotations
@@ -58,6 +63,15 @@ def adopt(prefill_ratio: float, decode_ratio: float) -> bool:
     """The duel's verdict from its median paired ratios (candidate / current best)."""
     return (
         min(prefill_ratio, decode_ratio) >= TOLERANCE
+        and math.sqrt(max(prefill_ratio, 0) * max(decode_ratio, 0)) >= MIN_GAIN
+    )
+
+
+def confirmed(prefill_ratio: float, decode_ratio: float) -> bool:
+    """The confirmation's verdict (best / defaults, median paired ratios): the best
+    beats the defaults: no phase below 1.0x and a score gain of at least `MIN_GAIN`."""
+    return (
+        min(prefill_ratio, decode_ratio) >= 1.0
         and math.sqrt(max(prefill_ratio, 0) * max(decode_ratio, 0)) >= MIN_GAIN
     )
 
