@@ -294,3 +294,38 @@ def test_server_chat_drops_old_turns_when_the_context_is_full(letters: Path,
         for i in range(6):
             assert "".join(chat.ask(f"question {i}")).strip()
         assert chat.dropped >= 2 and chat.history[-2]["content"] == "question 5"
+
+
+def test_image_command_sends_the_image_with_the_next_message(
+    tiny_vlm_pair: tuple[Path, Path], tmp_path: Path, screens: list[Screen],
+) -> None:
+    import numpy as np
+    from PIL import Image
+
+    model, _ = tiny_vlm_pair  # its projector lies beside it
+    rgb = np.random.default_rng(3).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "cat.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "cat.png").read_bytes()[:200])
+    s = _chat(screens, tmp_path, "chat", str(model), "--theme", "none", "--local", *GREEDY)
+    s.line("/image cut.png")
+    s.wait(r"error: .*truncated")
+    s.line("/image cat.png")
+    s.wait(r"image cat.png \(50x40\) goes with your next message")
+    s.line("what is it")
+    s.wait(r">>> ", count=4)
+    s.line("/stats")
+    screen = s.wait(r"context used")
+    prompt = int(re.findall(r"prompt\s+(\d+) tokens", screen)[-1])
+    s.line("/save conv.json")
+    s.wait(r"saved 2 messages")
+    saved = json.loads((tmp_path / "conv.json").read_text())
+    assert saved["messages"][0]["content"] == "what is it"
+    assert len(saved["messages"][0]["images"]) == 1  # kept with its message
+    with_image = prompt
+    s.line("/clear")
+    s.line("what is it")
+    s.wait(r">>> ", count=8)
+    s.line("/stats")
+    screen = s.wait(r"context used", count=2)
+    text_only = int(re.findall(r"prompt\s+(\d+) tokens", screen)[-1])
+    assert with_image - text_only >= 16  # the image's 16 cells (and its marker's newline)

@@ -171,3 +171,37 @@ def test_a_stream_closed_before_reading_frees_its_slot(tiny_llama: Path,
         stats = m.engine.stats()
         assert stats["running"] == 0 and stats["waiting"] == 0
         assert m.generate("abc", max_tokens=3).metrics.completion_tokens == 3
+
+
+def test_chat_and_generate_take_images_as_paths_bytes_or_base64(
+    tiny_vlm_pair: tuple[Path, Path], tmp_path: Path,
+) -> None:
+    import base64
+
+    import numpy as np
+    from PIL import Image
+
+    from inferenceos.errors import MediaError
+
+    model, _ = tiny_vlm_pair
+    paths = []
+    for seed in (1, 2):
+        rgb = np.random.default_rng(seed).integers(0, 256, (30, 40, 3), dtype=np.uint8)
+        Image.fromarray(rgb).save(tmp_path / f"{seed}.png")
+        paths.append(tmp_path / f"{seed}.png")
+    raw = paths[0].read_bytes()
+    with inferenceos.load(model, threads=1) as m:  # the projector beside it is found
+        def ask(img: object) -> str:
+            msg = {"role": "user", "content": "what is it", "images": [img]}
+            return m.chat([msg], temperature=0, max_tokens=8).text
+
+        by_path = ask(str(paths[0]))
+        assert ask(raw) == by_path == ask(base64.b64encode(raw).decode())
+        assert ask(paths[1]) != by_path
+        with pytest.raises(MediaError):
+            ask(b"not an image")
+        out = m.generate("describe", images=[paths[0]], temperature=0, max_tokens=4)
+        assert out.metrics.prompt_tokens > 16
+    with inferenceos.load(model, threads=1, mmproj="none") as blind, \
+            pytest.raises(UsageError, match="projector"):
+        blind.chat([{"role": "user", "content": "x", "images": [raw]}], max_tokens=2)

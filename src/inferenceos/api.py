@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # keep `import inferenceos` cheap: these load on first use
     from inferenceos.engine.engine import Generation
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.session import GenerationMetrics
+    from inferenceos.media.item import MediaItem
     from inferenceos.model.spec import ModelSpec
     from inferenceos.plan.simulate import Prediction
     from inferenceos.registry.store import ModelEntry
@@ -180,8 +181,12 @@ class TextStream:
         self.close()
 
 
-def _messages(messages: Sequence[Any]) -> builtins.list[ChatMessage]:
-    """ChatMessages from dicts ({"role", "content"}) or ChatMessages."""
+def _messages(messages: Sequence[Any],
+              media: builtins.list[MediaItem] | None = None) -> builtins.list[ChatMessage]:
+    """ChatMessages from dicts ({"role", "content"[, "images"]}) or ChatMessages. A
+    dict's "images" (as Ollama's client takes them: file paths, raw bytes, base64 or
+    data: URLs) are checked and decoded into `media` (when given; refused otherwise),
+    each leaving a media marker before the message's text."""
     from inferenceos.engine.chat_template import ChatMessage
 
     out = []
@@ -189,12 +194,39 @@ def _messages(messages: Sequence[Any]) -> builtins.list[ChatMessage]:
         if isinstance(m, ChatMessage):
             out.append(m)
         elif isinstance(m, Mapping) and isinstance(m.get("role"), str):
-            out.append(ChatMessage(m["role"], str(m.get("content") or "")))
+            text = str(m.get("content") or "")
+            if m.get("images"):
+                if media is None:
+                    raise UsageError("images go to chat(), with a model that has a projector")
+                text = _images(m["images"], media) + text
+            out.append(ChatMessage(m["role"], text))
         else:
             raise UsageError("a message is a dict with 'role' and 'content'")
     if not out:
         raise UsageError("chat needs at least one message")
     return out
+
+
+def _images(images: Any, media: builtins.list[MediaItem]) -> str:
+    """Decode `images` into `media`; the markers their places take in the text."""
+    from inferenceos.media.files import read_media_file
+    from inferenceos.media.image import decode_image
+    from inferenceos.media.item import MEDIA_MARKER
+    from inferenceos.media.source import media_bytes
+
+    if isinstance(images, (str, bytes, Path)):
+        images = [images]
+    for img in images:
+        if isinstance(img, bytes):
+            media.append(decode_image(img))
+        elif isinstance(img, Path) or (isinstance(img, str) and len(img) < 4096
+                                       and Path(img).expanduser().is_file()):
+            media.append(read_media_file(img, "image"))
+        elif isinstance(img, str):
+            media.append(decode_image(media_bytes(img).data))
+        else:
+            raise UsageError(f"an image is a path, bytes or base64 text, not {type(img).__name__}")
+    return f"{MEDIA_MARKER}\n" * len(images)
 
 
 def transcript(messages: Sequence[ChatMessage]) -> str:
@@ -238,8 +270,9 @@ class Model:
         return builtins.list(self._engine.tokenize(text, add_special))
 
     def _run(self, prompt: str | builtins.list[int], stream: bool,
-             options: Mapping[str, Any]) -> Completion | TextStream:
-        gen = self._engine.generate(prompt, sampling_params(options))
+             options: Mapping[str, Any],
+             media: Sequence[MediaItem] = ()) -> Completion | TextStream:
+        gen = self._engine.generate(prompt, sampling_params(options), media=media)
         if stream:
             return TextStream(gen)
         try:
@@ -256,14 +289,26 @@ class Model:
                  **options: Any) -> TextStream: ...
 
     def generate(self, prompt: str | Sequence[int], *, stream: bool = False,
-                 **options: Any) -> Completion | TextStream:
-        """Complete `prompt` (text, sent as is, or token ids); see the module contract."""
+                 images: Sequence[Any] = (), **options: Any) -> Completion | TextStream:
+        """Complete `prompt` (text, sent as is, or token ids); see the module contract.
+        `images` (paths, bytes or base64; the model needs a projector) go before the
+        text unless it holds one media marker per image."""
         body = prompt if isinstance(prompt, str) else builtins.list(prompt)
-        return self._run(body, stream, options)
+        media: builtins.list[MediaItem] = []
+        if images:
+            from inferenceos.media.files import with_markers
 
-    def chat_prompt(self, messages: Sequence[Any], template: str | None = None) -> str:
-        """The prompt text `chat` would send for `messages`."""
-        msgs = _messages(messages)
+            if not isinstance(body, str):
+                raise UsageError("images go with a text prompt")
+            _images(images, media)
+            body = with_markers(body, len(media))
+        return self._run(body, stream, options, media)
+
+    def chat_prompt(self, messages: Sequence[Any], template: str | None = None,
+                    media: builtins.list[MediaItem] | None = None) -> str:
+        """The prompt text `chat` would send for `messages` (their images decoded into
+        `media` when given)."""
+        msgs = _messages(messages, media)
         if not self.has_chat_template and template is None:
             return transcript(msgs)
         text: str = self._engine.chat_prompt(msgs, template=template)
@@ -280,12 +325,13 @@ class Model:
              template: str | None = None, **options: Any) -> Completion | TextStream:
         """Reply to `messages` ([{"role": "user", "content": "..."}, ...]) through the
         chat template (`template`: one of llama.cpp's built-in ones by name)."""
-        prompt = self.chat_prompt(messages, template)
+        media: builtins.list[MediaItem] = []
+        prompt = self.chat_prompt(messages, template, media)
         if not self.has_chat_template and template is None:
             stop = options.get("stop") or ()
             stop = (stop,) if isinstance(stop, str) else tuple(stop)
             options = {**options, "stop": (*stop, TRANSCRIPT_STOP)}
-        return self._run(prompt, stream, options)
+        return self._run(prompt, stream, options, media)
 
     def embed(self, texts: str | Sequence[str]) -> builtins.list[builtins.list[float]]:
         """One mean-pooled, L2-normalised vector per text (a str is one text)."""
@@ -312,7 +358,7 @@ class Model:
 
 def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
                   n_parallel: int = 1, need_tokens: int = 0, gpu_layers: int | None = None,
-                  backend: str | None = None) -> Any:
+                  backend: str | None = None, mmproj: Path | None = None) -> Any:
     """The planner's llama parameters for `path` on this machine, per sequence (what
     the engines take); `n_ctx`, `threads`, `batch`: 0 = the plan's choice. The
     full-size sliding-window cache is kept: prefix reuse (follow-up turns, saved
@@ -324,7 +370,7 @@ def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
 
     req = LoadRequest(n_ctx=n_ctx, n_seq=n_parallel, threads=threads, n_batch=batch,
                       need_tokens=need_tokens, swa_full=True, gpu_layers=gpu_layers,
-                      backend=backend)  # fmt: skip
+                      backend=backend, mmproj=mmproj)  # fmt: skip
     req.validate()
     plan = plan_here(load_model_facts(path), local_machine(), req).plan
     return plan.params().per_sequence()
@@ -343,8 +389,13 @@ def load(
     isolated: bool = False,
     settings: Any = None,
     verbose: bool = False,
+    mmproj: str | Path | None = None,
 ) -> Model:
     """Load `model` (registry name, .gguf path, or "" for the built-in model).
+
+    `mmproj`: its multimodal projector (default: the one beside the file or recorded
+    with the registry entry; "none": text only); with one, `chat` messages and
+    `generate` take images.
 
     `n_ctx` (0: planned), `threads`, `batch`, `gpu_layers` (-1: all) and `backend`
     ("cpu", or a device such as "CUDA0") override the plan; `settings` (a
@@ -359,17 +410,21 @@ def load(
     from inferenceos.engine.llama_lib import log
 
     path = resolve(model)
+    projector = resolve_projector(model, mmproj)
     log().echo = verbose
     chosen = settings or load_settings(path, n_ctx, threads, batch, n_parallel,
-                                       gpu_layers=gpu_layers, backend=backend)
+                                       gpu_layers=gpu_layers, backend=backend,
+                                       mmproj=projector)  # fmt: skip
+    kw: dict[str, Any] = {"n_parallel": n_parallel, "kv_policy": kv_policy, "mmproj": projector,
+                          "mmproj_gpu": chosen.n_gpu_layers > 0}
     if isolated:
         from inferenceos.engine.engine import Engine
 
-        engine: Any = Engine(path, chosen, n_parallel=n_parallel, kv_policy=kv_policy)
+        engine: Any = Engine(path, chosen, **kw)
     else:
         from inferenceos.engine.local import LocalEngine
 
-        engine = LocalEngine(path, chosen, n_parallel=n_parallel, kv_policy=kv_policy)
+        engine = LocalEngine(path, chosen, **kw)
     name = path.stem if Path(str(model)).expanduser().is_file() else str(model)
     return Model(engine, name or "gemma3-270m", path)
 

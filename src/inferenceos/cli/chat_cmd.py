@@ -37,6 +37,7 @@ HELP = """\
 /stats           speed and context of the last reply
 /clear           forget the conversation
 /save FILE       save the conversation (JSON)   /load FILE   load one
+/image FILE      show the model an image with your next message (needs a projector)
 /bye             leave (or Ctrl-D)
 \"\"\"              begin and end a multi-line message
 Ctrl-C stops a reply without leaving."""
@@ -235,6 +236,10 @@ class ChatUI:
                 self.say(f"saved {len(s.history)} messages to {path}")
             else:
                 self.say(f"loaded {s.load(path)} messages from {path}")
+        elif cmd == "/image":
+            if len(args) != 1:
+                raise UsageError("usage: /image FILE")
+            self.say(s.attach_image(Path(args[0])))
         elif cmd == "/switch":
             if len(args) != 1:
                 raise UsageError("usage: /switch MODEL")

@@ -76,7 +76,7 @@ class Backend(Protocol):
     has_template: bool
     stats: ReplyStats
 
-    def reply(self, messages: list[dict[str, str]], options: dict[str, Any]) -> Iterator[str]:
+    def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
         ...
 
     def close(self) -> None: ...
@@ -95,7 +95,7 @@ class LocalBackend:
         self.has_template = self.model.has_chat_template
         self.stats = ReplyStats(n_ctx=self.model.n_ctx)
 
-    def reply(self, messages: list[dict[str, str]], options: dict[str, Any]) -> Iterator[str]:
+    def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
         stream = self.model.chat(messages, stream=True, **options)
         try:
             yield from stream
@@ -106,9 +106,13 @@ class LocalBackend:
                                     m.ttft_s, m.prompt_tps, m.decode_tps, self.model.n_ctx,
                                     m.stop_reason)  # fmt: skip
 
-    def count_tokens(self, messages: list[dict[str, str]]) -> int:
-        """Prompt tokens `messages` take under the model's template."""
-        return len(self.model.tokenize(self.model.chat_prompt(messages)))
+    def count_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """Prompt tokens `messages` take under the model's template (images: the cells
+        their encoder output takes)."""
+        media: list[Any] = []
+        text = self.model.chat_prompt(messages, media=media)
+        return len(self.model.tokenize(text)) + sum(
+            self.model.engine.media_tokens(item) for item in media)
 
     def close(self) -> None:
         self.model.close()
@@ -180,7 +184,7 @@ class ServerBackend:
                 return int(m.get("context_length") or 0)
         return 0
 
-    def reply(self, messages: list[dict[str, str]], options: dict[str, Any]) -> Iterator[str]:
+    def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
         from inferenceos.api import TRANSCRIPT_STOP, _messages, transcript
 
         opts = {_OLLAMA_NAMES.get(k, k): v for k, v in options.items()}
@@ -242,13 +246,29 @@ class ChatSession:
     backend: Backend
     system: str = ""
     options: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, str]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
     dropped: int = 0  # messages dropped so far to fit the context
+    images: list[str] = field(default_factory=list)  # base64, for the next user message
 
-    def messages(self, user_text: str | None = None) -> list[dict[str, str]]:
+    def messages(self, user_text: str | None = None) -> list[dict[str, Any]]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        tail = [{"role": "user", "content": user_text}] if user_text is not None else []
+        tail: list[dict[str, Any]] = []
+        if user_text is not None:
+            tail = [{"role": "user", "content": user_text,
+                     **({"images": list(self.images)} if self.images else {})}]
         return head + self.history + tail
+
+    def attach_image(self, path: Path) -> str:
+        """`/image FILE`: check the image now and send it with the next message (as
+        Ollama's chat does); what to tell the user."""
+        import base64
+
+        from inferenceos.media.files import read_media_file
+
+        item = read_media_file(path, "image")  # a bad file fails here, not mid-reply
+        self.images.append(base64.b64encode(Path(path).expanduser().read_bytes()).decode())
+        return (f"image {Path(path).name} ({item.nx}x{item.ny}) goes with your next "
+                f"message ({len(self.images)} attached)")
 
     def ask(self, text: str) -> Iterator[str]:
         """Stream the reply to `text`. The exchange joins the history when the reply
@@ -275,10 +295,11 @@ class ChatSession:
             raise
         finally:
             if done:
-                self.history.append({"role": "user", "content": text})
+                self.history.append(self.messages(text)[-1])  # with its images
+                self.images.clear()
                 self.history.append({"role": "assistant", "content": "".join(parts).strip()})
 
-    def fit(self, text: str) -> list[dict[str, str]]:
+    def fit(self, text: str) -> list[dict[str, Any]]:
         """The messages to send for `text`, the oldest exchanges dropped from the
         history while the prompt leaves the reply less than a quarter of the context
         (or its max_tokens, when smaller)."""
@@ -307,6 +328,7 @@ class ChatSession:
 
     def clear(self) -> None:
         self.history.clear()
+        self.images.clear()
 
     def save(self, path: Path) -> None:
         from inferenceos.atomic import write_text_atomic
