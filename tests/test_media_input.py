@@ -145,6 +145,17 @@ def test_animation_frame_budget_is_checked_before_seeking() -> None:
         decode_video(raw, MediaLimits(max_animation_pixels=200_000))
 
 
+def test_animation_frame_count_is_capped_without_walking_the_whole_file() -> None:
+    frames = [Image.new("L", (1, 1), 255 * (i % 2)) for i in range(3000)]
+    raw = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=10,
+                 optimize=False)
+    with pytest.raises(MediaError, match="more than 2000 frames"):
+        decode_video(raw)
+    items = decode_video(raw, MediaLimits(max_frames=4, max_animation_frames=3000))
+    # frames 0, 1000, 1999, 2999 (odd frames are white)
+    assert [pixel(it, 0, 0)[0] for it in items] == [0, 0, 255, 255]
+
+
 def test_truncated_png_is_refused() -> None:
     raw = encode(gradient(64, 64), "PNG", compress_level=0)
     with pytest.raises(MediaError, match=r"PNG image is (truncated|corrupt)"):

@@ -62,7 +62,7 @@ def decode_video(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> list[Medi
     digest = hashlib.sha256(data).hexdigest()
     with _opened(data, fmt, limits) as im:
         _check_pixels(im, limits)
-        n = _frame_count(im)
+        n = _frame_count(im, limits.max_animation_frames)
         w, h = im.size
         if n * w * h > limits.max_animation_pixels:
             raise MediaError(f"the animation declares {n} frames of {w}x{h} pixels; the "
@@ -92,11 +92,26 @@ def _sampled(n: int, k: int) -> list[int]:
     return sorted({round(j * (n - 1) / (k - 1)) for j in range(k)})
 
 
-def _frame_count(im: Image.Image) -> int:
+def _frame_count(im: Image.Image, cap: int) -> int:
+    """The animation's frame count; MediaError past `cap`. A GIF is counted here
+    without decoding pixels, stopping at the cap (Pillow's `n_frames` would walk the
+    whole file however many frames it holds)."""
     try:
-        return max(1, int(getattr(im, "n_frames", 1)))
-    except Exception as exc:
+        if im.format == "GIF" and hasattr(im, "_seek"):
+            try:
+                while im.tell() < cap:
+                    im._seek(im.tell() + 1, False)
+            except EOFError:
+                pass
+            n = im.tell() + 1
+            im.seek(0)
+        else:
+            n = max(1, int(getattr(im, "n_frames", 1)))
+    except Exception as exc:  # a broken block while counting
         raise _bad(im.format or "image", exc) from None
+    if n > cap:
+        raise MediaError(f"the animation has more than {cap} frames")
+    return n
 
 
 class _opened:

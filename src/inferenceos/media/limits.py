@@ -27,7 +27,9 @@ class MediaLimits:
       resize anyway; the RGB copy crossing to the worker stays at most 12 MiB. 0: never.
     - `max_frames` 8: frames sampled evenly from an animated GIF / WebP sent as a video.
     - `max_animation_pixels` 500 M: frames × width × height an animation may declare
-      (seeking through a GIF decodes every frame before the one asked for).
+      (seeking through a GIF decodes every frame before the one asked for), and
+      `max_animation_frames` 2000 frames (counting a GIF's frames walks the file: 20 k
+      one-pixel frames took 0.7 s here).
     - `max_audio_s` 30 s per clip (the window of Whisper-style audio encoders).
     - `max_items` 16 images, frames and clips per request.
     - `fetch_timeout_s` 10 s for a whole URL fetch (DNS, connect, redirects, body);
@@ -39,6 +41,7 @@ class MediaLimits:
     max_side: int = 2048
     max_frames: int = 8
     max_animation_pixels: int = 500_000_000
+    max_animation_frames: int = 2000
     max_audio_s: float = 30.0
     max_items: int = 16
     fetch_timeout_s: float = 10.0
@@ -46,7 +49,7 @@ class MediaLimits:
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_pixels", "max_frames", "max_animation_pixels",
-                     "max_items"):
+                     "max_animation_frames", "max_items"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MediaLimits.{name} must be at least 1")
         if self.max_side < 0 or self.max_redirects < 0:
