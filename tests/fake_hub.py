@@ -230,10 +230,12 @@ def tiny_gguf(tmp: Path, kind: str = "llama", seed: int = 0) -> bytes:
 
 
 def tiny_projector(path: Path, weights: str = "f16", name: str = "tiny-clip",
-                   arch: str = "clip", audio: bool = False, seed: int = 0) -> Path:
+                   arch: str = "clip", audio: bool = False, seed: int = 0,
+                   n_embd_text: int = 64) -> Path:
     """A small GGUF shaped like a projector header (`general.architecture` `arch`,
-    `clip.projector_type` "mlp", one matrix of `weights` type f16 / f32 / bf16 / q8_0)
-    for the projector finding rules; tests/tiny_vlm.py has one mtmd really loads."""
+    `clip.projector_type` "mlp", matrices of `weights` type f16 / f32 / bf16 / q8_0,
+    output width `n_embd_text`: the tiny llama's) for the projector finding rules;
+    tests/tiny_vlm.py has one mtmd really loads."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
@@ -243,17 +245,27 @@ def tiny_projector(path: Path, weights: str = "f16", name: str = "tiny-clip",
     w.add_string("clip.projector_type", "mlp")
     w.add_bool("clip.has_vision_encoder", not audio)
     w.add_bool("clip.has_audio_encoder", audio)
+    modality = "audio" if audio else "vision"
+    w.add_uint32(f"clip.{modality}.embedding_length", 32)
+    w.add_uint32(f"clip.{modality}.block_count", 1)
     w.add_uint32("clip.vision.image_size", 32)
+    w.add_uint32("clip.vision.patch_size", 8)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    matrix = rng.standard_normal((64, 64)).astype(np.float32)
-    if weights == "f16":
-        w.add_tensor("mm.0.weight", matrix.astype(np.float16))
-    elif weights == "f32":
-        w.add_tensor("mm.0.weight", matrix)
-    else:
-        qtype = {"bf16": GGMLQuantizationType.BF16, "q8_0": GGMLQuantizationType.Q8_0}[weights]
-        w.add_tensor("mm.0.weight", quantize(matrix, qtype), raw_dtype=qtype)
+
+    def matrix(tensor: str, rows: int, cols: int) -> None:
+        m = rng.standard_normal((rows, cols)).astype(np.float32)
+        if weights == "f16":
+            w.add_tensor(tensor, m.astype(np.float16))
+        elif weights == "f32":
+            w.add_tensor(tensor, m)
+        else:
+            qtype = {"bf16": GGMLQuantizationType.BF16,
+                     "q8_0": GGMLQuantizationType.Q8_0}[weights]
+            w.add_tensor(tensor, quantize(m, qtype), raw_dtype=qtype)
+
+    matrix("mm.0.weight", 64, 32)
     w.add_tensor("mm.0.bias", np.zeros(64, dtype=np.float32))
+    matrix("mm.2.weight", n_embd_text, 64)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from inferenceos.cli.console import err, out, print_json, safe_text
-from inferenceos.errors import InferenceOSError
+from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.units import format_bytes as fmt_bytes
 
 if TYPE_CHECKING:
@@ -169,8 +169,8 @@ def pull(
 
     store = _store()
     if mmproj is not None and (hub.is_hub_name(source) or not _looks_like_path(source)):
-        raise InferenceOSError("--mmproj is for a local .gguf file; a Hub pull takes the "
-                               "repository's projector")
+        raise UsageError("--mmproj is for a local .gguf file; a Hub pull takes the "
+                         "repository's projector")
     projector: Path | str | None = AUTO
     if mmproj is not None:
         projector = None if mmproj.lower() == "none" else Path(mmproj).expanduser()

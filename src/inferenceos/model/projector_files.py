@@ -9,7 +9,10 @@ same folder or Hub repo. This module finds the right one by name and header, che
 The rule (`find_projector`, and `rank_projectors` for the Hub's file lists):
 - Candidates are the `.gguf` files in the model's folder (not below it) whose name
   contains `mmproj`, at most `MAX_CANDIDATES` of them, each checked to be a real projector
-  (a GGUF header with `general.architecture == "clip"`). Anything else is skipped.
+  (a GGUF header with `general.architecture == "clip"` that `model/projector.py` can
+  read: an encoder, a projector type). Anything else is skipped. When the projector's
+  output width is known (`ProjectorFacts.output_embedding`) it must equal the model's
+  embedding width: mtmd refuses a pair that differs.
 - A candidate must belong to the model: its name, compared without case and punctuation,
   contains the model's file stem (tier 0: `<stem>.mmproj.gguf`, `mmproj-<stem>.gguf`), or
   the stem without its quantization label (tier 1: `mmproj-gemma-3-4b-it-f16.gguf` for
@@ -40,8 +43,9 @@ from gguf import GGMLQuantizationType
 
 from inferenceos.errors import GGUFFormatError, ModelNotFoundError, UsageError
 from inferenceos.model.gguf_file import ArrayInfo, GGUFFile, read_gguf
+from inferenceos.model.projector import CLIP_ARCH, ProjectorFacts, projector_from_gguf
 
-PROJECTOR_ARCH = "clip"
+PROJECTOR_ARCH = CLIP_ARCH
 MAX_CANDIDATES = 32  # mmproj files looked at in one folder: a bound on header reads
 NONE = "none"  # `--mmproj none`: no projector, even when one is beside the model
 
@@ -62,10 +66,24 @@ class Projector(NamedTuple):
 
     path: Path
     weight_type: str  # the type holding most tensor bytes: "F16", "F32", "Q8_0" ...
-    projector_type: str  # clip.projector_type ("mlp", "gemma3", "qwen2.5vl" ...), or ""
-    vision: bool
-    audio: bool
-    size: int
+    facts: ProjectorFacts
+
+    @property
+    def projector_type(self) -> str:
+        """`mlp`, `gemma3`, `qwen2.5vl_merger`, `ultravox` ... (ProjectorFacts.kind)."""
+        return self.facts.kind
+
+    @property
+    def vision(self) -> bool:
+        return self.facts.has_vision
+
+    @property
+    def audio(self) -> bool:
+        return self.facts.has_audio
+
+    @property
+    def size(self) -> int:
+        return self.facts.size_bytes
 
 
 def _compact(text: str) -> str:
@@ -107,11 +125,6 @@ def _weight_type(gf: GGUFFile) -> GGMLQuantizationType | None:
     return max(totals, key=lambda k: totals[k]) if totals else None
 
 
-def _flag(meta: Any, key: str, default: bool) -> bool:
-    value = meta.get(key)
-    return bool(value) if isinstance(value, bool) else default
-
-
 def read_projector(path: Path) -> Projector:
     """`path` as a Projector; raises ModelNotFoundError (missing, unreadable),
     GGUFFormatError (not GGUF) or UsageError (a GGUF file that is not a projector)."""
@@ -127,13 +140,12 @@ def _read(path: Path) -> tuple[GGUFFile, Projector]:
             f"{path} is not a multimodal projector (general.architecture is {shown!r}, "
             f"expected {PROJECTOR_ARCH!r}); projectors are the mmproj*.gguf files "
             "published beside vision models")
+    try:
+        facts = projector_from_gguf(gf)
+    except GGUFFormatError as exc:  # a clip file mtmd could not use either
+        raise UsageError(f"{path} is not a usable projector: {exc}") from None
     wt = _weight_type(gf)
-    ptype = gf.metadata.get("clip.projector_type")
-    audio = _flag(gf.metadata, "clip.has_audio_encoder", False)
-    # files from before the flags existed are vision projectors
-    vision = _flag(gf.metadata, "clip.has_vision_encoder", not audio)
-    return gf, Projector(Path(path), wt.name if wt is not None else "?",
-                         ptype if isinstance(ptype, str) else "", vision, audio, gf.file_size)
+    return gf, Projector(Path(path), wt.name if wt is not None else "?", facts)
 
 
 def _rank_key(p: Projector) -> tuple[int, int, str]:
@@ -195,6 +207,18 @@ def best_projector(model_name: str, projectors: Iterable[Projector]) -> Projecto
     return min((p for t, p in tiered if t == best), key=_rank_key)
 
 
+def fits_model(projector: Projector, model_path: Path, width: int | None = None) -> str:
+    """"" when `projector` can go with the text model `model_path` (whose input width
+    is `width` when the caller has read it), else why not (its output width is not the
+    model's input width, which mtmd refuses at load)."""
+    width = _embedding_width(model_path) if width is None else width
+    out = projector.facts.output_embedding
+    if width and out and width != out:
+        return (f"its output width ({out}) is not the model's embedding width ({width}): "
+                "a projector for another model")
+    return ""
+
+
 def find_projector(model_path: str | Path) -> Path | None:
     """The projector beside `model_path` (see the module docstring), or None."""
     model_path = Path(model_path)
@@ -205,8 +229,30 @@ def find_projector(model_path: str | Path) -> Path | None:
                 checked.append(read_projector(candidate))
         except (ModelNotFoundError, GGUFFormatError, UsageError):
             continue  # a file named mmproj that is not one: not a projector
+    if checked:
+        width = _embedding_width(model_path)
+        checked = [p for p in checked if not fits_model(p, model_path, width)]
     best = best_projector(model_path.name, checked)
     return best.path if best is not None else None
+
+
+def _embedding_width(model_path: Path) -> int:
+    """The width of the embeddings the text model takes in, as mtmd compares it with
+    the projector's output (`llama_model_n_embd_inp`: n_embd, times 1 + the deepstack
+    layers of Qwen3-VL-style models); 0 when unreadable: the name rule alone decides."""
+    try:
+        gf = read_gguf(model_path)
+    except (ModelNotFoundError, GGUFFormatError):
+        return 0
+    arch = gf.metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        return 0
+
+    def count(key: str) -> int:
+        v = gf.metadata.get(f"{arch}.{key}")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+    return count("embedding_length") * (1 + count("n_deepstack_layers"))
 
 
 def rank_projectors(model_name: str, names: Iterable[str]) -> list[str]:

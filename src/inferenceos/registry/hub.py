@@ -398,7 +398,8 @@ def pull_events(store: ModelStore, text: str, *, name: str | None = None,
             yield PullEvent("success", entry=existing)
             return
         check_disk(store, _still_needed([proj], store))
-        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
+        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel,
+                                         existing.path)
         if got is not None:
             yield PullEvent("writing manifest")
             existing = store.set_projector(key, store.add_projector_blob(*got))
@@ -433,27 +434,33 @@ def _still_needed(files: list[HubFile], store: ModelStore) -> int:
 
 
 def _pull_projector(store: ModelStore, ref: HubRef, commit: str, f: HubFile | None,
-                    retries: int, cancel: threading.Event | None
+                    retries: int, cancel: threading.Event | None, model_file: Path
                     ) -> Generator[PullEvent, None, tuple[Path, str] | None]:
-    """Fetch the projector `f` (digest-checked) and check its header: (file, sha256)
-    ready for `ModelStore.add_projector_blob`, or None when there is none or the file
-    is not a projector (deleted, with a note)."""
-    from inferenceos.model.projector_files import read_projector
+    """Fetch the projector `f` (digest-checked) and check its header, and that its
+    output width is the model's (`model_file`'s) input width, as mtmd will: (file,
+    sha256) ready for `ModelStore.add_projector_blob`, or None when there is none or it
+    does not fit (the download is deleted, with a note)."""
+    from inferenceos.model.projector_files import fits_model, read_projector
 
     if f is None:
         return None
     blob = store.blob_path(f.sha256)
-    if blob.is_file() and blob.stat().st_size == f.size:  # already here (another model)
-        return blob, f.sha256
-    partial = store.blobs / f".download-{f.sha256}"
-    url = _file_location(ref, commit, f)
-    yield from download(url, f, partial, retries, cancel)
-    yield PullEvent("verifying sha256 digest", f.sha256)
+    if f.sha256 in model_file.name:  # the model's own bytes (its blob or download)
+        yield PullEvent(f"skipping {f.path}: it is the model file itself, not a projector")
+        return None
+    partial = blob if blob.is_file() and blob.stat().st_size == f.size \
+        else store.blobs / f".download-{f.sha256}"  # a blob: another model's, already here
+    if partial != blob:
+        url = _file_location(ref, commit, f)
+        yield from download(url, f, partial, retries, cancel)
+        yield PullEvent("verifying sha256 digest", f.sha256)
     try:
-        read_projector(partial)
+        why = fits_model(read_projector(partial), model_file)
     except InferenceOSError as exc:
-        partial.unlink(missing_ok=True)
         why = str(exc).replace(str(partial), f.path)
+    if why:
+        if partial != blob:
+            partial.unlink(missing_ok=True)
         yield PullEvent(f"skipping {f.path}: {why[:200]}")
         return None
     return partial, f.sha256
@@ -465,7 +472,7 @@ def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partia
                  ) -> Generator[PullEvent, None, ModelEntry]:
     blob = store.blob_path(f.sha256)
     if blob.is_file() and blob.stat().st_size == f.size:  # same content under another name
-        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
+        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel, blob)
         yield PullEvent("writing manifest")
         return store.add_blob(blob, f.sha256, key, source, projector=got)
     url = _file_location(ref, commit, f)
@@ -479,7 +486,7 @@ def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partia
         raise
     # the projector after the model: a model refused by llama.cpp costs no projector
     # download, and a cut here keeps the model's verified download for the next pull
-    got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
+    got = yield from _pull_projector(store, ref, commit, proj, retries, cancel, partial)
     yield PullEvent("writing manifest")
     return store.add_blob(partial, f.sha256, key, source, projector=got)
 
@@ -509,7 +516,8 @@ def _pull_split(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
             for p in partials:
                 p.unlink(missing_ok=True)
             raise
-        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel)
+        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel,
+                                         folder / split_file_name(1, n))
         yield PullEvent("writing manifest")
         entry = store.add_parts(folder, cand.files[0].sha256, key, source, projector=got)
     finally:
