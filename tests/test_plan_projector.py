@@ -107,6 +107,15 @@ def test_cpu_only_projector_adds_its_bytes_to_the_cpu(pair: tuple[Path, Path]) -
     assert "projector mlp on CPU" in vlm.summary()
 
 
+def test_plan_for_run_takes_the_projector(pair: tuple[Path, Path]) -> None:
+    from inferenceos.plan.simulate import plan_for_run
+
+    model, mmproj = pair
+    plan = plan_for_run(load_model_facts(model), machine(), mmproj=mmproj)
+    assert plan.projector is not None and plan.projector.path == str(mmproj)
+    assert plan_for_run(load_model_facts(model), machine()).projector is None
+
+
 def test_encoder_goes_to_a_gpu_with_room_else_the_cpu(pair: tuple[Path, Path]) -> None:
     facts = make_facts(n_layer=8, n_embd=1024, n_ff=4096, n_head=16, n_head_kv=4)
     pf = _big(load_projector(pair[1]))

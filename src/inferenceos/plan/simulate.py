@@ -106,6 +106,7 @@ def plan_for_run(
     swa_full: bool = True,
     allow_kv_quantization: bool = True,
     need_tokens: int = 0,
+    mmproj: str | Path | None = None,
 ) -> Plan:
     """The plan `run` should load: preflight-checked, ubatch sized to the headroom.
 
@@ -113,8 +114,10 @@ def plan_for_run(
     LoadSettings cannot yet ask for False; pass False once it can (SWA models then need
     far less KV). With `allow_kv_quantization` False the preflight never picks a
     quantized cache (for engines that cannot load one). Without `n_ctx` the context
-    holds at least `need_tokens` (prompt + output). Raises PlanRefused (an
-    InferenceOSError) when nothing fits.
+    holds at least `need_tokens` (prompt + output). `mmproj`: a multimodal projector
+    loaded with the model (`Plan.projector` says where its encoder goes: pass
+    `plan.projector.use_gpu` to the engine). Raises PlanRefused (an InferenceOSError)
+    when nothing fits.
     """
     from inferenceos.plan.entry import LoadRequest, plan_load
 
@@ -122,7 +125,7 @@ def plan_for_run(
         n_ctx=(n_ctx or 0) // max(1, n_seq), n_seq=n_seq, threads=threads,
         type_k=type_k if type_k != "f16" or not allow_kv_quantization else None,
         type_v=type_v if type_v != "f16" or not allow_kv_quantization else None,
-        flash_attn=flash_attn, swa_full=swa_full, need_tokens=need_tokens,
+        flash_attn=flash_attn, swa_full=swa_full, need_tokens=need_tokens, mmproj=mmproj,
     )  # fmt: skip
     return plan_load(facts, machine, req, calibration)
 
