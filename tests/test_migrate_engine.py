@@ -5,9 +5,8 @@ repeated or lost token."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
-
-import pytest
 
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
@@ -24,10 +23,6 @@ def _undisturbed(path: Path, prompt: str) -> tuple[list[int], str]:
     return [e.token for e in events], "".join(e.text for e in events)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "found at the end of the session: after a migration down and back up, a 1000-token "
-    "stream gets one extra event (token 2, </s>) near token 255, with ignore_eos; the "
-    "tokens around it match the undisturbed run. Not yet explained."))
 def test_a_stream_migrates_down_and_back_up_token_identically(tiny_wide: Path) -> None:
     want_tokens, want_text = _undisturbed(tiny_wide, "ab cab")
     with Engine(tiny_wide, SETTINGS, n_parallel=2) as engine:
@@ -40,24 +35,58 @@ def test_a_stream_migrates_down_and_back_up_token_identically(tiny_wide: Path) -
         events += list(it)
     assert down["moved"] == 1 and up["moved"] == 1, (down, up)
     assert down["restored"] == 1 and up["restored"] == 1
-    tokens = [e.token for e in events]
-    assert len(tokens) == len(want_tokens)  # no token lost or repeated
+    assert down["prefixes"] == 0 and up["prefixes"] == 0  # the running slot is not one
     assert gen.metrics.stop_reason == "length"
     assert engine.n_ctx == 4096
-    if tokens != want_tokens:  # the 32-token micro-batches in between change the kernels'
-        # batch shapes: a near tie may flip (the engine's re-scoring tolerance, 1e-3)
-        from inferenceos.engine.scoring import greedy_agreement
+    # exactly: the moved stream takes the cells it held (a lone stream: 0..n-1), so even
+    # the kernels' float rounding is the undisturbed run's (no near tie may flip)
+    assert [e.token for e in events] == want_tokens
+    assert "".join(e.text for e in events) == want_text
 
-        with Engine(tiny_wide, SETTINGS, n_parallel=1) as ref:
-            check = greedy_agreement(ref, ref.tokenize("ab cab"), tokens)
-        assert check.ok and check.near_ties <= 2, check
-    else:
-        assert "".join(e.text for e in events) == want_text
+
+def test_a_moved_stream_takes_the_cells_of_a_fresh_engine(tiny_wide: Path) -> None:
+    """The root cause of a flaky mismatch, deterministically, in process: a new worker
+    held its warm-up prompt in a slot, and the old one exported the running sequence's
+    own slot again as an idle prefix; the moved sequence's cells then lay after those,
+    attention summed over a shifted layout, and a near tie flipped ~440 tokens later.
+    The importing side now starts from an empty cache, and only idle slots are prefixes."""
+    from inferenceos.engine.migrate import export_live, import_live
+    from inferenceos.engine.scheduler import Request, Scheduler
+    from inferenceos.engine.session import LoadedModel
+
+    settings = replace(SETTINGS, n_seq_max=2, kv_unified=True)
+
+    def drain(sched: Scheduler, out: list[int]) -> None:
+        while sched.has_work():
+            out += [p[0] for _, kind, p in sched.step() if kind == "token" and p[0] >= 0]
+
+    with LoadedModel(tiny_wide, settings) as lm:
+        prompt = lm.tokenize("ab cab")
+        old = Scheduler(lm, 2, 64)
+        old.submit(Request(1, prompt, LONG))
+        want: list[int] = []
+        drain(old, want)
+        old.close()
+        old = Scheduler(lm, 2, 64)  # the same run, moved after 5 tokens
+        old.submit(Request(1, prompt, LONG))
+        got: list[int] = []
+        while len(got) < 5:
+            got += [p[0] for _, kind, p in old.step() if kind == "token"]
+        state = export_live(old)
+        old.close()
+        assert state.prefixes == []  # no idle slot: the running one's is not a prefix
+        new = Scheduler(lm, 2, 64)  # a warmed worker: a short request went first
+        new.submit(Request(2, lm.tokenize("Hello"), SamplingParams(temperature=0, max_tokens=2)))
+        drain(new, [])
+        assert import_live(new, state)["restored"] == 1
+        drain(new, got)
+        new.close()
+    assert got == want
 
 
 def test_another_kv_type_reprefills_and_continues(tiny_wide: Path) -> None:
     """Another KV type refuses the state bytes: the sequence re-prefills its tokens and
-    goes on without an error or a lost / repeated token (same count, same text length)."""
+    goes on without an error or a lost / repeated token (the same count)."""
     want_tokens, _ = _undisturbed(tiny_wide, "hello")
     # the tiny model's heads (16 values) are too small for q8_0 blocks: f32 is another
     # KV type all the same, whose state bytes llama.cpp refuses for an f16 cache
@@ -70,8 +99,11 @@ def test_another_kv_type_reprefills_and_continues(tiny_wide: Path) -> None:
         info = engine.migrate(q8)
         events += list(it)
     assert info["moved"] == 1 and info["reprefilled"] == 1, info
-    assert len(events) == len(want_tokens)
-    assert [e.token for e in events[:8]] == want_tokens[:8]
+    # the other KV type's rounding may take the stream another way, which can end inside
+    # a UTF-8 character: then a last event (token -1) flushes the held bytes
+    tokens = [e.token for e in events if e.token >= 0]
+    assert len(tokens) == len(want_tokens)
+    assert tokens[:8] == want_tokens[:8]
     assert gen.metrics.stop_reason == "length"
 
 
@@ -89,7 +121,7 @@ def test_parallel_and_queued_streams_all_survive(tiny_llama: Path) -> None:
             it = iter(gens[p])
             first = next(it) if p != "abc abc" else None
             started.wait()
-            got[p] = ([first.token] if first else []) + [e.token for e in it]
+            got[p] = ([first.token] if first else []) + [e.token for e in it if e.token >= 0]
 
         threads = [threading.Thread(target=read, args=(p,)) for p in prompts]
         for t in threads:

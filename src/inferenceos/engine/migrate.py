@@ -100,13 +100,14 @@ def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
     """Detach every running and queued request from `sched` (no event is emitted for
     them: their streams continue wherever the state is imported) and copy out idle
     cached prefixes when `prefixes`."""
-    from inferenceos.engine.slot_state import export_slot
     from inferenceos.errors import UsageError
 
     if any(r.media for r in [*sched.queue, *(s.req for s in sched.running)]):
         # their media chunks live in this worker's projector context (not picklable)
         raise UsageError("requests with images or audio in flight cannot migrate yet")
     state = LiveState()
+    if prefixes:  # before the running ones are detached: their released slots are not idle prefixes
+        state.prefixes = _idle_prefixes(sched)
     for seq in list(sched.running):
         sched.table.unpark(seq.slot)
         kv = sched.model.save_sequence(seq.slot.index) if seq.slot.cached else None
@@ -126,13 +127,18 @@ def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
         sched.running.remove(seq)
     state.queued = list(sched.queue)
     sched.queue.clear()
-    if prefixes:
-        for slot in sched.slots:
-            if not slot.busy and slot.cached:
-                item = export_slot(sched, list(slot.cached))
-                if item is not None:
-                    state.prefixes.append(item)
     return state
+
+
+def _idle_prefixes(sched: Scheduler) -> list[tuple[list[int], bytes]]:
+    """Each idle slot's cached prefix, as it is (slot_state.export_slot would pick the
+    slot sharing the longest prefix, and trim another one down to a shorter one)."""
+    out = []
+    for slot in sched.slots:
+        if not slot.busy and slot.cached:
+            sched.table.unpark(slot)
+            out.append((list(slot.cached), sched.model.save_sequence(slot.index)))
+    return out
 
 
 def import_live(sched: Scheduler, state: LiveState) -> dict[str, Any]:
@@ -141,6 +147,8 @@ def import_live(sched: Scheduler, state: LiveState) -> dict[str, Any]:
     sequences that had to end (a "length" done for one that no longer fits)."""
     counts = {"restored": 0, "reprefilled": 0, "ended": 0, "prefixes": 0}
     events: list[Any] = []
+    if not sched.has_work():
+        _clear(sched)
     for st in state.running:
         how, evs = _resume(sched, st)
         counts[how] += 1
@@ -155,6 +163,21 @@ def import_live(sched: Scheduler, state: LiveState) -> dict[str, Any]:
             with contextlib.suppress(InferenceOSError):
                 counts["prefixes"] += 1 if import_slot(sched, tokens, data) else 0
     return {**counts, "events": events}
+
+
+def _clear(sched: Scheduler) -> None:
+    """Empty a fresh scheduler's cache (a new worker's warm-up prompt) and rewind its
+    cells, so the moved sequences take the cells they held in a fresh engine: a lone
+    stream lands on cells 0..n-1 as an undisturbed run's does. The cell layout is not
+    only bookkeeping: attention sums over the cells in use (padded to 256), so where a
+    sequence's cells lie changes the float rounding of its logits, and a shifted layout
+    flipped near-tie greedy tokens hundreds of tokens after a migration."""
+    sched._ll.llama_memory_clear(sched.mem, True)
+    sched.table.parked.clear()
+    for slot in sched.slots:
+        slot.cached.clear()
+        if sched.tracker is not None:
+            sched.tracker.truncate(slot.index, 0)
 
 
 def _resume(sched: Scheduler, st: SeqState) -> tuple[str, list[Any]]:
