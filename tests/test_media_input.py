@@ -162,6 +162,12 @@ def test_truncated_png_is_refused() -> None:
         decode_image(raw[: len(raw) // 2])
 
 
+def test_png_cut_inside_its_header_names_no_python_object() -> None:
+    with pytest.raises(MediaError) as err:
+        decode_image(encode(gradient(), "PNG")[:30])
+    assert str(err.value) == "the PNG image is truncated or corrupt (its header cannot be read)"
+
+
 def test_corrupt_jpeg_is_refused() -> None:
     raw = bytearray(encode(gradient(), "JPEG"))
     raw[200:260] = b"\xff" * 60  # a run of markers in the entropy-coded data

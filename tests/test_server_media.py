@@ -242,3 +242,24 @@ def test_fetching_allowed_still_refuses_loopback_urls(server: Harness, oai: open
                 _chat(oai, [{"type": "image_url", "image_url": {"url": url}}])
     finally:
         server.state.settings = before
+
+
+def test_llamacpp_completion_with_multimodal_data(server: Harness) -> None:
+    """llama-server's form: markers in prompt_string, base64 files in multimodal_data."""
+    b64 = base64.b64encode(RED).decode()
+    url = server.url + "/completion"
+    text = httpx.post(url, json={"prompt": "look  now", "n_predict": 3}).json()
+    r = httpx.post(url, json={"n_predict": 3, "prompt": {
+        "prompt_string": f"look {MEDIA_MARKER} now", "multimodal_data": [b64]}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["prompt"] == f"look {MEDIA_MARKER} now" and body["tokens_predicted"] == 3
+    assert abs(body["tokens_evaluated"] - text["tokens_evaluated"] - IMAGE_TOKENS) <= 2
+    bad = httpx.post(url, json={"prompt": {"prompt_string": "no marker",
+                                           "multimodal_data": [b64]}})
+    assert bad.status_code == 400 and "0 media markers" in bad.json()["error"]["message"]
+    bad = httpx.post(url, json={"prompt": {"prompt_string": MEDIA_MARKER,
+                                           "multimodal_data": [b64[:40]]}})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == ("the PNG image is truncated or corrupt (its "
+                                              "header cannot be read)")

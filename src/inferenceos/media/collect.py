@@ -13,6 +13,7 @@ from inferenceos.media.audio import check_audio
 from inferenceos.media.image import decode_image, decode_video
 from inferenceos.media.item import MEDIA_MARKER, MediaItem
 from inferenceos.media.limits import DEFAULT_LIMITS, MediaLimits
+from inferenceos.media.sniff import audio_format
 from inferenceos.media.source import Fetcher, decode_base64, media_bytes
 
 
@@ -55,6 +56,16 @@ class MediaSet:
         raw = (media_bytes(data, self.limits, None, bare_base64=False).data
                if data.lstrip()[:5].lower() == "data:" else decode_base64(data, self.limits))
         self.items.append(check_audio(raw, fmt, self.limits))
+        return MEDIA_MARKER
+
+
+    def sniffed(self, data: str) -> str:
+        """An image or an audio clip, whichever the bytes are (llama-server's
+        `multimodal_data`: base64 of either, undeclared); its marker."""
+        self._room()
+        raw = media_bytes(data, self.limits, None).data  # base64 or a data: URL
+        self.items.append(check_audio(raw, None, self.limits) if audio_format(raw[:32])
+                          else decode_image(raw, self.limits))
         return MEDIA_MARKER
 
 

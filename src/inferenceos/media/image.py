@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 
 from PIL import Image, ImageFile, ImageOps
 
@@ -31,6 +32,9 @@ from inferenceos.media.sniff import ImageFormat, sniff_image
 # Pillow's own guard (Image.MAX_IMAGE_PIXELS, ~89 M) warns past its limit at open and
 # raises past twice that. Ours is checked from the header and is lower by default; a
 # limit raised above Pillow's still meets Pillow's error, turned into the same refusal.
+
+
+_REPR = re.compile(r"\s*<[^<>]* at 0x[0-9a-fA-F]+>")
 
 
 def check_size(data: bytes, limits: MediaLimits, what: str = "image") -> None:
@@ -199,8 +203,12 @@ def _item(rgb: Image.Image, digest: str) -> MediaItem:
 
 
 def _bad(fmt: str, exc: BaseException) -> MediaError:
-    """A decoder failure as one line: truncated, corrupt, or what Pillow said."""
-    text = " ".join(str(exc).split())[:160]
+    """A decoder failure as one line: truncated, corrupt, or what Pillow said (without
+    the object reprs Pillow puts in some messages)."""
+    text = " ".join(_REPR.sub("", str(exc)).split())[:160]
+    if "cannot identify image file" in text:
+        return MediaError(f"the {fmt} image is truncated or corrupt (its header cannot be "
+                          "read)")
     if isinstance(exc, (EOFError,)) or "truncated" in text.lower() or "end of" in text:
         return MediaError(f"the {fmt} image is truncated ({text or 'unexpected end'})")
     return MediaError(f"the {fmt} image is corrupt or unreadable ({text or type(exc).__name__})")

@@ -35,7 +35,12 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
-from inferenceos.server.llamacpp_schema import CompletionParams, parse_completion
+from inferenceos.server.llamacpp_schema import (
+    CompletionParams,
+    MediaPrompt,
+    Prompt,
+    parse_completion,
+)
 from inferenceos.server.llamacpp_shapes import (
     RANDOM_SEED,
     generation_settings,
@@ -44,6 +49,7 @@ from inferenceos.server.llamacpp_shapes import (
     timings,
 )
 from inferenceos.server.llamacpp_vocab import Vocab, vocab_for
+from inferenceos.server.media_parts import media_set
 from inferenceos.server.openai_routes import ERROR_RESPONSES, chat_message
 from inferenceos.server.openai_schema import ChatMessageIn
 from inferenceos.server.sse import ClosingStreamingResponse
@@ -72,7 +78,7 @@ class _Result:
     """One finished completion, ready to be shaped."""
 
     index: int
-    prompt: list[int]
+    prompt: Prompt
     content: str
     done: Done
     scored: list[TokenEvent]
@@ -89,7 +95,9 @@ def _final(p: CompletionParams, r: _Result, model: str, vocab: Vocab, stream: bo
         "tokens_predicted": m.completion_tokens, "tokens_evaluated": m.prompt_tokens,
         "generation_settings": generation_settings(p.sampling, p.n_predict, stream, p.n_probs,
                                                    p.eog_bias, p.post_sampling_probs),
-        "prompt": vocab.detokenize(r.prompt), "has_new_line": "\n" in r.content,
+        "prompt": (r.prompt.text if isinstance(r.prompt, MediaPrompt)
+                   else vocab.detokenize(r.prompt)),
+        "has_new_line": "\n" in r.content,
         "truncated": False, "stop_type": _STOP_TYPE.get(m.stop_reason, "none"),
         "stopping_word": stopping_word(p.sampling.stop, m.stop_reason,
                                         tail[len(r.content):] if tail else ""),
@@ -129,11 +137,13 @@ def _requests(p: CompletionParams, name: str) -> list[tuple[int, GenRequest]]:
             s = p.sampling
             if k and s.seed is not None:
                 s = dataclasses.replace(s, seed=(s.seed + k) % RANDOM_SEED)
-            out.append((i, GenRequest(name, s, tokens=tuple(prompt))))
+            out.append((i, GenRequest(name, s, text=prompt.text, media=prompt.items)
+                        if isinstance(prompt, MediaPrompt)
+                        else GenRequest(name, s, tokens=tuple(prompt))))
     return out
 
 
-async def _whole(state: ServerState, index: int, prompt: list[int], req: GenRequest
+async def _whole(state: ServerState, index: int, prompt: Prompt, req: GenRequest
                  ) -> _Result:
     run = await start_generation(state, req)
     text, done = await run.collect()
@@ -154,7 +164,9 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     state = _state(request)
     name, vocab = await _model(state, body.get("model"))
     s = state.settings
-    p = await call_in_thread(lambda: parse_completion(body, vocab, s.n_predict, s.seed))
+    # decoding multimodal_data is CPU work on untrusted bytes: in the thread as well
+    p = await call_in_thread(lambda: parse_completion(body, vocab, s.n_predict, s.seed,
+                                                      lambda: media_set(s)))
     reqs = _requests(p, name)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))

@@ -17,11 +17,14 @@ beyond what our engine does anyway (it always reuses a cached prefix).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.errors import UsageError
+from inferenceos.media.collect import MediaSet
+from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
 from inferenceos.server.errors import APIError
 from inferenceos.server.json_grammar import grammar_for_schema
 from inferenceos.server.llamacpp_shapes import RANDOM_SEED
@@ -45,11 +48,31 @@ _NUMERIC = {
 
 
 @dataclass(frozen=True)
+class MediaPrompt:
+    """A prompt object with `multimodal_data`: its text (one media marker per item, in
+    order) and the decoded items; `ids` are the text's own tokens without the markers
+    (its length is what `len()` gives, as for a token prompt)."""
+
+    text: str
+    items: tuple[MediaItem, ...]
+    ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+Prompt = list[int] | MediaPrompt
+# a fresh MediaSet under the server's limits, for one prompt's multimodal_data
+MediaFactory = Callable[[], MediaSet]
+
+
+@dataclass(frozen=True)
 class CompletionParams:
     """One /completion request, parsed. `prompts` are token ids (text already
-    tokenized with the model's vocabulary, a BOS first as llama-server adds one)."""
+    tokenized with the model's vocabulary, a BOS first as llama-server adds one), or
+    a MediaPrompt for a prompt object with `multimodal_data`."""
 
-    prompts: list[list[int]]
+    prompts: list[Prompt]
     sampling: SamplingParams
     n_predict: int  # as the client asked (-1: unlimited), for generation_settings
     stream: bool = False
@@ -94,16 +117,15 @@ def _is_ids(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _one_prompt(item: Any, vocab: Vocab) -> list[int]:
-    """One prompt: text, ids, ids and text mixed, or {"prompt_string": text}."""
+def _one_prompt(item: Any, vocab: Vocab, media: MediaFactory | None = None) -> Prompt:
+    """One prompt: text, ids, ids and text mixed, or {"prompt_string": text} (with
+    `multimodal_data`, base64 images / audio for its media markers, when `media`)."""
     if isinstance(item, dict):
-        if item.get("multimodal_data"):
-            raise APIError(400, "multimodal_data is not supported by /completion; send "
-                           "images as image_url parts to /v1/chat/completions",
-                           "not_supported")
         text = item.get("prompt_string")
         if not isinstance(text, str):
             raise _bad('a prompt object needs "prompt_string" as text')
+        if item.get("multimodal_data"):
+            return _media_prompt(text, item["multimodal_data"], vocab, media)
         return vocab.tokenize(text, add_special=True)
     if isinstance(item, str):
         return vocab.tokenize(item, add_special=True)
@@ -115,8 +137,29 @@ def _one_prompt(item: Any, vocab: Vocab) -> list[int]:
     raise _bad('"prompt" must be text, token ids, a mix of both, or a list of those')
 
 
-def parse_prompts(prompt: Any, vocab: Vocab) -> list[list[int]]:
-    """llama-server's prompt forms → token ids, one list per completion."""
+def _media_prompt(text: str, data: Any, vocab: Vocab, media: MediaFactory | None
+                  ) -> MediaPrompt:
+    """A prompt object's `multimodal_data` decoded for its markers (llama-server's
+    form: `"<__media__>"` in `prompt_string` once per item, in order)."""
+    if media is None:
+        raise APIError(400, "multimodal_data is not supported here (only in /completion "
+                       "prompts)", "not_supported")
+    if not isinstance(data, list) or not all(isinstance(d, str) for d in data):
+        raise _bad('"multimodal_data" must be a list of base64 strings')
+    if count_markers(text) != len(data):
+        raise _bad(f'"prompt_string" holds {count_markers(text)} media markers '
+                   f"({MEDIA_MARKER}) for {len(data)} multimodal_data items")
+    items = media()
+    for d in data:
+        items.sniffed(d)
+    return MediaPrompt(text, tuple(items.items),
+                       vocab.tokenize(text.replace(MEDIA_MARKER, ""), add_special=True))
+
+
+def parse_prompts(prompt: Any, vocab: Vocab, media: MediaFactory | None = None
+                  ) -> list[Prompt]:
+    """llama-server's prompt forms → token ids, one list per completion (a MediaPrompt
+    for a prompt object with multimodal_data, when `media` makes their items)."""
     if prompt is None:
         raise _bad('"prompt" must be provided')
     if isinstance(prompt, list) and prompt and all(_is_ids(x) or isinstance(x, str)
@@ -129,9 +172,9 @@ def parse_prompts(prompt: Any, vocab: Vocab) -> list[list[int]]:
     elif isinstance(prompt, list):
         if not prompt:
             raise _bad('"prompt" must not be empty')
-        prompts = [_one_prompt(x, vocab) for x in prompt]
+        prompts = [_one_prompt(x, vocab, media) for x in prompt]
     else:
-        prompts = [_one_prompt(prompt, vocab)]
+        prompts = [_one_prompt(prompt, vocab, media)]
     if len(prompts) > MAX_PROMPTS:
         raise _bad(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
     if any(not p for p in prompts):
@@ -200,7 +243,8 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int = -1,
-                     seed_default: int | None = None) -> CompletionParams:
+                     seed_default: int | None = None,
+                     media: MediaFactory | None = None) -> CompletionParams:
     """A /completion body → CompletionParams; APIError 400 for anything unusable.
     `n_predict_default` and `seed_default` (llama-server's `--n-predict` and `--seed`)
     apply when the body sets none (a request's own value wins, as in llama-server)."""
@@ -238,7 +282,7 @@ def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int 
     if not isinstance(response_fields, list) or not all(isinstance(f, str)
                                                         for f in response_fields):
         raise _bad('"response_fields" must be a list of field names')
-    prompts = parse_prompts(body.get("prompt"), vocab)
+    prompts = parse_prompts(body.get("prompt"), vocab, media)
     fields.update({
         "seed": seed_default if seed is None else None if seed == -1 else seed,
         "max_tokens": UNLIMITED if n_predict < 0 else n_predict,
@@ -273,11 +317,13 @@ def embedding_input(item: Any, vocab: Vocab) -> str | list[int]:
             item = "".join(p.text or "" for p in item.content)
         else:
             raise APIError(400, "an input object needs prompt_string or text content parts "
-                           "(this model takes no images, audio or video)", "invalid_input")
+                           "(embeddings take text only)", "invalid_input")
     if isinstance(item, str):
         return item if item else vocab.tokenize("", add_special=True) or _empty()
     if isinstance(item, list) and item and all(_is_ids(x) or isinstance(x, str) for x in item):
-        return _one_prompt(item, vocab)
+        ids = _one_prompt(item, vocab)
+        assert isinstance(ids, list)  # a list prompt is always token ids
+        return ids
     raise _bad("each embedding input must be text, token ids, or both mixed")
 
 
