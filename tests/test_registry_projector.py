@@ -20,6 +20,7 @@ from cli_helpers import run_cli
 from fake_hub import FakeHub, tiny_gguf, tiny_projector
 from inferenceos.api import resolve, resolve_projector
 from inferenceos.errors import ModelNotFoundError, UsageError
+from inferenceos.model.projector_files import find_projector
 from inferenceos.registry import store as store_mod
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.discover import discover
@@ -97,6 +98,23 @@ def test_import_without_or_with_a_named_projector(store: ModelStore, vl_folder: 
     with pytest.raises(Exception, match=r"broken\.gguf"):
         store.import_file(bad, "broken", projector=lone)
     assert not store.blob_path(sha(lone)).exists() and store.find("broken") is None
+
+
+def test_importing_a_projector_as_a_model_says_what_it_is(store: ModelStore,
+                                                          vl_folder: Path) -> None:
+    with pytest.raises(UsageError, match="mmproj-Tiny-VL-f16.gguf is a multimodal projector "
+                                         r"\(mmproj\), not a model"):
+        store.import_file(vl_folder / "mmproj-Tiny-VL-f16.gguf")
+    assert store.list() == []
+
+
+def test_the_tiny_vlm_pair_finds_its_projector(tiny_vlm_pair: tuple[Path, Path],
+                                               store: ModelStore) -> None:
+    """The real pair mtmd loads (tests/tiny_vlm.py): `model.gguf` + `mmproj.gguf`."""
+    model, mmproj = tiny_vlm_pair
+    assert find_projector(model) == mmproj
+    e = store.import_file(model, "tiny-vlm")
+    assert e.projector is not None and e.projector.read_bytes() == mmproj.read_bytes()
 
 
 def test_a_projector_that_vanished_is_not_resolved(store: ModelStore,
@@ -270,6 +288,24 @@ def test_a_cut_projector_download_fails_the_pull_and_resumes(
     assert [g.range for g in hub.gets("mmproj-Tiny-VL-F16.gguf")] == [None, "bytes=1000-"]
     assert len(hub.gets("Tiny-VL-Q4_K_M.gguf")) == 1  # the verified model download was kept
     assert e.projector is not None
+
+
+def test_offline_pull_takes_the_projector_from_the_hf_cache(
+        hub: FakeHub, store: ModelStore, hub_files: dict[str, bytes], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    repo = tmp_path / "hf-home" / "hub" / f"models--{REPO.replace('/', '--')}"
+    snap = repo / "snapshots" / ("1" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for name in ("Tiny-VL-Q4_K_M.gguf", "mmproj-Tiny-VL-F16.gguf", "mmproj-Tiny-VL-F32.gguf"):
+        digest = hashlib.sha256(hub_files[name]).hexdigest()
+        (repo / "blobs" / digest).write_bytes(hub_files[name])
+        (snap / name).symlink_to(f"../../blobs/{digest}")
+    e = pull(store, f"hf.co/{REPO}:Q4_K_M", check=_no_check)
+    assert e.projector is not None
+    assert e.projector.read_bytes() == hub_files["mmproj-Tiny-VL-F16.gguf"]
+    assert hub.requests == []
 
 
 # -- resolution for run / serve ----------------------------------------------------------

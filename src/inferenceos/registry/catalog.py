@@ -60,21 +60,22 @@ def plain_name(key: str) -> str | None:
     return plain if plain != key else None
 
 
-def _from_entry(e: ModelEntry) -> ResolvedModel:
+def _from_entry(e: ModelEntry, look_beside: bool = True) -> ResolvedModel:
     return ResolvedModel(e.name, e.path, e.digest, e.size, e.architecture, e.file_type,
                          e.parameters, e.context_length, e.modified_at,
-                         entry_projector(e))
+                         entry_projector(e, look_beside))
 
 
-def entry_projector(e: ModelEntry) -> Path | None:
+def entry_projector(e: ModelEntry, look_beside: bool = True) -> Path | None:
     """The projector to load with a registry entry: the one it records when its file
     is there; for an entry registered in place without one, the projector beside its
-    file (entries from before projectors were recorded); else None."""
+    file (entries from before projectors were recorded; `look_beside=False` skips
+    that folder scan, for listings); else None."""
     from inferenceos.model.projector_files import find_projector
 
     if e.projector is not None:
         return e.projector if e.projector.is_file() else None
-    return find_projector(e.path) if e.in_place else None
+    return find_projector(e.path) if e.in_place and look_beside else None
 
 
 class Catalog:
@@ -153,8 +154,8 @@ class Catalog:
     def names(self) -> list[ResolvedModel]:
         """Every model a client may name: aliases first, then the registry."""
         seen = dict(self._aliases)
-        for e in self.store.list():
-            seen.setdefault(e.name, _from_entry(e))
+        for e in self.store.list():  # a listing: no folder scan per in-place entry
+            seen.setdefault(e.name, _from_entry(e, look_beside=False))
         return list(seen.values())
 
     def is_alias(self, name: str) -> bool:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import inferenceos.sqlite_db as sqlite_db
-from inferenceos.errors import ModelNotFoundError, StorageError, UsageError
+from inferenceos.errors import GGUFFormatError, ModelNotFoundError, StorageError, UsageError
 from inferenceos.paths import ensure_dir
 from inferenceos.registry.names import canonical, parse_digest
 
@@ -256,11 +256,23 @@ class ModelStore:
         beside `source`, if any), a projector file (checked: UsageError when it is not
         one), or None (none); it is stored as a blob of its own. Returns the new entry.
         """
-        from inferenceos.model.projector_files import check_projector, find_projector
+        from inferenceos.model.projector_files import (
+            check_projector,
+            find_projector,
+            is_projector,
+        )
         from inferenceos.model.spec import load_spec
 
         source = Path(source).expanduser()
-        spec = load_spec(source)  # raises ModelNotFoundError / GGUFFormatError like `run`
+        try:
+            spec = load_spec(source)  # raises ModelNotFoundError / GGUFFormatError like `run`
+        except GGUFFormatError:
+            if is_projector(source):  # a clear word for a common slip
+                raise UsageError(
+                    f"{source.name} is a multimodal projector (mmproj), not a model: import "
+                    "the text model beside it (its projector comes along), or name the "
+                    "projector with --mmproj") from None
+            raise
         parts = split_parts(source)
         key = canonical(name) if name else name_for_file(split_base(source))
         if isinstance(projector, str) and projector == AUTO:
