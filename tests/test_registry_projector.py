@@ -370,6 +370,9 @@ def test_api_show_reports_the_projector(vl_folder: Path, tiny_llama: Path,
         shown = client.show("vl")
         assert shown.capabilities is not None and "vision" in shown.capabilities
         assert "vision" not in (client.show("tiny").capabilities or [])
+        families = {m.model: m.details.families for m in client.list().models if m.details}
+        assert families["vl:latest"] == ["llama", "clip"] and families["tiny:latest"] == \
+            ["llama"]
         # the ollama client (0.6) does not model projector_info: read the JSON itself
         raw = httpx.post(h.url + "/api/show", json={"model": "vl"}).json()
         assert raw["projector_info"]["general.architecture"] == "clip"
