@@ -263,3 +263,23 @@ def test_llamacpp_completion_with_multimodal_data(server: Harness) -> None:
     assert bad.status_code == 400
     assert bad.json()["error"]["message"] == ("the PNG image is truncated or corrupt (its "
                                               "header cannot be read)")
+
+
+def test_decoding_waits_for_a_slot_then_429(oai: openai.OpenAI,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoded pictures are large: only DECODE_SLOTS requests decode at once; one that
+    waits past DECODE_WAIT_S is told to retry (429), not queued without bound."""
+    from inferenceos.server import media_parts
+
+    monkeypatch.setattr(media_parts, "DECODE_WAIT_S", 0.3)
+    held = 0
+    try:
+        while media_parts._slots.acquire(blocking=False):
+            held += 1
+        assert held == media_parts.DECODE_SLOTS
+        with pytest.raises(openai.RateLimitError, match="decoding images or audio"):
+            _chat(oai, [_image_part(RED)])
+    finally:
+        for _ in range(held):
+            media_parts._slots.release()
+    assert _chat(oai, [_image_part(RED)]).choices[0].message.content is not None

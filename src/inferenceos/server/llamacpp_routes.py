@@ -49,7 +49,7 @@ from inferenceos.server.llamacpp_shapes import (
     timings,
 )
 from inferenceos.server.llamacpp_vocab import Vocab, vocab_for
-from inferenceos.server.media_parts import media_set
+from inferenceos.server.media_parts import decode_in_thread, media_set
 from inferenceos.server.openai_routes import ERROR_RESPONSES, chat_message
 from inferenceos.server.openai_schema import ChatMessageIn
 from inferenceos.server.sse import ClosingStreamingResponse
@@ -128,6 +128,12 @@ def _select(res: dict[str, Any], fields: list[str]) -> dict[str, Any]:
 # -- /completion -----------------------------------------------------------------------
 
 
+def _multimodal(prompt: Any) -> bool:
+    """Whether a /completion prompt carries multimodal_data (one object or a list)."""
+    items = prompt if isinstance(prompt, list) else [prompt]
+    return any(isinstance(x, dict) and bool(x.get("multimodal_data")) for x in items)
+
+
 def _requests(p: CompletionParams, name: str) -> list[tuple[int, GenRequest]]:
     """(prompt index, request) per completion: prompts × n_cmpl, each extra completion
     of a seeded request with its own seed (seed + k), as the OpenAI routes do."""
@@ -164,9 +170,10 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     state = _state(request)
     name, vocab = await _model(state, body.get("model"))
     s = state.settings
-    # decoding multimodal_data is CPU work on untrusted bytes: in the thread as well
-    p = await call_in_thread(lambda: parse_completion(body, vocab, s.n_predict, s.seed,
-                                                      lambda: media_set(s)))
+    # decoding multimodal_data is CPU work on untrusted bytes: within a decode slot
+    run_parse = decode_in_thread if _multimodal(body.get("prompt")) else call_in_thread
+    p = await run_parse(lambda: parse_completion(body, vocab, s.n_predict, s.seed,
+                                                 lambda: media_set(s)))
     reqs = _requests(p, name)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))

@@ -13,23 +13,52 @@ each item's encoder tokens where its marker is. The parts understood:
 - Responses API: `{"type": "input_image", "image_url": "data:..."}` and `input_audio`;
 - Ollama: `images`, a list of base64 strings (data: URLs accepted too).
 
-Decoding is CPU work on untrusted input: routes call these functions in a worker thread
-(`call_in_thread`), never on the event loop. Every refusal is a MediaError (HTTP 400).
+Decoding is CPU work on untrusted input: routes run it through `decode_in_thread`, in
+a worker thread (never on the event loop) holding one of a few process-wide decode
+slots, so that many requests with images at once cannot each hold a full-size decoded
+picture (a 50 MP image is 150 MB of RGB before its downscale): a request that waits
+longer than `DECODE_WAIT_S` for a slot is a 429. Every refusal is a MediaError (400).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from inferenceos.errors import MediaError
+from inferenceos.errors import EngineBusyError, MediaError
 from inferenceos.media.collect import MediaSet, check_text
 from inferenceos.media.fetch import fetcher
+from inferenceos.server.generation import call_in_thread
 from inferenceos.server.settings import ServerSettings
+
+T = TypeVar("T")
 
 # content part types that carry media, per API
 OPENAI_MEDIA_PARTS = frozenset({"image_url", "input_audio", "video_url"})
 RESPONSES_MEDIA_PARTS = frozenset({"input_image", "input_audio"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+
+DECODE_SLOTS = max(1, min(4, (os.cpu_count() or 2) // 2))
+DECODE_WAIT_S = 30.0
+_slots = threading.BoundedSemaphore(DECODE_SLOTS)
+
+
+def _in_slot(fn: Callable[[], T]) -> T:
+    if not _slots.acquire(timeout=DECODE_WAIT_S):
+        raise EngineBusyError("too many requests are decoding images or audio now; "
+                              "retry later")
+    try:
+        return fn()
+    finally:
+        _slots.release()
+
+
+async def decode_in_thread(fn: Callable[[], T]) -> T:
+    """`fn` (which decodes a request's media) in a worker thread, within a decode slot."""
+    return await call_in_thread(lambda: _in_slot(fn), name="media-decode")
 
 
 def media_set(settings: ServerSettings) -> MediaSet:

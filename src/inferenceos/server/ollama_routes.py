@@ -37,7 +37,7 @@ from inferenceos.server.generation import (
 )
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
 from inferenceos.server.logprobs import entries
-from inferenceos.server.media_parts import media_set, ollama_images
+from inferenceos.server.media_parts import decode_in_thread, media_set, ollama_images
 from inferenceos.server.ollama_schema import (
     ChatRequest,
     ChatResponse,
@@ -226,7 +226,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         if body.context:
             raise APIError(400, "images cannot be combined with context (token ids "
                            "cannot carry them); send the conversation to /api/chat")
-        prompt, items = await call_in_thread(lambda: _with_images(state, body.images, prompt))
+        prompt, items = await decode_in_thread(
+            lambda: _with_images(state, body.images, prompt))
     if body.raw:
         req = GenRequest(name, sampling, text=prompt, keep_alive=keep_alive,
                          overrides=overrides or None, want_tokens=not items,
@@ -265,7 +266,8 @@ async def chat(body: ChatRequest, request: Request) -> Any:
                                      {"message": {"role": "assistant", "content": ""}})
     items: tuple[MediaItem, ...] = ()
     if any(m.images for m in body.messages):
-        msgs, items = await call_in_thread(lambda: _with_media(state, body.messages or []))
+        msgs, items = await decode_in_thread(
+            lambda: _with_media(state, body.messages or []))
     else:
         msgs = tuple(_chat_message(m) for m in body.messages)
     tools = tool_request([t.for_template() for t in body.tools or ()], "auto", False)

@@ -38,7 +38,12 @@ from inferenceos.server.llamacpp_schema import embedding_input
 from inferenceos.server.llamacpp_shapes import timings
 from inferenceos.server.llamacpp_vocab import vocab_for
 from inferenceos.server.logprobs import LegacyLogprobs, chat_top_n, entries
-from inferenceos.server.media_parts import OPENAI_MEDIA_PARTS, media_set, openai_part
+from inferenceos.server.media_parts import (
+    OPENAI_MEDIA_PARTS,
+    decode_in_thread,
+    media_set,
+    openai_part,
+)
 from inferenceos.server.openai_schema import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -246,7 +251,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state = _state(request)
     media = media_set(state.settings) if has_media(body.messages) else None
     # decoding images is CPU work on untrusted bytes: a worker thread, not the loop
-    messages = (await call_in_thread(lambda: _chat_messages(body, media)) if media
+    messages = (await decode_in_thread(lambda: _chat_messages(body, media)) if media
                 else _chat_messages(body))
     items = tuple(media.items) if media else ()
     tools = _tools(body)

@@ -39,12 +39,16 @@ from inferenceos.server.generation import (
     Done,
     GenRequest,
     Run,
-    call_in_thread,
     start_generation,
     until_disconnect,
 )
 from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
-from inferenceos.server.media_parts import RESPONSES_MEDIA_PARTS, media_set, responses_part
+from inferenceos.server.media_parts import (
+    RESPONSES_MEDIA_PARTS,
+    decode_in_thread,
+    media_set,
+    responses_part,
+)
 from inferenceos.server.openai_routes import ERROR_RESPONSES
 from inferenceos.server.options import UNLIMITED, sampling_from
 from inferenceos.server.responses_schema import InputItem, ResponseRequest
@@ -283,7 +287,7 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
         messages.insert(0, ChatMessage("system", body.instructions))
     if _has_media(body):  # decoding is CPU work on untrusted bytes: not on the loop
         media = media_set(state.settings)
-        messages += await call_in_thread(lambda: _input_messages(body, media))
+        messages += await decode_in_thread(lambda: _input_messages(body, media))
         items = (*earlier, *media.items)
     else:
         messages += _input_messages(body, media_set(state.settings) if earlier else None)
