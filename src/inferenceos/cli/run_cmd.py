@@ -10,10 +10,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt, budget_caps
+from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err, print_json
-from inferenceos.cli.limits import check_threads
 from inferenceos.cli.model_arg import resolve_model
+from inferenceos.cli.plan_opts import (
+    BackendOpt,
+    CacheTypeKOpt,
+    CacheTypeVOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    MmprojOpt,
+    PolicyOpt,
+    ThreadsOpt,
+    load_request,
+)
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
 from inferenceos.errors import UsageError
@@ -172,21 +182,14 @@ def run(
         bool, typer.Option("--ignore-eos", help="Generate past end-of-text")
     ] = False,
     ctx: Annotated[int, typer.Option("--ctx", min=0, help="Context size (0: auto)")] = 0,
-    threads: Annotated[int, typer.Option(
-        "--threads", callback=check_threads, help="CPU threads (0: auto)")] = 0,
+    threads: ThreadsOpt = 0,
     batch: Annotated[int, typer.Option(
         "--batch", min=0, help="Prefill batch size (0: planned)")] = 0,
-    gpu_layers: Annotated[int | None, typer.Option(
-        "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")] = None,
-    backend: Annotated[str | None, typer.Option(
-        "--backend", help="Run on this device only: cpu, or a GPU name (CUDA0, Metal...)")] = None,
-    cache_type_k: Annotated[str | None, typer.Option(
-        "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")] = None,
-    cache_type_v: Annotated[str | None, typer.Option(
-        "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
-    policy: Annotated[str, typer.Option(
-        "--policy", help="Planner objective: latency, capacity, balanced, adaptive")
-    ] = "balanced",
+    gpu_layers: GpuLayersOpt = None,
+    backend: BackendOpt = None,
+    cache_type_k: CacheTypeKOpt = None,
+    cache_type_v: CacheTypeVOpt = None,
+    policy: PolicyOpt = "balanced",
     kv_policy: Annotated[str, typer.Option(
         "--kv-policy", help="KV cache eviction when the context fills: none, streaming, h2o")
     ] = "none",
@@ -197,19 +200,14 @@ def run(
         bool, typer.Option("--json", help="Print one JSON object at the end")
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
-    draft: Annotated[
-        str | None,
-        typer.Option("--draft", help="Speculative decoding: ngram, self, or a draft model .gguf"),
-    ] = None,
+    draft: DraftOpt = None,
     image: Annotated[list[Path] | None, typer.Option(
         "--image", help="An image file to show the model (repeatable; needs a projector)",
     )] = None,
     audio: Annotated[list[Path] | None, typer.Option(
         "--audio", help="An audio file (WAV, MP3, FLAC) for a model whose projector hears",
     )] = None,
-    mmproj: Annotated[str | None, typer.Option(
-        "--mmproj", help="Multimodal projector .gguf (default: the model's own; 'none': off)",
-    )] = None,
+    mmproj: MmprojOpt = None,
 ) -> None:
     """Generate a completion for one prompt, streaming tokens as they come.
 
@@ -233,12 +231,10 @@ def run(
         ignore_eos=ignore_eos,
     )
     sampling.validate()
-    from inferenceos.config import load_config
     from inferenceos.engine.llama_lib import log
     from inferenceos.engine.scheduler import generate_one
     from inferenceos.media.files import with_markers
     from inferenceos.model.spec import load_spec
-    from inferenceos.plan.entry import LoadRequest
 
     spec = load_spec(resolve_model(model))
     log().echo = verbose
@@ -246,13 +242,11 @@ def run(
     text = with_markers(text, len(items))
     need = min(len(text.encode()) + n_media + max_tokens + 64,
                spec.context_length or DEFAULT_CTX)  # fmt: skip
-    cfg = load_config()
-    req = LoadRequest(
-        n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
-        threads=threads or int(cfg.get("run.threads") or 0),
-        n_batch=batch, need_tokens=need, gpu_layers=gpu_layers, backend=backend,
-        type_k=cache_type_k, type_v=cache_type_v, policy=policy,
-        mmproj=projector, image_tokens=n_media, **budget_caps(rpc, ram, gpu_memory),
+    req = load_request(
+        ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
+        ram=ram, gpu_memory=gpu_memory, n_batch=batch, need_tokens=need, mmproj=projector,
+        image_tokens=n_media,
     )  # fmt: skip
     probe = _policy_probe(spec, kv_policy)
     if probe is not None:  # H2O reads attention, which exists only without flash attention

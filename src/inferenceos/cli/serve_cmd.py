@@ -10,9 +10,19 @@ from typing import Annotated
 
 import typer
 
-from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt, budget_caps
+from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err
-from inferenceos.cli.limits import check_threads
+from inferenceos.cli.plan_opts import (
+    BackendOpt,
+    CacheTypeKOpt,
+    CacheTypeVOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    MmprojOpt,
+    PolicyOpt,
+    ThreadsOpt,
+    load_request,
+)
 
 _LOCAL_WARNING = (
     "WARNING: serving on {host} without an API key: anyone who can reach this machine "
@@ -127,8 +137,7 @@ def serve(
     )] = None,
     ctx: Annotated[int, typer.Option(
         "--ctx", min=0, help="Context per sequence (0: auto)")] = 0,
-    threads: Annotated[int, typer.Option(
-        "--threads", callback=check_threads, help="CPU threads (0: auto)")] = 0,
+    threads: ThreadsOpt = 0,
     parallel: Annotated[int, typer.Option(
         "--parallel", min=1, help="Sequences batched at once")] = 4,
     queue: Annotated[int, typer.Option("--queue", help="Requests queued beyond those")] = 32,
@@ -140,22 +149,15 @@ def serve(
         "--memory-budget", help="Cap on the memory all models may hold (e.g. 8GiB)")] = None,
     pin: Annotated[list[str] | None, typer.Option(
         "--pin", help="Keep this model hot: never demoted (repeatable; server.pin)")] = None,
-    gpu_layers: Annotated[int | None, typer.Option(
-        "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")] = None,
-    backend: Annotated[str | None, typer.Option(
-        "--backend", help="Run on this device only: cpu, or a GPU name (CUDA0, Metal...)")] = None,
-    cache_type_k: Annotated[str | None, typer.Option(
-        "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")] = None,
-    cache_type_v: Annotated[str | None, typer.Option(
-        "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")] = None,
-    policy: Annotated[str, typer.Option(
-        "--policy", help="Planner objective: latency, capacity, balanced, adaptive")
-    ] = "balanced",
+    gpu_layers: GpuLayersOpt = None,
+    backend: BackendOpt = None,
+    cache_type_k: CacheTypeKOpt = None,
+    cache_type_v: CacheTypeVOpt = None,
+    policy: PolicyOpt = "balanced",
     kv_policy: Annotated[str, typer.Option(
         "--kv-policy", help="KV cache eviction: none, streaming, h2o (requests may pick)")
     ] = "none",
-    draft: Annotated[str | None, typer.Option(
-        "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")] = None,
+    draft: DraftOpt = None,
     n_predict: Annotated[int, typer.Option(
         "--n-predict", help="Tokens a llama.cpp-dialect request generates by default "
         "(-1: until the end; llama-server's -n)")] = -1,
@@ -177,9 +179,7 @@ def serve(
         "--tls-cert", help="Serve HTTPS with this certificate (PEM; with --tls-key)")] = None,
     tls_key: Annotated[Path | None, typer.Option(
         "--tls-key", help="The certificate's private key (PEM)")] = None,
-    mmproj: Annotated[str | None, typer.Option(
-        "--mmproj", help="The model's multimodal projector .gguf ('none': text only; "
-        "default: found beside the model or recorded with it)")] = None,
+    mmproj: MmprojOpt = None,
     allow_media_urls: Annotated[bool, typer.Option(
         "--allow-media-urls", help="Fetch http(s) image URLs in requests (public "
         "addresses only; off: data: URLs and base64 only; server.media_fetch)")] = False,
@@ -189,7 +189,6 @@ def serve(
     from inferenceos.errors import UsageError
     from inferenceos.net import bind_error
     from inferenceos.plan.devices import parse_size
-    from inferenceos.plan.entry import LoadRequest
     from inferenceos.registry.budget import MemoryBudget
     from inferenceos.registry.catalog import Catalog
     from inferenceos.registry.manager import ModelManager, engine_factory
@@ -210,12 +209,11 @@ def serve(
     catalog = Catalog(ModelStore(cfg.models_dir))
     settings = dataclasses.replace(settings,
                                    default_model=_default_model(model, catalog, mmproj))
-    base = LoadRequest(
-        n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
-        threads=threads or int(cfg.get("run.threads") or 0),
-        gpu_layers=gpu_layers, backend=backend, type_k=cache_type_k, type_v=cache_type_v,
-        policy=policy, flash_attn=False if _reads_attention(kv_policy) else None,
-        **budget_caps(rpc, ram, gpu_memory),
+    base = load_request(
+        ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
+        ram=ram, gpu_memory=gpu_memory,
+        flash_attn=False if _reads_attention(kv_policy) else None,
     )  # fmt: skip
     base.validate()
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]

@@ -1,0 +1,55 @@
+"""The planner-override options `run` and `serve` share, and the LoadRequest they make.
+
+Each option keeps its spelling and meaning in both commands (a flag is a contract);
+`load_request` turns them, with the config's defaults, into the one LoadRequest the
+planner takes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from inferenceos.cli.cluster_opts import budget_caps
+from inferenceos.cli.limits import check_threads
+
+if TYPE_CHECKING:
+    from inferenceos.plan.entry import LoadRequest
+
+ThreadsOpt = Annotated[int, typer.Option(
+    "--threads", callback=check_threads, help="CPU threads (0: auto)")]
+GpuLayersOpt = Annotated[int | None, typer.Option(
+    "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")]
+BackendOpt = Annotated[str | None, typer.Option(
+    "--backend", help="Run on this device only: cpu, or a GPU name (CUDA0, Metal...)")]
+CacheTypeKOpt = Annotated[str | None, typer.Option(
+    "--cache-type-k", help="K cache type: f16, q8_0, q4_0 (default: planned)")]
+CacheTypeVOpt = Annotated[str | None, typer.Option(
+    "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")]
+PolicyOpt = Annotated[str, typer.Option(
+    "--policy", help="Planner objective: latency, capacity, balanced, adaptive")]
+DraftOpt = Annotated[str | None, typer.Option(
+    "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")]
+MmprojOpt = Annotated[str | None, typer.Option(
+    "--mmproj", help="Multimodal projector .gguf (default: the one beside the model or "
+    "recorded with it; 'none': text only)")]
+
+
+def load_request(
+    *, ctx: int, threads: int, gpu_layers: int | None, backend: str | None,
+    cache_type_k: str | None, cache_type_v: str | None, policy: str,
+    rpc: list[str] | None, ram: str | None, gpu_memory: list[str] | None, **more: Any,
+) -> LoadRequest:
+    """The LoadRequest for these options; 0 context or threads fall back to the config's
+    `run.n_ctx` / `run.threads` (then to the plan). `more`: other LoadRequest fields."""
+    from inferenceos.config import load_config
+    from inferenceos.plan.entry import LoadRequest
+
+    cfg = load_config()
+    return LoadRequest(
+        n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
+        threads=threads or int(cfg.get("run.threads") or 0),
+        gpu_layers=gpu_layers, backend=backend, type_k=cache_type_k, type_v=cache_type_v,
+        policy=policy, **budget_caps(rpc, ram, gpu_memory), **more,
+    )  # fmt: skip
