@@ -10,6 +10,7 @@ import ipaddress
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -199,3 +200,28 @@ def test_connection_goes_to_the_checked_address_not_a_new_lookup(server: str) ->
 ])
 def test_ssrf_guard_address_classes(addr: str, public: bool) -> None:
     assert is_public_address(ipaddress.ip_address(addr)) is public
+
+
+def test_fetch_through_test_only_loopback_hook_verifies_https_certificates(
+        tmp_path: Path) -> None:
+    """An https URL is fetched over TLS with the certificate verified for the host: a
+    self-signed one (this loopback server's) is refused."""
+    import ssl
+
+    from test_server_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(MediaError, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify"):
+            MediaSet(fetch=LOOPBACK_ONLY).image(
+                f"https://127.0.0.1:{srv.server_address[1]}/img.png")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert _Handler.hits == []  # the handshake failed before any request was sent
