@@ -49,6 +49,19 @@ def _error(payload: Any) -> errors.InferenceOSError:
     return cls(message)
 
 
+def stream_event(kind: str, payload: Any, gen: Generation, load_s: float) -> TokenEvent | None:
+    """One worker event of `gen`'s request: the TokenEvent to yield for "token"; None
+    for "done" (the final metrics are then in `gen.metrics`); raises for "error"."""
+    if kind == "token":
+        gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
+        return TokenEvent(*payload)
+    if kind == "done":
+        gen.metrics = GenerationMetrics.from_json(payload)
+        gen.metrics.load_s = load_s
+        return None
+    raise _error(payload)
+
+
 @dataclass
 class Generation:
     """An in-progress generation: an iterator of TokenEvents with live metrics."""
@@ -408,17 +421,11 @@ class Engine:
                     kind, payload = q.get(timeout=_POLL_S)
                 except queue.Empty:
                     continue
-                if kind == "token":
-                    gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
-                    yield TokenEvent(*payload)
-                elif kind == "done":
-                    finished = True
-                    gen.metrics = GenerationMetrics.from_json(payload)
-                    gen.metrics.load_s = self.load_s
+                finished = kind != "token"
+                event = stream_event(kind, payload, gen, self.load_s)
+                if event is None:
                     return
-                else:
-                    finished = True
-                    raise _error(payload)
+                yield event
         finally:
             with self._route:  # a migration may have moved the request: its worker now
                 current = self._worker

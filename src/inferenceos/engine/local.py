@@ -26,9 +26,9 @@ from typing import Any
 
 import inferenceos.errors as errors
 from inferenceos.engine.chat_template import ChatMessage, render_chat
-from inferenceos.engine.engine import Events, Generation, _error
+from inferenceos.engine.engine import Events, Generation, stream_event
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
+from inferenceos.engine.session import LoadedModel, LoadSettings, TokenEvent
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 
@@ -227,17 +227,11 @@ class LocalEngine:
         try:
             while not (cancel is not None and cancel.is_set()):
                 kind, payload = self._next(req_id)
-                if kind == "token":
-                    gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
-                    yield TokenEvent(*payload)
-                elif kind == "done":
-                    finished = True
-                    gen.metrics = GenerationMetrics.from_json(payload)
-                    gen.metrics.load_s = self.load_s
+                finished = kind != "token"
+                event = stream_event(kind, payload, gen, self.load_s)
+                if event is None:
                     return
-                else:
-                    finished = True
-                    raise _error(payload)
+                yield event
         finally:
             with self._lock:
                 if not finished and not self._closed:  # closed early or cancelled
