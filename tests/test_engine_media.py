@@ -108,3 +108,52 @@ def test_worker_engine_interleaves_an_image_with_a_running_stream(
         assert len(rest) == 59
         assert [e.token for e in both] == [e.token for e in lone]
         assert eng.media_tokens(image(8)) == IMAGE_TOKENS
+
+
+def _wav(freq: float, seconds: float = 1.0, rate: int = 16000) -> bytes:
+    import io
+    import wave
+
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (np.sin(2 * np.pi * freq * t) * 12000).astype("<i2").tobytes()
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return buf.getvalue()
+
+
+def test_audio_is_heard_through_an_audio_projector(tiny_dir: Path) -> None:
+    from inferenceos.media.audio import check_audio
+    from tiny_vlm import tiny_audio
+
+    model, mmproj = tiny_audio(tiny_dir)
+    with LocalEngine(model, LoadSettings(n_ctx=512, n_batch=256, n_threads=1),
+                     mmproj=mmproj, mmproj_gpu=False) as eng:
+        assert eng.media_support == {"vision": False, "audio": True,
+                                     "load_s": eng.media_support["load_s"]}
+        low, high = check_audio(_wav(220), "wav"), check_audio(_wav(1760), "wav")
+        n = eng.media_tokens(low)
+        assert n > 0
+        a, m = run(eng, f"hear {MEDIA_MARKER} now", [low])
+        b, _ = run(eng, f"hear {MEDIA_MARKER} now", [high])
+        assert m.prompt_tokens >= n
+        la = [lp.logprob for lp in a[0].top_logprobs]
+        lb = [lp.logprob for lp in b[0].top_logprobs]
+        assert not np.allclose(la, lb, atol=1e-4)
+        with pytest.raises(UsageError, match="images"):
+            eng.generate(PROMPT, GREEDY, media=[image(1)])
+
+
+def test_an_unknown_encoder_device_is_a_clear_load_error(tiny_vlm_pair: tuple[Path, Path]) -> None:
+    from inferenceos.errors import ModelLoadError
+
+    model, mmproj = tiny_vlm_pair
+    with pytest.raises(ModelLoadError, match="no device named 'CUDA7'"):
+        LocalEngine(model, LoadSettings(n_ctx=128, n_threads=1), mmproj=mmproj,
+                    mmproj_gpu=True, mmproj_device="CUDA7")
+    with LocalEngine(model, LoadSettings(n_ctx=128, n_threads=1), mmproj=mmproj,
+                     mmproj_gpu=True, mmproj_device="CPU") as eng:  # the plan's CPU
+        assert eng.media_tokens(image(1)) == IMAGE_TOKENS

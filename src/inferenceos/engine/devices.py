@@ -28,6 +28,14 @@ def _ggml() -> Any:
     return g
 
 
+def device_handle(device: str) -> int:
+    """llama.cpp's `ggml_backend_dev_t` for device `device` ("CPU", "CUDA0", ...)."""
+    dev = _ggml().ggml_backend_dev_by_name(device.encode())
+    if not dev:
+        raise ModelLoadError(f"llama.cpp has no device named {device!r}")
+    return int(dev)
+
+
 def buffer_type(device: str) -> int:
     """The default buffer type of llama.cpp device `device` ("CPU", "CUDA0", ...)."""
     g = _ggml()

@@ -202,11 +202,13 @@ class Engine:
         draft: str | None = None,
         mmproj: str | Path | None = None,
         mmproj_gpu: bool = True,
+        mmproj_device: str | None = None,
     ) -> None:
         """`draft`: the default drafter for speculative decoding ("ngram", "self" or a
         draft model .gguf path; None: none); its memory is `draft_bytes`. `mmproj`: a
         multimodal projector GGUF (the model then takes `media` in `generate`), its
-        encoder on a GPU backend when `mmproj_gpu` and there is one."""
+        encoder on a GPU backend when `mmproj_gpu` and there is one (`mmproj_device`:
+        which, by llama.cpp device name, as the plan's projector placement says)."""
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
         # one shared KV pool (unified): with one stream per slot each sequence would
@@ -220,7 +222,8 @@ class Engine:
         self._cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch,
                                  kv_policy, max_queue=max_queue, draft=draft,
                                  mmproj=Path(mmproj) if mmproj else None,
-                                 mmproj_gpu=mmproj_gpu)  # fmt: skip
+                                 mmproj_gpu=mmproj_gpu,
+                                 mmproj_device=mmproj_device)  # fmt: skip
         self._start_timeout = start_timeout
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

@@ -48,8 +48,9 @@ class LocalEngine:
         draft: str | None = None,
         mmproj: str | Path | None = None,
         mmproj_gpu: bool = True,
+        mmproj_device: str | None = None,
     ) -> None:
-        """`draft`, `mmproj`, `mmproj_gpu`: as for `Engine`."""
+        """`draft`, `mmproj`, `mmproj_gpu`, `mmproj_device`: as for `Engine`."""
         from inferenceos.engine.scheduler import Scheduler
         from inferenceos.engine.worker import WorkerConfig, open_media, policy_options
 
@@ -61,7 +62,7 @@ class LocalEngine:
             raise errors.UsageError("the h2o policy needs the worker engine (Engine)")
         self._lm = LoadedModel(self.spec.path, total)
         cfg = WorkerConfig(self.spec.path, total, mmproj=Path(mmproj) if mmproj else None,
-                           mmproj_gpu=mmproj_gpu)  # fmt: skip
+                           mmproj_gpu=mmproj_gpu, mmproj_device=mmproj_device)  # fmt: skip
         self._media = open_media(cfg, self._lm)  # closes the model if it fails
         try:
             self._sched = Scheduler(self._lm, n_parallel, total.n_batch, kv_policy,

@@ -60,11 +60,18 @@ def _mtmd() -> Any:
 class MediaEncoder:
     """The mtmd context of `mmproj` over a loaded text model (see module docstring)."""
 
-    def __init__(self, mmproj: Path, model: Any, n_threads: int, use_gpu: bool) -> None:
+    def __init__(self, mmproj: Path, model: Any, n_threads: int, use_gpu: bool,
+                 device: str | None = None) -> None:
+        """`use_gpu`: the encoder may run on a GPU backend; `device` (a llama.cpp device
+        name from the plan, e.g. "CUDA1") picks which, else mtmd takes the first."""
         self._m = _mtmd()
         self._ll = lib()
         params = self._m.mtmd_context_params_default()
         params.use_gpu = use_gpu
+        if use_gpu and device and device != "CPU":
+            from inferenceos.engine.devices import device_handle
+
+            params.device = device_handle(device)
         params.n_threads = max(1, n_threads)
         params.print_timings = False
         params.warmup = False  # the first image pays it; a load should not

@@ -59,6 +59,7 @@ class WorkerConfig:
     draft: str | None = None  # default drafter (ngram, self, a .gguf path); None: none
     mmproj: Path | None = None  # multimodal projector (media_encoder.py); None: text only
     mmproj_gpu: bool = True  # the encoder may use a GPU backend when there is one
+    mmproj_device: str | None = None  # which (a llama.cpp device name); None: mtmd's pick
 
 
 def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
@@ -253,7 +254,7 @@ def open_media(cfg: WorkerConfig, lm: LoadedModel) -> Any:
 
     try:
         return MediaEncoder(cfg.mmproj, lm.model, lm.settings.n_threads or default_threads(),
-                            cfg.mmproj_gpu)  # fmt: skip
+                            cfg.mmproj_gpu, cfg.mmproj_device)  # fmt: skip
     except BaseException:
         lm.close()
         raise

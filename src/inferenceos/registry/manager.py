@@ -82,7 +82,8 @@ def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
 def _media_kw(plan: Plan) -> dict[str, Any]:
     """The engine's projector arguments from the plan (none for a text-only model)."""
     p = plan.projector
-    return {} if p is None else {"mmproj": Path(p.path), "mmproj_gpu": p.use_gpu}
+    return {} if p is None else {"mmproj": Path(p.path), "mmproj_gpu": p.use_gpu,
+                                 "mmproj_device": p.llama_name}
 
 
 def recent_context(model: ResolvedModel) -> tuple[int, str] | None:
