@@ -347,6 +347,7 @@ def test_models_pull_show_rm_with_a_projector(vl_folder: Path, tiny_llama: Path)
     assert proj["weights"] == "F16" and proj["problem"] == "" and Path(proj["path"]).is_file()
     text = run_cli("models", "show", "vl").stdout
     assert "projector" in text and "mlp, vision, F16" in text
+    assert "llama F32 +mmproj" in run_cli("models", "list").stdout
     Path(proj["path"]).unlink()
     text = run_cli("models", "show", "vl").stdout
     assert "(missing: images cannot be used" in text

@@ -79,7 +79,8 @@ def _table(entries: list[ModelEntry]) -> Table:
     for column in ("ID", "SIZE", "TYPE", "MODIFIED"):
         table.add_column(column)
     for e in entries:
-        kind = f"{e.architecture} {e.file_type}" + (" (in place)" if e.in_place else "")
+        kind = f"{e.architecture} {e.file_type}" + (" +mmproj" if e.projector else "") + \
+            (" (in place)" if e.in_place else "")
         table.add_row(safe_text(e.name), e.digest[:12], fmt_bytes(e.size), safe_text(kind),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(e.modified_at)))
     return table

@@ -34,6 +34,7 @@ one-line error instead of a skip.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -47,6 +48,7 @@ from inferenceos.model.projector import CLIP_ARCH, ProjectorFacts, projector_fro
 
 PROJECTOR_ARCH = CLIP_ARCH
 MAX_CANDIDATES = 32  # mmproj files looked at in one folder: a bound on header reads
+MAX_SCANNED = 20000  # folder entries listed: a bound on a huge folder (Ollama's blobs)
 NONE = "none"  # `--mmproj none`: no projector, even when one is beside the model
 
 # A quantization / float label inside a file stem (hub_names.py has the full pattern;
@@ -181,20 +183,21 @@ def check_projector(path: str | Path) -> Path:
 
 
 def projectors_beside(model_path: Path) -> list[Path]:
-    """The `*mmproj*.gguf` files in the model's folder (names only, sorted, bounded)."""
-    folder = Path(model_path).parent
+    """The `*mmproj*.gguf` files in the model's folder (names only, sorted; the first
+    MAX_CANDIDATES by name, among at most MAX_SCANNED entries of the folder)."""
+    model_path = Path(model_path)
     found: list[Path] = []
     try:
-        entries = sorted(folder.iterdir())
+        with os.scandir(model_path.parent) as it:
+            for i, entry in enumerate(it):
+                if i >= MAX_SCANNED:
+                    break
+                low = entry.name.lower()
+                if low.endswith(".gguf") and "mmproj" in low and entry.name != model_path.name:
+                    found.append(model_path.parent / entry.name)
     except OSError:
         return []
-    for entry in entries:
-        low = entry.name.lower()
-        if low.endswith(".gguf") and "mmproj" in low and entry != Path(model_path):
-            found.append(entry)
-            if len(found) >= MAX_CANDIDATES:
-                break
-    return found
+    return sorted(found)[:MAX_CANDIDATES]
 
 
 def best_projector(model_name: str, projectors: Iterable[Projector]) -> Projector | None:
