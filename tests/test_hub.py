@@ -261,6 +261,8 @@ def test_split_gguf_is_pulled_whole_and_loads(hub: FakeHub, store: ModelStore,
     e = pull(store, f"hf.co/{REPO}:Q5_K_M")
     assert e.parts == 2 and e.path.name == "model-00001-of-00002.gguf"
     assert e.size == sum(p.stat().st_size for p in parts)
+    # the projector at the repo's root comes with a split model kept in a folder
+    assert e.projector is not None and e.projector.read_bytes() == blobs["mmproj-Tiny-F16.gguf"]
     assert [f.read_bytes() for f in sorted(e.path.parent.iterdir())] == \
         [p.read_bytes() for p in parts]
     check_loadable(e.path)  # llama.cpp finds the second part by its name

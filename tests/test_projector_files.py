@@ -146,4 +146,8 @@ def test_hub_listing_ranks_by_name() -> None:
     cand = Candidate("Q4_K_M", (files[0],))
     chosen = choose_projector(files, cand)
     assert chosen is not None and chosen.path == "sub/mmproj-gemma-bf16.gguf"  # same folder
-    assert choose_projector([files[0], f("mmproj-F16.gguf")], cand) is None
+    # none beside it: the repo root's (split quants in folders, the projector at the top)
+    chosen = choose_projector([files[0], f("mmproj-F16.gguf"), f("other/mmproj-F16.gguf")],
+                              cand)
+    assert chosen is not None and chosen.path == "mmproj-F16.gguf"
+    assert choose_projector([files[0], f("other/mmproj-F16.gguf")], cand) is None

@@ -174,19 +174,24 @@ def candidates(files: list[HubFile]) -> list[Candidate]:
 
 def choose_projector(files: list[HubFile], model: Candidate) -> HubFile | None:
     """The repo's projector (`mmproj` GGUF) for `model`, or None: among the files in the
-    model file's folder whose name holds `mmproj`, the best by
+    model file's folder whose name holds `mmproj` (else in the repo's root, where repos
+    that keep split quants in folders put it), the best by
     `model.projector_files.rank_projectors` (one that names another model is never
     taken; f16 before bf16, f32 and quantized ones). By name only: the pull checks the
     header once the bytes are here."""
     from inferenceos.model.projector_files import rank_projectors
 
-    folder = PurePosixPath(model.files[0].path).parent
-    projs = {f.path: f for f in files
-             if "mmproj" in PurePosixPath(f.path).name.lower()
-             and f.path.lower().endswith(".gguf") and PurePosixPath(f.path).parent == folder
-             and split_info(PurePosixPath(f.path).name) is None}
-    ranked = rank_projectors(PurePosixPath(model.files[0].path).name, list(projs))
-    return projs[ranked[0]] if ranked else None
+    model_name = PurePosixPath(model.files[0].path).name
+    for folder in dict.fromkeys((PurePosixPath(model.files[0].path).parent, PurePosixPath("."))):
+        projs = {f.path: f for f in files
+                 if "mmproj" in PurePosixPath(f.path).name.lower()
+                 and f.path.lower().endswith(".gguf")
+                 and PurePosixPath(f.path).parent == folder
+                 and split_info(PurePosixPath(f.path).name) is None}
+        ranked = rank_projectors(model_name, list(projs))
+        if ranked:
+            return projs[ranked[0]]
+    return None
 
 
 def choose(cands: list[Candidate], quant: str | None, memory_bytes: int | None,
