@@ -385,6 +385,19 @@ def test_chat_verbose_and_continuation_fields(http: httpx.Client) -> None:
         assert r.status_code == 400, extra
 
 
+def test_two_assistant_messages_at_the_end_are_400(server: Harness) -> None:
+    """llama-server's rule: the last assistant message would be the reply's prefix, so
+    two at the end cannot both be; one (a past reply) is fine."""
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    turns: list[Any] = [{"role": "user", "content": "test"},
+                        {"role": "assistant", "content": "test"}]
+    with pytest.raises(openai.BadRequestError, match="2 or more assistant messages"):
+        client.chat.completions.create(model="tiny", max_tokens=2, messages=[
+            *turns, {"role": "assistant", "content": "test"}])
+    r = client.chat.completions.create(model="tiny", max_tokens=2, messages=turns)
+    assert r.choices[0].finish_reason == "length"
+
+
 def test_cors_header_names_as_llama_server_sends_them(http: httpx.Client) -> None:
     """Some clients read CORS headers case-sensitively (llama.cpp's own tests do)."""
     r = http.options("/completions", headers={
@@ -393,8 +406,14 @@ def test_cors_header_names_as_llama_server_sends_them(http: httpx.Client) -> Non
     raw = dict(r.headers.raw)
     assert raw[b"Access-Control-Allow-Origin"] == b"http://localhost:8080"
     r = http.options("/completions", headers={
-        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
-    assert b"Access-Control-Allow-Origin" not in dict(r.headers.raw)  # still refused
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "Authorization"})
+    # refused as llama-server refuses: 200, but nothing granted (the browser stops there)
+    assert r.status_code == 200
+    assert not [k for k in r.headers if k.lower().startswith("access-control-allow")]
+    # a refused preflight still refuses the request itself its CORS header
+    r = http.post("/tokenize", json={"content": "a"}, headers={"Origin": "http://evil.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
 def test_embedding_input_objects(bare: openai.OpenAI, http: httpx.Client) -> None:

@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
 from inferenceos import __version__
 from inferenceos.registry.catalog import Catalog
@@ -31,7 +30,7 @@ from inferenceos.server.access_log import AccessLog
 from inferenceos.server.errors import install_handlers
 from inferenceos.server.header_case import CorsHeaderCase
 from inferenceos.server.json_body import JsonBodies
-from inferenceos.server.security import ApiKeyAuth, BodyLimit, HostCheck, cors_options
+from inferenceos.server.security import ApiKeyAuth, BodyLimit, Cors, HostCheck, cors_options
 from inferenceos.server.settings import ServerSettings
 from inferenceos.server.state import ServerState
 
@@ -73,8 +72,7 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(ApiKeyAuth, key=settings.api_key)
-    app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins,
-                                                      settings.cors_allow_local))
+    app.add_middleware(Cors, **cors_options(settings.cors_origins, settings.cors_allow_local))
     app.add_middleware(CorsHeaderCase)  # Access-Control-* names as llama-server sends them
     if settings.on_loopback:
         app.add_middleware(HostCheck, allowed=settings.allowed_hosts)

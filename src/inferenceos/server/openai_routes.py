@@ -182,6 +182,10 @@ def _chat_messages(body: ChatCompletionRequest, media: MediaSet | None = None
     if fmt not in ("text", "json_object", "json_schema"):
         raise APIError(400, f"response_format {fmt!r} is not supported",
                        "unsupported_parameter")
+    if [m.role for m in body.messages[-2:]] == ["assistant", "assistant"]:
+        # llama-server's rule (its words): the last one would be the reply's prefix
+        raise APIError(400, "Cannot have 2 or more assistant messages at the end of the "
+                       "list.", "invalid_request")
     return tuple(chat_message(m, media) for m in body.messages)
 
 

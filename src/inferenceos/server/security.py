@@ -8,6 +8,9 @@
   CORS preflights pass (the CORS middleware outside answers them).
 - `BodyLimit`: bodies over the limit get 413, whether announced by Content-Length or
   sent chunked (buffered up to the limit, then replayed to the app).
+- `Cors`: Starlette's CORS middleware, except that a preflight from an origin not
+  allowed is answered as llama-server answers it: 200 with no `Access-Control-Allow-*`
+  header (the browser refuses the request all the same), not 400.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferenceos.server.errors import error_body
@@ -154,3 +160,13 @@ def cors_options(origins: Iterable[str], allow_local: bool) -> dict[str, Any]:
             "allow_origin_regex": local_origin_regex() if allow_local else None,
             "allow_methods": ["GET", "POST", "DELETE", "OPTIONS", "HEAD"],
             "allow_headers": ["*"], "max_age": 600}
+
+
+class Cors(CORSMiddleware):
+    """See the module contract: only the answer to a refused origin's preflight differs."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        if self.is_allowed_origin(origin=request_headers["origin"]):
+            return super().preflight_response(request_headers)
+        # nothing that grants anything: no Allow-Origin, Allow-Methods or Allow-Headers
+        return PlainTextResponse("OK", status_code=200, headers={"Vary": "Origin"})
