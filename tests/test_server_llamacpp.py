@@ -439,3 +439,15 @@ def test_embedding_input_objects(bare: openai.OpenAI, http: httpx.Client) -> Non
         assert http.post("/v1/embeddings", json={"input": bad}).status_code == 400, bad
     r = http.post("/embeddings", json={"input": "ab " * 400})
     assert r.status_code == 400 and "too large" in r.json()["error"]["message"]
+
+
+def test_null_model_is_the_default(http: httpx.Client) -> None:
+    """llama.cpp's own tests send `"model": null`; llama-server serves its model."""
+    for path, body in (("/chat/completions", {"messages": [{"role": "user", "content": "a"}]}),
+                       ("/v1/completions", {"prompt": "ab"})):
+        r = http.post(path, json={"model": None, "max_tokens": 2, **body})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 2
+    r = http.post("/chat/completions", json={"model": 7, "messages": [
+        {"role": "user", "content": "a"}]})
+    assert r.status_code == 400  # not a name at all: still refused

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from inferenceos.server.tool_schema import ToolDef
 
@@ -103,6 +103,12 @@ class SamplingFields(BaseModel):
     json_schema: Any = Field(None, description="llama.cpp extension: a JSON schema")
     draft: str | None = Field(None, max_length=64,
                               description="InferenceOS extension: drafter (ngram, none)")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _null_model(cls, v: Any) -> Any:
+        """`"model": null` is the default model, as llama-server takes it."""
+        return "" if v is None else v
 
 
 class ChatCompletionRequest(SamplingFields):
