@@ -7,7 +7,13 @@ one with every usable core (what llama.cpp and the planner did before). Rounds
 alternate which goes first; each round generates the same greedy tokens with both and
 the per-round ratio of decode t/s is taken. Target: median ratio >= 1.3x.
 
+`--midrun`: the competing process starts *during* a generation instead (the planner
+picked every core, as it should on an idle machine). One Gemma stream runs through the
+scheduler with its thread governor (engine/thread_governor.py) and without, alternating;
+the decode t/s of the tokens generated after the busy process started is compared.
+
     PYTHONPATH=src .venv/bin/python benchmarks/contention.py [--rounds 5] [--tokens 64]
+    PYTHONPATH=src .venv/bin/python benchmarks/contention.py --midrun [--rounds 4]
 """
 
 from __future__ import annotations
@@ -39,11 +45,71 @@ def decode_tps(lm: LoadedModel, tokens: list[int], n: int) -> float:
     return lm.metrics.decode_tps
 
 
+def busy_process(cpu: int) -> subprocess.Popen[bytes]:
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    os.sched_setaffinity(busy.pid, {cpu})
+    return busy
+
+
+def midrun_tps(lm: LoadedModel, tokens: list[int], adaptive: bool, before: int, after: int,
+               cpu: int) -> tuple[float, int]:
+    """Decode t/s of the `after` tokens generated once a busy process started (after
+    `before` tokens), and the thread count at the end."""
+    from inferenceos.engine.scheduler import Request, Scheduler
+
+    cores = len(os.sched_getaffinity(0))
+    lm._ll.llama_set_n_threads(lm.ctx, cores, cores)
+    sched = Scheduler(lm, 1, lm.settings.n_batch, adaptive_threads=adaptive)
+    sp = SamplingParams(temperature=0.0, max_tokens=before + after, ignore_eos=True)
+    sched.submit(Request(1, tokens, sp))
+    n, busy, t0 = 0, None, 0.0
+    try:
+        while sched.has_work():
+            for _, kind, _ in sched.step():
+                n += kind == "token"
+            if busy is None and n >= before:
+                busy, t0 = busy_process(cpu), time.perf_counter()
+        threads = int(lm._ll.llama_n_threads(lm.ctx))
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+        sched.close()
+    return (n - before) / (time.perf_counter() - t0), threads
+
+
+def midrun(rounds: int) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    path = ensure_default_model()
+    lm = LoadedModel(path, LoadSettings(n_ctx=2048, n_batch=512, n_ubatch=512,
+                                        n_threads=len(cpus), flash_attn=1))  # fmt: skip
+    prompt = lm.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
+    decode_tps(lm, prompt, 8)  # warm up
+    ratios = []
+    for r in range(rounds):
+        order = [True, False] if r % 2 == 0 else [False, True]
+        got = {a: midrun_tps(lm, prompt, a, 48, 400, cpus[0]) for a in order}
+        ratios.append(got[True][0] / got[False][0])
+        print(f"round {r + 1}: governor {got[True][0]:6.1f} t/s (ends at {got[True][1]} "
+              f"threads), fixed {len(cpus)} threads {got[False][0]:6.1f} t/s, ratio "
+              f"{ratios[-1]:.2f}x", flush=True)
+    lm.close()
+    med = statistics.median(ratios)
+    print(f"decode t/s after a busy process started mid-stream, with the thread governor "
+          f"over without: median {med:.2f}x (min {min(ratios):.2f}x, max {max(ratios):.2f}x) "
+          f"over {len(ratios)} paired rounds")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--midrun", action="store_true",
+                    help="the busy process starts during the stream (thread governor)")
     a = ap.parse_args()
+    if a.midrun:
+        midrun(a.rounds)
+        return
     cpus = sorted(os.sched_getaffinity(0))
     cores = len(cpus)
     busy = subprocess.Popen([sys.executable, "-c", BUSY])
@@ -60,8 +126,8 @@ def main() -> None:
             print("note: the pick equals all cores (the sensor saw no contention)")
         path = ensure_default_model()
         base = dict(n_ctx=1024, n_batch=512, n_ubatch=512, flash_attn=1)
-        ours = LoadedModel(path, LoadSettings(n_threads=pick, **base))  # type: ignore[arg-type]
-        every = LoadedModel(path, LoadSettings(n_threads=cores, **base))  # type: ignore[arg-type]
+        ours = LoadedModel(path, LoadSettings(n_threads=pick, **base))
+        every = LoadedModel(path, LoadSettings(n_threads=cores, **base))
         prompt = ours.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
         decode_tps(ours, prompt, 8)
         decode_tps(every, prompt, 8)  # warm up both

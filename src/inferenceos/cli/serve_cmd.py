@@ -91,7 +91,8 @@ def _register_in_place(catalog: object, served: object) -> None:
     try:
         entry = catalog.store.find(served.name)
         if entry is None:
-            catalog.store.register_in_place(served.path, served.name, served.digest, "serve")
+            catalog.store.register_in_place(served.path, served.name, served.digest, "serve",
+                                            projector=served.mmproj)
         elif entry.path.resolve() != served.path.resolve():
             err.print(f"note: the registry's {served.name} is another file; the served "
                       f"file answers to that name here", markup=False)

@@ -1,0 +1,93 @@
+"""Lower llama.cpp's thread count when steps suddenly take far longer (another program
+took a core), and try it back up once in a while.
+
+Why: ggml's worker threads spin-wait for each other at every operation; when one of
+the cores they expect is taken by another process, every step waits for the thread
+that lost its core, and decode collapses (3-5 t/s instead of ~40 on Gemma 3 270M during
+a build, measured). The planner picks threads from the cores free at load time; this
+governor follows the load while a model runs.
+
+`ThreadGovernor.observe(seconds, rows)` takes each pure decode step (the step's wall
+time and how many batch rows it evaluated) and returns a new thread count to apply, or
+None. The rule, on the median of the last `window` steps:
+- a step is compared with the fastest median seen for the same thread count and row
+  count; at `slow` times that (default 2.5x) the governor steps one thread down;
+- every `probe_every_s` seconds below the start count it tries one thread more, and
+  goes back down when the probe's seconds per row are worse than before it (5 %).
+Pure: no llama.cpp, no clock of its own (the caller passes `now`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ThreadGovernor:
+    """See the module docstring. `threads`: the count in force; `max_threads`: the
+    planner's pick, never exceeded."""
+
+    max_threads: int
+    threads: int = 0
+    window: int = 8
+    slow: float = 2.5
+    probe_every_s: float = 10.0
+    best: dict[tuple[int, int], float] = field(default_factory=dict)  # (threads, rows) → s
+    changes: int = 0
+    _recent: deque[tuple[float, int]] = field(default_factory=deque)
+    _last_change: float = 0.0
+    _probe_from: tuple[int, float] | None = None  # (threads, s/row) before a probe up
+
+    def __post_init__(self) -> None:
+        self.max_threads = max(1, self.max_threads)
+        self.threads = self.threads or self.max_threads
+
+    def observe(self, seconds: float, rows: int, now: float) -> int | None:
+        """Record one decode step; the thread count to switch to, or None."""
+        rows = max(1, rows)
+        self._recent.append((seconds, rows))
+        if len(self._recent) < self.window:
+            return None
+        while len(self._recent) > self.window:
+            self._recent.popleft()
+        ratio, per_row = self._summary()
+        if self._probe_from is not None:
+            return self._judge_probe(per_row, now)
+        if self.threads > 1 and ratio > self.slow:
+            return self._switch(self.threads - 1, now)
+        if self.threads < self.max_threads and now - self._last_change >= self.probe_every_s:
+            self._probe_from = (self.threads, per_row)
+            return self._switch(self.threads + 1, now)
+        return None
+
+    def _summary(self) -> tuple[float, float]:
+        """(median ratio of each step to the best for its shape, median s per row);
+        updates the bests with this window's medians."""
+        by_rows: dict[int, list[float]] = {}
+        for s, r in self._recent:
+            by_rows.setdefault(r, []).append(s)
+        for r, times in by_rows.items():
+            key = (self.threads, r)
+            med = statistics.median(times)
+            self.best[key] = min(self.best.get(key, med), med)
+        ratios = [s / self.best[(self.threads, r)] for s, r in self._recent]
+        per_row = statistics.median(s / r for s, r in self._recent)
+        return statistics.median(ratios), per_row
+
+    def _judge_probe(self, per_row: float, now: float) -> int | None:
+        assert self._probe_from is not None
+        before, before_per_row = self._probe_from
+        self._probe_from = None
+        if per_row > before_per_row * 1.05:  # one more thread made it worse: back down
+            return self._switch(before, now)
+        self._last_change = now  # keep it; the next probe waits its turn
+        return None
+
+    def _switch(self, threads: int, now: float) -> int:
+        self.threads = threads
+        self._recent.clear()
+        self._last_change = now
+        self.changes += 1
+        return threads

@@ -1,0 +1,90 @@
+"""The thread governor: lower llama.cpp's threads when decode steps collapse, probe back.
+
+Pure decisions on step times (as a shared machine gives them), then the scheduler
+applying a decision to a real llama.cpp context.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferenceos.engine.thread_governor import ThreadGovernor
+
+
+def feed(g: ThreadGovernor, seconds: float, n: int, t0: float, rows: int = 1,
+         dt: float = 0.01) -> tuple[list[int], float]:
+    """`n` steps of `seconds`; the switches the governor asked for, and the clock."""
+    switches = []
+    for i in range(n):
+        got = g.observe(seconds, rows, t0 + i * dt)
+        if got is not None:
+            switches.append(got)
+    return switches, t0 + n * dt
+
+
+def test_steady_steps_change_nothing() -> None:
+    g = ThreadGovernor(4)
+    switches, _ = feed(g, 0.010, 200, 0.0)
+    assert switches == [] and g.threads == 4
+
+
+def test_noise_below_the_threshold_changes_nothing() -> None:
+    g = ThreadGovernor(2)
+    times = [0.010, 0.012, 0.011, 0.019, 0.010, 0.021, 0.010, 0.011] * 20
+    assert [g.observe(s, 1, i * 0.01) for i, s in enumerate(times)].count(None) == len(times)
+
+
+def test_a_sustained_collapse_lowers_one_thread_at_a_time() -> None:
+    g = ThreadGovernor(4)
+    feed(g, 0.010, 16, 0.0)
+    switches, _ = feed(g, 0.050, 8, 1.0)  # 5x slower: another program took a core
+    assert switches == [3] and g.threads == 3
+
+
+def test_the_best_is_kept_per_row_count() -> None:
+    g = ThreadGovernor(2)
+    feed(g, 0.010, 16, 0.0, rows=1)
+    switches, _ = feed(g, 0.020, 16, 1.0, rows=8)  # 8 rows cost 2x one row: normal
+    assert switches == [] and g.threads == 2
+
+
+def test_a_probe_up_is_kept_when_faster_and_undone_when_slower() -> None:
+    g = ThreadGovernor(2, probe_every_s=5.0)
+    feed(g, 0.010, 16, 0.0)
+    feed(g, 0.060, 8, 1.0)  # collapse at 2 threads: down to 1
+    assert g.threads == 1
+    switches, t = feed(g, 0.018, 8, 2.0)  # 1 thread is steady; not yet time to probe
+    assert switches == []
+    switches, t = feed(g, 0.018, 8, 7.0)  # time to probe
+    assert switches == [2]
+    switches, t = feed(g, 0.060, 8, t)  # still contended at 2: back down
+    assert switches == [1] and g.threads == 1
+    switches, t = feed(g, 0.018, 8, t + 6.0)
+    assert switches == [2]  # the next probe, after the interval
+    switches, _ = feed(g, 0.010, 8, t)  # the other program left: 2 threads are faster
+    assert switches == [] and g.threads == 2
+
+
+def test_never_below_one_or_above_the_planned_count() -> None:
+    g = ThreadGovernor(1, probe_every_s=0.0)
+    feed(g, 0.010, 16, 0.0)
+    switches, _ = feed(g, 0.100, 64, 1.0)
+    assert switches == [] and g.threads == 1
+
+
+def test_the_scheduler_applies_the_governors_count_to_the_context(tiny_llama: Path) -> None:
+    from inferenceos.engine.local import LocalEngine
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.session import LoadSettings
+
+    with LocalEngine(tiny_llama, LoadSettings(n_ctx=256, n_threads=2,
+                                              n_threads_batch=2)) as eng:
+        sched = eng._sched
+        assert sched.governor is not None and sched.governor.max_threads == 2
+        before = eng.generate("abc", SamplingParams(temperature=0, max_tokens=12)).text()
+        sched.set_threads(1)
+        ll, ctx = sched._ll, sched.model.ctx
+        assert (ll.llama_n_threads(ctx), ll.llama_n_threads_batch(ctx)) == (1, 1)
+        assert eng.stats()["threads"] == 1
+        after = eng.generate("abc", SamplingParams(temperature=0, max_tokens=12)).text()
+        assert after == before  # thread counts do not change llama.cpp's CPU results
