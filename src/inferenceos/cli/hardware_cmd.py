@@ -69,7 +69,7 @@ def _print_machine(p: HardwareProfile) -> None:
     if p.llama_speed is not None:  # what simulate's perf model is calibrated on
         sp = p.llama_speed
         t.add_row("llama.cpp probe", f"{sp.decode_tps:.0f} t/s decode, {sp.prefill_tps:.0f} "
-                  f"t/s prefill ({sp.threads} threads, {sp.seconds:.1f} s)")
+                  f"t/s prefill ({sp.threads} threads, {sp.seconds:.1f} s; {sp.probe})")
     out.print(t)
 
 

@@ -45,14 +45,18 @@ def collect_profile(models_dir: Path, measure: bool = True) -> HardwareProfile:
                                 mem.usable_bytes, models_dir, warnings)
         if llama.loaded:  # a few seconds: what the perf model calibrates on
             from inferenceos.hardware.cpu_load import free_threads, sample_cpu_load
-            from inferenceos.hardware.llama_speed import measure_llama_speed
+            from inferenceos.hardware.llama_speed import (
+                default_model_if_ready,
+                measure_llama_speed,
+            )
             from inferenceos.paths import cache_dir, data_dir
 
             # as many threads as are free now, as the planner will pick: a probe whose
             # threads share a core with another program measures the contention
             threads = free_threads(cpu.usable_threads, sample_cpu_load())
             speed = measure_llama_speed(data_dir() / "hardware", threads, warnings,
-                                        model_dir=cache_dir() / "probe")
+                                        model_dir=cache_dir() / "probe",
+                                        model=default_model_if_ready())
     return HardwareProfile(
         fingerprint=fingerprint, created_at=time.time(), cpu=cpu, memory=mem, gpus=gpus,
         llama=llama, bandwidth=bandwidth, recommendation=recommend(gpus, mem, llama),

@@ -5,18 +5,28 @@ how much of the measured RAM bandwidth llama.cpp's decode kernels reach, and how
 its prefill kernels compute. Guessing them left a fresh machine's predictions 20-29 %
 off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
 
-1. `write_probe_model` writes a llama-shaped model of ~85 MB with `gguf.GGUFWriter`:
-   6 layers, n_embd 1024, n_ff 4096, tensor types in the proportions of a typical
-   Q4_K_M file (q8_0 for most bytes, q5_0 attention, q4_K down projections). Weights
-   are zeros: speed does not depend on the values, and zeros are valid in every type.
+1. The probe model. Preferably the built-in model (Gemma 3 270M Q4_K_M), when it is
+   already assembled in the model cache: a real model, with what real small models
+   spend their time on (a 262k-row output head that streams from RAM every token, 18
+   layers of small matrices, Q5_0 kernels), so that the roofline fitted on it predicts
+   real models; `default_model_if_ready()` never assembles it (that takes seconds).
+   Otherwise `write_probe_model` writes a llama-shaped stand-in of ~220 MB with
+   `gguf.GGUFWriter`: 6 layers, n_embd 1024, n_ff 4096, tensor types in the proportions
+   of a typical Q4_K_M file (q8_0 for most bytes, q5_0 attention, q4_K down
+   projections), and a tied output head over a 128k vocabulary (as Llama 3, Qwen and
+   Gemma have). Weights are zeros: speed does not depend on the values, and zeros are
+   valid in every type. Why that size: the first probe (85 MB, no large head) was read
+   ~40 % from a 32 MB L3 here and streamed 44 GB/s at 2 threads where models larger
+   than the cache stream ~31 GB/s (paired runs), so predictions were 1.4-1.9x too fast.
 2. A child process (`python -m inferenceos.hardware.llama_speed MODEL THREADS`: a crash
    inside llama.cpp must not take the parent down) loads it, prefills `PROMPT` tokens in
    one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
    as sampling would), best of `ROUNDS`, and prints one JSON line.
-3. The model stays in the cache dir (re-created when missing, reused by the next
-   refresh: writing it is a third of the probe's time); the data dir gets a copy of its
-   header whose tensor data is a sparse hole, which the planner reads to compute the
-   probe's roofline features (`plan/calibration.py`): a few KB of disk.
+3. A written stand-in stays in the cache dir (re-created when missing, reused by the
+   next refresh: writing it is a third of the probe's time); the data dir gets a copy
+   of its header whose tensor data is a sparse hole, which the planner reads to compute
+   the probe's roofline features (`plan/calibration.py`): a few KB. The built-in model
+   is read where it is.
 
 The result is a `LlamaSpeed` record in the profile. A failure (no llama.cpp, a timeout)
 is one warning in the profile and no record: the planner then uses its defaults.
@@ -41,7 +51,8 @@ N_CTX = 1024
 TIMEOUT_S = 60.0
 PROBE_NAME = "llama-speed-probe.gguf"
 
-_SHAPE = {"n_layer": 6, "n_embd": 1024, "n_ff": 4096, "n_head": 16, "n_head_kv": 4}
+_SHAPE = {"n_layer": 6, "n_embd": 1024, "n_ff": 4096, "n_head": 16, "n_head_kv": 4,
+          "n_vocab": 131072}
 _LETTERS = "abcdefghijklmnopqrstuvwxyz ."
 
 
@@ -140,31 +151,50 @@ def header_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def default_model_if_ready() -> Path | None:
+    """The built-in model when it is already assembled in the model cache, else None
+    (never assembles it: that is `run`'s first-time job, and takes seconds)."""
+    try:
+        from inferenceos.model.default_model import default_model_path
+
+        path = default_model_path()
+        marker = path.with_suffix(".verified.json")
+    except ImportError:  # the built-in model's package is not installed
+        return None
+    return path if path.is_file() and marker.is_file() else None
+
+
 def measure_llama_speed(
     probe_dir: Path,
     threads: int,
     warnings: list[str] | None = None,
     model_dir: Path | None = None,
+    model: Path | None = None,
 ) -> LlamaSpeed | None:
     """Time the probe model in a child; None on failure (with a warning).
 
-    The model (with its data) lives in `model_dir` (default `probe_dir`; `hardware`
-    passes the cache dir: it is written once and reused by later refreshes); a
-    header-only copy goes to `probe_dir`, where the planner reads it.
+    `model`: a real model to probe (the built-in one, see the module doc): the record
+    names it, and the planner reads its header there. Without it, the written stand-in,
+    which lives (with its data) in `model_dir` (default `probe_dir`; `hardware` passes
+    the cache dir: it is written once and reused by later refreshes); a header-only copy
+    goes to `probe_dir`, where the planner reads it.
     """
     warnings = warnings if warnings is not None else []
     model_dir = model_dir or probe_dir
-    model = model_dir / ("full-" + PROBE_NAME)
-    path = probe_dir / PROBE_NAME
+    real = model is not None
+    if model is None:
+        model = model_dir / ("full-" + PROBE_NAME)
+    path = model if real else probe_dir / PROBE_NAME  # the planner reads a real one as is
     start = time.perf_counter()
     try:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        probe_dir.mkdir(parents=True, exist_ok=True)
-        if not _complete(model):
-            tmp = model.with_suffix(".tmp")
-            write_probe_model(tmp)
-            os.replace(tmp, model)
-        header_copy(model, path)
+        if not real:
+            model_dir.mkdir(parents=True, exist_ok=True)
+            probe_dir.mkdir(parents=True, exist_ok=True)
+            if not _complete(model):
+                tmp = model.with_suffix(".tmp")
+                write_probe_model(tmp)
+                os.replace(tmp, model)
+            header_copy(model, path)
         res = subprocess.run(
             [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model), str(threads)],
             capture_output=True,
@@ -196,6 +226,7 @@ def measure_llama_speed(
             n_ubatch=int(data["n_ubatch"]),
             flash_attn=bool(data["flash_attn"]),
             seconds=round(time.perf_counter() - start, 3),
+            probe=f"built-in model {model.name}" if real else "synthetic",
         )
     except (ValueError, KeyError, TypeError) as exc:
         warnings.append(f"llama.cpp speed probe printed something unreadable: {exc}")

@@ -144,9 +144,10 @@ class Bandwidth:
 class LlamaSpeed:
     """llama.cpp's own prefill and decode time on the probe model (`llama_speed.py`).
 
-    `model_path` is the probe model (its header stays readable; its data is a sparse
-    hole); the times are the best of a few rounds at `threads` threads, flash attention
-    as `flash_attn`, one ubatch of `n_ubatch` for the `prompt_tokens` prefill.
+    `model_path` is the probe model: the built-in model itself, or the header copy of
+    the written stand-in (its tensor data a sparse hole); `probe` says which. The times
+    are the best of a few rounds at `threads` threads, flash attention as `flash_attn`,
+    one ubatch of `n_ubatch` for the `prompt_tokens` prefill.
     """
 
     model_path: str
@@ -159,6 +160,7 @@ class LlamaSpeed:
     n_ubatch: int = 512
     flash_attn: bool = True
     seconds: float = 0.0
+    probe: str = "synthetic"  # or "built-in model FILE" (see hardware/llama_speed.py)
 
     @property
     def decode_tps(self) -> float:

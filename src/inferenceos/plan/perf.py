@@ -126,16 +126,39 @@ class StepCost:
         return name if value >= self.overhead_s else "per-step overhead"
 
 
+# Seconds per weight byte of llama.cpp's CPU matrix-vector kernels, relative to q8_0
+# (1-thread CPU time per token of six-layer probes whose matrices are all of one type,
+# same shapes, AVX-512 Zen 5 here; docs/plan.md): the bit-unpacking types cost more per
+# byte. Gemma 3 270M's Q4_K_M body is mostly q5_0, so bytes alone made its Q8_0
+# requantization look 14 % slower than it runs. Types not measured count as q8_0.
+TYPE_COST = {
+    "Q8_0": 1.0, "Q4_0": 1.19, "Q4_1": 1.6, "Q5_0": 1.52, "Q5_1": 1.49, "Q2_K": 1.8,
+    "Q3_K": 2.08, "Q4_K": 1.13, "Q5_K": 1.38, "Q6_K": 1.04, "F16": 0.84, "BF16": 0.74,
+    "F32": 0.84,
+}
+
+
+def gemv_weight(facts: ModelFacts) -> float:
+    """The byte-weighted `TYPE_COST` of the model's tensors (1.0: as q8_0)."""
+    types = facts.spec.quant_types
+    total = sum(types.values())
+    if total <= 0:
+        return 1.0
+    return sum(b * TYPE_COST.get(t.upper(), 1.0) for t, b in types.items()) / total
+
+
 def _cpu_threads_rate(dev: Device, per_thread: float, cal: Calibration, threads: int) -> float:
     n = max(1, min(threads or dev.threads, dev.threads if dev.threads > 0 else threads))
     return per_thread * GB * n**cal.thread_scaling
 
 
 def _device_time(
-    dev: Device, bytes_read: float, flops: float, cal: Calibration, threads: int, gemm: bool
+    dev: Device, bytes_read: float, flops: float, cal: Calibration, threads: int, gemm: bool,
+    kernel_weight: float = 1.0,
 ) -> tuple[str, float]:
     """(resource name, seconds) for `bytes_read` and `flops` on `dev`. A worker's CPU
-    (an RPC device) runs at the CPU rates with the worker's own threads."""
+    (an RPC device) runs at the CPU rates with the worker's own threads.
+    `kernel_weight`: the weights' `gemv_weight` (decode's per-thread streaming time)."""
     if dev.computes_like_cpu:
         threads = 0 if dev.is_remote else threads
         bw = dev.bandwidth_gbps * GB * cal.cpu_bw_efficiency
@@ -143,7 +166,8 @@ def _device_time(
             rate = _cpu_threads_rate(dev, cal.gemm_gflops_per_thread, cal, threads)
             t_comp = flops / rate
         else:  # per-thread streaming of the weights (see Calibration)
-            t_comp = bytes_read / _cpu_threads_rate(dev, cal.gemv_gbps_per_thread, cal, threads)
+            rate = _cpu_threads_rate(dev, cal.gemv_gbps_per_thread, cal, threads)
+            t_comp = bytes_read * kernel_weight / rate
     else:
         bw = dev.bandwidth_gbps * GB * GPU_BW_EFFICIENCY
         t_comp = flops / (max(dev.tflops, 1e-3) * 1e12)
@@ -168,13 +192,17 @@ def decode_cost(
     """Cost of generating one token with `n_past` tokens already in the cache."""
     parts: dict[str, float] = {}
     kv_tok = kv_bytes_per_token(facts, ctx) / max(facts.spec.block_count, 1)
+    weight = gemv_weight(facts)
     for dev in machine.devices:
         load = placement.decode_load(dev.name)
         kv_read = kv_tok * load.layers * _kv_span(facts, ctx, n_past)
         flops = 2.0 * load.active_params + 4.0 * load.layers * _attn_width(facts) * n_past
         if load.bytes_read + kv_read <= 0:
             continue
-        name, t = _device_time(dev, load.bytes_read + kv_read, flops, cal, threads, gemm=False)
+        # the KV cache (f16) streams at the q8_0-like rate; the weights at their types'
+        k = (load.bytes_read * weight + kv_read) / (load.bytes_read + kv_read)
+        name, t = _device_time(dev, load.bytes_read + kv_read, flops, cal, threads, gemm=False,
+                               kernel_weight=k)  # fmt: skip
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1)
     return _scaled(StepCost(parts, cal.token_overhead_s), cal.decode_scale)
