@@ -241,7 +241,11 @@ def test_openai_routes_without_v1(bare: openai.OpenAI) -> None:
     assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens <= 4
     assert r.system_fingerprint and r.system_fingerprint.startswith("b")
     assert (r.model_extra or {})["timings"]["predicted_n"] == r.usage.completion_tokens
-    assert [m.id for m in bare.models.list().data] == ["tiny"]  # llama-server spells it so
+    listed = bare.models.list().data
+    assert [m.id for m in listed] == ["tiny"]  # llama-server spells it so
+    # llama-server's fields: every name that reaches the model, and its (no) tags
+    assert (listed[0].model_extra or {})["aliases"] == ["tiny", "tiny:latest"]
+    assert (listed[0].model_extra or {})["tags"] == []
     emb = bare.embeddings.create(model="whatever", input=["ab", "ba"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 64
 

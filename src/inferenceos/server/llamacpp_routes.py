@@ -406,13 +406,15 @@ async def slots(request: Request, fail_on_no_slot: bool = False) -> Any:
 async def models(request: Request) -> Any:
     """Every model a request may name, as llama-server lists them: OpenAI's `data`
     plus llama.cpp's `models`, names without the default `:latest` tag (both spellings
-    name the same model)."""
+    name the same model, and both are its `aliases`; `tags`, llama-server's `--tags`
+    labels, are none)."""
     state = _state(request)
     listed = await call_in_thread(state.catalog.names)
     short = [(m, m.name.removesuffix(":latest")) for m in listed]
     return {
         "object": "list",
-        "data": [{"id": name, "object": "model", "created": int(m.modified_at),
+        "data": [{"id": name, "aliases": sorted({name, m.name}), "tags": [],
+                  "object": "model", "created": int(m.modified_at),
                   "owned_by": "inferenceos"} for m, name in short],
         "models": [{"name": name, "model": name, "modified_at": int(m.modified_at),
                     "size": m.size, "digest": m.digest, "type": "model",
