@@ -113,3 +113,19 @@ def test_bad_options_are_one_line_errors(
 ) -> None:
     code, _out, err = run_main(["benchmark", str(tiny_llama), *args], capsys, monkeypatch)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_collapsed_baseline_stays_visible_on_a_log_axis(tmp_path: Path) -> None:
+    """Two threads fighting a busy neighbour ran at 3.5 t/s beside 7668 (measured): on
+    a linear axis the baseline's bar would be under a pixel wide."""
+    import matplotlib.image
+
+    from inferenceos.tuning.chart import write_chart
+    from inferenceos.tuning.matrix import Point, Row
+
+    rows = [Row(Point(2, 2048, 4096, 1, baseline=True), 61.2, 3.5, 3.5, 0.5),
+            Row(Point(1, 64, 256, 1), 43300.0, 7668.0, 7668.0, 0.001)]
+    chart = write_chart(rows, tmp_path / "c.png", "collapsed")
+    rgb = (matplotlib.image.imread(chart)[..., :3] * 255).round().astype(int)
+    base = int((np.abs(rgb - np.array(BASELINE_RGB)) <= 3).all(axis=-1).sum())
+    assert base > 100

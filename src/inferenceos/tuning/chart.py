@@ -23,6 +23,11 @@ _ROW_COLOUR = "#1b9e77"
 _FAILED_COLOUR = "#bbbbbb"
 
 
+# bars spanning more than this factor are drawn on a log axis (a collapsed baseline, e.g.
+# two threads fighting a busy neighbour at 3 t/s beside 7000, would be invisible)
+LOG_RANGE = 50.0
+
+
 def write_chart(rows: list[Row], path: Path, title: str) -> Path:
     """Draw `rows` (the baseline first) into the PNG `path`; returns `path`.
 
@@ -49,12 +54,18 @@ def write_chart(rows: list[Row], path: Path, title: str) -> Path:
             if ref > 0:
                 ax.axvline(ref, color=_BASE_COLOUR, linestyle="--", linewidth=1)
             top = max(values) if values and max(values) > 0 else 1.0
+            low = min((v for v in values if v > 0), default=top)
+            log = top / low > LOG_RANGE  # a linear axis would hide the small bars
             for y, r, v in zip(ys, rows, values, strict=True):
                 value = f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
                 ratio = f"  {v / ref:.2f}x" if ref > 0 and not r.point.baseline else ""
                 text = "failed" if r.error else value + ratio
-                ax.text(v + top * 0.01, y, text, va="center", fontsize=8)
-            ax.set_xlim(0, top * 1.3)
+                ax.text(v * 1.05 if log else v + top * 0.01, y, text, va="center", fontsize=8)
+            if log:
+                ax.set_xscale("log")
+                ax.set_xlim(low / 2, top * 4)
+            else:
+                ax.set_xlim(0, top * 1.3)
             ax.set_title(name)
             ax.set_xlabel("tokens / s")
             ax.grid(axis="x", alpha=0.3)
