@@ -352,11 +352,20 @@ def main() -> None:
         listen, host, port, delay = args._relay.split(":")
         _relay_main(int(listen), host, int(port), float(delay) / 1e3)
         return
+    import os
+    import tempfile
+
+    # a fresh data dir (the workers inherit it): the prediction rests on the hardware
+    # profile measured now, with its llama.cpp probe, as on a new machine; no history
+    os.environ["INFERENCEOS_DATA_DIR"] = tempfile.mkdtemp(prefix="cluster-data-")
+    from inferenceos.hardware.cache import get_profile
     from inferenceos.model.default_model import ensure_default_model
 
     model = args.model or ensure_default_model()
-    import tempfile
-
+    prof = get_profile(refresh=True, measure=True).profile
+    sp = prof.llama_speed
+    print("llama.cpp probe: " + (f"{sp.decode_tps:.0f} t/s decode, {sp.prefill_tps:.0f} t/s "
+          f"prefill at {sp.threads} threads ({sp.probe})" if sp else "none"), flush=True)
     logs = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     points = []
     with workers(model, args, None, "none", logs) as addrs:

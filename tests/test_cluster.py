@@ -14,6 +14,7 @@ import pytest
 
 from cli_helpers import run_cli
 from inferenceos.cluster.endpoint import parse_endpoint, parse_endpoints
+from inferenceos.cluster.info import host_id
 from inferenceos.cluster.probe import probe_worker
 from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
 from inferenceos.cluster.worker import WorkerConfig, check_bind
@@ -120,6 +121,7 @@ def test_worker_offers_its_capped_memory_and_a_measured_link(workers: Workers) -
     [dev] = first.info.devices
     assert dev.type == "cpu" and dev.offered_bytes == 4 << 20 < dev.memory_free_bytes
     assert first.info.threads == 1 and not first.info.busy
+    assert first.info.host_id == host_id()  # a worker of this machine says so
     assert 0 < first.link.rtt_s < 0.05 and first.link.bandwidth_gbps > 0.01
     again = probe_worker(ep)
     assert again.link_cached and again.link == first.link  # measured once, then cached

@@ -94,3 +94,52 @@ def test_a_slow_link_is_named_as_the_bottleneck(facts: ModelFacts) -> None:
     pred = predict(facts, m, plan, Workload(16, 8, 256), Calibration())
     assert pred.bottleneck.startswith("link RPC[")
     assert "round trips to RPC[" in pred.recommendation
+
+
+def test_a_co_located_worker_costs_a_wake_up_per_visit(facts: ModelFacts) -> None:
+    from inferenceos.plan.perf import RPC_COLOCATED_VISIT_S
+
+    ram = plan_load(facts, _machine(GB), REQ).memory.by_device["CPU"] - 3_000_000
+    cal = Calibration()
+
+    def cost(here: bool) -> float:
+        m = _machine(ram, replace(_rpc("a:1", 4 << 20), co_located=here),
+                     replace(_rpc("b:1", 4 << 20), co_located=here))  # fmt: skip
+        plan = plan_load(facts, m, REQ)
+        assert {"RPC[a:1]", "RPC[b:1]"} <= set(plan.placement.dense)
+        return decode_cost(facts, plan.placement, m, plan.ctx, 64, cal, plan.threads).seconds
+
+    # two workers visited once per token: two wake-ups of processes sharing the cores
+    assert cost(True) - cost(False) == pytest.approx(2 * RPC_COLOCATED_VISIT_S, rel=0.01)
+    assert replace(_rpc("a:1", 1), co_located=True).to_json()["co_located"] is True
+
+
+def test_workers_on_this_machine_are_recognised_by_the_kernel_boot_id() -> None:
+    from inferenceos.cluster.endpoint import Endpoint
+    from inferenceos.cluster.info import LinkMeasure, RemoteDevice, WorkerInfo, host_id
+    from inferenceos.cluster.probe import WorkerProbe
+    from inferenceos.plan.devices import _worker_devices
+
+    assert len(host_id()) >= 32  # Linux: /proc/sys/kernel/random/boot_id
+    dev = RemoteDevice(0, "CPU", "cpu", "cpu", GB, GB, GB)
+
+    def probe(hid: str) -> WorkerProbe:
+        info = WorkerInfo(rpc_port=5, devices=[dev], threads=2, host_id=hid)
+        return WorkerProbe(Endpoint("10.0.0.2", 5), info, LinkMeasure(1e-4, 1.0, 0.0))
+
+    notes: list[str] = []
+    assert _worker_devices(probe(host_id()), notes)[0].co_located
+    assert "runs on this machine" in notes[0]
+    assert not _worker_devices(probe("another-host"), [])[0].co_located
+    assert not _worker_devices(probe(""), [])[0].co_located  # an older worker: unknown
+
+
+def test_a_worker_lets_its_openmp_threads_sleep_unless_told_otherwise() -> None:
+    from inferenceos.cluster.worker import passive_openmp
+
+    env: dict[str, str] = {}
+    passive_openmp(env)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    mine = {"OMP_WAIT_POLICY": "ACTIVE"}
+    passive_openmp(mine)
+    assert mine["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -59,6 +59,9 @@ class WorkerInfo:
     version: str = ""
     protocol: int = PROTOCOL
     warnings: list[str] = field(default_factory=list)
+    # the worker host's kernel boot id: equal to the client's when both run on one
+    # machine (network namespaces included), whose cores and RAM they then share
+    host_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +72,16 @@ class WorkerInfo:
         devices = [RemoteDevice(**d) for d in data["devices"]]
         keep = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "devices"}
         return cls(devices=devices, **keep)
+
+
+def host_id() -> str:
+    """This machine's kernel boot id ("" where there is none): processes that report the
+    same one run on the same machine, whatever network namespace they are in."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 # -- server ----------------------------------------------------------------------------

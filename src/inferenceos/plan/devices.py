@@ -62,6 +62,9 @@ class Device:
     # is then the network bandwidth to it
     rtt_s: float = 0.0
     remote_kind: str = ""
+    # an RPC device served from this very machine (same kernel boot id: loopback or a
+    # network namespace): its compute takes this machine's cores, its memory this RAM
+    co_located: bool = False
 
     @property
     def is_remote(self) -> bool:
@@ -88,7 +91,8 @@ class Device:
             "isa": list(self.isa),
             "assumed": list(self.assumed),
             "llama_name": self.llama_name or self.name,
-            **({"rtt_s": self.rtt_s, "remote_kind": self.remote_kind} if self.is_remote else {}),
+            **({"rtt_s": self.rtt_s, "remote_kind": self.remote_kind,
+                "co_located": self.co_located} if self.is_remote else {}),
         }
 
 
@@ -383,7 +387,13 @@ def with_workers(machine: Machine, rpc: Any, refresh: bool = False) -> Machine:
 
 
 def _worker_devices(probe: Any, notes: list[str]) -> list[Device]:
+    from inferenceos.cluster.info import host_id
+
     info, ep, link = probe.info, probe.endpoint, probe.link
+    here = bool(info.host_id) and info.host_id == host_id()
+    if here:
+        notes.append(f"worker {ep.address} runs on this machine: its memory is this "
+                     "machine's RAM and its compute takes this machine's cores")  # fmt: skip
     out = []
     left = ep.mem_cap
     for pos, d in enumerate(info.devices):  # RPC device numbers are positions
@@ -406,7 +416,7 @@ def _worker_devices(probe: Any, notes: list[str]) -> list[Device]:
             name=name, kind="rpc", memory_bytes=max(0, memory), bandwidth_gbps=float(gbps),
             tflops=tflops, link_gbps=link.bandwidth_gbps if link else ASSUMED_NET_GBPS,
             threads=info.threads, assumed=tuple(assumed), llama_name=name,
-            rtt_s=link.rtt_s if link else ASSUMED_RTT_S, remote_kind=d.type,
+            rtt_s=link.rtt_s if link else ASSUMED_RTT_S, remote_kind=d.type, co_located=here,
         ))  # fmt: skip
         if assumed:
             notes.append(f"{name}: {', '.join(assumed)} assumed (not measured)")
