@@ -15,7 +15,7 @@ from inferenceos.plan.calibration import (
     with_learned,
 )
 from inferenceos.plan.memory import ContextSettings
-from inferenceos.plan.perf import Calibration
+from inferenceos.plan.perf import Calibration, decode_cost
 from inferenceos.telemetry.calibration import Observation, fit_learned
 from plan_factories import machine, make_facts
 
@@ -150,3 +150,50 @@ def test_recorded_runs_teach_simulate(tiny_llama: Path, tiny_swa: Path) -> None:
     other = load_calibration(m, load_model_facts(tiny_swa), threads=2)
     assert other.basis == "learned" and "tensor types" in other.source
     assert other.decode_scale < 0.7
+
+
+def _typed(facts, types: dict[str, float]):  # type: ignore[no-untyped-def]
+    """`facts` with its weight bytes split over ggml types in the given shares."""
+    from dataclasses import replace
+
+    total = sum(facts.spec.quant_types.values())
+    return replace(facts, spec=replace(facts.spec, quant_types={
+        t: int(total * share) for t, share in types.items()}))  # fmt: skip
+
+
+def test_kernel_weights_follow_the_tensor_types() -> None:
+    from inferenceos.plan.perf import gemv_weight
+
+    facts = make_facts(n_layer=4, n_embd=1024, n_ff=4096)
+    assert gemv_weight(_typed(facts, {"Q8_0": 1.0})) == pytest.approx(1.0)
+    # Gemma 3 270M Q4_K_M: 180 MB q8_0 head, a body mostly q5_0
+    gemma = {"Q8_0": 0.73, "Q5_0": 0.177, "Q4_K": 0.054, "Q6_K": 0.039}
+    assert gemv_weight(_typed(facts, gemma)) == pytest.approx(1.10, abs=0.01)
+    assert gemv_weight(_typed(facts, {"IQ9_Z": 1.0})) == 1.0  # unknown types: as q8_0
+
+
+def test_the_probe_fit_transfers_by_size_and_by_tensor_types() -> None:
+    from inferenceos.plan.placement import place
+
+    m = machine(threads=2)  # 50 GB/s of RAM: the per-thread kernels are the limit
+    probe = _typed(make_facts(n_layer=4, n_embd=1024, n_ff=4096, n_vocab=32000), {"Q8_0": 1.0})
+    cal = probe_calibration(_speed(decode_s=0.32), probe, m)
+    ctx = ContextSettings(n_ctx=1024, n_ubatch=512, flash_attn=True)
+
+    def per_token(f) -> float:  # type: ignore[no-untyped-def]
+        pl = place(f, m, ctx, {})
+        return decode_cost(f, pl, m, ctx, 300, cal, 2).seconds
+
+    base = per_token(probe)
+    assert base == pytest.approx(0.01, rel=0.05)  # the probe itself: 32 tokens in 0.32 s
+    # a model twice the probe's layers (a second size) takes about the ratio of the
+    # bytes a token reads (its layers and output head: not the embedding table)
+    deep = _typed(make_facts(n_layer=8, n_embd=1024, n_ff=4096, n_vocab=32000), {"Q8_0": 1.0})
+
+    def read(f) -> float:  # type: ignore[no-untyped-def]
+        return place(f, m, ctx, {}).decode_load("CPU").bytes_read
+
+    ratio = read(deep) / read(probe)
+    assert per_token(deep) / base == pytest.approx(ratio, rel=0.05)
+    # the same bytes in q5_0, whose kernels are slower per byte, take longer
+    assert per_token(_typed(probe, {"Q5_0": 1.0})) / base == pytest.approx(1.52, rel=0.05)
