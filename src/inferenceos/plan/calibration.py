@@ -4,9 +4,9 @@
   roofline reproduce what llama.cpp measured on the probe model at `hardware` time
   (`hardware/llama_speed.py`). Decode: the RAM bandwidth efficiency and the
   per-thread matrix-vector streaming rate are scaled together until the modelled time
-  per token matches; prefill: the matrix-matrix rate. The per-step overheads keep small
-  priors: one probe cannot tell a fixed cost from a bandwidth, and paired runs of Gemma
-  3 270M and the probe took time in the ratio of their bytes (docs/plan.md).
+  per token matches; prefill: the matrix-matrix rate. The per-step and per-layer
+  overheads keep their priors (measured, see `perf.Calibration`): one probe cannot tell
+  a fixed cost from a bandwidth (docs/plan.md, "Self-calibration").
 - `observation(...)`: one recorded run turned into measured / modelled ratios, for the
   fit in `telemetry/calibration.py`.
 - `with_learned(cal, learned)`: a Calibration carrying what was learned.
@@ -30,7 +30,7 @@ from inferenceos.plan.placement import place
 from inferenceos.telemetry.calibration import Learned, Observation
 
 # Priors for what the probe cannot separate; see docs/plan.md "Self-calibration".
-PRIOR = Calibration(token_overhead_s=0.0001, ubatch_overhead_s=0.001)
+PRIOR = Calibration(token_overhead_s=10e-6, ubatch_overhead_s=0.001)  # measured: see perf
 FAMILY_SHARE = 0.05  # a tensor type carrying ≥ 5 % of the weight bytes is in the family
 
 
@@ -81,7 +81,7 @@ def probe_calibration(
     t_dec = speed.decode_s / max(speed.decode_tokens, 1)
     t_pre = speed.prefill_s
     cal = prior
-    if t_dec > prior.token_overhead_s:
+    if t_dec > prior.token_overhead_s + prior.layer_overhead_s * facts.spec.block_count:
 
         def dec(k: float) -> float:
             c = replace(
