@@ -197,3 +197,33 @@ def test_the_probe_fit_transfers_by_size_and_by_tensor_types() -> None:
     assert per_token(deep) / base == pytest.approx(ratio, rel=0.05)
     # the same bytes in q5_0, whose kernels are slower per byte, take longer
     assert per_token(_typed(probe, {"Q5_0": 1.0})) / base == pytest.approx(1.52, rel=0.05)
+
+
+def test_a_probe_at_two_thread_counts_separates_kernels_from_memory() -> None:
+    from dataclasses import replace
+
+    from inferenceos.plan.placement import place
+
+    facts = make_facts(n_layer=4, n_embd=1024, n_ff=4096)
+    m = machine(threads=4)
+    ctx = ContextSettings(n_ctx=1024, n_ubatch=512, flash_attn=True)
+
+    def at(cal: Calibration, threads: int) -> float:
+        mt = replace(m, devices=(replace(m.cpu, threads=threads),))
+        return decode_cost(facts, place(facts, mt, ctx, {}), mt, ctx, 268, cal, threads).seconds
+
+    def speed(t2: float, t1: float) -> LlamaSpeed:
+        return LlamaSpeed("p.gguf", threads=2, prompt_tokens=256, prefill_s=0.5,
+                          decode_tokens=24, decode_s=24 * t2, decode_s_1thread=24 * t1)
+
+    # a second thread gained nothing: memory-bound, so four threads gain nothing either
+    flat = probe_calibration(speed(0.010, 0.011), facts, m)
+    assert at(flat, 2) == pytest.approx(0.010, rel=0.02)
+    assert at(flat, 1) == pytest.approx(0.011, rel=0.02)
+    assert at(flat, 4) == pytest.approx(0.010, rel=0.02)
+    # it halved the time: the kernels were the limit, and one thread takes twice as long
+    scaled = probe_calibration(speed(0.005, 0.010), facts, m)
+    assert at(scaled, 2) == pytest.approx(0.005, rel=0.02)
+    assert at(scaled, 1) == pytest.approx(0.010, rel=0.02)
+    # memory is only known to be at least that fast: more threads are not promised more
+    assert at(scaled, 4) == pytest.approx(0.005, rel=0.02)

@@ -21,7 +21,9 @@ off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
 2. A child process (`python -m inferenceos.hardware.llama_speed MODEL THREADS`: a crash
    inside llama.cpp must not take the parent down) loads it, prefills `PROMPT` tokens in
    one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
-   as sampling would), best of `ROUNDS`, and prints one JSON line.
+   as sampling would), best of `ROUNDS`; with more than one thread, decodes again with
+   one (a thread's kernel rate, apart from what memory allows: see
+   `plan.calibration.probe_calibration`); and prints one JSON line.
 3. A written stand-in stays in the cache dir (re-created when missing, reused by the
    next refresh: writing it is a third of the probe's time); the data dir gets a copy
    of its header whose tensor data is a sparse hole, which the planner reads to compute
@@ -227,6 +229,8 @@ def measure_llama_speed(
             flash_attn=bool(data["flash_attn"]),
             seconds=round(time.perf_counter() - start, 3),
             probe=f"built-in model {model.name}" if real else "synthetic",
+            decode_s_1thread=(float(data["decode_s_1thread"])
+                              if data.get("decode_s_1thread") else None),
         )
     except (ValueError, KeyError, TypeError) as exc:
         warnings.append(f"llama.cpp speed probe printed something unreadable: {exc}")
@@ -271,19 +275,29 @@ def _child(path: str, threads: int) -> dict[str, Any]:
         ptr = ll.llama_get_logits_ith(ctx, -1)
         return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
 
+    def decode_run() -> float:
+        t0 = time.perf_counter()
+        tok = 3
+        for _ in range(DECODE):
+            decode([3 + tok % 256])
+            tok = argmax()
+        return time.perf_counter() - t0
+
     decode(prompt[:8])  # warm up: first-touch of the weights, thread pool start
-    best_pre = best_dec = float("inf")
+    best_pre = best_dec = best_dec1 = float("inf")
     for _ in range(ROUNDS):
         ll.llama_memory_clear(mem, True)
         t0 = time.perf_counter()
         decode(prompt)
-        tok = argmax()
+        argmax()
         best_pre = min(best_pre, time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for _ in range(DECODE):
-            decode([3 + tok % 256])
-            tok = argmax()
-        best_dec = min(best_dec, time.perf_counter() - t0)
+        best_dec = min(best_dec, decode_run())
+    if threads > 1:  # one thread too: what a thread computes vs what memory allows
+        ll.llama_set_n_threads(ctx, 1, threads)  # the prompt still at `threads`
+        for _ in range(ROUNDS):
+            ll.llama_memory_clear(mem, True)
+            decode(prompt)
+            best_dec1 = min(best_dec1, decode_run())
     ll.llama_free(ctx)
     ll.llama_model_free(model)
     return {
@@ -295,6 +309,7 @@ def _child(path: str, threads: int) -> dict[str, Any]:
         "n_ctx": N_CTX,
         "n_ubatch": 512,
         "flash_attn": True,
+        "decode_s_1thread": best_dec1 if threads > 1 else None,
     }
 
 

@@ -161,6 +161,7 @@ class LlamaSpeed:
     flash_attn: bool = True
     seconds: float = 0.0
     probe: str = "synthetic"  # or "built-in model FILE" (see hardware/llama_speed.py)
+    decode_s_1thread: float | None = None  # the same decode at one thread (threads > 1)
 
     @property
     def decode_tps(self) -> float:

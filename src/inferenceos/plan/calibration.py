@@ -67,6 +67,47 @@ def _solve(f: Any, target: float) -> float:
     return math.exp((lo + hi) / 2)
 
 
+UNBOUNDED_BW = 1e3  # a RAM efficiency that makes memory never the limit (in a fit)
+
+
+def _fit_two_points(
+    prior: Calibration, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
+    n_past: int, threads: int, t_n: float, t_1: float,
+) -> Calibration:
+    """Decode measured at `threads` (`t_n` s per token) and at one thread (`t_1`):
+
+    - one thread is taken as the kernels' own rate (memory unbounded): it sets
+      `gemv_gbps_per_thread`;
+    - `threads` threads then run that many times faster unless memory holds them back:
+      the RAM efficiency is what makes the roofline's `threads`-thread time `t_n`; when
+      the kernels alone already explain `t_n` (they scaled), memory is only known to be
+      at least that fast, and the efficiency is set where it would just start to limit.
+
+    Why: on the development VM Gemma 3 270M decoded in 11.0 ms per token at one thread
+    and ~10 at two (its 178 MB head streams from RAM at ~31 GB/s either way), while the
+    85 MB probe gained 1.6x; one thread count cannot tell a kernel rate from a memory
+    limit, and the planner moves thread counts with the load (issue 10)."""
+    m1, mn = _cpu_only(machine, 1), _cpu_only(machine, threads)
+    pl1, pln = place(facts, m1, ctx, {}), place(facts, mn, ctx, {})
+    free = replace(prior, cpu_bw_efficiency=UNBOUNDED_BW)
+
+    def one(k: float) -> float:
+        c = replace(free, gemv_gbps_per_thread=prior.gemv_gbps_per_thread * k)
+        return decode_cost(facts, pl1, m1, ctx, n_past, c, 1).seconds
+
+    gemv = prior.gemv_gbps_per_thread * _solve(one, t_1)
+
+    def many(eff: float) -> float:
+        c = replace(prior, gemv_gbps_per_thread=gemv, cpu_bw_efficiency=eff)
+        return decode_cost(facts, pln, mn, ctx, n_past, c, threads).seconds
+
+    if many(UNBOUNDED_BW) >= t_n:  # the kernels scaled: memory is at least this fast
+        eff = _solve(many, many(UNBOUNDED_BW) * 1.001)
+    else:
+        eff = _solve(many, t_n)
+    return replace(prior, gemv_gbps_per_thread=gemv, cpu_bw_efficiency=eff)
+
+
 def probe_calibration(
     speed: LlamaSpeed, facts: ModelFacts, machine: Machine, prior: Calibration = PRIOR
 ) -> Calibration:
@@ -81,7 +122,11 @@ def probe_calibration(
     t_dec = speed.decode_s / max(speed.decode_tokens, 1)
     t_pre = speed.prefill_s
     cal = prior
-    if t_dec > prior.token_overhead_s + prior.layer_overhead_s * facts.spec.block_count:
+    fixed = prior.token_overhead_s + prior.layer_overhead_s * facts.spec.block_count
+    t_dec1 = (speed.decode_s_1thread or 0) / max(speed.decode_tokens, 1)
+    if t_dec > fixed and t_dec1 > fixed and speed.threads > 1:
+        cal = _fit_two_points(prior, facts, machine, ctx, n_past, speed.threads, t_dec, t_dec1)
+    elif t_dec > fixed:
 
         def dec(k: float) -> float:
             c = replace(
