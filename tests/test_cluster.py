@@ -259,6 +259,10 @@ def test_hardware_lists_each_worker_and_its_link(workers: Workers) -> None:
     assert w["address"] == workers.addresses[0] and w["usable"]
     assert w["info"]["devices"][0]["offered_bytes"] == 4 << 20
     assert w["link"]["rtt_s"] > 0
+    assert w["info"]["host_id"] == host_id()
+    text = run_cli("hardware", "--rpc", workers.addresses[0],
+                   INFERENCEOS_HARDWARE_MEASURE_BANDWIDTH="false", timeout=300)  # fmt: skip
+    assert text.returncode == 0 and "this machine" in text.stdout, text.stderr
 
 
 def test_a_frozen_worker_ends_the_stream_instead_of_hanging(

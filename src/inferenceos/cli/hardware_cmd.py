@@ -138,6 +138,8 @@ def _worker_json(w: Any) -> dict[str, Any]:
 
 
 def _print_workers(workers: list[Any]) -> None:
+    from inferenceos.cluster.info import host_id
+
     if not workers:
         return
     t = Table(title="Cluster workers (llama.cpp RPC)", title_justify="left")
@@ -148,6 +150,8 @@ def _print_workers(workers: list[Any]) -> None:
             t.add_row(w.endpoint.address, f"[red]{escape(w.error)}[/]", "", "", "", "")
             continue
         devs = ", ".join(f"{d.name} ({d.type})" for d in w.info.devices)
+        if w.info.host_id and w.info.host_id == host_id():
+            devs += " · this machine"  # its memory is this RAM, its compute these cores
         offered = format_bytes(sum(d.offered_bytes for d in w.info.devices))
         rtt = f"{w.link.rtt_s * 1e3:.2f} ms" if w.link else "-"
         bw = f"{w.link.bandwidth_gbps:.2f} GB/s" if w.link else "-"
