@@ -472,17 +472,26 @@ class Engine:
                         kv_unified=True)  # fmt: skip
         total.validate()
         cfg = replace(self._cfg, settings=total, n_slots=n_par)
-        new = _Worker(cfg, self._start_timeout) if make_before_break else None
-        if new is not None:
-            self._warm(new)  # its first decode (thread pool, page-ins) off the stream
+        shares = _core_shares(self._cfg.settings, total) if make_before_break else None
+        new = None
+        try:
+            if make_before_break:
+                if shares is not None:  # the old worker makes room before the load starts
+                    self._call("threads", shares[0])
+                new = _Worker(cfg, self._start_timeout)
+                if shares is not None:
+                    self._ask(new, "threads", shares[1])
+                self._warm(new)  # its first decode (thread pool, page-ins) off the stream
+        except BaseException:
+            self._abort_make(new, shares)
+            raise
         with self._route:
             old = self._live_worker()
             t_pause = time.perf_counter()
             try:
                 state = self._ask(old, "export_live")
             except BaseException:
-                if new is not None:
-                    new.shutdown()
+                self._abort_make(new, shares)
                 raise
             with old.lock:  # the streams' queues follow their requests
                 moved = {rid: q for rid in state.ids
@@ -497,9 +506,21 @@ class Engine:
             pause = time.perf_counter() - t_pause
         if make_before_break:
             old.shutdown()
+            if shares is not None:  # the cores are the new worker's alone now
+                with contextlib.suppress(errors.InferenceOSError):
+                    self._ask(new, "threads", None)
         return {**result, "pause_s": pause, "seconds": time.perf_counter() - t0,
                 "load_s": float(new.info["load_s"]), "moved": len(state.ids),
                 "kv_bytes": state.kv_bytes}  # fmt: skip
+
+    def _abort_make(self, new: _Worker | None, shares: tuple[int, int] | None) -> None:
+        """A make-before-break that failed before the switch: the new worker goes, the
+        old one (still serving) gets its threads back."""
+        if new is not None:
+            new.shutdown()
+        if shares is not None:
+            with contextlib.suppress(errors.InferenceOSError):
+                self._call("threads", None)
 
     def _warm(self, worker: _Worker) -> None:
         """One short greedy generation on a new worker before it takes over: a fresh
@@ -557,6 +578,28 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _core_shares(old: LoadSettings, new: LoadSettings,
+                 cores: int | None = None) -> tuple[int, int] | None:  # fmt: skip
+    """Threads for (the old worker, the new one) while the new one loads and warms up
+    beside the generating one, or None when the cores hold both as they are.
+
+    Two workers computing on more threads than there are cores stall each other:
+    ggml's threads spin at every barrier of the graph (hundreds per token) waiting for
+    a thread that has no core, and on 2 cores a 2-thread stream beside a loading worker
+    took up to 2.2 s for one token (benchmarks/migration.py). The old worker keeps all
+    but one core, the new one loads and warms up on what is left, and each gets its
+    own thread count back once the other is out of the way (`cores`: those this
+    process may run on, by default)."""
+    from inferenceos.engine.session import default_threads
+
+    cores = cores or default_threads()
+    old_n, new_n = old.n_threads or cores, new.n_threads or cores
+    if old_n + new_n <= cores:
+        return None
+    old_share = min(old_n, max(1, cores - 1))
+    return old_share, max(1, min(new_n, cores - old_share))
 
 
 def _record_death(path: Path, exit_code: int | None) -> None:

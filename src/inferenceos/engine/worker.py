@@ -20,6 +20,8 @@ Parent → worker:
     ("export_live", req_id) · ("import_live", req_id, LiveState): live migration
         (engine.migrate): detach every running and queued request at this step
         boundary, or resume them here; their streams keep their request ids
+    ("threads", req_id, n or None): compute with n threads from the next step on
+        (None: the settings' own again); a migration's two workers share the cores
     ("shutdown",)
 Worker → parent (each message is a list of events, one per scheduler step):
     (req_id, "token", (token_id, text[, TokenLogprob, top TokenLogprobs]))
@@ -303,7 +305,7 @@ def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
             return [(msg[1], "error", (type(exc).__name__, str(exc)))]
     if msg[0] == "shutdown":
         return None
-    if msg[0] in ("export_live", "import_live", "live_need"):
+    if msg[0] in ("export_live", "import_live", "live_need", "threads"):
         return _migrate(msg, rt)
     try:
         sched = rt.awake()
@@ -313,10 +315,12 @@ def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
 
 
 def _migrate(msg: tuple[Any, ...], rt: _Runtime) -> list[Any]:
-    """export_live / import_live (engine.migrate), between two scheduler steps."""
+    """export_live / import_live / threads (engine.migrate), between two scheduler steps."""
     from inferenceos.engine.migrate import LiveState, export_live, import_live, live_need
 
     try:
+        if msg[0] == "threads":
+            return [(msg[1], "result", _set_threads(rt, msg[2]))]
         if msg[0] == "live_need":
             return [(msg[1], "result", live_need(rt.sched) if rt.sched is not None else 0)]
         if msg[0] == "export_live":
@@ -329,3 +333,17 @@ def _migrate(msg: tuple[Any, ...], rt: _Runtime) -> list[Any]:
         return [(msg[1], "error", (type(exc).__name__, str(exc)))]
     except Exception as exc:  # a bug must not kill the worker that holds the streams
         return [(msg[1], "error", ("GenerationError", f"migration failed: {exc!r}"))]
+
+
+def _set_threads(rt: _Runtime, n: int | None) -> int:
+    """Compute with `n` threads (prefill too), or the settings' own with None; returns
+    the decode thread count now in force. A context-wide setting of llama.cpp's, taken
+    at the next decode: no reload, no state lost."""
+    from inferenceos.engine.session import default_threads
+
+    s = rt.lm.settings
+    full = s.n_threads or default_threads()
+    n_dec, n_batch = (full, s.n_threads_batch or full) if n is None else (n, n)
+    if rt.lm.ctx:  # none while asleep: the next context opens with the settings' own
+        rt.lm._ll.llama_set_n_threads(rt.lm.ctx, max(1, n_dec), max(1, n_batch))
+    return max(1, n_dec)
