@@ -50,6 +50,7 @@ from inferenceos.engine.session import LoadedModel, LoadSettings  # noqa: E402
 from inferenceos.hardware.cache import get_profile  # noqa: E402
 from inferenceos.hardware.llama_speed import measure_llama_speed  # noqa: E402
 from inferenceos.model.default_model import ensure_default_model  # noqa: E402
+from inferenceos.paths import cache_dir  # noqa: E402
 from inferenceos.plan.calibration import probe_calibration  # noqa: E402
 from inferenceos.plan.devices import local_machine  # noqa: E402
 from inferenceos.plan.model_facts import load_model_facts  # noqa: E402
@@ -166,7 +167,8 @@ def main() -> None:
     after = measure_llama_speed(probe_dir, sp.threads, model=real) if sp else None
     # the stand-in probe alone (what a machine without the built-in model assembled
     # gets): how well the fit transfers from a synthetic model to Gemma
-    syn = measure_llama_speed(probe_dir, sp.threads, model_dir=probe_dir) if real else None
+    syn = (measure_llama_speed(probe_dir, sp.threads, model_dir=cache_dir() / "probe")
+           if real else None)
     errs["fresh"] = row("Gemma, no history", first, truth)
     if syn is not None:
         syn_cal = probe_calibration(syn, load_model_facts(syn.model_path), local_machine())
