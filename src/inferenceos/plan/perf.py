@@ -143,6 +143,35 @@ TYPE_COST = {
 }
 
 
+# The same for prefill's matrix-matrix kernels, per parameter (1-thread CPU time of a
+# 64-token ubatch over the same one-type probes): k-quants and q4_0 have fast paths,
+# q4_1 / q5_1 do not. Gemma 3 270M's q5_0 body costs ~1.07x the stand-in probe's mix.
+GEMM_TYPE_COST = {
+    "Q8_0": 1.0, "Q4_0": 0.47, "Q4_1": 2.11, "Q5_0": 1.24, "Q5_1": 2.34, "Q2_K": 0.73,
+    "Q3_K": 0.48, "Q4_K": 0.57, "Q5_K": 0.4, "Q6_K": 0.49, "F16": 0.75, "BF16": 0.51,
+    "F32": 0.75,
+}
+BYTES_PER_PARAM = {
+    "Q8_0": 1.0625, "Q4_0": 0.5625, "Q4_1": 0.625, "Q5_0": 0.6875, "Q5_1": 0.75,
+    "Q2_K": 0.328125, "Q3_K": 0.4296875, "Q4_K": 0.5625, "Q5_K": 0.6875, "Q6_K": 0.8203125,
+    "F16": 2.0, "BF16": 2.0, "F32": 4.0,
+}
+
+
+def gemm_weight(facts: ModelFacts) -> float:
+    """The parameter-weighted `GEMM_TYPE_COST` of the model's tensors (1.0: as q8_0).
+    F32 tensors (norms) are left out: they take no matrix product."""
+    num = den = 0.0
+    for t, b in facts.spec.quant_types.items():
+        name = t.upper()
+        if name == "F32":
+            continue
+        params = b / BYTES_PER_PARAM.get(name, 1.0)
+        num += params * GEMM_TYPE_COST.get(name, 1.0)
+        den += params
+    return num / den if den > 0 else 1.0
+
+
 def gemv_weight(facts: ModelFacts) -> float:
     """The byte-weighted `TYPE_COST` of the model's tensors (1.0: as q8_0)."""
     types = facts.spec.quant_types
@@ -163,13 +192,13 @@ def _device_time(
 ) -> tuple[str, float]:
     """(resource name, seconds) for `bytes_read` and `flops` on `dev`. A worker's CPU
     (an RPC device) runs at the CPU rates with the worker's own threads.
-    `kernel_weight`: the weights' `gemv_weight` (decode's per-thread streaming time)."""
+    `kernel_weight`: the weights' `gemv_weight` (decode) or `gemm_weight` (prefill)."""
     if dev.computes_like_cpu:
         threads = 0 if dev.is_remote else threads
         bw = dev.bandwidth_gbps * GB * cal.cpu_bw_efficiency
         if gemm:
             rate = _cpu_threads_rate(dev, cal.gemm_gflops_per_thread, cal, threads)
-            t_comp = flops / rate
+            t_comp = flops * kernel_weight / rate
         else:  # per-thread streaming of the weights (see Calibration)
             rate = _cpu_threads_rate(dev, cal.gemv_gbps_per_thread, cal, threads)
             t_comp = bytes_read * kernel_weight / rate
@@ -230,6 +259,7 @@ def prefill_cost(
     # the output head runs for the tokens whose logits are asked for: one, the last
     # (Gemma 3 270M: 168M of its 268M parameters are the 262k-row head)
     _, head_params = output_head(facts)
+    weight = gemm_weight(facts)
     for dev in machine.devices:
         load = placement.decode_load(dev.name)
         if load.bytes_read <= 0:
@@ -240,7 +270,8 @@ def prefill_cost(
         flops = 2.0 * head + n_tokens * (
             2.0 * body + 4.0 * load.layers * _attn_width(facts) * n_tokens / 2
         )
-        name, t = _device_time(dev, load.bytes_read * n_ub, flops, cal, threads, gemm=True)
+        name, t = _device_time(dev, load.bytes_read * n_ub, flops, cal, threads, gemm=True,
+                               kernel_weight=weight)  # fmt: skip
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(
         parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub, n_kv=n_tokens
