@@ -162,7 +162,7 @@ def _typed(facts, types: dict[str, float]):  # type: ignore[no-untyped-def]
 
 
 def test_kernel_weights_follow_the_tensor_types() -> None:
-    from inferenceos.plan.perf import gemv_weight
+    from inferenceos.plan.perf import gemm_weight, gemv_weight
 
     facts = make_facts(n_layer=4, n_embd=1024, n_ff=4096)
     assert gemv_weight(_typed(facts, {"Q8_0": 1.0})) == pytest.approx(1.0)
@@ -170,6 +170,10 @@ def test_kernel_weights_follow_the_tensor_types() -> None:
     gemma = {"Q8_0": 0.73, "Q5_0": 0.177, "Q4_K": 0.054, "Q6_K": 0.039}
     assert gemv_weight(_typed(facts, gemma)) == pytest.approx(1.10, abs=0.01)
     assert gemv_weight(_typed(facts, {"IQ9_Z": 1.0})) == 1.0  # unknown types: as q8_0
+    # prefill weighs parameters: a q4_K model's matrix products cost 0.57x q8_0's, and
+    # Gemma's q5_0 body about what q8_0's would (its Q8_0 file prefills as fast)
+    assert gemm_weight(_typed(facts, {"Q4_K": 1.0, "F32": 0.01})) == pytest.approx(0.57)
+    assert gemm_weight(_typed(facts, gemma)) == pytest.approx(1.0, abs=0.06)
 
 
 def test_the_probe_fit_transfers_by_size_and_by_tensor_types() -> None:
