@@ -231,3 +231,16 @@ def test_a_probe_at_two_thread_counts_separates_kernels_from_memory() -> None:
     assert at(scaled, 1) == pytest.approx(0.010, rel=0.02)
     # memory is only known to be at least that fast: more threads are not promised more
     assert at(scaled, 4) == pytest.approx(0.005, rel=0.02)
+
+
+def test_the_probe_can_time_a_real_model_where_it_lies(tiny_llama: Path, tmp_path: Path) -> None:
+    from inferenceos.hardware.llama_speed import measure_llama_speed
+
+    warnings: list[str] = []
+    sp = measure_llama_speed(tmp_path / "hw", 2, warnings, model=tiny_llama)
+    assert sp is not None, warnings
+    assert sp.model_path == str(tiny_llama) and sp.probe == f"built-in model {tiny_llama.name}"
+    assert sp.decode_s > 0 and sp.decode_s_1thread is not None and sp.decode_s_1thread > 0
+    assert not (tmp_path / "hw").exists()  # nothing written: the model is read in place
+    one = measure_llama_speed(tmp_path / "hw", 1, warnings, model=tiny_llama)
+    assert one is not None and one.decode_s_1thread is None  # one thread: nothing to add
