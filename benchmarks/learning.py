@@ -141,12 +141,20 @@ def optimizer_hook(gemma: Path) -> dict[str, Any] | None:
     return optimizer_ratio(gemma, budget_s=120, rounds=5)
 
 
+def _load() -> str:
+    """The 1-minute load average (a busy neighbour skews every figure)."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=64)
     a = ap.parse_args()
-    print(f"fresh data dir: {os.environ['INFERENCEOS_DATA_DIR']}")
+    print(f"fresh data dir: {os.environ['INFERENCEOS_DATA_DIR']}; load average {_load()}")
     prof = get_profile(refresh=True, measure=True).profile
     sp = prof.llama_speed
     print(f"hardware profile in {prof.collect_seconds:.1f} s; llama.cpp probe: "
@@ -208,7 +216,8 @@ def main() -> None:
     fresh, learned = abs(errs["fresh"][1]), abs(errs["after 10"][1])
     same = errs.get("fresh, same load")
     stand_in = errs.get("fresh, stand-in")
-    print(f"\ndecode |error|: no history {fresh * 100:.1f} % (target <= 15 %: "
+    print(f"\nload average now {_load()}")
+    print(f"decode |error|: no history {fresh * 100:.1f} % (target <= 15 %: "
           f"{'PASS' if fresh <= 0.15 else 'FAIL'}"
           + (f"; at the profile's load {abs(same[1]) * 100:.1f} %: "
              f"{'PASS' if abs(same[1]) <= 0.15 else 'FAIL'}" if same else "")
