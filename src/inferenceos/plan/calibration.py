@@ -156,7 +156,7 @@ def probe_calibration(
         source=(
             f"llama.cpp probe at hardware time ({speed.threads} threads: "
             f"{speed.decode_tps:.0f} t/s decode, {speed.prefill_tps:.0f} t/s prefill "
-            "of the probe model)"
+            f"of the {speed.probe} probe model)"
         ),
         basis="modelled",
         runs=0,
