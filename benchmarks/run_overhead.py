@@ -13,13 +13,21 @@ bytes × t/s is the memory bandwidth achieved, printed against the machine's mea
 read bandwidth (the hardware profile): the physical limit, and how close each side is.
 
     .venv/bin/python benchmarks/run_overhead.py [--model PATH] [--tokens 128]
-        [--threads 1 2] [--rounds 3]
+        [--threads 1 2] [--rounds 3] [--only decode|prefill]
+
+Prefill is measured the way a user meets it: `run`'s first llama_decode in a fresh
+process, against llama-bench's pp512 after its warmup run (docs/engine.md, "Prefill
+against llama-bench": our first prefill costs the same CPU seconds per token as
+llama-bench's and as our own second one; a warmup decode at load changed nothing). On a
+loaded machine the wall-clock ratio scatters by ±25 % per round: read the paired median
+beside the load average printed with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -128,10 +136,22 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", choices=("decode", "prefill"), default=None,
+                    help="measure one half only")
     args = ap.parse_args()
     model = args.model or ensure_default_model()
     bench = llama_tool("llama-bench")
-    print(f"model {model.name}, {args.tokens} tokens, {args.rounds} alternating rounds")
+    print(f"model {model.name}, {args.tokens} tokens, {args.rounds} alternating rounds, "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    if args.only != "prefill":
+        decode(args, bench, model)
+    if args.only != "decode":
+        prefill(args, bench, model)
+    finish("run_overhead")
+
+
+def decode(args: argparse.Namespace, bench: Path, model: Path) -> None:
+    """Decode t/s, ours (sampled and greedy) against llama-bench tg, and bandwidth."""
     print(
         f"{'threads':>7} {'llama-bench':>12} {'ours default':>13} {'ours greedy':>12} "
         f"{'ratio default':>14} {'ratio greedy':>13}"
@@ -167,6 +187,10 @@ def main() -> None:
             share = f" = {gbps / bw:.0%} of RAM bandwidth" if bw else ""
             print(f"  {t} threads {name:<12} {tps:6.1f} t/s x {weights / 1e6:.0f} MB = "
                   f"{gbps:5.1f} GB/s{share}")  # fmt: skip
+
+
+def prefill(args: argparse.Namespace, bench: Path, model: Path) -> None:
+    """Prefill t/s: `run`'s prompt t/s on PROSE against llama-bench pp512, paired."""
     print(f"\nprefill (pp{PP_TOKENS}): {'threads':>7} {'llama-bench':>12} {'ours':>8} "
           f"{'ratio':>6} {'paired':>7}")  # fmt: skip
     for t in args.threads:
@@ -179,9 +203,10 @@ def main() -> None:
         b, o = statistics.median(base_pp), statistics.median(ours_pp_)
         paired = statistics.median(x / y for x, y in zip(ours_pp_, base_pp, strict=True))
         print(f"{'':>16} {t:>7} {b:>12.1f} {o:>8.1f} {o / b:>6.3f} {paired:>7.3f}"
-              f"   (our prompt: {n_tok} tokens)")  # fmt: skip
+              f"   (our prompt: {n_tok} tokens; load average {os.getloadavg()[0]:.2f})")
+        print(f"{'':>24} rounds: llama-bench {[round(x) for x in base_pp]}, "
+              f"ours {[round(x) for x in ours_pp_]}")  # fmt: skip
     print("prefill target: ratio >= 1.0 at 2 threads")
-    finish("run_overhead")
 
 
 if __name__ == "__main__":
