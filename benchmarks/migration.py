@@ -10,7 +10,9 @@ restore). For each migration it records:
 - the stream's gap: the longest interval between two tokens the client received while
   the migration ran (what a user sees), and the engine's own pause (export → import);
 - the migration's total time (the new worker's load included);
-- whether the stream's tokens equal an undisturbed run's (no lost / repeated token).
+- whether the stream's tokens equal an undisturbed run's (no lost / repeated token): a
+  one-thread run, bitwise reproducible; two-thread decode is not always, so a stream
+  that differs is re-scored against lone runs (engine.scoring.greedy_agreement).
 
 Against it, in the same run: one model load (each round's fresh Engine: every gap is
 also divided by its own round's load, so a noisy machine slows both sides of the
@@ -34,6 +36,7 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inferenceos.engine.engine as engine_mod
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scoring import greedy_agreement
 from inferenceos.engine.session import LoadSettings
 from inferenceos.model.default_model import ensure_default_model
 
@@ -101,15 +105,20 @@ def main() -> None:
         prompt = engine.tokenize(CONVERSATION)
         stamps: list[tuple[float, int]] = []
         _stream(engine, prompt, gen, stamps).join()
-    want = [tok for _, tok in stamps]
-    normal_gap = _pct([b[0] - a[0] for a, b in itertools.pairwise(stamps)], 0.5)
+    # the reference tokens on one thread: there llama.cpp's CPU decode is bitwise the
+    # same run to run; on two it is not always (an undisturbed Gemma run flipped a near
+    # tie at token 275 in 1 of 5 here), so a mismatch is re-scored (engine.scoring)
+    ref = Engine(gemma, replace(hi, n_threads=1), n_parallel=1)
+    want = [ev.token for ev in ref.generate(prompt, gen)]
+    normal = [b[0] - a[0] for a, b in itertools.pairwise(stamps)]
     print(f"Gemma 3 270M Q4_K_M, {len(prompt)}-token prompt, {a.max_tokens} tokens, "
-          f"{a.threads} threads; one model load {load_s:.2f} s; "
-          f"normal inter-token gap p50 {normal_gap * 1000:.1f} ms")  # fmt: skip
+          f"{a.threads} threads; one model load {load_s:.2f} s; normal inter-token gap "
+          f"p50 {_pct(normal, 0.5) * 1000:.1f} ms, max {max(normal) * 1000:.0f} ms "
+          "(undisturbed: what the machine's other load does alone)")  # fmt: skip
 
     # label -> (stream gap, engine pause, total, that round's load) per migration
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
-    exact = 0
+    exact = rescored = 0
     shares = engine_mod._core_shares
     for r in range(a.rounds):
         shared = not a.ab or r % 2 == 0
@@ -122,7 +131,7 @@ def main() -> None:
             reader = _stream(engine, prompt, gen, stamps)
             for i, target in enumerate((lo, hi)):
                 mbb = a.ab or (r + i) % 2 == 0
-                _wait_tokens(stamps, AT * (i + 1))
+                _wait_tokens(stamps, len(stamps) + AT)  # AT tokens after the last one
                 m0 = time.perf_counter()
                 info = engine.migrate(target, make_before_break=mbb)
                 m1 = time.perf_counter()
@@ -143,6 +152,10 @@ def main() -> None:
                   f"total {info['seconds']:.2f} s")  # fmt: skip
         got = [tok for _, tok in stamps]
         exact += got == want
+        if got != want:
+            check = greedy_agreement(ref, prompt, [t for t in got if t >= 0])
+            rescored += check.ok
+            print(f"  round {r}: not the reference's tokens; re-scored: {check}")
 
     reload_costs = []
     for _ in range(a.rounds):
@@ -178,7 +191,9 @@ def main() -> None:
     print(f"\nworst stream gap {worst:.2f} s = {worst / load_s:.2f}x the first model load, "
           f"worst gap / its own round's load {worst_ratio:.2f}x (target < 2x); median gap / "
           f"stop-and-reload: {ratio:.2f}x; streams token-identical to the undisturbed run: "
-          f"{exact}/{a.rounds}")  # fmt: skip
+          f"{exact}/{a.rounds}, the others within the re-scoring tolerance: "
+          f"{rescored}/{a.rounds - exact}")  # fmt: skip
+    ref.close()
 
 
 if __name__ == "__main__":
