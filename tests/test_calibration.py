@@ -103,15 +103,20 @@ def test_probe_model_header_copy_is_sparse(tmp_path: Path) -> None:
 
 def test_a_fresh_profile_carries_the_calibration() -> None:
     from inferenceos.hardware.cache import get_profile
+    from inferenceos.paths import cache_dir
 
+    # a stand-in cached by an older version (85 MB, no large head) is not reused
+    old = cache_dir() / "probe" / "full-llama-speed-probe.gguf"
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_bytes(b"\1" * (2 << 20))
     prof = get_profile(refresh=True, measure=True).profile  # isolated home: fresh
     sp = prof.llama_speed
     assert sp is not None, prof.warnings
     assert sp.decode_tps > 1 and sp.prefill_tps > 1 and sp.seconds < 30
-    assert Path(sp.model_path).is_file()
-    from inferenceos.paths import cache_dir
-
-    full = next((cache_dir() / "probe").glob("full-*.gguf"))
+    assert Path(sp.model_path).is_file() and sp.probe == "synthetic"  # no built-in here
+    assert not old.exists()
+    [full] = (cache_dir() / "probe").glob("full-*.gguf")
+    assert full.stat().st_size > 200e6  # the 128k-vocabulary head: larger than any L3
     written = full.stat().st_mtime_ns
     again = get_profile(refresh=True, measure=True).profile
     assert again.llama_speed is not None and full.stat().st_mtime_ns == written  # reused

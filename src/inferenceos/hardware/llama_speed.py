@@ -51,7 +51,9 @@ DECODE = 24
 ROUNDS = 2
 N_CTX = 1024
 TIMEOUT_S = 60.0
-PROBE_NAME = "llama-speed-probe.gguf"
+# v2: the 128k-vocabulary head (a cached v1 stand-in, 85 MB, must not be reused)
+PROBE_NAME = "llama-speed-probe-v2.gguf"
+OLD_PROBE_NAMES = ("llama-speed-probe.gguf",)
 
 _SHAPE = {"n_layer": 6, "n_embd": 1024, "n_ff": 4096, "n_head": 16, "n_head_kv": 4,
           "n_vocab": 131072}
@@ -196,6 +198,9 @@ def measure_llama_speed(
                 tmp = model.with_suffix(".tmp")
                 write_probe_model(tmp)
                 os.replace(tmp, model)
+                for old in OLD_PROBE_NAMES:  # earlier stand-ins and their header copies
+                    (model_dir / ("full-" + old)).unlink(missing_ok=True)
+                    (probe_dir / old).unlink(missing_ok=True)
             header_copy(model, path)
         res = subprocess.run(
             [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model), str(threads)],
