@@ -223,6 +223,30 @@ def test_a_drafter_that_cannot_pay_never_drafts() -> None:
     assert cheap.want(0, room=100) == 48
 
 
+def _timed_steps(step_s: float, tokens: int) -> DraftState:
+    """A sequence's state after plain 10 ms steps and drafted steps of `step_s` that
+    verified one draft and gave `tokens` tokens, on a fake clock."""
+    now = [0.0]
+    state = DraftState(drafter=None, k=1, k_max=48, clock=lambda: now[0])  # type: ignore[arg-type]
+    generated = 0
+    for drafted in (False, False, False, True, True, True):
+        k = state.want(generated, room=100)
+        if drafted and k:
+            state.update(1, tokens - 1, generated)
+        generated += tokens if drafted and k else 1
+        now[0] += step_s if drafted and k else 0.010
+    return state
+
+
+def test_drafting_measured_slower_than_plain_pauses() -> None:
+    # two tokens in 30 ms (67 t/s) against plain 100 t/s: drafting stops for a while
+    slow = _timed_steps(0.030, tokens=2)
+    assert slow.want(12, room=100) == 0 and slow.paused_until > 12
+    # two tokens in 15 ms (133 t/s): it pays, drafting goes on
+    fast = _timed_steps(0.015, tokens=2)
+    assert fast.want(12, room=100) > 0
+
+
 def test_self_on_a_model_it_cannot_speed_up_decodes_plainly(tiny_swa: Path) -> None:
     """The tiny model's layer-skipped copy reads nearly all its bytes: DraftState never
     starts drafting, so the draft context is never even caught up with the prompt."""

@@ -63,3 +63,16 @@ def test_greedy_drafted_output_is_plain_greedy(gemma: LoadedModel, draft: str) -
         for row, tok in zip(logits, drafted, strict=True):
             best = float(row.max())
             assert (best - float(row[tok])) / abs(best) <= REL_TOL
+
+
+def test_self_does_not_draft_where_it_cannot_pay(gemma: LoadedModel) -> None:
+    """Gemma's layer-skipped copy reads ~95 % of its bytes per draft token (the output
+    head dominates): drafting could never pay, so `self` decodes plainly, at plain speed
+    (benchmarks/speculative.py), with plain greedy's text."""
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = gemma.tokenize("Once upon a time, in a small village by the sea, there lived")
+    plain = [ev.token for ev in generate_one(gemma, prompt, sp) if ev.token >= 0]
+    drafted = [ev.token for ev in generate_one(gemma, prompt, sp, "self") if ev.token >= 0]
+    m = gemma.metrics
+    assert m.draft == "self" and m.draft_tokens == 0 and m.decode_steps == 23
+    assert drafted == plain

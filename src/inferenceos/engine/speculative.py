@@ -26,7 +26,9 @@ see drafters.py for `ngram`, `self` and a draft model file.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Protocol
@@ -174,7 +176,15 @@ class DraftState:
     names one); a drafter that could not pay even at a high acceptance
     (plan.speculative.can_pay) never drafts: a layer-skipped copy of a model whose output
     head dominates costs about a decode step per draft token, and merely catching its
-    context up with the prompt would cost more than its drafts could save."""
+    context up with the prompt would cost more than its drafts could save.
+
+    Once running, the sequence also times its own steps (the interval between two
+    `want` calls is one scheduler step): tokens per second over its recent drafted steps
+    against its recent plain steps. Drafting that is measured slower pauses like failing
+    drafts do. This catches what a fixed row cost cannot: on Gemma 3 270M under load a
+    2-row verification step took 1.5-3x a 1-row step (the 262k-token output head's
+    kernels for few rows), so accepted one-token drafts on free text still lost time
+    (0.87x plain, paired, before this check)."""
 
     drafter: Drafter
     k: int = 4
@@ -192,6 +202,12 @@ class DraftState:
     # plain decode step, measured by the scheduler
     cost: float = 0.0
     history: list[tuple[int, int]] = field(default_factory=list)
+    clock: Callable[[], float] = time.perf_counter
+    window: int = 8  # recent steps of each kind the timing compares
+    _t_last: float | None = None  # when the step in progress began (its `want` call)
+    _step_tokens: int = 0  # tokens the step in progress verified (0: a plain step)
+    _plain_s: deque[float] = field(default_factory=deque)
+    _drafted: deque[tuple[float, int]] = field(default_factory=deque)  # (seconds, tokens)
 
     def __post_init__(self) -> None:
         prior = getattr(self.drafter, "cost_prior", None)
@@ -201,14 +217,50 @@ class DraftState:
             self.paused_until = NEVER
 
     def want(self, generated: int, room: int) -> int:
-        """Draft tokens to ask for now (0: not drafting), at most `room`."""
+        """Draft tokens to ask for now (0: not drafting), at most `room`. Called once
+        per step of the sequence: it also closes the timing of the previous step."""
+        self._time_step()
         if generated < self.paused_until:
             return 0
+        if self._drafting_is_slower():
+            self._pause(generated)
+            return 0
         return max(0, min(self.k, room))
+
+    def _time_step(self) -> None:
+        now = self.clock()
+        if self._t_last is not None:
+            dt = now - self._t_last
+            if self._step_tokens:
+                self._drafted.append((dt, self._step_tokens))
+            else:
+                self._plain_s.append(dt)
+            for q in (self._drafted, self._plain_s):
+                while len(q) > self.window:
+                    q.popleft()
+        self._t_last, self._step_tokens = now, 0
+
+    def _drafting_is_slower(self) -> bool:
+        """Whether the recent drafted steps gave fewer tokens per second than the
+        recent plain ones (needs a few of each)."""
+        if len(self._drafted) < 2 or len(self._plain_s) < 2:
+            return False
+        plain = sorted(self._plain_s)[len(self._plain_s) // 2]  # median: one slow step
+        seconds = sum(dt for dt, _ in self._drafted)
+        tokens = sum(n for _, n in self._drafted)
+        return seconds > 0 and tokens / seconds < 1.0 / plain
+
+    def _pause(self, generated: int) -> None:
+        self._bad = 0
+        self.k = 1
+        self.paused_until = generated + self.cooldown
+        self.cooldown *= 2
+        self._drafted.clear()  # the next drafting spell is judged on its own steps
 
     def update(self, n_proposed: int, n_accepted: int, generated: int) -> None:
         if n_proposed <= 0:
             return
+        self._step_tokens = 1 + n_accepted
         self.proposed += n_proposed
         self.accepted += n_accepted
         self.verifications += 1
@@ -223,8 +275,5 @@ class DraftState:
         losing = self.verifications >= self.patience and best_draft_length(
             self.rate, self.cost, self.k_max).k == 0  # fmt: skip
         if self._bad >= self.patience or losing:
-            self._bad = 0
-            self.k = 1
-            self.paused_until = generated + self.cooldown
-            self.cooldown *= 2
+            self._pause(generated)
 
