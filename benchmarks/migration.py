@@ -86,6 +86,11 @@ def _gap(stamps: list[tuple[float, int]], t0: float, t1: float) -> float:
     return max(gaps, default=0.0)
 
 
+def _unshared(old: LoadSettings, new: LoadSettings, cores: int | None = None) -> None:
+    """No core sharing (--ab's other half): both workers on their full thread counts."""
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -122,7 +127,7 @@ def main() -> None:
     shares = engine_mod._core_shares
     for r in range(a.rounds):
         shared = not a.ab or r % 2 == 0
-        engine_mod._core_shares = shares if shared else (lambda old, new: None)
+        engine_mod._core_shares = shares if shared else _unshared
         t0 = time.perf_counter()
         with Engine(gemma, hi, n_parallel=1) as engine:
             round_load = time.perf_counter() - t0
