@@ -5,6 +5,7 @@ extensions in OpenAI bodies, any_model, and the safety rules on the new routes."
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -455,3 +456,36 @@ def test_null_model_is_the_default(http: httpx.Client) -> None:
     r = http.post("/chat/completions", json={"model": 7, "messages": [
         {"role": "user", "content": "a"}]})
     assert r.status_code == 400  # not a name at all: still refused
+
+
+def _progress_checks(progress: list[dict[str, Any]]) -> int:
+    """llama-server's rules (tools/server/tests: test_return_progress); the tokens the
+    cache held."""
+    assert len(progress) >= 2
+    first, last = progress[0], progress[-1]
+    assert first["total"] > 0 and first["cache"] == first["processed"]
+    for a, b in itertools.pairwise(progress):
+        assert b["total"] == a["total"] and b["cache"] == a["cache"]
+        assert b["processed"] > a["processed"]
+    assert last["processed"] == last["total"]
+    return int(first["cache"])
+
+
+def test_return_progress_on_completion_and_chat(http: httpx.Client) -> None:
+    prompt = "This is a test " * 8
+    events, _ = _sse(http, "/completion", {"prompt": prompt, **GREEDY, "stream": True,
+                                           "return_progress": True, "cache_prompt": False})
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    _progress_checks(progress)
+    first_text = next(i for i, e in enumerate(events) if e.get("content"))
+    assert all("prompt_progress" in e for e in events[:len(progress)])
+    assert first_text >= len(progress)  # all progress comes before the first token
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 3,
+            "temperature": 0, "stream": True, "return_progress": True}
+    chat, _ = _sse(http, "/chat/completions", body)
+    cold = _progress_checks([e["prompt_progress"] for e in chat if "prompt_progress" in e])
+    again, _ = _sse(http, "/chat/completions", body)  # the same prompt: from the cache
+    warm = _progress_checks([e["prompt_progress"] for e in again if "prompt_progress" in e])
+    assert warm > cold
+    plain, _ = _sse(http, "/chat/completions", {**body, "return_progress": False})
+    assert not any("prompt_progress" in e for e in plain)

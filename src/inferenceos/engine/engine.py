@@ -50,11 +50,14 @@ def _error(payload: Any) -> errors.InferenceOSError:
 
 
 def stream_event(kind: str, payload: Any, gen: Generation, load_s: float) -> TokenEvent | None:
-    """One worker event of `gen`'s request: the TokenEvent to yield for "token"; None
+    """One worker event of `gen`'s request: the TokenEvent to yield for "token" (and
+    "progress": token -1, no text, `progress` set); None
     for "done" (the final metrics are then in `gen.metrics`); raises for "error"."""
     if kind == "token":
         gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
         return TokenEvent(*payload)
+    if kind == "progress":
+        return TokenEvent(-1, "", progress=tuple(payload))
     if kind == "done":
         gen.metrics = GenerationMetrics.from_json(payload)
         gen.metrics.load_s = load_s
@@ -376,11 +379,15 @@ class Engine:
         kv_policy: str | None = None,
         draft: str | None = None,
         media: Sequence[MediaItem] = (),
+        progress: bool = False,
     ) -> Generation:
         """Start generating for `prompt` (text or token ids); see the module contract.
 
         `media`: images / audio for a text prompt holding one `MEDIA_MARKER` per item,
         in order (the model needs a projector: UsageError otherwise, at first iteration).
+        `progress`: also yield TokenEvents of token -1 carrying `progress` (prompt
+        tokens, cached, processed, ms) as the prompt is processed, llama-server's
+        `return_progress`.
 
         `draft` overrides the engine's drafter for this request ("ngram", "self",
         "none"; a draft model file only when it is the engine's own).
@@ -395,7 +402,9 @@ class Engine:
             worker = self._live_worker()
             req_id = next(self._ids)
             msg: tuple[Any, ...] = ("generate", req_id, prompt, sampling, kv_policy, draft)
-            q = worker.send((*msg, tuple(media)) if media else msg, req_id)
+            if media or progress:
+                msg = (*msg, tuple(media), progress)
+            q = worker.send(msg, req_id)
         assert q is not None
         gen = Generation(iter(()))
         gen.events = Events(self._stream(worker, req_id, q, cancel, gen),

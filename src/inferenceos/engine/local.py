@@ -167,6 +167,7 @@ class LocalEngine:
         kv_policy: str | None = None,
         draft: str | None = None,
         media: Sequence[MediaItem] = (),
+        progress: bool = False,
     ) -> Generation:
         """As `Engine.generate`, except that errors the scheduler finds at submission
         (prompt too long, queue full) are raised here, at once."""
@@ -177,7 +178,8 @@ class LocalEngine:
             lm = self._model()
             req_id = next(self._ids)
             req = prompt_request(req_id, prompt, sampling, lm, self._media, media,
-                                 kv_policy=kv_policy, draft=draft)  # fmt: skip
+                                 kv_policy=kv_policy, draft=draft,
+                                 progress=progress)  # fmt: skip
             try:
                 self._sched.submit(req)
             except BaseException:

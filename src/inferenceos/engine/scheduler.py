@@ -74,6 +74,7 @@ class Request:
     draft: str | None = None  # drafter name, "none", or None: the scheduler's default
     # media runs by key (media_encoder.MediaRun): `prompt` holds each key once per cell
     media: dict[int, Any] = field(default_factory=dict)
+    progress: bool = False  # emit "progress" events while the prompt is processed
 
 
 def prompt_request(req_id: int, prompt: str | Seq[int], sampling: SamplingParams,
@@ -364,7 +365,13 @@ class Scheduler:
 
     # -- admission -------------------------------------------------------------------------
 
-    def _admit(self) -> None:
+    def _progress(self, seq: Sequence) -> Event:
+        """A "progress" event: (prompt tokens, from the cache, processed, ms so far)."""
+        ms = (time.perf_counter() - seq.req.arrival) * 1000
+        return (seq.req.id, "progress", (len(seq.req.prompt), seq.metrics.cached_tokens,
+                                         seq.n_prefilled, round(ms, 3)))  # fmt: skip
+
+    def _admit(self, events: list[Event]) -> None:
         while self.queue:
             picked = self.table.pick(self.queue[0].prompt)
             if picked is None:
@@ -378,13 +385,15 @@ class Scheduler:
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
             self.running.append(Sequence(req, slot, reuse, self.model, policy,
                                          self._draft_for(req)))  # fmt: skip
+            if req.progress:  # before any prompt work: processed == cached
+                events.append(self._progress(self.running[-1]))
 
     # -- one step ----------------------------------------------------------------------
 
     def step(self) -> list[Event]:
         """Admit what fits, evaluate one batch, sample, and return the events."""
         events: list[Event] = []
-        self._admit()
+        self._admit(events)
         self._make_room(events)
         if not self.running:
             return events
@@ -406,6 +415,10 @@ class Scheduler:
             return events + self.fail_all(f"llama_decode failed (code {rc})")
         if self.governor is not None and not plan.prefills and plan.media is None:
             self._govern(plan.n_tokens)
+        for p in (*plan.prefills, *([plan.media] if plan.media else [])):
+            seq = next(s for s in self.running if s.slot.index == p.key)
+            if seq.req.progress:
+                events.append(self._progress(seq))
         if self.tracker is not None and self.probe is not None:
             try:
                 self.tracker.observe(self.probe, rows.by_slot)

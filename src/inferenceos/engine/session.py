@@ -104,6 +104,9 @@ class TokenEvent:
     text: str
     logprob: TokenLogprob | None = None  # when SamplingParams.logprobs is set
     top_logprobs: tuple[TokenLogprob, ...] = ()  # the n most likely, best first
+    # prompt processing so far (token -1, no text), only for requests that asked for it:
+    # (prompt tokens in all, of them from the cache, processed incl. the cached, ms)
+    progress: tuple[int, int, int, float] | None = None
 
 
 def _placement_params(ll: Any, params: Any, s: LoadSettings) -> list[Any]:

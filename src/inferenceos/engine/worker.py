@@ -5,7 +5,8 @@ tuples over a multiprocessing Pipe.
 
 Parent → worker:
     ("generate", req_id, prompt text or token ids, SamplingParams, kv policy or None,
-        drafter name or None[, MediaItems: the text holds one media marker per item])
+        drafter name or None[, MediaItems: the text holds one media marker per item
+        [, progress: emit "progress" events while the prompt is processed]])
     ("media_tokens", req_id, MediaItem): context cells the item takes
     ("stats", req_id)
     ("tokenize", req_id, text, add_special)
@@ -25,6 +26,7 @@ Parent → worker:
     ("shutdown",)
 Worker → parent (each message is a list of events, one per scheduler step):
     (req_id, "token", (token_id, text[, TokenLogprob, top TokenLogprobs]))
+    (req_id, "progress", (prompt tokens, cached, processed, ms)): asked-for progress
     (req_id, "done", metrics dict)
     (req_id, "error", (exception class name, message)) · (req_id, "result", value)
 The first message is [(0, "ready", info dict)] or [(0, "error", message)].
@@ -89,7 +91,8 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
 
             sched.submit(prompt_request(req_id, msg[2], msg[3], lm, sched.media,
                                         msg[6] if len(msg) > 6 else (),
-                                        kv_policy=policy, draft=draft))  # fmt: skip
+                                        kv_policy=policy, draft=draft,
+                                        progress=len(msg) > 7 and bool(msg[7])))  # fmt: skip
             return []
         if kind == "media_tokens":
             return [(req_id, "result", media_encoder(sched).media_tokens(msg[2]))]

@@ -55,6 +55,13 @@ class GenRequest:
     want_tokens: bool = False  # tokenize first, to report the prompt's ids (Ollama context)
     tools: ToolRequest | None = None  # chat only: tools rendered, maybe a call forced
     media: tuple[MediaItem, ...] = ()
+    progress: bool = False  # prompt-processing progress events (llama.cpp's return_progress)
+
+
+def progress_json(progress: tuple[int, int, int, float]) -> dict[str, Any]:
+    """llama-server's `prompt_progress` object from a TokenEvent's `progress`."""
+    total, cache, processed, ms = progress
+    return {"total": total, "cache": cache, "processed": processed, "time_ms": ms}
 
 
 @dataclass
@@ -167,6 +174,8 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
         extra["kv_policy"] = policy
     if run_req.media:
         extra["media"] = run_req.media
+    if run_req.progress:
+        extra["progress"] = True
     gen = lease.engine.generate(prompt, run_req.sampling, cancel, **extra)
     out: list[int] = []
     try:

@@ -32,6 +32,7 @@ from inferenceos.server.generation import (
     GenRequest,
     Run,
     call_in_thread,
+    progress_json,
     start_generation,
     until_disconnect,
 )
@@ -143,9 +144,11 @@ def _requests(p: CompletionParams, name: str) -> list[tuple[int, GenRequest]]:
             s = p.sampling
             if k and s.seed is not None:
                 s = dataclasses.replace(s, seed=(s.seed + k) % RANDOM_SEED)
-            out.append((i, GenRequest(name, s, text=prompt.text, media=prompt.items)
+            progress = p.stream and p.return_progress
+            out.append((i, GenRequest(name, s, text=prompt.text, media=prompt.items,
+                                      progress=progress)
                         if isinstance(prompt, MediaPrompt)
-                        else GenRequest(name, s, tokens=tuple(prompt))))
+                        else GenRequest(name, s, tokens=tuple(prompt), progress=progress)))
     return out
 
 
@@ -208,6 +211,12 @@ async def _stream(state: ServerState, first: Run, reqs: list[tuple[int, GenReque
                 if isinstance(item, Done):
                     r = _Result(k, p.prompts[i], "".join(parts), item, [])
                     yield _final(p, r, model, vocab, True)
+                    continue
+                if item.progress is not None:
+                    yield {"index": k, "content": "", "tokens": [], "stop": False,
+                           "id_slot": -1, "tokens_predicted": 0,
+                           "tokens_evaluated": len(p.prompts[i]),
+                           "prompt_progress": progress_json(item.progress)}
                     continue
                 if item.token < 0 and not item.text:
                     continue

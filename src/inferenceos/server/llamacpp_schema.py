@@ -82,6 +82,7 @@ class CompletionParams:
     response_fields: list[str] = field(default_factory=list)
     n_cmpl: int = 1
     timings_per_token: bool = False
+    return_progress: bool = False  # with stream: `prompt_progress` events first
     eog_bias: tuple[int, ...] = ()  # ignore_eos: the EOG tokens llama.cpp biases to -inf
 
 
@@ -302,6 +303,7 @@ def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int 
         n_probs=n_probs, post_sampling_probs=_flag(body, "post_sampling_probs"),
         return_tokens=_flag(body, "return_tokens"), response_fields=list(response_fields),
         n_cmpl=n_cmpl, timings_per_token=_flag(body, "timings_per_token"),
+        return_progress=_flag(body, "return_progress"),
         eog_bias=vocab.eog if ignore_eos else (),
     )
 

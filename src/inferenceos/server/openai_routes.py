@@ -30,6 +30,7 @@ from inferenceos.server.generation import (
     Run,
     admitted_call,
     call_in_thread,
+    progress_json,
     start_generation,
     until_disconnect,
 )
@@ -266,7 +267,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         limit = state.settings.n_predict  # llama-server's --n-predict covers chat too
     sampling = _sampling(body, limit, grammar,
                          chat_top_n(body.logprobs, body.top_logprobs))
-    reqs = [GenRequest(name, s, messages=messages, tools=tools, media=items)
+    reqs = [GenRequest(name, s, messages=messages, tools=tools, media=items,
+                       progress=body.stream and body.return_progress)
             for s in _variants(sampling, body.n)]
     cid, created = _ids("chatcmpl")
     if body.stream:
@@ -328,6 +330,9 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
         held = ToolCallStream(run.tool_format) if run.tool_format else None
         yield chunk(i, {"role": "assistant", "content": None})  # as OpenAI and llama-server
         async for item in _closing(run):
+            if not isinstance(item, Done) and item.progress is not None:
+                yield {**chunk(i, {}), "prompt_progress": progress_json(item.progress)}
+                continue
             if not isinstance(item, Done) and item.logprob is not None:
                 scored.append(item)
             if isinstance(item, Done):

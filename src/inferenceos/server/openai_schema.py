@@ -103,6 +103,9 @@ class SamplingFields(BaseModel):
     json_schema: Any = Field(None, description="llama.cpp extension: a JSON schema")
     draft: str | None = Field(None, max_length=64,
                               description="InferenceOS extension: drafter (ngram, none)")
+    return_progress: bool = Field(False, description="llama.cpp extension: with `stream`, "
+                                  "chunks carrying `prompt_progress` while the prompt is "
+                                  "processed")
 
     @field_validator("model", mode="before")
     @classmethod
