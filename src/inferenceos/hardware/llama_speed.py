@@ -143,10 +143,12 @@ def _complete(path: Path) -> bool:
 
 def header_copy(src: Path, dst: Path) -> Path:
     """`dst`: `src`'s header with the tensor data a sparse hole of the same size."""
-    from gguf import GGUFReader
+    from inferenceos.model.gguf_file import read_gguf
 
     size = src.stat().st_size
-    start = min((int(t.data_offset) for t in GGUFReader(str(src)).tensors), default=size)
+    # our bounded reader: header and tensor table only (gguf's GGUFReader also parses
+    # every metadata array into numpy, ~4 s for the stand-in's 128k-token vocabulary)
+    start = min(read_gguf(src).data_offset, size)
     tmp = dst.with_suffix(".tmp")
     with open(src, "rb") as f, open(tmp, "wb") as g:
         g.write(f.read(start))
