@@ -13,12 +13,14 @@ from inferenceos.engine.thread_governor import ThreadGovernor
 
 def feed(g: ThreadGovernor, seconds: float, n: int, t0: float, rows: int = 1,
          dt: float = 0.01) -> tuple[list[int], float]:
-    """`n` steps of `seconds`; the switches the governor asked for, and the clock."""
+    """Up to `n` steps of `seconds`, stopping at the first switch (the steps after it
+    run at another thread count: the caller feeds what they take); the switches the
+    governor asked for, and the clock."""
     switches = []
     for i in range(n):
         got = g.observe(seconds, rows, t0 + i * dt)
         if got is not None:
-            switches.append(got)
+            return [got], t0 + (i + 1) * dt
     return switches, t0 + n * dt
 
 
@@ -39,6 +41,19 @@ def test_a_sustained_collapse_lowers_one_thread_at_a_time() -> None:
     feed(g, 0.010, 16, 0.0)
     switches, _ = feed(g, 0.050, 8, 1.0)  # 5x slower: another program took a core
     assert switches == [3] and g.threads == 3
+
+
+def test_a_step_down_that_is_slower_is_undone_and_not_retried_at_once() -> None:
+    g = ThreadGovernor(2, probe_every_s=5.0)
+    feed(g, 0.010, 16, 0.0)
+    switches, t = feed(g, 0.020, 8, 1.0)  # 2x slower: try one thread
+    assert switches == [1]
+    switches, t = feed(g, 0.030, 8, t)  # one thread is slower still: back to two
+    assert switches == [2]
+    switches, t = feed(g, 0.020, 32, t)  # still 2x slower, but held for a while
+    assert switches == []
+    switches, _ = feed(g, 0.020, 8, t + 5.0)  # then tried again
+    assert switches == [1]
 
 
 def test_the_best_is_kept_per_row_count() -> None:

@@ -9,11 +9,12 @@ governor follows the load while a model runs.
 
 `ThreadGovernor.observe(seconds, rows)` takes each pure decode step (the step's wall
 time and how many batch rows it evaluated) and returns a new thread count to apply, or
-None. The rule, on the median of the last `window` steps:
+None. Every change is a trial, judged on the median of the next `window` steps:
 - a step is compared with the fastest median seen for the same thread count and row
-  count; at `slow` times that (default 2.5x) the governor steps one thread down;
-- every `probe_every_s` seconds below the start count it tries one thread more, and
-  goes back down when the probe's seconds per row are worse than before it (5 %).
+  count; at `slow` times that (default 1.6x) the governor tries one thread fewer;
+- every `probe_every_s` seconds below the planned count it tries one thread more;
+- a trial whose seconds per row are worse than before it (by 5 %) is undone, and the
+  governor then waits `probe_every_s` before trying again.
 Pure: no llama.cpp, no clock of its own (the caller passes `now`).
 """
 
@@ -32,13 +33,14 @@ class ThreadGovernor:
     max_threads: int
     threads: int = 0
     window: int = 8
-    slow: float = 2.5
+    slow: float = 1.6
     probe_every_s: float = 10.0
     best: dict[tuple[int, int], float] = field(default_factory=dict)  # (threads, rows) → s
     changes: int = 0
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
     _last_change: float = 0.0
-    _probe_from: tuple[int, float] | None = None  # (threads, s/row) before a probe up
+    _trial: tuple[int, float] | None = None  # (threads, s/row) before the change on trial
+    _hold_until: float = 0.0  # after an undone trial: no new one before then
 
     def __post_init__(self) -> None:
         self.max_threads = max(1, self.max_threads)
@@ -53,13 +55,14 @@ class ThreadGovernor:
         while len(self._recent) > self.window:
             self._recent.popleft()
         ratio, per_row = self._summary()
-        if self._probe_from is not None:
-            return self._judge_probe(per_row, now)
+        if self._trial is not None:
+            return self._judge(per_row, now)
+        if now < self._hold_until:
+            return None
         if self.threads > 1 and ratio > self.slow:
-            return self._switch(self.threads - 1, now)
+            return self._try(self.threads - 1, per_row, now)
         if self.threads < self.max_threads and now - self._last_change >= self.probe_every_s:
-            self._probe_from = (self.threads, per_row)
-            return self._switch(self.threads + 1, now)
+            return self._try(self.threads + 1, per_row, now)
         return None
 
     def _summary(self) -> tuple[float, float]:
@@ -76,13 +79,18 @@ class ThreadGovernor:
         per_row = statistics.median(s / r for s, r in self._recent)
         return statistics.median(ratios), per_row
 
-    def _judge_probe(self, per_row: float, now: float) -> int | None:
-        assert self._probe_from is not None
-        before, before_per_row = self._probe_from
-        self._probe_from = None
-        if per_row > before_per_row * 1.05:  # one more thread made it worse: back down
+    def _try(self, threads: int, per_row: float, now: float) -> int:
+        self._trial = (self.threads, per_row)
+        return self._switch(threads, now)
+
+    def _judge(self, per_row: float, now: float) -> int | None:
+        assert self._trial is not None
+        before, before_per_row = self._trial
+        self._trial = None
+        if per_row > before_per_row * 1.05:  # the change made it worse: undo, wait
+            self._hold_until = now + self.probe_every_s
             return self._switch(before, now)
-        self._last_change = now  # keep it; the next probe waits its turn
+        self._last_change = now  # kept; the next probe up waits its turn
         return None
 
     def _switch(self, threads: int, now: float) -> int:
