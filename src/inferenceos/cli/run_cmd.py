@@ -122,14 +122,10 @@ def _encoder(lm: LoadedModel, projector: Path | None) -> Any:
     """A MediaEncoder on `lm` for `projector` (a context manager), or a null one."""
     import contextlib
 
-    if projector is None:
-        return contextlib.nullcontext(None)
-    from inferenceos.engine.media_encoder import MediaEncoder
-    from inferenceos.engine.session import default_threads
+    from inferenceos.engine.media_encoder import open_encoder
 
-    s = lm.settings
-    return MediaEncoder(projector, lm.model, s.n_threads or default_threads(),
-                        use_gpu=s.n_gpu_layers > 0)
+    encoder = open_encoder(lm, projector, use_gpu=lm.settings.n_gpu_layers > 0)
+    return contextlib.nullcontext(None) if encoder is None else encoder
 
 
 def _policy_probe(spec: ModelSpec, kv_policy: str) -> Any:

@@ -51,8 +51,9 @@ class LocalEngine:
         mmproj_device: str | None = None,
     ) -> None:
         """`draft`, `mmproj`, `mmproj_gpu`, `mmproj_device`: as for `Engine`."""
+        from inferenceos.engine.media_encoder import open_encoder
         from inferenceos.engine.scheduler import Scheduler
-        from inferenceos.engine.worker import WorkerConfig, open_media, policy_options
+        from inferenceos.engine.worker import policy_options
 
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
@@ -61,10 +62,10 @@ class LocalEngine:
         if kv_policy == "h2o":
             raise errors.UsageError("the h2o policy needs the worker engine (Engine)")
         self._lm = LoadedModel(self.spec.path, total)
-        cfg = WorkerConfig(self.spec.path, total, mmproj=Path(mmproj) if mmproj else None,
-                           mmproj_gpu=mmproj_gpu, mmproj_device=mmproj_device)  # fmt: skip
-        self._media = open_media(cfg, self._lm)  # closes the model if it fails
+        self._media = None
         try:
+            self._media = open_encoder(self._lm, Path(mmproj) if mmproj else None,
+                                       mmproj_gpu, mmproj_device)  # fmt: skip
             self._sched = Scheduler(self._lm, n_parallel, total.n_batch, kv_policy,
                                     max_queue=max_queue,
                                     policy_options=policy_options(self.spec),

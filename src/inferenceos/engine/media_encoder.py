@@ -199,3 +199,15 @@ class MediaEncoder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_encoder(lm: Any, mmproj: Path | None, use_gpu: bool,
+                 device: str | None = None) -> MediaEncoder | None:
+    """The MediaEncoder of `mmproj` over the LoadedModel `lm` (its threads), or None
+    without a projector. The caller still owns `lm` when this raises."""
+    if mmproj is None:
+        return None
+    from inferenceos.engine.session import default_threads
+
+    return MediaEncoder(Path(mmproj), lm.model, lm.settings.n_threads or default_threads(),
+                        use_gpu, device)  # fmt: skip

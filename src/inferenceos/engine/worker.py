@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.engine.llama_lib import log as llama_log
+from inferenceos.engine.media_encoder import open_encoder
 from inferenceos.engine.memory_report import parse_buffer_lines
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import InferenceOSError
@@ -181,7 +182,11 @@ class _Runtime:
         # (before any drafter loads): "kind:buffer type" -> bytes, for telemetry
         self.buffers = {f"{k}:{b}": v for (k, b), v
                         in parse_buffer_lines(llama_log().since(mark)).items()}
-        self.media = open_media(cfg, self.lm)
+        try:
+            self.media = open_encoder(self.lm, cfg.mmproj, cfg.mmproj_gpu, cfg.mmproj_device)
+        except BaseException:
+            self.lm.close()
+            raise
         self.sched: Any = self._scheduler()
 
     def _scheduler(self) -> Any:
@@ -247,22 +252,6 @@ class _Runtime:
             if item is not None and len(item[0]) < self.sched.n_ctx_slot:
                 carried += 1 if import_slot(self.sched, item[0], item[1]) else 0
         return {**self.info(), "carried": carried, "seconds": time.perf_counter() - t0}
-
-
-def open_media(cfg: WorkerConfig, lm: LoadedModel) -> Any:
-    """The projector's MediaEncoder over `lm`, or None without one (closes `lm` when
-    the projector fails to load, so the caller gets one clear error)."""
-    if cfg.mmproj is None:
-        return None
-    from inferenceos.engine.media_encoder import MediaEncoder
-    from inferenceos.engine.session import default_threads
-
-    try:
-        return MediaEncoder(cfg.mmproj, lm.model, lm.settings.n_threads or default_threads(),
-                            cfg.mmproj_gpu, cfg.mmproj_device)  # fmt: skip
-    except BaseException:
-        lm.close()
-        raise
 
 
 def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
