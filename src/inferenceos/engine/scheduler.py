@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,20 @@ class Request:
     media: dict[int, Any] = field(default_factory=dict)
     progress: bool = False  # emit "progress" events while the prompt is processed
 
+    @cached_property
+    def spans(self) -> tuple[MediaSpan, ...]:
+        """Where the prompt's media runs lie (consecutive cells carrying one key)."""
+        spans: list[MediaSpan] = []
+        i, prompt = 0, self.prompt if self.media else []
+        while i < len(prompt):
+            if prompt[i] >= 0:
+                i += 1
+                continue
+            run = self.media[prompt[i]]
+            spans.append(MediaSpan(i, i + run.n_tokens, run.non_causal))
+            i += run.n_tokens
+        return tuple(spans)
+
 
 def prompt_request(req_id: int, prompt: str | Seq[int], sampling: SamplingParams,
                    lm: LoadedModel, media: Any, items: Seq[Any], **kw: Any) -> Request:
@@ -95,20 +110,6 @@ def prompt_request(req_id: int, prompt: str | Seq[int], sampling: SamplingParams
 
 NO_PROJECTOR = ("this model cannot see images or hear audio: it was loaded without a "
                 "projector (give one with --mmproj FILE)")
-
-
-def media_spans(req: Request) -> tuple[MediaSpan, ...]:
-    """Where `req.prompt`'s media runs lie (consecutive cells carrying one key)."""
-    spans: list[MediaSpan] = []
-    i, prompt = 0, req.prompt
-    while i < len(prompt):
-        if prompt[i] >= 0:
-            i += 1
-            continue
-        run = req.media[prompt[i]]
-        spans.append(MediaSpan(i, i + run.n_tokens, run.non_causal))
-        i += run.n_tokens
-    return tuple(spans)
 
 
 class Sequence:
@@ -135,7 +136,7 @@ class Sequence:
                                 k_max=getattr(drafter, "k_max", 12))
                      if drafter is not None else None)  # fmt: skip
         self.draft: tuple[int, ...] = ()  # proposed for this step
-        self.media = media_spans(req) if req.media else ()
+        self.media = req.spans
         self.embd: dict[int, np.ndarray] = {}  # encoder output of the span being prefilled
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
         if drafter is not None:
@@ -318,7 +319,7 @@ class Scheduler:
         models read token ids, and media cells have none)."""
         if self.media is None:
             raise UsageError("this model has no projector: it cannot take images or audio")
-        for span in media_spans(req):
+        for span in req.spans:
             if span.atomic and span.end - span.start > self.max_batch:
                 raise UsageError(f"an image takes {span.end - span.start} cells, which must "
                                  f"be evaluated in one batch of at most {self.max_batch}: "
@@ -378,7 +379,7 @@ class Scheduler:
                 return
             slot, reuse = picked
             req = self.queue.popleft()
-            span = next((m for m in media_spans(req) if m.start < reuse < m.end), None)
+            span = next((m for m in req.spans if m.start < reuse < m.end), None)
             if span is not None and span.atomic:  # never half an atomic chunk
                 reuse = span.start
             self.table.claim(slot, reuse)
@@ -404,7 +405,7 @@ class Scheduler:
             try:
                 rows = self._fill_media(plan.media)
             except GenerationError as exc:
-                return events + self._fail(plan.media.key, str(exc))
+                return [*events, self._fail(self._seq_at(plan.media.key), str(exc))]
         else:
             rows = self.executor.fill(plan)
         self._commit(plan)
@@ -416,7 +417,7 @@ class Scheduler:
         if self.governor is not None and not plan.prefills and plan.media is None:
             self._govern(plan.n_tokens)
         for p in (*plan.prefills, *([plan.media] if plan.media else [])):
-            seq = next(s for s in self.running if s.slot.index == p.key)
+            seq = self._seq_at(p.key)
             if seq.req.progress:
                 events.append(self._progress(seq))
         if self.tracker is not None and self.probe is not None:
@@ -459,7 +460,7 @@ class Scheduler:
         """Encode the span on its first step (kept until the span is prefilled) and fill
         the embedding batch with this step's rows."""
         assert self.media is not None
-        seq = next(s for s in self.running if s.slot.index == work.key)
+        seq = self._seq_at(work.key)
         span = work.span
         embd = seq.embd.get(span.start)
         if embd is None:
@@ -471,12 +472,15 @@ class Scheduler:
             del seq.embd[span.start]
         return rows
 
-    def _fail(self, key: int, message: str) -> list[Event]:
-        """End the sequence in slot `key` with an error (its cells are dropped)."""
-        seq = next(s for s in self.running if s.slot.index == key)
+    def _seq_at(self, key: int) -> Sequence:
+        """The running sequence in slot `key`."""
+        return next(s for s in self.running if s.slot.index == key)
+
+    def _fail(self, seq: Sequence, message: str) -> Event:
+        """End `seq` with an error; its cells are dropped (they cannot be trusted)."""
         self.table.truncate(seq.slot, 0)
         self._release(seq)
-        return [(seq.req.id, "error", ("GenerationError", message))]
+        return (seq.req.id, "error", ("GenerationError", message))
 
     def _commit(self, plan: StepPlan) -> None:
         """Record in each slot the tokens the plan puts in its cells."""
@@ -628,12 +632,7 @@ class Scheduler:
 
     def fail_all(self, message: str) -> list[Event]:
         """End every running sequence with an error and clear its cache."""
-        events: list[Event] = []
-        for seq in list(self.running):
-            self.table.truncate(seq.slot, 0)
-            self._release(seq)
-            events.append((seq.req.id, "error", ("GenerationError", message)))
-        return events
+        return [self._fail(seq, message) for seq in list(self.running)]
 
     def close(self) -> None:
         for seq in list(self.running):
