@@ -30,6 +30,7 @@ from inferenceos.errors import UsageError
 
 if TYPE_CHECKING:  # gguf, numpy, jinja2 and Pillow load only when the command runs
     from inferenceos.media.item import MediaItem
+    from inferenceos.model.projector import ProjectorFacts
     from inferenceos.model.spec import ModelSpec
     from inferenceos.plan.entry import LoadRequest
 
@@ -97,10 +98,11 @@ def _generate(
 
 
 def _media_inputs(model: str, images: list[Path] | None, audios: list[Path] | None,
-                  mmproj: str | None) -> tuple[list[MediaItem], Path | None, int]:
-    """(the checked media files, the projector to see them with, the context cells the
-    images take by the projector's facts); no media: ([], None, 0) and no projector
-    is loaded. UsageError when there is media and no projector."""
+                  mmproj: str | None) -> tuple[list[MediaItem], ProjectorFacts | None, int]:
+    """(the checked media files, the facts of the projector to see them with (read once:
+    the planner takes them as they are), the context cells the images take); no media:
+    ([], None, 0) and no projector is loaded. UsageError when there is media and no
+    projector."""
     if not images and not audios:
         return [], None, 0
     from inferenceos.api import resolve_projector
@@ -115,7 +117,7 @@ def _media_inputs(model: str, images: list[Path] | None, audios: list[Path] | No
                          "see or hear with: give one with --mmproj FILE")
     facts = load_projector(projector)
     n_media = sum(image_tokens(facts, it.nx, it.ny) for it in items if it.kind == "image")
-    return items, projector, n_media
+    return items, facts, n_media
 
 
 def _encoder(lm: LoadedModel, projector: Path | None) -> Any:
@@ -249,7 +251,7 @@ def run(
         req = replace(req, flash_attn=False)
     with LoadedModel(spec.path, _plan_settings(spec.path, req),
                      eval_callback=probe.callback if probe else None) as lm, \
-            _encoder(lm, projector) as encoder:
+            _encoder(lm, projector.path if projector else None) as encoder:
         prompt_text = _prompt_text(spec, lm, text, system, raw, template)
         events = (generate_one(lm, prompt_text, sampling, draft, kv_policy, probe,
                                media=encoder, items=items) if items
