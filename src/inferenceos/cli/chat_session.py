@@ -263,10 +263,11 @@ class ChatSession:
         Ollama's chat does); what to tell the user."""
         import base64
 
-        from inferenceos.media.files import read_media_file
+        from inferenceos.media.files import decode_media, read_media_bytes
 
-        item = read_media_file(path, "image")  # a bad file fails here, not mid-reply
-        self.images.append(base64.b64encode(Path(path).expanduser().read_bytes()).decode())
+        data = read_media_bytes(path, "image")
+        item = decode_media(data, "image")  # a bad file fails here, not mid-reply
+        self.images.append(base64.b64encode(data).decode())
         return (f"image {Path(path).name} ({item.nx}x{item.ny}) goes with your next "
                 f"message ({len(self.images)} attached)")
 

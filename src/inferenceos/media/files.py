@@ -15,6 +15,18 @@ from inferenceos.media.limits import DEFAULT_LIMITS, MediaLimits
 def read_media_file(path: str | Path, kind: MediaKind,
                     limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
     """The checked item for an image or audio file; MediaError names what is wrong."""
+    return decode_media(read_media_bytes(path, kind, limits), kind, limits)
+
+
+def decode_media(data: bytes, kind: MediaKind,
+                 limits: MediaLimits = DEFAULT_LIMITS) -> MediaItem:
+    """The checked item for a file's bytes (`read_media_bytes`)."""
+    return decode_image(data, limits) if kind == "image" else check_audio(data, None, limits)
+
+
+def read_media_bytes(path: str | Path, kind: MediaKind,
+                     limits: MediaLimits = DEFAULT_LIMITS) -> bytes:
+    """A media file's bytes, its size checked before reading; MediaError otherwise."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise MediaError(f"no such {kind} file: {p}")
@@ -23,10 +35,9 @@ def read_media_file(path: str | Path, kind: MediaKind,
         raise MediaError(f"{p.name} is {size / 2**20:.1f} MiB; the limit is "
                          f"{limits.max_bytes / 2**20:.0f} MiB")
     try:
-        data = p.read_bytes()
+        return p.read_bytes()
     except OSError as exc:
         raise MediaError(f"cannot read {p}: {exc.strerror or exc}") from None
-    return decode_image(data, limits) if kind == "image" else check_audio(data, None, limits)
 
 
 def with_markers(text: str, n_items: int) -> str:
