@@ -99,11 +99,9 @@ class LocalEngine:
 
     def media_tokens(self, item: MediaItem) -> int:
         """As `Engine.media_tokens`."""
-        from inferenceos.engine.worker import media_encoder
-
         with self._lock:
             self._model()
-            return int(media_encoder(self._sched).media_tokens(item))
+            return int(self._sched.media_tokens(item))
 
     def _model(self) -> LoadedModel:
         if self._closed:

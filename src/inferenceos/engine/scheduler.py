@@ -52,7 +52,14 @@ from inferenceos.engine.speculative import (
     sample_target,
     target_distribution,
 )
-from inferenceos.engine.step_plan import MediaSpan, MediaWork, SeqNeeds, StepPlan, schedule
+from inferenceos.engine.step_plan import (
+    MediaSpan,
+    MediaWork,
+    SeqNeeds,
+    StepPlan,
+    media_step,
+    schedule,
+)
 from inferenceos.engine.thread_governor import ThreadGovernor
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
@@ -326,6 +333,12 @@ class Scheduler:
                                  "load the model with a larger batch")
         req.draft = "none"
 
+    def media_tokens(self, item: Any) -> int:
+        """Context cells the MediaItem `item` takes (UsageError without a projector)."""
+        if self.media is None:
+            raise UsageError(NO_PROJECTOR)
+        return int(self.media.media_tokens(item))
+
     def _free_media(self, req: Request) -> None:
         if req.media and self.media is not None:
             self.media.release(req.media.values())
@@ -435,7 +448,7 @@ class Scheduler:
         budget = self.step_budget(generating)
         plan = schedule(needs, budget, self.max_batch, media_first=self._media_turn)
         if not plan and not self._media_turn:  # nothing else to do: media goes now
-            plan = schedule(needs, budget, self.max_batch, media_first=True)
+            plan = media_step(needs, budget, self.max_batch)
         self._media_turn = plan.media is None
         return plan
 

@@ -96,7 +96,7 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
                                         progress=len(msg) > 7 and bool(msg[7])))  # fmt: skip
             return []
         if kind == "media_tokens":
-            return [(req_id, "result", media_encoder(sched).media_tokens(msg[2]))]
+            return [(req_id, "result", sched.media_tokens(msg[2]))]
         if kind == "stats":
             return [(req_id, "result", sched.stats())]
         if kind == "cancel":
@@ -116,16 +116,6 @@ def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | No
     except Exception as exc:  # a bug must cost one request, not every client's
         return [(req_id, "error", ("GenerationError", f"internal error: {exc!r}"))]
     return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
-
-
-def media_encoder(sched: Any) -> Any:
-    """The scheduler's MediaEncoder; UsageError when the model has no projector."""
-    from inferenceos.engine.scheduler import NO_PROJECTOR
-    from inferenceos.errors import UsageError
-
-    if sched.media is None:
-        raise UsageError(NO_PROJECTOR)
-    return sched.media
 
 
 def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
