@@ -134,12 +134,32 @@ def test_workers_on_this_machine_are_recognised_by_the_kernel_boot_id() -> None:
     assert not _worker_devices(probe(""), [])[0].co_located  # an older worker: unknown
 
 
-def test_a_worker_lets_its_openmp_threads_sleep_unless_told_otherwise() -> None:
-    from inferenceos.cluster.worker import passive_openmp
+def test_openmp_threads_spin_briefly_unless_the_user_chose_how_they_wait() -> None:
+    from inferenceos.hardware.openmp import SPIN_COUNT, USER_KNOBS, bounded_spin
 
     env: dict[str, str] = {}
-    passive_openmp(env)
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
-    mine = {"OMP_WAIT_POLICY": "ACTIVE"}
-    passive_openmp(mine)
-    assert mine["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert bounded_spin(env)
+    assert env == {"GOMP_SPINCOUNT": SPIN_COUNT}
+    for knob in USER_KNOBS:
+        mine = {knob: "PASSIVE" if knob == "OMP_WAIT_POLICY" else "5"}
+        before = dict(mine)
+        assert not bounded_spin(mine)
+        assert mine == before
+
+
+def test_libgomp_takes_the_bounded_spin_count_when_llama_cpp_loads() -> None:
+    """In a fresh process, loading llama.cpp through the engine sets the spin count
+    before libgomp reads its environment (libgomp prints what it took)."""
+    import os
+    import subprocess
+    import sys
+
+    from inferenceos.hardware.openmp import SPIN_COUNT, USER_KNOBS
+
+    env = {k: v for k, v in os.environ.items() if k not in USER_KNOBS}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    code = "from inferenceos.engine.llama_lib import lib; lib()"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"GOMP_SPINCOUNT = '{SPIN_COUNT}'" in out.stderr

@@ -15,6 +15,7 @@ from typing import Any
 from inferenceos.errors import UsageError
 from inferenceos.hardware.llama_devices import llama_lib_dir
 from inferenceos.hardware.llama_probe import DEVICE_TYPES, find_library
+from inferenceos.hardware.openmp import bounded_spin
 
 _P = ctypes.c_void_p
 REINSTALL = (
@@ -43,6 +44,7 @@ def _load(stem: str) -> ctypes.CDLL:
         if stem == "ggml-rpc":
             raise UsageError(f"llama.cpp was built without its RPC backend: {REINSTALL}")
         raise UsageError("llama-cpp-python is not installed (no llama_cpp/lib found)")
+    bounded_spin()  # before ggml's CPU backend loads libgomp (hardware/openmp.py)
     return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 

@@ -22,13 +22,14 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferenceos.cluster import ggml
 from inferenceos.cluster.endpoint import DEFAULT_PORT, INFO_PORT_OFFSET, is_loopback
 from inferenceos.cluster.info import RemoteDevice, WorkerInfo, host_id, rpc_clients, serve_info
 from inferenceos.errors import InferenceOSError, UsageError
+from inferenceos.hardware.openmp import bounded_spin
 
 REMOTE_WARNING = (
     "WARNING: the RPC port {addr} is reachable from other machines. llama.cpp's RPC "
@@ -132,25 +133,10 @@ def describer(cfg: WorkerConfig, devices: list[ggml.LocalDevice], threads: int
     return describe
 
 
-def passive_openmp(environ: MutableMapping[str, str]) -> None:
-    """Make llama.cpp's OpenMP threads sleep, not spin, between graph computes, unless
-    the user chose a policy (`OMP_WAIT_POLICY`). Must run before ggml is loaded.
-
-    A worker computes its layers once per evaluation and then waits for the next one
-    while the other devices compute. libgomp's default keeps its idle threads spinning
-    for a while, taking the cores of whatever else runs on the host: the client and
-    other workers of the same machine, which then wait for a core inside their own
-    barriers. Two loopback workers of 2 threads with a 2-thread client on 2 cores
-    decoded at 0.33-0.36x of a local run; sleeping threads made it 0.88x (paired runs,
-    docs/cluster.md). On a host of its own a worker loses a futex wake-up (~tens of µs)
-    per evaluation, small against a network round trip."""
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def run_worker(cfg: WorkerConfig, say: Callable[[str], None] = print) -> int:
     """Serve until SIGINT/SIGTERM; returns the exit status (0 on a signal)."""
     warning = check_bind(cfg)
-    passive_openmp(os.environ)  # before ggml (and its libgomp) is loaded
+    bounded_spin()  # before ggml (and its libgomp) is loaded: hardware/openmp.py
     if not ggml.has_rpc():
         raise UsageError(f"llama.cpp was built without its RPC backend: {ggml.REINSTALL}")
     devices = ggml.choose_devices(ggml.local_devices(), cfg.device)

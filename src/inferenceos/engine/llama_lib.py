@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from inferenceos.errors import ModelLoadError
+from inferenceos.hardware.openmp import bounded_spin
 
 # ggml_log_level values (ggml.h)
 LOG_LEVEL_NAMES = {0: "none", 1: "debug", 2: "info", 3: "warn", 4: "error", 5: "cont"}
@@ -82,6 +83,7 @@ def lib() -> ModuleType:
         return _lib
     with _lock:
         if _lib is None:
+            bounded_spin()  # before libgomp loads with the library (hardware/openmp.py)
             try:
                 from llama_cpp import llama_cpp as bindings
             except (ImportError, OSError) as exc:
@@ -111,6 +113,7 @@ def route_log(setter: Any) -> None:
 
 def library_dir() -> Path:
     """The folder holding libllama.so and the ggml backend libraries."""
+    bounded_spin()  # importing the package loads the libraries
     import llama_cpp
 
     return Path(llama_cpp.__file__).parent / "lib"
