@@ -21,7 +21,9 @@ off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
 2. A child process (`python -m inferenceos.hardware.llama_speed MODEL THREADS`: a crash
    inside llama.cpp must not take the parent down) loads it, prefills `PROMPT` tokens in
    one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
-   as sampling would), best of `ROUNDS`; with more than one thread, decodes again with
+   as sampling would), best of `ROUNDS` (the prefill, a fifth of a round's time, best of
+   `PREFILL_ROUNDS`: one disturbed 0.2 s prefill had put a probe 27 % below the same
+   machine's speed a minute later); with more than one thread, decodes again with
    one (a thread's kernel rate, apart from what memory allows: see
    `plan.calibration.probe_calibration`); and prints one JSON line.
 3. A written stand-in stays in the cache dir (re-created when missing, reused by the
@@ -49,6 +51,7 @@ from inferenceos.hardware.profile import LlamaSpeed
 PROMPT = 64
 DECODE = 24
 ROUNDS = 2
+PREFILL_ROUNDS = 4
 N_CTX = 1024
 TIMEOUT_S = 60.0
 # v2: the 128k-vocabulary head (a cached v1 stand-in, 85 MB, must not be reused)
@@ -248,6 +251,10 @@ def _child(path: str, threads: int) -> dict[str, Any]:
     """Load `path` and time prefill and decode (runs in the child process)."""
     import ctypes
 
+    from inferenceos.hardware.openmp import bounded_spin
+
+    bounded_spin()  # the engine's own OpenMP waits (hardware/openmp.py): same speed
+
     import llama_cpp.llama_cpp as ll
     import numpy as np
 
@@ -292,13 +299,14 @@ def _child(path: str, threads: int) -> dict[str, Any]:
 
     decode(prompt[:8])  # warm up: first-touch of the weights, thread pool start
     best_pre = best_dec = best_dec1 = float("inf")
-    for _ in range(ROUNDS):
+    for i in range(max(ROUNDS, PREFILL_ROUNDS)):
         ll.llama_memory_clear(mem, True)
         t0 = time.perf_counter()
         decode(prompt)
         argmax()
         best_pre = min(best_pre, time.perf_counter() - t0)
-        best_dec = min(best_dec, decode_run())
+        if i < ROUNDS:
+            best_dec = min(best_dec, decode_run())
     if threads > 1:  # one thread too: what a thread computes vs what memory allows
         ll.llama_set_n_threads(ctx, 1, threads)  # the prompt still at `threads`
         for _ in range(ROUNDS):
