@@ -339,12 +339,15 @@ def _add_disk_and_links(
 RPC_MESSAGES_PER_SPLIT = 5
 RPC_MESSAGE_S = 15e-6
 RPC_GRAPH_BYTES_PER_LAYER = 12_000  # ~40 serialized tensors of ~300 B
-# A worker on this very machine (`Device.co_located`) shares its cores with the client:
-# each visit wakes the worker's sleeping threads and then the client's, each waiting
-# for a core the other just held. Measured per visit on 2 shared cores (load ~4): 0.45-
-# 0.7 ms with a tiny 6-layer model split over one or two loopback workers, 0.5 ms from
-# Gemma 3 270M's split/local ratio (0.88 measured, 0.97 modelled without it).
-RPC_COLOCATED_VISIT_S = 0.5e-3
+# A worker on this very machine (`Device.co_located`) shares its cores with the client,
+# and every visit hands the token from thread to thread: the client's scheduler to its
+# RPC dispatcher thread (each SET_TENSOR and GET_TENSOR waits for that hand-off), to the
+# worker's server thread and its OpenMP team, and back. Measured per visit on Gemma 3
+# 270M, paired alternating runs against the local model on 2 shared cores (1 and 2
+# threads per process, one worker or two, 2 to 16 layers on a worker): 0.8-4.5 ms,
+# median 2.4 ms, independent of the layer count (docs/cluster.md). The 0.5 ms used
+# before came from a tiny 6-layer model and predicted Gemma's split decode 24-51 % fast.
+RPC_COLOCATED_VISIT_S = 2.4e-3
 
 
 def _runs(placement: Placement) -> list[str]:
