@@ -67,6 +67,16 @@ def _relay_main(listen: int, host: str, port: int, delay_s: float) -> None:
 def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
     import queue
 
+    if delay_s <= 0:  # nothing to hold back: forward in this thread (no hand-off per message)
+        while data := _recv(src):
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+        return
+
     q: queue.Queue[tuple[float, bytes]] = queue.Queue()
 
     def deliver() -> None:
@@ -87,14 +97,18 @@ def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
     sender = threading.Thread(target=deliver, daemon=True)
     sender.start()
     while True:
-        try:
-            data = src.recv(1 << 20)
-        except OSError:
-            data = b""
+        data = _recv(src)
         q.put((time.perf_counter() + delay_s, data))
         if not data:
             break
     sender.join()
+
+
+def _recv(src: socket.socket) -> bytes:
+    try:
+        return src.recv(1 << 20)
+    except OSError:
+        return b""
 
 
 # -- namespaces ------------------------------------------------------------------------
@@ -362,12 +376,18 @@ def main() -> None:
     from inferenceos.model.default_model import ensure_default_model
 
     model = args.model or ensure_default_model()
-    prof = get_profile(refresh=True, measure=True).profile
-    sp = prof.llama_speed
-    print("llama.cpp probe: " + (f"{sp.decode_tps:.0f} t/s decode, {sp.prefill_tps:.0f} t/s "
-          f"prefill at {sp.threads} threads ({sp.probe})" if sp else "none"), flush=True)
+
+    def probe() -> None:
+        """A fresh hardware profile before each point: this VM's speed drifts by 10-30 %
+        within minutes, and a prediction can only be as good as the probe it rests on."""
+        sp = get_profile(refresh=True, measure=True).profile.llama_speed
+        print("llama.cpp probe: " + (f"{sp.decode_tps:.0f} t/s decode, {sp.prefill_tps:.0f} "
+              f"t/s prefill at {sp.threads} threads ({sp.probe})" if sp else "none"),
+              flush=True)  # fmt: skip
+
     logs = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     points = []
+    probe()
     with workers(model, args, None, "none", logs) as addrs:
         points.append(run_point("loopback", model, args, addrs, logs))
     note = f"model {model.name}, {args.threads} threads everywhere, prompt " \
@@ -387,6 +407,7 @@ def main() -> None:
                 mode = "netem"
         note += f"; delay by {mode}"
         for d in delays:
+            probe()
             with workers(model, args, d, mode, logs) as addrs:
                 points.append(run_point(f"netns +{d:g} ms ({mode})", model, args, addrs, logs))
     report(points, note)
