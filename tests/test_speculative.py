@@ -215,6 +215,35 @@ def test_ngram_drafts_as_long_as_the_match_earns() -> None:
     assert [draft_cap(n, 48) for n in (2, 3, 4, 5, 6, 7, 8, 30)] == [1, 2, 4, 8, 16, 32, 48, 48]
 
 
+def test_a_greedy_loop_is_drafted_around_its_period() -> None:
+    loop = [5, 6, 7, 8, 9, 10]
+    tokens = [1, 2, *loop, *loop, *loop]  # the text has fallen into a 6-token loop
+    assert NgramDrafter().propose([DraftAsk(0, tokens, 48)]) == [(loop * 8)[:48]]
+    assert NgramDrafter().propose([DraftAsk(0, tokens, 4)]) == [loop[:4]]
+
+
+def test_a_paused_sequence_still_drafts_a_copy_but_not_a_guess() -> None:
+    tick = itertools.count()
+    state = DraftState(drafter=NgramDrafter(), k=4, k_max=48,
+                       clock=lambda: float(next(tick)))  # fmt: skip
+    assert state.sure_ask(10, room=100) == (0, 0)  # not paused: the ordinary ask
+    state._pause(10)  # e.g. its bigram guesses failed
+    assert state.want(11, room=100) == 0
+    assert state.sure_ask(11, room=100) == (48, NgramDrafter.sure_match)
+    assert state.sure_ask(11, room=5) == (5, NgramDrafter.sure_match)
+    passage = list(range(100, 160))
+    copying = [*passage, 7, 8, *passage[:12]]  # 12 tokens agree: a copy
+    guess = [1, 2, 3, 4, 9, 9, 5, 6, 1, 2]  # only a bigram recurs
+    sure = NgramDrafter.sure_match
+    drafts = NgramDrafter().propose([DraftAsk(0, copying, 48, sure), DraftAsk(1, guess, 48, sure)])
+    assert drafts == [passage[12:60], []]
+    # a drafter without the notion, or one that cannot pay, stays paused
+    assert DraftState(drafter=_DearDrafter(), k=4).sure_ask(0, room=100) == (0, 0)  # type: ignore[arg-type]
+    plain = DraftState(drafter=None, k=4)  # type: ignore[arg-type]
+    plain._pause(0)
+    assert plain.sure_ask(1, room=100) == (0, 0)
+
+
 class _DearDrafter:
     name = "dear"
     footprint_bytes = 0

@@ -76,6 +76,16 @@ def ngram_lookup(tokens: Sequence[int], k: int, n_max: int = 4, n_min: int = 2) 
     return [int(t) for t in tokens[start : start + k]] if length else []
 
 
+def continuation(tokens: Sequence[int], start: int, k: int) -> list[int]:
+    """The `k` tokens that follow a match whose continuation begins at `start`. Where
+    they run past the end of `tokens` the text is a loop of period len - start (the
+    match's end is the sequence's own end), so the continuation repeats: a greedy loop
+    of 6 tokens is drafted 48 at a time, not 6."""
+    cont = [int(t) for t in tokens[start : start + k]]
+    period = len(cont)
+    return [cont[i % period] for i in range(k)] if 0 < period < k else cont
+
+
 def draft_cap(length: int, k_max: int) -> int:
     """How many tokens a match of `length` tokens is trusted for: 2^(length - 2), from
     1 for a bigram (on free text a bigram's continuation is right about a third of the
@@ -101,6 +111,9 @@ class NgramDrafter:
     k_max = 48
     k_start = 48
     cost_prior = 0.15  # one verification row against a decode step (plan/speculative.py)
+    # a match this long is a copy (draft_cap gives it k_max): drafted even while the
+    # sequence's drafting is paused (DraftState.sure_ask)
+    sure_match = 8
 
     def __init__(self, setup: DraftSetup | None = None, n_max: int = 4, n_min: int = 2) -> None:
         self.n_max, self.n_min = n_max, n_min
@@ -109,8 +122,8 @@ class NgramDrafter:
         drafts = []
         for a in asks:
             start, length = ngram_match(a.tokens, self.n_max, self.n_min) if a.k > 0 else (0, 0)
-            k = min(a.k, draft_cap(length, self.k_max)) if length else 0
-            drafts.append([int(t) for t in a.tokens[start : start + k]])
+            k = min(a.k, draft_cap(length, self.k_max)) if length >= max(1, a.min_match) else 0
+            drafts.append(continuation(a.tokens, start, k))
         return drafts
 
     def release(self, key: int) -> None:

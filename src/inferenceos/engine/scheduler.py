@@ -537,9 +537,12 @@ class Scheduler:
                 continue
             left = seq.req.sampling.max_tokens - seq.metrics.completion_tokens
             room = min(self.n_ctx_slot - seq.n_past - 1, left - 1)
-            k = seq.spec.want(seq.metrics.completion_tokens, room)
+            done = seq.metrics.completion_tokens
+            k, min_match = seq.spec.want(done, room), 0
+            if k == 0:
+                k, min_match = seq.spec.sure_ask(done, room)
             if k > 0:
-                ask = DraftAsk(seq.slot.index, [*seq.slot.cached, seq.pending], k)
+                ask = DraftAsk(seq.slot.index, [*seq.slot.cached, seq.pending], k, min_match)
                 asks.setdefault(id(seq.spec.drafter), []).append((seq, ask))
         for group in asks.values():
             drafter = group[0][0].spec.drafter  # type: ignore[union-attr]

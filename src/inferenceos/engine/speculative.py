@@ -47,11 +47,14 @@ NEVER = 1 << 62  # DraftState.paused_until for a drafter that cannot pay
 @dataclass(frozen=True)
 class DraftAsk:
     """A request for up to `k` draft tokens following `tokens` (the sequence so far, its
-    pending token last), for the sequence in slot `key`."""
+    pending token last), for the sequence in slot `key`. `min_match` > 0: propose only a
+    draft that continues an earlier occurrence of at least that many of the last tokens
+    (a drafter that matches, see `DraftState.sure_ask`); others propose nothing then."""
 
     key: int
     tokens: Sequence[int]
     k: int
+    min_match: int = 0
 
 
 class Drafter(Protocol):
@@ -226,6 +229,23 @@ class DraftState:
             self._pause(generated)
             return 0
         return max(0, min(self.k, room))
+
+    def sure_ask(self, generated: int, room: int) -> tuple[int, int]:
+        """While drafting is paused: (k, n), ask for up to k tokens but only a draft that
+        continues a match of at least n tokens (the drafter's `sure_match`); (0, 0) when
+        not paused, or the drafter has no such notion, or it cannot pay at all.
+
+        A pause is learned from the drafts the sequence made, and on free text those
+        are short-match guesses (a bigram's continuation is right a third of the time).
+        A match of `sure_match` tokens is another regime: the text repeats itself (a
+        greedy loop, a quote, a list) and its continuation is nearly always accepted.
+        Pausing those too cost Gemma's free-text run its greedy loop: llama-server's
+        ngram-simple, which only drafts after 12 matching tokens, ran it at 53.7 t/s
+        with every draft accepted while ours, paused, decoded plainly at 32.1."""
+        sure = int(getattr(self.drafter, "sure_match", 0))
+        if not sure or self.paused_until == NEVER or generated >= self.paused_until:
+            return 0, 0
+        return max(0, min(self.k_max, room)), sure
 
     def _time_step(self) -> None:
         now = self.clock()
