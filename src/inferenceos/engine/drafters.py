@@ -73,7 +73,7 @@ def ngram_lookup(tokens: Sequence[int], k: int, n_max: int = 4, n_min: int = 2) 
     if k <= 0:
         return []
     start, length = ngram_match(tokens, n_max, n_min)
-    return [int(t) for t in tokens[start : start + k]] if length else []
+    return continuation(tokens, start, k) if length else []
 
 
 def continuation(tokens: Sequence[int], start: int, k: int) -> list[int]:

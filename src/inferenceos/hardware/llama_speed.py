@@ -23,9 +23,10 @@ off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
    one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
    as sampling would), best of `ROUNDS` (the prefill, a fifth of a round's time, best of
    `PREFILL_ROUNDS`: one disturbed 0.2 s prefill had put a probe 27 % below the same
-   machine's speed a minute later); with more than one thread, decodes again with
-   one (a thread's kernel rate, apart from what memory allows: see
-   `plan.calibration.probe_calibration`); and prints one JSON line.
+   machine's speed a minute later); with more than one thread, decodes
+   `DECODE_1THREAD` tokens again with one, after the same prompt (a thread's kernel
+   rate, apart from what memory allows: see `plan.calibration.probe_calibration`;
+   reported scaled to `DECODE` tokens); and prints one JSON line.
 3. A written stand-in stays in the cache dir (re-created when missing, reused by the
    next refresh: writing it is a third of the probe's time); the data dir gets a copy
    of its header whose tensor data is a sparse hole, which the planner reads to compute
