@@ -68,33 +68,18 @@ def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
     import queue
 
     if delay_s <= 0:  # nothing to hold back: forward in this thread (no hand-off per message)
-        while data := _recv(src):
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
+        _send_all(iter(lambda: _recv(src), b""), dst)
         return
-
     q: queue.Queue[tuple[float, bytes]] = queue.Queue()
 
-    def deliver() -> None:
-        while True:
-            due, data = q.get()
-            if not data:
-                break
-            wait = due - time.perf_counter()
+    def due() -> Iterator[bytes]:
+        while (item := q.get())[1]:
+            wait = item[0] - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
+            yield item[1]
 
-    sender = threading.Thread(target=deliver, daemon=True)
+    sender = threading.Thread(target=_send_all, args=(due(), dst), daemon=True)
     sender.start()
     while True:
         data = _recv(src)
@@ -102,6 +87,17 @@ def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
         if not data:
             break
     sender.join()
+
+
+def _send_all(chunks: Iterator[bytes], dst: socket.socket) -> None:
+    """Send every chunk, then close our sending side (the peer sees end of stream)."""
+    for data in chunks:
+        try:
+            dst.sendall(data)
+        except OSError:
+            break
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
 
 
 def _recv(src: socket.socket) -> bytes:
