@@ -123,7 +123,7 @@ class NgramDrafter:
         for a in asks:
             start, length = ngram_match(a.tokens, self.n_max, self.n_min) if a.k > 0 else (0, 0)
             k = min(a.k, draft_cap(length, self.k_max)) if length >= max(1, a.min_match) else 0
-            drafts.append(continuation(a.tokens, start, k))
+            drafts.append(continuation(a.tokens, start, k + a.spare) if k else [])
         return drafts
 
     def release(self, key: int) -> None:

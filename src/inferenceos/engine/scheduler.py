@@ -38,6 +38,7 @@ from inferenceos.engine.executor import Executor, StepRows
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.output import Event, OutputStream
+from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import GenerationMetrics, LoadedModel, TokenEvent
@@ -229,6 +230,15 @@ class Scheduler:
         self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
         if self.default_draft is not None:
             self._drafter(self.default_draft)  # a bad choice fails at load time
+
+    @cached_property
+    def row_multiple(self) -> int:
+        """What a drafting step's logit rows are rounded to (row_shape.py): the CPU
+        kernels' column tile when the CPU computes the output head, else 1."""
+        info = self._ll.llama_print_system_info()
+        info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+        on_cpu = self.model.settings.n_gpu_layers == 0
+        return row_multiple(info, head_type(self.model.path), on_cpu)
 
     def _drafter(self, name: str) -> Drafter:
         """The drafter `name`, created on first use and shared by every slot."""
@@ -529,11 +539,16 @@ class Scheduler:
 
     def _propose(self) -> None:
         """Ask each drafter for the drafts of its generating sequences (one call per
-        drafter: a model drafter batches them)."""
+        drafter: a model drafter batches them), then shape the drafts so the step's logit
+        rows are a multiple of `row_multiple` (row_shape.py)."""
         asks: dict[int, list[tuple[Sequence, DraftAsk]]] = {}
+        generating = 0
         for seq in self.running:
             seq.draft = ()
-            if seq.spec is None or seq.pending is None:
+            if seq.pending is None:
+                continue
+            generating += 1
+            if seq.spec is None:
                 continue
             left = seq.req.sampling.max_tokens - seq.metrics.completion_tokens
             room = min(self.n_ctx_slot - seq.n_past - 1, left - 1)
@@ -542,8 +557,11 @@ class Scheduler:
             if k == 0:
                 k, min_match = seq.spec.sure_ask(done, room)
             if k > 0:
-                ask = DraftAsk(seq.slot.index, [*seq.slot.cached, seq.pending], k, min_match)
+                spare = max(0, min(self.row_multiple - 1, room - k))
+                ask = DraftAsk(seq.slot.index, [*seq.slot.cached, seq.pending], k, min_match,
+                               spare)  # fmt: skip
                 asks.setdefault(id(seq.spec.drafter), []).append((seq, ask))
+        proposed: list[tuple[Sequence, DraftAsk, list[int]]] = []
         for group in asks.values():
             drafter = group[0][0].spec.drafter  # type: ignore[union-attr]
             t0 = time.perf_counter()
@@ -555,9 +573,14 @@ class Scheduler:
             if n:
                 self._measure_draft_cost(drafter, (time.perf_counter() - t0) / n)
             for (seq, ask), draft in zip(group, drafts, strict=True):
-                seq.draft = tuple(draft[: ask.k])
+                proposed.append((seq, ask, list(draft[: ask.k + ask.spare])))
                 assert seq.spec is not None
                 seq.spec.cost = self.draft_cost.get(drafter.name, ROW_COST)
+        drafting = [(seq, ask, d) for seq, ask, d in proposed if d]
+        shaped = shape_drafts([d for _, _, d in drafting], [a.k for _, a, _ in drafting],
+                              generating - len(drafting), self.row_multiple)  # fmt: skip
+        for (seq, _, _), draft in zip(drafting, shaped, strict=True):
+            seq.draft = tuple(draft)
 
     def _measure_draft_cost(self, drafter: Drafter, s_per_token: float) -> None:
         """Cost of one more draft token relative to a decode step: drafting it (measured)

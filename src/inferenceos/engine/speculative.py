@@ -49,12 +49,16 @@ class DraftAsk:
     """A request for up to `k` draft tokens following `tokens` (the sequence so far, its
     pending token last), for the sequence in slot `key`. `min_match` > 0: propose only a
     draft that continues an earlier occurrence of at least that many of the last tokens
-    (a drafter that matches, see `DraftState.sure_ask`); others propose nothing then."""
+    (a drafter that matches, see `DraftState.sure_ask`); others propose nothing then.
+    `spare` > 0: a drafter that has them for free may add up to that many tokens beyond
+    k (and beyond its own trust in the draft); the scheduler uses them only to round the
+    step's rows to a shape the kernels like (row_shape.py), and a drafter may ignore it."""
 
     key: int
     tokens: Sequence[int]
     k: int
     min_match: int = 0
+    spare: int = 0
 
 
 class Drafter(Protocol):

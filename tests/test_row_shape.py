@@ -1,0 +1,137 @@
+"""Verification steps shaped to the CPU kernels' column tile (engine/row_shape.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferenceos.engine.drafters import NgramDrafter
+from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scheduler import Request, Scheduler
+from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.speculative import DraftAsk
+
+AVX2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | LLAMAFILE = 1 | "
+AVX512 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | LLAMAFILE = 1 | "
+NEON = "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | LLAMAFILE = 1 | "
+
+
+def test_row_multiple_is_the_kernels_column_tile_for_a_cpu_head_it_multiplies() -> None:
+    assert row_multiple(AVX2, "Q8_0", head_on_cpu=True) == 2
+    assert row_multiple(AVX512, "Q8_0", head_on_cpu=True) == 4
+    assert row_multiple(AVX2, "F16", head_on_cpu=True) == 2
+    # ggml's own kernels (K-quants on x86) have no leftover pass; nor does a GPU head
+    assert row_multiple(AVX2, "Q6_K", head_on_cpu=True) == 1
+    assert row_multiple(AVX2, "Q8_0", head_on_cpu=False) == 1
+    assert row_multiple(NEON, "Q8_0", head_on_cpu=True) == 1
+    assert row_multiple(AVX2, None, head_on_cpu=True) == 1
+
+
+def test_head_type_reads_the_output_or_the_tied_embedding(tiny_llama: Path, tmp_path: Path) -> None:
+    assert head_type(tiny_llama) in {"F32", "F16", "Q8_0"}
+    assert head_type(tmp_path / "missing.gguf") is None
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 10)
+    assert head_type(bad) is None
+
+
+def test_odd_rows_round_up_with_spare_tokens() -> None:
+    # one sequence wanting 2 drafts: 3 rows; its spare token makes 4
+    assert shape_drafts([[1, 2, 3]], [2], 0, 2) == [[1, 2, 3]]
+    # already even: the spare is not used
+    assert shape_drafts([[1, 2, 3, 4]], [3], 0, 2) == [[1, 2, 3]]
+    # a multiple of 4: 1 + 2 rows short of 4 by 1 → one spare used
+    assert shape_drafts([[1, 2, 9]], [2], 0, 4) == [[1, 2, 9]]
+
+
+def test_odd_rows_round_down_from_the_longest_draft_without_spares() -> None:
+    assert shape_drafts([[1, 2]], [2], 0, 2) == [[1]]
+    assert shape_drafts([[1, 2]], [1], 0, 2) == [[1]]  # 2 rows: the spare is not needed
+    # two drafting sequences and one plain row: 1 + 2 + 4 = 7 rows → the longer loses one
+    assert shape_drafts([[1], [5, 6, 7]], [1, 3], 1, 2) == [[1], [5, 6]]
+    # a one-token draft beside another plain row: 3 rows → the draft goes (2 plain rows)
+    assert shape_drafts([[4]], [1], 1, 2) == [[]]
+    # a multiple of 4: 6 rows with nothing spare → trims 2 to reach 4
+    assert shape_drafts([[1, 2, 3, 4, 5]], [5], 0, 4) == [[1, 2, 3]]
+
+
+def test_no_shaping_only_cuts_to_the_wanted_length() -> None:
+    assert shape_drafts([[1, 2, 3]], [2], 0, 1) == [[1, 2]]
+    assert shape_drafts([], [], 3, 2) == []
+
+
+def test_ngram_adds_spares_past_its_trust_but_not_without_a_match() -> None:
+    passage = list(range(100, 160))
+    copying = [*passage, 7, 8, *passage[:3]]  # a 3-token match: trusted for 2 tokens
+    assert NgramDrafter().propose([DraftAsk(0, copying, 48)]) == [passage[3:5]]
+    assert NgramDrafter().propose([DraftAsk(0, copying, 48, spare=1)]) == [passage[3:6]]
+    assert NgramDrafter().propose([DraftAsk(0, [4, 5, 6, 7], 48, spare=3)]) == [[]]
+
+
+# -- in the scheduler, on a real model ---------------------------------------------------
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+PROMPTS = ["a b c d e f g h a b c d e f g h a b c", "one two three one two three one",
+           "x y x y x y x y", "hello world hello"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
+    s = LoadSettings(n_ctx=256 * 4, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=1)
+    with LoadedModel(tiny_llama, s) as model:
+        yield model
+
+
+def _run(lm: LoadedModel, multiple: int) -> tuple[list[list[int]], list[int], int]:
+    """Every prompt through a 4-slot ngram scheduler whose row multiple is `multiple`:
+    (outputs, the logit row count of each step that verified drafts, drafted tokens)."""
+    sched = Scheduler(lm, 4, 64, draft="ngram")
+    sched.__dict__["row_multiple"] = multiple  # the cached property, set for the test
+    rows: list[int] = []
+    decode = sched.executor.decode
+
+    def counting() -> int:
+        b = sched.executor.batch.raw
+        if any(seq.draft for seq in sched.running):
+            rows.append(sum(int(b.logits[i]) for i in range(b.n_tokens)))
+        return decode()
+
+    sched.executor.decode = counting  # type: ignore[method-assign]
+    for i, text in enumerate(PROMPTS):
+        sched.submit(Request(i, lm.tokenize(text), GREEDY))
+    out: dict[int, list[int]] = {}
+    drafted = 0
+    while sched.has_work():
+        for rid, kind, payload in sched.step():
+            assert kind != "error", payload
+            if kind == "token" and payload[0] >= 0:
+                out.setdefault(rid, []).append(payload[0])
+            elif kind == "done":
+                drafted += payload["draft_tokens"]
+    sched.close()
+    return [out[i] for i in range(len(PROMPTS))], rows, drafted
+
+
+def test_drafting_steps_verify_an_even_number_of_rows_and_greedy_text_is_unchanged(
+    lm: LoadedModel,
+) -> None:
+    plain_sched = Scheduler(lm, 4, 64)
+    for i, text in enumerate(PROMPTS):
+        plain_sched.submit(Request(i, lm.tokenize(text), GREEDY))
+    plain: dict[int, list[int]] = {}
+    while plain_sched.has_work():
+        for rid, kind, payload in plain_sched.step():
+            if kind == "token" and payload[0] >= 0:
+                plain.setdefault(rid, []).append(payload[0])
+    plain_sched.close()
+    unshaped, rows1, drafted1 = _run(lm, 1)
+    shaped, rows2, drafted2 = _run(lm, 2)
+    assert drafted1 > 0 and drafted2 > 0 and rows2
+    assert any(r % 2 for r in rows1)  # unshaped, some steps verify odd row counts
+    # (the prompts are all prefilled in the first step, before anything drafts: a
+    # prompt's last row riding along a drafting step would not be shaped)
+    assert all(r % 2 == 0 for r in rows2), rows2
+    assert shaped == unshaped == [plain[i] for i in range(len(PROMPTS))]
