@@ -230,11 +230,13 @@ class Scheduler:
         self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
         if self.default_draft is not None:
             self._drafter(self.default_draft)  # a bad choice fails at load time
+            _ = self.row_multiple  # read at load time, not in a request's first step
 
     @cached_property
     def row_multiple(self) -> int:
         """What a drafting step's logit rows are rounded to (row_shape.py): the CPU
-        kernels' column tile when the CPU computes the output head, else 1."""
+        kernels' column tile when the CPU computes the output head, else 1. Read on the
+        first drafting step (the head's type costs a walk over the file's metadata)."""
         info = self._ll.llama_print_system_info()
         info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
         on_cpu = self.model.settings.n_gpu_layers == 0
@@ -577,6 +579,8 @@ class Scheduler:
                 assert seq.spec is not None
                 seq.spec.cost = self.draft_cost.get(drafter.name, ROW_COST)
         drafting = [(seq, ask, d) for seq, ask, d in proposed if d]
+        if not drafting:
+            return
         shaped = shape_drafts([d for _, _, d in drafting], [a.k for _, a, _ in drafting],
                               generating - len(drafting), self.row_multiple)  # fmt: skip
         for (seq, _, _), draft in zip(drafting, shaped, strict=True):
