@@ -26,11 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_record import finish, record
+from bench_record import bandwidth, finish, ram_gbps, record
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import LoadSettings, default_threads
 from inferenceos.model.default_model import ensure_default_model
+from inferenceos.model.spec import load_spec
 from llama_tools import llama_tool
 from run_overhead import bench_tg
 
@@ -195,6 +196,13 @@ def main() -> None:
           f"t/s, ratio {paired(single, bench):.3f} (target >= 0.95)")  # fmt: skip
     print(f"{args.streams} streams: ours {med(agg):.1f} t/s, llama-server {med(s_agg):.1f} t/s, "
           f"ratio {paired(agg, s_agg):.3f} (target >= 0.9)")  # fmt: skip
+    # one pass over the weights per step: a lone stream's token, or one token per stream
+    weights, ram = load_spec(model).tensor_bytes, ram_gbps()
+    print(f"  bandwidth achieved: single stream ours {bandwidth(med(single), weights, ram)}, "
+          f"llama-bench {bandwidth(med(bench), weights, ram)}; {args.streams} streams ours "
+          f"{bandwidth(med(agg) / args.streams, weights, ram)}, llama-server "
+          f"{bandwidth(med(s_agg) / args.streams, weights, ram)} (a step of {args.streams} "
+          "streams reads the weights once)")  # fmt: skip
     print(f"  rounds: ours {[round(x, 1) for x in agg]}, llama-server "
           f"{[round(x, 1) for x in s_agg]}")  # fmt: skip
     for name, xs in (("ours", ttfts), ("llama-server", s_ttfts)):

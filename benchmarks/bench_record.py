@@ -44,3 +44,22 @@ def finish(name: str) -> None:
     n = len(telemetry.generations(source=f"benchmark:{name}", machine="current"))
     print(f"telemetry: {n} benchmark:{name} runs recorded on this machine "
           f"({telemetry.db_path()})")
+
+
+def ram_gbps() -> float | None:
+    """The machine's measured RAM read bandwidth (hardware profile), if measured."""
+    try:
+        from inferenceos.hardware.cache import get_profile
+
+        return get_profile(measure=True).profile.bandwidth.ram_read_gbps
+    except Exception:  # a benchmark prints what it can
+        return None
+
+
+def bandwidth(passes_per_s: float, weight_bytes: int, ram: float | None) -> str:
+    """'X GB/s = Y % of RAM': the memory bandwidth a decode achieves when it makes
+    `passes_per_s` passes over `weight_bytes` of weights a second (one pass per decode
+    step, whatever the step's rows: one token, a batch of streams, a verified draft),
+    against the machine's measured RAM read bandwidth `ram` (GB/s), the physical limit."""
+    gbps = passes_per_s * weight_bytes / 1e9
+    return f"{gbps:5.1f} GB/s" + (f" = {gbps / ram:.0%} of RAM" if ram else "")

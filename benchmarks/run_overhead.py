@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_record import child_env, finish
+from bench_record import child_env, finish, ram_gbps
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
 from llama_tools import llama_tool
@@ -91,16 +91,6 @@ def ours_pp(model: Path, threads: int) -> tuple[float, int]:
                          env=child_env("run_overhead")).stdout  # fmt: skip
     metrics = json.loads(out)["metrics"]
     return float(metrics["prompt_tps"]), int(metrics["prompt_tokens"])
-
-
-def ram_gbps() -> float | None:
-    """The machine's measured RAM read bandwidth (hardware profile), if measured."""
-    try:
-        from inferenceos.hardware.cache import get_profile
-
-        return get_profile(measure=True).profile.bandwidth.ram_read_gbps
-    except Exception:  # a benchmark prints what it can
-        return None
 
 
 def ours_tg(model: Path, tokens: int, threads: int, greedy: bool) -> float:

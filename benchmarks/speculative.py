@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_record import ram_gbps
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.self_draft import self_draft_path
@@ -112,16 +113,6 @@ def server_once(port: int, prompt: str, tokens: int) -> dict[str, float]:
     n, acc = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
     return {"tps": float(t["predicted_per_second"]), "acc": acc / n if n else 0.0,
             "per_step": 0.0}  # fmt: skip
-
-
-def ram_gbps() -> float | None:
-    """The machine's measured RAM read bandwidth (hardware profile), if measured."""
-    try:
-        from inferenceos.hardware.cache import get_profile
-
-        return get_profile(measure=True).profile.bandwidth.ram_read_gbps
-    except Exception:  # a benchmark prints what it can
-        return None
 
 
 def med(xs: list[float]) -> float:
