@@ -85,25 +85,29 @@ def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
         yield model
 
 
-def _run(lm: LoadedModel, multiple: int) -> tuple[list[list[int]], list[int], int]:
-    """Every prompt through a 4-slot ngram scheduler whose row multiple is `multiple`:
-    (outputs, the logit row count of each step that verified drafts, drafted tokens)."""
-    sched = Scheduler(lm, 4, 64, draft="ngram")
+def _run(lm: LoadedModel, multiple: int, draft: str | None = "ngram",
+         prompts: list[str] = PROMPTS, sampling: SamplingParams = GREEDY,
+         ) -> tuple[list[list[int]], list[int], int, int]:  # fmt: skip
+    """Every prompt through a 4-slot scheduler (drafter `draft`) whose row multiple is
+    `multiple`: (outputs, the logit row count of every decode-only step, drafted
+    tokens, decode steps summed over the sequences)."""
+    sched = Scheduler(lm, 4, 64, draft=draft)
     sched.__dict__["row_multiple"] = multiple  # the cached property, set for the test
     rows: list[int] = []
     decode = sched.executor.decode
 
     def counting() -> int:
         b = sched.executor.batch.raw
-        if any(seq.draft for seq in sched.running):
-            rows.append(sum(int(b.logits[i]) for i in range(b.n_tokens)))
+        outputs = sum(int(b.logits[i]) for i in range(b.n_tokens))
+        if outputs == b.n_tokens:  # every row wants logits: no prompt in the step
+            rows.append(outputs)
         return decode()
 
     sched.executor.decode = counting  # type: ignore[method-assign]
-    for i, text in enumerate(PROMPTS):
-        sched.submit(Request(i, lm.tokenize(text), GREEDY))
+    for i, text in enumerate(prompts):
+        sched.submit(Request(i, lm.tokenize(text), sampling))
     out: dict[int, list[int]] = {}
-    drafted = 0
+    drafted = steps = 0
     while sched.has_work():
         for rid, kind, payload in sched.step():
             assert kind != "error", payload
@@ -111,8 +115,9 @@ def _run(lm: LoadedModel, multiple: int) -> tuple[list[list[int]], list[int], in
                 out.setdefault(rid, []).append(payload[0])
             elif kind == "done":
                 drafted += payload["draft_tokens"]
+                steps += payload["decode_steps"]
     sched.close()
-    return [out[i] for i in range(len(PROMPTS))], rows, drafted
+    return [out[i] for i in range(len(prompts))], rows, drafted, steps
 
 
 def test_drafting_steps_verify_an_even_number_of_rows_and_greedy_text_is_unchanged(
@@ -127,11 +132,34 @@ def test_drafting_steps_verify_an_even_number_of_rows_and_greedy_text_is_unchang
             if kind == "token" and payload[0] >= 0:
                 plain.setdefault(rid, []).append(payload[0])
     plain_sched.close()
-    unshaped, rows1, drafted1 = _run(lm, 1)
-    shaped, rows2, drafted2 = _run(lm, 2)
+    unshaped, rows1, drafted1, _ = _run(lm, 1)
+    shaped, rows2, drafted2, _ = _run(lm, 2)
     assert drafted1 > 0 and drafted2 > 0 and rows2
     assert any(r % 2 for r in rows1)  # unshaped, some steps verify odd row counts
     # (the prompts are all prefilled in the first step, before anything drafts: a
     # prompt's last row riding along a drafting step would not be shaped)
-    assert all(r % 2 == 0 for r in rows2), rows2
+    assert all(r % 2 == 0 for r in rows2 if r > 1), rows2
     assert shaped == unshaped == [plain[i] for i in range(len(PROMPTS))]
+
+
+def test_odd_plain_steps_get_a_free_guessed_row_and_the_text_is_unchanged(
+    lm: LoadedModel,
+) -> None:
+    three = PROMPTS[1:]  # three greedy streams, no drafter: 3 logit rows a step
+    odd, rows1, _, steps1 = _run(lm, 1, None, three)
+    even, rows2, drafted, steps2 = _run(lm, 2, None, three)
+    assert rows1 and all(r % 2 for r in rows1 if r > 1)  # 3 (or 1 once two have ended)
+    assert rows2 and all(r % 2 == 0 for r in rows2 if r > 1), rows2
+    assert even == odd
+    assert drafted == 0  # guesses are not a drafter's drafts
+    # the texts repeat themselves: some guesses are right, so fewer sequence steps
+    assert steps2 < steps1
+
+
+def test_sampled_and_lone_streams_get_no_guess(lm: LoadedModel) -> None:
+    sampled = SamplingParams(temperature=0.8, seed=7, max_tokens=24, ignore_eos=True)
+    a, rows1, _, _ = _run(lm, 1, None, PROMPTS[1:], sampled)
+    b, rows2, _, _ = _run(lm, 2, None, PROMPTS[1:], sampled)
+    assert a == b and rows1 == rows2 and 3 in rows2  # a fixed seed replays: no guesses
+    _, lone, _, _ = _run(lm, 2, None, PROMPTS[:1])
+    assert set(lone) == {1}  # one row takes the matrix-vector kernel: never padded

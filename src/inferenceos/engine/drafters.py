@@ -86,6 +86,19 @@ def continuation(tokens: Sequence[int], start: int, k: int) -> list[int]:
     return [cont[i % period] for i in range(k)] if 0 < period < k else cont
 
 
+def free_guess(tokens: Sequence[int], k: int) -> tuple[list[int], int]:
+    """(up to `k` tokens, the match length they continue) to verify where a row costs
+    nothing (row_shape.py): the continuation of the latest earlier occurrence of the
+    last 4 down to 1 tokens, else the last token repeated (length 0). A guess, not a
+    trusted draft; the length says which of several guesses is likelier."""
+    if k <= 0 or not tokens:
+        return [], 0
+    start, length = ngram_match(tokens, 4, 1)
+    if length:
+        return continuation(tokens, start, k), length
+    return [int(tokens[-1])] * k, 0
+
+
 def draft_cap(length: int, k_max: int) -> int:
     """How many tokens a match of `length` tokens is trusted for: 2^(length - 2), from
     1 for a bigram (on free text a bigram's continuation is right about a third of the

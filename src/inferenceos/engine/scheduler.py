@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
+from inferenceos.engine.drafters import free_guess
 from inferenceos.engine.executor import Executor, StepRows
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
@@ -144,6 +145,7 @@ class Sequence:
                                 k_max=getattr(drafter, "k_max", 12))
                      if drafter is not None else None)  # fmt: skip
         self.draft: tuple[int, ...] = ()  # proposed for this step
+        self.guessed = False  # the draft is a free row's guess (Scheduler._free_rows)
         self.media = req.spans
         self.embd: dict[int, np.ndarray] = {}  # encoder output of the span being prefilled
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
@@ -230,7 +232,7 @@ class Scheduler:
         self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
         if self.default_draft is not None:
             self._drafter(self.default_draft)  # a bad choice fails at load time
-            _ = self.row_multiple  # read at load time, not in a request's first step
+        _ = self.row_multiple  # read at load time, not in a request's step
 
     @cached_property
     def row_multiple(self) -> int:
@@ -546,7 +548,7 @@ class Scheduler:
         asks: dict[int, list[tuple[Sequence, DraftAsk]]] = {}
         generating = 0
         for seq in self.running:
-            seq.draft = ()
+            seq.draft, seq.guessed = (), False
             if seq.pending is None:
                 continue
             generating += 1
@@ -578,13 +580,47 @@ class Scheduler:
                 proposed.append((seq, ask, list(draft[: ask.k + ask.spare])))
                 assert seq.spec is not None
                 seq.spec.cost = self.draft_cost.get(drafter.name, ROW_COST)
-        drafting = [(seq, ask, d) for seq, ask, d in proposed if d]
+        drafting = [(seq, d, a.k) for seq, a, d in proposed if d]
+        rows = generating + sum(min(len(d), k) for _, d, k in drafting)
+        if self.row_multiple > 1 and rows > 1 and rows % self.row_multiple:
+            drafting += self._free_rows(rows, {id(seq) for seq, _, _ in drafting})
         if not drafting:
             return
-        shaped = shape_drafts([d for _, _, d in drafting], [a.k for _, a, _ in drafting],
+        shaped = shape_drafts([d for _, d, _ in drafting], [k for _, _, k in drafting],
                               generating - len(drafting), self.row_multiple)  # fmt: skip
-        for (seq, _, _), draft in zip(drafting, shaped, strict=True):
-            seq.draft = tuple(draft)
+        for (seq, _, wanted), draft in zip(drafting, shaped, strict=True):
+            seq.draft, seq.guessed = tuple(draft), wanted == 0
+
+    def _free_rows(self, rows: int, drafting: set[int]) -> list[tuple[Sequence, list[int], int]]:
+        """Guesses for greedy sequences that are not drafting this step, to round an odd
+        step up (row_shape.py): on AVX2 three streams plus one guessed row took 60 ms
+        where the three alone took 78 (seven: 93 against 107), and a guess that happens
+        to be right is one token more. Entries as `_propose`'s (seq, tokens, wanted 0):
+        the guesses are spares, used only to round up. Not for sampled sequences (a
+        verified draft consumes randomness: a fixed seed would no longer replay), nor
+        under an attention-tracking KV policy."""
+        if self.tracker is not None:
+            return []
+        short = -rows % self.row_multiple
+        guesses: list[tuple[int, Sequence, list[int]]] = []  # (match length, seq, guess)
+        for seq in self.running:
+            sp = seq.req.sampling
+            if (seq.pending is None or id(seq) in drafting or sp.temperature != 0
+                    or not can_draft(sp)):  # fmt: skip
+                continue
+            left = sp.max_tokens - seq.metrics.completion_tokens
+            room = min(self.n_ctx_slot - seq.n_past - 1, left - 1, short)
+            if room > 0:
+                guess, length = free_guess([*seq.slot.cached, seq.pending], room)
+                guesses.append((length, seq, guess))
+        guesses.sort(key=lambda g: -g[0])  # the likeliest guesses take the free rows
+        out: list[tuple[Sequence, list[int], int]] = []
+        for _, seq, guess in guesses:
+            if short <= 0:
+                break
+            out.append((seq, guess[:short], 0))
+            short -= len(out[-1][1])
+        return out
 
     def _measure_draft_cost(self, drafter: Drafter, s_per_token: float) -> None:
         """Cost of one more draft token relative to a decode step: drafting it (measured)
@@ -615,7 +651,7 @@ class Scheduler:
         token the first unaccepted row (or the row after the last draft) gives; drop
         the rejected drafts' cells (see speculative.py for the rule)."""
         draft, sp = seq.draft, seq.req.sampling
-        assert seq.spec is not None and seq.rng is not None and len(rows) == len(draft) + 1
+        assert len(rows) == len(draft) + 1
         greedy = sp.temperature == 0
         chosen: list[tuple[int, int]] = []  # (token, row it was chosen from)
         for i, row in enumerate(rows):
@@ -624,6 +660,7 @@ class Scheduler:
                 tok = int(logits.argmax())
                 ok = i < len(draft) and tok == draft[i]
             else:
+                assert seq.rng is not None  # sampled sequences draft only with a drafter
                 ids, probs = target_distribution(logits, sp)
                 if i < len(draft):
                     ok, tok = accept_or_resample(ids, probs, draft[i], seq.rng)
@@ -636,9 +673,12 @@ class Scheduler:
         base = seq.n_past - len(rows)  # position of the pending token
         self.table.truncate(seq.slot, base + 1 + n_acc)
         m = seq.metrics
-        m.draft_tokens += len(draft)
-        m.draft_accepted += n_acc
-        seq.spec.update(len(draft), n_acc, m.completion_tokens)
+        if not seq.guessed:  # a free row's guess is neither the drafter's nor its record
+            m.draft_tokens += len(draft)
+            m.draft_accepted += n_acc
+            if seq.spec is not None:
+                seq.spec.update(len(draft), n_acc, m.completion_tokens)
+        seq.guessed = False
         seq.draft = ()
         events: list[Event] = []
         for tok, row in chosen:
