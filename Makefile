@@ -28,3 +28,4 @@ test: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy benchmarks

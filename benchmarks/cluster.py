@@ -271,8 +271,10 @@ def workers(
         addresses = []
         for i in (1, 2):
             port = free_port()
+            prefix: tuple[str, ...] = ()
+            extra: tuple[str, ...] = ()
             if delay_ms is None:
-                host, prefix, extra = "127.0.0.1", (), ()
+                host = "127.0.0.1"
             else:
                 ns = stack.enter_context(namespace(i, delay_ms, mode == "netem"))
                 host, prefix = ns.ns_ip, ("ip", "netns", "exec", ns.name)

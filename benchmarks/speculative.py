@@ -74,7 +74,7 @@ def ours_once(lm: LoadedModel, prompt: list[int], tokens: int, draft: str) -> di
     m = lm.metrics
     assert len(out) == tokens, (draft, len(out))
     return {"tps": m.decode_tps, "acc": m.acceptance_rate, "per_step": m.tokens_per_step,
-            "text": out}  # type: ignore[dict-item]  # fmt: skip
+            "text": out}  # fmt: skip
 
 
 def start_server(binary: Path, model: Path, threads: int, extra: list[str]
