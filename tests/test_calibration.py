@@ -249,3 +249,25 @@ def test_the_probe_can_time_a_real_model_where_it_lies(tiny_llama: Path, tmp_pat
     assert not (tmp_path / "hw").exists()  # nothing written: the model is read in place
     one = measure_llama_speed(tmp_path / "hw", 1, warnings, model=tiny_llama)
     assert one is not None and one.decode_s_1thread is None  # one thread: nothing to add
+
+
+def test_a_probe_started_ahead_waits_loaded_then_times_or_is_cancelled(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    from inferenceos.hardware.llama_speed import start_llama_speed
+
+    warnings: list[str] = []
+    probe = start_llama_speed(tmp_path / "hw", warnings, model=tiny_llama)
+    assert probe is not None and probe.wait_ready(30)
+    assert probe.proc.poll() is None  # loaded, and waiting for its thread count
+    sp = probe.finish(1)
+    assert sp is not None and sp.threads == 1 and sp.decode_s > 0, warnings
+    cancelled = start_llama_speed(tmp_path / "hw", warnings, model=tiny_llama)
+    assert cancelled is not None and cancelled.wait_ready(30)
+    cancelled.cancel()
+    assert cancelled.proc.returncode is not None
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    failing = start_llama_speed(tmp_path / "hw", warnings, model=broken)
+    assert failing is not None and not failing.wait_ready(30)  # it died loading
+    assert failing.finish(2) is None and "speed probe failed" in warnings[-1]

@@ -24,7 +24,8 @@ off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
    as sampling would), best of `ROUNDS` (the prefill, a fifth of a round's time, best of
    `PREFILL_ROUNDS`: one disturbed 0.2 s prefill had put a probe 27 % below the same
    machine's speed a minute later); with more than one thread, decodes
-   `DECODE_1THREAD` tokens again with one, after the same prompt (a thread's kernel
+   `DECODE_1THREAD` tokens again with one (`ROUNDS_1THREAD` times), after the same
+   prompt (a thread's kernel
    rate, apart from what memory allows: see `plan.calibration.probe_calibration`;
    reported scaled to `DECODE` tokens); and prints one JSON line.
 3. A written stand-in stays in the cache dir (re-created when missing, reused by the
@@ -52,10 +53,12 @@ from inferenceos.hardware.profile import LlamaSpeed
 PROMPT = 64
 DECODE = 24
 ROUNDS = 2
-PREFILL_ROUNDS = 4
-# a thread's own rate: fewer tokens (at 1 thread each takes ~1.7x as long), so that a
-# refresh stays within its 5 s on a slow host
+PREFILL_ROUNDS = 3
+# a thread's own rate: fewer tokens (at 1 thread each takes ~1.7x as long), in one
+# round, so that a refresh stays within its 5 s on a slow host (a 2-core VM whose
+# refresh took 5.0-5.5 s in the suite with two rounds and four prefills)
 DECODE_1THREAD = 12
+ROUNDS_1THREAD = 1
 N_CTX = 1024
 TIMEOUT_S = 60.0
 # v2: the 128k-vocabulary head (a cached v1 stand-in, 85 MB, must not be reused)
@@ -177,21 +180,79 @@ def default_model_if_ready() -> Path | None:
     return path if path.is_file() and marker.is_file() else None
 
 
-def measure_llama_speed(
+class SpeedProbe:
+    """A probe child started ahead of time (`start_llama_speed`): it imports llama.cpp,
+    loads the model and warms up while the caller does untimed work, then waits;
+    `finish(threads)` has it time prefill and decode with that many threads."""
+
+    def __init__(self, proc: subprocess.Popen[str], path: Path, model: Path, real: bool,
+                 start: float, warnings: list[str]) -> None:  # fmt: skip
+        self.proc, self.path, self.model, self.real = proc, path, model, real
+        self.start, self.warnings = start, warnings
+
+    def wait_ready(self, timeout: float = TIMEOUT_S) -> bool:
+        """Block until the child has loaded its model (True), died or timed out."""
+        import select
+
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return bool(ready) and self.proc.stdout.readline().strip() == "ready"
+
+    def cancel(self) -> None:
+        """Stop the child without a result (no llama.cpp here, or nothing to measure)."""
+        self.proc.kill()
+        self.proc.communicate()
+
+    def finish(self, threads: int) -> LlamaSpeed | None:
+        """Time the loaded model with `threads` threads; None on failure (a warning)."""
+        try:
+            out, err = self.proc.communicate(f"{threads}\n", timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            self.warnings.append(f"llama.cpp speed probe: no result within {TIMEOUT_S:g} s")
+            return None
+        except OSError as exc:  # the child is gone: its stdin closed under us
+            self.warnings.append(f"llama.cpp speed probe: {exc}")
+            return None
+        lines = out.strip().splitlines()
+        if self.proc.returncode != 0 or not lines or lines[-1] == "ready":
+            why = (err.strip().splitlines() or [f"exit status {self.proc.returncode}"])[-1]
+            self.warnings.append(f"llama.cpp speed probe failed: {why}")
+            return None
+        return self._record(lines[-1])
+
+    def _record(self, line: str) -> LlamaSpeed | None:
+        try:
+            data = json.loads(line)
+            return LlamaSpeed(
+                model_path=str(self.path),
+                threads=int(data["threads"]),
+                prompt_tokens=int(data["prompt_tokens"]),
+                prefill_s=float(data["prefill_s"]),
+                decode_tokens=int(data["decode_tokens"]),
+                decode_s=float(data["decode_s"]),
+                n_ctx=int(data["n_ctx"]),
+                n_ubatch=int(data["n_ubatch"]),
+                flash_attn=bool(data["flash_attn"]),
+                seconds=round(time.perf_counter() - self.start, 3),
+                probe=f"built-in model {self.model.name}" if self.real else "synthetic",
+                decode_s_1thread=(float(data["decode_s_1thread"])
+                                  if data.get("decode_s_1thread") else None),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            self.warnings.append(f"llama.cpp speed probe printed something unreadable: {exc}")
+            return None
+
+
+def start_llama_speed(
     probe_dir: Path,
-    threads: int,
     warnings: list[str] | None = None,
     model_dir: Path | None = None,
     model: Path | None = None,
-) -> LlamaSpeed | None:
-    """Time the probe model in a child; None on failure (with a warning).
-
-    `model`: a real model to probe (the built-in one, see the module doc): the record
-    names it, and the planner reads its header there. Without it, the written stand-in,
-    which lives (with its data) in `model_dir` (default `probe_dir`; `hardware` passes
-    the cache dir: it is written once and reused by later refreshes); a header-only copy
-    goes to `probe_dir`, where the planner reads it.
-    """
+) -> SpeedProbe | None:
+    """Start the probe child on `model` or the stand-in (see `measure_llama_speed`);
+    None (with a warning) when it cannot be started. Loading the model (a second or
+    more) then overlaps the caller's own untimed work; `SpeedProbe.finish` times it."""
     warnings = warnings if warnings is not None else []
     model_dir = model_dir or probe_dir
     real = model is not None
@@ -211,44 +272,35 @@ def measure_llama_speed(
                     (model_dir / ("full-" + old)).unlink(missing_ok=True)
                     (probe_dir / old).unlink(missing_ok=True)
             header_copy(model, path)
-        res = subprocess.run(
-            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model), str(threads)],
-            capture_output=True,
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model), "-"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
-            timeout=TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
     except (OSError, ValueError, ImportError) as exc:
         warnings.append(f"llama.cpp speed probe: {exc}")
         return None
-    except subprocess.TimeoutExpired:
-        warnings.append(f"llama.cpp speed probe: no result within {TIMEOUT_S:g} s")
-        return None
-    lines = res.stdout.strip().splitlines()
-    if res.returncode != 0 or not lines:
-        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
-        warnings.append(f"llama.cpp speed probe failed: {why}")
-        return None
-    try:
-        data = json.loads(lines[-1])
-        return LlamaSpeed(
-            model_path=str(path),
-            threads=int(data["threads"]),
-            prompt_tokens=int(data["prompt_tokens"]),
-            prefill_s=float(data["prefill_s"]),
-            decode_tokens=int(data["decode_tokens"]),
-            decode_s=float(data["decode_s"]),
-            n_ctx=int(data["n_ctx"]),
-            n_ubatch=int(data["n_ubatch"]),
-            flash_attn=bool(data["flash_attn"]),
-            seconds=round(time.perf_counter() - start, 3),
-            probe=f"built-in model {model.name}" if real else "synthetic",
-            decode_s_1thread=(float(data["decode_s_1thread"])
-                              if data.get("decode_s_1thread") else None),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        warnings.append(f"llama.cpp speed probe printed something unreadable: {exc}")
-        return None
+    return SpeedProbe(proc, path, model, real, start, warnings)
+
+
+def measure_llama_speed(
+    probe_dir: Path,
+    threads: int,
+    warnings: list[str] | None = None,
+    model_dir: Path | None = None,
+    model: Path | None = None,
+) -> LlamaSpeed | None:
+    """Time the probe model in a child; None on failure (with a warning).
+
+    `model`: a real model to probe (the built-in one, see the module doc): the record
+    names it, and the planner reads its header there. Without it, the written stand-in,
+    which lives (with its data) in `model_dir` (default `probe_dir`; `hardware` passes
+    the cache dir: it is written once and reused by later refreshes); a header-only copy
+    goes to `probe_dir`, where the planner reads it.
+    """
+    warnings = warnings if warnings is not None else []
+    probe = start_llama_speed(probe_dir, warnings, model_dir, model)
+    return probe.finish(threads) if probe is not None else None
 
 
 def _child(path: str, threads: int) -> dict[str, Any]:
@@ -274,7 +326,7 @@ def _child(path: str, threads: int) -> dict[str, Any]:
         raise RuntimeError(f"llama.cpp could not load {path}")
     cp = ll.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX, 512, 512
-    cp.n_threads = cp.n_threads_batch = threads
+    cp.n_threads = cp.n_threads_batch = threads if threads > 0 else (os.cpu_count() or 1)
     cp.flash_attn_type = 1  # on, as the planner's default
     cp.no_perf = True
     ctx = ll.llama_init_from_model(model, cp)
@@ -302,6 +354,13 @@ def _child(path: str, threads: int) -> dict[str, Any]:
         return time.perf_counter() - t0
 
     decode(prompt[:8])  # warm up: first-touch of the weights, thread pool start
+    if threads <= 0:  # started ahead (SpeedProbe): say so, then take the thread count
+        print("ready", flush=True)
+        line = sys.stdin.readline().strip()
+        if not line.isdigit() or int(line) < 1:
+            raise SystemExit(0)  # cancelled
+        threads = int(line)
+        ll.llama_set_n_threads(ctx, threads, threads)
     best_pre = best_dec = best_dec1 = float("inf")
     for i in range(max(ROUNDS, PREFILL_ROUNDS)):
         ll.llama_memory_clear(mem, True)
@@ -313,7 +372,7 @@ def _child(path: str, threads: int) -> dict[str, Any]:
             best_dec = min(best_dec, decode_run())
     if threads > 1:  # one thread too: what a thread computes vs what memory allows
         ll.llama_set_n_threads(ctx, 1, threads)
-        for _ in range(ROUNDS):
+        for _ in range(ROUNDS_1THREAD):
             # back to the last round's prompt, whose cells stay: the same context as the
             # decodes above, without computing the prompt again
             ll.llama_memory_seq_rm(mem, 0, PROMPT, -1)
@@ -334,4 +393,5 @@ def _child(path: str, threads: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1], int(sys.argv[2]))))
+    # MODEL THREADS: time at once; MODEL -: load, print "ready", read THREADS from stdin
+    print(json.dumps(_child(sys.argv[1], 0 if sys.argv[2] == "-" else int(sys.argv[2]))))
