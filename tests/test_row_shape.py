@@ -13,6 +13,7 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.engine.speculative import DraftAsk
+from scheduler_helpers import drain
 
 AVX2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | LLAMAFILE = 1 | "
 AVX512 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | LLAMAFILE = 1 | "
@@ -92,7 +93,7 @@ def _run(lm: LoadedModel, multiple: int, draft: str | None = "ngram",
     `multiple`: (outputs, the logit row count of every decode-only step, drafted
     tokens, decode steps summed over the sequences)."""
     sched = Scheduler(lm, 4, 64, draft=draft)
-    sched.__dict__["row_multiple"] = multiple  # the cached property, set for the test
+    sched.row_multiple = multiple
     rows: list[int] = []
     decode = sched.executor.decode
 
@@ -106,17 +107,10 @@ def _run(lm: LoadedModel, multiple: int, draft: str | None = "ngram",
     sched.executor.decode = counting  # type: ignore[method-assign]
     for i, text in enumerate(prompts):
         sched.submit(Request(i, lm.tokenize(text), sampling))
-    out: dict[int, list[int]] = {}
-    drafted = steps = 0
-    while sched.has_work():
-        for rid, kind, payload in sched.step():
-            assert kind != "error", payload
-            if kind == "token" and payload[0] >= 0:
-                out.setdefault(rid, []).append(payload[0])
-            elif kind == "done":
-                drafted += payload["draft_tokens"]
-                steps += payload["decode_steps"]
+    out, done = drain(sched)
     sched.close()
+    drafted = sum(d["draft_tokens"] for d in done.values())
+    steps = sum(d["decode_steps"] for d in done.values())
     return [out[i] for i in range(len(prompts))], rows, drafted, steps
 
 
@@ -126,11 +120,7 @@ def test_drafting_steps_verify_an_even_number_of_rows_and_greedy_text_is_unchang
     plain_sched = Scheduler(lm, 4, 64)
     for i, text in enumerate(PROMPTS):
         plain_sched.submit(Request(i, lm.tokenize(text), GREEDY))
-    plain: dict[int, list[int]] = {}
-    while plain_sched.has_work():
-        for rid, kind, payload in plain_sched.step():
-            if kind == "token" and payload[0] >= 0:
-                plain.setdefault(rid, []).append(payload[0])
+    plain, _ = drain(plain_sched)
     plain_sched.close()
     unshaped, rows1, drafted1, _ = _run(lm, 1)
     shaped, rows2, drafted2, _ = _run(lm, 2)

@@ -27,6 +27,7 @@ from inferenceos.engine.speculative import (
 )
 from inferenceos.errors import UsageError
 from inferenceos.plan.speculative import best_draft_length, expected_speedup
+from scheduler_helpers import drain
 
 N_SLOTS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
@@ -48,19 +49,6 @@ def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
 def create_scheduler(lm: LoadedModel, draft: str | None = None, **options: float) -> Scheduler:
     opts = {draft: dict(options)} if draft and options else None
     return Scheduler(lm, N_SLOTS, 64, draft=draft, draft_options=opts)
-
-
-def drain(sched: Scheduler) -> tuple[dict[int, list[int]], dict[int, dict]]:
-    tokens: dict[int, list[int]] = {}
-    done: dict[int, dict] = {}
-    while sched.has_work():
-        for rid, kind, payload in sched.step():
-            assert kind != "error", payload
-            if kind == "token" and payload[0] >= 0:
-                tokens.setdefault(rid, []).append(payload[0])
-            elif kind == "done":
-                done[rid] = payload
-    return tokens, done
 
 
 def generate_all(

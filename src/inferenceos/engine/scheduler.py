@@ -232,13 +232,12 @@ class Scheduler:
         self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
         if self.default_draft is not None:
             self._drafter(self.default_draft)  # a bad choice fails at load time
-        _ = self.row_multiple  # read at load time, not in a request's step
+        # what a step's logit rows are rounded to (row_shape.py): read at load time, not
+        # in a request's step (the head's type costs a walk over the file's metadata)
+        self.row_multiple = self._kernel_row_multiple()
 
-    @cached_property
-    def row_multiple(self) -> int:
-        """What a drafting step's logit rows are rounded to (row_shape.py): the CPU
-        kernels' column tile when the CPU computes the output head, else 1. Read on the
-        first drafting step (the head's type costs a walk over the file's metadata)."""
+    def _kernel_row_multiple(self) -> int:
+        """The CPU kernels' column tile when the CPU computes the output head, else 1."""
         info = self._ll.llama_print_system_info()
         info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
         on_cpu = self.model.settings.n_gpu_layers == 0

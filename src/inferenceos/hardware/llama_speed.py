@@ -18,8 +18,10 @@ off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
    valid in every type. Why that size: the first probe (85 MB, no large head) was read
    ~40 % from a 32 MB L3 here and streamed 44 GB/s at 2 threads where models larger
    than the cache stream ~31 GB/s (paired runs), so predictions were 1.4-1.9x too fast.
-2. A child process (`python -m inferenceos.hardware.llama_speed MODEL THREADS`: a crash
-   inside llama.cpp must not take the parent down) loads it, prefills `PROMPT` tokens in
+2. A child process (`python -m inferenceos.hardware.llama_speed MODEL`: a crash inside
+   llama.cpp must not take the parent down) loads it, prints "ready" and reads its
+   thread count from stdin (`SpeedProbe`: the load overlaps the caller's untimed
+   probes), then prefills `PROMPT` tokens in
    one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
    as sampling would), best of `ROUNDS` (the prefill, a fifth of a round's time, best of
    `PREFILL_ROUNDS`: one disturbed 0.2 s prefill had put a probe 27 % below the same
@@ -273,7 +275,7 @@ def start_llama_speed(
                     (probe_dir / old).unlink(missing_ok=True)
             header_copy(model, path)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model), "-"],
+            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
@@ -303,8 +305,9 @@ def measure_llama_speed(
     return probe.finish(threads) if probe is not None else None
 
 
-def _child(path: str, threads: int) -> dict[str, Any]:
-    """Load `path` and time prefill and decode (runs in the child process)."""
+def _child(path: str) -> dict[str, Any]:
+    """Load `path`, say "ready", read the thread count from stdin, and time prefill and
+    decode with it (runs in the child process)."""
     import ctypes
 
     from inferenceos.hardware.openmp import bounded_spin
@@ -326,7 +329,7 @@ def _child(path: str, threads: int) -> dict[str, Any]:
         raise RuntimeError(f"llama.cpp could not load {path}")
     cp = ll.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX, 512, 512
-    cp.n_threads = cp.n_threads_batch = threads if threads > 0 else (os.cpu_count() or 1)
+    cp.n_threads = cp.n_threads_batch = os.cpu_count() or 1  # the load's; timed at `threads`
     cp.flash_attn_type = 1  # on, as the planner's default
     cp.no_perf = True
     ctx = ll.llama_init_from_model(model, cp)
@@ -354,13 +357,12 @@ def _child(path: str, threads: int) -> dict[str, Any]:
         return time.perf_counter() - t0
 
     decode(prompt[:8])  # warm up: first-touch of the weights, thread pool start
-    if threads <= 0:  # started ahead (SpeedProbe): say so, then take the thread count
-        print("ready", flush=True)
-        line = sys.stdin.readline().strip()
-        if not line.isdigit() or int(line) < 1:
-            raise SystemExit(0)  # cancelled
-        threads = int(line)
-        ll.llama_set_n_threads(ctx, threads, threads)
+    print("ready", flush=True)  # loaded (SpeedProbe.wait_ready): now the thread count
+    line = sys.stdin.readline().strip()
+    if not line.isdigit() or int(line) < 1:
+        raise SystemExit(0)  # cancelled
+    threads = int(line)
+    ll.llama_set_n_threads(ctx, threads, threads)
     best_pre = best_dec = best_dec1 = float("inf")
     for i in range(max(ROUNDS, PREFILL_ROUNDS)):
         ll.llama_memory_clear(mem, True)
@@ -393,5 +395,4 @@ def _child(path: str, threads: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    # MODEL THREADS: time at once; MODEL -: load, print "ready", read THREADS from stdin
-    print(json.dumps(_child(sys.argv[1], 0 if sys.argv[2] == "-" else int(sys.argv[2]))))
+    print(json.dumps(_child(sys.argv[1])))
