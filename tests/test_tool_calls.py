@@ -145,13 +145,123 @@ def test_stream_releases_a_false_alarm() -> None:
     shown, rest, calls = _stream(["a <", "b> c"], HERMES)
     assert "".join(shown) + rest == "a <b> c" and calls == []
     shown, rest, calls = _stream(["{\"temperature\"", ": 21}"], JSON_CALL)
-    assert shown == ["", ""] and rest == '{"temperature": 21}' and calls == []
+    # released as soon as it cannot be a call, not at the end
+    assert shown == ["", '{"temperature": 21}'] and rest == "" and calls == []
 
 
 def test_stream_holds_a_bare_json_call() -> None:
     shown, rest, calls = _stream(["  ", "<|python", "_tag|>{\"name\": \"f\", ",
                                   "\"parameters\": {}}"], LLAMA3)
     assert "".join(shown) == "" and rest == "" and calls == [ParsedCall("f", {})]
+
+
+# -- untagged calls naming a declared tool (bare or fenced JSON) ----------------------
+
+BOUND = HERMES.bound([WEATHER["function"], {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}])
+PARIS = '{"name": "get_current_weather", "arguments": {"location": "Paris"}}'
+TOKYO = '{"name": "get_time", "arguments": {"zone": "Asia/Tokyo"}}'
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    # Qwen 2.5 Coder without its tags: a ```json fence, a bare fence, bare JSON
+    (f"```json\n{PARIS}\n```", "", [("get_current_weather", {"location": "Paris"})]),
+    (f"```\n{PARIS}\n```\n", "", [("get_current_weather", {"location": "Paris"})]),
+    (f"  {PARIS}  ", "", [("get_current_weather", {"location": "Paris"})]),
+    # text before the fence (or before a bare call on its own line) stays content
+    (f"Let me check.\n```json\n{PARIS}\n```", "Let me check.",
+     [("get_current_weather", {"location": "Paris"})]),
+    (f"Let me check.\n{PARIS}", "Let me check.",
+     [("get_current_weather", {"location": "Paris"})]),
+    # a fence the model did not close before it stopped
+    (f"```json\n{PARIS}", "", [("get_current_weather", {"location": "Paris"})]),
+    # several calls: two fences, two lines, a list in one fence
+    (f"```json\n{PARIS}\n```\n```json\n{TOKYO}\n```", "",
+     [("get_current_weather", {"location": "Paris"}), ("get_time", {"zone": "Asia/Tokyo"})]),
+    (f"{PARIS}\n{TOKYO}", "",
+     [("get_current_weather", {"location": "Paris"}), ("get_time", {"zone": "Asia/Tokyo"})]),
+    (f"```json\n[{PARIS}, {TOKYO}]\n```", "",
+     [("get_current_weather", {"location": "Paris"}), ("get_time", {"zone": "Asia/Tokyo"})]),
+])
+def test_untagged_calls_to_declared_tools(text: str, content: str,
+                                          calls: list[tuple[str, dict]]) -> None:
+    assert parse_tool_calls(text, BOUND) == (content, [ParsedCall(n, a) for n, a in calls])
+
+
+@pytest.mark.parametrize("text", [
+    # a tool nobody declared
+    '```json\n{"name": "get_stock_price", "arguments": {"symbol": "TSLA"}}\n```',
+    '{"name": "get_stock_price", "arguments": {"symbol": "TSLA"}}',
+    # arguments that do not fit: a required key missing, outside an enum, a wrong type
+    '```json\n{"name": "get_current_weather", "arguments": {"city": "Paris"}}\n```',
+    '{"name": "get_current_weather", "arguments": {"location": "Paris", "unit": "kelvin"}}',
+    '{"name": "get_time", "arguments": {"zone": 3}}',
+    # one call of two not fitting: none is taken
+    f'{PARIS}\n{{"name": "get_time", "arguments": {{}}}}',
+    # JSON that is not a call, a call in the middle of the reply, a code fence
+    'Here is the data:\n```json\n{"location": "Paris"}\n```',
+    f"```json\n{PARIS}\n```\nThat is how you would call it.",
+    f"```python\nprint({PARIS!r})\n```",
+    f"An example: {PARIS}",  # not at a line's start: prose quoting a call
+])
+def test_json_that_is_not_a_declared_call_stays_content(text: str) -> None:
+    assert parse_tool_calls(text, BOUND) == (text, [])
+
+
+def test_unbound_format_reads_only_the_whole_reply() -> None:
+    """Without the request's tools, only a whole reply is read (any name, as before)."""
+    assert parse_tool_calls(f"```json\n{PARIS}\n```", HERMES)[1] == [
+        ParsedCall("get_current_weather", {"location": "Paris"})]
+    assert parse_tool_calls(f"Sure.\n{PARIS}", HERMES)[1] == []
+    assert parse_tool_calls(f"Sure.\n```json\n{PARIS}\n```", HERMES)[1] == []
+    assert parse_tool_calls('{"name": "any", "arguments": {}}', HERMES)[1] == [
+        ParsedCall("any", {})]
+
+
+def test_tagged_calls_win_over_untagged_json() -> None:
+    text = f"```json\n{TOKYO}\n```\n<tool_call>\n{PARIS}\n</tool_call>"
+    content, calls = parse_tool_calls(text, BOUND)
+    assert calls == [ParsedCall("get_current_weather", {"location": "Paris"})]
+    assert content.startswith("```json")
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+STREAMED = [
+    f"Let me check.\n```json\n{PARIS}\n```",
+    f"```json\n{PARIS}\n```\n```json\n{TOKYO}\n```",
+    f"{PARIS}\n{TOKYO}\n",
+    f"```json\n{PARIS}\n```\nThat is how you would call it.",
+    'Data:\n```json\n{"location": "Paris"}\n```\nand more.',
+    "Code:\n```python\nx = {'a': 1}\n```\n",
+    'Plain text with a {"name": "get_time"} inside, and ``` ticks `` here`',
+    f"<tool_call>\n{PARIS}\n</tool_call>",
+    f"I will.\n{PARIS}\nDone.",
+]
+
+
+@pytest.mark.parametrize("text", STREAMED)
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_stream_agrees_with_the_whole_parse(text: str, size: int) -> None:
+    """However the reply is cut, the stream sends a prefix of the reply, never a call,
+    and ends with what parsing the whole reply gives."""
+    shown, rest, calls = _stream(_chunks(text, size), BOUND)
+    content, whole = parse_tool_calls(text, BOUND)
+    assert calls == whole
+    sent = "".join(shown) + rest
+    assert text.startswith(sent)
+    assert (sent.strip() == content) if calls else (sent == text)
+
+
+def test_stream_releases_what_cannot_be_a_call_early() -> None:
+    pieces = ["Code:\n", "``", "`", "py", "thon\n", "x = 1\n", "```"]
+    shown, _, _ = _stream(pieces, BOUND)
+    assert shown[:4] == ["Code:\n", "", "", "```py"]  # released once "py" is not json
+    pieces = ["```json\n", '{"location": ', '"Paris"}', "\n```", "\nMore."]
+    shown, _, calls = _stream(pieces, BOUND)
+    assert shown[:2] == ["", ""] and shown[2].endswith('"Paris"}') and calls == []
 
 
 # -- grammar and requests -------------------------------------------------------------
@@ -184,6 +294,7 @@ def test_plan_refuses_a_model_without_tools() -> None:
     plan = plan_tools(QWEN25_TEMPLATE, req, "m")
     # auto: free text, but once "<tool_call>" appears the rest must be a valid call
     assert plan.format == HERMES and plan.grammar is not None
+    assert plan.format.tools == (WEATHER["function"],)  # bound: JSON calls are checked
     [trigger] = plan.triggers
     match = re.fullmatch(trigger, 'Let me check.\n<tool_call>\n{"name": "x"')
     assert match and match.start(1) == len("Let me check.\n")

@@ -8,7 +8,9 @@ support tools", Ollama's words) and, for "required" or a named function, builds 
 grammar that forces a call; for "auto" on templates with a call marker the same grammar
 is lazy: it applies only once the model writes the marker. After generation the route
 parses the text with `tool_calls.parse_tool_calls` (or `ToolCallStream` while
-streaming).
+streaming) in the plan's format bound to the declared tools: the one place, for every
+dialect, where calls in the template's markers and JSON calls naming a declared tool
+(bare or fenced) are read.
 """
 
 from __future__ import annotations
@@ -78,9 +80,11 @@ def tool_request(tools: Sequence[dict[str, Any]] | None, choice: Any,
 
 def plan_tools(template: str | None, req: ToolRequest, model: str) -> ToolPlan:
     """The plan for `req` on a model whose chat template is `template`."""
-    fmt = detect_format(template)
-    if fmt is None:
+    detected = detect_format(template)
+    if detected is None:
         raise APIError(400, f"{model} does not support tools", "tools_not_supported")
+    # bound: an untagged JSON reply is a call only when it names one of these tools
+    fmt = detected.bound([t["function"] for t in req.tools])
     if req.choice != "auto":
         return ToolPlan(fmt, tool_call_grammar(fmt, req.functions(), req.parallel))
     if fmt.name != "hermes" or fmt.open is None:
