@@ -272,6 +272,9 @@ class Model:
     def _run(self, prompt: str | builtins.list[int], stream: bool,
              options: Mapping[str, Any],
              media: Sequence[MediaItem] = ()) -> Completion | TextStream:
+        from inferenceos import interrupt
+
+        interrupt.reset()  # a new action: a Ctrl-C that stopped the last one is spent
         gen = self._engine.generate(prompt, sampling_params(options), media=media)
         if stream:
             return TextStream(gen)
@@ -407,8 +410,10 @@ def load(
             raise UsageError(f"{label} must be >= 0, got {value}")
     if n_parallel < 1:
         raise UsageError(f"n_parallel must be >= 1, got {n_parallel}")
+    from inferenceos import interrupt
     from inferenceos.engine.llama_lib import log
 
+    interrupt.install()  # a Ctrl-C in the caller stops a load or a prefill at once
     path = resolve(model)
     projector = resolve_projector(model, mmproj)
     log().echo = verbose

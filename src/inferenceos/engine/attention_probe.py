@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from inferenceos import interrupt
 from inferenceos.engine.llama_lib import library_dir
 
 GGML_MAX_DIMS = 4
@@ -74,7 +75,7 @@ class AttentionProbe:
         from llama_cpp.llama_cpp import ggml_backend_sched_eval_callback
 
         # the type llama-cpp-python declares for cb_eval; keep it alive with the context
-        self.callback = ggml_backend_sched_eval_callback(self._on_tensor)
+        self.callback = ggml_backend_sched_eval_callback(interrupt.callback(self._on_tensor))
         self.mass: np.ndarray = np.zeros(0)
         self.attended: np.ndarray = np.zeros((0, 0), dtype=bool)
         self.layer_mass: dict[int, np.ndarray] = {}  # the same, layer by layer

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from inferenceos.engine.batch import TokenBatch
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel, LoadSettings, decode_failed
 from inferenceos.engine.speculative import DraftAsk
 from inferenceos.errors import GenerationError, ModelLoadError
 
@@ -220,9 +220,11 @@ class ModelDrafter:
         return best, p
 
     def _decode(self) -> None:
-        if self.lm._ll.llama_decode(self.lm.ctx, self.batch.raw) != 0:
+        rc = self.lm._ll.llama_decode(self.lm.ctx, self.batch.raw)
+        if rc != 0:
             self.cached.clear()
             self.lm._ll.llama_memory_clear(self.mem, True)
+            decode_failed(rc)
             raise GenerationError("the draft model's llama_decode failed")
 
     def propose(self, asks: Sequence[DraftAsk]) -> list[list[int]]:

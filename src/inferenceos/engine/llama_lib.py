@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from inferenceos import interrupt
 from inferenceos.errors import ModelLoadError
 from inferenceos.hardware.openmp import bounded_spin
 
@@ -69,6 +70,7 @@ _lock = threading.Lock()
 _lib: ModuleType | None = None
 _log = LlamaLog()
 _log_callback: Any = None  # keep the ctypes callback alive for the process lifetime
+_stop_callbacks: tuple[Any, Any] | None = None  # (progress, abort), alive likewise
 
 
 def log() -> LlamaLog:
@@ -94,6 +96,7 @@ def lib() -> ModuleType:
                 ) from None
 
             @bindings.llama_log_callback
+            @interrupt.callback  # llama.cpp logs on the main thread all through a load
             def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
                 _log.write(level, text.decode("utf-8", errors="replace"))
 
@@ -103,6 +106,24 @@ def lib() -> ModuleType:
             _lib = bindings
     assert _lib is not None
     return _lib
+
+
+def stop_callbacks() -> tuple[Any, Any]:
+    """(a model-load progress callback, a context abort callback) that stop llama.cpp
+    when `interrupt.requested()`: give the first to `llama_model_params`, the second to
+    `llama_context_params` with `interrupt.flag_address()` as its data. A stopped load
+    returns no model, a stopped decode returns 2 (see interrupt.py)."""
+    global _stop_callbacks
+    if _stop_callbacks is None:
+        bindings = lib()
+
+        @bindings.llama_progress_callback
+        @interrupt.callback
+        def _on_progress(_progress: float, _user: ctypes.c_void_p) -> bool:
+            return not interrupt.requested()
+
+        _stop_callbacks = (_on_progress, bindings.ggml_abort_callback(interrupt.abort_function()))
+    return _stop_callbacks
 
 
 def route_log(setter: Any) -> None:

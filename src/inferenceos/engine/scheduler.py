@@ -42,7 +42,12 @@ from inferenceos.engine.output import Event, OutputStream
 from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, TokenEvent
+from inferenceos.engine.session import (
+    GenerationMetrics,
+    LoadedModel,
+    TokenEvent,
+    decode_failed,
+)
 from inferenceos.engine.slots import Slot, SlotTable
 from inferenceos.engine.speculative import (
     NO_DRAFT,
@@ -439,6 +444,7 @@ class Scheduler:
             self.probe.reset()
         rc = self.executor.decode()
         if rc != 0:
+            decode_failed(rc)  # a Ctrl-C: KeyboardInterrupt, which the caller cleans up
             return events + self.fail_all(f"llama_decode failed (code {rc})")
         if self.governor is not None and not plan.prefills and plan.media is None:
             self._govern(plan.n_tokens)
@@ -738,6 +744,7 @@ def generate_one(
     `lm.metrics` follows the run."""
     sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
                       media=media)  # fmt: skip
+    lm.metrics = GenerationMetrics(load_s=lm.load_s)  # this run's, not the last one's
     try:
         sched.submit(prompt_request(1, prompt, sampling, lm, media, items))
         while sched.has_work():
@@ -753,4 +760,6 @@ def generate_one(
                     raise GenerationError(payload[1])
     finally:
         lm.metrics.load_s = lm.load_s
+        if not lm.metrics.stop_reason:  # closed early (Ctrl-C, a consumer that left)
+            lm.metrics.stop_reason = "interrupted"
         sched.close()

@@ -20,7 +20,7 @@ from inferenceos.engine.kv_policies import KVPolicy
 from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS, log_partition
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
-from inferenceos.engine.session import LoadedModel, TokenEvent
+from inferenceos.engine.session import LoadedModel, TokenEvent, decode_failed
 from inferenceos.errors import GenerationError
 
 
@@ -51,7 +51,9 @@ def _logits_rows(lm: LoadedModel, tokens: list[int], first_row: int) -> np.ndarr
             batch.clear()
             for pos in range(start, min(start + step, len(tokens))):
                 batch.add(tokens[pos], pos, 0, pos >= first_row)
-            if lm._ll.llama_decode(lm.ctx, batch.raw) != 0:
+            rc = lm._ll.llama_decode(lm.ctx, batch.raw)
+            if rc != 0:
+                decode_failed(rc)
                 raise GenerationError("llama_decode failed while re-scoring")
             rows += [lm.logits_row(j - start).copy()
                      for j in range(max(start, first_row), start + batch.n)]  # fmt: skip
@@ -178,7 +180,9 @@ def budgeted_perplexity(
             batch.add(tok, len(cached), 0, True)
             if probe is not None:
                 probe.reset()
-            if ll.llama_decode(lm.ctx, batch.raw) != 0:
+            rc = ll.llama_decode(lm.ctx, batch.raw)
+            if rc != 0:
+                decode_failed(rc)
                 raise GenerationError("llama_decode failed while scoring")
             cached.append(tok)
             if tracker is not None and probe is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -18,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from inferenceos import interrupt
 from inferenceos.engine.candidates import logits_row
-from inferenceos.engine.llama_lib import lib, log
+from inferenceos.engine.llama_lib import lib, log, stop_callbacks
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.stop import StopMatcher
@@ -151,6 +153,46 @@ def _watch_workers(s: LoadSettings) -> Any:
     return LinkWatchdog(addresses) if addresses else None
 
 
+def _abortable(params: Any) -> None:
+    """Make a context's decodes stop when a Ctrl-C asks (interrupt.py): llama.cpp polls
+    the flag between graph nodes, in C."""
+    params.abort_callback = stop_callbacks()[1]
+    params.abort_callback_data = interrupt.flag_address()
+
+
+def _load_interruptibly(ll: Any, path: bytes, params: Any) -> Any:
+    """`llama_model_load_from_file` on a helper thread, waited for in steps that a
+    Ctrl-C can break: the first second of a large-vocabulary load (Gemma's 262k tokens)
+    runs before llama.cpp calls the progress callback for the first time, so a stop
+    asked for then would wait for it. On KeyboardInterrupt the load is left to stop at
+    its next progress step, and a model it still returns is freed."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(ll.llama_model_load_from_file(
+        path, params)), name="llama-load", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.05)
+    except BaseException:
+        interrupt.request()  # the progress callback stops the abandoned load
+
+        def free_when_done() -> None:
+            thread.join()
+            if box and box[0]:
+                ll.llama_model_free(box[0])
+
+        threading.Thread(target=free_when_done, name="llama-load-free", daemon=True).start()
+        raise
+    return box[0]
+
+
+def decode_failed(rc: int) -> None:
+    """Call when llama_decode returned `rc` != 0: an abort that a Ctrl-C asked for is a
+    KeyboardInterrupt (the caller raises its own error for any other code)."""
+    if rc == 2:
+        interrupt.check()
+
+
 class LoadedModel:
     """A llama.cpp model with one context. Not thread-safe; call `close()` when done."""
 
@@ -170,7 +212,10 @@ class LoadedModel:
         self._embed_ctx: Any = None
         try:
             self.ctx = self._new_context()
-        except ModelLoadError:
+            interrupt.check()  # a Ctrl-C that llama.cpp's log callback could not raise
+        except BaseException:
+            if self.ctx is not None:
+                self._ll.llama_free(self.ctx)
             self._ll.llama_model_free(self.model)
             raise
         self.vocab = self._ll.llama_model_get_vocab(self.model)
@@ -188,9 +233,11 @@ class LoadedModel:
         params.use_mmap = s.use_mmap
         params.main_gpu = s.main_gpu
         self._keep_alive = _placement_params(ll, params, s)
+        params.progress_callback = stop_callbacks()[0]  # a Ctrl-C stops the load
         mark = log().mark()
-        model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        model = _load_interruptibly(ll, str(self.path).encode(), params)
         if not model:
+            interrupt.check()  # stopped by a Ctrl-C: KeyboardInterrupt, not a load error
             why = "; ".join(log().errors_since(mark)[-3:]) or "see --verbose"
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
         return model
@@ -212,6 +259,7 @@ class LoadedModel:
         params.no_perf = True
         if self._eval_callback is not None:
             params.cb_eval = self._eval_callback
+        _abortable(params)
         mark = log().mark()
         ctx = ll.llama_init_from_model(self.model, params)
         if not ctx:
@@ -300,6 +348,7 @@ class LoadedModel:
         arr = (self._ll.llama_token * len(tokens))(*tokens)
         rc = self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(arr, len(tokens)))
         if rc != 0:
+            decode_failed(rc)
             reason = {1: "no KV cache slot (context full)", 2: "aborted"}.get(rc, f"error {rc}")
             raise GenerationError(f"llama_decode failed: {reason}")
 
@@ -412,6 +461,7 @@ class LoadedModel:
             params.embeddings = True
             params.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
             params.no_perf = True
+            _abortable(params)
             ctx = ll.llama_init_from_model(self.model, params)
             if not ctx:
                 raise ModelLoadError(
@@ -467,7 +517,9 @@ class LoadedModel:
             for seq, tokens in enumerate(group):
                 for pos, tok in enumerate(tokens):
                     batch.add(tok, pos, seq, True)
-            if ll.llama_decode(ctx, batch.raw) != 0:
+            rc = ll.llama_decode(ctx, batch.raw)
+            if rc != 0:
+                decode_failed(rc)
                 raise GenerationError("llama_decode failed while embedding")
         finally:
             batch.close()
