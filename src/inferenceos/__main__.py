@@ -1,5 +1,5 @@
 """`python -m inferenceos` runs the CLI."""
 
-from inferenceos.cli.main import main
+from inferenceos.cli.entry import main
 
 main()

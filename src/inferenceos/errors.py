@@ -50,3 +50,10 @@ class StorageError(InferenceOSError):
 class MediaError(InferenceOSError):
     """An image or audio input was refused: too large, of an unsupported type, corrupt,
     or from a source the server does not fetch (HTTP 400; the message says which)."""
+
+
+class Interrupted(InferenceOSError):
+    """The user pressed Ctrl-C before there was anything to show (exit 130, as a shell
+    reports a command ended by SIGINT)."""
+
+    exit_code = 130

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from inferenceos.cli import (
     benchmark_cmd,
@@ -43,9 +44,28 @@ from inferenceos.cli import (
     worker_cmd,
 )
 from inferenceos.cli.console import print_error, print_json
-from inferenceos.errors import InferenceOSError
+from inferenceos.errors import InferenceOSError, Interrupted
+
+
+class _Commands(typer.core.TyperGroup):
+    """The command group, with Ctrl-C inside a command made an error that `main` prints
+    (Typer would turn it into a silent exit 130)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted") from None
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted") from None
+
 
 app = typer.Typer(
+    cls=_Commands,
     name="inferenceos",
     help="Plan, run and serve GGUF models locally on llama.cpp.",
     no_args_is_help=True,
@@ -116,6 +136,14 @@ def _fail(message: str, code: int, kind: str, as_json: bool) -> None:
         print_json({"error": " ".join(message.split()), "type": kind})
     else:
         print_error(message)
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    if code == Interrupted.exit_code:
+        from inferenceos import interrupt
+
+        interrupt.exit_interrupted(code)
     sys.exit(code)
 
 
@@ -135,8 +163,8 @@ def main() -> None:
         code = app(standalone_mode=False)
     except InferenceOSError as exc:
         _fail(str(exc), exc.exit_code, type(exc).__name__, as_json)
-    except KeyboardInterrupt:
-        _fail("interrupted", 130, "Interrupted", as_json)
+    except KeyboardInterrupt:  # outside a command (while parsing the command line)
+        _fail("interrupted", Interrupted.exit_code, Interrupted.__name__, as_json)
     except Exception as exc:
         if _is_click_usage(exc):  # a bad option, a missing argument, an unknown command
             if not as_json or type(exc).__name__ == "NoArgsIsHelpError":
@@ -150,4 +178,4 @@ def main() -> None:
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} "
               "(set INFERENCEOS_DEBUG=1 to see the traceback)", 70, "InternalError", as_json)
-    sys.exit(code if isinstance(code, int) else 0)
+    _exit(code if isinstance(code, int) else 0)

@@ -209,7 +209,12 @@ def run(
 ) -> None:
     """Generate a completion for one prompt, streaming tokens as they come.
 
-    Without a prompt at a terminal, chat interactively instead (as `ollama run` does)."""
+    Without a prompt at a terminal, chat interactively instead (as `ollama run` does).
+    Ctrl-C stops it at any moment: exit 130, with the footer once the model is loaded
+    (`stop: interrupted`), one line before."""
+    from inferenceos import interrupt
+
+    interrupt.install()
     if prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
         from inferenceos.cli.chat_cmd import start_chat
 

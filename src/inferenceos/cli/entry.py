@@ -1,0 +1,22 @@
+"""The console entry point, importing nothing until it can answer a Ctrl-C.
+
+`inferenceos.cli.main` imports Typer, Rich and every command module (a few hundred
+milliseconds); a Ctrl-C in that time used to end in a Python traceback and exit -2.
+Here it ends in one line and exit 130, as it does once the command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    """Console entry point: import the CLI, then run it (`inferenceos.cli.main.main`)."""
+    try:
+        from inferenceos.cli.main import main as run_cli
+    except KeyboardInterrupt:
+        from inferenceos.interrupt import exit_interrupted
+
+        sys.stderr.write("error: interrupted\n")
+        exit_interrupted(130)
+    run_cli()
