@@ -206,6 +206,7 @@ def serve(
         max_body_bytes=int(max_body_mb * 1024 * 1024), max_running=parallel,
         max_waiting=queue, any_model=any_model, n_predict=n_predict, seed=seed,
         media_fetch=allow_media_urls or bool(cfg.get("server.media_fetch")),
+        shutdown_grace_s=float(cfg.get("server.shutdown_grace_s")),
     )
     catalog = Catalog(ModelStore(cfg.models_dir))
     settings = dataclasses.replace(settings,

@@ -3,12 +3,15 @@
 On SIGINT/SIGTERM (or `begin_shutdown()`): new generation requests get 503, uvicorn stops
 accepting connections and waits for in-flight ones; streams still running after
 `grace_s` are cancelled, which ends them cleanly (a last chunk with a finish reason,
-then `data: [DONE]` / a `done: true` line) rather than cutting the connection.
+then `data: [DONE]` / a `done: true` line) rather than cutting the connection. Then the
+process exits 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
@@ -34,6 +37,18 @@ class GracefulServer(uvicorn.Server):
             self._timer.daemon = True
             self._timer.start()
         self.should_exit = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, except that the SIGINT/SIGTERM that started the graceful shutdown
+        is not raised again once it is done (uvicorn re-raises it, so `serve` died by
+        SIGTERM, status -15, or printed an interruption): the drain is its handling, and
+        the exit status is 0."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                getattr(self, "_captured_signals", []).clear()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         first = not self.should_exit
