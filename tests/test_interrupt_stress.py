@@ -102,7 +102,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_sigterm_with_a_stream_in_flight_ends_it_cleanly_and_exits_0(tiny_wide: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_with_a_stream_in_flight_ends_it_cleanly_and_exits_0(
+        tiny_wide: Path, sig: signal.Signals) -> None:
+    """The stream still running after the grace (1 s) is cancelled: it ends with a last
+    chunk and [DONE], and the server exits 0."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferenceos", "serve", str(tiny_wide), "--port", str(port),
@@ -129,7 +133,7 @@ def test_sigterm_with_a_stream_in_flight_ends_it_cleanly_and_exits_0(tiny_wide: 
                 if line:
                     lines.append(line)
                 if len(lines) == 5:
-                    proc.send_signal(signal.SIGTERM)
+                    proc.send_signal(sig)
                     sent = time.monotonic()
         took = time.monotonic() - sent
         _, err = proc.communicate(timeout=30)
