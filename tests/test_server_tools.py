@@ -112,6 +112,45 @@ def test_auto_reply_is_parsed_into_a_call(client: openai.OpenAI) -> None:
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
 
 
+def _literal(text: str) -> str:
+    """A GBNF grammar whose only sentence is `text` (JSON escapes are GBNF's too)."""
+    return "root ::= " + json.dumps(text)
+
+
+FENCED = 'Checking.\n```json\n{"name": "weather", "arguments": {"city": "Paris"}}\n```'
+
+
+def test_a_fenced_call_after_text_is_a_tool_call(client: openai.OpenAI) -> None:
+    """What Qwen 2.5 Coder often writes instead of `<tool_call>` (a grammar makes the
+    random model write it), whole and streamed."""
+    kw = {**GREEDY, "tools": [WEATHER], "extra_body": {"grammar": _literal(FENCED)}}
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    calls = choice.message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("weather", {"city": "Paris"})]
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text.strip() == "Checking." and "```" not in text
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
+    assert [d.function.name for d in deltas if d.function] == ["weather"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("text", [
+    # a function nobody declared; arguments that do not fit the declared one
+    '```json\n{"name": "clock", "arguments": {"zone": "UTC", "hours": true}}\n```',
+    '{"name": "weather", "arguments": {"city": "Berlin"}}',
+])
+def test_json_naming_no_declared_call_stays_content(client: openai.OpenAI, text: str) -> None:
+    kw = {**GREEDY, "tools": [WEATHER], "extra_body": {"grammar": _literal(text)}}
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content == text
+    assert not choice.message.tool_calls
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
 def test_second_turn_with_the_tool_result(client: openai.OpenAI) -> None:
     first = client.chat.completions.create(**GREEDY, tools=[WEATHER], tool_choice="required")
     call = (first.choices[0].message.tool_calls or [])[0]
