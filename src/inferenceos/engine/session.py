@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +220,7 @@ class LoadedModel:
             raise
         self.vocab = self._ll.llama_model_get_vocab(self.model)
         self.n_vocab = int(self._ll.llama_vocab_n_tokens(self.vocab))
-        self.n_ctx = int(self._ll.llama_n_ctx(self.ctx))
+        self._adopt_context()
         self.load_s = time.perf_counter() - t0
         self._watchdog = _watch_workers(self.settings)  # once loaded: nothing to undo
         self.metrics = GenerationMetrics(load_s=self.load_s)
@@ -553,8 +553,20 @@ class LoadedModel:
             self.settings = settings
         self.free_context()
         self.ctx = self._new_context()
-        self.n_ctx = int(self._ll.llama_n_ctx(self.ctx))
+        self._adopt_context()
         return time.perf_counter() - t0
+
+    def _adopt_context(self) -> None:
+        """Take the context's sizes from llama.cpp: it pads n_ctx up (to 256 cells) and
+        caps n_batch and n_ubatch at the n_ctx asked for, so a batch sized from the
+        settings alone (`--ctx 20` with a 22-token prompt) tripped its
+        `GGML_ASSERT(n_tokens_all <= cparams.n_batch)` and killed the process. Everything
+        that sizes a batch reads `settings.n_batch`, so the settings follow."""
+        ll = self._ll
+        self.n_ctx = int(ll.llama_n_ctx(self.ctx))
+        n_batch, n_ubatch = int(ll.llama_n_batch(self.ctx)), int(ll.llama_n_ubatch(self.ctx))
+        if (n_batch, n_ubatch) != (self.settings.n_batch, self.settings.n_ubatch):
+            self.settings = replace(self.settings, n_batch=n_batch, n_ubatch=n_ubatch)
 
     def close(self) -> None:
         if getattr(self, "_watchdog", None) is not None:
