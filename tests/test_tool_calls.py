@@ -239,6 +239,10 @@ STREAMED = [
     'Plain text with a {"name": "get_time"} inside, and ``` ticks `` here`',
     f"<tool_call>\n{PARIS}\n</tool_call>",
     f"I will.\n{PARIS}\nDone.",
+    # long enough that a held candidate is only rescanned when a bracket closes
+    '{"items": [' + ", ".join(f'{{"id": {i}}}' for i in range(20)) + "]}\nAfter.",
+    'Sure.\n```json\n{"name": "get_current_weather", "arguments": {"location": "'
+    + "Llanfair" * 20 + '"}}\n```',
 ]
 
 

@@ -299,8 +299,18 @@ class ToolCallStream:
         self.fmt = fmt
         self.text = ""
         self._sent = 0
+        self._live: tuple[int, str] | None = None  # the held candidate: (start, state)
 
-    def _hold_from(self) -> int:
+    def _still_live(self, start: int, piece: str) -> bool:
+        """Whether the candidate held at the last feed is, without scanning it again.
+        Rescanning a long held JSON at every piece is quadratic; while it is unfinished
+        (PARTIAL) only a closing bracket or backtick can make it calls, so until one
+        arrives it stays held (a turn to BAD is seen a little later: held longer)."""
+        if self._live is None or self._live[0] != start or self._live[1] != PARTIAL:
+            return False
+        return len(self.text) - start > 64 and not any(c in piece for c in "}]`")
+
+    def _hold_from(self, piece: str) -> int:
         """Where the text that must stay back starts (len(text): nothing to hold)."""
         text, hold = self.text, len(self.text)
         marker = self.fmt.open
@@ -310,13 +320,18 @@ class ToolCallStream:
         for start in _starts(text, self.fmt, self._sent):
             if start >= hold:
                 break
-            if _scan(text, start, self.fmt)[0] != BAD:
+            if self._still_live(start, piece):
                 return start
+            state = _scan(text, start, self.fmt)[0]
+            if state != BAD:
+                self._live = (start, state)
+                return start
+        self._live = None
         return hold
 
     def feed(self, piece: str) -> str:
         self.text += piece
-        end = max(self._sent, self._hold_from())
+        end = max(self._sent, self._hold_from(piece))
         out, self._sent = self.text[self._sent:end], end
         return out
 
