@@ -263,3 +263,22 @@ def test_served_model_gets_the_same_plan_as_run_with_an_injected_gpu(tiny_llama:
         ran = _plan_settings(tiny_llama, LoadRequest(need_tokens=100))
     assert served == ran
     assert served.n_gpu_layers > 0 and served.devices == ("GPU0",)
+
+
+def test_a_promoted_model_no_longer_says_it_was_demoted(base_plan: Plan) -> None:
+    """`ps` showed `hot … demoted to warm (memory)` for a model that was hot again."""
+    mgr, _, clock = make(base_plan, cap=WEIGHTS * 2 + KV + COMPUTE)  # two weights, one ctx
+    use(mgr, clock, "a")
+    use(mgr, clock, "b")  # a goes warm
+    (a,) = [m for m in mgr.ps() if m["name"] == "a:latest"]
+    assert a["state"] == WARM and "demoted to warm (memory)" in a["reason"]
+    use(mgr, clock, "a")  # a is promoted, b goes warm
+    rows = {m["name"]: m for m in mgr.ps()}
+    assert rows["a:latest"]["state"] == HOT and "demoted" not in rows["a:latest"]["reason"]
+    assert "woke from warm" in rows["a:latest"]["reason"]
+    assert "default context" in rows["a:latest"]["reason"]  # why it has its context stays
+    assert "demoted to warm (memory)" in rows["b:latest"]["reason"]
+    use(mgr, clock, "b")
+    use(mgr, clock, "a")  # a second wake says so once
+    (a,) = [m for m in mgr.ps() if m["name"] == "a:latest"]
+    assert a["state"] == HOT and a["reason"].count("woke from warm") == 1

@@ -16,13 +16,19 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 _CONTROL = dict.fromkeys(c for c in range(32) if c not in (9,)) | {127: None}
 
 
+def clean_text(text: str) -> str:
+    """Untrusted text with its control characters removed, for output that Rich does not
+    parse as markup (a `Text`, or `markup=False`)."""
+    return text.translate(_CONTROL)
+
+
 def safe_text(text: str) -> str:
     """Text from an untrusted source (a GGUF file), made inert for the terminal.
 
     Control characters (ESC sequences could rewrite the screen or set the window title)
     are removed and Rich markup is escaped.
     """
-    return escape(text.translate(_CONTROL))
+    return escape(clean_text(text))
 
 
 def print_error(message: str) -> None:

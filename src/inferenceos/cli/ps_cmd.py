@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.cells import cell_len
+from rich.text import Text
 
-from inferenceos.cli.console import out, print_json, safe_text
+from inferenceos.cli.console import clean_text, out, print_json
 from inferenceos.errors import InferenceOSError
 from inferenceos.units import format_bytes as fmt_bytes
 
@@ -57,13 +59,114 @@ def ps(
     if as_json:
         print_json(data)
         return
-    table = Table("NAME", "STATE", "MEMORY", "CONTEXT", "UNTIL", "WHY", box=None)
-    for m in data.get("models", []):
-        table.add_row(safe_text(str(m.get("name"))), _state(m), _memory(m),
-                      f"{m.get('context_length', '')} × {m.get('slots', 1)}",
-                      safe_text(str(m.get("expires_at", ""))),
-                      safe_text(str(m.get("reason", ""))))  # fmt: skip
-    out.print(table)
+    rows = [[clean_text(str(m.get("name"))), _state(m), _memory(m),
+             f"{m.get('context_length', '')} × {m.get('slots', 1)}",
+             human_until(str(m.get("expires_at") or "")),
+             clean_text(str(m.get("reason") or ""))]
+            for m in data.get("models", [])]  # fmt: skip
+    for i, line in enumerate(render_table(rows, out.width)):
+        out.print(Text(line, style="bold" if i < 2 and _is_header(line) else ""),
+                  soft_wrap=True)
+
+
+HEADERS = ("NAME", "STATE", "MEMORY", "CONTEXT", "UNTIL", "WHY")
+GAP = "  "
+WHY_MIN = 24  # a reason narrower than this says too little: it gets its own line
+
+
+def render_table(rows: list[list[str]], width: int) -> list[str]:
+    """The table's lines for a terminal `width` cells wide.
+
+    Wide enough: one line per model (NAME STATE MEMORY CONTEXT UNTIL WHY), the reason
+    cut with an ellipsis to the width left. Narrower (at 80 columns with real names):
+    each model takes three lines, its whole name, then its state, memory, context and
+    expiry under one header, then `why:` and its reason on one line. Names are never
+    cut; a reason in full is in `ps --json`."""
+    cols = [max([cell_len(h), *(cell_len(r[i]) for r in rows)])
+            for i, h in enumerate(HEADERS[:5])]  # fmt: skip
+    used = sum(cols) + len(GAP) * len(cols)
+    longest_why = max((cell_len(r[5]) for r in rows), default=0)
+    if width - used >= min(WHY_MIN, max(3, longest_why)):
+        left = width - used
+        return [_line([*HEADERS[:5], HEADERS[5]], cols),
+                *(_line([*r[:5], _fit(r[5], left)], cols) for r in rows)]
+    rest = cols[1:]
+    lines = ["NAME", GAP + _line(list(HEADERS[1:5]), rest)]
+    for r in rows:
+        lines += [r[0], GAP + _line(r[1:5], rest)]
+        if r[5]:
+            lines.append(_fit(f"{GAP}why: {r[5]}", width))
+    return lines
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    """Cells padded to `widths` (the last cell, beyond them, as it is)."""
+    padded = [c + " " * (w - cell_len(c)) for c, w in zip(cells, widths, strict=False)]
+    return GAP.join([*padded, *cells[len(widths):]]).rstrip()
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` cut to `width` cells, an ellipsis marking the cut."""
+    if cell_len(text) <= width:
+        return text
+    cut = text
+    while cut and cell_len(cut) > width - 1:
+        cut = cut[:-1]
+    return cut.rstrip() + "…"
+
+
+def _is_header(line: str) -> bool:
+    return line.startswith("NAME") or line.strip().startswith("STATE")
+
+
+def human_until(expires_at: str, now: float | None = None) -> str:
+    """An expiry as Ollama's `ps` shows it: "4 minutes from now", "Forever" (Ollama's
+    far-future "never", and pins), "Stopping..." once past; text it cannot read as a
+    time is shown as it is."""
+    from datetime import datetime
+
+    if not expires_at:
+        return ""
+    try:
+        when = datetime.fromisoformat(expires_at).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return clean_text(expires_at)
+    now = time.time() if now is None else now
+    left = when - now
+    if left > 20 * 365 * 86400:
+        return "Forever"
+    if left <= 0:
+        return "Stopping..."
+    return f"{human_duration(left)} from now"
+
+
+def human_duration(seconds: float) -> str:
+    """Ollama's HumanDuration: "Less than a second", "30 seconds", "About a minute",
+    "4 minutes", "About an hour", "3 hours", "5 days", "3 weeks", "4 months", "2 years"."""
+    s = int(seconds)
+    if s < 1:
+        return "Less than a second"
+    if s == 1:
+        return "1 second"
+    if s < 60:
+        return f"{s} seconds"
+    minutes = s // 60
+    if minutes == 1:
+        return "About a minute"
+    if minutes < 60:
+        return f"{minutes} minutes"
+    hours = round(seconds / 3600)
+    if hours == 1:
+        return "About an hour"
+    if hours < 48:
+        return f"{hours} hours"
+    if hours < 24 * 7 * 2:
+        return f"{hours // 24} days"
+    if hours < 24 * 30 * 2:
+        return f"{hours // 24 // 7} weeks"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24 // 30} months"
+    return f"{int(seconds / 3600 / 24 / 365)} years"
 
 
 def _state(m: dict[str, Any]) -> str:
@@ -76,4 +179,4 @@ def _memory(m: dict[str, Any]) -> str:
     by_device = m.get("memory_by_device") or {}
     if not by_device:
         return fmt_bytes(int(m.get("size", 0)))
-    return ", ".join(f"{safe_text(str(d))} {fmt_bytes(int(b))}" for d, b in by_device.items())
+    return ", ".join(f"{clean_text(str(d))} {fmt_bytes(int(b))}" for d, b in by_device.items())

@@ -59,6 +59,7 @@ class LoadedModel:
     refs: int = 0
     expires_at: float | None = None  # monotonic deadline once idle; None: never
     reason: str = ""
+    hot_reason: str = ""  # the reason it had when hot, kept while warm (shown on waking)
     key: tuple[Any, ...] = field(default_factory=tuple)  # the load request it answers
     extra: dict[str, int] = field(default_factory=dict)  # e.g. a draft model, per device
 

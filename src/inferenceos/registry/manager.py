@@ -44,6 +44,7 @@ from inferenceos.registry.tiers import blockers, next_demotion, shortfall, used_
 from inferenceos.units import format_bytes as fb
 
 DEFAULT_KEEP_ALIVE_S = 300.0
+_WOKE = "woke from warm; "  # the reason a promoted model shows, before its load's
 
 
 class ModelBusyError(InferenceOSError):
@@ -280,6 +281,7 @@ class ModelManager:
             _call_tier(lm.engine, "wake")
             with self._lock:
                 lm.tier = HOT
+                lm.reason = _WOKE + (lm.hot_reason or lm.plan.summary())
                 self._lease(lm, keep_alive)
                 self.promotions_total += 1
         finally:
@@ -351,6 +353,8 @@ class ModelManager:
         if tier == WARM:
             _call_tier(lm.engine, "sleep")
             with self._lock:
+                # what the model says again once it wakes (once: not "woke from warm" twice)
+                lm.hot_reason = lm.reason.removeprefix(_WOKE)
                 lm.tier, lm.reason = WARM, f"demoted to warm ({reason})"
         else:
             self._close(lm, reason)
