@@ -190,6 +190,7 @@ def test_stats_report_kv_usage_per_slot(lm: LoadedModel) -> None:
     sched = create_scheduler(lm)
     sched.submit(Request(1, lm.tokenize("abc"), GREEDY))
     sched.step()
+    sched.step()  # the prompt, then its last token in a step of its own
     st = sched.stats()
     assert st["running"] == 1 and st["waiting"] == 0
     busy = [s for s in st["slots"] if s["busy"]]

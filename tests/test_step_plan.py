@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from inferenceos.engine.step_plan import SeqNeeds, schedule
 
 
@@ -17,8 +19,9 @@ def create_needs(n_generating: int, prompts: list[int], draft: int = 0) -> list[
 def test_decodes_come_first_then_prefill_chunks_within_budget() -> None:
     plan = schedule(create_needs(2, [30, 30]), budget=40, max_tokens=64)
     assert [(d.key, d.pos, d.tokens) for d in plan.decodes] == [(0, 10, (7,)), (1, 10, (7,))]
+    # the first prompt's last token waits for a step of its own
     assert [(p.key, p.start, len(p.tokens), p.last) for p in plan.prefills] == [
-        (2, 0, 30, True), (3, 0, 8, False)]  # fmt: skip
+        (2, 0, 29, False), (3, 0, 9, False)]  # fmt: skip
     assert plan.n_tokens == 40
 
 
@@ -72,8 +75,21 @@ def test_a_media_span_gets_a_step_of_its_own_chunked_by_the_budget() -> None:
     rest = schedule([_media_seq(n_prefilled=10)], budget=64, max_tokens=64, media_first=True)
     assert rest.media is not None and (rest.media.start, len(rest.media.tokens)) == (10, 4)
     tail = schedule([_media_seq(n_prefilled=14)], budget=64, max_tokens=64, media_first=True)
-    assert tail.media is None and tail.prefills[0].tokens == (5, 6, 7)
-    assert tail.prefills[0].last
+    assert tail.media is None and tail.prefills[0].tokens == (5, 6)
+    last = schedule([_media_seq(n_prefilled=16)], budget=64, max_tokens=64, media_first=True)
+    assert last.prefills[0].tokens == (7,) and last.prefills[0].last
+
+
+def test_a_prompts_last_token_is_evaluated_alone_as_after_a_cached_prefix() -> None:
+    """Cold or with all but its last token cached, the last prompt token is the only row
+    of its prefill work: llama.cpp's kernels sum a row differently in a batch of one."""
+    cold = schedule(create_needs(0, [12]), budget=64, max_tokens=64)
+    assert [(p.start, len(p.tokens), p.last) for p in cold.prefills] == [(0, 11, False)]
+    (need,) = create_needs(0, [12])
+    cached = schedule([replace(need, n_prefilled=11)], budget=64, max_tokens=64)
+    assert [(p.start, len(p.tokens), p.last) for p in cached.prefills] == [(11, 1, True)]
+    one = schedule(create_needs(0, [1]), budget=64, max_tokens=64)
+    assert [(p.start, len(p.tokens), p.last) for p in one.prefills] == [(0, 1, True)]
 
 
 def test_an_atomic_span_goes_whole_whatever_the_budget() -> None:

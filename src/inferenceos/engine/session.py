@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from inferenceos import interrupt
+from inferenceos.engine import step_plan
 from inferenceos.engine.candidates import logits_row
 from inferenceos.engine.llama_lib import lib, log, stop_callbacks
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
@@ -382,7 +383,11 @@ class LoadedModel:
         self.reset()
         with SamplerChain(sampling, self.vocab) as sampler:
             t0 = time.perf_counter()
-            self.prefill(prompt_tokens)
+            if step_plan.SEPARATE_LAST_TOKEN:  # as the scheduler does (step_plan.py, 2.)
+                self.prefill(prompt_tokens[:-1])
+                self.prefill(prompt_tokens[-1:])
+            else:
+                self.prefill(prompt_tokens)
             token = sampler.sample(self.ctx)
             t_first = time.perf_counter()
             m.ttft_s = t_first - t0

@@ -9,6 +9,11 @@
    pending token) so the batch stays within `max_tokens`;
 2. prefill chunks of admitted prompts, oldest first, up to the step's token budget
    (which the decodes and drafts count against), logits only for a prompt's last token.
+   That last token is evaluated in a step of its own (after the rest of the prompt), as
+   it must be when the rest was cached: llama.cpp's CPU kernels give a row slightly
+   different sums in a batch of one than in a batch of many, so a temperature-0 request
+   answered differently the second time, from the cache, than the first (docs/engine.md,
+   "Same request, same answer"). One more decode step on a cold prompt buys that.
 
 Media (an image's or audio clip's encoder outputs, `SeqNeeds.media` spans of the prompt)
 cannot share a llama_batch with tokens: a batch carries either token ids or embeddings.
@@ -25,6 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+# the last prompt token in a step of its own (module doc, 2.); benchmarks/determinism.py
+# turns it off for its baseline
+SEPARATE_LAST_TOKEN = True
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,9 @@ def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int,
         if s.n_prefilled >= len(s.prompt) or _span_at(s, s.n_prefilled) is not None:
             continue  # done, or waiting for a media step
         end = _text_end(s, min(len(s.prompt), s.n_prefilled + left))
+        if (SEPARATE_LAST_TOKEN and end == len(s.prompt) and end - s.n_prefilled > 1
+                and _span_at(s, end - 1) is None):
+            end -= 1  # the last prompt token in a step of its own (module doc, 2.)
         prefills.append(PrefillWork(s.key, s.n_prefilled, tuple(s.prompt[s.n_prefilled:end]),
                                     end == len(s.prompt)))  # fmt: skip
         left -= end - s.n_prefilled
