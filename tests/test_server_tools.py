@@ -234,3 +234,16 @@ def test_ollama_model_without_tools_support(oclient: ollama.Client) -> None:
 def test_ollama_show_lists_the_tools_capability(oclient: ollama.Client) -> None:
     assert "tools" in (oclient.show("hermes").capabilities or [])
     assert "tools" not in (oclient.show("tiny").capabilities or [])
+
+
+def test_apply_template_renders_the_tools_as_a_chat_request_does(server: Harness) -> None:
+    """llama-server's /apply-template with `tools`: the prompt the chat completion would
+    send, the tool declarations in it (they were left out)."""
+    plain = httpx.post(server.url + "/apply-template", timeout=30,
+                       json={"model": "hermes", "messages": ASK}).json()["prompt"]
+    r = httpx.post(server.url + "/apply-template", timeout=30,
+                   json={"model": "hermes", "messages": ASK, "tools": [WEATHER]})
+    assert r.status_code == 200
+    with_tools = r.json()["prompt"]
+    assert '"weather"' not in plain and '"weather"' in with_tools
+    assert with_tools.endswith(plain[plain.rindex("<|im_start|>user"):])

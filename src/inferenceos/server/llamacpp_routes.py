@@ -55,6 +55,7 @@ from inferenceos.server.openai_routes import ERROR_RESPONSES, chat_message
 from inferenceos.server.openai_schema import ChatMessageIn
 from inferenceos.server.sse import ClosingStreamingResponse
 from inferenceos.server.state import ServerState
+from inferenceos.server.tool_schema import ToolDef
 
 router = APIRouter(tags=["llama.cpp"], responses=ERROR_RESPONSES)
 
@@ -329,16 +330,19 @@ async def detokenize(request: Request, body: dict[str, Any] = Body(...)) -> Any:
 class TemplateRequest(BaseModel):
     model: str = Field("", max_length=200)
     messages: list[ChatMessageIn] = Field(..., min_length=1)
+    tools: list[ToolDef] | None = Field(None, max_length=128)  # rendered as chat does
 
 
 async def _chat_prompt(state: ServerState, body: TemplateRequest) -> tuple[str, int]:
-    """The rendered chat prompt for `body` under the model's template, and its tokens."""
+    """The rendered chat prompt for `body` (its tools included, as a chat completion
+    renders them) under the model's template, and its tokens."""
     name = state.model_name(body.model)
     messages = [chat_message(m) for m in body.messages]
+    tools = [t.for_template() for t in body.tools] if body.tools else None
 
     def work() -> tuple[str, int]:
         with state.manager.acquire(name) as lease:
-            text = lease.engine.chat_prompt(messages)
+            text = lease.engine.chat_prompt(messages, tools=tools)
             return text, len(lease.engine.tokenize(text))
 
     return await call_in_thread(work)
