@@ -282,3 +282,11 @@ def test_a_promoted_model_no_longer_says_it_was_demoted(base_plan: Plan) -> None
     use(mgr, clock, "a")  # a second wake says so once
     (a,) = [m for m in mgr.ps() if m["name"] == "a:latest"]
     assert a["state"] == HOT and a["reason"].count("woke from warm") == 1
+
+
+def test_load_pinned_loads_every_pinned_model_up_front(base_plan: Plan) -> None:
+    mgr, made, _ = make(base_plan, cap=None, pinned=["b:latest", "a:latest"])
+    started: list[str] = []
+    assert mgr.load_pinned(on_start=started.append) == ["b:latest", "a:latest"] == started
+    assert tiers(mgr) == {"a": HOT, "b": HOT} and len(made) == 2
+    assert all(m["pinned"] and m["in_use"] == 0 and m["expires_at"] is None for m in mgr.ps())

@@ -71,7 +71,7 @@ def ps(
 
 HEADERS = ("NAME", "STATE", "MEMORY", "CONTEXT", "UNTIL", "WHY")
 GAP = "  "
-WHY_MIN = 24  # a reason narrower than this says too little: it gets its own line
+WHY_MIN = 20  # a reason narrower than this says too little: it gets its own line
 
 
 def render_table(rows: list[list[str]], width: int) -> list[str]:

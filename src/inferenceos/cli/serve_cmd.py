@@ -127,6 +127,51 @@ def _print_default_plan(manager: object, name: str) -> None:
     err.print(f"{name}: {plan.summary()}", style="dim", markup=False)
 
 
+def _stderr_logging(verbose: bool) -> None:
+    """What the server prints on stderr: warnings, and with -v the INFO lines too (the
+    access log, one JSON line per response, and the server's events), as `ollama serve`
+    and llama-server users expect. Our loggers' warnings already reach stderr through
+    `logs.setup` (once: this handler leaves them out); the root handler is only added
+    when none is configured (an embedding program keeps its own)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+
+    def keep(record: logging.LogRecord) -> bool:
+        ours = record.name == "inferenceos" or record.name.startswith("inferenceos.")
+        return not ours or (verbose and record.levelno < logging.WARNING)
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(keep)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _load_pinned(manager: object) -> None:
+    """Load the pinned models before the server listens: a pinned model is hot when the
+    server first answers (its plan line prints as it loads). One that cannot be loaded
+    stops `serve` with the reason (InferenceOSError), after unloading the others."""
+    from inferenceos.errors import InferenceOSError
+    from inferenceos.registry.manager import ModelManager
+
+    assert isinstance(manager, ModelManager)
+    current = [""]
+
+    def starting(name: str) -> None:
+        current[0] = name
+        err.print(f"loading pinned model {name}...", style="dim", markup=False)
+
+    try:
+        manager.load_pinned(on_start=starting)
+    except InferenceOSError as exc:
+        manager.close()
+        raise InferenceOSError(f"cannot load the pinned model {current[0]}: {exc}") from None
+    except BaseException:  # Ctrl-C while loading: no worker left behind
+        manager.close()
+        raise
+
+
 def serve(
     model: Annotated[str, typer.Argument(
         help="Default model: a .gguf path, a registry name (default: built-in Gemma 3 270M)"
@@ -219,11 +264,12 @@ def serve(
     )  # fmt: skip
     base.validate()
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
+    manager_pins = [catalog.resolve(p).name for p in pinned]
     manager = ModelManager(
         catalog.resolve, factory=engine_factory(queue, draft=draft, kv_policy=kv_policy),
         budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
         base=base, slots=parallel, keep_alive_s=keep_alive,
-        max_loaded=max_models or None, pinned=[catalog.resolve(p).name for p in pinned],
+        max_loaded=max_models or None, pinned=manager_pins,
         on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False),
     )  # fmt: skip
     cert_file, key_file = _tls_files(tls_cert, tls_key)
@@ -233,15 +279,16 @@ def serve(
         err.print(_TLS_WARNING.format(
             host=settings.host, key=" and the API key" if settings.api_key else ""),
             style="bold red")
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(message)s")
+    _stderr_logging(verbose)
     problem = bind_error(settings.host, settings.port)
     if problem is not None:
         raise UsageError(
             f"cannot listen on {settings.host}:{settings.port}: {problem.strerror or problem} "
             "(another InferenceOS or Ollama server? choose one with --port)"
         )
-    _print_default_plan(manager, settings.default_model)
+    if settings.default_model not in manager_pins:  # a pinned one prints it as it loads
+        _print_default_plan(manager, settings.default_model)
+    _load_pinned(manager)
     scheme = "https" if cert_file else "http"
     err.print(f"InferenceOS API on {scheme}://{settings.host}:{settings.port} "
               f"(default model {settings.default_model}; OpenAI at /v1, Ollama at /api)")

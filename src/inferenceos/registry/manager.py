@@ -12,7 +12,8 @@ Contract of `ModelManager`:
   warm = what stays when the context is freed.
 - Room is made by memory, least recently used first, hot → warm before warm → cold
   (`tiers`); pinned models are never demoted. A load that cannot fit even then raises
-  `NoRoomError` (503) with the figures.
+  `NoRoomError` (503) with the figures. `load_pinned()` loads the pinned models up
+  front (`serve --pin` calls it before it listens).
 - Ollama's keep_alive: seconds an idle model stays loaded (0: unloaded on release,
   negative: never by time; memory pressure may still demote an unpinned model).
 - Requests carrying load overrides (num_ctx, num_gpu, ...) get a model planned for
@@ -135,6 +136,7 @@ class ModelManager:
         self.keep_alive_s = keep_alive_s
         self.max_loaded = max_loaded
         self._pinned_names = set(pinned)
+        self._pin_order = list(dict.fromkeys(pinned))  # load_pinned's order
         self._hint = context_hint
         self._on_load = on_load
         self._clock = clock
@@ -476,8 +478,22 @@ class ModelManager:
         resolved = self._resolve(name).name
         with self._lock:
             self._pinned_names.add(resolved)
+            if resolved not in self._pin_order:
+                self._pin_order.append(resolved)
             if resolved in self._models:
                 self._models[resolved].pinned = True
+
+    def load_pinned(self, on_start: Callable[[str], None] | None = None) -> list[str]:
+        """Load every pinned model now, in the order given (what `serve --pin` does
+        before it answers, so no request pays the load); the names loaded. Raises what
+        `acquire` raises for the first one that cannot be loaded (those loaded before it
+        stay loaded)."""
+        names = [n for n in self._pin_order if n in self._pinned_names]
+        for name in names:
+            if on_start is not None:
+                on_start(name)
+            self.acquire(name).release()
+        return names
 
     def ps(self) -> list[dict[str, Any]]:
         """What `inferenceos ps --json` shows per loaded model."""
