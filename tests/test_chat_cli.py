@@ -118,7 +118,7 @@ def test_reply_stats_save_clear_bye(letters: Path, tmp_path: Path,
     assert want in screen  # the streamed reply, as the API computes it
     s.line("/stats")
     screen = s.wait(r"context used")
-    assert re.search(r"TTFT\s+\d+ ms", screen)
+    assert re.search(r"TTFT\s+[\d.]+ ms", screen)  # tenths below 10 ms
     assert re.search(r"reply\s+12 tokens at [\d.]+ t/s", screen)
     assert re.search(r"context used\s+\d+ of 256 tokens", screen)
     s.line("/save conv.json")
@@ -329,3 +329,80 @@ def test_image_command_sends_the_image_with_the_next_message(
     screen = s.wait(r"context used", count=2)
     text_only = int(re.findall(r"prompt\s+(\d+) tokens", screen)[-1])
     assert with_image - text_only >= 16  # the image's 16 cells (and its marker's newline)
+
+
+def _image(path: Path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.random.default_rng(3).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(path)
+    return path
+
+
+def test_image_on_a_text_only_model_is_refused_at_once(letters: Path, tmp_path: Path,
+                                                       screens: list[Screen]) -> None:
+    """/image on a model without a projector: one error line, nothing attached, and
+    the next message is answered (it used to fail every message until /clear)."""
+    _image(tmp_path / "cat.png")
+    s = _chat(screens, tmp_path, "chat", str(letters), "--theme", "none", "--local", *GREEDY)
+    s.line("/image cat.png")
+    screen = s.wait(r"error: .*cannot see images")
+    assert "goes with your next message" not in screen
+    assert len(re.findall(r"error:", screen)) == 1
+    s.line("hello there")
+    screen = s.wait(r">>> ", count=3)
+    assert _expected(letters, [{"role": "user", "content": "hello there"}]) in screen
+    assert len(re.findall(r"error:", screen)) == 1  # only the refusal
+    s.line("/bye")
+    assert "EXITED=0" in s.wait(r"EXITED=\d+")
+
+
+def test_mmproj_gives_chat_the_projector(tiny_vlm_pair: tuple[Path, Path], tmp_path: Path,
+                                         screens: list[Screen]) -> None:
+    """`chat --mmproj FILE` loads the projector with a model that has none beside it,
+    as `run --mmproj` does; `--mmproj none` makes the pair text-only."""
+    model, mmproj = tiny_vlm_pair
+    alone = tmp_path / "alone.gguf"
+    alone.symlink_to(model)
+    _image(tmp_path / "cat.png")
+    s = _chat(screens, tmp_path, "chat", str(alone), "--mmproj", str(mmproj), "--theme",
+              "none", "--local", *GREEDY)
+    s.line("/image cat.png")
+    s.wait(r"image cat.png \(50x40\) goes with your next message")
+    s.line("what is it")
+    s.wait(r">>> ", count=3)
+    s.line("/stats")
+    prompt = int(re.findall(r"prompt\s+(\d+) tokens", s.wait(r"context used"))[-1])
+    assert prompt >= 16  # the image's cells
+    assert "error" not in s.text()
+    s.line("/bye")
+    s.wait(r"EXITED=0")
+    s = _chat(screens, tmp_path, "chat", str(model), "--mmproj", "none", "--theme", "none",
+              "--local", *GREEDY)
+    s.line("/image cat.png")
+    s.wait(r"error: .*cannot see images")
+    s.line("/bye")
+    s.wait(r"EXITED=0")
+
+
+def test_stats_after_ctrl_c_show_the_part_that_ran(slow_letters: Path, tmp_path: Path,
+                                                   screens: list[Screen]) -> None:
+    """A reply stopped by Ctrl-C: /stats gives its TTFT and decode speed over the tokens
+    it wrote, not zeros."""
+    s = _chat(screens, tmp_path, "chat", str(slow_letters), "--theme", "none", "--local",
+              "--max-tokens", "100000", "--threads", "1", "--temperature", "0")
+    s.line("go on forever")
+    s.wait(r"forever\n.{20}")
+    s.send("C-c")
+    s.wait(r"\[reply stopped\]")
+    s.line("/stats")
+    screen = s.wait(r"context used")
+    ttft = re.search(r"TTFT\s+([\d.]+) ms", screen)
+    assert ttft and float(ttft.group(1)) > 0, screen
+    reply = re.search(r"reply\s+(\d+) tokens at ([\d.]+) t/s \(stop: interrupted\)", screen)
+    assert reply and int(reply.group(1)) >= 20 and float(reply.group(2)) > 0, screen
+    prompt = re.search(r"prompt\s+(\d+) tokens at ([\d.]+) t/s", screen)
+    assert prompt and int(prompt.group(1)) > 0 and float(prompt.group(2)) > 0, screen
+    s.line("/bye")
+    assert "EXITED=0" in s.wait(r"EXITED=\d+")

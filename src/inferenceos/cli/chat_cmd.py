@@ -28,6 +28,7 @@ from inferenceos.cli.chat_session import (
     probe_server,
 )
 from inferenceos.cli.limits import check_threads
+from inferenceos.cli.plan_opts import MmprojOpt
 from inferenceos.errors import InferenceOSError, UsageError
 
 HELP = """\
@@ -37,7 +38,8 @@ HELP = """\
 /stats           speed and context of the last reply
 /clear           forget the conversation
 /save FILE       save the conversation (JSON)   /load FILE   load one
-/image FILE      show the model an image with your next message (needs a projector)
+/image FILE      show the model an image with your next message (needs a projector:
+                 one beside the model, or chat --mmproj FILE)
 /bye             leave (or Ctrl-D)
 \"\"\"              begin and end a multi-line message
 Ctrl-C stops a reply without leaving."""
@@ -102,7 +104,9 @@ def read_message(read: Callable[[str], str], prompt: str, more: str) -> str:
 def open_backend(model: str, url: str | None, api_key: str, local: bool,
                  load_options: dict[str, Any]) -> Backend:
     """A server backend when a server answers and `model` is not a file path, else
-    the model in this process. An explicit `url` that does not answer is an error."""
+    the model in this process. An explicit `url` that does not answer is an error.
+    `load_options` go to `inferenceos.load`; a server loads its models itself, so an
+    `mmproj` there is refused (a request cannot name a projector)."""
     from inferenceos.config import load_config
 
     is_file = bool(model) and (Path(model).expanduser().exists() or model.endswith(".gguf"))
@@ -113,6 +117,11 @@ def open_backend(model: str, url: str | None, api_key: str, local: bool,
         target = url or f"http://{f'[{host}]' if ':' in host else host}:{cfg.get('server.port')}"
         key = api_key or str(cfg.get("server.api_key") or "")
         if probe_server(target, key):
+            if load_options.get("mmproj") is not None:
+                raise UsageError(
+                    f"--mmproj is for a model loaded here, and {model or 'the model'} is "
+                    f"served by {target}, which uses the projector it has for it; add "
+                    "--local to load the model here with this projector")
             return ServerBackend(target, model, key)
         if url:
             raise InferenceOSError(f"no server answers at {url}")
@@ -198,6 +207,11 @@ class ChatUI:
         except InferenceOSError as exc:
             sys.stdout.write("\033[0m\n" if t.reply else "\n")
             self.say(f"error: {exc}", "error")
+            if self.session.images:  # kept, they would fail every message after this one
+                n = len(self.session.images)
+                self.session.images.clear()
+                self.say(f"({n} attached image{'s' if n > 1 else ''} dropped with the "
+                         "failed message: /image again to send it)")
         sys.stdout.flush()
 
     def command(self, line: str) -> bool:
@@ -247,6 +261,11 @@ class ChatUI:
             s.backend.close()
             s.backend = backend
             self.announce()
+            unseen = s.unseen_images()
+            if unseen:
+                s.images.clear()
+                self.say(f"note: {backend.name} cannot see images: the {unseen} in this "
+                         "conversation are left out of what it is sent")
         else:
             raise UsageError(f"unknown command {cmd}; /help lists them")
         return True
@@ -310,11 +329,12 @@ def chat(
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+    mmproj: MmprojOpt = None,
 ) -> None:
     """Chat with a model interactively: streaming, history, /commands (/help)."""
     start_chat(model, system=system, theme=theme, url=url, api_key=api_key, local=local,
                ctx=ctx, threads=threads, verbose=verbose,
-               load={"gpu_layers": gpu_layers, "backend": backend},
+               load={"gpu_layers": gpu_layers, "backend": backend, "mmproj": mmproj},
                options={k: v for k, v in (("temperature", temperature), ("seed", seed),
                                           ("max_tokens", max_tokens)) if v is not None})
 
@@ -324,14 +344,18 @@ def start_chat(model: str, *, system: str | None = None, theme: str = "auto",
                ctx: int = 0, threads: int = 0, verbose: bool = False,
                options: dict[str, Any] | None = None,
                load: dict[str, Any] | None = None) -> None:
-    """Open the model and run the chat loop (also what `run MODEL` does at a terminal)."""
+    """Open the model and run the chat loop (also what `run MODEL` does at a terminal).
+    `load`: more `inferenceos.load` options; its `mmproj` is `model`'s projector (a
+    model opened by /switch finds its own)."""
     chosen = pick_theme(theme, sys.stdout.isatty())
     load_options = {"n_ctx": ctx, "threads": threads, "verbose": verbose, **(load or {})}
+    mmproj = load_options.pop("mmproj", None)
 
     def open_model(name: str) -> Backend:
         return open_backend(name, url, api_key or "", local, load_options)
 
-    session = ChatSession(open_model(model), system or "")
+    first = open_backend(model, url, api_key or "", local, {**load_options, "mmproj": mmproj})
+    session = ChatSession(first, system or "")
     for key, value in (options or {}).items():
         if value is not None:
             session.set_option(key, str(value))

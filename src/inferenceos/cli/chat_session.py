@@ -43,9 +43,12 @@ _TOO_LONG = re.compile(r"prompt has \d+ tokens")
 
 @dataclass
 class ReplyStats:
-    """Figures of the last reply, for `/stats`."""
+    """Figures of the last reply, for `/stats`. A reply stopped early (Ctrl-C) keeps
+    what was measured of the part that ran; a figure never measured is 0 and shown as
+    such in words, never as "0 ms" or "0.0 t/s". `prompt_tokens` None: not known (a
+    server reports it only when a reply ends)."""
 
-    prompt_tokens: int = 0
+    prompt_tokens: int | None = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
     ttft_s: float = 0.0
@@ -55,17 +58,41 @@ class ReplyStats:
     stop_reason: str = ""
 
     def lines(self) -> list[str]:
-        used = self.prompt_tokens + self.completion_tokens
+        n_out = self.completion_tokens
+        used = (self.prompt_tokens or 0) + n_out
         used = min(used, self.n_ctx) if self.n_ctx else used
         share = f" ({100 * used / self.n_ctx:.0f} %)" if self.n_ctx else ""
         cached = f", {self.cached_tokens} reused from the cache" if self.cached_tokens else ""
+        stopped = self.stop_reason == "interrupted"
+        if self.ttft_s > 0:
+            ms = self.ttft_s * 1000
+            ttft = f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+        elif stopped and not n_out:
+            ttft = "- (the reply was stopped before its first token)"
+        else:
+            ttft = "-"
+        if self.prompt_tokens is None:
+            prompt = "? tokens (the server reports them when a reply ends)"
+        else:
+            prompt = _tokens(self.prompt_tokens) + (
+                f" at {self.prompt_tps:.1f} t/s" if self.prompt_tps > 0 else
+                " (stopped before it was read)" if stopped and not n_out else "") + cached
+        if self.decode_tps > 0:
+            speed = f" at {self.decode_tps:.1f} t/s"
+        elif n_out == 1:
+            speed = " (one token: no decode speed)"
+        else:
+            speed = ""
         return [
-            f"TTFT          {self.ttft_s * 1000:.0f} ms",
-            f"prompt        {self.prompt_tokens} tokens at {self.prompt_tps:.1f} t/s{cached}",
-            f"reply         {self.completion_tokens} tokens at {self.decode_tps:.1f} t/s "
-            f"(stop: {self.stop_reason or '-'})",
+            f"TTFT          {ttft}",
+            f"prompt        {prompt}",
+            f"reply         {_tokens(n_out)}{speed} (stop: {self.stop_reason or '-'})",
             f"context used  {used} of {self.n_ctx or '?'} tokens{share}",
         ]
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
 
 
 class Backend(Protocol):
@@ -74,6 +101,7 @@ class Backend(Protocol):
     name: str
     where: str  # "in-process" or the server's URL
     has_template: bool
+    sees_images: bool | None  # whether it takes images (None: the server did not say)
     stats: ReplyStats
 
     def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
@@ -93,6 +121,7 @@ class LocalBackend:
         self.model = inferenceos.load(model, **load_options)
         self.name = self.model.name
         self.has_template = self.model.has_chat_template
+        self.sees_images: bool | None = bool(self.model.engine.media_support.get("vision"))
         self.stats = ReplyStats(n_ctx=self.model.n_ctx)
 
     def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
@@ -171,6 +200,8 @@ class ServerBackend:
             shown = json.loads(r.read())
         self.name = model
         self.has_template = bool(shown.get("template"))
+        caps = shown.get("capabilities")  # Ollama's list; "vision" with a projector
+        self.sees_images: bool | None = "vision" in caps if isinstance(caps, list) else None
         self.stats = ReplyStats()
 
     def _n_ctx(self) -> int:
@@ -199,20 +230,33 @@ class ServerBackend:
         body.update(stream=True, options=opts)
         t0 = time.perf_counter()
         final: dict[str, Any] = {}
-        with _request(self.url + path, self.api_key, body) as resp:
-            for line in resp:
-                if not line.strip():
-                    continue
-                msg = json.loads(line)
-                if msg.get("error"):
-                    raise InferenceOSError(f"the server failed: {msg['error']}")
-                piece = msg.get(key)
-                text = piece.get("content", "") if isinstance(piece, dict) else piece or ""
-                if text:
-                    yield text
-                if msg.get("done"):
-                    final = msg
-                    break
+        n_out, first, last = 0, 0.0, 0.0  # pieces streamed, when the first and last came
+        try:
+            with _request(self.url + path, self.api_key, body) as resp:
+                for line in resp:
+                    if not line.strip():
+                        continue
+                    msg = json.loads(line)
+                    if msg.get("error"):
+                        raise InferenceOSError(f"the server failed: {msg['error']}")
+                    piece = msg.get(key)
+                    text = piece.get("content", "") if isinstance(piece, dict) else piece or ""
+                    if not msg.get("done"):
+                        last = time.perf_counter()
+                        first, n_out = first or last, n_out + 1
+                    if text:
+                        yield text
+                    if msg.get("done"):
+                        final = msg
+                        break
+        except (KeyboardInterrupt, GeneratorExit):
+            # stopped early: the server's figures come only with the last line, so
+            # what this side measured stands in (one streamed line per token)
+            self.stats = ReplyStats(
+                None, 0, n_out, first - t0 if n_out else 0.0, 0.0,
+                (n_out - 1) / (last - first) if n_out > 1 and last > first else 0.0,
+                self.stats.n_ctx, "interrupted")  # fmt: skip
+            raise
         self.stats = self._stats(final, time.perf_counter() - t0)
 
     def _stats(self, final: dict[str, Any], wall_s: float) -> ReplyStats:
@@ -256,20 +300,36 @@ class ChatSession:
         if user_text is not None:
             tail = [{"role": "user", "content": user_text,
                      **({"images": list(self.images)} if self.images else {})}]
-        return head + self.history + tail
+        if self.backend.sees_images is not False:
+            return head + self.history + tail
+        # a model that cannot see (after /switch): the text of every message, its images
+        # kept in the history for a model that can
+        return [{k: v for k, v in m.items() if k != "images"}
+                for m in head + self.history + tail]
 
     def attach_image(self, path: Path) -> str:
         """`/image FILE`: check the image now and send it with the next message (as
-        Ollama's chat does); what to tell the user."""
+        Ollama's chat does); what to tell the user. UsageError, and nothing attached,
+        when the model cannot see images (no projector)."""
         import base64
 
         from inferenceos.media.files import decode_media, read_media_bytes
 
+        if self.backend.sees_images is False:
+            raise UsageError(f"{self.backend.name} cannot see images: it has no multimodal "
+                             "projector (start chat with --mmproj FILE); nothing attached")
         data = read_media_bytes(path, "image")
         item = decode_media(data, "image")  # a bad file fails here, not mid-reply
         self.images.append(base64.b64encode(data).decode())
         return (f"image {Path(path).name} ({item.nx}x{item.ny}) goes with your next "
                 f"message ({len(self.images)} attached)")
+
+    def unseen_images(self) -> int:
+        """Images in the conversation (and attached) that the backend cannot see, and
+        that `messages` therefore leaves out."""
+        if self.backend.sees_images is not False:
+            return 0
+        return len(self.images) + sum(len(m.get("images") or ()) for m in self.history)
 
     def ask(self, text: str) -> Iterator[str]:
         """Stream the reply to `text`. The exchange joins the history when the reply

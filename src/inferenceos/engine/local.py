@@ -28,7 +28,7 @@ import inferenceos.errors as errors
 from inferenceos.engine.chat_template import ChatMessage, render_chat
 from inferenceos.engine.engine import Events, Generation, stream_event
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadedModel, LoadSettings, TokenEvent
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 
@@ -78,6 +78,7 @@ class LocalEngine:
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._inbox: dict[int, collections.deque[tuple[str, Any]]] = {}
+        self._cut: dict[int, dict[str, Any]] = {}  # metrics of requests a failed step ended
         self._closed = False
 
     # -- facts ---------------------------------------------------------------------------
@@ -212,7 +213,10 @@ class LocalEngine:
         try:
             events: list[Event] = list(self._sched.step())
         except BaseException:
-            # a step cut short (Ctrl-C, a bug): its KV cells cannot be trusted
+            # a step cut short (Ctrl-C, a bug): its KV cells cannot be trusted; what its
+            # requests measured so far (TTFT, t/s) stays for their streams' metrics
+            for seq in self._sched.running:
+                self._cut[seq.req.id] = seq.metrics.to_json()
             self._dispatch(self._sched.fail_all("the step was interrupted"))
             raise
         self._dispatch(events)
@@ -237,8 +241,12 @@ class LocalEngine:
         finally:
             with self._lock:
                 if not finished and not self._closed:  # closed early or cancelled
+                    ended = [p for _, kind, p in self._sched.cancel(req_id) if kind == "done"]
+                    cut = self._cut.get(req_id) or (ended[0] if ended else None)
+                    if cut is not None:
+                        _keep_measured(gen, cut, self.load_s)
                     gen.metrics.stop_reason = "interrupted"
-                    self._sched.cancel(req_id)
+                self._cut.pop(req_id, None)
                 self._inbox.pop(req_id, None)
 
     def close(self) -> None:
@@ -259,3 +267,11 @@ class LocalEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _keep_measured(gen: Generation, measured: dict[str, Any], load_s: float) -> None:
+    """The metrics of a request ended early: the scheduler's figures of the part that ran
+    (prompt, TTFT, decode t/s), over the tokens the caller was given."""
+    shown = gen.metrics.completion_tokens
+    gen.metrics = GenerationMetrics.from_json(measured)
+    gen.metrics.load_s = load_s
+    gen.metrics.completion_tokens = shown
