@@ -117,3 +117,38 @@ def test_apply_tuned_reads_the_stored_best(tiny_llama: Path) -> None:
     assert phrase.startswith("tuned by optimize") and "decode 1.20x" in phrase
     pinned, _ = apply_tuned(tiny_llama, plan, pinned={"n_threads"})
     assert pinned.n_threads == 2
+
+
+def test_a_budget_for_the_baseline_only_stores_nothing_and_says_so(
+    tiny_llama: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`optimize --budget 5` where one trial takes 1.5 s (Gemma here): only the baseline
+    ran. It showed an empty trials table and said "Stored as this machine's best
+    settings"; now it stores nothing and says what budget would do."""
+    import time
+
+    from inferenceos.tuning import search
+    from inferenceos.tuning.trials import TrialResult
+
+    class Slow:
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def run(self, knobs: Knobs, phase: str, **kw: object) -> TrialResult:
+            time.sleep(1.5)
+            return TrialResult(knobs, phase, 500.0, 50.0, 512, 64, elapsed_s=1.5)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(search, "TrialRunner", Slow)
+    code, out, err = run_main(["optimize", str(tiny_llama), "--budget", "5"], capsys,
+                              monkeypatch)  # fmt: skip
+    assert code == 1, err
+    assert "Stored" not in err + out and "search trials" not in out
+    assert "baseline" in out and "500.0 t/s" in out
+    assert "nothing was compared and nothing stored" in err and "--budget 30" in err
+    assert len(err.strip().splitlines()) == 1
+    telemetry.recorder().flush()
+    assert best_settings(tiny_llama) is None  # run and serve keep their own plans
+    assert len(telemetry.trials(tiny_llama)) == 1  # the trial itself is recorded

@@ -288,3 +288,44 @@ def test_thread_counts_transfer_only_under_the_same_load() -> None:
     idle["measured"]["free_threads"] = 2
     got = apply_best(idle_plan, idle)
     assert (got.n_threads, got.n_threads_batch) == (2, 1)
+
+
+def test_a_budget_that_pays_for_the_baseline_only_says_nothing_was_compared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`optimize --budget 5` on a model whose trial takes 1.5 s: the baseline alone fits.
+    The result must not claim the defaults were "the fastest settings tried"."""
+    import time as _time
+
+    from inferenceos.tuning import space
+    from inferenceos.tuning.search import optimize
+
+    class Slow(FakeRunner):
+        def run(self, knobs: Knobs, phase: str, **kw):  # type: ignore[no-untyped-def]
+            _time.sleep(0.3)
+            res = super().run(knobs, phase, **kw)
+            res.elapsed_s = 0.3
+            return res
+
+    monkeypatch.setattr(space, "physical_cores", lambda: 4)
+    runner = Slow(lambda k: (100.0, 50.0))
+    result = optimize(Path("m.gguf"), budget_s=1.0, max_threads=4, runner=runner)
+    assert [p for p, _ in runner.seen] == ["baseline"]
+    assert not any("fastest" in n for n in result.notes), result.notes
+    assert result.compared == 0 and result.ended == "budget"
+    assert any("baseline" in n and "nothing was compared" in n for n in result.notes)
+    assert result.to_json()["compared"] == 0
+
+
+def test_describe_shows_the_values_the_plan_applies() -> None:
+    """The plan line said `1 thread` and then `tuned by optimize: t2/2`: the stored
+    thread counts (found with 2 CPUs free) were not applied with 1 free."""
+    best = _best(n_threads=2, n_threads_batch=2)
+    best["measured"]["free_threads"] = 2
+    plan = LoadSettings(n_batch=512, n_ubatch=512, n_threads=1, n_threads_batch=1)
+    applied = apply_best(plan, best)
+    assert applied.n_threads == 1
+    text = describe(best, applied)
+    assert "t1/1 b1024/u256" in text and "t2/2 b" not in text
+    assert "optimize found t2/2 with 2 CPUs free" in text
+    assert "t2/2 b1024/u256" in describe(best)  # the stored best alone, as before

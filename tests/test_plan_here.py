@@ -48,3 +48,40 @@ def test_policy_comes_with_the_request_and_is_validated(tiny_llama: Path) -> Non
     assert here.policy.resolved == "capacity"
     with pytest.raises(UsageError, match="unknown policy"):
         plan_here(facts, machine(ram=8 * GiB), LoadRequest(policy="fastest"), sense_load=False)
+
+
+def _store(path: Path, free_threads: int, **settings: object) -> None:
+    base = {"n_threads": 2, "n_threads_batch": 2, "n_batch": 2048, "n_ubatch": 512,
+            "flash_attn": -1, "type_k": "f16", "type_v": "f16", "n_gpu_layers": 0}
+    rec = telemetry.recorder()
+    rec.best(path, settings={**base, **settings},
+             measured={"free_threads": free_threads, "ratios": {"prefill": 1.0,
+                                                                "decode": 1.0}})  # fmt: skip
+    rec.flush(timeout=10)
+
+
+def test_the_plan_line_names_the_threads_it_runs_with(tiny_llama: Path) -> None:
+    """After `optimize` ran with 2 CPUs free, a plan made with 1 free said `1 thread` and
+    then `tuned by optimize: t2/2`: the phrase now shows what the plan applies."""
+    facts = load_model_facts(tiny_llama)
+    _store(tiny_llama, free_threads=2)
+    plan = plan_here(facts, machine(ram=8 * GiB, threads=1), LoadRequest(),
+                     sense_load=False).plan  # fmt: skip
+    p = plan.params()
+    assert (p.n_threads, p.n_threads_batch) == (1, 1)
+    (phrase,) = [c.what for c in plan.changes if "tuned by optimize" in c.what]
+    assert "t1/1 " in phrase and "1 thread ·" in plan.summary()
+    assert "found t2/2 with 2 CPUs free" in phrase
+
+
+def test_the_summary_shows_tuned_thread_counts(tiny_llama: Path) -> None:
+    """Tuned decode and prompt threads differ (t1/2): the summary says so, not the
+    planner's own count."""
+    facts = load_model_facts(tiny_llama)
+    _store(tiny_llama, free_threads=2, n_threads=1, n_threads_batch=2, n_ubatch=256)
+    plan = plan_here(facts, machine(ram=8 * GiB, threads=2), LoadRequest(),
+                     sense_load=False).plan  # fmt: skip
+    p = plan.params()
+    assert (p.n_threads, p.n_threads_batch) == (1, 2) and plan.threads == 2
+    assert "1 thread (2 for prompts)" in plan.summary()
+    assert f"ubatch {p.n_ubatch} ·" in plan.summary()

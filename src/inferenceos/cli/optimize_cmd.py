@@ -10,7 +10,7 @@ import typer
 
 from inferenceos.cli.console import err, out, print_json, safe_text
 from inferenceos.cli.model_arg import resolve_model
-from inferenceos.errors import UsageError
+from inferenceos.errors import InferenceOSError, UsageError
 
 if TYPE_CHECKING:
     from inferenceos.tuning.search import SearchResult
@@ -24,6 +24,22 @@ def _has_gpu() -> bool:
     from inferenceos.plan.devices import local_machine
 
     return bool(lib().llama_supports_gpu_offload()) and bool(local_machine().accelerators)
+
+
+def _report_baseline_only(result: SearchResult) -> None:
+    """The budget paid for the baseline alone: its figures, and no trials table."""
+    base = result.baseline_measured
+    out.print(
+        f"baseline (llama.cpp defaults)  {result.baseline.label()}\n"
+        f"  prefill {base['prefill_tps']:,.1f} t/s · decode {base['decode_tps']:,.1f} t/s"
+    )
+
+
+def _needed_budget(result: SearchResult) -> int:
+    """A budget that pays for a search: about a dozen trials like the baseline, in
+    whole tens of seconds (at least 30)."""
+    first = result.trials[0].elapsed_s if result.trials else MIN_BUDGET_S
+    return max(30, int(-(-12 * first // 10) * 10))
 
 
 def _report(result: SearchResult) -> None:
@@ -42,7 +58,8 @@ def _report(result: SearchResult) -> None:
         status = "refused" if t.error else "stopped" if t.stopped_early else ""
         table.add_row(t.dimension, t.knobs.label(), f"{t.prefill_tps:,.1f}",
                       f"{t.decode_tps:,.1f}" if t.decode_tokens else "—", status)  # fmt: skip
-    out.print(table)
+    if table.row_count:
+        out.print(table)
     base, best, r = result.baseline_measured, result.best_measured, result.ratios
     out.print(
         f"\nbaseline (llama.cpp defaults)  {result.baseline.label()}\n"
@@ -113,9 +130,18 @@ def optimize(
 
         result = search(path, budget_s=budget, has_gpu=has_gpu, n_layers=spec.block_count,
                         on_trial=on_trial)  # fmt: skip
-    records.best(path, sid, result)
+    stored = result.compared > 0  # a best that no trial was compared with is no best
+    if stored:
+        records.best(path, sid, result)
     records.flush()
     if as_json:
-        print_json(result.to_json())
-    else:
+        print_json({**result.to_json(), "stored": stored})
+    elif stored:
         _report(result)
+    else:
+        _report_baseline_only(result)
+    if not stored:
+        raise InferenceOSError(
+            f"--budget {budget:g} s paid for the baseline trial only "
+            f"({result.trials[0].elapsed_s:.1f} s): nothing was compared and nothing "
+            f"stored; give it --budget {_needed_budget(result)} or more")

@@ -130,8 +130,10 @@ class Plan:
     # -- presentation ---------------------------------------------------------------------
 
     def summary(self) -> str:
-        """One line, for `run`: context, KV, placement, memory."""
-        c = self.ctx
+        """One line, for `run`: context, KV, placement, threads, memory, as loaded: the
+        llama parameters after any override (optimize's stored best), not the planner's
+        own picks before them."""
+        c, p = self.ctx, self.params()
         where = (
             f"{self.placement.gpu_layers}/{len(self.placement.dense)} layers on "
             f"{', '.join(self.accelerators)}"
@@ -143,10 +145,13 @@ class Plan:
         if self.projector is not None:
             pp = self.projector
             flags += f" · projector {pp.kind} on {pp.device} ({format_bytes(pp.bytes)})"
+        fa = {-1: "auto", 0: "off", 1: "on"}.get(p.flash_attn, str(p.flash_attn))
+        t, tb = p.n_threads, p.n_threads_batch
+        threads = f"{t} thread{'s' if t != 1 else ''}" + (
+            f" ({tb} for prompts)" if tb and tb != t else "")
         return (
-            f"plan: ctx {c.n_ctx} · KV {c.type_k}/{c.type_v} · flash-attn "
-            f"{'on' if c.flash_attn else 'off'} · ubatch {c.n_ubatch} · {where} · "
-            f"{self.threads} thread{'s' if self.threads != 1 else ''} · {mem}{flags}"
+            f"plan: ctx {c.n_ctx} · KV {p.type_k}/{p.type_v} · flash-attn {fa} · "
+            f"ubatch {p.n_ubatch} · {where} · {threads} · {mem}{flags}"
         )
 
     def to_json(self) -> dict[str, Any]:

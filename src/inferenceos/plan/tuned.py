@@ -17,7 +17,8 @@ what the planner already decided:
 - GPU layers only ever go down (fewer layers on a GPU need less of its memory);
 - `pinned` names parameters the user set explicitly: those are never touched.
 
-`describe(best)` is the phrase the plan line shows. Telemetry failures read as "nothing
+`describe(best, applied)` is the phrase the plan line shows: the values applied, and
+the stored thread counts when they were not. Telemetry failures read as "nothing
 stored" (the store itself warns once), so a broken database never stops a run.
 """
 
@@ -91,10 +92,18 @@ def apply_best(params: Any, best: dict[str, Any], pinned: Iterable[str] = ()) ->
     return replace(params, **change)
 
 
-def describe(best: dict[str, Any]) -> str:
+def describe(best: dict[str, Any], applied: Any = None) -> str:
     """The plan line's phrase, e.g. `tuned by optimize 2026-11-30: t2/2 b512/u256 fa:on
-    kv:f16/f16 (prefill 1.04x, decode 1.02x vs llama.cpp defaults)`."""
-    s = best.get("settings", {})
+    kv:f16/f16 (prefill 1.04x, decode 1.02x vs llama.cpp defaults)`.
+
+    With `applied` (the parameters after `apply_best`) it names the values the plan
+    runs with, and says when the stored thread counts were left out (found with
+    another number of CPUs free, or above the plan's), so the phrase never contradicts
+    the plan line's own thread count."""
+    stored = best.get("settings", {})
+    s = dict(stored)
+    if applied is not None:
+        s.update({k: getattr(applied, k) for k in TUNED_KEYS if hasattr(applied, k)})
     fa = {-1: "auto", 0: "off", 1: "on"}.get(s.get("flash_attn", -1), "?")
     when = time.strftime("%Y-%m-%d", time.localtime(best.get("ts") or 0))
     text = (f"tuned by optimize {when}: t{s.get('n_threads', '?')}/"
@@ -104,6 +113,12 @@ def describe(best: dict[str, Any]) -> str:
     if isinstance(ratios, dict) and "prefill" in ratios and "decode" in ratios:
         text += (f" (prefill {ratios['prefill']:.2f}x, decode {ratios['decode']:.2f}x vs "
                  "llama.cpp defaults)")  # fmt: skip
+    found = (stored.get("n_threads"), stored.get("n_threads_batch"))
+    if applied is not None and None not in found and found != (s["n_threads"],
+                                                                s["n_threads_batch"]):
+        then = best.get("measured", {}).get("free_threads")
+        when = f" with {then} CPUs free" if isinstance(then, int) else ""
+        text += (f"; threads as planned (optimize found t{found[0]}/{found[1]}{when})")
     return text
 
 
@@ -114,4 +129,5 @@ def apply_tuned(model_path: str | Path, params: Any, pinned: Iterable[str] = ())
     best = best_settings(model_path)
     if best is None:
         return params, ""
-    return apply_best(params, best, pinned), describe(best)
+    applied = apply_best(params, best, pinned)
+    return applied, describe(best, applied)

@@ -14,6 +14,8 @@
    and the ratios the medians of per-round ratios.
    A best that does not beat the baseline there (`stopping.confirmed`: no phase below
    1.0x, a score gain of at least 1 %) is dropped: the defaults are kept and stored.
+   When the budget pays for the baseline alone, nothing was compared (`compared` is 0)
+   and `optimize` stores nothing.
 
 The budget covers all of it. What a trial of given settings costs is known from its
 last trial (`TrialResult.steady_s`: the measurement without load and warm-up); a sweep
@@ -65,10 +67,14 @@ class SearchResult:
     # the machine when the search started: thread counts only transfer to a plan made
     # under the same conditions (see plan.tuned.apply_best)
     conditions: dict[str, float] = field(default_factory=dict)
+    # settings other than the baseline measured (in full, or stopped early as hopeless):
+    # 0 when the budget paid for the baseline alone (nothing compared, nothing to store)
+    compared: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "model": self.model,
+            "compared": self.compared,
             "baseline": {"settings": self.baseline.to_json(), **self.baseline_measured},
             "best": self.best.to_json(),
             "best_measured": self.best_measured,
@@ -276,14 +282,18 @@ def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> Sea
             ended = "budget"
             break
     notes: list[str] = []
+    compared = len({t.knobs for t in s.trials if t.ok and t.knobs != base})
     if best == base:
         base_runs = [t for t in s.trials if t.knobs == base and t.ok and
                      not t.stopped_early]  # fmt: skip
         measured = _measured(base_runs or [first])
-        note = "llama.cpp's defaults were the fastest settings tried"
+        note = ("llama.cpp's defaults were the fastest settings tried" if compared else
+                f"the budget ({s.budget_s:.0f} s) paid for the baseline trial only (it "
+                f"took {first.elapsed_s:.1f} s): nothing was compared")  # fmt: skip
         return SearchResult(str(path), base, measured, base, measured,
                             {"prefill": 1.0, "decode": 1.0}, s.trials, s.budget_s,
-                            time.monotonic() - s.started, ended, 0, [note])  # fmt: skip
+                            time.monotonic() - s.started, ended, 0, [note],
+                            compared=compared)  # fmt: skip
     rb, rc = s.pair(base, best, "confirm", s.rounds, timed=True)
     ratios = {
         "prefill": round(stopping.paired_ratios([r.prefill_tps for r in rc],
@@ -300,4 +310,4 @@ def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> Sea
         best, best_m, ratios = base, base_m, {"prefill": 1.0, "decode": 1.0}
     return SearchResult(str(path), base, base_m, best, best_m, ratios, s.trials,
                         s.budget_s, time.monotonic() - s.started, ended, len(rb),
-                        notes)  # fmt: skip
+                        notes, compared=compared)  # fmt: skip
