@@ -107,3 +107,21 @@ def test_catalog_resolves_aliases_then_registry(tmp_path: Path, tiny_llama: Path
 def test_index_survives_a_new_store_object(tmp_path: Path, tiny_llama: Path) -> None:
     ModelStore(tmp_path).import_file(tiny_llama, "tiny")
     assert ModelStore(tmp_path).get("tiny").size == tiny_llama.stat().st_size
+
+
+def test_a_mistyped_name_through_the_server_gets_did_you_mean(tmp_path: Path,
+                                                              tiny_llama: Path) -> None:
+    """What an API client reads (the catalog's message): the closest names, whether
+    registered or served from a file."""
+    store = ModelStore(tmp_path / "models")
+    store.import_file(tiny_llama, "qwen-coder")
+    with pytest.raises(ModelNotFoundError, match=r"did you mean 'qwen-coder:latest'\?"):
+        Catalog(store).resolve("qwen-codr")
+    served = Catalog(store, [tiny_llama])
+    with pytest.raises(ModelNotFoundError) as info:
+        served.resolve("tiny-lama")
+    assert "did you mean 'tiny-llama:latest'?" in str(info.value)
+    assert "this server serves: tiny-llama:latest" in str(info.value)
+    with pytest.raises(ModelNotFoundError) as info:
+        store.get("qwen-cod")
+    assert str(info.value) == "model 'qwen-cod:latest' not found; did you mean 'qwen-coder:latest'?"

@@ -46,3 +46,41 @@ def test_registry_names_work_where_paths_do(tiny_llama: Path) -> None:
     assert run_cli("inspect", "tiny").returncode == 0
     r = run_cli("run", "no-such-model", "-p", "ab")
     assert r.returncode != 0 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_models_search_takes_several_words(tiny_llama: Path) -> None:
+    """`models search qwen 1.5b` was a usage error; only the quoted form worked."""
+    assert run_cli("models", "pull", str(tiny_llama), "--name",
+                   "qwen2.5-coder-1.5b-instruct").returncode == 0  # fmt: skip
+    assert run_cli("models", "pull", str(tiny_llama), "--name", "qwen2.5-0.5b").returncode == 0
+    for words in (["qwen", "1.5b"], ["qwen 1.5b"]):
+        r = run_cli("models", "search", *words, "--json")
+        assert r.returncode == 0, r.stderr
+        assert [m["name"] for m in json.loads(r.stdout)] == ["qwen2.5-coder-1.5b-instruct:latest"]
+    r = run_cli("models", "search", "qwen", "7b")
+    assert r.returncode == 1 and "no registered model matches 'qwen 7b'" in r.stderr
+
+
+def test_a_mistyped_name_gets_did_you_mean(tiny_llama: Path) -> None:
+    assert run_cli("models", "pull", str(tiny_llama), "--name", "qwen-coder").returncode == 0
+    for args in (["run", "qwen-codr", "-p", "ab"], ["models", "show", "qwen-codr"],
+                 ["rm", "qwen-codr"], ["simulate", "qwen-codr"]):  # fmt: skip
+        r = run_cli(*args)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "did you mean 'qwen-coder:latest'?" in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    r = run_cli("run", "zzzzzz", "-p", "ab")  # nothing close: no suggestion
+    assert r.returncode == 1 and "did you mean" not in r.stderr
+
+
+def test_close_names_prefers_prefixes_then_difflib() -> None:
+    from inferenceos.registry.names import close_names, did_you_mean
+
+    names = ["qwen2.5-coder-0.5b-instruct:latest", "gemma3-270m:latest", "tiny:q8",
+             "tiny:latest"]  # fmt: skip
+    assert close_names("qwen", names) == ["qwen2.5-coder-0.5b-instruct:latest"]
+    assert close_names("gema3-270m", names) == ["gemma3-270m:latest"]
+    assert close_names("tiny:q4", names)[0] == "tiny:q8"
+    assert close_names("zzzz", names) == [] and did_you_mean("zzzz", names) == ""
+    assert did_you_mean("tin", ["tiny:latest", "tiny:q8"]) == (
+        "; did you mean 'tiny:latest' or 'tiny:q8'?")

@@ -69,15 +69,18 @@ def resolve(model: str | Path = "") -> Path:
     from inferenceos.registry.names import InvalidNameError, canonical
     from inferenceos.registry.store import ModelStore
 
+    store = ModelStore()
     try:
-        entry = ModelStore().find(str(model))
+        entry = store.find(str(model))
     except InvalidNameError:
         raise ModelNotFoundError(f"no model file or registry name {str(model)!r}") from None
     if entry is None and canonical(str(model)) == canonical(DEFAULT_MODEL_NAME):
         return ensure_default_model()  # the built-in model needs no pull
-    if entry is None or not entry.path.is_file():
-        raise ModelNotFoundError(
-            f"model '{model}' not found: pass a .gguf path, or `inferenceos pull` it first")
+    if entry is None:  # a typo gets the registered names closest to it
+        raise ModelNotFoundError(store.not_found(str(model)) or (
+            f"model '{model}' not found: pass a .gguf path, or `inferenceos pull` it first"))
+    if not entry.path.is_file():
+        store.get(entry.name)  # says whether the file was moved, deleted or is missing
     return entry.path
 
 

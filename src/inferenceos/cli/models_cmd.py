@@ -100,10 +100,13 @@ def list_models(
 
 @models_app.command("search")
 def search(
-    text: Annotated[str, typer.Argument(help="Words to look for (all must match)")],
+    words_in: Annotated[list[str], typer.Argument(
+        metavar="WORDS...", help="Words to look for (all must match)")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
-    """Registered models whose name, architecture, type or source hold every word."""
+    """Registered models whose name, architecture, type or source hold every word
+    (`models search qwen 1.5b`, as `models search "qwen 1.5b"`)."""
+    text = " ".join(words_in)
     words = text.lower().split()
     hits = [e for e in _store().list()
             if all(w in f"{e.name} {e.architecture} {e.file_type} {e.source}".lower()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferenceos.errors import ModelNotFoundError, StorageError
-from inferenceos.registry.names import canonical
+from inferenceos.registry.names import canonical, did_you_mean
 from inferenceos.registry.store import (
     AUTO,
     ModelEntry,
@@ -143,13 +143,19 @@ class Catalog:
         raise ModelNotFoundError(self._not_found(key))
 
     def _not_found(self, key: str) -> str:
-        """Name the models that do work when the server serves files (few, known)."""
+        """Name the registered names closest to `key` (a typo), and the models that do
+        work when the server serves files (few, known)."""
+        try:
+            registered = [e.name for e in self.store.list()]
+        except StorageError:
+            registered = []
+        hint = did_you_mean(key, [*self._aliases, *self._plain, *registered])
         if not self._aliases:
-            return f"model '{key}' not found, try pulling it first"
+            return f"model '{key}' not found" + (hint or ", try pulling it first")
         names = [*self._aliases, *self._plain]
         shown = ", ".join(sorted(names)[:MAX_NAMES_SHOWN])
         more = f" and {len(names) - MAX_NAMES_SHOWN} more" if len(names) > MAX_NAMES_SHOWN else ""
-        return f"model '{key}' not found; this server serves: {shown}{more}"
+        return f"model '{key}' not found{hint}; this server serves: {shown}{more}"
 
     def names(self) -> list[ResolvedModel]:
         """Every model a client may name: aliases first, then the registry."""

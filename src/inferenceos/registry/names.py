@@ -11,7 +11,9 @@ nothing else in the registry builds a path from raw client text.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from inferenceos.errors import UsageError
@@ -75,3 +77,29 @@ def parse_digest(text: str) -> str:
     if m is None:
         raise InvalidNameError(f"invalid digest {str(text)[:80]!r}: expected sha256:<64 hex>")
     return m["hex"]
+
+
+def close_names(text: str, names: Iterable[str], n: int = 3) -> list[str]:
+    """Up to `n` of `names` closest to the name `text` (a typo, a short form), best
+    first: names that start with what was typed (`qwen` → `qwen2.5-coder-0.5b:latest`),
+    then difflib's closest. The `:latest` tag is ignored on both sides."""
+    def stem(name: str) -> str:
+        return name.lower().removesuffix(f":{DEFAULT_TAG}")
+
+    typed = stem(str(text))
+    by_stem: dict[str, str] = {}
+    for name in names:
+        by_stem.setdefault(stem(name), name)
+    by_stem.pop(typed, None)  # the name itself is no suggestion
+    starts = [s for s in sorted(by_stem) if len(typed) >= 3 and s.startswith(typed)]
+    similar = difflib.get_close_matches(typed, list(by_stem), n=n, cutoff=0.6)
+    return [by_stem[s] for s in dict.fromkeys([*starts, *similar])][:n]
+
+
+def did_you_mean(text: str, names: Iterable[str]) -> str:
+    """"; did you mean 'a' or 'b'?" for a not-found message, or "" when nothing is close."""
+    hits = [f"'{h}'" for h in close_names(text, names)]
+    if not hits:
+        return ""
+    listed = hits[0] if len(hits) == 1 else f"{', '.join(hits[:-1])} or {hits[-1]}"
+    return f"; did you mean {listed}?"

@@ -46,7 +46,7 @@ from pathlib import Path
 import inferenceos.sqlite_db as sqlite_db
 from inferenceos.errors import GGUFFormatError, ModelNotFoundError, StorageError, UsageError
 from inferenceos.paths import ensure_dir
-from inferenceos.registry.names import canonical, parse_digest
+from inferenceos.registry.names import canonical, did_you_mean, parse_digest
 
 BUILTIN_SOURCE = "builtin"
 AUTO = "auto"  # import_file's projector: the one found beside the file
@@ -213,6 +213,17 @@ class ModelStore:
             rows = conn.execute("SELECT * FROM models ORDER BY name").fetchall()
         return [self._entry(r) for r in rows]
 
+    def not_found(self, name: str) -> str:
+        """"model 'NAME' not found; did you mean 'X'?" when registered names are close
+        to `name` (a typo), else "" (the caller says what to do instead)."""
+        try:
+            with self._db() as conn:
+                names = [r[0] for r in conn.execute("SELECT name FROM models")]
+        except (StorageError, sqlite3.Error):
+            return ""
+        hint = did_you_mean(name, names)
+        return f"model '{name}' not found{hint}" if hint else ""
+
     def find(self, name: str) -> ModelEntry | None:
         """The entry for `name` (validated), or None."""
         key = canonical(name)
@@ -224,7 +235,8 @@ class ModelStore:
         """The entry for `name`; ModelNotFoundError when it is not registered."""
         entry = self.find(name)
         if entry is None:
-            raise ModelNotFoundError(f"model '{canonical(name)}' not found; pull it first")
+            raise ModelNotFoundError(self.not_found(canonical(name)) or
+                                     f"model '{canonical(name)}' not found; pull it first")
         if not entry.path.is_file():
             # no path: this message reaches API clients
             where = "its file was moved or deleted" if entry.in_place else "its file is missing"
@@ -364,7 +376,7 @@ class ModelStore:
             row = conn.execute("SELECT projector_digest, projector_location FROM models "
                                "WHERE name = ?", (key,)).fetchone()
             if row is None:
-                raise ModelNotFoundError(f"model '{key}' not found")
+                raise ModelNotFoundError(self.not_found(key) or f"model '{key}' not found")
             conn.execute("UPDATE models SET projector_digest = ?, projector_location = ? "
                          "WHERE name = ?", (hex_, where, key))
         self._drop_unused_projector(row["projector_digest"], row["projector_location"])
@@ -514,7 +526,7 @@ class ModelStore:
                                "projector_location FROM models WHERE name = ?",
                                (key,)).fetchone()
             if row is None:
-                raise ModelNotFoundError(f"model '{key}' not found")
+                raise ModelNotFoundError(self.not_found(key) or f"model '{key}' not found")
             conn.execute("DELETE FROM models WHERE name = ?", (key,))
             others = conn.execute(
                 "SELECT COUNT(*) FROM models WHERE digest = ? AND parts = ? "
