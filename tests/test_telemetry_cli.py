@@ -110,3 +110,19 @@ def test_logs_show_levels_and_follow(tiny_llama: Path, capsys: pytest.CaptureFix
     assert code == 0 and "inferenceos.run" not in out
     code, _, err = run_main(["logs", "--level", "loud"], capsys, monkeypatch)
     assert code == 2 and "unknown level" in err
+
+
+def test_stats_model_takes_the_name_the_model_ran_under(tiny_llama: Path) -> None:
+    """`stats --model NAME` found nothing for a model run as NAME: runs record the
+    file's own name (its GGUF header's), or NAME:latest through the server."""
+    assert run_cli("pull", str(tiny_llama), "--name", "mytiny").returncode == 0
+    r = run_cli("run", "mytiny", "-p", "hi", "-n", "3", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    for name in ("mytiny", "mytiny:latest", "MyTiny", "tiny-llama", str(tiny_llama)):
+        r = run_cli("stats", "--model", name, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["runs"] == 1, name
+    r = run_cli("stats", "--model", "mytiny")
+    assert r.returncode == 0 and "tiny-llama" in r.stdout
+    r = run_cli("stats", "--model", "other")
+    assert r.returncode == 0 and "no runs recorded for 'other'" in r.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,26 @@ def _f(x: float | None, nd: int = 1) -> str:
     if x is None:
         return "-"
     return f"{x:.0f}" if x >= 100 else f"{x:.{nd}f}"
+
+
+def _model_filter(model: str | None) -> Path | str | None:
+    """What `--model` means to the telemetry store: a file is itself; a registry name
+    is its file (runs are keyed by the file's digest, whatever name they ran under:
+    `run NAME` records the GGUF header's name, the server NAME:latest); anything else
+    is matched against the recorded names."""
+    if not model:
+        return None
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    from inferenceos.errors import InferenceOSError
+    from inferenceos.registry.store import ModelStore
+
+    try:
+        entry = ModelStore().find(model)
+    except InferenceOSError:  # not a registry name (a recorded name may be any text)
+        return model
+    return entry.path if entry is not None and entry.path.is_file() else model
 
 
 def stats(
@@ -31,11 +52,19 @@ def stats(
     """Runs per model and machine, decode and prefill t/s and TTFT percentiles."""
     from inferenceos import telemetry
 
-    rows = telemetry.stats(model, None if machine == "all" else machine, source=source)
+    mach = None if machine == "all" else machine
+    rows = telemetry.stats(_model_filter(model), mach, source=source)
     if as_json:
         print_json({"database": str(telemetry.db_path()),
                     "runs": sum(s.runs for s in rows),
                     "models": [s.to_json() for s in rows]})
+        return
+    if not rows and model:
+        from inferenceos.registry.names import did_you_mean
+
+        recorded = [s.model_name for s in telemetry.stats(None, mach, source=source)]
+        out.print(f"no runs recorded for {model!r}{did_you_mean(model, recorded)}",
+                  markup=False)
         return
     if not rows:
         out.print("no runs recorded yet (see `inferenceos telemetry`)")

@@ -11,7 +11,8 @@ Filters:
   which includes knowledge imported from a twin machine), `"current"` (this exact
   fingerprint), `None` or `"all"` (every machine), or a fingerprint.
 - `model`: None (every model), a GGUF path (its digest is looked up; hashed once and
-  cached), a digest (64 hex digits, or a `q:` quick id), or a model name as recorded.
+  cached), a digest (64 hex digits, or a `q:` quick id), or a model name as recorded
+  (any case; `NAME` also matches `NAME:latest`).
 """
 
 from __future__ import annotations
@@ -201,9 +202,9 @@ def _where(machine: MachineFilter, model: ModelFilter) -> tuple[list[str], list[
         elif _HEX64.match(key) or key.startswith("q:"):
             clauses.append("mo.digest = ?")
             args.append(key)
-        else:
-            clauses.append("mo.name = ?")
-            args.append(key)
+        else:  # a recorded name, in any case, with or without its :latest tag
+            clauses.append("(lower(mo.name) = ? OR lower(mo.name) = ?)")
+            args += [key.lower(), key.lower().removesuffix(":latest") + ":latest"]
     return clauses, args
 
 
