@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 import shutil
 import subprocess
 import time
@@ -150,3 +152,69 @@ def test_the_dashboard_follows_the_api_rules(letters: Path, tmp_path: Path,
         browsers.append(b)
         b.wait("document.getElementById('status').textContent === 'live'")
         assert "key" not in b.js("location.href")  # not left in the address bar
+
+
+# the labels of each canvas's last frame ({canvas id: [text, ...]}), recorded from
+# before the page's script runs (a frame starts with clearRect)
+RECORD_LABELS = """
+window.__drawn = {};
+const proto = CanvasRenderingContext2D.prototype;
+const clearRect = proto.clearRect, fillText = proto.fillText;
+proto.clearRect = function (...args) {
+  window.__drawn[this.canvas.id] = [];
+  return clearRect.apply(this, args);
+};
+proto.fillText = function (text, ...rest) {
+  (window.__drawn[this.canvas.id] ||= []).push(String(text));
+  return fillText.call(this, text, ...rest);
+};
+"""
+
+
+def _labels(b: Browser, canvas: str) -> set[str]:
+    return set(json.loads(b.js(f"JSON.stringify(window.__drawn[{canvas!r}] || [])")))
+
+
+def test_the_dashboard_shows_live_rates_round_axes_and_readable_events(
+    tmp_path: Path, browsers: list[Browser],
+) -> None:
+    """As a person sees it, once the page's data has loaded: before any request the
+    charts say "no data yet" on a 0..1 axis (not 1.00e-9); while one long request
+    generates, the throughput is above zero (it showed 0.0 tok/s until the request
+    ended); the load event reads "load 0.97 s", not "load_s=0.9714506950000441"."""
+    from test_live_metrics import SLOW, long_stream
+
+    slow = write_tiny_model(tmp_path / "slow.gguf", kind="wide", letters_only=True)
+    with serving({"slow": slow}, tmp_path / "srv", manager_kw={"base": SLOW}) as h:
+        b = Browser("about:blank", tmp_path / "profile")
+        browsers.append(b)
+        b.call("Page.enable")
+        b.call("Page.addScriptToEvaluateOnNewDocument", source=RECORD_LABELS)
+        b.call("Page.navigate", url=h.url + "/ui")
+        b.wait("document.getElementById('status').textContent === 'live'")
+        b.wait("document.getElementById('tps-now').textContent !== ''")  # two polls
+        # an idle rate (0 tok/s, one point so far) and no TTFT at all: a 0..1 axis
+        for chart, unit, note in (("tps", "tok/s", ""), ("ttft", "ms", "no data yet")):
+            labels = _labels(b, chart)
+            assert {"0", "0.5", "1", unit} <= labels, (chart, labels)
+            assert not any("e-" in t for t in labels), labels
+            assert not note or note in labels, (chart, labels)
+        empty = base64.b64decode(b.call("Page.captureScreenshot", format="png")["data"])
+        (tmp_path / "empty.png").write_bytes(empty)
+        with long_stream(h.url, "slow") as stream:
+            rate = b.wait("(t => parseFloat(t) > 0 && t)"
+                          "(document.getElementById('tps-now').textContent)", timeout=30)
+            assert not stream.ended.is_set(), "the rate showed only once the request ended"
+            assert rate.endswith(" tok/s")
+            b.wait("document.getElementById('events').textContent.includes('load')")
+            busy = base64.b64decode(b.call("Page.captureScreenshot", format="png")["data"])
+            (tmp_path / "busy.png").write_bytes(busy)
+        events = b.js("document.getElementById('events').textContent")
+        assert re.search(r"load slow:latest load \d+\.\d\d s, plan: ctx ", events), events
+        assert "load_s" not in events
+        labels = _labels(b, "ttft")
+        assert "no data yet" not in labels and not any("e-" in t for t in labels), labels
+        shots = Path(os.environ.get("INFERENCEOS_UI_SHOTS", tmp_path))
+        shots.mkdir(parents=True, exist_ok=True)
+        for name in ("empty.png", "busy.png"):
+            (shots / name).write_bytes((tmp_path / name).read_bytes())

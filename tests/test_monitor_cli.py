@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 from cli_helpers import cli_env, run_cli
 from server_harness import serving
 from test_chat_cli import Screen
+from test_live_metrics import SLOW, long_stream
+from tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -39,9 +43,10 @@ def test_monitor_shows_devices_models_and_events_live_and_q_quits(
                                                    "stream": False,
                                                    "options": {"num_predict": 8}})  # fmt: skip
         screen = s.wait(r"tiny:latest\s+hot")  # the model and its tier, live
-        assert "load" in screen  # the load event
+        assert re.search(r"load\s+tiny:latest\s+load \d+\.\d\d s, plan: ctx ", screen), screen
+        assert "load_s" not in screen  # the load event, in seconds a person reads
         httpx.post(h.url + "/api/budget", json={"device": "CPU", "bytes": 1 << 40})
-        s.wait(r"budget\s+device=CPU")
+        s.wait(r"budget\s+device CPU, cap 1\.0 TiB")
         s.wait(r"1\.0 TiB")  # the cap in the device table
         s.send("q")
         s.wait(r"EXITED=0")
@@ -76,3 +81,27 @@ def test_budget_command_sets_shows_and_lifts_a_cap(tiny_llama: Path, tmp_path: P
         # the monitor's one-frame mode sees the same server
         r = run_cli("monitor", "--url", h.url, "--once")
         assert r.returncode == 0 and "devices" in r.stdout and "CPU" in r.stdout
+
+
+def test_monitor_shows_the_rate_while_a_request_generates(tmp_path: Path,
+                                                          screens: list[Screen]) -> None:
+    """While one long request generates, the header's tok/s is above zero (the counter
+    it is read from used to move only when a request ended: 0.0 tok/s all along)."""
+    slow = write_tiny_model(tmp_path / "slow.gguf", kind="wide", letters_only=True)
+    with serving({"slow": slow}, tmp_path / "srv", manager_kw={"base": SLOW}) as h:
+        s = Screen([sys.executable, "-m", "inferenceos", "monitor", "--url", h.url,
+                    "--interval", "0.3"], cli_env(), tmp_path)  # fmt: skip
+        screens.append(s)
+        s.wait(r"InferenceOS monitor")
+        with long_stream(h.url, "slow") as stream:
+            deadline = time.monotonic() + 30
+            rates: list[float] = []
+            while not any(r > 0 for r in rates):
+                assert not stream.ended.is_set(), "the request ended before a rate showed"
+                assert time.monotonic() < deadline, f"rates while running: {rates}\n{s.text()}"
+                found = re.findall(r"running 1 · waiting 0 · ([\d.]+) tok/s", s.text())
+                rates = [float(r) for r in found]
+                time.sleep(0.1)
+            assert not stream.ended.is_set()
+        s.send("q")
+        s.wait(r"EXITED=0")

@@ -249,16 +249,21 @@ class Run:
         name = self.model.model.name if self.model else ""
         last: float | None = None
         finished = False
+        counted = 0  # tokens already in generation_tokens_total
         try:
             while True:
                 item = self._head.pop() if self._head else await self._stream.__anext__()
                 now = time.perf_counter()
                 if isinstance(item, Done):
                     finished = True
-                    self._record(item, now, name)
+                    self._record(item, now, name, counted)
                     yield item
                     return
                 if item.token >= 0:
+                    # counted as generated, so that a rate read from the counter (monitor,
+                    # /ui) moves while a request runs, and an abandoned one counts too
+                    m.generation_tokens.inc(model_name=name)
+                    counted += 1
                     if last is None:
                         m.ttft.observe(now - self._t0, model_name=name)
                     else:
@@ -272,10 +277,12 @@ class Run:
                 m.success.inc(model_name=name, finished_reason="abort")
             await self.close()
 
-    def _record(self, done: Done, now: float, name: str) -> None:
+    def _record(self, done: Done, now: float, name: str, counted: int = 0) -> None:
+        """A finished request's figures (`counted`: its tokens already counted)."""
         m, g = self.state.metrics, done.metrics
         m.prompt_tokens.inc(g.prompt_tokens, model_name=name)
-        m.generation_tokens.inc(g.completion_tokens, model_name=name)
+        if g.completion_tokens > counted:
+            m.generation_tokens.inc(g.completion_tokens - counted, model_name=name)
         m.decode_steps.inc(g.decode_steps, model_name=name)
         if g.draft_tokens:
             m.draft_tokens.inc(g.draft_tokens, model_name=name, drafter=g.draft)

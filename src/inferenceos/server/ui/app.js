@@ -117,40 +117,65 @@ function renderEvents(events) {
   const list = document.getElementById("events");
   for (const e of events) {
     const t = new Date(e.ts * 1000).toLocaleTimeString();
-    let detail = "";
-    if (e.kind === "migration") detail = `${e.cause}: pause ${(e.pause_s || 0).toFixed(2)} s, ${e.moved} streams moved`;
-    else detail = Object.entries(e).filter(([k]) => !["id", "ts", "kind", "model"].includes(k))
-      .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(", ");
-    list.prepend(el("li", { class: e.kind }, `${t} ${e.kind} ${e.model || ""} ${detail}`));
+    // the server writes each event's detail as a person reads it ("load 0.97 s, ...")
+    list.prepend(el("li", { class: e.kind }, `${t} ${e.kind} ${e.model || ""} ${e.text || ""}`));
   }
   while (list.children.length > 50) list.lastChild.remove();
 }
 
+// The top of a chart's axis: the smallest 1, 2 or 5 × 10^k at or above `v` (1 when
+// there is nothing above zero to show), so the labels are round numbers.
+function axisTop(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 5, 10]) if (v <= m * p * (1 + 1e-9)) return m * p;
+  return 10 * p;
+}
+
+function axisLabel(n) {
+  return Number(n.toPrecision(3)).toLocaleString("en-US", { maximumFractionDigits: 3 });
+}
+
+// `points`: one value a poll, null where there was nothing to measure yet (a gap).
 function drawChart(id, points, unit) {
   const c = document.getElementById(id);
   const g = c.getContext("2d");
   const w = c.width, h = c.height, pad = 24;
   g.clearRect(0, 0, w, h);
-  const max = Math.max(1e-9, ...points);
+  const values = points.filter((p) => p !== null);
+  const max = axisTop(Math.max(0, ...values));
   g.strokeStyle = "#2a323c";
   g.fillStyle = "#8a96a3";
   g.font = "11px sans-serif";
   for (let i = 0; i <= 2; i++) {
     const y = pad / 2 + ((h - pad) * i) / 2;
     g.beginPath(); g.moveTo(pad * 2, y); g.lineTo(w, y); g.stroke();
-    g.fillText((max * (1 - i / 2)).toPrecision(3), 2, y + 4);
+    g.fillText(axisLabel(max * (1 - i / 2)), 2, y + 4);
   }
   g.fillText(unit, w - 40, 12);
-  if (points.length < 2) return;
-  g.strokeStyle = "#58a6ff";
+  if (!values.length) {
+    g.textAlign = "center";
+    g.fillText("no data yet", pad + w / 2, h / 2);
+    g.textAlign = "start";
+    return;
+  }
+  g.strokeStyle = g.fillStyle = "#58a6ff";
   g.lineWidth = 2;
+  const at = (i) => [pad * 2 + ((w - pad * 2) * i) / (HISTORY - 1),
+    pad / 2 + (h - pad) * (1 - points[i] / max)];
+  const known = (i) => i >= 0 && i < points.length && points[i] !== null;
   g.beginPath();
   points.forEach((p, i) => {
-    const x = pad * 2 + ((w - pad * 2) * i) / (HISTORY - 1);
-    const y = pad / 2 + (h - pad) * (1 - p / max);
-    if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
+    if (p === null) return;
+    const [x, y] = at(i);
+    if (known(i - 1)) g.lineTo(x, y); else g.moveTo(x, y);
   });
   g.stroke();
+  points.forEach((p, i) => { // a point with no neighbour is a dot, not nothing
+    if (p === null || known(i - 1) || known(i + 1)) return;
+    const [x, y] = at(i);
+    g.beginPath(); g.arc(x, y, 2.5, 0, 2 * Math.PI); g.fill();
+  });
 }
 
 function updateCharts(m) {
@@ -162,15 +187,19 @@ function updateCharts(m) {
     const dt = now - state.prev.at;
     const tps = dt > 0 ? (gen - state.prev.gen) / dt : 0;
     const dn = tCount - state.prev.tCount;
-    const ttft = dn > 0 ? ((tSum - state.prev.tSum) / dn) * 1000 : (state.ttft.at(-1) || 0);
+    // the last TTFT holds until a new request measures one; none before the first
+    const ttft = dn > 0 ? ((tSum - state.prev.tSum) / dn) * 1000 : (state.ttft.at(-1) ?? null);
     state.tps.push(Math.max(0, tps));
     state.ttft.push(ttft);
     if (state.tps.length > HISTORY) state.tps.shift();
     if (state.ttft.length > HISTORY) state.ttft.shift();
     document.getElementById("tps-now").textContent = tps.toFixed(1) + " tok/s";
-    document.getElementById("ttft-now").textContent = dn > 0 ? ttft.toFixed(0) + " ms" : "";
+    document.getElementById("ttft-now").textContent =
+      ttft === null ? "" : ttft.toFixed(ttft < 10 ? 1 : 0) + " ms" + (dn > 0 ? "" : " (last)");
   }
-  state.prev = { at: now, gen, tSum, tCount };
+  // first poll: TTFT counts from zero, so the first point is the mean of the requests
+  // before the page opened (the rate needs two readings of the counter either way)
+  state.prev = state.prev ? { at: now, gen, tSum, tCount } : { at: now, gen, tSum: 0, tCount: 0 };
   drawChart("tps", state.tps, "tok/s");
   drawChart("ttft", state.ttft, "ms");
   document.getElementById("summary").textContent =
