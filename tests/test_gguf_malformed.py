@@ -570,3 +570,24 @@ def test_large_vocabulary_parses_fast() -> None:
     gf = parse_gguf(data, len(data), Path("x"))
     assert time.perf_counter() - start < REJECT_WITHIN_S
     assert gf.metadata["tokenizer.ggml.tokens"].length == 262_144
+
+
+@pytest.mark.parametrize("keep", [0.6, 0.999])
+def test_a_real_model_cut_short_says_truncated(gemma_path: Path, tmp_path: Path,
+                                               keep: float) -> None:
+    """A download or copy cut inside the tensor data: the error said "lies past the end
+    of the data section", never that the file is truncated."""
+    from cli_helpers import run_cli
+
+    size = gemma_path.stat().st_size
+    cut = tmp_path / "cut.gguf"
+    with gemma_path.open("rb") as src, cut.open("wb") as dst:
+        dst.write(src.read(int(size * keep)))
+    with pytest.raises(GGUFFormatError) as info:
+        read_gguf(cut)
+    msg = str(info.value)
+    assert "truncated file" in msg and f"{size:,} bytes" in msg, msg
+    assert f"{cut.stat().st_size:,}" in msg, msg
+    r = run_cli("run", str(cut), "-p", "hi")
+    assert r.returncode != 0 and "truncated" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -315,13 +315,37 @@ def _read_tensors(
             )
         n_bytes = _tensor_bytes(name, shape, ggml_type)
         if rel > data_size or n_bytes > data_size - rel:
+            past = (f"tensor {name!r} data [{rel}, {rel + n_bytes}) lies past the end of "
+                    f"the data section ({data_size} bytes)")  # fmt: skip
+            need = _packed_end(raw, alignment)
+            if need is None or rel > data_size:
+                raise GGUFFormatError(past)
+            total = data_offset + need  # the file's size had it not been cut
             raise GGUFFormatError(
-                f"tensor {name!r} data [{rel}, {rel + n_bytes}) lies past the end of the "
-                f"data section ({data_size} bytes)"
+                f"truncated file: {past}; its tensors need {total:,} bytes, the file has "
+                f"{cur.size:,} ({total - cur.size:,} missing: an interrupted download or "
+                "copy?)"
             )
         tensors.append(TensorInfo(name, shape, ggml_type, data_offset + rel, n_bytes))
     _check_no_overlap(tensors)
     return tuple(tensors), data_offset
+
+
+def _packed_end(raw: list[tuple[str, tuple[int, ...], GGMLQuantizationType, int]],
+                alignment: int) -> int | None:
+    """Where the tensor data ends when the tensors are packed as writers lay them out
+    (sorted by offset, each at the aligned end of the one before, the first at 0): a
+    well-formed table whose file was cut short. None for any other layout (a corrupt
+    table is not called truncated)."""
+    end = 0
+    try:
+        for name, shape, ggml_type, rel in sorted(raw, key=lambda e: e[3]):
+            if rel != -(-end // alignment) * alignment:
+                return None
+            end = rel + _tensor_bytes(name, shape, ggml_type)
+    except GGUFFormatError:
+        return None
+    return end
 
 
 def _check_no_overlap(tensors: list[TensorInfo]) -> None:
