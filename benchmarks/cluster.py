@@ -210,15 +210,15 @@ def run_point(
     label: str, model: Path, args: argparse.Namespace, addresses: list[str], logs: Path
 ) -> Point:
     from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.calibration_load import machine_calibration
     from inferenceos.plan.devices import local_machine, with_workers
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.model_facts import load_model_facts
-    from inferenceos.plan.perf import Calibration
     from inferenceos.plan.simulate import Workload, predict
 
     load_before = _loadavg()
     facts = load_model_facts(model)
-    cal = Calibration.load()
+    cal = machine_calibration()
     req = LoadRequest(n_ctx=args.ctx, threads=args.threads)
     local_m = local_machine()
     local = plan_load(facts, local_m, req)

@@ -31,6 +31,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
+from inferenceos.plan.calibration_load import (  # noqa: E402
+    machine_calibration,
+    save_calibration,
+)
 from inferenceos.plan.devices import local_machine  # noqa: E402
 from inferenceos.plan.footprint import estimate  # noqa: E402
 from inferenceos.plan.memory import ContextSettings  # noqa: E402
@@ -220,9 +224,9 @@ def speed_table(quick: bool, calibrate: bool) -> bool:
             f"{dec:.1f} t/s ({time.perf_counter() - t0:.1f} s)",
             flush=True,
         )
-    cal = fit(facts, [r for r in rows if r[1] == 512]) if calibrate else Calibration.load()
+    cal = fit(facts, [r for r in rows if r[1] == 512]) if calibrate else machine_calibration()
     if calibrate:
-        cal.save()
+        save_calibration(cal)
         print("calibration saved:", json.dumps(cal.to_json()))
     print("\n== Speed: predicted vs measured (Gemma 3 270M) ==")
     print(

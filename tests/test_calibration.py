@@ -14,6 +14,7 @@ from inferenceos.plan.calibration import (
     quant_family,
     with_learned,
 )
+from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.perf import Calibration, decode_cost
 from inferenceos.telemetry.calibration import Observation, fit_learned
@@ -120,7 +121,7 @@ def test_a_fresh_profile_carries_the_calibration() -> None:
     written = full.stat().st_mtime_ns
     again = get_profile(refresh=True, measure=True).profile
     assert again.llama_speed is not None and full.stat().st_mtime_ns == written  # reused
-    cal = Calibration.load()
+    cal = machine_calibration()
     assert cal.basis == "modelled" and "probe" in cal.source
     assert cal.cpu_bw_efficiency != Calibration().cpu_bw_efficiency
 
@@ -140,7 +141,7 @@ def test_recorded_runs_teach_simulate(tiny_llama: Path, tiny_swa: Path) -> None:
     m = machine(threads=2)
     facts = load_model_facts(tiny_llama)
     ctx = run_context(512, 512, 512, {"flash_attn": 1})
-    pre, dec = modelled_speeds(facts, m, Calibration.load(), ctx, 2, 64, 32)
+    pre, dec = modelled_speeds(facts, m, machine_calibration(), ctx, 2, 64, 32)
     rec = telemetry.recorder()
     for _ in range(6):  # this machine runs the model at half the roofline's speed
         rec.generation(tiny_llama, source="run", settings={"flash_attn": 1},

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_cli
-from inferenceos.cluster.endpoint import parse_endpoint, parse_endpoints
 from inferenceos.cluster.info import host_id
 from inferenceos.cluster.probe import probe_worker
 from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
 from inferenceos.cluster.worker import WorkerConfig, check_bind
+from inferenceos.endpoint import parse_endpoint, parse_endpoints
 from inferenceos.errors import UsageError, WorkerDiedError
 from tiny_models import write_tiny_model
 

@@ -115,9 +115,9 @@ def test_a_co_located_worker_costs_a_wake_up_per_visit(facts: ModelFacts) -> Non
 
 
 def test_workers_on_this_machine_are_recognised_by_the_kernel_boot_id() -> None:
-    from inferenceos.cluster.endpoint import Endpoint
     from inferenceos.cluster.info import LinkMeasure, RemoteDevice, WorkerInfo, host_id
     from inferenceos.cluster.probe import WorkerProbe
+    from inferenceos.endpoint import Endpoint
     from inferenceos.plan.devices import _worker_devices
 
     assert len(host_id()) >= 32  # Linux: /proc/sys/kernel/random/boot_id

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from inferenceos.cluster.ggml import has_rpc
+from inferenceos.cluster.probe import rpc_source
 from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.hardware.pressure import PressureSensor, rpc_source
+from inferenceos.hardware.pressure import PressureSensor
 from inferenceos.plan.entry import LoadRequest
 from inferenceos.registry import events
 from inferenceos.registry.budget import MemoryBudget

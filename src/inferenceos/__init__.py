@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from inferenceos.version import __version__
 
 _API = ("Completion", "Model", "TextStream", "list", "load", "pull", "simulate")
 __all__ = [

@@ -63,7 +63,7 @@ def _host(v: str) -> str | None:
 
 
 def _workers(v: str) -> str | None:
-    from inferenceos.cluster.endpoint import parse_endpoints
+    from inferenceos.endpoint import parse_endpoints
 
     try:
         parse_endpoints(v)

@@ -19,7 +19,7 @@ RpcOpt = Annotated[
 def rpc_workers(values: list[str] | None) -> tuple[str, ...]:
     """The workers asked for: `--rpc` values, else the `cluster.rpc` setting; each
     checked (UsageError for a bad address), as "host:port[=SIZE]" strings."""
-    from inferenceos.cluster.endpoint import parse_endpoints
+    from inferenceos.endpoint import parse_endpoints
 
     if not values:
         from inferenceos.config import load_config

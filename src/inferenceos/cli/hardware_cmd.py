@@ -120,8 +120,8 @@ def _print_verdict(p: HardwareProfile) -> None:
 def worker_probes(rpc: list[str] | None, refresh: bool) -> list[Any]:
     """Each `--rpc` (or cluster.rpc) worker asked now; the link measured once, cached."""
     from inferenceos.cli.cluster_opts import rpc_workers
-    from inferenceos.cluster.endpoint import parse_endpoints
     from inferenceos.cluster.probe import probe_workers
+    from inferenceos.endpoint import parse_endpoints
 
     return probe_workers(parse_endpoints(rpc_workers(rpc)), refresh=refresh)
 

@@ -15,13 +15,13 @@ def plugins(
 ) -> None:
     """List installed plugins: KV cache policies (group inferenceos.kv_policies) and
     speculative-decoding drafters (group inferenceos.drafters)."""
-    from inferenceos.engine import kv_policies, speculative
+    from inferenceos.engine import drafters, kv_policies, speculative
 
     groups = [
         ("kv_policies", "KV cache policies", kv_policies.ENTRY_POINT_GROUP,
          kv_policies.available_policies()),
         ("drafters", "Drafters", speculative.ENTRY_POINT_GROUP,
-         speculative.available_drafters()),
+         drafters.available_drafters()),
     ]  # fmt: skip
     if as_json:
         print_json({key: found for key, _, _, found in groups})

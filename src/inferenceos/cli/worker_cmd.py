@@ -28,8 +28,8 @@ def worker(
 
     Stops cleanly on Ctrl-C or SIGTERM. RPC traffic is neither authenticated nor
     encrypted: keep it on loopback and tunnel it over SSH (docs/cluster.md)."""
-    from inferenceos.cluster.endpoint import parse_size
     from inferenceos.cluster.worker import WorkerConfig, run_worker
+    from inferenceos.endpoint import parse_size
 
     cfg = WorkerConfig(
         host=host, port=port, mem=parse_size(mem) if mem else None, threads=threads,

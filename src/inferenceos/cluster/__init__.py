@@ -8,6 +8,9 @@ client holds it. The client side (`cluster.probe`) asks each worker's info endpo
 measures the link once (round trip, bandwidth), cached like the hardware profile; the
 planner turns the answers into ordinary `Device`s of kind "rpc".
 
-This package sits at the hardware floor of the data flow: it imports `hardware/`,
-`model/` and the shared leaves, never `plan/`, `engine/`, `registry/` or `server/`.
+Worker addresses (`host:port[=SIZE]`, device names) are parsed by the leaf
+`inferenceos.endpoint`, which config and hardware use too. This package sits just above
+`hardware/` in the data flow (it reads the hardware profile and feeds the pressure
+sensor its `rpc_source`): it imports `hardware/`, `model/` and the shared leaves, never
+`plan/`, `engine/`, `registry/` or `server/` (tests/test_layers.py).
 """

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from inferenceos.cluster.endpoint import Endpoint
+from inferenceos.endpoint import Endpoint
 
 PROTOCOL = 1
 MAX_LINE = 64

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from inferenceos.atomic import read_json, write_json_atomic
-from inferenceos.cluster.endpoint import Endpoint
 from inferenceos.cluster.info import (
     LinkMeasure,
     WorkerInfo,
@@ -29,6 +28,8 @@ from inferenceos.cluster.info import (
     measure_link,
     query_info,
 )
+from inferenceos.endpoint import Endpoint, parse_endpoints
+from inferenceos.hardware.pressure import DeviceMemory, Source
 from inferenceos.paths import data_dir
 
 LINK_MAX_AGE_S = 7 * 24 * 3600
@@ -125,8 +126,6 @@ def wait_ready(ep: Endpoint, timeout: float = 30.0) -> WorkerInfo:
 def worker_states(rpc: Iterable[str], timeout: float = 0.5) -> dict[str, str]:
     """address → "up" (free), "in use" (a client, e.g. a loaded model, holds it) or
     "lost: <why>"; for /health. Never measures the link."""
-    from inferenceos.cluster.endpoint import parse_endpoints
-
     out = {}
     endpoints = parse_endpoints(list(rpc))
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints)))) as pool:
@@ -139,3 +138,26 @@ def worker_states(rpc: Iterable[str], timeout: float = 0.5) -> dict[str, str]:
         else:
             out[p.endpoint.address] = f"lost: {p.error}"
     return out
+
+
+def rpc_source(rpc: Iterable[str], timeout: float = 0.5) -> Source:
+    """Workers' devices (`RPC[host:port]`, `#i` for device i > 0) with the memory each
+    worker offers now (its free memory within its `--mem` cap)."""
+    endpoints = tuple(rpc)
+
+    def read() -> dict[str, DeviceMemory]:
+        out: dict[str, DeviceMemory] = {}
+        for ep in parse_endpoints(endpoints):
+            try:
+                info = query_info(ep, timeout=timeout)
+            except Exception:  # unreachable: left out of this sample
+                continue
+            for dev in info.devices:
+                cap = ep.mem_cap or info.mem_cap_bytes  # the client's cap, else the worker's
+                free, total = dev.offered_bytes, dev.memory_total_bytes
+                if cap:
+                    free, total = min(free, cap), min(total, cap)
+                out[ep.device_name(dev.index)] = DeviceMemory(free, total)
+        return out
+
+    return read

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from inferenceos.cluster.endpoint import Endpoint
 from inferenceos.cluster.info import WorkerUnreachable, query_info
+from inferenceos.endpoint import Endpoint
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferenceos.cluster import ggml
-from inferenceos.cluster.endpoint import DEFAULT_PORT, INFO_PORT_OFFSET, is_loopback
 from inferenceos.cluster.info import RemoteDevice, WorkerInfo, host_id, rpc_clients, serve_info
+from inferenceos.endpoint import DEFAULT_PORT, INFO_PORT_OFFSET, is_loopback
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.hardware.openmp import bounded_spin
 
@@ -110,7 +110,7 @@ def _ram_gbps() -> float | None:
 def describer(cfg: WorkerConfig, devices: list[ggml.LocalDevice], threads: int
               ) -> Callable[[], WorkerInfo]:
     """The INFO answer, read fresh each time (free memory changes)."""
-    from inferenceos import __version__
+    from inferenceos.version import __version__
 
     ram_gbps = _ram_gbps()
     here = host_id()

@@ -83,8 +83,8 @@ def _rpc_device(address: str, index: int) -> int:
     llama.cpp aborts the whole process when an RPC server cannot be reached or does
     not answer the handshake, so the worker is asked first through its info endpoint:
     a worker that is down or held by another client is a ModelLoadError here."""
-    from inferenceos.cluster.endpoint import parse_endpoint
     from inferenceos.cluster.probe import probe_worker
+    from inferenceos.endpoint import parse_endpoint
 
     ep = parse_endpoint(address)
     probe = probe_worker(ep, timeout=3.0, measure=False)
@@ -102,7 +102,7 @@ def device_array(names: tuple[str, ...]) -> Any:
     for llama.cpp device names ("CUDA0") and RPC worker devices ("RPC[host:port]",
     "RPC[host:port]#1"); None when no name is an RPC device (llama.cpp then uses every
     local device, as before). ModelLoadError names a device that cannot be found."""
-    from inferenceos.cluster.endpoint import parse_device_name
+    from inferenceos.endpoint import parse_device_name
 
     if not any(parse_device_name(n) for n in names):
         return None
@@ -193,7 +193,7 @@ class LinkWatchdog:
     def __init__(self, addresses: list[str], period_s: float = 2.0, misses: int = 3) -> None:
         import threading
 
-        from inferenceos.cluster.endpoint import parse_endpoint
+        from inferenceos.endpoint import parse_endpoint
 
         self._eps = [parse_endpoint(a) for a in addresses]
         self._period, self._misses = period_s, misses
@@ -237,7 +237,7 @@ class LinkWatchdog:
 
 def rpc_addresses(names: tuple[str, ...]) -> list[str]:
     """The worker addresses among llama.cpp device names."""
-    from inferenceos.cluster.endpoint import parse_device_name
+    from inferenceos.endpoint import parse_device_name
 
     out = []
     for n in names:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ import numpy as np
 
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.session import LoadedModel, LoadSettings, decode_failed
-from inferenceos.engine.speculative import DraftAsk
-from inferenceos.errors import GenerationError, ModelLoadError
+from inferenceos.engine.speculative import ENTRY_POINT_GROUP, DraftAsk
+from inferenceos.errors import GenerationError, ModelLoadError, UsageError
 
 
 @dataclass(frozen=True)
@@ -297,10 +298,27 @@ class SelfDrafter(ModelDrafter):
         super().__init__(setup, self_draft_path(setup.model_path, keep, vocab), p_min, cost)
 
 
+def available_drafters() -> dict[str, str]:
+    """Installed drafter names → 'module:Class' (from the entry-point group)."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def drafter_class(name: str) -> Any:
+    """The class registered as `name`; a name ending in .gguf is a draft model file."""
+    if name.endswith(".gguf"):
+        return ModelDrafter
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    builtin = {"ngram": NgramDrafter, "self": SelfDrafter}
+    if name not in builtin:
+        known = sorted(set(available_drafters()) | set(builtin))
+        raise UsageError(f"unknown drafter {name!r} (use {', '.join(known)} or a .gguf path)")
+    return builtin[name]
+
+
 def make_drafter(name: str, setup: DraftSetup, **options: Any) -> Any:
     """The drafter `name` ('ngram', 'self', a registered plugin, or a .gguf path)."""
-    from inferenceos.engine.speculative import drafter_class
-
     cls = drafter_class(name)
     if cls is ModelDrafter or name.endswith(".gguf"):
         return ModelDrafter(replace(setup, draft_path=Path(name)), **options)

@@ -30,13 +30,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.errors import UsageError
 from inferenceos.plan.speculative import best_draft_length, can_pay
 
 ENTRY_POINT_GROUP = "inferenceos.drafters"
@@ -79,25 +77,6 @@ class Drafter(Protocol):
     def close(self) -> None: ...
 
 
-def available_drafters() -> dict[str, str]:
-    """Installed drafter names → 'module:Class' (from the entry-point group)."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def drafter_class(name: str) -> Any:
-    """The class registered as `name`; a name ending in .gguf is a draft model file."""
-    from inferenceos.engine import drafters
-
-    if name.endswith(".gguf"):
-        return drafters.ModelDrafter
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.load()
-    builtin = {"ngram": drafters.NgramDrafter, "self": drafters.SelfDrafter}
-    if name not in builtin:
-        known = sorted(set(available_drafters()) | set(builtin))
-        raise UsageError(f"unknown drafter {name!r} (use {', '.join(known)} or a .gguf path)")
-    return builtin[name]
 
 
 def can_draft(sp: SamplingParams) -> bool:

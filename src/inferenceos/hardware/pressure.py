@@ -86,32 +86,6 @@ def nvml_source() -> dict[str, DeviceMemory]:
         pynvml.nvmlShutdown()
 
 
-def rpc_source(rpc: Iterable[str], timeout: float = 0.5) -> Source:
-    """Workers' devices (`RPC[host:port]`, `#i` for device i > 0) with the memory each
-    worker offers now (its free memory within its `--mem` cap)."""
-    endpoints = tuple(rpc)
-
-    def read() -> dict[str, DeviceMemory]:
-        from inferenceos.cluster.endpoint import parse_endpoints
-        from inferenceos.cluster.info import query_info
-
-        out: dict[str, DeviceMemory] = {}
-        for ep in parse_endpoints(endpoints):
-            try:
-                info = query_info(ep, timeout=timeout)
-            except Exception:  # unreachable: left out of this sample
-                continue
-            for dev in info.devices:
-                cap = ep.mem_cap or info.mem_cap_bytes  # the client's cap, else the worker's
-                free, total = dev.offered_bytes, dev.memory_total_bytes
-                if cap:
-                    free, total = min(free, cap), min(total, cap)
-                out[ep.device_name(dev.index)] = DeviceMemory(free, total)
-        return out
-
-    return read
-
-
 class PressureSensor:
     """Samples its sources (thread-safe); `inject` overrides a device (test hook)."""
 

@@ -1,8 +1,12 @@
 """Where a Calibration comes from on this machine (the I/O beside the pure planner).
 
+- `machine_calibration()`: this machine's calibration without history: a stored fit
+  (perf.json, from benchmarks/simulate_accuracy.py --calibrate, `save_calibration`),
+  else the probe below, else `Calibration.default()`. (It was `Calibration.load()`,
+  which made the pure cost model import this module back.)
 - `probe_calibration_cached()`: the hardware profile's llama.cpp probe, fitted
   (`plan/calibration.py`); None when the profile has no probe (collected without
-  measuring, or llama.cpp missing). `Calibration.load()` uses it.
+  measuring, or llama.cpp missing).
 - `load_calibration(machine, facts, threads)`: that, corrected by the runs the telemetry
   store recorded on this kind of machine (`telemetry/calibration.py`). This is what
   `simulate` passes to the planner, and what `run` / `serve` should pass too.
@@ -13,10 +17,13 @@ Both never raise for missing or unreadable files: they fall back to less knowled
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from inferenceos.atomic import read_json, write_json_atomic
+from inferenceos.paths import data_dir
 from inferenceos.plan.calibration import observation, quant_family, run_context, with_learned
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
@@ -25,6 +32,27 @@ from inferenceos.plan.policy import RecordedWorkload
 
 log = logging.getLogger("inferenceos.plan")
 MAX_RUNS = 500  # the newest recorded runs the fit reads
+
+
+def stored_path() -> Path:
+    """Where a fitted calibration is stored (`save_calibration`)."""
+    return data_dir() / "calibration" / "perf.json"
+
+
+def machine_calibration() -> Calibration:
+    """This machine's calibration without history (see the module docstring)."""
+    data = read_json(stored_path(), None)
+    if isinstance(data, dict):
+        try:
+            return Calibration(**{k: data[k] for k in asdict(Calibration()) if k in data})
+        except (TypeError, ValueError):
+            pass
+    return probe_calibration_cached() or Calibration.default()
+
+
+def save_calibration(cal: Calibration) -> None:
+    """Store `cal` as this machine's fitted calibration."""
+    write_json_atomic(stored_path(), asdict(cal))
 
 
 def probe_calibration_cached() -> Calibration | None:
@@ -75,11 +103,11 @@ def _facts_of(path: str | None) -> ModelFacts | None:
 def load_calibration(
     machine: Machine, facts: ModelFacts, threads: int = 0, base: Calibration | None = None
 ) -> Calibration:
-    """`base` (default `Calibration.load()`) corrected by recorded runs for `facts`."""
+    """`base` (default `machine_calibration()`) corrected by recorded runs for `facts`."""
     import inferenceos.telemetry as telemetry
     from inferenceos.telemetry.calibration import fit_learned
 
-    base = base or Calibration.load()
+    base = base or machine_calibration()
     rows = [r for r in telemetry.generations(machine="kind", limit=MAX_RUNS) if r.concurrency == 1]
     if not rows:
         return base

@@ -362,8 +362,8 @@ def with_workers(machine: Machine, rpc: Any, refresh: bool = False) -> Machine:
     Remote devices come before local GPUs: llama.cpp gives the first devices of its list
     the first offloaded layers, and the planner keeps the fastest devices for the last
     layers and the output head (see placement.py)."""
-    from inferenceos.cluster.endpoint import parse_endpoints
     from inferenceos.cluster.probe import probe_workers
+    from inferenceos.endpoint import parse_endpoints
 
     endpoints = parse_endpoints(rpc)
     if not endpoints:

@@ -29,6 +29,7 @@ from pathlib import Path
 from inferenceos.errors import UsageError
 from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.model.projector import ProjectorFacts
+from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration
@@ -248,7 +249,7 @@ def _plan_text(
         facts, machine, ctx, threads=threads, pinned_ctx=pinned,
         quantize_kv=req.type_k is None and req.type_v is None,
     )  # fmt: skip
-    plan = size_ubatch(facts, machine, plan, calibration or Calibration.load())
+    plan = size_ubatch(facts, machine, plan, calibration or machine_calibration())
     if req.n_batch:
         ctx = replace(plan.ctx, n_batch=req.n_batch, n_ubatch=min(req.n_batch, plan.ctx.n_ubatch))
         plan = replace(plan, ctx=ctx)

@@ -13,7 +13,8 @@ docs/plan.md, "Self-calibration"): the few-second llama.cpp probe that `hardware
 (`hardware/llama_speed.py`, fitted by `plan/calibration.py`: basis "modelled"), and the
 runs recorded in the telemetry store, which scale the prediction per model, per
 quantization family and per machine (`telemetry/calibration.py`: basis "learned").
-`Calibration.load()` gives the machine-level value without history;
+`plan.calibration_load.machine_calibration()` gives the machine-level value without
+history (this module does no I/O);
 `plan.calibration_load.load_calibration(machine, facts)` adds what was learned for one
 model. `Calibration.default()` holds uncalibrated placeholders and says so in `source`,
 which every report prints.
@@ -23,11 +24,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from inferenceos.atomic import read_json, write_json_atomic
-from inferenceos.paths import data_dir
 from inferenceos.plan.devices import Device, Machine
 from inferenceos.plan.memory import ContextSettings, kv_bytes_per_token
 from inferenceos.plan.model_facts import ModelFacts
@@ -75,31 +73,9 @@ class Calibration:
     runs: int = 0
     confidence: float = 0.1
 
-    @staticmethod
-    def path() -> Path:
-        return data_dir() / "calibration" / "perf.json"
-
-    @classmethod
-    def load(cls) -> Calibration:
-        """This machine's calibration without history: a stored fit (perf.json, from
-        benchmarks/simulate_accuracy.py --calibrate), else the llama.cpp probe of the
-        cached hardware profile, else `default()`."""
-        data = read_json(cls.path(), None)
-        if isinstance(data, dict):
-            try:
-                return cls(**{k: data[k] for k in asdict(cls()) if k in data})
-            except (TypeError, ValueError):
-                pass
-        from inferenceos.plan.calibration_load import probe_calibration_cached
-
-        return probe_calibration_cached() or cls.default()
-
     @classmethod
     def default(cls) -> Calibration:
         return _DEFAULT
-
-    def save(self) -> None:
-        write_json_atomic(self.path(), asdict(self))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

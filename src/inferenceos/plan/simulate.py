@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.hardware.cpu_load import CpuLoad
+from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
@@ -150,7 +151,7 @@ def simulate(
     from inferenceos.plan.policy import apply_to_plan, apply_to_request
 
     facts = load_model_facts(path)
-    cal = calibration or Calibration.load()
+    cal = calibration or machine_calibration()
     explicit = type_k != "f16" or type_v != "f16"
     req = LoadRequest(
         n_ctx=workload.n_ctx or 0, threads=threads,

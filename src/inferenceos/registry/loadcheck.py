@@ -39,10 +39,8 @@ def check_loadable(path: Path, timeout: float = TIMEOUT_S) -> None:
 
     The reason never holds `path` itself (it may reach an API client).
     """
-    import inferenceos
-
     env = dict(os.environ)
-    src = str(Path(inferenceos.__file__).resolve().parent.parent)
+    src = str(Path(__file__).resolve().parents[2])  # the folder that holds inferenceos/
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     try:
         proc = subprocess.run(

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from inferenceos import __version__
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
 from inferenceos.server import (
@@ -33,6 +32,7 @@ from inferenceos.server.json_body import JsonBodies
 from inferenceos.server.security import ApiKeyAuth, BodyLimit, Cors, HostCheck, cors_options
 from inferenceos.server.settings import ServerSettings
 from inferenceos.server.state import ServerState
+from inferenceos.version import __version__
 
 
 def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager) -> FastAPI:

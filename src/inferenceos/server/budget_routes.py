@@ -42,14 +42,9 @@ class BudgetChange(BaseModel):
 
 def attach(app: FastAPI, manager: ModelManager) -> PressureReactor | None:
     """Start the pressure reactor for `manager` (None when `pressure.enabled` is off)."""
+    from inferenceos.cluster.probe import rpc_source
     from inferenceos.config import load_config
-    from inferenceos.hardware.pressure import (
-        PressureSensor,
-        Source,
-        nvml_source,
-        ram_source,
-        rpc_source,
-    )
+    from inferenceos.hardware.pressure import PressureSensor, Source, nvml_source, ram_source
 
     cfg = load_config()
     if not cfg.get("pressure.enabled"):
@@ -126,6 +121,6 @@ async def get_events(
 
 
 def _is_rpc_name(name: str) -> bool:
-    from inferenceos.cluster.endpoint import parse_device_name
+    from inferenceos.endpoint import parse_device_name
 
     return parse_device_name(name) is not None
