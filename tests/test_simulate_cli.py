@@ -145,3 +145,12 @@ def test_context_is_capped_at_the_training_context(tiny_llama: Path) -> None:
     scaled = plan_load(load_model_facts(tiny_llama), machine(ram=8 * GiB),
                        LoadRequest(n_ctx=4096, rope_scaling=True))
     assert scaled.ctx.n_ctx == 4096
+
+
+def test_uncalibrated_advice_names_a_command_a_user_has(tiny_llama: Path) -> None:
+    """A pip-installed user has no `benchmarks/` folder: the advice is a command."""
+    res = runner.invoke(app, ["simulate", str(tiny_llama), "--prompt-tokens", "64"])
+    assert res.exit_code == 0, res.output
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("calibration:")]
+    assert "uncalibrated" in line and "benchmarks/" not in line, line
+    assert "`inferenceos hardware --refresh`" in line, line

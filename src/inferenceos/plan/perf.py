@@ -84,7 +84,8 @@ class Calibration:
 # Not yet fitted: the development VM's shared cores gave speeds that varied 2-3x
 # between runs (docs/plan.md), too noisy to fit. Reports label these as uncalibrated.
 _DEFAULT = Calibration(
-    source="uncalibrated defaults (run benchmarks/simulate_accuracy.py --calibrate)"
+    source="uncalibrated defaults (measure this machine with `inferenceos hardware "
+    "--refresh`; every run recorded here refines it)"
 )
 
 
