@@ -16,24 +16,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inferenceos.errors import UsageError
+from inferenceos.units import parse_size
 
 DEFAULT_PORT = 50052
 INFO_PORT_OFFSET = 1
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
 _NAME = re.compile(r"^RPC\[(?P<addr>[^\]]+)\](?:#(?P<index>\d+))?$")
-
-
-def parse_size(text: str) -> int:
-    """'4GiB' → 4294967296, '32GB' → 32e9, '512M' → 512 MiB; UsageError otherwise.
-    (The same grammar as plan.devices.parse_size, which this layer may not import.)"""
-    m = _SIZE.match(text)
-    if not m:
-        raise UsageError(f"not a size: {text!r} (try 4GiB, 512MiB, 32GB)")
-    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
-    power = "KMGT".find(unit) + 1 if unit else 0
-    decimal = not binary and text.strip().upper().endswith("B") and unit
-    return int(value * (1000 if decimal else 1024) ** power)
 
 
 @dataclass(frozen=True)

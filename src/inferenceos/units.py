@@ -1,6 +1,11 @@
-"""Human-readable sizes and counts, shared by the CLI and reports."""
+"""Human-readable sizes and counts, shared by the CLI and reports, and the one parser
+of sizes a user writes (`parse_size`)."""
 
 from __future__ import annotations
+
+import re
+
+from inferenceos.errors import UsageError
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -21,3 +26,19 @@ def format_count(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.1f}{suffix}"
     return str(int(n))
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' → 4294967296, '32GB' → 32e9, '512M' → 512 MiB (no 'B': binary), '1000'
+    → 1000 bytes. Raises UsageError on anything else. (The one size parser: `--ram`,
+    `--mem`, `host:port=SIZE`, budgets.)"""
+    m = _SIZE.match(text)
+    if not m:
+        raise UsageError(f"not a size: {text!r} (try 4GiB, 512MiB, 32GB)")
+    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    power = "KMGT".find(unit) + 1 if unit else 0
+    decimal = not binary and text.strip().upper().endswith("B") and unit
+    return int(value * (1000 if decimal else 1024) ** power)

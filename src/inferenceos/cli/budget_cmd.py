@@ -25,7 +25,7 @@ LIFT = ("none", "null", "off", "unlimited")
 
 def parse_cap(text: str) -> int | None:
     """'4GiB' → bytes; 'none' → None (lift); UsageError otherwise."""
-    from inferenceos.endpoint import parse_size
+    from inferenceos.units import parse_size
 
     if text.strip().lower() in LIFT:
         return None

@@ -37,7 +37,7 @@ def budget_caps(
     rpc: list[str] | None, ram: str | None, gpu_memory: list[str] | None
 ) -> dict[str, Any]:
     """LoadRequest fields for `--rpc`, `--ram` and `--gpu-memory` (run and serve)."""
-    from inferenceos.plan.devices import parse_size
+    from inferenceos.units import parse_size
 
     return {
         "rpc": rpc_workers(rpc),

@@ -234,7 +234,6 @@ def serve(
     from inferenceos.config import load_config
     from inferenceos.errors import UsageError
     from inferenceos.net import bind_error
-    from inferenceos.plan.devices import parse_size
     from inferenceos.registry.budget import MemoryBudget
     from inferenceos.registry.catalog import Catalog
     from inferenceos.registry.manager import ModelManager, engine_factory
@@ -242,6 +241,7 @@ def serve(
     from inferenceos.server.app import create_app
     from inferenceos.server.runner import make_server
     from inferenceos.server.settings import ServerSettings
+    from inferenceos.units import parse_size
 
     cfg = load_config()
     settings = ServerSettings(

@@ -29,7 +29,7 @@ def worker(
     Stops cleanly on Ctrl-C or SIGTERM. RPC traffic is neither authenticated nor
     encrypted: keep it on loopback and tunnel it over SSH (docs/cluster.md)."""
     from inferenceos.cluster.worker import WorkerConfig, run_worker
-    from inferenceos.endpoint import parse_size
+    from inferenceos.units import parse_size
 
     cfg = WorkerConfig(
         host=host, port=port, mem=parse_size(mem) if mem else None, threads=threads,

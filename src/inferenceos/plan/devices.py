@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from inferenceos.errors import UsageError
+from inferenceos.units import parse_size as parse_size  # re-exported: callers of old
 
 GB = 1e9
 
@@ -129,20 +129,6 @@ class Machine:
         }
 
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """'4GiB' → 4294967296, '32GB' → 32e9, '512M' → 512 MiB (no 'B': binary), '1000'
-    → 1000 bytes. Raises UsageError on anything else."""
-    m = _SIZE.match(text)
-    if not m:
-        raise UsageError(f"not a size: {text!r} (try 4GiB, 512MiB, 32GB)")
-    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
-    power = "KMGT".find(unit) + 1 if unit else 0
-    decimal = not binary and text.strip().upper().endswith("B") and unit
-    base = 1000 if decimal else 1024
-    return int(value * base**power)
 
 
 def _cpu_from_json(data: dict[str, Any], notes: list[str]) -> Device:
