@@ -18,16 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from inferenceos.engine import plugins
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.session import LoadedModel, LoadSettings, decode_failed
 from inferenceos.engine.speculative import ENTRY_POINT_GROUP, DraftAsk
-from inferenceos.errors import GenerationError, ModelLoadError, UsageError
+from inferenceos.errors import GenerationError, ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -300,21 +300,15 @@ class SelfDrafter(ModelDrafter):
 
 def available_drafters() -> dict[str, str]:
     """Installed drafter names → 'module:Class' (from the entry-point group)."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return plugins.registered(ENTRY_POINT_GROUP)
 
 
 def drafter_class(name: str) -> Any:
     """The class registered as `name`; a name ending in .gguf is a draft model file."""
     if name.endswith(".gguf"):
         return ModelDrafter
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.load()
     builtin = {"ngram": NgramDrafter, "self": SelfDrafter}
-    if name not in builtin:
-        known = sorted(set(available_drafters()) | set(builtin))
-        raise UsageError(f"unknown drafter {name!r} (use {', '.join(known)} or a .gguf path)")
-    return builtin[name]
+    return plugins.find(ENTRY_POINT_GROUP, name, builtin, "drafter", " or a .gguf path")
 
 
 def make_drafter(name: str, setup: DraftSetup, **options: Any) -> Any:

@@ -13,12 +13,11 @@ package is discovered exactly like the built-ins. `inferenceos plugins` lists th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 import numpy as np
 
-from inferenceos.errors import UsageError
+from inferenceos.engine import plugins
 
 ENTRY_POINT_GROUP = "inferenceos.kv_policies"
 
@@ -125,24 +124,12 @@ def _runs(positions: np.ndarray) -> list[tuple[int, int]]:
 
 def available_policies() -> dict[str, str]:
     """Installed policy names → 'module:Class' (from the entry-point group)."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return plugins.registered(ENTRY_POINT_GROUP)
 
 
 def load_policy(name: str, **options: Any) -> KVPolicy:
     """Instantiate the policy registered as `name`; UsageError when none is."""
-    builtin: dict[str, type[Any]] = {
-        "none": NoEviction,
-        "streaming": StreamingLLM,
-        "h2o": HeavyHitterOracle,
-    }
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            cls = ep.load()
-            break
-    else:
-        if name not in builtin:  # not installed as a package: built-ins still work
-            known = sorted(set(available_policies()) | set(builtin))
-            raise UsageError(f"unknown KV policy {name!r} (available: {', '.join(known)})")
-        cls = builtin[name]
+    builtin = {"none": NoEviction, "streaming": StreamingLLM, "h2o": HeavyHitterOracle}
+    cls = plugins.find(ENTRY_POINT_GROUP, name, builtin, "KV policy")
     policy: KVPolicy = cls(**options)
     return policy
