@@ -48,3 +48,31 @@ def run_main(
         code = int(exc.code or 0)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def start_serve(*args: str, **env: str) -> tuple[subprocess.Popen[str], str]:
+    """`inferenceos serve ARGS` on a free loopback port, started and answering /health
+    (within 60 s, else the test fails with its stderr): (the process, its base URL).
+    The caller stops it (SIGTERM) and reads its pipes."""
+    import time
+
+    import httpx
+
+    from inferenceos.cluster.spawn import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferenceos", "serve", *args, "--port", str(port)],
+        env=cli_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"serve did not start: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.1)

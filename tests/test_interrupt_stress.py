@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli_helpers import cli_env
+from cli_helpers import cli_env, start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -96,34 +95,14 @@ def test_ctrl_c_at_random_moments_stops_run_within_a_second(
     assert 0 < loaded < n, "the moments should fall both before and after the load"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_with_a_stream_in_flight_ends_it_cleanly_and_exits_0(
         tiny_wide: Path, sig: signal.Signals) -> None:
     """The stream still running after the grace (1 s) is cancelled: it ends with a last
     chunk and [DONE], and the server exits 0."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "inferenceos", "serve", str(tiny_wide), "--port", str(port),
-         "--ctx", "4096", "--threads", "1"],
-        env=cli_env(INFERENCEOS_SERVER_SHUTDOWN_GRACE_S="1"), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve(str(tiny_wide), "--ctx", "4096", "--threads", "1",
+                             INFERENCEOS_SERVER_SHUTDOWN_GRACE_S="1")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
         lines: list[str] = []
         with httpx.stream("POST", base + "/v1/completions", timeout=30, json={
                 "prompt": "ab", "max_tokens": 100000, "stream": True,

@@ -4,45 +4,21 @@ server answers (the first request pays no load), and the access log follows `-v`
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from cli_helpers import cli_env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from cli_helpers import start_serve
 
 
 @contextmanager
 def serve(*args: str) -> Iterator[tuple[str, list[str]]]:
     """`serve ARGS` until the block ends: (base URL, its stderr lines once stopped)."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "inferenceos", "serve", *args, "--port", str(port),
-         "--ctx", "256", "--threads", "1", "--parallel", "1"],
-        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve(*args, "--ctx", "256", "--threads", "1", "--parallel", "1")
     lines: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
-            time.sleep(0.1)
         yield base, lines
     finally:
         proc.send_signal(signal.SIGTERM)

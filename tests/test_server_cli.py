@@ -5,35 +5,17 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from cli_helpers import cli_env, run_cli
+from cli_helpers import run_cli, start_serve
 
 
 def test_serve_process_answers_and_stops_on_sigterm(tiny_llama: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "inferenceos", "serve", str(tiny_llama), "--port", str(port),
-         "--ctx", "256", "--threads", "1", "--parallel", "2"],
-        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve(str(tiny_llama), "--ctx", "256", "--threads", "1",
+                             "--parallel", "2")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
-            time.sleep(0.2)
         r = httpx.post(base + "/api/generate", timeout=30, json={
             "prompt": "hi", "stream": False, "options": {"num_predict": 3}})
         assert r.status_code == 200 and r.json()["model"] == "tiny-llama:latest"
