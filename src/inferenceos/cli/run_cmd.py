@@ -274,6 +274,8 @@ def run(
         except KeyboardInterrupt:
             interrupted = True
         m = lm.metrics
+        if interrupted:  # also when the stop came before the generator had begun
+            m.stop_reason = "interrupted"
         from inferenceos.cli.run_telemetry import record_run
 
         record_run(lm, m)

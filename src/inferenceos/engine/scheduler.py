@@ -742,10 +742,12 @@ def generate_one(
     sees, in process (`probe`: the AttentionProbe `lm`'s context was created with, for
     H2O; `media`: a MediaEncoder on `lm`, for `items` in a text `prompt`).
     `lm.metrics` follows the run."""
-    sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
-                      media=media)  # fmt: skip
-    lm.metrics = GenerationMetrics(load_s=lm.load_s)  # this run's, not the last one's
+    # this run's metrics, "interrupted" until the run says otherwise (as generate's)
+    lm.metrics = GenerationMetrics(load_s=lm.load_s, stop_reason="interrupted")
+    sched: Scheduler | None = None
     try:
+        sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
+                          media=media)  # fmt: skip
         sched.submit(prompt_request(1, prompt, sampling, lm, media, items))
         while sched.has_work():
             events = sched.step()
@@ -762,4 +764,5 @@ def generate_one(
         lm.metrics.load_s = lm.load_s
         if not lm.metrics.stop_reason:  # closed early (Ctrl-C, a consumer that left)
             lm.metrics.stop_reason = "interrupted"
-        sched.close()
+        if sched is not None:
+            sched.close()
