@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
 from inferenceos.server import (
+    anthropic_routes,
     budget_routes,
     llamacpp_routes,
     ollama_routes,
@@ -58,13 +59,13 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
             await asyncio.to_thread(manager.close)  # engines finish their last step
 
     app = FastAPI(title="InferenceOS", version=settings.version, lifespan=lifespan,
-                  summary="OpenAI- and Ollama-compatible API over llama.cpp")
+                  summary="OpenAI-, Ollama- and Anthropic-compatible API over llama.cpp")
     app.state.ios = state
     install_handlers(app)
     for router in (ops_routes.router, openai_routes.router, ollama_routes.router,
                    openai_routes.bare_router, llamacpp_routes.router,
-                   responses_routes.router, sessions_routes.router, budget_routes.router,
-                   ui_routes.router):
+                   responses_routes.router, anthropic_routes.router, sessions_routes.router,
+                   budget_routes.router, ui_routes.router):
         app.include_router(router)
     budget_routes.attach(app, manager)  # the pressure reactor; it stops with the manager
     # add_middleware wraps: the last added is the outermost

@@ -1,14 +1,17 @@
 """Errors as each API spells them, and the exception handlers that produce them.
 
-Routes under `/v1/` answer OpenAI's shape `{"error": {"message", "type", "code",
-"param"}}`; every other route answers Ollama's `{"error": "message"}`. No traceback ever
-reaches a client: an unexpected exception is logged and answered with a generic 500.
+Routes under `/v1/messages` answer Anthropic's shape `{"type": "error", "error":
+{"type", "message"}, "request_id"}` (and 529 where the others say 503); other routes
+under `/v1/` answer OpenAI's shape `{"error": {"message", "type", "code", "param"}}`;
+every other route answers Ollama's `{"error": "message"}`. No traceback ever reaches a
+client: an unexpected exception is logged and answered with a generic 500.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,6 +37,15 @@ _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
     422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
+}
+
+
+# Anthropic's error types by status (docs.claude.com/en/api/errors); 529 is its
+# "overloaded", which our 503s (draining, no room, worker died) become on its routes
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    500: "api_error", 529: "overloaded_error",
 }
 
 
@@ -67,10 +79,30 @@ def is_openai_path(path: str) -> bool:
             or path.startswith("/models/"))
 
 
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def error_status(path: str, status: int) -> int:
+    """The status an error answers with on `path`: Anthropic's 529 for our 503."""
+    return 529 if status == 503 and is_anthropic_path(path) else status
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object for `status` (a 4xx it has no name for is
+    invalid_request_error, a 5xx api_error, as its reference says)."""
+    kind = _ANTHROPIC_TYPES.get(error_status("/v1/messages", status),
+                                "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message},
+            "request_id": f"req_{uuid.uuid4().hex[:24]}"}
+
+
 def error_body(path: str, status: int, message: str, code: str | None = None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON body for an error on `path`, in that API's shape. `extra` fields (and a
     `type` among them) join the OpenAI error object."""
+    if is_anthropic_path(path):
+        return anthropic_error(status, message)
     if is_openai_path(path):
         kind = _OPENAI_TYPES.get(status, "server_error")
         return {"error": {"message": message, "type": kind, "param": None, "code": code,
@@ -81,8 +113,8 @@ def error_body(path: str, status: int, message: str, code: str | None = None,
 def error_response(path: str, status: int, message: str, code: str | None = None,
                    headers: dict[str, str] | None = None,
                    extra: dict[str, Any] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(path, status, message, code, extra), status,
-                        headers=headers)
+    return JSONResponse(error_body(path, status, message, code, extra),
+                        error_status(path, status), headers=headers)
 
 
 def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:

@@ -1,0 +1,332 @@
+"""Anthropic's Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+What the `anthropic` SDK sends and parses, on the same dialect core as the other APIs
+(server/generation.py, tools.py, tool_calls.py, media_parts.py): the request is
+translated by anthropic_convert.py, the reply rendered here as content blocks —
+`thinking` (for templates with a reasoning section, anthropic_thinking.py), `text`,
+then one `tool_use` block per call read from the text (held back while streaming, as
+the other dialects do). `stop_reason`: `tool_use` when calls were read, else
+`end_turn` (end of generation), `stop_sequence` (with the string), `max_tokens`, or
+`model_context_window_exceeded` (the context ran out before `max_tokens`).
+
+Streamed, it is SSE with named events in Anthropic's order: `message_start` (usage
+with the prompt's tokens, from the engine's admission report), `ping` (again every
+few seconds while a long prompt is processed), per block `content_block_start`,
+`content_block_delta` (`thinking_delta`, `text_delta`, `input_json_delta`),
+`content_block_stop`, then
+`message_delta` (stop_reason, stop_sequence, cumulative usage) and `message_stop`; a
+failure after the start is an `error` event in Anthropic's error shape.
+
+`usage.input_tokens` counts the prompt tokens computed for this request and
+`cache_read_input_tokens` those reused from the KV cache (their sum is the prompt);
+`cache_creation_input_tokens` is 0 (caching is automatic, nothing is charged for it).
+The `anthropic-version` and `anthropic-beta` headers are accepted, not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.media.item import MEDIA_MARKER, MediaItem
+from inferenceos.server.anthropic_convert import (
+    chat_messages,
+    has_media,
+    sampling_of,
+    tools_of,
+)
+from inferenceos.server.anthropic_schema import (
+    ERROR_RESPONSES,
+    CountTokensRequest,
+    Message,
+    MessagesRequest,
+    TokensCount,
+)
+from inferenceos.server.anthropic_thinking import (
+    Reasoning,
+    ThinkingSplit,
+    reasoning_of,
+    split_reasoning,
+)
+from inferenceos.server.errors import anthropic_error, api_error_from, error_status
+from inferenceos.server.generation import (
+    Done,
+    GenRequest,
+    Run,
+    call_in_thread,
+    start_generation,
+    until_disconnect,
+)
+from inferenceos.server.llamacpp_shapes import stopping_word
+from inferenceos.server.llamacpp_vocab import vocab_for
+from inferenceos.server.media_parts import decode_in_thread, media_set
+from inferenceos.server.sse import ClosingStreamingResponse
+from inferenceos.server.state import ServerState
+from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+from inferenceos.server.tools import ToolRequest
+
+router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERROR_RESPONSES)
+_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+PING_EVERY_S = 5.0  # while a long prompt is processed, a ping keeps proxies from timing out
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.ios
+    return state
+
+
+async def _conversation(state: ServerState, body: CountTokensRequest
+                        ) -> tuple[list[ChatMessage], tuple[MediaItem, ...]]:
+    """The chat messages and media items of a request; images are decoded in a
+    worker thread (CPU work on untrusted bytes), never on the event loop."""
+    if not has_media(body):
+        return chat_messages(body), ()
+    media = media_set(state.settings)
+    messages = await decode_in_thread(lambda: chat_messages(body, media))
+    return messages, tuple(media.items)
+
+
+def _template(run: Run) -> str | None:
+    engine = run.model.engine if run.model else None
+    return getattr(getattr(engine, "spec", None), "chat_template", None)
+
+
+def _usage(done: Done) -> dict[str, int]:
+    g = done.metrics
+    cached = min(g.cached_tokens, g.prompt_tokens)
+    return {"input_tokens": g.prompt_tokens - cached, "output_tokens": g.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+
+
+def _stop(done: Done, text: str, stops: tuple[str, ...], max_tokens: int,
+          calls: bool) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished generation whose raw text is `text`.
+    Blocking when several stop sequences were given (reads the vocabulary)."""
+    g = done.metrics
+    if calls:
+        return "tool_use", None
+    if g.stop_reason == "length":
+        full = g.completion_tokens >= max_tokens
+        return ("max_tokens" if full else "model_context_window_exceeded"), None
+    if g.stop_reason == "stop" and stops:
+        tail = ""
+        if len(stops) > 1:  # which one: the detokenized output holds it after the text
+            tail = vocab_for(done.model.model.path).detokenize(done.output_ids)[len(text):]
+        return "stop_sequence", stopping_word(stops, "stop", tail) or None
+    return "end_turn", None
+
+
+def _blocks(text: str, reasoning: Reasoning | None, run: Run
+            ) -> tuple[list[dict[str, Any]], list[ParsedCall]]:
+    """The content blocks of a whole reply, and the calls among them."""
+    thinking, answer = split_reasoning(text, reasoning)
+    calls: list[ParsedCall] = []
+    if run.tool_format is not None:
+        answer, calls = parse_tool_calls(answer, run.tool_format)
+    blocks: list[dict[str, Any]] = []
+    if thinking:
+        blocks.append({"type": "thinking", "thinking": thinking, "signature": ""})
+    if answer or not (blocks or calls):  # never an empty content list
+        blocks.append({"type": "text", "text": answer})
+    blocks += [_tool_use(c) for c in calls]
+    return blocks, calls
+
+
+def _tool_use(call: ParsedCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name,
+            "input": call.arguments}
+
+
+def _message(mid: str, model: str, content: list[dict[str, Any]], usage: dict[str, int],
+             stop: tuple[str | None, str | None] = (None, None)) -> dict[str, Any]:
+    return {"id": mid, "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": stop[0], "stop_sequence": stop[1],
+            "usage": usage}
+
+
+@router.post("/messages", response_model=None, responses={200: {
+    "model": Message, "content": _SSE,
+    "description": "A message, or SSE events (message_start ... message_stop) when stream "
+                   "is true"}})
+async def create_message(body: MessagesRequest, request: Request) -> Any:
+    """A model reply in Anthropic's Messages API shape, streamed as named SSE events
+    when `stream` is true."""
+    state = _state(request)
+    messages, items = await _conversation(state, body)
+    tools: ToolRequest | None = tools_of(body)
+    name = state.model_name(body.model)
+    sampling = sampling_of(body)
+    req = GenRequest(name, sampling, messages=tuple(messages), tools=tools, media=items,
+                     progress=body.stream)
+    run = await until_disconnect(request, start_generation(state, req))
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    if body.stream:
+        stream = _Stream(run, mid, name, sampling.stop, body.max_tokens)
+        return ClosingStreamingResponse(_sse(stream.events()), "text/event-stream",
+                                        run.close)
+
+    async def whole() -> dict[str, Any]:
+        text, done = await run.collect()
+        blocks, calls = _blocks(text, reasoning_of(_template(run)), run)
+        stop = await call_in_thread(lambda: _stop(done, text, sampling.stop,
+                                                  body.max_tokens, bool(calls)))
+        return _message(mid, name, blocks, _usage(done), stop)
+
+    return JSONResponse(await until_disconnect(request, whole()))
+
+
+@router.post("/messages/count_tokens", response_model=TokensCount)
+async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
+    """How many tokens the request's prompt takes under the model's chat template
+    (system, messages, tools; an image counts the cells its encoder tokens take)."""
+    state = _state(request)
+    messages, items = await _conversation(state, body)
+    tools = tools_of(body)
+    name = state.model_name(body.model)
+
+    def work() -> int:
+        with state.manager.acquire(name) as lease:
+            engine = lease.engine
+            text = engine.chat_prompt(messages, tools=tools.tools if tools else None)
+            if not items:
+                return len(engine.tokenize(text))
+            cells = engine.media_tokens  # type: ignore[attr-defined]
+            return (len(engine.tokenize(text.replace(MEDIA_MARKER, "")))
+                    + sum(int(cells(m)) for m in items))
+
+    return {"input_tokens": await call_in_thread(work)}
+
+
+class _Stream:
+    """The event sequence of one streamed reply (see the module docstring)."""
+
+    def __init__(self, run: Run, mid: str, model: str, stops: tuple[str, ...],
+                 max_tokens: int) -> None:
+        self.run, self.mid, self.model = run, mid, model
+        self.stops, self.max_tokens = stops, max_tokens
+        self.index = -1
+        self.kind: str | None = None  # the open block's type
+        self.raw: list[str] = []  # the reply as generated, for the stop sequence
+
+    def _open(self, kind: str) -> list[dict[str, Any]]:
+        """Events that make a block of `kind` the open one."""
+        if self.kind == kind:
+            return []
+        out = self._close()
+        self.index += 1
+        self.kind = kind
+        block = ({"type": "text", "text": ""} if kind == "text"
+                 else {"type": "thinking", "thinking": "", "signature": ""})
+        return [*out, {"type": "content_block_start", "index": self.index,
+                       "content_block": block}]
+
+    def _close(self) -> list[dict[str, Any]]:
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [{"type": "content_block_stop", "index": self.index}]
+
+    def _delta(self, kind: str, piece: str) -> list[dict[str, Any]]:
+        if not piece:
+            return []
+        delta = ({"type": "text_delta", "text": piece} if kind == "text"
+                 else {"type": "thinking_delta", "thinking": piece})
+        return [*self._open(kind), {"type": "content_block_delta", "index": self.index,
+                                    "delta": delta}]
+
+    def _calls(self, calls: list[ParsedCall]) -> list[dict[str, Any]]:
+        out = self._close()
+        for call in calls:
+            self.index += 1
+            block = _tool_use(call)
+            out += [{"type": "content_block_start", "index": self.index,
+                     "content_block": {**block, "input": {}}},
+                    {"type": "content_block_delta", "index": self.index,
+                     "delta": {"type": "input_json_delta",
+                               "partial_json": json.dumps(call.arguments)}},
+                    {"type": "content_block_stop", "index": self.index}]
+        return out
+
+    def _start(self, progress: tuple[int, int, int, float] | None) -> dict[str, Any]:
+        total, cached = (progress[0], progress[1]) if progress else (0, 0)
+        usage = {"input_tokens": total - cached, "output_tokens": 0,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
+        return {"type": "message_start",
+                "message": {**_message(self.mid, self.model, [], usage)}}
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        reasoning = reasoning_of(_template(self.run))
+        split = ThinkingSplit(reasoning) if reasoning else None
+        held = ToolCallStream(self.run.tool_format) if self.run.tool_format else None
+        started = False
+        last = time.monotonic()  # of the last event sent
+        events = self.run.events()
+        try:
+            async for item in events:
+                if not started:
+                    started = True
+                    progress = item.progress if not isinstance(item, Done) else None
+                    yield self._start(progress)
+                    yield {"type": "ping"}
+                    if progress is not None:
+                        continue
+                if isinstance(item, Done):
+                    for ev in await self._end(item, split, held):
+                        yield ev
+                    return
+                if item.progress is not None:  # a long prompt is still being read
+                    if time.monotonic() - last > PING_EVERY_S:
+                        last = time.monotonic()
+                        yield {"type": "ping"}
+                    continue
+                last = time.monotonic()
+                if not item.text:
+                    continue
+                self.raw.append(item.text)
+                thought, text = split.feed(item.text) if split else ("", item.text)
+                text = held.feed(text) if held and text else text
+                for ev in [*self._delta("thinking", thought), *self._delta("text", text)]:
+                    yield ev
+        finally:
+            await events.aclose()
+
+    async def _end(self, done: Done, split: ThinkingSplit | None,
+                   held: ToolCallStream | None) -> list[dict[str, Any]]:
+        """The events after the last token: what was held back, the calls, the end."""
+        thought, text = split.finish() if split else ("", "")
+        out = self._delta("thinking", thought)
+        text = held.feed(text) if held and text else text
+        out += self._delta("text", text)
+        rest, calls = held.finish() if held else ("", [])
+        out += self._delta("text", rest)
+        if self.index < 0 and not calls:  # never an empty content list
+            out += self._open("text")
+        out += self._calls(calls) if calls else self._close()
+        raw = "".join(self.raw)
+        reason, seq = await call_in_thread(lambda: _stop(done, raw, self.stops,
+                                                         self.max_tokens, bool(calls)))
+        return [*out, {"type": "message_delta",
+                       "delta": {"stop_reason": reason, "stop_sequence": seq},
+                       "usage": _usage(done)},
+                {"type": "message_stop"}]
+
+
+async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """`event: TYPE` / `data: {...}` pairs; a failure mid-stream becomes an `error`
+    event in Anthropic's shape (the headers, with status 200, are already sent)."""
+    try:
+        async for event in events:
+            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    except Exception as exc:
+        e = api_error_from(exc)
+        err = anthropic_error(error_status("/v1/messages", e.status), e.message)
+        yield f"event: error\ndata: {json.dumps(err, ensure_ascii=False)}\n\n"
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,367 @@
+"""Anthropic's Messages API on tiny models, judged by the real `anthropic` SDK (and raw
+SSE on the wire) against a real server: the message shape, the exact stream event
+sequence, stop reasons, usage with cached prompt tokens, count_tokens, forced tool
+calls as `tool_use` blocks, reasoning as `thinking` blocks, images to the tiny VLM, and
+every error status in Anthropic's error shape.
+
+The tiny models have random weights: what they write is noise, so the tests judge
+shapes, counts and the server's own decisions (a forced call's grammar, a stop
+sequence taken from a greedy reply), never the words.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from inferenceos.server.anthropic_thinking import (
+    Reasoning,
+    ThinkingSplit,
+    reasoning_of,
+    split_reasoning,
+)
+from inferenceos.server.settings import ServerSettings
+from server_harness import TINY_REQUEST, Harness, serving
+from test_server_media import IMAGE_TOKENS, RED
+from tiny_models import write_tiny_model
+from tool_templates import TINY_HERMES_TEMPLATE
+
+# a DeepSeek-R1-style template: its generation prompt opens the reasoning section
+THINKER_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}"
+    "{% endif %}")
+WEATHER = {"name": "weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+                            "required": ["city"], "additionalProperties": False}}
+HI = [{"role": "user", "content": "hi"}]
+# the body on the wire; the SDK (2.15) has no sampling arguments: they go in extra_body
+BODY: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "temperature": 0, "messages": HI}
+GREEDY: dict[str, Any] = {"model": "tiny", "max_tokens": 8, "messages": HI,
+                          "extra_body": {"temperature": 0}}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    root = tmp_path_factory.mktemp("server-anthropic")
+    hermes = write_tiny_model(root / "hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
+    thinker = write_tiny_model(root / "thinker.gguf", chat_template=THINKER_TEMPLATE)
+    broken = write_tiny_model(root / "broken.gguf", seed=3)
+    with serving({"tiny": tiny_llama, "hermes": hermes, "thinker": thinker,
+                  "broken": broken}, root,
+                 manager_kw={"base": replace(TINY_REQUEST, n_ctx=512)}) as h:
+        size = broken.stat().st_size
+        with open(broken, "r+b") as f:  # the weights cut off: llama.cpp refuses the load
+            f.truncate(size // 2)
+        yield h
+
+
+@pytest.fixture
+def client(server: Harness) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
+                               timeout=60)
+
+
+def _sse(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
+    """(event name, data) pairs of an SSE body."""
+    out = []
+    for frame in response.text.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in frame.splitlines() if ": " in line)
+        if "event" in lines:
+            out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_a_message_has_anthropic_shape_and_usage(client: anthropic.Anthropic) -> None:
+    r = client.messages.create(**GREEDY)
+    assert r.type == "message" and r.role == "assistant" and r.model == "tiny"
+    assert r.id.startswith("msg_")
+    [block] = r.content
+    assert block.type == "text" and block.text
+    assert r.stop_reason == "max_tokens" and r.stop_sequence is None
+    assert r.usage.output_tokens == 8
+    counted = client.messages.count_tokens(model="tiny", messages=HI).input_tokens
+    assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == counted
+    assert r.usage.cache_creation_input_tokens == 0
+
+
+def test_the_cached_prompt_is_reported_as_cache_read(client: anthropic.Anthropic) -> None:
+    messages = [{"role": "user", "content": "a longer prompt, to reuse from the KV cache"}]
+    first = client.messages.create(**{**GREEDY, "messages": messages})
+    second = client.messages.create(**{**GREEDY, "messages": messages})
+    whole = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
+    assert second.usage.cache_read_input_tokens and second.usage.cache_read_input_tokens > 0
+    assert second.usage.input_tokens + second.usage.cache_read_input_tokens == whole
+    assert second.usage.input_tokens < whole
+
+
+def test_the_stream_is_anthropics_exact_event_sequence(server: Harness) -> None:
+    r = httpx.post(server.url + "/v1/messages", timeout=60,
+                   headers={"anthropic-version": "2023-06-01"},
+                   json={**BODY, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = _sse(r)
+    names = [name for name, _ in events]
+    assert all(data["type"] == name for name, data in events)
+    assert names[:4] == ["message_start", "ping", "content_block_start", "content_block_delta"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"]["input_tokens"] + start["usage"]["cache_read_input_tokens"] > 0
+    assert events[2][1] == {"type": "content_block_start", "index": 0,
+                            "content_block": {"type": "text", "text": ""}}
+    deltas = [d["delta"] for n, d in events if n == "content_block_delta"]
+    assert all(d["type"] == "text_delta" for d in deltas)
+    end = events[-2][1]
+    assert end["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert end["usage"]["output_tokens"] == 8
+    assert (end["usage"]["input_tokens"] + end["usage"]["cache_read_input_tokens"]
+            == start["usage"]["input_tokens"] + start["usage"]["cache_read_input_tokens"])
+
+
+def test_the_sdk_assembles_the_stream(client: anthropic.Anthropic) -> None:
+    whole = client.messages.create(**GREEDY)
+    with client.messages.stream(**GREEDY) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.content[0].type == "text" and final.content[0].text == streamed
+    assert streamed == whole.content[0].text  # greedy: the same reply either way
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 8
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_sequence_ends_the_reply_and_is_named(client: anthropic.Anthropic,
+                                                     stream: bool) -> None:
+    text = client.messages.create(**{**GREEDY, "max_tokens": 12}).content[0].text
+    stop = next(c for c in text[3:] if c.strip() and c not in text[:3])  # first occurrence
+    kw = {**GREEDY, "max_tokens": 12, "stop_sequences": ["\x00never", stop]}
+    if stream:
+        with client.messages.stream(**kw) as s:
+            r = s.get_final_message()
+    else:
+        r = client.messages.create(**kw)
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+    assert r.content[0].text == text[:text.index(stop)]
+
+
+def test_count_tokens_counts_system_and_tools(client: anthropic.Anthropic) -> None:
+    plain = client.messages.count_tokens(model="hermes", messages=HI).input_tokens
+    system = client.messages.count_tokens(model="hermes", messages=HI,
+                                          system="be brief").input_tokens
+    blocks = client.messages.count_tokens(
+        model="hermes", messages=HI, system=[{"type": "text", "text": "be brief"}]).input_tokens
+    tools = client.messages.count_tokens(model="hermes", messages=HI,
+                                         tools=[WEATHER]).input_tokens  # type: ignore[list-item]
+    assert plain < system == blocks and plain < tools
+
+
+# one call: with parallel calls allowed the random model writes calls until max_tokens
+@pytest.mark.parametrize("choice", [{"type": "any", "disable_parallel_tool_use": True},
+                                    {"type": "tool", "name": "weather",
+                                     "disable_parallel_tool_use": True}])
+def test_a_forced_call_is_a_tool_use_block(client: anthropic.Anthropic,
+                                           choice: dict[str, Any]) -> None:
+    kw: Any = {"model": "hermes", "max_tokens": 120, "extra_body": {"temperature": 0},
+               "tools": [WEATHER],
+               "tool_choice": choice, "messages": [{"role": "user", "content": "weather?"}]}
+    r = client.messages.create(**kw)
+    assert r.stop_reason == "tool_use"
+    [call] = [b for b in r.content if b.type == "tool_use"]
+    assert call.name == "weather" and call.input["city"] in ("Paris", "Oslo")
+    assert call.id.startswith("toolu_")
+    with client.messages.stream(**kw) as s:
+        events = list(s)
+        final = s.get_final_message()
+    assert final.stop_reason == "tool_use"
+    [streamed] = [b for b in final.content if b.type == "tool_use"]
+    assert streamed.input == call.input  # the SDK parsed the input_json_delta
+    assert any(e.type == "input_json" for e in events)
+    # the result goes back as a tool_result: the template renders it, and a reply comes
+    reply = client.messages.create(
+        model="hermes", max_tokens=4, tools=[WEATHER],  # type: ignore[list-item]
+        messages=[kw["messages"][0], {"role": "assistant", "content": r.content},  # type: ignore[typeddict-item]
+                  {"role": "user", "content": [
+                      {"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]}])
+    assert reply.usage.output_tokens > 0
+
+
+def test_tool_choice_none_leaves_tools_out(client: anthropic.Anthropic) -> None:
+    kw: Any = {"model": "hermes", "messages": HI}
+    plain = client.messages.count_tokens(**kw).input_tokens
+    none = client.messages.count_tokens(**kw, tools=[WEATHER],
+                                        tool_choice={"type": "none"}).input_tokens
+    assert none == plain
+
+
+def test_reasoning_comes_back_as_thinking_blocks(client: anthropic.Anthropic) -> None:
+    kw: Any = {**GREEDY, "model": "thinker"}
+    r = client.messages.create(**kw)
+    # the prompt opened <think>; the random model never closes it: all of it is reasoning
+    [block] = r.content
+    assert block.type == "thinking" and block.thinking and block.signature == ""
+    with client.messages.stream(**kw) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking"]
+    assert final.content[0].thinking == block.thinking  # type: ignore[union-attr]
+
+
+def test_thinking_split_reads_both_spellings() -> None:
+    assert reasoning_of("{{ '<|im_start|>assistant\\n' }}") is None
+    assert reasoning_of(THINKER_TEMPLATE) == Reasoning(starts_inside=True)
+    assert reasoning_of("{% if m.reasoning %}<think>{{ r }}</think>{% endif %}") == \
+        Reasoning(starts_inside=False)
+    reply = "  <think>\nplan it</think>\n\nthe answer"
+    assert split_reasoning(reply, Reasoning(False)) == ("\nplan it", "the answer")
+    assert split_reasoning("no tags at all", Reasoning(False)) == ("", "no tags at all")
+    assert split_reasoning("inside</think> out", Reasoning(True)) == ("inside", "out")
+    split = ThinkingSplit(Reasoning(False))  # fed a character at a time: tags split
+    pieces = [split.feed(c) for c in reply]
+    split.finish()
+    assert "".join(t for t, _ in pieces) + "" == "\nplan it"
+    assert (split.thinking, split.text) == ("\nplan it", "the answer")
+    assert all("<" not in t and ">" not in t for t, _ in pieces)
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+def _error(r: httpx.Response, status: int, kind: str) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind, body
+    assert body["request_id"].startswith("req_")
+    message: str = body["error"]["message"]
+    return message
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"model": "tiny", "messages": HI}, "max_tokens"),
+    ({**BODY, "temperature": 1.5}, "temperature"),
+    ({**BODY, "messages": [{"role": "user", "content": [{"type": "document"}]}]}, "document"),
+    ({**BODY, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+    ({**BODY, "messages": [*HI, {"role": "assistant", "content": "Sure"}]}, "prefill"),
+    ({**BODY, "model": "hermes", "tool_choice": {"type": "tool", "name": "nope"},
+      "tools": [WEATHER]}, "nope"),
+    ({**BODY, "model": "tiny", "tools": [WEATHER]}, "does not support tools"),
+])
+def test_bad_requests_are_invalid_request_errors(server: Harness, body: dict[str, Any],
+                                                 words: str) -> None:
+    r = httpx.post(server.url + "/v1/messages", json=body, timeout=60)
+    assert words in _error(r, 400, "invalid_request_error")
+
+
+def test_sdk_raises_its_own_error_classes(client: anthropic.Anthropic,
+                                          server: Harness) -> None:
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(**{**GREEDY, "model": "claude-sonnet-4-5"})
+    assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    _error(httpx.post(server.url + "/v1/messages/batches", json={}), 404, "not_found_error")
+    with pytest.raises(anthropic.InternalServerError) as err:  # the weights are cut off
+        client.messages.create(**{**GREEDY, "model": "broken"})
+    assert err.value.status_code == 500
+    assert err.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+    server.state.draining = True  # shutting down: Anthropic's "overloaded"
+    try:
+        with pytest.raises(anthropic.OverloadedError) as over:
+            client.messages.create(**GREEDY)
+    finally:
+        server.state.draining = False
+    assert over.value.status_code == 529
+    assert over.value.response.headers["retry-after"]
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """One request at a time, none queued, a key and a small body limit."""
+    root = tmp_path_factory.mktemp("server-anthropic-guarded")
+    settings = ServerSettings(api_key="sekrit", max_body_bytes=4096, max_running=1,
+                              max_waiting=0)
+    with serving({"tiny": tiny_llama}, root, settings=settings) as h:
+        yield h
+
+
+def test_the_api_key_is_taken_from_x_api_key(guarded: Harness) -> None:
+    url = guarded.url + "/v1/messages"
+    _error(httpx.post(url, json=BODY), 401, "authentication_error")
+    _error(httpx.post(url, json=BODY, headers={"x-api-key": "wrong"}), 401,
+           "authentication_error")
+    ok = httpx.post(url, json=BODY, timeout=60,
+                    headers={"x-api-key": "sekrit", "anthropic-version": "2023-06-01"})
+    assert ok.status_code == 200 and ok.json()["type"] == "message"
+    sdk = anthropic.Anthropic(base_url=guarded.url, api_key="sekrit", max_retries=0)
+    assert sdk.messages.create(**GREEDY).usage.output_tokens == 8
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=guarded.url, api_key="no", max_retries=0
+                            ).messages.create(**GREEDY)
+
+
+def test_too_large_and_rate_limited(guarded: Harness) -> None:
+    url, key = guarded.url + "/v1/messages", {"x-api-key": "sekrit"}
+    big = {**BODY, "messages": [{"role": "user", "content": "x" * 5000}]}
+    _error(httpx.post(url, json=big, headers=key), 413, "request_too_large")
+    opened = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:  # a stream that keeps the one running slot until released
+        with httpx.stream("POST", url, headers=key, timeout=60,
+                          json={**BODY, "max_tokens": 200, "stream": True}) as r:
+            for _ in r.iter_lines():
+                opened.set()
+                if release.wait(30):
+                    break
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert opened.wait(30)
+        r = httpx.post(url, json=BODY, headers=key, timeout=60)
+        assert "retry-after" in r.headers
+        _error(r, 429, "rate_limit_error")
+    finally:
+        release.set()
+        t.join(60)
+
+
+# -- images -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vlm(tiny_vlm_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[Harness]:
+    model, _ = tiny_vlm_pair
+    with serving({"vlm": model}, tmp_path_factory.mktemp("anthropic-vlm")) as h:
+        yield h
+
+
+def _image(raw: bytes) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": base64.b64encode(raw).decode()}}
+
+
+def test_an_image_reaches_the_vlm(vlm: Harness) -> None:
+    sdk = anthropic.Anthropic(base_url=vlm.url, api_key="x", max_retries=0, timeout=60)
+    content: Any = [{"type": "text", "text": "look"}, _image(RED)]
+    kw: Any = {"model": "vlm", "max_tokens": 4, "extra_body": {"temperature": 0}}
+    r = sdk.messages.create(**kw, messages=[{"role": "user", "content": content}])
+    text = sdk.messages.create(**kw, messages=[{"role": "user", "content": "look"}])
+    assert r.content[0].type == "text" and r.usage.output_tokens == 4
+    seen = r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+    plain = text.usage.input_tokens + (text.usage.cache_read_input_tokens or 0)
+    assert seen >= plain + IMAGE_TOKENS - 2  # the image's cells are in the prompt
+    counted = sdk.messages.count_tokens(model="vlm", messages=[
+        {"role": "user", "content": content}]).input_tokens
+    assert abs(counted - seen) <= 2  # the marker's own text splits a little differently
+    url = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:1/x.png"}}
+    r2 = httpx.post(vlm.url + "/v1/messages", timeout=60, json={
+        "model": "vlm", "max_tokens": 4, "messages": [{"role": "user", "content": [url]}]})
+    _error(r2, 400, "invalid_request_error")
