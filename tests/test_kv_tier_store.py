@@ -4,6 +4,7 @@ for llama.cpp's (tests/test_kv_tier_engine.py restores real ones)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -40,7 +41,7 @@ def state(n: int, seed: int = 0) -> bytes:
 
 
 def store(root: Path | None, ram: int = 64 * MiB, disk: int = 64 * MiB, **kw: object) -> KVStore:
-    return KVStore(KEY, root, ram, disk, **kw)  # type: ignore[arg-type]
+    return KVStore(KEY, root, ram, disk, **kw)
 
 
 def files(root: Path) -> list[Path]:
@@ -85,12 +86,12 @@ def test_lookup_finds_the_longest_cached_prefix_and_never_the_last_token(tmp_pat
     s.put(toks(100), state(1000, 1), 0.1)
     s.put(toks(40, start=5000), state(1000, 2), 0.1)
     s.put(toks(60), state(1000, 3), 0.1)  # a prefix of the first (put later: both kept)
-    prompt = toks(80) + [9, 9]
+    prompt = [*toks(80), 9, 9]
     hit = s.lookup(prompt)
     assert hit is not None and hit.n == 80 and hit.entry.n_tokens == 100
     exact = s.lookup(toks(100))  # the whole entry: all but the last prompt token
     assert exact is not None and exact.n == 99
-    assert s.lookup([1, 2, 3] + toks(70)) is None  # no shared prefix
+    assert s.lookup([1, 2, 3, *toks(70)]) is None  # no shared prefix
     assert s.lookup(toks(90), at_least=85) is None  # not min_gain better than the slot's
     assert s.counters["misses"] == 1  # the slot's own prefix was as good: no miss
 
@@ -98,8 +99,8 @@ def test_lookup_finds_the_longest_cached_prefix_and_never_the_last_token(tmp_pat
 def test_without_partial_restores_only_whole_entries_match(tmp_path: Path) -> None:
     s = store(tmp_path, disk=0, partial=False)
     s.put(toks(100), state(1000), 0.1)
-    assert s.lookup(toks(80) + [7, 7]) is None
-    hit = s.lookup(toks(100) + [7, 7])
+    assert s.lookup([*toks(80), 7, 7]) is None
+    hit = s.lookup([*toks(100), 7, 7])
     assert hit is not None and hit.n == 100
 
 
@@ -122,7 +123,7 @@ def test_a_new_process_finds_the_disk_tier_and_the_bytes_match(tmp_path: Path) -
     a.put(toks(300), data, 0.3)
     a.close()
     b = store(tmp_path)  # a restarted server
-    hit = b.lookup(toks(300) + [1])
+    hit = b.lookup([*toks(300), 1])
     assert hit is not None and hit.tier == "disk" and hit.n == 300
     assert b.fetch(hit) == data
     assert b.counters["hits_disk"] == 1 and b.counters["restored_tokens_disk"] == 300
@@ -131,17 +132,17 @@ def test_a_new_process_finds_the_disk_tier_and_the_bytes_match(tmp_path: Path) -
 def test_ram_only_and_disk_only_and_nothing(tmp_path: Path) -> None:
     ram_only = store(None, disk=0)
     assert ram_only.put(toks(30), state(100), 0.1) is not None
-    assert ram_only.lookup(toks(30) + [1]) is not None
+    assert ram_only.lookup([*toks(30), 1]) is not None
     disk_only = store(tmp_path, ram=0)
     disk_only.put(toks(30), state(100), 0.1)
     disk_only.flush()
     e = next(iter(disk_only.entries.values()))
     assert e.data is None and e.disk is not None  # spilled, then dropped from RAM
-    hit = disk_only.lookup(toks(30) + [1])
+    hit = disk_only.lookup([*toks(30), 1])
     assert hit is not None and disk_only.fetch(hit) == state(100)
     zero = store(tmp_path / "z", ram=0, disk=0)  # a budget of 0: no cache at all
     assert zero.put(toks(30), state(100), 0.1) is None
-    assert zero.lookup(toks(30) + [1]) is None
+    assert zero.lookup([*toks(30), 1]) is None
     assert not (tmp_path / "z").exists()
 
 
@@ -198,13 +199,13 @@ def test_a_damaged_entry_is_dropped_with_one_warning_and_never_restored(
     _damage(path, how)
     caplog.set_level(logging.WARNING, "inferenceos.kv_cache")
     b = store(tmp_path)
-    hit = b.lookup(toks(200) + [1])
+    hit = b.lookup([*toks(200), 1])
     if hit is not None:  # the header still reads (corrupt state): the checksum catches it
         assert b.fetch(hit) is None
     assert not path.exists()
     warnings = [r for r in caplog.records if r.name == "inferenceos.kv_cache"]
     assert len(warnings) == 1 and path.name in warnings[0].getMessage()
-    assert b.lookup(toks(200) + [1]) is None
+    assert b.lookup([*toks(200), 1]) is None
 
 
 def test_a_foreign_entry_is_dropped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -217,7 +218,7 @@ def test_a_foreign_entry_is_dropped(tmp_path: Path, caplog: pytest.LogCaptureFix
     path.rename(planted)  # another model's state under our key and a valid name
     caplog.set_level(logging.WARNING, "inferenceos.kv_cache")
     s = store(tmp_path)
-    assert s.lookup(toks(100) + [1]) is None and not planted.exists()
+    assert s.lookup([*toks(100), 1]) is None and not planted.exists()
     assert "another model" in caplog.text
 
 
@@ -242,7 +243,7 @@ def test_a_writer_killed_mid_entry_leaves_nothing_that_is_read(tmp_path: Path) -
     proc.wait()
     assert tmp is not None, "the writer never started its temporary file"
     s = store(tmp_path, ram=0, disk=8 * MiB)
-    assert s.lookup(list(range(100, 400)) + [1]) is None and not s.entries
+    assert s.lookup([*list(range(100, 400)), 1]) is None and not s.entries
     s.put(toks(50), state(1000), 0.1)  # the next write (under the lock) clears it
     s.flush()
     assert not tmp.exists()
@@ -264,11 +265,9 @@ def test_two_processes_on_one_data_dir_stay_within_budget_and_whole(tmp_path: Pa
 
     def watch() -> None:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 peak[0] = max(peak[0], sum(
                     p.stat().st_size for p in tmp_path.rglob(f"*{SUFFIX}") if p.exists()))
-            except OSError:
-                pass
             time.sleep(0.002)
 
     ctx = mp.get_context("spawn")
@@ -305,7 +304,7 @@ def test_disk_full_degrades_to_ram_only(tmp_path: Path, caplog: pytest.LogCaptur
         assert e is not None and e.data is not None and e.disk is None
         assert s.counters["write_errors"] == 1 and not s.stats()["disk_ok"]
         assert "disk full" in caplog.text
-        hit = s.lookup(toks(100) + [1])
+        hit = s.lookup([*toks(100), 1])
         assert hit is not None and hit.tier == "ram" and s.fetch(hit) == state(2 * MiB)
         assert not [p for p in mnt.rglob("*") if p.is_file() and p.name != ".lock"]
         s.close()
