@@ -151,6 +151,10 @@ class ModelManager:
         self.evictions_total: dict[str, int] = {}
         self.promotions_total = 0
         self.migrations_total = 0
+        # live migrations by (reason, direction), and the sequence-state bytes they
+        # carried by direction: read by the server's /metrics at scrape time
+        self.migrations_by: dict[tuple[str, str], int] = {}
+        self.migration_bytes: dict[str, int] = {}
 
     # -- requests ----------------------------------------------------------------------
 
@@ -377,13 +381,16 @@ class ModelManager:
     # -- live migration ------------------------------------------------------------------
 
     def migrate(self, name: str, plan: Plan, cause: str,
-                make_before_break: bool | None = None) -> dict[str, Any]:  # fmt: skip
+                make_before_break: bool | None = None, reason: str = "requested",
+                direction: str | None = None) -> dict[str, Any]:  # fmt: skip
         """Move the loaded `name` to `plan` while its streams run (Engine.migrate): the
         Engine object its leases hold stays, its worker is swapped underneath. Make
         before break when old + new fit the budget (None: decided here), else pause,
         save, reload, restore; a make-before-break whose load fails is retried the
         other way. New leases wait for the switch (the model is "moving"); streams in
-        flight go on. Records a "migration" event (cause, plans, pause, duration).
+        flight go on. Records a "migration" event (cause, plans, pause, duration) and
+        counts it in `migrations_by[(reason, direction)]` and its sequence-state bytes in
+        `migration_bytes[direction]` (direction None: `migration_direction`).
         UsageError when the model is not loaded or its engine cannot migrate."""
         from inferenceos.errors import UsageError
 
@@ -412,6 +419,10 @@ class ModelManager:
                     lm.plan = plan
                     lm.reason = f"migrated ({cause}); {plan.summary()}"
                     self.migrations_total += 1
+                    way = direction or migration_direction(before, plan)
+                    self.migrations_by[reason, way] = self.migrations_by.get((reason, way), 0) + 1
+                    self.migration_bytes[way] = (self.migration_bytes.get(way, 0)
+                                                 + int(info.get("kv_bytes") or 0))  # fmt: skip
             finally:
                 self._moving.discard(lm.model.name)
         detail = {
@@ -583,3 +594,10 @@ def _record_load(model: ResolvedModel, load_s: float, plan: Plan, engine: Engine
                                   settings=asdict(plan.params()), plan=plan.to_json())
     except Exception:  # recording never fails a load
         pass
+
+
+def migration_direction(before: Plan, after: Plan) -> str:
+    """"down" when `after` holds fewer bytes in all than `before`, "up" when more, else
+    "same" (the label of a migration nobody named a direction for)."""
+    old, new = sum(before.charge().values()), sum(after.charge().values())
+    return "down" if new < old else "up" if new > old else "same"

@@ -144,7 +144,8 @@ class PressureReactor:
             before = lm.plan
             try:
                 info = self.manager.migrate(lm.model.name, plan, cause,
-                                            self._room_for_both(plan, sample, ours))
+                                            self._room_for_both(plan, sample, ours),
+                                            self._why(dev, sample, ours), "down")  # fmt: skip
             except InferenceOSError as exc:
                 events.add("pressure", lm.model.name, device=dev, signal=value,
                            action="migration failed", error=str(exc))  # fmt: skip
@@ -166,7 +167,7 @@ class PressureReactor:
             both = sample is not None and self._room_for_both(
                 d.preferred, sample, used_by(self.manager.loaded()))
             try:
-                info = self.manager.migrate(name, d.preferred, cause, both)
+                info = self.manager.migrate(name, d.preferred, cause, both, "recovered", "up")
             except InferenceOSError as exc:
                 events.add("pressure", name, device=dev, action="migration up failed",
                            error=str(exc))  # fmt: skip
@@ -176,6 +177,17 @@ class PressureReactor:
             self.migrations += 1
             return {"device": dev, "action": "up", "model": name, **info}
         return {"device": dev, "action": "none"}
+
+    def _why(self, dev: str, sample: Sample, ours: dict[str, int]) -> str:
+        """What pushed `dev` over: "cap" when our models' share of its cap is the larger
+        term of the signal, else "memory" (the device itself filled up)."""
+        caps, mem = self.manager.budget.caps, sample.devices.get(dev)
+        fill = 1 - mem.free_bytes / mem.total_bytes if mem and mem.total_bytes else 0.0
+        cap = caps.get(dev)
+        if cap is None:
+            return "memory"
+        over = self.high * ours.get(dev, 0) / cap if cap > 0 else float("inf")
+        return "cap" if over >= fill else "memory"
 
     def _room_for_both(self, plan: Plan, sample: Sample, ours: dict[str, int]) -> bool:
         """Make before break only if the new placement fits beside the old one on every

@@ -11,10 +11,10 @@ import json
 import logging
 import time
 
+from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferenceos.server.generation import ClientDisconnected
-from inferenceos.server.prometheus import Counter
 
 log = logging.getLogger("inferenceos.access")
 events = logging.getLogger("inferenceos.server")
@@ -47,7 +47,7 @@ class AccessLog:
                         "cancelled", scope["method"], scope.get("path", ""), client[0])
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.counter.inc(method=scope["method"], route=route, status=str(status[0]))
+            self.counter.labels(method=scope["method"], route=route, status=str(status[0])).inc()
             if log.isEnabledFor(logging.INFO):
                 client = scope.get("client") or ("", 0)
                 log.info(json.dumps({

@@ -262,34 +262,34 @@ class Run:
                 if item.token >= 0:
                     # counted as generated, so that a rate read from the counter (monitor,
                     # /ui) moves while a request runs, and an abandoned one counts too
-                    m.generation_tokens.inc(model_name=name)
+                    m.generation_tokens.labels(model_name=name).inc()
                     counted += 1
                     if last is None:
-                        m.ttft.observe(now - self._t0, model_name=name)
+                        m.ttft.labels(model_name=name).observe(now - self._t0)
                     else:
-                        m.itl.observe(now - last, model_name=name)
+                        m.itl.labels(model_name=name).observe(now - last)
                     last = now
                 yield item
         except StopAsyncIteration:
             return
         finally:
             if not finished:  # the client went away (or an error): vLLM calls it abort
-                m.success.inc(model_name=name, finished_reason="abort")
+                m.success.labels(model_name=name, finished_reason="abort").inc()
             await self.close()
 
     def _record(self, done: Done, now: float, name: str, counted: int = 0) -> None:
         """A finished request's figures (`counted`: its tokens already counted)."""
         m, g = self.state.metrics, done.metrics
-        m.prompt_tokens.inc(g.prompt_tokens, model_name=name)
+        m.prompt_tokens.labels(model_name=name).inc(g.prompt_tokens)
         if g.completion_tokens > counted:
-            m.generation_tokens.inc(g.completion_tokens - counted, model_name=name)
-        m.decode_steps.inc(g.decode_steps, model_name=name)
+            m.generation_tokens.labels(model_name=name).inc(g.completion_tokens - counted)
+        m.decode_steps.labels(model_name=name).inc(g.decode_steps)
         if g.draft_tokens:
-            m.draft_tokens.inc(g.draft_tokens, model_name=name, drafter=g.draft)
-            m.accepted_tokens.inc(g.draft_accepted, model_name=name, drafter=g.draft)
+            m.draft_tokens.labels(model_name=name, drafter=g.draft).inc(g.draft_tokens)
+            m.accepted_tokens.labels(model_name=name, drafter=g.draft).inc(g.draft_accepted)
         reason = {"eos": "stop", "stop": "stop", "length": "length"}.get(g.stop_reason, "abort")
-        m.success.inc(model_name=name, finished_reason=reason)
-        m.e2e.observe(now - self._t0, model_name=name)
+        m.success.labels(model_name=name, finished_reason=reason).inc()
+        m.e2e.labels(model_name=name).observe(now - self._t0)
         record_request(done, total_s=now - self._t0, concurrency=self.state.admission.running)
 
     async def collect(self) -> tuple[str, Done]:
@@ -318,7 +318,7 @@ async def _admit(state: ServerState) -> Ticket:
     try:
         return await state.admission.enter()
     except Exception:
-        state.metrics.rejected.inc(reason="queue_full")
+        state.metrics.rejected.labels(reason="queue_full").inc()
         raise
 
 

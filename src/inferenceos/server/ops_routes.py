@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel
 
 from inferenceos.server.kv_stats import reported_kv_usage
@@ -41,11 +41,13 @@ async def health(request: Request) -> Any:
 
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
-async def metrics(request: Request) -> PlainTextResponse:
-    """Prometheus text format (names after vLLM's, prefix `inferenceos:`)."""
+async def metrics(request: Request) -> Response:
+    """Prometheus text format 0.0.4 (names after vLLM's, prefix `inferenceos:`;
+    server/prometheus.py says why never OpenMetrics)."""
     state = request.app.state.ios
     state.kv_reported = await reported_kv_usage(state.manager)
-    return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+    body, content_type = state.metrics.render()
+    return Response(body, media_type=content_type)
 
 
 _TEXT: dict[int | str, dict[str, Any]] = {

@@ -1,122 +1,61 @@
-"""A minimal Prometheus text-format registry (counters, gauges, histograms, collectors).
+"""Glue between the server and `prometheus-client`: scrape-time families and exposition.
 
-Enough for /metrics without a dependency, and one registry per app (tests start
-several apps in one process). Exposition follows the text format 0.0.4.
+The registry, counters, histograms and the text / OpenMetrics encoders are
+`prometheus-client`'s own (what Prometheus, Grafana and the field's exporters are
+tested against); this module adds only two things it leaves to its users:
+
+- `Scraped`: one metric family whose samples a callback computes at scrape time (the
+  gauges read from the model manager and the admission queue, and counters kept by a
+  lower layer, such as the manager's loads and migrations). The callback returns
+  `(labels dict, value)` pairs; a family may have different labels per sample.
+- `exposition(registry)`: the body and content type of a scrape, always the Prometheus
+  text format 0.0.4 (every Prometheus-compatible scraper reads it). Not OpenMetrics on
+  request, as `prometheus_client`'s own handlers do (`choose_encoder`): its OpenMetrics
+  writer turns the colon of `inferenceos:...` into `_` on sample lines but not on
+  `# TYPE` lines under the `escaping=underscores` that Prometheus 2 negotiates, so the
+  samples lose their type (prometheus/client_python#1177, open in 0.26).
 """
 
 from __future__ import annotations
 
-import math
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 
-Labels = tuple[tuple[str, str], ...]
-Sample = tuple[str, Labels, float]  # name suffix ("", "_bucket", ...), labels, value
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
-
-def _fmt_labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    esc = (v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"") for _, v in labels)
-    return "{" + ",".join(f'{k}="{v}"' for (k, _), v in zip(labels, esc, strict=True)) + "}"
+Collect = Callable[[], Iterable[tuple[dict[str, str], float]]]
+KINDS = ("gauge", "counter")
 
 
-def _fmt_value(v: float) -> str:
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v)) if not float(v).is_integer() else str(int(v))
+class Scraped(Collector):
+    """A family computed by `collect` at each scrape. `name` is the exposed name: a
+    counter's ends in `_total` (the family is named without it, as the exposition
+    formats want). Register with `registry.register(Scraped(...))`."""
+
+    def __init__(self, name: str, help: str, kind: str, collect: Collect) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+        if kind == "counter" and not name.endswith("_total"):
+            raise ValueError(f"a counter's name ends in _total: {name!r}")
+        self.name, self.help, self.kind, self._collect = name, help, kind, collect
+
+    def _family(self) -> Metric:
+        base = self.name.removesuffix("_total") if self.kind == "counter" else self.name
+        return Metric(base, self.help, self.kind)
+
+    def describe(self) -> Iterator[Metric]:
+        """The empty family: lets the registry refuse a duplicate name at register
+        time without calling `collect` (which may need a running server)."""
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for labels, value in self._collect():
+            family.add_sample(self.name, dict(labels), float(value))
+        yield family
 
 
-class Metric:
-    """Base: a named family with help text and a kind (counter, gauge, histogram)."""
-
-    kind = "untyped"
-
-    def __init__(self, name: str, help: str) -> None:
-        self.name = name
-        self.help = help
-        self._lock = threading.Lock()
-
-    def samples(self) -> Iterable[Sample]:
-        raise NotImplementedError
-
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        lines += [f"{self.name}{sfx}{_fmt_labels(lb)} {_fmt_value(v)}"
-                  for sfx, lb, v in self.samples()]
-        return "\n".join(lines)
-
-
-class Counter(Metric):
-    kind = "counter"
-
-    def __init__(self, name: str, help: str) -> None:
-        super().__init__(name, help)
-        self._values: dict[Labels, float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(tuple(sorted(labels.items())), 0.0)
-
-    def samples(self) -> Iterable[Sample]:
-        with self._lock:
-            return [("", k, v) for k, v in sorted(self._values.items())]
-
-
-class Histogram(Metric):
-    kind = "histogram"
-
-    def __init__(self, name: str, help: str, buckets: Sequence[float]) -> None:
-        super().__init__(name, help)
-        self.buckets = (*sorted(buckets), math.inf)
-        self._series: dict[Labels, list[float]] = {}  # bucket counts..., sum, count
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            s = self._series.setdefault(key, [0.0] * (len(self.buckets) + 2))
-            for i, le in enumerate(self.buckets):
-                if value <= le:
-                    s[i] += 1
-            s[-2] += value
-            s[-1] += 1
-
-    def samples(self) -> Iterable[Sample]:
-        out: list[Sample] = []
-        with self._lock:
-            for key, s in sorted(self._series.items()):
-                for le, n in zip(self.buckets, s, strict=False):
-                    out.append(("_bucket", (*key, ("le", _fmt_value(le))), n))
-                out += [("_sum", key, s[-2]), ("_count", key, s[-1])]
-        return out
-
-
-class Collected(Metric):
-    """A family whose samples a callback computes at scrape time (gauges mostly)."""
-
-    def __init__(self, name: str, help: str, kind: str,
-                 collect: Callable[[], Iterable[tuple[dict[str, str], float]]]) -> None:
-        super().__init__(name, help)
-        self.kind = kind
-        self._collect = collect
-
-    def samples(self) -> Iterable[Sample]:
-        return [("", tuple(sorted(lb.items())), v) for lb, v in self._collect()]
-
-
-class Registry:
-    """An ordered set of metric families rendered together."""
-
-    def __init__(self) -> None:
-        self._metrics: list[Metric] = []
-
-    def add(self, metric: Metric) -> Metric:
-        self._metrics.append(metric)
-        return metric
-
-    def render(self) -> str:
-        return "\n".join(m.render() for m in self._metrics) + "\n"
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """(body, content type) of one scrape of `registry`, Prometheus text format 0.0.4."""
+    return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4

@@ -51,6 +51,10 @@ class ServerState:
             loads=lambda: [({}, float(self.manager.loads_total))],
             evictions=lambda: [({"reason": k}, float(v))
                                for k, v in sorted(self.manager.evictions_total.items())],
+            migrations=lambda: [({"reason": r, "direction": d}, float(n))
+                                for (r, d), n in sorted(self.manager.migrations_by.items())],
+            migration_bytes=lambda: [({"direction": d}, float(n))
+                                     for d, n in sorted(self.manager.migration_bytes.items())],
         )
 
     def model_name(self, requested: str | None) -> str:
@@ -72,7 +76,7 @@ class ServerState:
     def check_accepting(self) -> None:
         """503 while shutting down."""
         if self.draining:
-            self.metrics.rejected.inc(reason="draining")
+            self.metrics.rejected.labels(reason="draining").inc()
             raise APIError(503, "server is shutting down", "shutting_down",
                            {"Retry-After": str(self.settings.retry_after_s)})
 
