@@ -206,12 +206,18 @@ class Engine:
         mmproj: str | Path | None = None,
         mmproj_gpu: bool = True,
         mmproj_device: str | None = None,
+        kv_cache_ram: int = 0,
+        kv_cache_disk: int = 0,
+        kv_cache_dir: str | Path | None = None,
     ) -> None:
         """`draft`: the default drafter for speculative decoding ("ngram", "self" or a
         draft model .gguf path; None: none); its memory is `draft_bytes`. `mmproj`: a
         multimodal projector GGUF (the model then takes `media` in `generate`), its
         encoder on a GPU backend when `mmproj_gpu` and there is one (`mmproj_device`:
-        which, by llama.cpp device name, as the plan's projector placement says)."""
+        which, by llama.cpp device name, as the plan's projector placement says).
+        `kv_cache_ram` / `kv_cache_disk`: budgets in bytes of the tiered KV cache
+        (engine/kv_store.py; the disk tier under `kv_cache_dir`), which keeps finished
+        conversations' KV state across sleep, worker deaths and restarts; 0: none."""
         self.spec: ModelSpec = load_spec(path)
         base = settings or LoadSettings()
         # one shared KV pool (unified): with one stream per slot each sequence would
@@ -226,7 +232,10 @@ class Engine:
                                  kv_policy, max_queue=max_queue, draft=draft,
                                  mmproj=Path(mmproj) if mmproj else None,
                                  mmproj_gpu=mmproj_gpu,
-                                 mmproj_device=mmproj_device)  # fmt: skip
+                                 mmproj_device=mmproj_device, kv_cache_ram=kv_cache_ram,
+                                 kv_cache_disk=kv_cache_disk,
+                                 kv_cache_dir=Path(kv_cache_dir) if kv_cache_dir
+                                 else None)  # fmt: skip
         self._start_timeout = start_timeout
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

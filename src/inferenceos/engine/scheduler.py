@@ -38,6 +38,8 @@ from inferenceos.engine.drafters import free_guess
 from inferenceos.engine.executor import Executor, StepRows
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
+from inferenceos.engine.kv_store import KVStore
+from inferenceos.engine.kv_tiers import park_bytes, restore_into, store_slot
 from inferenceos.engine.output import Event, OutputStream
 from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
@@ -154,6 +156,7 @@ class Sequence:
         self.media = req.spans
         self.embd: dict[int, np.ndarray] = {}  # encoder output of the span being prefilled
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
+        self.kv_edited = False  # a KV policy moved cells: they are no prefill's state
         if drafter is not None:
             self.out.metrics.draft = drafter.name
 
@@ -192,6 +195,7 @@ class Scheduler:
         draft_options: dict[str, dict[str, Any]] | None = None,
         media: Any = None,
         adaptive_threads: bool = True,
+        kv_store: KVStore | None = None,
     ) -> None:
         """`draft` names the default drafter ("ngram", "self", a plugin, or a .gguf draft
         model; None or "none": no speculative decoding), which requests may override;
@@ -203,7 +207,9 @@ class Scheduler:
         `media`: the model's MediaEncoder (media_encoder.py) when it has a projector;
         media steps alternate with the others (step_plan). `adaptive_threads`: a
         ThreadGovernor (thread_governor.py) lowers llama.cpp's threads while decode
-        steps run far slower than they did (another program took a core)."""
+        steps run far slower than they did (another program took a core). `kv_store`:
+        the tiered KV cache (kv_store.py) a finished sequence's state goes to and a
+        prompt's longest cached prefix comes from; None: the context's slots only."""
         self.probe = probe
         self.policy_options = policy_options or {}  # policy name → constructor options
         self.policy = self._policy(kv_policy)
@@ -215,8 +221,10 @@ class Scheduler:
         if kv_policy != "none" and not self.can_shift:
             raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
         self.n_ctx_slot = model.n_ctx // n_slots
+        self.kv_store = kv_store if self.tracker is None else None  # h2o: no restores
+        self._to_store: list[Slot] = []  # finished slots whose state goes to the store
         self.table = SlotTable(self._ll, self.mem, n_slots, self.n_ctx_slot, slot_policy,
-                               self.tracker, model.save_sequence,
+                               self.tracker, self._park_bytes,
                                model.restore_sequence)  # fmt: skip
         self.max_batch = model.settings.n_batch  # llama_decode takes at most n_batch tokens
         self.token_budget = max(1, min(token_budget, self.max_batch))
@@ -376,11 +384,12 @@ class Scheduler:
         return []
 
     def has_work(self) -> bool:
-        return bool(self.queue or self.running)
+        return bool(self.queue or self.running or self._to_store)
 
     def stats(self) -> dict[str, Any]:
         """KV usage and fragmentation per slot and for the cache, queue state (for `ps`,
         /metrics and tests); see engine.kv_stats for what each figure means."""
+        self.store_finished()  # the KV cache's figures include the turns just finished
         slots = [slot_stats(s, self.n_ctx_slot, self.tracker) for s in self.slots]
         window = None
         if self.probe is not None and self.probe.mass.size:
@@ -393,7 +402,26 @@ class Scheduler:
             "policy": self.policy.name,
             "threads": int(self._ll.llama_n_threads(self.model.ctx)),
             "thread_changes": self.governor.changes if self.governor else 0,
+            **({"kv_cache": self.kv_store.stats()} if self.kv_store is not None else {}),
         }
+
+    # -- the tiered KV store (kv_tiers.py) ---------------------------------------------
+
+    def _restore(self, slot: Slot, prompt: list[int], reuse: int) -> int:
+        if self.kv_store is None:
+            return reuse
+        return restore_into(self, self.kv_store, slot, prompt, reuse)
+
+    def store_finished(self) -> None:
+        """Put the states of the slots that finished since the last step into the store
+        (before anything can reuse or park them)."""
+        slots, self._to_store = self._to_store, []
+        if self.kv_store is not None:
+            for slot in slots:
+                store_slot(self, self.kv_store, slot)
+
+    def _park_bytes(self, index: int) -> bytes:
+        return park_bytes(self, self.kv_store, index)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -410,6 +438,7 @@ class Scheduler:
                 return
             slot, reuse = picked
             req = self.queue.popleft()
+            reuse = self._restore(slot, req.prompt, reuse)
             span = next((m for m in req.spans if m.start < reuse < m.end), None)
             if span is not None and span.atomic:  # never half an atomic chunk
                 reuse = span.start
@@ -425,6 +454,7 @@ class Scheduler:
     def step(self) -> list[Event]:
         """Admit what fits, evaluate one batch, sample, and return the events."""
         events: list[Event] = []
+        self.store_finished()
         self._admit(events)
         self._make_room(events)
         if not self.running:
@@ -537,6 +567,8 @@ class Scheduler:
                 seq.metrics.stop_reason = "length"
                 self._release(seq)
                 events.append(seq.out.done())
+            else:
+                seq.kv_edited = True
 
     def step_budget(self, generating: bool) -> int:
         """Tokens for the next step: the full budget, or what fits `max_step_s` while
@@ -717,6 +749,10 @@ class Scheduler:
         seq.embd.clear()
         self.table.release(seq.slot)
         self.running.remove(seq)
+        cached = seq.slot.cached
+        if (self.kv_store is not None and not seq.kv_edited
+                and len(cached) >= self.kv_store.min_tokens and min(cached) >= 0):
+            self._to_store.append(seq.slot)  # saved at the next step: the reply is not held
 
     def fail_all(self, message: str) -> list[Event]:
         """End every running sequence with an error and clear its cache."""
@@ -725,6 +761,7 @@ class Scheduler:
     def close(self) -> None:
         for seq in list(self.running):
             self._release(seq)
+        self.store_finished()
         for req in self.queue:
             self._free_media(req)
         for drafter in self.drafters.values():

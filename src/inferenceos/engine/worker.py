@@ -65,6 +65,11 @@ class WorkerConfig:
     mmproj: Path | None = None  # multimodal projector (media_encoder.py); None: text only
     mmproj_gpu: bool = True  # the encoder may use a GPU backend when there is one
     mmproj_device: str | None = None  # which (a llama.cpp device name); None: mtmd's pick
+    # the tiered KV cache (kv_store.py): RAM and disk budgets in bytes (0: no tier) and
+    # the folder of the disk tier (None: no disk tier)
+    kv_cache_ram: int = 0
+    kv_cache_disk: int = 0
+    kv_cache_dir: Path | None = None
 
 
 def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
@@ -150,6 +155,19 @@ def _attention_setup(cfg: WorkerConfig, spec: ModelSpec) -> tuple[LoadSettings, 
     return replace(cfg.settings, flash_attn=0, kv_unified=True), probe
 
 
+def _open_store(cfg: WorkerConfig, spec: ModelSpec, settings: LoadSettings) -> Any:
+    """The tiered KV store for this model and KV layout, or None when both budgets are
+    0. Partial prefixes are restored only when every layer keeps all its cells."""
+    if cfg.kv_cache_ram <= 0 and (cfg.kv_cache_disk <= 0 or cfg.kv_cache_dir is None):
+        return None
+    from inferenceos.engine.kv_key import model_key
+    from inferenceos.engine.kv_store import KVStore
+
+    windowed = any(layer.is_swa for layer in spec.layers) and not settings.swa_full
+    return KVStore(model_key(cfg.path, settings), cfg.kv_cache_dir, cfg.kv_cache_ram,
+                   cfg.kv_cache_disk, partial=not windowed)
+
+
 def _step(sched: Any) -> list[Any]:
     """One scheduler step; an unexpected exception fails the running requests only."""
     try:
@@ -177,6 +195,7 @@ class _Runtime:
         except BaseException:
             self.lm.close()
             raise
+        self.kv_store = _open_store(cfg, self.spec, settings)
         self.sched: Any = self._scheduler()
 
     def _scheduler(self) -> Any:
@@ -186,7 +205,7 @@ class _Runtime:
         return Scheduler(self.lm, c.n_slots, c.token_budget, c.kv_policy, c.slot_policy,
                          max_queue=c.max_queue, probe=self.probe,
                          policy_options=policy_options(self.spec), draft=c.draft,
-                         media=self.media)  # fmt: skip
+                         media=self.media, kv_store=self.kv_store)  # fmt: skip
 
     def awake(self) -> Any:
         """The scheduler, opening a context first if the worker sleeps."""
@@ -207,6 +226,8 @@ class _Runtime:
         from inferenceos.errors import UsageError
 
         kind, req_id = msg[0], msg[1]
+        if self.sched is not None:
+            self.sched.store_finished()  # finished replies' KV go to the store first
         if self.sched is not None and self.sched.has_work() and kind != "wake":
             raise UsageError(f"cannot {kind} a model with requests in flight")
         t0 = time.perf_counter()
@@ -273,6 +294,8 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     finally:
         if rt.sched is not None:
             rt.sched.close()
+        if rt.kv_store is not None:  # finish the disk writes: the next worker reads them
+            rt.kv_store.close(timeout=8.0)
         if rt.media is not None:
             rt.media.close()
         rt.lm.close()

@@ -1,0 +1,85 @@
+"""Between the scheduler's slots and the tiered KV store (kv_store.py).
+
+Two moves, both run where the scheduler lives, on idle slots only:
+
+- `store_slot`: a finished sequence's slot holds exactly the KV state of its tokens
+  (prompt + evaluated reply); that state goes to the store, keyed by those tokens.
+  The scheduler does it at the start of its next step, so the reply's last event is
+  never held behind a copy of the state.
+- `restore_into`: before a prompt is prefilled, the store's longest cached prefix
+  (`KVStore.lookup`) is written into the slot the prompt was given, when it holds more
+  than the slot's own cached prefix. The prompt's last token is never part of it
+  (`lookup` matches `prompt[:-1]`), so it is still evaluated alone, as the
+  "same request, same answer" rule asks (step_plan.SEPARATE_LAST_TOKEN): a restored
+  prefix holds the very bytes the uninterrupted conversation's cells held.
+
+A state llama.cpp refuses, or one whose cell count is not its token count, is dropped
+from the store and the slot is left empty: the prompt is prefilled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from inferenceos.engine.kv_store import KVStore, entry_id
+from inferenceos.engine.slots import Slot
+from inferenceos.errors import GenerationError
+
+DEFAULT_S_PER_TOKEN = 1e-3  # before any step was timed: a guess for the value rule
+
+
+def store_slot(sched: Any, store: KVStore, slot: Slot) -> None:
+    """Put the state of the idle `slot`'s cached tokens into `store` (its parked bytes
+    when it is parked: the same state, already copied out)."""
+    if slot.busy or len(slot.cached) < store.min_tokens:
+        return
+    data = sched.table.parked.get(slot.index)
+    if data is None:
+        data = sched.model.save_sequence(slot.index)
+    s_per_token = sched.s_per_token or DEFAULT_S_PER_TOKEN
+    store.put(list(slot.cached), data, len(slot.cached) * s_per_token)
+
+
+def restore_into(sched: Any, store: KVStore, slot: Slot, prompt: list[int], reuse: int) -> int:
+    """Prompt tokens the idle `slot` holds after restoring the store's longest prefix
+    of `prompt`, when it beats the slot's own `reuse`; else `reuse` unchanged. Counts
+    a hot hit when the slot's own cache wins."""
+    hit = store.lookup(prompt, reuse)
+    if hit is None:
+        if reuse:
+            store.count_hot(reuse)
+        return reuse
+    data = store.fetch(hit)
+    if data is None:  # dropped (failed its checks) or gone: the slot's own prefix
+        if reuse:
+            store.count_hot(reuse)
+        return reuse
+    table, ll = sched.table, sched._ll
+    table.truncate(slot, 0)  # from here on the slot's old cells are gone
+    n_entry = hit.entry.n_tokens
+    try:
+        sched.model.restore_sequence(data, slot.index)
+        ok = int(ll.llama_memory_seq_pos_max(sched.mem, slot.index)) == n_entry - 1
+        why = "its cells do not match its token count"
+    except GenerationError as exc:
+        ok, why = False, f"llama.cpp refused it: {exc}"
+    if not ok:
+        ll.llama_memory_seq_rm(sched.mem, slot.index, -1, -1)
+        store.drop(hit.entry, why)
+        return 0
+    slot.cached[:] = hit.entry.tokens.tolist()
+    return hit.n  # the caller's claim drops the cells past the prefix (partial hits)
+
+
+def park_bytes(sched: Any, store: KVStore | None, index: int) -> bytes:
+    """A slot's state for parking (slots.py): the store's RAM copy when it holds
+    exactly the slot's tokens (no second copy, no copy-out), else a fresh one."""
+    if store is not None:
+        cached = sched.slots[index].cached
+        e = store.entries.get(entry_id(store.key, np.asarray(cached, dtype=np.int32)))
+        if e is not None and e.data is not None:
+            return e.data
+    data: bytes = sched.model.save_sequence(index)
+    return data
