@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,21 +35,34 @@ def live(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield h
 
 
+def _run(operations: list[Any], examples: int = 8) -> None:
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def check(case: schemathesis.Case) -> None:
+            case.call_and_validate(checks=CHECKS, timeout=30)
+
+        check()
+
+
 def test_api_conforms(live: Harness) -> None:
     """Each operation gets a few generated cases (hypothesis drives schemathesis's
     strategies directly: its pytest plugin does not support this pytest)."""
     api = schemathesis.openapi.from_url(live.url + "/openapi.json")
     operations = [op.ok() for op in api.get_all_operations()]
     assert len(operations) >= 20
-    for operation in operations:
+    assert {"/v1/messages", "/v1/messages/count_tokens"} <= {op.path for op in operations}
+    _run(operations)
 
-        @given(case=operation.as_strategy())
-        @settings(max_examples=8, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
-        def check(case: schemathesis.Case) -> None:
-            case.call_and_validate(checks=CHECKS, timeout=30)
 
-        check()
+def test_anthropic_routes_conform(live: Harness) -> None:
+    """The Messages API's routes again, with more cases: their bodies are deep (blocks
+    inside messages inside lists) and their errors have Anthropic's own shape."""
+    api = schemathesis.openapi.from_url(live.url + "/openapi.json")
+    _run([op.ok() for op in api.get_all_operations()
+          if op.ok().path.startswith("/v1/messages")], examples=25)
 
 
 def test_every_route_is_in_the_schema_run(live: Harness) -> None:
