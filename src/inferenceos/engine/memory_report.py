@@ -101,6 +101,7 @@ def rss_bytes() -> int:
 def _model_params(ll: Any, s: LlamaParams, dry_run: bool) -> Any:
     params = ll.llama_model_default_params()
     params.n_gpu_layers = s.n_gpu_layers
+    params.use_extra_bufts = s.use_extra_bufts  # no CPU_REPACK copies when False
     if dry_run:
         # no_alloc only sizes buffers; with mmap llama.cpp asserts, so read-mode NONE
         params.no_alloc = True

@@ -42,6 +42,10 @@ def default_threads() -> int:
 # consumes it. `LoadSettings` is its historical name here.
 LoadSettings = LlamaParams
 
+# llama_load_mode (llama.h): AUTO maps the file where every device supports it
+LOAD_MODE_AUTO = -1
+LOAD_MODE_NONE = 0
+
 
 @dataclass
 class GenerationMetrics:
@@ -231,7 +235,10 @@ class LoadedModel:
         ll, s = self._ll, self.settings
         params = ll.llama_model_default_params()
         params.n_gpu_layers = s.n_gpu_layers
-        params.use_mmap = s.use_mmap
+        # llama_model_params has no use_mmap field in 0.3.36 (setting it was a silent
+        # no-op): the load mode says it; AUTO maps the file where every device can
+        params.load_mode = LOAD_MODE_AUTO if s.use_mmap else LOAD_MODE_NONE
+        params.use_extra_bufts = s.use_extra_bufts
         params.main_gpu = s.main_gpu
         self._keep_alive = _placement_params(ll, params, s)
         params.progress_callback = stop_callbacks()[0]  # a Ctrl-C stops the load

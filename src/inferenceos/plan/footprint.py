@@ -35,9 +35,21 @@ def gpu_compute_reserve(facts: ModelFacts, ctx: ContextSettings) -> int:
 
 
 def estimate(
-    facts: ModelFacts, placement: Placement, machine: Machine, ctx: ContextSettings
+    facts: ModelFacts,
+    placement: Placement,
+    machine: Machine,
+    ctx: ContextSettings,
+    repack: bool | None = None,
 ) -> MemoryEstimate:
-    """Bytes per device for `placement` with context `ctx`."""
+    """Bytes per device for `placement` with context `ctx`.
+
+    `repack` False: the load sets use_extra_bufts off, so no CPU weight is copied into
+    CPU_REPACK and every CPU weight stays in the mapped file (`MemoryEstimate.tiers`).
+    None (the default) decides from the placement: a placement with weights left on
+    disk is loaded without repacking (preflight's disk step), any other with it; so
+    every caller that re-estimates a plan gets the same answer."""
+    if repack is None:
+        repack = placement.disk_bytes == 0
     terms = compute_terms(facts, ctx)
     weights = {d: load.weights for d, load in placement.loads.items() if load.weights}
     kv = {d: load.kv for d, load in placement.loads.items() if load.kv}
@@ -51,7 +63,7 @@ def estimate(
         if c:
             compute[dev.name] = c
     cpu_tensors = [t for t in facts.tensors if placement.device_of(t) == "CPU"]
-    repack = repack_bytes(cpu_tensors, machine.cpu.isa)
+    repack_b = repack_bytes(cpu_tensors, machine.cpu.isa) if repack else 0
     output = output_buffer_bytes(facts, ctx)
     overhead = process_overhead(facts)
     by_device: dict[str, int] = {}
@@ -64,7 +76,7 @@ def estimate(
     by_device["CPU"] = by_device.get("CPU", 0) + output + overhead
     return MemoryEstimate(
         weights=weights,
-        repack=repack,
+        repack=repack_b,
         kv=kv,
         compute=compute,
         output=output,
@@ -72,3 +84,15 @@ def estimate(
         context=effective_context(ctx),
         by_device=by_device,
     )
+
+
+def stream_window(facts: ModelFacts) -> int:
+    """Page cache a disk-bound decode needs at least: the largest block's weights (or
+    the output head's), all read within one step of the graph. The token embedding is
+    read by row, so it needs no window unless it doubles as the output head."""
+    by_rows = facts.has_output_tensor
+    per_layer: dict[int, int] = {}
+    for t in facts.tensors:
+        if not (by_rows and t.name.startswith("token_embd")):
+            per_layer[t.layer] = per_layer.get(t.layer, 0) + t.n_bytes
+    return max(per_layer.values(), default=0)

@@ -48,7 +48,12 @@ class LlamaParams:
     n_threads_batch: int = 0
     n_gpu_layers: int = 0
     flash_attn: int = -1  # llama_flash_attn_type: -1 auto, 0 off, 1 on
-    use_mmap: bool = True
+    use_mmap: bool = True  # False: read the weights into anonymous buffers (load mode none)
+    # True: llama.cpp's CPU backend may copy weights into its extra buffer types
+    # (CPU_REPACK: an anonymous, unreclaimable copy of each Q4_0/Q4_K/IQ4_NL... matmul
+    # weight); False keeps every CPU weight in the mapped file, as reclaimable page cache,
+    # which is what lets a disk-bound plan stream weights instead of being OOM-killed
+    use_extra_bufts: bool = True
     n_seq_max: int = 1  # parallel sequences sharing the context
     # True: the sequences share one pool of n_ctx cells (attention runs over every
     # sequence's cells, masked); False: each sequence has its own n_ctx / n_seq_max

@@ -304,6 +304,29 @@ class MemoryEstimate:
         return self.by_device.get("CPU", 0) + self.repack
 
     @property
+    def anonymous(self) -> int:
+        """CPU bytes held as anonymous memory, which the kernel cannot reclaim without
+        swap: the CPU_REPACK copies, the CPU's KV cache and compute buffer, the logits
+        buffer and the process overhead. Under a memory limit this part must fit, or the
+        process is OOM-killed."""
+        return self.by_device.get("CPU", 0) - self.mapped
+
+    @property
+    def mapped(self) -> int:
+        """CPU weight bytes llama.cpp reads through its mapping of the file (page cache:
+        reclaimable, re-read from disk when evicted). A repacked weight's source pages
+        are read once at load and then left alone, so they are not counted."""
+        return max(0, self.weights.get("CPU", 0) - self.repack)
+
+    def tiers(self, ram: int) -> dict[str, int]:
+        """Where the CPU's bytes live with `ram` bytes of memory (a cgroup limit):
+        "anonymous" (must fit), "page cache" (the mapped weights the rest of `ram` keeps)
+        and "disk" (mapped weights that do not fit, re-read while decoding)."""
+        room = max(0, ram - self.anonymous)
+        cached = min(self.mapped, room)
+        return {"anonymous": self.anonymous, "page cache": cached, "disk": self.mapped - cached}
+
+    @property
     def llama_model_buffers(self) -> int:
         """What llama.cpp logs as model buffers on the CPU: the mapped file range plus
         the CPU_REPACK buffer."""
@@ -320,6 +343,8 @@ class MemoryEstimate:
             "by_device": self.by_device,
             "projector": self.projector,
             "total": self.total,
+            "anonymous": self.anonymous,
+            "mapped": self.mapped,
             "n_ctx": self.context.n_ctx,
             "n_ubatch": self.context.n_ubatch,
         }

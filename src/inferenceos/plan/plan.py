@@ -102,6 +102,7 @@ class Plan:
             n_threads_batch=self.threads,
             n_gpu_layers=self.n_gpu_layers,
             use_mmap=self.use_mmap,
+            use_extra_bufts=not self.disk_bound,  # no anonymous repack of streamed weights
             tensor_buft_overrides=tuple(self.tensor_overrides),
             tensor_split=tuple(self.tensor_split),
             main_gpu=self.main_gpu,

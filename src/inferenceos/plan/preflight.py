@@ -14,7 +14,8 @@ stated order, recording each change and why:
 5. experts to CPU    — routed experts leave accelerators before dense layers do (this
                        is the placement's own order: see placement.py);
 6. mmap from disk    — weights that do not fit in RAM stay in the file and are read
-                       from disk as needed: feasible, but disk-bound, and said so.
+                       from disk as needed: feasible, but disk-bound, and said so;
+                       loaded without CPU_REPACK, so they stay reclaimable page cache.
 
 Steps 4 and 5 are decided by `placement.place` from the accelerators' budgets; they are
 listed among the changes when they happen. When even the smallest settings leave no
@@ -28,7 +29,7 @@ from dataclasses import replace
 
 from inferenceos.errors import InferenceOSError
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.footprint import estimate, gpu_compute_reserve
+from inferenceos.plan.footprint import estimate, gpu_compute_reserve, stream_window
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.placement import Placement, place
@@ -143,14 +144,21 @@ def _disk_fallback(
     allow_mmap: bool,
     overflow: int,
 ) -> Plan:
-    """Step 5: leave `overflow` bytes of weights in the file (mmap) if the rest fits."""
-    p, est, overflow = _try(facts, machine, ctx)
+    """Step 6: leave `overflow` bytes of weights in the file (mmap) if the rest fits.
+
+    A disk-bound plan loads without CPU_REPACK (`use_extra_bufts` off): a repacked copy
+    is anonymous memory, so weights planned to stream would be pinned in RAM and the
+    process OOM-killed under a real limit. Every CPU weight then stays in the mapped
+    file; what must fit is the anonymous part (KV, compute, logits, overhead) plus room
+    in the page cache for the largest layer, which a token cannot compute without."""
+    p = place(facts, machine, ctx, _gpu_free(facts, machine, ctx))
+    est = estimate(facts, p, machine, ctx, repack=False)
     cpu_weights = est.weights.get("CPU", 0)
-    fixed = est.by_device.get("CPU", 0) - cpu_weights
+    fixed = est.anonymous
     ram = machine.cpu.memory_bytes
     if not allow_mmap or fixed > ram:
         raise PlanRefused(_refusal(facts, machine, est, fixed, ctx))
-    disk = min(cpu_weights, overflow)
+    disk = min(cpu_weights, max(overflow, est.by_device.get("CPU", 0) - ram))
     changes.append(
         Change(
             f"{fb(disk)} of weights left on disk (mmap)",
@@ -162,17 +170,41 @@ def _disk_fallback(
 
 
 def _refusal(
-    facts: ModelFacts, machine: Machine, est: MemoryEstimate, fixed: int, ctx: ContextSettings
+    facts: ModelFacts,
+    machine: Machine,
+    est: MemoryEstimate,
+    fixed: int,
+    ctx: ContextSettings,
+    window: int | None = None,
 ) -> str:
+    """The refusal with its figures; `window` (None: found here) is named when the
+    bytes besides the weights fit but leave no room to stream a layer through."""
+    if window is None:
+        ram = machine.cpu.memory_bytes
+        w = stream_window(facts)
+        window = w if fixed <= ram < fixed + w else 0
     acc = ", ".join(f"{d.name} {fb(d.memory_bytes)}" for d in machine.accelerators) or "no GPU"
+    stream = f", plus {fb(window)} of page cache to stream its largest layer" if window else ""
     return (
         f"{facts.spec.name} cannot run here: even at context {ctx.n_ctx}, ubatch "
         f"{ctx.n_ubatch}, with a "
         f"{ctx.type_k}/{ctx.type_v} KV cache it needs {fb(fixed)} of RAM besides the weights "
         f"(KV {fb(est.kv.get('CPU', 0))}, compute {fb(est.compute.get('CPU', 0))}, "
-        f"output {fb(est.output)}, overhead {fb(est.overhead)}) and {fb(facts.spec.tensor_bytes)}"
-        f" of weights; RAM budget {fb(machine.cpu.memory_bytes)}, accelerators: {acc}"
+        f"output {fb(est.output)}, overhead {fb(est.overhead)}){stream} and "
+        f"{fb(facts.spec.tensor_bytes)} of weights; RAM budget {fb(machine.cpu.memory_bytes)}, "
+        f"accelerators: {acc}"
     )
+
+
+def _check_stream_room(
+    facts: ModelFacts, machine: Machine, ctx: ContextSettings, est: MemoryEstimate
+) -> None:
+    """A disk-bound plan must hold its anonymous bytes and still leave the page cache
+    one layer to stream through; a smaller limit is refused here, with the figures,
+    rather than thrashing or OOM-killed under the kernel's limit."""
+    window = stream_window(facts)
+    if est.anonymous + window > machine.cpu.memory_bytes:
+        raise PlanRefused(_refusal(facts, machine, est, est.anonymous, ctx, window))
 
 
 def _check_quant_heads(facts: ModelFacts, ctx: ContextSettings) -> None:
@@ -196,6 +228,8 @@ def _finish(
     changes: list[Change],
     disk_bound: bool = False,
 ) -> Plan:
+    if disk_bound:
+        _check_stream_room(facts, machine, ctx, est)
     n = facts.spec.block_count
     if machine.accelerators and p.gpu_layers < n:
         changes.append(

@@ -1,0 +1,107 @@
+"""A child process for the larger-than-memory tests and benchmark: plan here (inside
+whatever memory cgroup it was started in), load, decode greedily, and print one JSON
+line with the plan's tiers and what the process really held.
+
+    python tests/ltm_probe.py MODEL [--tokens N] [--prompt TEXT] [--n-ctx N]
+
+Exit 3 with {"refused": message} when the preflight refuses the plan. A plan the
+kernel cannot hold ends in an OOM kill (exit -9 / 137) and prints nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+
+def status_kib(key: str) -> int:
+    """A /proc/self/status field in KiB (RssAnon, RssFile, VmHWM...)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def mapped_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps): the
+    model's weights held in the page cache, as opposed to on disk."""
+    total, inside = 0, False
+    real = str(Path(path).resolve())
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+            inside = len(head) >= 6 and head[5] == real
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--prompt", default="def fibonacci(n):")
+    ap.add_argument("--n-ctx", type=int, default=0)
+    # "on": the control, loaded as before the fix (CPU_REPACK whatever the plan says);
+    # "off": a reference with the disk plan's kernels (repacked kernels round otherwise)
+    ap.add_argument("--repack", choices=("plan", "on", "off"), default="plan")
+    ap.add_argument("--kv", default=None, help="pin the KV cache type (same numerics)")
+    a = ap.parse_args()
+
+    from inferenceos.engine.llama_lib import lib
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.entry import LoadRequest
+    from inferenceos.plan.here import plan_here
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.preflight import PlanRefused
+
+    lib()  # the library's one-time start-up cost is the baseline, not the load's
+    base_anon = status_kib("RssAnon") * 1024
+    machine = local_machine()
+    try:
+        req = LoadRequest(n_ctx=a.n_ctx, type_k=a.kv, type_v=a.kv)
+        plan = plan_here(load_model_facts(a.model), machine, req).plan
+    except PlanRefused as e:
+        print(json.dumps({"refused": str(e)}))
+        return 3
+    params = plan.params().per_sequence()
+    if a.repack != "plan":
+        params = replace(params, use_extra_bufts=a.repack == "on")
+    ram = machine.cpu.memory_bytes
+    t0 = time.perf_counter()
+    with LoadedModel(Path(a.model), params) as m:
+        load_s = time.perf_counter() - t0
+        loaded_anon = status_kib("RssAnon") * 1024
+        tokens = m.tokenize(a.prompt)
+        sampling = SamplingParams(temperature=0.0, max_tokens=a.tokens, ignore_eos=True)
+        text = "".join(ev.text for ev in m.generate(tokens, sampling))
+        metrics = m.metrics
+        out = {
+            "ram_budget": ram,
+            "disk_bound": plan.disk_bound,
+            "use_extra_bufts": params.use_extra_bufts,
+            "tiers": plan.memory.tiers(ram),
+            "repack": plan.memory.repack,
+            "n_ctx": params.n_ctx,
+            "base_anon": base_anon,
+            "loaded_anon": loaded_anon,
+            "anon": status_kib("RssAnon") * 1024,
+            "file": status_kib("RssFile") * 1024,
+            "model_rss": mapped_kib(a.model) * 1024,
+            "load_s": load_s,
+            "decode_tps": metrics.decode_tps,
+            "prompt_tps": metrics.prompt_tps,
+            "text": text,
+        }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

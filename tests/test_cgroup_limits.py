@@ -1,0 +1,113 @@
+"""Plans under a real memory limit: a child memory cgroup the kernel enforces.
+
+A small Q4_0 model (tests/tiny_q4.py, ~53 MB, every matrix repackable on AVX2) is
+planned and run inside a cgroup (tests/memcg.py) limited to the process's own start-up
+charge plus half the model file. The planner must see the limit, leave weights in the
+file, load them without CPU_REPACK, and stream: the kernel reclaims page cache (the
+cgroup's failcnt rises) and nobody is OOM-killed. A limit with no room for any plan
+is refused by preflight, with its figures, before anything is loaded.
+
+The control (the same plan loaded with repacking on, as before) needs more anonymous
+memory than the whole budget: the test can fail. It is measured unlimited, not run
+under the limit: there it thrashes on the library's code pages for minutes before the
+kernel's OOM killer ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memcg import CgroupRun, MemoryCgroup, drop_cache, writable_cgroup
+from tiny_q4 import write_q4_model
+
+MIB = 1 << 20
+PROBE = str(Path(__file__).with_name("ltm_probe.py"))
+
+pytestmark = [
+    pytest.mark.skipif(writable_cgroup() is None, reason="no writable memory cgroup here"),
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="repack rules checked on x86"),
+]
+
+
+@pytest.fixture(scope="module")
+def q4_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_q4_model(tmp_path_factory.mktemp("q4") / "tiny-q4.gguf")
+
+
+def probe(model: Path, limit: int, *args: str) -> tuple[CgroupRun, dict[str, Any] | None]:
+    """Run tests/ltm_probe.py on `model` in a fresh cgroup of `limit` bytes, cold."""
+    drop_cache(model)
+    argv = [sys.executable, PROBE, str(model), "--tokens", "8", "--prompt", "abc",
+            "--n-ctx", "512", "--kv", "f16", *args]  # fmt: skip
+    with MemoryCgroup(limit) as cg:
+        run = cg.run(argv, timeout=300)
+    out = json.loads(run.stdout.splitlines()[-1]) if run.stdout.strip() else None
+    return run, out
+
+
+@pytest.fixture(scope="module")
+def reference(q4_model: Path) -> dict[str, Any]:
+    """The unlimited run (4 GiB), with the disk plan's kernels (no repack): its text,
+    and what the process had charged when it planned (interpreter, library)."""
+    limit = 4096 * MIB
+    run, out = probe(q4_model, limit, "--repack", "off")
+    assert run.returncode == 0 and out is not None, run.stderr[-2000:]
+    out["usage_at_plan"] = limit - out["ram_budget"]
+    return out
+
+
+def half_file_limit(model: Path, reference: dict[str, Any]) -> int:
+    """The start-up charge plus half the file: a budget the weights cannot fit in."""
+    return int(reference["usage_at_plan"] + model.stat().st_size // 2)
+
+
+def test_disk_plan_under_a_real_limit_streams_and_is_not_killed(
+    q4_model: Path, reference: dict[str, Any]
+) -> None:
+    limit = half_file_limit(q4_model, reference)
+    run, out = probe(q4_model, limit)
+    assert not run.killed, f"OOM-killed under {limit / MIB:.0f} MiB: {run.stderr[-1500:]}"
+    assert run.returncode == 0 and out is not None, run.stderr[-2000:]
+    assert out["disk_bound"] and not out["use_extra_bufts"] and out["repack"] == 0
+    tiers = out["tiers"]
+    assert tiers["disk"] > 0
+    # the kernel enforced the limit: page cache was reclaimed while the weights streamed
+    assert run.failcnt > 0 and run.max_usage <= limit
+    # what the process holds, tier by tier, is what the plan said
+    anon = out["anon"] - out["base_anon"]
+    assert 0.5 * tiers["anonymous"] <= anon <= 1.15 * tiers["anonymous"] + 4 * MIB, out
+    assert out["model_rss"] < q4_model.stat().st_size  # never the whole file at once
+    assert out["model_rss"] <= tiers["page cache"] + 2 * MIB, out
+    # streaming changes where the bytes come from, not the arithmetic
+    assert out["text"] == reference["text"]
+
+
+def test_the_same_plan_with_repacking_on_needs_more_than_the_limit(
+    q4_model: Path, reference: dict[str, Any]
+) -> None:
+    """The control: CPU_REPACK copies every matrix into anonymous memory, which the
+    kernel cannot reclaim. Loaded so (unlimited, to measure it), the model holds more
+    anonymous memory than the whole budget the disk plan streams in: under the limit
+    the kernel would have to kill it (or, reclaiming the library's own code pages,
+    thrash for minutes first: measured here, killed after ~4 min, so not run so)."""
+    budget = half_file_limit(q4_model, reference) - reference["usage_at_plan"]
+    run, out = probe(q4_model, 4096 * MIB, "--repack", "on")
+    assert run.returncode == 0 and out is not None, run.stderr[-2000:]
+    assert out["anon"] - out["base_anon"] > budget, (out, budget)
+
+
+def test_a_limit_too_small_for_any_plan_is_refused_with_figures(
+    q4_model: Path, reference: dict[str, Any]
+) -> None:
+    limit = int(reference["usage_at_plan"] + 6 * MIB)
+    run, out = probe(q4_model, limit)
+    assert not run.killed, run.stderr[-1500:]
+    assert run.returncode == 3 and out is not None, (run.returncode, run.stderr[-1500:])
+    msg = out["refused"]
+    assert "cannot run here" in msg and "RAM budget" in msg and "KV" in msg, msg

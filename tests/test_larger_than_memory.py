@@ -1,0 +1,102 @@
+"""The tiers of a plan: anonymous memory, page cache, disk (no cgroup needed).
+
+A plan that leaves weights on disk loads without CPU_REPACK, so every CPU weight is
+mapped (reclaimable) and the anonymous part is only the KV cache, buffers and
+overhead; a plan that fits repacks and charges the copies as anonymous RAM. The real
+process is checked against these figures under a cgroup in test_cgroup_limits.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from inferenceos.plan.devices import Overrides, apply_overrides, local_machine
+from inferenceos.plan.entry import LoadRequest
+from inferenceos.plan.footprint import estimate, stream_window
+from inferenceos.plan.here import plan_here
+from inferenceos.plan.model_facts import ModelFacts, load_model_facts
+from inferenceos.plan.plan import Plan
+from inferenceos.plan.preflight import PlanRefused
+from tiny_q4 import write_q4_model
+
+MIB = 1 << 20
+AVX2 = ("avx2", "fma", "f16c")
+
+
+@pytest.fixture(scope="module")
+def q4_facts(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
+    return load_model_facts(write_q4_model(tmp_path_factory.mktemp("q4") / "tiny-q4.gguf"))
+
+
+def plan_with(facts: ModelFacts, ram: int) -> Plan:
+    """The plan on this machine with `ram` bytes and an AVX2 CPU (repack rules)."""
+    m = apply_overrides(local_machine(), Overrides(ram=ram))
+    cpu = replace(m.cpu, isa=AVX2)
+    m = replace(m, devices=(cpu, *m.accelerators))
+    req = LoadRequest(n_ctx=512, type_k="f16", type_v="f16")
+    return plan_here(facts, m, req, sense_load=False, tuned=False).plan
+
+
+def test_a_plan_that_fits_repacks_and_charges_the_copies_as_anonymous(
+    q4_facts: ModelFacts,
+) -> None:
+    plan = plan_with(q4_facts, 4096 * MIB)
+    m = plan.memory
+    assert not plan.disk_bound and plan.params().use_extra_bufts
+    assert m.repack > 40 * MIB  # the Q4_0 matrices (rows divisible by 8)
+    fixed = m.kv["CPU"] + m.compute["CPU"] + m.output + m.overhead
+    assert m.anonymous == m.repack + fixed
+    assert m.mapped == m.weights["CPU"] - m.repack  # token_embd, output (f32): mapped
+    assert m.tiers(4096 * MIB) == {"anonymous": m.anonymous, "page cache": m.mapped, "disk": 0}
+
+
+def test_a_disk_plan_loads_without_repack_and_its_tiers_add_up(q4_facts: ModelFacts) -> None:
+    fits = plan_with(q4_facts, 4096 * MIB).memory
+    ram = fits.anonymous - fits.repack + fits.weights["CPU"] // 2
+    plan = plan_with(q4_facts, ram)
+    m = plan.memory
+    assert plan.disk_bound and not plan.params().use_extra_bufts
+    assert m.repack == 0 and m.mapped == m.weights["CPU"]
+    tiers = m.tiers(ram)
+    assert tiers["anonymous"] + tiers["page cache"] == ram
+    assert tiers["page cache"] + tiers["disk"] == m.weights["CPU"]
+    assert tiers["disk"] == plan.placement.disk_bytes > 0
+
+
+def test_re_estimating_a_disk_placement_keeps_repack_off(q4_facts: ModelFacts) -> None:
+    """Every caller that re-estimates a plan (policy, microbatch, the optimizer) gets
+    the same figures: the placement's disk bytes decide."""
+    fits = plan_with(q4_facts, 4096 * MIB).memory
+    plan = plan_with(q4_facts, fits.anonymous - fits.repack + fits.weights["CPU"] // 2)
+    machine = local_machine()
+    again = estimate(q4_facts, plan.placement, machine, plan.ctx)
+    assert again.repack == 0
+    assert estimate(q4_facts, replace(plan.placement, disk_bytes=0), machine, plan.ctx,
+                    repack=None).repack >= 0  # fmt: skip
+
+
+def test_no_room_to_stream_a_layer_is_refused_with_figures(q4_facts: ModelFacts) -> None:
+    window = stream_window(q4_facts)
+    assert window > 5 * MIB  # one 1024-wide layer of Q4_0
+    # the anonymous part of a disk plan at small settings (the optimizer shrinks the
+    # ubatch first); half a layer of room on top cannot stream
+    anon = plan_with(q4_facts, 30 * MIB).memory.anonymous
+    with pytest.raises(PlanRefused) as e:
+        plan_with(q4_facts, anon + window // 2)
+    msg = str(e.value)
+    assert "page cache to stream its largest layer" in msg and "RAM budget" in msg
+
+
+def test_stream_window_counts_a_tied_embedding_as_the_output_head(tmp_path: Path) -> None:
+    """A model without output.weight multiplies by token_embd at every token: its
+    whole embedding must fit in the window."""
+    from tiny_models import write_tiny_model
+
+    facts = load_model_facts(write_tiny_model(tmp_path / "t.gguf", "llama"))
+    untied = stream_window(facts)
+    tied = replace(facts, tensors=tuple(t for t in facts.tensors if t.name != "output.weight"))
+    embd = sum(t.n_bytes for t in facts.tensors if t.name.startswith("token_embd"))
+    assert stream_window(tied) >= embd and untied < facts.spec.tensor_bytes
