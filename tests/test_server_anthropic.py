@@ -23,6 +23,7 @@ import anthropic
 import httpx
 import pytest
 
+from inferenceos.server.anthropic_schema import Message
 from inferenceos.server.anthropic_thinking import (
     Reasoning,
     ThinkingSplit,
@@ -94,6 +95,16 @@ def test_a_message_has_anthropic_shape_and_usage(client: anthropic.Anthropic) ->
     assert r.usage.cache_creation_input_tokens == 0
 
 
+def test_the_body_on_the_wire(server: Harness) -> None:
+    r = httpx.post(server.url + "/v1/messages", json=BODY, timeout=60)
+    body = r.json()
+    assert set(body) == {"id", "type", "role", "model", "content", "stop_reason",
+                         "stop_sequence", "usage"}
+    assert set(body["usage"]) == {"input_tokens", "output_tokens",
+                                  "cache_creation_input_tokens", "cache_read_input_tokens"}
+    Message.model_validate(body)  # what /openapi.json documents
+
+
 def test_the_cached_prompt_is_reported_as_cache_read(client: anthropic.Anthropic) -> None:
     messages = [{"role": "user", "content": "a longer prompt, to reuse from the KV cache"}]
     first = client.messages.create(**{**GREEDY, "messages": messages})
@@ -152,6 +163,22 @@ def test_a_stop_sequence_ends_the_reply_and_is_named(client: anthropic.Anthropic
         r = client.messages.create(**kw)
     assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
     assert r.content[0].text == text[:text.index(stop)]
+
+
+def test_a_final_assistant_turn_is_a_prefill(client: anthropic.Anthropic,
+                                            server: Harness) -> None:
+    """The reply continues the prefill, as a completion of the rendered prompt plus
+    the prefill does (llama.cpp's own route, greedy), without repeating it."""
+    messages: Any = [*HI, {"role": "assistant", "content": "Sure, "}]
+    r = client.messages.create(**{**GREEDY, "messages": messages})
+    prompt = httpx.post(server.url + "/apply-template", timeout=60,
+                        json={"model": "tiny", "messages": HI}).json()["prompt"]
+    done = httpx.post(server.url + "/completion", timeout=60, json={
+        "model": "tiny", "prompt": prompt + "Sure, ", "n_predict": 8, "temperature": 0})
+    assert r.content[0].type == "text" and r.content[0].text == done.json()["content"]
+    counted = client.messages.count_tokens(model="tiny", messages=messages).input_tokens
+    assert counted == done.json()["tokens_evaluated"]
+    assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == counted
 
 
 def test_count_tokens_counts_system_and_tools(client: anthropic.Anthropic) -> None:
@@ -249,7 +276,9 @@ def _error(r: httpx.Response, status: int, kind: str) -> str:
     ({**BODY, "temperature": 1.5}, "temperature"),
     ({**BODY, "messages": [{"role": "user", "content": [{"type": "document"}]}]}, "document"),
     ({**BODY, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
-    ({**BODY, "messages": [*HI, {"role": "assistant", "content": "Sure"}]}, "prefill"),
+    ({**BODY, "messages": [*HI, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}]}]}, "prefill"),
+    ({**BODY, "messages": [{"role": "assistant", "content": "Sure"}]}, "user message"),
     ({**BODY, "model": "hermes", "tool_choice": {"type": "tool", "name": "nope"},
       "tools": [WEATHER]}, "nope"),
     ({**BODY, "model": "tiny", "tools": [WEATHER]}, "does not support tools"),

@@ -13,8 +13,8 @@ sampling.
   auto / any / tool / none → the core's auto / required / function / no tools;
   `disable_parallel_tool_use` → one call at most when a call is forced.
 - `output_config.format` (`json_schema`) constrains the reply by a grammar.
-- A last assistant turn is a prefill: refused (not supported yet), as chat
-  completions refuse continuing the final message.
+- A last assistant turn is a prefill: its text is written after the template's
+  generation prompt and the reply continues from it (the reply does not repeat it).
 """
 
 from __future__ import annotations
@@ -130,23 +130,28 @@ def _assistant_turn(m: MessageIn, names: dict[str, str]) -> ChatMessage:
 
 
 def chat_messages(body: CountTokensRequest, media: MediaSet | None = None
-                  ) -> list[ChatMessage]:
-    """The conversation for the chat template (see the module docstring); media blocks
-    as markers, their items gathered in `media` (None: the request has none)."""
+                  ) -> tuple[list[ChatMessage], str]:
+    """The conversation for the chat template and the prefill (the text of a final
+    assistant turn, "" when the last turn is the user's); see the module docstring.
+    Media blocks become markers, their items gathered in `media` (None: no media)."""
     out: list[ChatMessage] = []
     system = _text(body.system, media, "system")
     if system:
         out.append(ChatMessage("system", system))
-    if body.messages[-1].role == "assistant":
-        raise _bad("a final assistant message (prefill) is not supported: end with a "
-                   "user message")
     names: dict[str, str] = {}  # tool_use id → tool name, for the results
     for m in body.messages:
         if m.role == "assistant":
             out.append(_assistant_turn(m, names))
         else:
             out.extend(_user_turn(m, names, media))
-    return out
+    if body.messages[-1].role != "assistant":
+        return out, ""
+    last = out.pop()
+    if last.tool_calls:
+        raise _bad("a final assistant message (a prefill) may hold text only, not tool_use")
+    if not any(m.role != "system" for m in out):
+        raise _bad("messages must hold a user message before a final assistant message")
+    return out, last.content
 
 
 def tools_of(body: CountTokensRequest) -> ToolRequest | None:

@@ -83,14 +83,14 @@ def _state(request: Request) -> ServerState:
 
 
 async def _conversation(state: ServerState, body: CountTokensRequest
-                        ) -> tuple[list[ChatMessage], tuple[MediaItem, ...]]:
-    """The chat messages and media items of a request; images are decoded in a
-    worker thread (CPU work on untrusted bytes), never on the event loop."""
+                        ) -> tuple[list[ChatMessage], str, tuple[MediaItem, ...]]:
+    """The chat messages, prefill and media items of a request; images are decoded in
+    a worker thread (CPU work on untrusted bytes), never on the event loop."""
     if not has_media(body):
-        return chat_messages(body), ()
+        return (*chat_messages(body), ())
     media = media_set(state.settings)
-    messages = await decode_in_thread(lambda: chat_messages(body, media))
-    return messages, tuple(media.items)
+    messages, prefill = await decode_in_thread(lambda: chat_messages(body, media))
+    return messages, prefill, tuple(media.items)
 
 
 def _template(run: Run) -> str | None:
@@ -159,12 +159,12 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     """A model reply in Anthropic's Messages API shape, streamed as named SSE events
     when `stream` is true."""
     state = _state(request)
-    messages, items = await _conversation(state, body)
+    messages, prefill, items = await _conversation(state, body)
     tools: ToolRequest | None = tools_of(body)
     name = state.model_name(body.model)
     sampling = sampling_of(body)
     req = GenRequest(name, sampling, messages=tuple(messages), tools=tools, media=items,
-                     progress=body.stream)
+                     progress=body.stream, prefill=prefill)
     run = await until_disconnect(request, start_generation(state, req))
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
@@ -187,7 +187,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
     """How many tokens the request's prompt takes under the model's chat template
     (system, messages, tools; an image counts the cells its encoder tokens take)."""
     state = _state(request)
-    messages, items = await _conversation(state, body)
+    messages, prefill, items = await _conversation(state, body)
     tools = tools_of(body)
     name = state.model_name(body.model)
 
@@ -195,6 +195,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
         with state.manager.acquire(name) as lease:
             engine = lease.engine
             text = engine.chat_prompt(messages, tools=tools.tools if tools else None)
+            text += prefill
             if not items:
                 return len(engine.tokenize(text))
             cells = engine.media_tokens  # type: ignore[attr-defined]

@@ -56,6 +56,7 @@ class GenRequest:
     tools: ToolRequest | None = None  # chat only: tools rendered, maybe a call forced
     media: tuple[MediaItem, ...] = ()
     progress: bool = False  # prompt-processing progress events (llama.cpp's return_progress)
+    prefill: str = ""  # chat only: the reply's start, after the generation prompt (Anthropic)
 
 
 def progress_json(progress: tuple[int, int, int, float]) -> dict[str, Any]:
@@ -96,8 +97,8 @@ def _prompt(engine: EngineLike, req: GenRequest) -> str | list[int]:
     if req.tokens is not None:
         return _check_ids(engine, req.tokens)
     tools = req.tools.tools if req.tools is not None else None
-    text = (engine.chat_prompt(req.messages, tools=tools) if req.messages is not None
-            else req.text or "")  # fmt: skip
+    text = (engine.chat_prompt(req.messages, tools=tools) + req.prefill
+            if req.messages is not None else req.text or "")  # fmt: skip
     if req.media:
         return _media_prompt(text, req)
     if req.context:
