@@ -62,7 +62,7 @@ def test_cache_list_and_clean(capsys: pytest.CaptureFixture[str],
     code, out, _ = run_cli(["cache", "list", "--json"], capsys, monkeypatch)
     data = json.loads(out)
     # only what InferenceOS writes somewhere (issue 15: no kinds nothing ever fills)
-    assert code == 0 and set(data) == {"profiles", "digests", "self-drafts"}
+    assert code == 0 and set(data) == {"profiles", "digests", "self-drafts", "kv-cache"}
     assert data["profiles"]["files"] >= 2 and data["self-drafts"]["bytes"] == 2
     assert data["digests"] == {"path": str(cache_kinds()["digests"]), "files": 1, "bytes": 2}
     code, _, _ = run_cli(["cache", "clean", "self-drafts"], capsys, monkeypatch, stdin="n\n")

@@ -72,6 +72,19 @@ def _workers(v: str) -> str | None:
     return None
 
 
+def _size(v: str) -> str | None:
+    """A size (parse_size) or empty."""
+    if not v.strip():
+        return None
+    from inferenceos.units import parse_size
+
+    try:
+        parse_size(v)
+    except InferenceOSError as exc:
+        return str(exc)
+    return None
+
+
 def _url(v: str) -> str | None:
     return None if v.startswith(("http://", "https://")) else "must start with http(s)://"
 
@@ -90,6 +103,10 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             _range(0, 4096)),
     Setting("run.n_ctx", int, 0, "Context length in tokens (0: from the plan)",
             _range(0, 1 << 24)),
+    Setting("plan.kv_quality", str, "q4_0",
+            "Lowest KV cache precision a plan may lower to: f16, q8_0 or q4_0",
+            lambda v: None if v.strip().lower() in ("f16", "q8_0", "q4_0")
+            else "must be f16, q8_0 or q4_0"),
     Setting("models.dir", str, "", "Where models are stored (empty: <data dir>/models)"),
     Setting("hardware.measure_bandwidth", bool, True,
             "Measure RAM and disk bandwidth when profiling the machine"),
@@ -107,6 +124,12 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "Fill below which pressure is over (models migrate back up)", _range(0.0, 1.0)),
     Setting("pressure.dwell_s", float, 10.0,
             "Seconds a signal must stay past a watermark before a migration", _range(0, 3600)),
+    Setting("kv_cache.ram", str, "",
+            "Host RAM for each model's KV cache tier, e.g. 2GiB (empty: automatic; 0: off)",
+            lambda v: _size(v)),
+    Setting("kv_cache.disk", str, "",
+            "Disk for the KV cache under <data dir>/kv-cache (empty: automatic; 0: off)",
+            lambda v: _size(v)),
     Setting("cluster.rpc", str, "",
             "RPC workers every plan may use, comma-separated host:port (inferenceos worker)",
             lambda v: _workers(v)),

@@ -5,6 +5,9 @@ when needed; models, sessions and the telemetry history are never touched here):
   profiles     <data dir>/hardware          hardware profiles (`inferenceos hardware`)
   digests      <cache dir>/digests.json     sha256 of model files, by size and mtime
   self-drafts  <cache dir>/self-drafts      layer-skipped draft models (speculative decoding)
+  kv-cache     <data dir>/kv-cache          the KV cache's disk tier (engine/kv_store.py):
+                                            saved conversation prefixes, one folder per
+                                            model and KV layout
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ from inferenceos.errors import UsageError
 from inferenceos.paths import cache_dir, data_dir
 from inferenceos.units import format_bytes
 
-cache_app = typer.Typer(help="List and clean cached hardware profiles, file digests and "
-                        "self-draft models.", invoke_without_command=True)
+cache_app = typer.Typer(help="List and clean cached hardware profiles, file digests, "
+                        "self-draft models and the KV cache's disk tier.",
+                        invoke_without_command=True)
 
 
 def cache_kinds() -> dict[str, Path]:
     """Every cache kind and its folder."""
     return {"profiles": data_dir() / "hardware", "digests": cache_dir() / "digests.json",
-            "self-drafts": cache_dir() / "self-drafts"}
+            "self-drafts": cache_dir() / "self-drafts", "kv-cache": data_dir() / "kv-cache"}
 
 
 def usage(path: Path) -> tuple[int, int]:
@@ -48,6 +52,11 @@ def clean(kinds: list[str]) -> dict[str, int]:
                          f"known: {', '.join(known)}")
     freed = {}
     for kind in kinds:
+        if kind == "kv-cache":  # under its lock: a running server may be writing
+            from inferenceos.engine.kv_store import clear_disk
+
+            freed[kind] = clear_disk(known[kind])
+            continue
         freed[kind] = usage(known[kind])[1]
         if known[kind].is_file():
             known[kind].unlink(missing_ok=True)
@@ -68,9 +77,14 @@ def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Each cache kind with its folder, file count and size."""
+    from inferenceos.engine.kv_store import disk_usage
+
     rows = {k: (p, *usage(p)) for k, p in cache_kinds().items()}
+    kv = disk_usage(cache_kinds()["kv-cache"])
     if as_json:
-        print_json({k: {"path": str(p), "files": n, "bytes": b} for k, (p, n, b) in rows.items()})
+        data = {k: {"path": str(p), "files": n, "bytes": b} for k, (p, n, b) in rows.items()}
+        data["kv-cache"]["keys"] = kv
+        print_json(data)
         return
     t = Table(title="Caches", title_justify="left")
     for col in ("kind", "files", "size", "where"):
@@ -78,12 +92,19 @@ def list_(
     for kind, (folder, n, size) in rows.items():
         t.add_row(kind, str(n), format_bytes(size), str(folder))
     out.print(t)
+    if kv:
+        k = Table(title="KV cache (disk tier), by model and KV layout", title_justify="left")
+        for col in ("key", "entries", "tokens", "size"):
+            k.add_column(col)
+        for key, row in sorted(kv.items()):
+            k.add_row(key, str(row["entries"]), str(row["tokens"]), format_bytes(row["bytes"]))
+        out.print(k)
 
 
 @cache_app.command("clean")
 def clean_cmd(
-    kinds: Annotated[list[str] | None, typer.Argument(help="profiles, digests, self-drafts "
-                                                      "(default: all)")] = None,
+    kinds: Annotated[list[str] | None, typer.Argument(
+        help="profiles, digests, self-drafts, kv-cache (default: all)")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False,
 ) -> None:
     """Delete cached files (all kinds unless some are named). Asks first."""

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import ssl
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -172,6 +172,21 @@ def _load_pinned(manager: object) -> None:
         raise
 
 
+def kv_cache_kw(ram: str | None, disk: str | None, cfg: Any) -> dict[str, Any]:
+    """The engines' KV cache budgets (engine/kv_store.py): the flags, else the config
+    keys, else defaults from the free RAM and disk; its disk tier under the data dir."""
+    from inferenceos.engine.kv_store import default_budgets
+    from inferenceos.paths import data_dir
+    from inferenceos.units import parse_size
+
+    root = data_dir() / "kv-cache"
+    auto_ram, auto_disk = default_budgets(root)
+    ram = ram if ram is not None else cfg.get("kv_cache.ram")
+    disk = disk if disk is not None else cfg.get("kv_cache.disk")
+    return {"kv_cache_ram": parse_size(ram) if ram else auto_ram,
+            "kv_cache_disk": parse_size(disk) if disk else auto_disk, "kv_cache_dir": root}
+
+
 def serve(
     model: Annotated[str, typer.Argument(
         help="Default model: a .gguf path, a registry name (default: built-in Gemma 3 270M)"
@@ -226,6 +241,12 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(
         "--tls-key", help="The certificate's private key (PEM)")] = None,
     mmproj: MmprojOpt = None,
+    kv_cache_ram: Annotated[str | None, typer.Option(
+        "--kv-cache-ram", help="Host RAM each model's KV cache tier may hold (e.g. 2GiB; "
+        "0: none; default: an eighth of free RAM, at most 4GiB; kv_cache.ram)")] = None,
+    kv_cache_disk: Annotated[str | None, typer.Option(
+        "--kv-cache-disk", help="Disk the KV cache may fill under <data dir>/kv-cache "
+        "(0: none; default: a quarter of free disk, at most 20GiB; kv_cache.disk)")] = None,
     allow_media_urls: Annotated[bool, typer.Option(
         "--allow-media-urls", help="Fetch http(s) image URLs in requests (public "
         "addresses only; off: data: URLs and base64 only; server.media_fetch)")] = False,
@@ -266,7 +287,9 @@ def serve(
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
     manager_pins = [catalog.resolve(p).name for p in pinned]
     manager = ModelManager(
-        catalog.resolve, factory=engine_factory(queue, draft=draft, kv_policy=kv_policy),
+        catalog.resolve, factory=engine_factory(
+            queue, draft=draft, kv_policy=kv_policy,
+            **kv_cache_kw(kv_cache_ram, kv_cache_disk, cfg)),
         budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
         base=base, slots=parallel, keep_alive_s=keep_alive,
         max_loaded=max_models or None, pinned=manager_pins,

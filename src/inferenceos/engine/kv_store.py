@@ -501,3 +501,49 @@ def _locked(root: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def disk_usage(root: Path) -> dict[str, dict[str, int]]:
+    """Per key folder under `root`: {"entries", "tokens", "bytes"} of its valid entries
+    (for `cache list`; files that are not valid entries are not counted)."""
+    out: dict[str, dict[str, int]] = {}
+    for path, size in _listed(root):
+        try:
+            meta = read_meta(path, path.parent.name)
+        except EntryError:
+            continue
+        row = out.setdefault(path.parent.name, {"entries": 0, "tokens": 0, "bytes": 0})
+        row["entries"] += 1
+        row["tokens"] += meta.n_tokens
+        row["bytes"] += size
+    return out
+
+
+def clear_disk(root: Path) -> int:
+    """Delete every entry (and dead writer's temporary) under `root`, holding the root
+    lock so no writer is mid-entry; running servers see the files gone as misses.
+    Returns the bytes freed."""
+    if not root.is_dir():
+        return 0
+    freed = 0
+    with _locked(root):
+        for path, size in _listed(root, temporaries=True):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                freed += size
+    return freed
+
+
+def _listed(root: Path, temporaries: bool = False) -> Iterator[tuple[Path, int]]:
+    """(path, size) of the entry files under `root` (and temporaries, when asked),
+    without touching anything."""
+    try:
+        folders = [p for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for path in folder.iterdir():
+                if path.name.endswith(SUFFIX) and (temporaries or not is_temporary(path.name)):
+                    with contextlib.suppress(OSError):
+                        yield path, path.stat().st_size
