@@ -46,10 +46,11 @@ def test_a_workers_cpu_is_not_used_when_the_model_fits_here(facts: ModelFacts) -
 def test_workers_take_only_what_local_ram_cannot_hold(facts: ModelFacts) -> None:
     full = plan_load(facts, _machine(GB), REQ).memory.by_device["CPU"]
     layer = 1_050_000  # one layer of the deep model with its KV, roughly
-    plan = plan_load(facts, _machine(full - layer, _rpc("a:1", GB), _rpc("b:1", GB)), REQ)
+    # (one layer short fits with a smaller ubatch: a slower prefill, not a visit per token)
+    plan = plan_load(facts, _machine(full - 3 * layer, _rpc("a:1", GB), _rpc("b:1", GB)), REQ)
     remote = [d for d in plan.placement.dense if d != "CPU"]
-    assert 1 <= len(remote) <= 2, plan.placement.dense  # the overflow, not everything
-    assert plan.memory.by_device["CPU"] <= full - layer
+    assert 1 <= len(remote) <= 3, plan.placement.dense  # the overflow, not everything
+    assert plan.memory.by_device["CPU"] <= full - 3 * layer
     # the offloaded block is contiguous at the end, as llama.cpp's n_gpu_layers is
     assert plan.placement.dense[-len(remote):] == tuple(remote)
 
@@ -65,7 +66,8 @@ def test_each_remote_split_costs_a_round_trip_per_token(facts: ModelFacts) -> No
     cal = Calibration()
 
     def cost(rtt: float) -> tuple[float, dict[str, float], object]:
-        m = _machine(ram, _rpc("a:1", 4 << 20, rtt=rtt), _rpc("b:1", 4 << 20, rtt=rtt))
+        # each worker too small for the overflow alone: both are used
+        m = _machine(ram, _rpc("a:1", 2 << 20, rtt=rtt), _rpc("b:1", 2 << 20, rtt=rtt))
         plan = plan_load(facts, m, REQ)
         c = decode_cost(facts, plan.placement, m, plan.ctx, 64, cal, plan.threads)
         return c.seconds, c.parts, plan
@@ -103,8 +105,8 @@ def test_a_co_located_worker_costs_a_wake_up_per_visit(facts: ModelFacts) -> Non
     cal = Calibration()
 
     def cost(here: bool) -> float:
-        m = _machine(ram, replace(_rpc("a:1", 4 << 20), co_located=here),
-                     replace(_rpc("b:1", 4 << 20), co_located=here))  # fmt: skip
+        m = _machine(ram, replace(_rpc("a:1", 2 << 20), co_located=here),
+                     replace(_rpc("b:1", 2 << 20), co_located=here))  # fmt: skip
         plan = plan_load(facts, m, REQ)
         assert {"RPC[a:1]", "RPC[b:1]"} <= set(plan.placement.dense)
         return decode_cost(facts, plan.placement, m, plan.ctx, 64, cal, plan.threads).seconds

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from inferenceos.cli.cluster_opts import RpcOpt
 from inferenceos.cli.console import out, print_json
+from inferenceos.cli.plan_opts import KvQualityOpt
 from inferenceos.cli.simulate_cmd import (
     DiskBwOpt,
     GpuBwOpt,
@@ -44,13 +45,19 @@ def placement(
     gpu_bandwidth: GpuBwOpt = None,
     disk_bandwidth: DiskBwOpt = None,
     rpc: RpcOpt = None,
+    kv_quality: KvQualityOpt = None,
+    explain: Annotated[bool, typer.Option(
+        "--explain", help="Also show the best plans the optimizer rejected, with their "
+        "predicted speed and memory")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
 ) -> None:
     """Show which device holds each layer and its experts, and each device's budget."""
     machine = machine_from_options(
         hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
     )
-    plan = simulate_model(model, machine, 512, 128, ctx, "f16", threads).plan
+    pred = simulate_model(model, machine, 512, 128, ctx, "f16", threads,
+                          kv_quality=kv_quality, explain=explain)  # fmt: skip
+    plan = pred.plan
     if as_json:
         print_json(plan.to_json())
         return
@@ -59,6 +66,24 @@ def placement(
     _budget_bars(plan)
     for ch in plan.changes:
         out.print(f"[dim]changed: {ch}[/]")
+    if explain:
+        _alternatives(pred.decode_tps, pred.prefill_tps, plan)
+
+
+def _alternatives(decode_tps: float, prefill_tps: float, plan: Plan) -> None:
+    """The chosen plan beside the best ones the optimizer rejected."""
+    t = Table(title="Chosen plan and the best alternatives", title_justify="left")
+    for col in ("", "plan", "decode t/s", "prefill t/s", "memory"):
+        t.add_column(col)
+    mem = ", ".join(f"{d} {format_bytes(b)}" for d, b in plan.memory.by_device.items())
+    t.add_row("chosen", plan.summary().removeprefix("plan: "), f"{decode_tps:.1f}",
+              f"{prefill_tps:.0f}", mem)  # fmt: skip
+    for a in plan.alternatives:
+        mem = ", ".join(f"{d} {format_bytes(b)}" for d, b in a["memory_by_device"].items())
+        t.add_row("", a["label"], f"{a['decode_tps']:.1f}", f"{a['prefill_tps']:.0f}", mem)
+    if not plan.alternatives:
+        t.add_row("", "(no other plan fits)", "", "", "")
+    out.print(t)
 
 
 def _colour(device: str, devices: list[str]) -> str:

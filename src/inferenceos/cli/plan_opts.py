@@ -29,6 +29,19 @@ CacheTypeVOpt = Annotated[str | None, typer.Option(
     "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")]
 PolicyOpt = Annotated[str, typer.Option(
     "--policy", help="Planner objective: latency, capacity, balanced, adaptive")]
+def _check_kv_quality(value: str | None) -> str | None:
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v not in ("f16", "q8_0", "q4_0"):
+        raise typer.BadParameter(f"{value!r}: one of f16, q8_0, q4_0")
+    return v
+
+
+KvQualityOpt = Annotated[str | None, typer.Option(
+    "--kv-quality", callback=_check_kv_quality,
+    help="Lowest KV cache precision the plan may lower to when memory is short: f16, "
+    "q8_0, q4_0 (default: the config's plan.kv_quality, q4_0)")]
 DraftOpt = Annotated[str | None, typer.Option(
     "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")]
 MmprojOpt = Annotated[str | None, typer.Option(
@@ -39,7 +52,8 @@ MmprojOpt = Annotated[str | None, typer.Option(
 def load_request(
     *, ctx: int, threads: int, gpu_layers: int | None, backend: str | None,
     cache_type_k: str | None, cache_type_v: str | None, policy: str,
-    rpc: list[str] | None, ram: str | None, gpu_memory: list[str] | None, **more: Any,
+    rpc: list[str] | None, ram: str | None, gpu_memory: list[str] | None,
+    kv_quality: str | None = None, **more: Any,
 ) -> LoadRequest:
     """The LoadRequest for these options; 0 context or threads fall back to the config's
     `run.n_ctx` / `run.threads` (then to the plan). `more`: other LoadRequest fields."""
@@ -51,5 +65,5 @@ def load_request(
         n_ctx=ctx or int(cfg.get("run.n_ctx") or 0),
         threads=threads or int(cfg.get("run.threads") or 0),
         gpu_layers=gpu_layers, backend=backend, type_k=cache_type_k, type_v=cache_type_v,
-        policy=policy, **budget_caps(rpc, ram, gpu_memory), **more,
+        policy=policy, kv_quality=kv_quality, **budget_caps(rpc, ram, gpu_memory), **more,
     )  # fmt: skip

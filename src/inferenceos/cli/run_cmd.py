@@ -19,6 +19,7 @@ from inferenceos.cli.plan_opts import (
     CacheTypeVOpt,
     DraftOpt,
     GpuLayersOpt,
+    KvQualityOpt,
     MmprojOpt,
     PolicyOpt,
     ThreadsOpt,
@@ -188,6 +189,7 @@ def run(
     cache_type_k: CacheTypeKOpt = None,
     cache_type_v: CacheTypeVOpt = None,
     policy: PolicyOpt = "balanced",
+    kv_quality: KvQualityOpt = None,
     kv_policy: Annotated[str, typer.Option(
         "--kv-policy", help="KV cache eviction when the context fills: none, streaming, h2o")
     ] = "none",
@@ -250,7 +252,7 @@ def run(
         ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
         ram=ram, gpu_memory=gpu_memory, n_batch=batch, need_tokens=need, mmproj=projector,
-        image_tokens=n_media,
+        image_tokens=n_media, kv_quality=kv_quality,
     )  # fmt: skip
     probe = _policy_probe(spec, kv_policy)
     if probe is not None:  # H2O reads attention, which exists only without flash attention

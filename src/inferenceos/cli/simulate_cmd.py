@@ -16,6 +16,7 @@ from rich.table import Table
 from inferenceos.cli.cluster_opts import RpcOpt
 from inferenceos.cli.console import out, print_json
 from inferenceos.cli.model_arg import resolve_model
+from inferenceos.cli.plan_opts import KvQualityOpt
 from inferenceos.plan.devices import (
     Machine,
     Overrides,
@@ -119,7 +120,10 @@ def simulate(
                      "output quotes the prompt) or 'free' text, instead of what this "
                      "model's recorded drafted runs measured"),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    kv_quality: KvQualityOpt = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object (with the alternatives the planner rejected)")
+    ] = False,
 ) -> None:
     """Predict memory, speed and the bottleneck of running MODEL, without loading it."""
     machine = machine_from_options(
@@ -130,6 +134,7 @@ def simulate(
         pred = simulate_model(
             model, machine, prompt_tokens, output_tokens, ctx, cache_type, threads,
             policy=policy, local=local, image_tokens=image_tokens, mmproj=mmproj,
+            kv_quality=kv_quality, explain=as_json,
         )  # fmt: skip
         if draft:
             pred = _with_draft(pred, draft, task, learned=local)
@@ -151,6 +156,7 @@ def simulate(
     if as_json:
         data = pred.to_json()
         data["policy"] = _policy_json(pred)
+        data["alternatives"] = list(pred.plan.alternatives)
         print_json(data)
     else:
         print_report(pred)
@@ -168,6 +174,8 @@ def simulate_model(
     local: bool = True,
     image_tokens: int = 0,
     mmproj: str | None = None,
+    kv_quality: str | None = None,
+    explain: bool = False,
 ) -> Prediction:
     """The prediction `simulate` prints. On this machine (`local`) the calibration
     includes what recorded runs taught and the threads follow the free cores. The
@@ -196,6 +204,7 @@ def simulate_model(
     return simulate_plan(
         path, machine, w, threads=threads, type_k=cache_type, type_v=cache_type,
         calibration=cal, policy=choice, cpu_load=load, mmproj=projector,
+        kv_quality=kv_quality, explain=explain,
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from inferenceos.model.projector import ProjectorFacts
 from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.optimize import Objective
 from inferenceos.plan.perf import Calibration
 from inferenceos.plan.plan import Change, Plan
 from inferenceos.plan.preflight import PlanRefused
@@ -73,6 +74,10 @@ class LoadRequest:
     # a multimodal projector (mmproj GGUF path, or its facts) loaded beside the model
     mmproj: str | Path | ProjectorFacts | None = None
     image_tokens: int = 0  # media tokens the context must hold besides the prompt's
+    # the lowest KV precision the plan may lower to (f16, q8_0, q4_0; None: the config's
+    # `plan.kv_quality`, else q4_0) and whether to keep the rejected alternatives
+    kv_quality: str | None = None
+    explain: bool = False
 
     def validate(self) -> None:
         """UsageError for values no plan can honour (negative, absurd)."""
@@ -245,11 +250,14 @@ def _plan_text(
         if threads < machine.cpu.threads:
             why = fewer_threads_reason(req.cpu_load) or "fewer free cores"
             changes.append(Change(f"threads {machine.cpu.threads} → {threads}", why))
+    cal = calibration or machine_calibration()
     plan = make_plan(
         facts, machine, ctx, threads=threads, pinned_ctx=pinned,
         quantize_kv=req.type_k is None and req.type_v is None,
+        kv_floor=_kv_floor(req), need_tokens=req.need_tokens + req.image_tokens,
+        calibration=cal, objective=_objective(req), explain=req.explain,
     )  # fmt: skip
-    plan = size_ubatch(facts, machine, plan, calibration or machine_calibration())
+    plan = size_ubatch(facts, machine, plan, cal)
     if req.n_batch:
         ctx = replace(plan.ctx, n_batch=req.n_batch, n_ubatch=min(req.n_batch, plan.ctx.n_ubatch))
         plan = replace(plan, ctx=ctx)
@@ -260,6 +268,22 @@ def _plan_text(
         plan, ch = _force_gpu_layers(plan, facts, req.gpu_layers)
         changes.append(ch)
     return replace(plan, changes=(*changes, *plan.changes)) if changes else plan
+
+
+def _kv_floor(req: LoadRequest) -> str:
+    """The request's KV quality floor, else the config's `plan.kv_quality`, else q4_0."""
+    if req.kv_quality:
+        return req.kv_quality.strip().lower()
+    from inferenceos.config import load_config
+
+    return str(load_config().get("plan.kv_quality") or "q4_0").strip().lower()
+
+
+def _objective(req: LoadRequest) -> Objective:
+    """The workload the optimizer judges plans on: the request's prompt and output."""
+    prompt = req.prompt_tokens or 512
+    out = req.need_tokens - req.prompt_tokens if req.need_tokens > req.prompt_tokens else 128
+    return Objective(prompt_tokens=prompt + req.image_tokens, output_tokens=out)
 
 
 def _force_gpu_layers(plan: Plan, facts: ModelFacts, n: int) -> tuple[Plan, Change]:

@@ -189,6 +189,22 @@ def place(
     return Placement(tuple(dense), tuple(experts), output_device, loads, 0, tuple(notes))
 
 
+def build_placement(
+    facts: ModelFacts,
+    parts: list[LayerParts],
+    dense: list[str],
+    experts: list[str | None],
+    output_device: str,
+    disk_bytes: int = 0,
+) -> Placement:
+    """The Placement of explicit decisions (the optimizer's): loads per device and the
+    notes, as `place` computes them."""
+    head_bytes, head_params = output_head(facts)
+    loads = _loads(facts, parts, dense, experts, output_device, head_bytes, head_params)
+    notes = _notes(facts, parts, dense, experts)
+    return Placement(tuple(dense), tuple(experts), output_device, loads, disk_bytes, tuple(notes))
+
+
 def _no_faster_than_cpu(dev: Device, machine: Machine) -> bool:
     """A remote device that reads memory no faster than this CPU (within 25 %)."""
     cpu_gbps = machine.cpu.bandwidth_gbps

@@ -58,6 +58,9 @@ class Plan:
     # the multimodal projector (LoadRequest.mmproj): its device and bytes, already
     # counted in `memory` (plan/projector.py)
     projector: ProjectorPlan | None = None
+    # the best plans the optimizer rejected (plan/optimize.py `Candidate.to_json`), each
+    # with its settings, predicted t/s and memory; filled only when asked to explain
+    alternatives: tuple[dict[str, Any], ...] = ()
 
     # -- llama.cpp parameters ------------------------------------------------------------
 
@@ -169,6 +172,7 @@ class Plan:
             "budgets": self.budgets,
             "placement": self.placement.to_json(),
             "projector": self.projector.to_json() if self.projector is not None else None,
+            "alternatives": list(self.alternatives),
         }
 
     def save(self, path: str | Path) -> None:

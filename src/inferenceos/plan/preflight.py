@@ -32,12 +32,15 @@ from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import estimate, gpu_compute_reserve, stream_window
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.optimize import Objective
+from inferenceos.plan.perf import Calibration
 from inferenceos.plan.placement import Placement, place
 from inferenceos.plan.plan import Change, Plan
 from inferenceos.units import format_bytes as fb
 
 MIN_CTX = 2048
 MIN_UBATCH = 32
+KV_FLOORS = ("f16", "q8_0", "q4_0")  # --kv-quality: the lowest KV precision accepted
 GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
 
 
@@ -111,8 +114,70 @@ def make_plan(
     min_ctx: int = MIN_CTX,
     allow_mmap: bool = True,
     quantize_kv: bool = True,
+    *,
+    kv_floor: str = "q4_0",
+    need_tokens: int = 0,
+    calibration: Calibration | None = None,
+    objective: Objective | None = None,
+    explain: bool = False,
 ) -> Plan:
-    """The best plan that fits `machine`, degrading `ctx` in the stated order.
+    """The best plan that fits `machine` (plan/optimize.py): quality (context, then KV
+    precision down to `kv_floor`) is lowered only when no placement over every device
+    holds it, the context never below `need_tokens`; weights stay on disk only when
+    nothing else fits. With `explain` the plan carries the best rejected alternatives.
+
+    Raises PlanRefused when nothing fits (not even with weights left on disk).
+    """
+    from inferenceos.plan.optimize import optimize
+
+    ctx.validate()
+    if ctx.type_k in ("q8_0", "q4_0") or ctx.type_v in ("q8_0", "q4_0"):
+        _check_quant_heads(facts, ctx)
+    if kv_floor not in KV_FLOORS:
+        from inferenceos.errors import UsageError
+
+        raise UsageError(f"unknown KV quality {kv_floor!r} (one of {', '.join(KV_FLOORS)})")
+    floor = min(ctx.n_ctx, max(min(min_ctx, ctx.n_ctx), need_tokens))
+    res = optimize(
+        facts, machine, ctx, cal=calibration or Calibration.default(),
+        threads=threads or machine.cpu.threads, obj=objective or Objective(),
+        pinned_ctx=pinned_ctx, floor_ctx=floor, kv_floor=kv_floor,
+        quantize_kv=quantize_kv, allow_disk=allow_mmap, explain=explain,
+    )  # fmt: skip
+    if res is None:
+        raise PlanRefused(_refused(facts, machine, ctx, floor, kv_floor, quantize_kv))
+    b = res.best
+    plan = _finish(facts, machine, b.ctx, b.placement, b.memory, threads, list(res.changes),
+                   disk_bound=res.disk_bound)  # fmt: skip
+    return replace(plan, alternatives=tuple(c.to_json() for c in res.alternatives))
+
+
+def _refused(
+    facts: ModelFacts, machine: Machine, ctx: ContextSettings, floor: int, kv_floor: str,
+    quantize_kv: bool,
+) -> str:  # fmt: skip
+    """The refusal message at the smallest settings the optimizer may use."""
+    small = replace(ctx, n_ctx=floor, n_ubatch=MIN_UBATCH, n_batch=max(MIN_UBATCH, 32))
+    if quantize_kv and not (facts.spec.key_length % 32 or facts.spec.value_length % 32):
+        small = replace(small, type_k=kv_floor, type_v=kv_floor,
+                        flash_attn=small.flash_attn or kv_floor != "f16")  # fmt: skip
+    _, est, _ = _try(facts, machine, small)
+    fixed = est.by_device.get("CPU", 0) - est.weights.get("CPU", 0)
+    return _refusal(facts, machine, est, fixed, small)
+
+
+def ladder_plan(
+    facts: ModelFacts,
+    machine: Machine,
+    ctx: ContextSettings,
+    threads: int = 0,
+    pinned_ctx: bool = False,
+    min_ctx: int = MIN_CTX,
+    allow_mmap: bool = True,
+    quantize_kv: bool = True,
+) -> Plan:
+    """The old ladder (kept to compare against, benchmarks/cluster.py): degrade `ctx`
+    in the stated order, then let `place` fill the accelerators greedily.
 
     Raises PlanRefused when nothing fits (not even with weights left on disk).
     """
@@ -235,7 +300,7 @@ def _finish(
         changes.append(
             Change(
                 f"{p.gpu_layers} of {n} layers on accelerators",
-                "the rest does not fit in their memory",
+                "the fastest split the cost model finds within every device's memory",
             )
         )
     for note in p.notes:

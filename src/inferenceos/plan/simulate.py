@@ -142,11 +142,14 @@ def simulate(
     policy: PolicyChoice | None = None,
     cpu_load: CpuLoad | None = None,
     mmproj: str | Path | None = None,
+    kv_quality: str | None = None,
+    explain: bool = False,
 ) -> Prediction:
     """Plan and predict for `path` on `machine` (metadata only). `policy` (plan/policy.py)
     changes the objective; `cpu_load` makes the thread count load-aware; `mmproj` a
     multimodal projector loaded beside the model (its memory in the plan, its encoder
-    time in the TTFT of `workload.image_tokens`)."""
+    time in the TTFT of `workload.image_tokens`); `kv_quality` the lowest KV precision
+    the plan may take; with `explain` the plan keeps the alternatives it rejected."""
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.policy import apply_to_plan, apply_to_request
 
@@ -158,7 +161,8 @@ def simulate(
         type_k=type_k if explicit else None, type_v=type_v if explicit else None,
         need_tokens=workload.prompt_tokens + workload.output_tokens,
         prompt_tokens=workload.prompt_tokens, cpu_load=cpu_load,
-        mmproj=mmproj, image_tokens=workload.image_tokens,
+        mmproj=mmproj, image_tokens=workload.image_tokens, kv_quality=kv_quality,
+        explain=explain,
     )  # fmt: skip
     if policy is not None:
         req = apply_to_request(policy, req, facts)

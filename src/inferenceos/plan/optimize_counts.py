@@ -1,0 +1,211 @@
+"""The placement MILP when every layer is alike: counts per device instead of x[d,i].
+
+When all layers have the same bytes, parameters and KV (most dense and MoE models
+without sliding windows), a contiguous placement is fully described by how many layers
+each device takes (blocks follow in device order), how many of those keep their routed
+experts on the device, and where the head is. The per-layer program of
+`optimize_milp` is then full of symmetric solutions (any layer could be the one whose
+experts move) that HiGHS explores one by one: 100 layers over 4 GPUs ran into its time
+limit. This formulation has ~5 integer variables per device and the same optimum: the
+costs and memory of `optimize_milp` are linear in the per-layer decisions, and identical
+layers make them linear in the counts with the same coefficients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inferenceos.plan.devices import Machine
+from inferenceos.plan.footprint import device_compute
+from inferenceos.plan.memory import (
+    ContextSettings,
+    compute_terms,
+    output_buffer_bytes,
+    process_overhead,
+)
+from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.optimize_milp import _add, _Model, device_budgets
+from inferenceos.plan.optimize_terms import Terms
+from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
+
+
+def uniform(parts: list[LayerParts]) -> bool:
+    """Whether every layer has the same bytes, parameters and KV."""
+    key = [(p.dense_bytes, p.expert_bytes, p.dense_params, p.expert_params, p.kv_bytes)
+           for p in parts]  # fmt: skip
+    return len(set(key)) <= 1
+
+
+def best_placement_counts(
+    facts: ModelFacts,
+    machine: Machine,
+    ctx: ContextSettings,
+    parts: list[LayerParts],
+    terms: tuple[Terms, ...],
+    allow_disk: bool = False,
+    time_limit: float = 10.0,
+) -> Placement | None:
+    """`optimize_milp.best_placement` for `uniform(parts)` models (None: nothing fits)."""
+    devs, n, p = list(machine.devices), len(parts), parts[0]
+    k, m = len(devs), _Model()
+    budgets = device_budgets(machine)
+    local = [not d.is_remote for d in devs]
+    cnt = [m.var(0, n if d == 0 or budgets[devs[d].name] > 0 else 0) for d in range(k)]
+    u = [m.var() for _ in range(k)]
+    moe = p.expert_bytes > 0
+    ex = {d: m.var(0, n) for d in range(1, k) if local[d] and moe}
+    h = {d: m.var() for d in range(1, k)}
+    s = m.var(0.0, float(facts.spec.tensor_bytes) if allow_disk else 0.0, integer=False)
+    m.row(dict.fromkeys(cnt, 1.0), n, n)
+    for d in range(k):
+        m.row({cnt[d]: 1.0, u[d]: -float(n)}, hi=0.0)
+        m.row({cnt[d]: 1.0, u[d]: -1.0}, lo=0.0)
+    for d, j in ex.items():
+        m.row({j: 1.0, cnt[d]: -1.0}, hi=0.0)
+    for d, j in h.items():
+        m.row({j: 1.0, u[d]: -1.0}, hi=0.0)
+        for d2 in range(d + 1, k):
+            m.row({j: 1.0, u[d2]: 1.0}, hi=1.0)
+    if h:
+        m.row(dict.fromkeys(h.values(), 1.0), hi=1.0)
+
+    def on_dev(d: int) -> dict[int, float]:  # layers whose experts are on device d > 0
+        return ({ex[d]: 1.0} if d in ex else {}) if local[d] else {cnt[d]: 1.0}
+
+    def on_cpu() -> tuple[dict[int, float], float]:  # layers whose experts are in RAM
+        row: dict[int, float] = {}
+        for d in range(1, k):
+            for j, a in on_dev(d).items():
+                _add(row, j, -a)
+        return row, float(n)
+
+    _memory(m, facts, machine, ctx, p, cnt, u, h, s, on_dev, on_cpu, budgets, devs, moe)
+    for t in terms:
+        _time(m, t, p, cnt, h, devs, on_dev, on_cpu, moe)
+        m.c[s] += t.disk_per_byte()
+    _links(m, terms, cnt, u, h, ex, local, devs)
+    sol = m.solve(time_limit)
+    if sol is None:
+        return None
+    return _decode(facts, parts, devs, sol, cnt, ex, h, s, local, allow_disk)
+
+
+def _memory(m, facts, machine, ctx, p, cnt, u, h, s, on_dev, on_cpu, budgets, devs, moe):  # type: ignore[no-untyped-def]
+    terms = compute_terms(facts, ctx)
+    lp, out = device_compute(terms, True, False), device_compute(terms, False, True)
+    both = device_compute(terms, True, True)
+    head, _ = output_head(facts)
+    for d in range(1, len(devs)):
+        row = {cnt[d]: float(p.dense_bytes + p.kv_bytes)}
+        for j, a in on_dev(d).items():
+            _add(row, j, a * p.expert_bytes)
+        _add(row, h[d], head + (both - lp))
+        _add(row, u[d], lp)
+        m.row(row, hi=budgets[devs[d].name])
+    embd = facts.tensor_bytes("token_embd.")
+    tied = not facts.has_output_tensor
+    nonlayer = sum(t.n_bytes for t in facts.tensors if t.layer < 0)
+    other = max(nonlayer - embd - head + (embd if tied else 0), 0)
+    own_head = head - (embd if tied else 0)
+    w: dict[int, float] = {cnt[0]: float(p.dense_bytes)}
+    const_w = float(other + embd + own_head)
+    for j in h.values():
+        _add(w, j, -own_head)
+    if moe:
+        row, c = on_cpu()
+        for j, a in row.items():
+            _add(w, j, a * p.expert_bytes)
+        const_w += c * p.expert_bytes
+    total = dict(w)
+    _add(total, cnt[0], p.kv_bytes)
+    const = const_w + output_buffer_bytes(facts, ctx) + process_overhead(facts)
+    if len(devs) == 1:
+        const += both
+    else:
+        bu = m.var(integer=False)
+        m.row({bu: 1.0, u[0]: -1.0}, hi=0.0)
+        m.row({bu: 1.0, **dict.fromkeys(h.values(), 1.0)}, hi=1.0)
+        _add(total, u[0], lp)
+        const += out
+        for j in h.values():
+            _add(total, j, -out)
+        _add(total, bu, -(lp + out - both))
+    _add(total, s, -1.0)
+    m.row(total, hi=machine.cpu.memory_bytes - const)
+    cap = {j: -a for j, a in w.items()}
+    _add(cap, s, 1.0)
+    m.row(cap, hi=const_w)
+
+
+def _time(m, t, p, cnt, h, devs, on_dev, on_cpu, moe):  # type: ignore[no-untyped-def]
+    for d, dev in enumerate(devs):
+        wk, wh = t.dense(dev, p), t.head(dev)
+        mem, comp = {cnt[d]: wk.mem}, {cnt[d]: wk.comp}
+        cm = cc = 0.0
+        if moe:
+            we = t.experts(dev, p)
+            row, c = on_cpu() if d == 0 else (on_dev(d), 0.0)
+            for j, a in row.items():
+                _add(mem, j, a * we.mem)
+                _add(comp, j, a * we.comp)
+            cm, cc = c * we.mem, c * we.comp
+        if d == 0:
+            cm, cc = cm + wh.mem, cc + wh.comp
+            for j in h.values():
+                _add(mem, j, -wh.mem)
+                _add(comp, j, -wh.comp)
+        else:
+            _add(mem, h[d], wh.mem)
+            _add(comp, h[d], wh.comp)
+        tv = m.var(0.0, np.inf, cost=1.0, integer=False)
+        for row, c in ((mem, cm), (comp, cc)):
+            r = {j: -a for j, a in row.items()}
+            _add(r, tv, 1.0)
+            m.row(r, lo=c)
+
+
+def _links(m, terms, cnt, u, h, ex, local, devs):  # type: ignore[no-untyped-def]
+    k = len(devs)
+    cross = sum(t.crossing() for t in terms)
+    for d in range(k):
+        for d2 in range(d + 1, k):
+            if local[d] and local[d2]:
+                a = m.var(0.0, np.inf, cost=cross, integer=False)
+                row = {a: 1.0, u[d]: -1.0, u[d2]: -1.0}
+                for j in range(d + 1, d2):
+                    _add(row, u[j], 1.0)
+                m.row(row, lo=-1.0)
+    for d in range(1, k):
+        if not local[d]:
+            for t in terms:
+                used, per_layer, head = t.rpc(devs[d])
+                m.c[u[d]] += used
+                m.c[h[d]] += head
+                m.c[cnt[d]] += per_layer
+            continue
+        oh = m.var(0.0, np.inf, cost=cross, integer=False)
+        row = {oh: 1.0, u[d]: -1.0, **dict.fromkeys(h.values(), 1.0)}
+        for d2 in range(d + 1, k):
+            _add(row, u[d2], 1.0)
+        m.row(row, lo=0.0)
+        if d in ex:  # experts in RAM of an offloaded layer cross twice
+            m.c[cnt[d]] += 2 * cross
+            m.c[ex[d]] -= 2 * cross
+
+
+def _decode(facts, parts, devs, sol, cnt, ex, h, s, local, allow_disk):  # type: ignore[no-untyped-def]
+    dense: list[str] = []
+    experts: list[str | None] = []
+    moe = parts[0].expert_bytes > 0
+    for d, dev in enumerate(devs):
+        c = round(sol[cnt[d]])
+        keep = round(sol[ex[d]]) if d in ex else (c if d > 0 and not local[d] else 0)
+        for j in range(c):
+            dense.append(dev.name)
+            if moe:  # the block's last `keep` layers keep their experts on the device
+                experts.append(dev.name if d > 0 and j >= c - keep else "CPU")
+            else:
+                experts.append(None)
+    head = next((devs[d].name for d, j in h.items() if sol[j] > 0.5), "CPU")
+    disk = max(0, int(np.ceil(sol[s] - 1e-6))) if allow_disk else 0
+    return build_placement(facts, parts, dense, experts, head, disk)

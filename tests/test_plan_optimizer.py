@@ -1,0 +1,210 @@
+"""The planner as an optimizer (plan/optimize*.py): on every injected machine small
+enough to enumerate, the MILP's placement is the best of an exhaustive listing under
+the same cost model (perf.py judges both); quality is given up only when no device
+holds it, and the plan says what keeping it would cost."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from inferenceos.plan.devices import Device, Machine
+from inferenceos.plan.entry import LoadRequest, plan_load
+from inferenceos.plan.memory import ContextSettings
+from inferenceos.plan.model_facts import ModelFacts, load_model_facts
+from inferenceos.plan.optimize import Objective, solve_context
+from inferenceos.plan.optimize_exhaustive import best_exhaustive
+from inferenceos.plan.perf import Calibration
+from inferenceos.plan.preflight import make_plan
+from plan_factories import GiB, machine, make_facts
+from tiny_models import write_tiny_model
+
+MiB = 1 << 20
+CAL = Calibration()
+OBJ = Objective(prompt_tokens=64, output_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelFacts]:
+    d = tmp_path_factory.mktemp("opt")
+    return {k: load_model_facts(write_tiny_model(d / f"{k}.gguf", k))
+            for k in ("llama", "moe", "swa", "deep")}  # fmt: skip
+
+
+def _cpu(ram: int, bw: float = 20.0) -> Device:
+    return Device("CPU", "cpu", ram, bw, threads=2, isa=("avx2",), llama_name="CPU")
+
+
+def _gpu(name: str, mem: int, gbps: float = 300.0, link: float = 12.0) -> Device:
+    return Device(name, "gpu", mem, gbps, tflops=20.0, link_gbps=link, llama_name=name)
+
+
+def _rpc(port: int, mem: int, kind: str = "cpu", here: bool = False, rtt: float = 1e-4,
+         gbps: float = 20.0) -> Device:  # fmt: skip
+    name = f"RPC[127.0.0.1:{port}]"
+    return Device(name, "rpc", mem, gbps, tflops=20.0 if kind == "gpu" else 0.0,
+                  link_gbps=1.0, threads=2, llama_name=name, rtt_s=rtt, remote_kind=kind,
+                  co_located=here)  # fmt: skip
+
+
+def _m(*devs: Device) -> Machine:
+    return Machine(devices=devs, disk_gbps=1.0, source="test")
+
+
+def _need(facts: ModelFacts, ctx: ContextSettings) -> int:
+    """Bytes the CPU alone would need for `facts` at `ctx`."""
+    c = solve_context(facts, _m(_cpu(64 * GiB)), ctx, CAL, 2, OBJ)
+    assert c is not None
+    return c.memory.by_device["CPU"]
+
+
+def _machines(facts: ModelFacts, ctx: ContextSettings) -> list[Machine]:
+    """Injected machines around this model's size: RAM caps, GPUs of several sizes and
+    speeds, remote and co-located workers, a worker's GPU. Sizes count in layers: RAM
+    `k` layers short of what the CPU alone needs, accelerators holding `k` layers (and
+    some of their experts) besides a compute buffer."""
+    from inferenceos.plan.memory import compute_terms
+    from inferenceos.plan.placement import layer_parts
+
+    need = _need(facts, ctx)
+    layer = max(p.dense_bytes + p.kv_bytes + p.expert_bytes for p in layer_parts(facts, ctx))
+    c = compute_terms(facts, ctx).total
+
+    def ram(k: float) -> Device:
+        return _cpu(need - int(layer * k))
+
+    def g(k: float) -> int:
+        return int((c + layer * k) / 0.95) + 64
+
+    n = facts.spec.block_count
+    return [
+        _m(_cpu(need)),
+        _m(ram(0.5), _gpu("GPU0", g(0.7 * n))),
+        _m(ram(1.2), _gpu("GPU0", g(0.6)), _gpu("GPU1", g(1.5), 150.0)),
+        _m(ram(1.5), _rpc(1, g(1.0)), _rpc(2, g(1.3))),
+        _m(ram(0.8), _rpc(1, g(0.5), here=True), _rpc(2, g(n), here=True)),
+        _m(_cpu(need * 2), _rpc(1, g(n), kind="gpu", gbps=900.0), _gpu("GPU0", g(0.6 * n))),
+        _m(ram(1.0), _gpu("GPU0", g(1.7), 40.0, link=2.0)),
+        _m(ram(n + 2), _gpu("GPU0", g(0.5))),  # too small without disk
+    ]
+
+
+@pytest.mark.parametrize("model", ["llama", "moe", "swa", "deep"])
+@pytest.mark.parametrize("disk", [False, True])
+def test_the_milp_finds_the_best_listed_placement(
+    tiny: dict[str, ModelFacts], model: str, disk: bool
+) -> None:
+    facts = tiny[model]
+    ctx = ContextSettings(n_ctx=512, n_ubatch=64, n_batch=64, flash_attn=True, swa_full=False)
+    checked = 0
+    for m in _machines(facts, ctx):
+        want = best_exhaustive(facts, m, ctx, CAL, 2, OBJ, allow_disk=disk)
+        got = solve_context(facts, m, ctx, CAL, 2, OBJ, allow_disk=disk)
+        assert (got is None) == (want is None), m
+        if want is None or got is None:
+            continue
+        checked += 1
+        # the same predicted time (ties may pick another placement of equal cost)
+        assert got.objective_s == pytest.approx(want.objective_s, rel=1e-6), (
+            got.label(), want.label())
+    assert checked >= 4  # most machines fit: the comparison is not vacuous
+
+
+def test_a_uniform_model_is_solved_by_counts_with_the_same_answer() -> None:
+    """The per-count MILP (identical layers) agrees with the listing on a 6-layer MoE."""
+    from inferenceos.plan.optimize_counts import uniform
+    from inferenceos.plan.placement import layer_parts
+
+    facts = make_facts(n_layer=5, n_embd=512, n_ff=1024, n_head=8, n_head_kv=2,
+                       n_vocab=4000, n_expert=4, n_used=2)  # fmt: skip
+    ctx = ContextSettings(n_ctx=1024, n_ubatch=64, n_batch=64, flash_attn=True)
+    assert uniform(layer_parts(facts, ctx))
+    for m in _machines(facts, ctx):
+        want = best_exhaustive(facts, m, ctx, CAL, 2, OBJ, allow_disk=True)
+        got = solve_context(facts, m, ctx, CAL, 2, OBJ, allow_disk=True)
+        assert (got is None) == (want is None)
+        if want is not None and got is not None:
+            assert got.objective_s == pytest.approx(want.objective_s, rel=1e-6)
+
+
+def test_workers_are_used_before_quality_or_disk(tiny: dict[str, ModelFacts]) -> None:
+    """The issue's case in small: RAM too small for the model, two workers each too
+    small for what overflows; both are used and the f16 cache and context are kept."""
+    facts = tiny["deep"]
+    ctx = ContextSettings(n_ctx=512, n_ubatch=64, n_batch=64, flash_attn=True)
+    need = _need(facts, ctx)
+    layer = facts.spec.tensor_bytes // 8
+    m = _m(_cpu(need - 3 * layer), _rpc(1, int(2.2 * layer), here=True),
+           _rpc(2, int(2.2 * layer), here=True))  # fmt: skip
+    plan = plan_load(facts, m, LoadRequest(n_ctx=512))
+    used = set(plan.placement.dense)
+    assert {"RPC[127.0.0.1:1]", "RPC[127.0.0.1:2]"} <= used, plan.placement.dense
+    assert plan.ctx.type_k == plan.ctx.type_v == "f16" and not plan.disk_bound
+    assert not any(c.what.startswith(("context", "KV")) for c in plan.changes)
+
+
+def test_gemma_with_two_loopback_workers_keeps_its_quality(gemma_path: Path) -> None:
+    """Gemma 3 270M, --ram 300MiB, two co-located workers offering 200 MiB: the ladder
+    quantized the KV cache to q4_0; the optimizer keeps f16 and the full context."""
+    facts = load_model_facts(gemma_path)
+    m = _m(_cpu(300 * MiB, 30.0), _rpc(1, 200 * MiB, here=True, gbps=30.0),
+           _rpc(2, 200 * MiB, here=True, gbps=30.0))  # fmt: skip
+    plan = plan_load(facts, m, LoadRequest())
+    assert plan.ctx.n_ctx == 4096 and plan.ctx.type_v == "f16" and not plan.disk_bound
+    assert plan.memory.by_device["CPU"] <= 300 * MiB
+    assert any(d.startswith("RPC[") for d in plan.placement.dense)
+
+
+def test_the_kv_floor_is_kept_and_the_cost_of_quality_is_stated() -> None:
+    facts = make_facts()  # ~3.8 GiB of weights, 128 KiB of f16 KV per token
+    m = machine(ram=4.4 * GiB)
+    ctx = ContextSettings(n_ctx=8192)
+    q4 = make_plan(facts, m, ctx, min_ctx=8192)
+    assert q4.ctx.type_k != "f16" and not q4.disk_bound
+    kv = next(c for c in q4.changes if c.what.startswith("KV cache"))
+    # what keeping f16 would cost: its weights on disk, with both speeds
+    assert "on disk" in kv.why and "t/s predicted against" in kv.why
+    f16 = make_plan(facts, m, ctx, min_ctx=8192, kv_floor="f16")
+    assert f16.ctx.type_k == "f16" and f16.disk_bound
+    with pytest.raises(Exception, match="unknown KV quality"):
+        make_plan(facts, m, ctx, kv_floor="q2")
+
+
+def test_the_context_is_never_cut_below_what_the_request_needs() -> None:
+    facts = make_facts()
+    m = machine(ram=4.4 * GiB)
+    plan = make_plan(facts, m, ContextSettings(n_ctx=8192), need_tokens=6000)
+    assert plan.ctx.n_ctx == 8192  # halving to 4096 would not hold 6000 tokens
+
+
+def test_explain_lists_rejected_alternatives_with_speed_and_memory() -> None:
+    facts = make_facts(n_layer=8)
+    m = machine(ram=8 * GiB, gpus=(1 * GiB, 1 * GiB))
+    plan = make_plan(facts, m, ContextSettings(n_ctx=4096), explain=True)
+    alts = plan.alternatives
+    assert alts and all(a["decode_tps"] > 0 and a["memory_by_device"] for a in alts)
+    assert plan.to_json()["alternatives"] == list(alts)
+    assert not make_plan(facts, m, ContextSettings(n_ctx=4096)).alternatives
+
+
+def test_planning_a_100_layer_moe_over_4_gpus_is_quick() -> None:
+    """A generous sanity bound (benchmarks/plan_speed.py measures the 100 ms target)."""
+    import time
+
+    facts = make_facts(n_layer=100, n_expert=8, n_used=2, n_ff=4096, n_embd=2048,
+                       n_head=16, n_head_kv=4)  # fmt: skip
+    m = machine(ram=32 * GiB, gpus=(4 * GiB,) * 4)
+    t = time.perf_counter()
+    plan = make_plan(facts, m, ContextSettings(n_ctx=4096, flash_attn=True))
+    assert time.perf_counter() - t < 20.0
+    assert plan.placement.gpu_layers == 100 and not plan.disk_bound
+
+
+def test_a_plan_that_fits_as_asked_is_unchanged_and_on_the_fastest_device() -> None:
+    facts = make_facts(n_layer=8)
+    plan = make_plan(facts, machine(ram=64 * GiB, gpus=(24 * GiB,)), ContextSettings(n_ctx=4096))
+    assert plan.placement.gpu_layers == 8 and plan.placement.output_device == "GPU0"
+    assert not [c for c in plan.changes if c.what.startswith(("context", "KV", "ubatch"))]
+    assert replace(plan, alternatives=()).feasible
