@@ -295,6 +295,8 @@ def test_sdk_raises_its_own_error_classes(client: anthropic.Anthropic,
         client.messages.create(**{**GREEDY, "model": "claude-sonnet-4-5"})
     assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     _error(httpx.post(server.url + "/v1/messages/batches", json={}), 404, "not_found_error")
+    _error(httpx.post(server.url + "/v1/messages", json=BODY,  # DNS rebinding
+                      headers={"Host": "attacker.test"}), 403, "permission_error")
     with pytest.raises(anthropic.InternalServerError) as err:  # the weights are cut off
         client.messages.create(**{**GREEDY, "model": "broken"})
     assert err.value.status_code == 500
