@@ -435,7 +435,17 @@ class KVStore:
             "ram_budget": self.ram_budget, "disk_budget": self.disk_budget if self.dir else 0,
             "pending_writes": int(self._queue.unfinished_tasks),
             "disk_ok": self._disk_ready(), "partial": self.partial, **self.counters,
+            **self._by_tier(es),
         }
+
+    @staticmethod
+    def _by_tier(es: list[Entry]) -> dict[str, int]:
+        """bytes_<tier> / entries_<tier>, as /metrics labels them."""
+        ram = [e for e in es if e.data is not None]
+        disk = [e for e in es if e.disk is not None]
+        return {"bytes_ram": sum(e.nbytes for e in ram), "entries_ram": len(ram),
+                "bytes_disk": sum(e.disk.file_bytes for e in disk if e.disk is not None),
+                "entries_disk": len(disk)}
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish the queued disk writes (up to `timeout`), then stop the writer."""

@@ -312,6 +312,9 @@ def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
         return None
     if msg[0] in ("export_live", "import_live", "live_need", "threads"):
         return _migrate(msg, rt)
+    if msg[0] == "stats" and rt.sched is None:  # a warm model stays warm (a scrape)
+        kv = {"kv_cache": rt.kv_store.stats()} if rt.kv_store is not None else {}
+        return [(msg[1], "result", {"asleep": True, "running": 0, "waiting": 0, **kv})]
     try:
         sched = rt.awake()
     except InferenceOSError as exc:

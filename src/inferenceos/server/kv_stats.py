@@ -17,6 +17,9 @@ from inferenceos.registry.manager import ModelManager
 from inferenceos.server.generation import call_in_thread
 
 KV_STATS_TIMEOUT_S = 0.5
+# model name -> its engine's last reported KV cache stats (engine/kv_store.py), kept
+# from the scrape's round trip for server/kv_cache_metrics.py
+KV_CACHE: dict[str, dict[str, Any]] = {}
 
 
 def _read(manager: ModelManager, lm: LoadedModel) -> float | None:
@@ -25,7 +28,10 @@ def _read(manager: ModelManager, lm: LoadedModel) -> float | None:
     stats = getattr(lm.engine, "stats", None)
     if stats is None or not any(m is lm for m in manager.loaded()):
         return None
-    value: Any = stats().get("kv_usage")
+    reported = stats()
+    if isinstance(reported.get("kv_cache"), dict):  # the tiered KV cache's figures
+        KV_CACHE[lm.model.name] = reported["kv_cache"]
+    value: Any = reported.get("kv_usage")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
     return min(1.0, max(0.0, float(value)))

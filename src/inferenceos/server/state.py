@@ -56,6 +56,9 @@ class ServerState:
             migration_bytes=lambda: [({"direction": d}, float(n))
                                      for d, n in sorted(self.manager.migration_bytes.items())],
         )
+        from inferenceos.server.kv_cache_metrics import register as register_kv_cache
+
+        register_kv_cache(self.metrics, lambda: [m.model.name for m in self.manager.loaded()])
 
     def model_name(self, requested: str | None) -> str:
         """The model a request means: its own name, else the server's default. With
