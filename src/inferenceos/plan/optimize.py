@@ -227,16 +227,37 @@ def best_of_level(
     facts: ModelFacts, machine: Machine, level: ContextSettings, cal: Calibration,
     threads: int, obj: Objective, allow_disk: bool, seen: list[Candidate],
 ) -> Candidate | None:  # fmt: skip
-    """The best candidate over the level's ubatches (each one appended to `seen`)."""
+    """The best candidate over the level's ubatches (each one appended to `seen`).
+
+    Pruned exactly: a smaller ubatch makes every placement's prefill slower (more
+    ubatches, each term non-decreasing) and decode no different, so its objective is
+    pointwise at least the largest ubatch's; once the best found equals the largest
+    ubatch's optimum without any memory limit, no smaller ubatch can beat it."""
     best: Candidate | None = None
+    bound: float | None = None
     for ctx in ubatches(level):
+        if best is not None and bound is not None and best.objective_s <= bound * (1 + 1e-9):
+            break
         c = solve_context(facts, machine, ctx, cal, threads, obj, allow_disk)
+        if bound is None:
+            free = _unbounded(solve_context(facts, _unlimited(machine), ctx, cal, threads, obj))
+            bound = free if free is not None else float("inf")
         if c is None:
             continue
         seen.append(c)
         if best is None or c.objective_s < best.objective_s - 1e-12:
             best = c
     return best
+
+
+def _unbounded(c: Candidate | None) -> float | None:
+    return c.objective_s if c is not None else None
+
+
+def _unlimited(machine: Machine) -> Machine:
+    """`machine` with memory no plan can fill (the bound of `best_of_level`)."""
+    big = 1 << 60
+    return replace(machine, devices=tuple(replace(d, memory_bytes=big) for d in machine.devices))
 
 
 # -- the whole search ------------------------------------------------------------------
