@@ -66,6 +66,9 @@ def _print_machine(p: HardwareProfile) -> None:
     if b.disk_read_gbps is not None:
         t.add_row("disk read", f"{b.disk_read_gbps:.2f} GB/s in {escape(str(b.disk_path))} "
                   f"({b.disk_fs}, page cache bypassed by {b.disk_method})")
+    if b.disk_random_read_gbps is not None:
+        t.add_row("disk random", f"{b.disk_random_read_gbps:.2f} GB/s in 64 KiB reads at random "
+                  "offsets (how weights left on disk stream back)")
     if p.llama_speed is not None:  # what simulate's perf model is calibrated on
         sp = p.llama_speed
         t.add_row("llama.cpp probe", f"{sp.decode_tps:.0f} t/s decode, {sp.prefill_tps:.0f} "

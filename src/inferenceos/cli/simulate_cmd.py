@@ -280,7 +280,8 @@ def print_report(p: Prediction) -> None:
         )
         for d in m.devices
     ]
-    hw.append(("disk", f"{m.disk_gbps:g} GB/s"))
+    rnd = f" ({m.disk_random_gbps:g} GB/s in random 64 KiB reads)" if m.disk_random_gbps else ""
+    hw.append(("disk", f"{m.disk_gbps:g} GB/s{rnd}"))
     _section(f"Hardware ({m.source})", hw)
     _section("Model", [("file", plan.model_path), ("name", plan.model_name)])
     verdict = "yes" + (" — disk-bound: " + plan.reason if plan.disk_bound else "")

@@ -1,4 +1,4 @@
-"""Measured bandwidths: RAM streaming read and sequential disk read.
+"""Measured bandwidths: RAM streaming read, sequential and random disk read.
 
 RAM: every usable thread streams its own numpy buffer (first touched by a pool thread)
 through `max()`, a reduction numpy runs with the GIL released and SIMD-wide, so it is
@@ -14,7 +14,9 @@ Disk: a temporary file in the measured directory is written, fsync'ed and droppe
 the page cache with posix_fadvise(DONTNEED); mincore() confirms the drop. It is then
 read sequentially with ordinary reads (kernel read-ahead on, as when a model is loaded).
 If the drop did not take (tmpfs, some network filesystems) O_DIRECT is tried; failing
-that the figure is flagged `cached`, i.e. probably RAM speed.
+that the figure is flagged `cached`, i.e. probably RAM speed. The same file, dropped
+again, is then read in 64 KiB blocks at shuffled offsets (hardware/disk.py): the rate
+weights streamed through mmap page faults are read at.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from inferenceos.hardware.disk import drop_cached, measure_random_read
 from inferenceos.hardware.profile import Bandwidth
 
 MIB = 1 << 20
@@ -49,6 +52,7 @@ class DiskResult(NamedTuple):
     method: str  # fadvise | o_direct | cached
     fs_type: str | None
     file_bytes: int
+    random_gbps: float | None = None  # 64 KiB reads at shuffled offsets (hardware/disk.py)
 
 
 def ram_buffer_bytes(l3_bytes: int, usable_ram: int) -> int:
@@ -112,7 +116,10 @@ def measure_disk_read(directory: Path, file_bytes: int = DISK_FILE_BYTES) -> Dis
         except OSError:  # O_DIRECT refused (EINVAL on tmpfs and others)
             method = "cached"
             seconds, n = _timed_read(path, direct=False)
-        return DiskResult(round(n / seconds / 1e9, 3), method, filesystem_type(directory), n)
+        drop_cached(path)  # the sequential pass cached it: random reads start cold again
+        rnd, _ = measure_random_read(path, direct=method == "o_direct")
+        return DiskResult(round(n / seconds / 1e9, 3), method, filesystem_type(directory), n,
+                          rnd)  # fmt: skip
     finally:
         with contextlib.suppress(OSError):
             path.unlink()
@@ -223,6 +230,7 @@ def measure_all(threads: int, l3_bytes: int, usable_ram: int, models_dir: Path,
         ram_read_gbps=ram.gbps if ram else None, ram_threads=ram.threads if ram else 0,
         ram_buffer_bytes=ram.buffer_bytes if ram else 0,
         disk_read_gbps=disk.gbps if disk else None,
+        disk_random_read_gbps=disk.random_gbps if disk else None,
         disk_path=str(target) if disk else None, disk_method=disk.method if disk else None,
         disk_fs=disk.fs_type if disk else None, disk_bytes=disk.file_bytes if disk else 0,
         seconds=round(time.perf_counter() - start, 3),

@@ -131,7 +131,8 @@ class Bandwidth:
     ram_read_gbps: float | None = None
     ram_threads: int = 0
     ram_buffer_bytes: int = 0
-    disk_read_gbps: float | None = None
+    disk_read_gbps: float | None = None  # sequential, cold
+    disk_random_read_gbps: float | None = None  # 64 KiB blocks at random offsets, cold
     disk_path: str | None = None
     disk_method: str | None = None
     disk_fs: str | None = None
