@@ -100,3 +100,20 @@ def test_stream_window_counts_a_tied_embedding_as_the_output_head(tmp_path: Path
     tied = replace(facts, tensors=tuple(t for t in facts.tensors if t.name != "output.weight"))
     embd = sum(t.n_bytes for t in facts.tensors if t.name.startswith("token_embd"))
     assert stream_window(tied) >= embd and untied < facts.spec.tensor_bytes
+
+
+def test_the_memory_budget_is_read_now_not_from_a_cached_profile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A profile cached outside a memory cgroup must not give its RAM to a process
+    inside one: the budget comes from the live reading."""
+    from inferenceos.hardware import cache
+    from inferenceos.hardware.profile import MemoryInfo
+
+    profile = cache.get_profile(measure=False).profile
+    stale = replace(profile, memory=replace(profile.memory, usable_bytes=1 << 50))
+    monkeypatch.setattr(cache, "load_cached", lambda fingerprint=None: stale)
+    live = 3 << 30
+    monkeypatch.setattr("inferenceos.hardware.memory.detect_memory",
+                        lambda *a, **k: MemoryInfo(total_bytes=live, usable_bytes=live))  # fmt: skip
+    assert local_machine().cpu.memory_bytes == live

@@ -235,13 +235,16 @@ def _probe_json() -> dict[str, Any]:
     try:
         from inferenceos.hardware.cache import load_cached
 
-        cached = load_cached()
-        if cached is not None:
-            return cached.to_json()
         from dataclasses import asdict
 
         from inferenceos.hardware.cpu import detect_cpu
         from inferenceos.hardware.memory import detect_memory
+
+        cached = load_cached()
+        if cached is not None:
+            # memory is read now, never from the cache: the profile may have been taken
+            # outside the memory cgroup this process runs in (a stale budget OOMs)
+            return {**cached.to_json(), "memory": asdict(detect_memory())}
 
         return {"cpu": asdict(detect_cpu()), "memory": asdict(detect_memory())}
     except Exception:  # the hardware package is optional to the planner
