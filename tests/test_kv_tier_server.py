@@ -1,0 +1,72 @@
+"""The tiered KV cache through a real `inferenceos serve`: a conversation sent again
+after the server restarted is restored from the disk tier, and every dialect reports
+the restored prefix (OpenAI `usage.prompt_tokens_details.cached_tokens`, llama-server
+`timings.cache_n`), and /metrics counts the hit."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cli_helpers import start_serve
+
+HISTORY = "Remember: " + "hello abc " * 30
+ARGS = ("--ctx", "512", "--threads", "1", "--parallel", "1", "--kv-cache-ram", "64MiB",
+        "--kv-cache-disk", "64MiB")
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    return err
+
+
+def _chat(base: str, text: str) -> dict[str, object]:
+    r = httpx.post(base + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": text}], "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    out: dict[str, object] = r.json()
+    return out
+
+
+def _written(base: str) -> None:
+    """Wait until the finished turn's entry is on disk (the scrape shows it)."""
+    for _ in range(300):
+        text = httpx.get(base + "/metrics", timeout=30).text
+        if 'kv_cache_entries{model_name="tiny-llama:latest",tier="disk"} 1.0' in text:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the entry never reached the disk tier")
+
+
+@pytest.mark.slow
+def test_a_restarted_server_restores_the_conversation_in_every_dialect(
+        tiny_llama: Path) -> None:
+    proc, base = start_serve(str(tiny_llama), *ARGS)
+    try:
+        first = _chat(base, HISTORY)
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # type: ignore[index]
+        _written(base)
+    finally:
+        _stop(proc)
+    proc, base = start_serve(str(tiny_llama), *ARGS)  # a restart: nothing in RAM
+    try:
+        again = _chat(base, HISTORY)  # the same conversation, returning
+        n_prompt = again["usage"]["prompt_tokens"]  # type: ignore[index]
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
+        assert cached == n_prompt - 1  # all but the last token (evaluated alone)
+        metrics = httpx.get(base + "/metrics", timeout=30).text
+        assert 'kv_cache_hits_total{model_name="tiny-llama:latest",tier="disk"} 1.0' in metrics
+        assert 'kv_cache_restored_tokens_total{model_name="tiny-llama:latest",tier="disk"} ' \
+               f"{float(cached)}" in metrics
+        r = httpx.post(base + "/completion", timeout=120, json={
+            "prompt": "Remember: " + "hello abc " * 30 + "and more", "n_predict": 2})
+        assert r.status_code == 200 and r.json()["timings"]["cache_n"] > 0
+    finally:
+        _stop(proc)
