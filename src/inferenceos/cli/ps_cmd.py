@@ -179,4 +179,6 @@ def _memory(m: dict[str, Any]) -> str:
     by_device = m.get("memory_by_device") or {}
     if not by_device:
         return fmt_bytes(int(m.get("size", 0)))
-    return ", ".join(f"{clean_text(str(d))} {fmt_bytes(int(b))}" for d, b in by_device.items())
+    shown = ", ".join(f"{clean_text(str(d))} {fmt_bytes(int(b))}" for d, b in by_device.items())
+    kv = int(m.get("kv_cache_ram") or 0)  # the KV cache's RAM tier, within the CPU figure
+    return shown + (f" (KV cache {fmt_bytes(kv)})" if kv else "")

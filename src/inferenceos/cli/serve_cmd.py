@@ -172,15 +172,19 @@ def _load_pinned(manager: object) -> None:
         raise
 
 
-def kv_cache_kw(ram: str | None, disk: str | None, cfg: Any) -> dict[str, Any]:
+def kv_cache_kw(ram: str | None, disk: str | None, cfg: Any,
+                memory_budget: int | None = None) -> dict[str, Any]:
     """The engines' KV cache budgets (engine/kv_store.py): the flags, else the config
-    keys, else defaults from the free RAM and disk; its disk tier under the data dir."""
+    keys, else defaults from the free RAM and disk (under a --memory-budget, at most an
+    eighth of it per model: the manager charges it); its disk tier under the data dir."""
     from inferenceos.engine.kv_store import default_budgets
     from inferenceos.paths import data_dir
     from inferenceos.units import parse_size
 
     root = data_dir() / "kv-cache"
     auto_ram, auto_disk = default_budgets(root)
+    if memory_budget is not None:
+        auto_ram = min(auto_ram, memory_budget // 8)
     ram = ram if ram is not None else cfg.get("kv_cache.ram")
     disk = disk if disk is not None else cfg.get("kv_cache.disk")
     return {"kv_cache_ram": parse_size(ram) if ram else auto_ram,
@@ -289,7 +293,8 @@ def serve(
     manager = ModelManager(
         catalog.resolve, factory=engine_factory(
             queue, draft=draft, kv_policy=kv_policy,
-            **kv_cache_kw(kv_cache_ram, kv_cache_disk, cfg)),
+            **kv_cache_kw(kv_cache_ram, kv_cache_disk, cfg,
+                          parse_size(memory_budget) if memory_budget else None)),
         budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
         base=base, slots=parallel, keep_alive_s=keep_alive,
         max_loaded=max_models or None, pinned=manager_pins,

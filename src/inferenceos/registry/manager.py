@@ -78,6 +78,9 @@ def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
 
         return Engine(path, params.per_sequence(), n_parallel=slots, max_queue=max_queue,
                       **engine_kw, **media)  # fmt: skip
+    # host RAM each engine's KV cache tier may hold (engine/kv_store.py): the manager
+    # charges it beside the model's own, in both tiers (it lives in the worker)
+    factory.kv_cache_ram = int(engine_kw.get("kv_cache_ram", 0) or 0)  # type: ignore[attr-defined]
     return factory
 
 
@@ -255,7 +258,10 @@ class ModelManager:
     def _load(self, model: ResolvedModel, req: LoadRequest, why: str,
               keep_alive: float | None) -> Lease:  # fmt: skip
         plan = self._plan(model, req)
-        self._make_room(model.name, plan.charge())
+        kv_ram = int(getattr(self._factory, "kv_cache_ram", 0) or 0)
+        need = plan.charge()
+        need["CPU"] = need.get("CPU", 0) + kv_ram
+        self._make_room(model.name, need)
         t0 = time.perf_counter()
         engine = self._factory(model.path, plan.params(), self.slots, **_media_kw(plan))
         now = self._clock()
@@ -266,8 +272,9 @@ class ModelManager:
             key=_key(req),
         )  # fmt: skip
         draft = int(getattr(engine, "draft_bytes", 0) or 0)
-        if draft:  # measured by the worker: known only once it has loaded
-            lm.extra = {"CPU": draft}
+        if draft or kv_ram:  # a draft: measured by the worker once it has loaded
+            lm.extra = {"CPU": draft + kv_ram}
+        lm.kv_cache_ram = kv_ram
         with self._lock:
             self._models[model.name] = lm
             self.loads_total += 1
@@ -280,7 +287,8 @@ class ModelManager:
     def _promote(self, lm: LoadedModel, keep_alive: float | None) -> Lease:
         """warm → hot: room for the context, then a new context on the kept weights."""
         hot = lm.plan.charge()
-        delta = {d: b - lm.charge.get(d, 0) for d, b in hot.items()}
+        # what the worker holds besides the model (draft, KV cache RAM) is in both tiers
+        delta = {d: b + lm.extra.get(d, 0) - lm.charge.get(d, 0) for d, b in hot.items()}
         self._moving.add(lm.model.name)
         try:
             self._make_room(lm.model.name, delta)
@@ -306,7 +314,8 @@ class ModelManager:
             return None  # placement changed too: a reload
         self._moving.add(lm.model.name)
         try:
-            grow = {d: b - lm.charge.get(d, 0) for d, b in plan.charge().items()}
+            grow = {d: b + lm.extra.get(d, 0) - lm.charge.get(d, 0)
+                    for d, b in plan.charge().items()}
             self._make_room(lm.model.name, grow)
             if lm.tier == WARM:
                 _call_tier(lm.engine, "wake")
@@ -517,6 +526,7 @@ class ModelManager:
                 "memory_by_device": lm.charge, "size": lm.memory_bytes,
                 "size_vram": lm.vram_bytes, "context_length": lm.n_ctx, "slots": lm.slots,
                 "expires_at": exp, "in_use": lm.refs, "reason": lm.reason,
+                "kv_cache_ram": lm.kv_cache_ram,
             })  # fmt: skip
         return out
 

@@ -421,7 +421,7 @@ def _ps_entry(lm: LoadedModel, now: float) -> dict[str, Any]:
             "expires_at": _FOREVER if exp is None else now_iso(exp),
             "size_vram": lm.vram_bytes, "context_length": lm.n_ctx, "state": lm.tier,
             "pinned": lm.pinned, "slots": lm.slots, "memory_by_device": lm.charge,
-            "reason": lm.reason}
+            "reason": lm.reason, "kv_cache_ram": lm.kv_cache_ram}
 
 
 @router.get("/ps", response_model=PsResponse)

@@ -197,6 +197,7 @@ class PsModel(BaseModel):
     slots: int = 1
     memory_by_device: dict[str, int] = {}
     reason: str = ""
+    kv_cache_ram: int = 0  # of memory_by_device's CPU: the KV cache's RAM tier budget
 
 
 class PsResponse(BaseModel):
