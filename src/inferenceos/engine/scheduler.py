@@ -23,6 +23,7 @@ Not thread-safe: one thread (the worker loop) calls submit / cancel / step.
 from __future__ import annotations
 
 import collections
+import functools
 import statistics
 import time
 from collections.abc import Iterator
@@ -254,7 +255,7 @@ class Scheduler:
         info = self._ll.llama_print_system_info()
         info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
         on_cpu = self.model.settings.n_gpu_layers == 0
-        return row_multiple(info, head_type(self.model.path), on_cpu)
+        return row_multiple(info, _head_type(self.model.path), on_cpu)
 
     def _drafter(self, name: str) -> Drafter:
         """The drafter `name`, created on first use and shared by every slot."""
@@ -767,6 +768,13 @@ class Scheduler:
         for drafter in self.drafters.values():
             drafter.close()
         self.executor.close()
+
+
+@functools.lru_cache(maxsize=16)
+def _head_type(path: Any) -> Any:
+    """row_shape.head_type, read once per model file and process (a walk over the
+    file's metadata, which each wake's new scheduler paid again)."""
+    return head_type(path)
 
 
 def generate_one(
