@@ -123,13 +123,14 @@ def test_the_stream_is_anthropics_exact_event_sequence(server: Harness) -> None:
     events = _sse(r)
     names = [name for name, _ in events]
     assert all(data["type"] == name for name, data in events)
-    assert names[:4] == ["message_start", "ping", "content_block_start", "content_block_delta"]
+    # as Anthropic's own streams: the ping right after the first block's start
+    assert names[:4] == ["message_start", "content_block_start", "ping", "content_block_delta"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(names[3:-3]) == {"content_block_delta"}
     start = events[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None
     assert start["usage"]["input_tokens"] + start["usage"]["cache_read_input_tokens"] > 0
-    assert events[2][1] == {"type": "content_block_start", "index": 0,
+    assert events[1][1] == {"type": "content_block_start", "index": 0,
                             "content_block": {"type": "text", "text": ""}}
     deltas = [d["delta"] for n, d in events if n == "content_block_delta"]
     assert all(d["type"] == "text_delta" for d in deltas)
@@ -179,6 +180,19 @@ def test_a_final_assistant_turn_is_a_prefill(client: anthropic.Anthropic,
     counted = client.messages.count_tokens(model="tiny", messages=messages).input_tokens
     assert counted == done.json()["tokens_evaluated"]
     assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == counted
+
+
+def test_output_config_format_constrains_the_reply(client: anthropic.Anthropic) -> None:
+    schema = WEATHER["input_schema"]
+    r = client.messages.create(**{**GREEDY, "max_tokens": 60},
+                               output_config={"format": {"type": "json_schema",
+                                                         "schema": schema}})
+    assert json.loads(r.content[0].text)["city"] in ("Paris", "Oslo")  # type: ignore[union-attr]
+    long = {"type": "json_schema", "schema": {"type": "string", "minLength": 30}}
+    text = client.messages.create(**{**GREEDY, "max_tokens": 60},
+                                  output_config={"format": long}).content[0].text  # type: ignore[typeddict-item]
+    # no end of text before the string's 30 characters (the reply may stop at max_tokens)
+    assert text.startswith('"') and len(text) > 30  # type: ignore[union-attr]
 
 
 def test_count_tokens_counts_system_and_tools(client: anthropic.Anthropic) -> None:
@@ -317,7 +331,8 @@ def guarded(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     root = tmp_path_factory.mktemp("server-anthropic-guarded")
     settings = ServerSettings(api_key="sekrit", max_body_bytes=4096, max_running=1,
                               max_waiting=0)
-    with serving({"tiny": tiny_llama}, root, settings=settings) as h:
+    with serving({"tiny": tiny_llama}, root, settings=settings,
+                 manager_kw={"base": replace(TINY_REQUEST, n_ctx=512)}) as h:
         yield h
 
 
@@ -343,9 +358,14 @@ def test_too_large_and_rate_limited(guarded: Harness) -> None:
     opened = threading.Event()
     release = threading.Event()
 
-    def hold() -> None:  # a stream that keeps the one running slot until released
-        with httpx.stream("POST", url, headers=key, timeout=60,
-                          json={**BODY, "max_tokens": 200, "stream": True}) as r:
+    # a stream that keeps the one running slot: its grammar (a long JSON string) rules
+    # out an early end of text, which the random model may otherwise write
+    long = {"type": "json_schema", "schema": {"type": "string", "minLength": 380}}
+
+    def hold() -> None:
+        with httpx.stream("POST", url, headers=key, timeout=60, json={
+                **BODY, "max_tokens": 400, "stream": True, "output_config": {"format": long}}
+                          ) as r:
             for _ in r.iter_lines():
                 opened.set()
                 if release.wait(30):

@@ -10,12 +10,13 @@ the other dialects do). `stop_reason`: `tool_use` when calls were read, else
 `model_context_window_exceeded` (the context ran out before `max_tokens`).
 
 Streamed, it is SSE with named events in Anthropic's order: `message_start` (usage
-with the prompt's tokens, from the engine's admission report), `ping` (again every
-few seconds while a long prompt is processed), per block `content_block_start`,
+with the prompt's tokens, from the engine's admission report), per block
+`content_block_start` (the first followed by a `ping`, as Anthropic's streams have it),
 `content_block_delta` (`thinking_delta`, `text_delta`, `input_json_delta`),
 `content_block_stop`, then
-`message_delta` (stop_reason, stop_sequence, cumulative usage) and `message_stop`; a
-failure after the start is an `error` event in Anthropic's error shape.
+`message_delta` (stop_reason, stop_sequence, cumulative usage) and `message_stop`;
+more `ping`s every few seconds while a long prompt is processed. A failure after the
+start is an `error` event in Anthropic's error shape.
 
 `usage.input_tokens` counts the prompt tokens computed for this request and
 `cache_read_input_tokens` those reused from the KV cache (their sum is the prompt);
@@ -263,6 +264,15 @@ class _Stream:
                 "message": {**_message(self.mid, self.model, [], usage)}}
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """The events, with Anthropic's one `ping` right after the first block's start."""
+        pinged = False
+        async for event in self._events():
+            yield event
+            if not pinged and event["type"] == "content_block_start":
+                pinged = True
+                yield {"type": "ping"}
+
+    async def _events(self) -> AsyncIterator[dict[str, Any]]:
         reasoning = reasoning_of(_template(self.run))
         split = ThinkingSplit(reasoning) if reasoning else None
         held = ToolCallStream(self.run.tool_format) if self.run.tool_format else None
@@ -275,7 +285,6 @@ class _Stream:
                     started = True
                     progress = item.progress if not isinstance(item, Done) else None
                     yield self._start(progress)
-                    yield {"type": "ping"}
                     if progress is not None:
                         continue
                 if isinstance(item, Done):
