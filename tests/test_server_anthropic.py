@@ -412,6 +412,12 @@ def test_an_image_reaches_the_vlm(vlm: Harness) -> None:
     counted = sdk.messages.count_tokens(model="vlm", messages=[
         {"role": "user", "content": content}]).input_tokens
     assert abs(counted - seen) <= 2  # the marker's own text splits a little differently
+    with sdk.messages.stream(**kw, messages=[{"role": "user", "content": content}]) as s:
+        events = list(s)
+        final = s.get_final_message()
+    start = next(e for e in events if e.type == "message_start").message.usage
+    assert start.input_tokens + (start.cache_read_input_tokens or 0) == seen
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == seen
     url = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:1/x.png"}}
     r2 = httpx.post(vlm.url + "/v1/messages", timeout=60, json={
         "model": "vlm", "max_tokens": 4, "messages": [{"role": "user", "content": [url]}]})
