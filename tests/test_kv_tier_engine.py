@@ -165,10 +165,38 @@ def test_qwen_restored_turn_matches_the_uninterrupted_one(qwen05_path: Path,
         second = first + reply + e.tokenize(" Now in one word:", add_special=False)
         hot, hot_cached = run(e, second)
     root = tmp_path / "kv"
-    kw: dict[str, Any] = {"kv_cache_ram": 256 * MiB, "kv_cache_disk": 256 * MiB, "kv_cache_dir": root}
+    kw: dict[str, Any] = {"kv_cache_ram": 256 * MiB, "kv_cache_disk": 256 * MiB,
+                          "kv_cache_dir": root}
     with Engine(qwen05_path, settings, n_parallel=1, **kw) as e:
         assert run(e, first)[0] == reply
         flushed(e)
     with Engine(qwen05_path, settings, n_parallel=1, **kw) as e:  # a restart
         restored, cached = run(e, second)
     assert cached == hot_cached and restored == hot
+
+
+def test_windowed_swa_layers_restore_whole_entries_only(tiny_swa: Path, tmp_path: Path) -> None:
+    """With sliding-window layers that keep only their window (swa_full off), a state
+    cannot be cut shorter: a prompt that extends an entry restores it whole, one that
+    leaves it midway is prefilled; both answer as the uninterrupted conversation."""
+    settings = LoadSettings(n_ctx=512, n_batch=64, n_threads=1, swa_full=False)
+
+    def make(root: Path | None) -> Engine:
+        kw: dict[str, Any] = ({"kv_cache_ram": 64 * MiB, "kv_cache_disk": 0,
+                               "kv_cache_dir": None} if root else {})
+        return Engine(tiny_swa, settings, n_parallel=1, **kw)
+
+    with make(None) as ref:
+        first = ref.tokenize(HISTORY)
+        reply, _ = turn(ref, first)
+        extends = first + reply + ref.tokenize(" more", add_special=False)
+        expected, _ = turn(ref, extends)
+    with make(tmp_path) as e:
+        turn(e, first)
+        assert kv_stats(e)["partial"] == 0
+        e.sleep()
+        e.wake()
+        out, cached = turn(e, extends)
+        assert out == expected and cached == len(first) + len(reply) - 1
+        _, cached = turn(e, [*first[:100], first[100] ^ 1, *first[101:]])  # leaves midway
+        assert kv_stats(e)["hits_ram"] == 1
