@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -23,6 +25,7 @@ import anthropic
 import httpx
 import pytest
 
+from faults.helpers import worker_pid
 from inferenceos.server.anthropic_schema import Message
 from inferenceos.server.anthropic_thinking import (
     Reasoning,
@@ -57,8 +60,9 @@ def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     hermes = write_tiny_model(root / "hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
     thinker = write_tiny_model(root / "thinker.gguf", chat_template=THINKER_TEMPLATE)
     broken = write_tiny_model(root / "broken.gguf", seed=3)
+    victim = write_tiny_model(root / "victim.gguf", seed=4)
     with serving({"tiny": tiny_llama, "hermes": hermes, "thinker": thinker,
-                  "broken": broken}, root,
+                  "broken": broken, "victim": victim}, root,
                  manager_kw={"base": replace(TINY_REQUEST, n_ctx=512)}) as h:
         size = broken.stat().st_size
         with open(broken, "r+b") as f:  # the weights cut off: llama.cpp refuses the load
@@ -323,6 +327,41 @@ def test_sdk_raises_its_own_error_classes(client: anthropic.Anthropic,
         server.state.draining = False
     assert over.value.status_code == 529
     assert over.value.response.headers["retry-after"]
+
+
+def test_a_failure_mid_stream_is_an_error_event(server: Harness) -> None:
+    """The worker killed while a reply streams: the headers (200) are sent, so the
+    stream ends with Anthropic's `error` event (overloaded: the next request restarts
+    the worker), never a cut connection; the SDK raises it as its error class."""
+    long = {"type": "json_schema", "schema": {"type": "string", "minLength": 380}}
+    body = {**BODY, "model": "victim", "max_tokens": 400, "stream": True,
+            "output_config": {"format": long}}
+    names: list[str] = []
+    with httpx.stream("POST", server.url + "/v1/messages", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("event: "):
+                names.append(line[7:])
+            if names[-1:] == ["content_block_delta"]:
+                os.kill(worker_pid(server, "victim"), signal.SIGKILL)
+                break
+        rest = "\n".join(lines)
+    assert r.status_code == 200
+    [frame] = [f for f in rest.split("\n\n") if f.startswith("event: error")]
+    error = json.loads(frame.split("data: ", 1)[1])
+    assert error["type"] == "error" and error["error"]["type"] == "overloaded_error", error
+    assert "message_stop" not in rest
+    sdk = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    assert sdk.messages.create(**{**GREEDY, "model": "victim"}).usage.output_tokens == 8
+    kw: Any = {"model": "victim", "max_tokens": 400, "messages": HI,
+               "extra_body": {"temperature": 0, "output_config": {"format": long}}}
+    killed = False
+    with pytest.raises(anthropic.APIStatusError) as err, sdk.messages.stream(**kw) as s:
+        for event in s:
+            if event.type == "content_block_delta" and not killed:
+                killed = True
+                os.kill(worker_pid(server, "victim"), signal.SIGKILL)
+    assert err.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
 
 
 @pytest.fixture(scope="module")
