@@ -297,6 +297,9 @@ def _error(r: httpx.Response, status: int, kind: str) -> str:
     ({**BODY, "messages": [*HI, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}]}]}, "prefill"),
     ({**BODY, "messages": [{"role": "assistant", "content": "Sure"}]}, "user message"),
+    ({**BODY, "system": [{"type": "image", "source": {"type": "base64"}}]}, "system"),
+    ({**BODY, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}, "file"),
     ({**BODY, "model": "hermes", "tool_choice": {"type": "tool", "name": "nope"},
       "tools": [WEATHER]}, "nope"),
     ({**BODY, "model": "tiny", "tools": [WEATHER]}, "does not support tools"),

@@ -135,6 +135,8 @@ def chat_messages(body: CountTokensRequest, media: MediaSet | None = None
     assistant turn, "" when the last turn is the user's); see the module docstring.
     Media blocks become markers, their items gathered in `media` (None: no media)."""
     out: list[ChatMessage] = []
+    if isinstance(body.system, list) and any(b.type != "text" for b in body.system):
+        raise _bad("system blocks must be text blocks")
     system = _text(body.system, media, "system")
     if system:
         out.append(ChatMessage("system", system))
