@@ -89,7 +89,7 @@ def _sse(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
 def test_a_message_has_anthropic_shape_and_usage(client: anthropic.Anthropic) -> None:
     r = client.messages.create(**GREEDY)
     assert r.type == "message" and r.role == "assistant" and r.model == "tiny"
-    assert r.id.startswith("msg_")
+    assert r.id.startswith("msg_") and (r._request_id or "").startswith("req_")
     [block] = r.content
     assert block.type == "text" and block.text
     assert r.stop_reason == "max_tokens" and r.stop_sequence is None
@@ -124,6 +124,7 @@ def test_the_stream_is_anthropics_exact_event_sequence(server: Harness) -> None:
                    headers={"anthropic-version": "2023-06-01"},
                    json={**BODY, "stream": True})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.headers["request-id"].startswith("req_")
     events = _sse(r)
     names = [name for name, _ in events]
     assert all(data["type"] == name for name, data in events)

@@ -94,6 +94,11 @@ async def _conversation(state: ServerState, body: CountTokensRequest
     return messages, prefill, tuple(media.items)
 
 
+def _request_id() -> str:
+    """Anthropic's `request-id` response header (the SDK shows it as `_request_id`)."""
+    return f"req_{uuid.uuid4().hex[:24]}"
+
+
 def _template(run: Run) -> str | None:
     engine = run.model.engine if run.model else None
     return getattr(getattr(engine, "spec", None), "chat_template", None)
@@ -170,8 +175,10 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
         stream = _Stream(run, mid, name, sampling.stop, body.max_tokens)
-        return ClosingStreamingResponse(_sse(stream.events()), "text/event-stream",
-                                        run.close)
+        response = ClosingStreamingResponse(_sse(stream.events()), "text/event-stream",
+                                            run.close)
+        response.headers["request-id"] = _request_id()
+        return response
 
     async def whole() -> dict[str, Any]:
         text, done = await run.collect()
@@ -180,7 +187,8 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
                                                   body.max_tokens, bool(calls)))
         return _message(mid, name, blocks, _usage(done), stop)
 
-    return JSONResponse(await until_disconnect(request, whole()))
+    return JSONResponse(await until_disconnect(request, whole()),
+                        headers={"request-id": _request_id()})
 
 
 @router.post("/messages/count_tokens", response_model=TokensCount)
