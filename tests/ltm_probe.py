@@ -26,6 +26,15 @@ def status_kib(key: str) -> int:
     return 0
 
 
+def read_bytes() -> int:
+    """Bytes this process has caused to be read from storage (/proc/self/io), page
+    faults' read-ahead included: what streaming really fetched."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
 def mapped_kib(path: str) -> int:
     """Resident KiB of this process's mappings of `path` (/proc/self/smaps): the
     model's weights held in the page cache, as opposed to on disk."""
@@ -50,6 +59,9 @@ def main() -> int:
     # "off": a reference with the disk plan's kernels (repacked kernels round otherwise)
     ap.add_argument("--repack", choices=("plan", "on", "off"), default="plan")
     ap.add_argument("--kv", default=None, help="pin the KV cache type (same numerics)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-stream", action="store_true",
+                    help="no prefetch thread (engine/prefetch.py): the kernel pages alone")
     a = ap.parse_args()
 
     from inferenceos.engine.llama_lib import lib
@@ -60,13 +72,16 @@ def main() -> int:
     from inferenceos.plan.here import plan_here
     from inferenceos.plan.model_facts import load_model_facts
     from inferenceos.plan.preflight import PlanRefused
+    from inferenceos.plan.simulate import Workload, predict
 
     lib()  # the library's one-time start-up cost is the baseline, not the load's
     base_anon = status_kib("RssAnon") * 1024
     machine = local_machine()
     try:
-        req = LoadRequest(n_ctx=a.n_ctx, type_k=a.kv, type_v=a.kv)
-        plan = plan_here(load_model_facts(a.model), machine, req).plan
+        req = LoadRequest(n_ctx=a.n_ctx, type_k=a.kv, type_v=a.kv, threads=a.threads)
+        facts = load_model_facts(a.model)
+        here = plan_here(facts, machine, req)
+        plan = here.plan
     except PlanRefused as e:
         print(json.dumps({"refused": str(e)}))
         return 3
@@ -74,13 +89,20 @@ def main() -> int:
     if a.repack != "plan":
         params = replace(params, use_extra_bufts=a.repack == "on")
     ram = machine.cpu.memory_bytes
+    if a.no_stream:
+        params = replace(params, stream_resident_bytes=0)
     t0 = time.perf_counter()
     with LoadedModel(Path(a.model), params) as m:
         load_s = time.perf_counter() - t0
+        streamer = m._streamer
         loaded_anon = status_kib("RssAnon") * 1024
         tokens = m.tokenize(a.prompt)
+        work = Workload(prompt_tokens=len(tokens), output_tokens=a.tokens)
+        predicted = predict(facts, machine, plan, work, here.calibration)
         sampling = SamplingParams(temperature=0.0, max_tokens=a.tokens, ignore_eos=True)
+        before = read_bytes()
         text = "".join(ev.text for ev in m.generate(tokens, sampling))
+        fetched = read_bytes() - before
         metrics = m.metrics
         out = {
             "ram_budget": ram,
@@ -98,6 +120,13 @@ def main() -> int:
             "decode_tps": metrics.decode_tps,
             "prompt_tps": metrics.prompt_tps,
             "text": text,
+            "predicted_decode_tps": predicted.decode_tps,
+            # disk bytes per generated token, prefill included (prefill reads the weights
+            # once per ubatch, decode once per token)
+            "read_per_token": fetched / max(1, a.tokens),
+            "plan": plan.summary(),
+            "streamed": streamer is not None,
+            "resident_layers": len(streamer.resident) if streamer else 0,
         }
     print(json.dumps(out))
     return 0

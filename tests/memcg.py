@@ -134,7 +134,7 @@ class MemoryCgroup:
             limit=self.limit,
             max_usage=self.max_usage(),
             failcnt=self._failcnt(),
-            oom_kills=self._oom_kills(),
+            oom_kills=self.oom_kills(),
         )
 
     def popen(self, argv: Sequence[str], **kw: object) -> subprocess.Popen[str]:
@@ -161,7 +161,8 @@ class MemoryCgroup:
             return self._read_int("memory.failcnt")
         return self._event("max")
 
-    def _oom_kills(self) -> int:
+    def oom_kills(self) -> int:
+        """Processes the kernel's OOM killer ended in this cgroup so far."""
         if self.version == 1:
             return self._event("oom_kill", "memory.oom_control")
         return self._event("oom_kill")

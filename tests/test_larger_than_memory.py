@@ -8,6 +8,7 @@ process is checked against these figures under a cgroup in test_cgroup_limits.py
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -114,6 +115,47 @@ def test_the_memory_budget_is_read_now_not_from_a_cached_profile(
     stale = replace(profile, memory=replace(profile.memory, usable_bytes=1 << 50))
     monkeypatch.setattr(cache, "load_cached", lambda fingerprint=None: stale)
     live = 3 << 30
-    monkeypatch.setattr("inferenceos.hardware.memory.detect_memory",
-                        lambda *a, **k: MemoryInfo(total_bytes=live, usable_bytes=live))  # fmt: skip
+    reading = MemoryInfo(total_bytes=live, usable_bytes=live)
+    monkeypatch.setattr("inferenceos.hardware.memory.detect_memory", lambda *a, **k: reading)
     assert local_machine().cpu.memory_bytes == live
+
+
+def test_layer_spans_cover_every_tensor_once(q4_facts: ModelFacts) -> None:
+    from inferenceos.engine.prefetch import layer_spans
+
+    spans = layer_spans(q4_facts.spec.path)
+    assert sorted(spans) == [-1, *range(8)]
+    flat = sorted((s for v in spans.values() for s in v), key=lambda s: s.start)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(flat))
+    covered = sum(s.end - s.start for s in flat)
+    total = q4_facts.spec.tensor_bytes
+    assert total <= covered < total + 64 * 4096  # alignment gaps inside merged spans
+
+
+def test_a_disk_plan_streams_through_llama_cpps_own_mapping(q4_facts: ModelFacts) -> None:
+    """The plan asks for streaming; the engine finds llama.cpp's mapping of the file
+    (its address math checked against the file's bytes), keeps the resident layers the
+    budget holds and prefetches the others while decoding."""
+    import ctypes
+
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.session import LoadedModel
+
+    fits = plan_with(q4_facts, 4096 * MIB).memory
+    plan = plan_with(q4_facts, fits.anonymous - fits.repack + fits.weights["CPU"] // 2)
+    params = plan.params().per_sequence()
+    cache = plan.memory.tiers(plan.budgets["CPU"])["page cache"]
+    assert params.stream_resident_bytes == cache
+    path = q4_facts.spec.path
+    with LoadedModel(path, params) as m:
+        s = m._streamer
+        assert s is not None and s._base is not None
+        span = s.spans[3][0]
+        with open(path, "rb") as f:
+            f.seek(span.start)
+            assert ctypes.string_at(s._base + span.start, 64) == f.read(64)
+        resident = sum(sum(x.end - x.start for x in s.spans[i]) for i in s.resident)
+        assert resident <= params.stream_resident_bytes and 0 < len(s.resident) < 9
+        list(m.generate(m.tokenize("abc"), SamplingParams(temperature=0, max_tokens=4)))
+        assert s.prefetched > 0
+    assert plan_with(q4_facts, 4096 * MIB).params().stream_resident_bytes == 0

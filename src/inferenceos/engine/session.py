@@ -191,6 +191,17 @@ def _load_interruptibly(ll: Any, path: bytes, params: Any) -> Any:
     return box[0]
 
 
+def _streamer(path: Path, s: LoadSettings, eval_callback: Any) -> Any:
+    """The prefetch thread of a disk-bound load (engine/prefetch.py), or None: when
+    nothing streams, and when the caller has its own cb_eval (llama.cpp takes one;
+    the attention probe wins, and the kernel pages the weights alone)."""
+    if s.stream_resident_bytes <= 0 or eval_callback is not None or not s.use_mmap:
+        return None
+    from inferenceos.engine.prefetch import LayerStreamer
+
+    return LayerStreamer(path, s.stream_resident_bytes)
+
+
 def decode_failed(rc: int) -> None:
     """Call when llama_decode returned `rc` != 0: an abort that a Ctrl-C asked for is a
     KeyboardInterrupt (the caller raises its own error for any other code)."""
@@ -209,10 +220,16 @@ class LoadedModel:
         self.path = Path(path)
         self.settings = settings or LoadSettings()
         self.settings.validate()
-        self._eval_callback = eval_callback
+        self._streamer = _streamer(self.path, self.settings, eval_callback)
+        self._eval_callback = self._streamer.callback if self._streamer else eval_callback
         self._ll = lib()
         t0 = time.perf_counter()
-        self.model = self._load_model()
+        try:
+            self.model = self._load_model()
+        except BaseException:
+            if self._streamer is not None:
+                self._streamer.close()
+            raise
         self.ctx: Any = None
         self._embed_ctx: Any = None
         try:
@@ -222,10 +239,14 @@ class LoadedModel:
             if self.ctx is not None:
                 self._ll.llama_free(self.ctx)
             self._ll.llama_model_free(self.model)
+            if self._streamer is not None:
+                self._streamer.close()
             raise
         self.vocab = self._ll.llama_model_get_vocab(self.model)
         self.n_vocab = int(self._ll.llama_vocab_n_tokens(self.vocab))
         self._adopt_context()
+        if self._streamer is not None:
+            self._streamer.attach()
         self.load_s = time.perf_counter() - t0
         self._watchdog = _watch_workers(self.settings)  # once loaded: nothing to undo
         self.metrics = GenerationMetrics(load_s=self.load_s)
@@ -593,6 +614,9 @@ class LoadedModel:
         if self.model is not None:
             self._ll.llama_model_free(self.model)
             self.model = None
+        if getattr(self, "_streamer", None) is not None:
+            self._streamer.close()
+            self._streamer = None
 
     def __enter__(self) -> LoadedModel:
         return self

@@ -54,6 +54,10 @@ class LlamaParams:
     # weight); False keeps every CPU weight in the mapped file, as reclaimable page cache,
     # which is what lets a disk-bound plan stream weights instead of being OOM-killed
     use_extra_bufts: bool = True
+    # > 0: weights stream from disk (a disk-bound plan); the engine reads the next
+    # layers ahead on a thread and keeps this many bytes of them resident
+    # (engine/prefetch.py); 0: the kernel pages them as it likes
+    stream_resident_bytes: int = 0
     n_seq_max: int = 1  # parallel sequences sharing the context
     # True: the sequences share one pool of n_ctx cells (attention runs over every
     # sequence's cells, masked); False: each sequence has its own n_ctx / n_seq_max

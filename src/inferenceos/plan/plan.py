@@ -106,11 +106,19 @@ class Plan:
             n_gpu_layers=self.n_gpu_layers,
             use_mmap=self.use_mmap,
             use_extra_bufts=not self.disk_bound,  # no anonymous repack of streamed weights
+            stream_resident_bytes=self._resident_bytes(),
             tensor_buft_overrides=tuple(self.tensor_overrides),
             tensor_split=tuple(self.tensor_split),
             main_gpu=self.main_gpu,
             devices=self.accelerators,
         )
+
+    def _resident_bytes(self) -> int:
+        """Page cache a disk-bound plan keeps its resident weights in (0: not disk-bound):
+        the engine streams the rest (engine/prefetch.py)."""
+        if not self.disk_bound:
+            return 0
+        return max(1, self.memory.tiers(self.budgets.get("CPU", 0))["page cache"])
 
     def llama_params(self) -> dict[str, Any]:
         """`params()` as JSON (what `simulate --json` and `placement` print)."""
