@@ -74,6 +74,7 @@ class Timing:
     ttft: float
     cached: int
     tokens: list[int] = field(default_factory=list)
+    load_s: float = 0.0  # the worker's model load (llama.cpp), when this case loaded it
 
 
 # -- ours ---------------------------------------------------------------------------------
@@ -109,7 +110,7 @@ def ask(mgr: ModelManager, name: str, prompt: list[int] | str, n: int = FIRST) -
                 continue
             ttft = ttft or time.perf_counter() - t0
             out.append(ev.token)
-        return Timing(ttft, gen.metrics.cached_tokens, out)
+        return Timing(ttft, gen.metrics.cached_tokens, out, gen.metrics.load_s)
 
 
 def tier(mgr: ModelManager, name: str) -> str:
@@ -359,10 +360,14 @@ def report(ours: dict[str, list[Timing]], theirs: dict[str, list[Timing]], same:
     print(f"\n{args.model.name}, history ~{args.history} tokens, {args.rounds} rounds, "
           f"{args.threads} threads (other model: {args.other.name})")
     plain = [t.ttft for t in ours["re-prefill"]]
-    print(f"{'case':12} {'TTFT p50 ms':>12} {'cached':>7} {'re-prefill / case':>18}")
+    print(f"{'case':12} {'TTFT p50 ms':>12} {'cached':>7} {'re-prefill / case':>18} "
+          f"{'of which model load ms':>23}")
     for c in CASES:
         ratio = statistics.median(p / t.ttft for p, t in zip(plain, ours[c], strict=True))
-        print(f"{c:12} {_med(ours[c]) * 1000:12.0f} {ours[c][-1].cached:7d} {ratio:17.1f}x")
+        load = (f"{statistics.median(t.load_s for t in ours[c]) * 1000:23.0f}"
+                if c in ("cold", "killed", "restart") else f"{'-':>23}")
+        print(f"{c:12} {_med(ours[c]) * 1000:12.0f} {ours[c][-1].cached:7d} {ratio:17.1f}x "
+              f"{load}")
     warm_gap = statistics.median(w.ttft - h.ttft for w, h in zip(ours["warm"], ours["hot"],
                                                                  strict=True))
     print(f"warm - hot: {warm_gap * 1000:.0f} ms (target < 100)")
