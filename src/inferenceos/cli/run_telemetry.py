@@ -45,7 +45,7 @@ def record_run(lm: LoadedModel, metrics: GenerationMetrics, *, source: str = "ru
         uid = rec.load(lm.path, source=source, load_s=metrics.load_s, settings=settings,
                        plan=plan, memory=llama_buffers(log_mark))
         rec.generation(lm.path, source=source, metrics=m, settings=settings, load_uid=uid,
-                       concurrency=concurrency)
+                       concurrency=concurrency, contention="sample")
     except Exception as exc:  # telemetry must never fail a run
         from inferenceos.telemetry.db import warn_once
 

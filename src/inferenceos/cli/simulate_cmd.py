@@ -195,17 +195,40 @@ def simulate_model(
     facts = load_model_facts(path)
     history = recorded_workload(facts) if policy.strip().lower() == "adaptive" else None
     choice = choose(policy, facts, history)
+    if local:  # a data dir that never ran `hardware` measures itself, once
+        from inferenceos.cli.console import err
+        from inferenceos.plan.calibration_load import self_calibrate
+
+        self_calibrate(lambda line: err.print(f"[dim]{line}[/]"))
     cal = load_calibration(machine, facts, threads) if local else None
     load = None
-    if local and not threads:
+    if local:
         from inferenceos.hardware.cpu_load import sample_cpu_load
 
         load = sample_cpu_load()
+        if threads and cal is not None:  # learned for a quiet machine; busy now?
+            cal = _busy_now(cal, load, threads)
     return simulate_plan(
         path, machine, w, threads=threads, type_k=cache_type, type_v=cache_type,
-        calibration=cal, policy=choice, cpu_load=load, mmproj=projector,
+        calibration=cal, policy=choice, cpu_load=None if threads else load, mmproj=projector,
         kv_quality=kv_quality, explain=explain,
     )  # fmt: skip
+
+
+def _busy_now(cal: Any, load: Any, threads: int) -> Any:
+    """`cal` slowed by the cores other processes take now from a fixed thread count
+    (with automatic threads the plan takes only the free cores instead)."""
+    from dataclasses import replace
+
+    from inferenceos.plan.calibration import core_share
+
+    share = core_share(load, threads)
+    if share >= 1.0:
+        return cal
+    return replace(cal, decode_scale=cal.decode_scale * share,
+                   prefill_scale=cal.prefill_scale * share,
+                   source=f"{cal.source}; x{share:.2f}: other processes busy on "
+                   f"{load.busy_others:.1f} of {load.usable_cpus} CPUs now")  # fmt: skip
 
 
 def _encoder_rows(p: Prediction) -> list[tuple[str, str]]:

@@ -263,3 +263,34 @@ def with_learned(cal: Calibration, learned: Learned | None) -> Calibration:
         confidence=learned.confidence,
         source=f"{learned.describe()}, over {cal.source}",
     )
+
+
+MIN_FREE_CORES = 0.25  # a run never counts as having had less than a quarter core
+
+
+def core_share(contention: Any, threads: int) -> float:
+    """The share of its `threads` threads' CPU time a run could get beside what other
+    processes took (`contention`: the recorder's {"busy_others", "steal",
+    "usable_cpus"}, or a `hardware.cpu_load.CpuLoad`): free cores / threads, at most 1.
+    1.0 when nothing is known. The assumption: llama.cpp's threads slow down in
+    proportion to the cores they lose (decode here was compute-bound per thread: 14.4
+    of 30 GB/s at 2 threads), so a run's measured speed / share is the quiet speed."""
+    if contention is None:
+        return 1.0
+    if isinstance(contention, dict):
+        if contention.get("sampled") is False:
+            return 1.0
+        busy = float(contention.get("busy_others") or 0.0)
+        steal = float(contention.get("steal") or 0.0)
+        usable = int(contention.get("usable_cpus") or 0)
+    else:
+        if not getattr(contention, "sampled", False):
+            return 1.0
+        busy = float(contention.busy_others)
+        steal = float(contention.steal_fraction)
+        usable = int(contention.usable_cpus)
+    if usable <= 0 or threads <= 0:
+        return 1.0
+    free = max(usable * (1.0 - min(max(steal, 0.0), 0.9)) - busy, MIN_FREE_CORES)
+    return min(1.0, free / threads)
+

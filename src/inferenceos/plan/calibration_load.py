@@ -17,14 +17,22 @@ Both never raise for missing or unreadable files: they fall back to less knowled
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+import os
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from inferenceos.atomic import read_json, write_json_atomic
 from inferenceos.paths import data_dir
-from inferenceos.plan.calibration import observation, quant_family, run_context, with_learned
+from inferenceos.plan.calibration import (
+    core_share,
+    observation,
+    quant_family,
+    run_context,
+    with_learned,
+)
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration
@@ -48,6 +56,45 @@ def machine_calibration() -> Calibration:
         except (TypeError, ValueError):
             pass
     return probe_calibration_cached() or Calibration.default()
+
+
+SELF_CALIBRATED = "self-calibrated"  # marker: the first-use probe ran (or could not)
+SELF_CALIBRATE_ENV = "INFERENCEOS_SELF_CALIBRATE"  # "0": never (the test suite's setting)
+
+
+def self_calibrate(notice: Callable[[str], None]) -> Calibration | None:
+    """On a data dir that never measured this machine (no stored fit, no profile with
+    the llama.cpp probe, no earlier attempt), run the `hardware` probe once now (it is
+    cached like `inferenceos hardware`'s) and say so in one line through `notice`.
+    Returns the probe's calibration, or None when nothing was (or could be) done. A
+    failed probe is not retried on every prediction: the marker records the attempt."""
+    import time
+
+    if isinstance(read_json(stored_path(), None), dict) or probe_calibration_cached():
+        return None
+    marker = stored_path().parent / SELF_CALIBRATED
+    if marker.exists():
+        return None
+    if os.environ.get(SELF_CALIBRATE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    from inferenceos.hardware.cache import get_profile
+
+    t = time.monotonic()
+    try:
+        get_profile(refresh=True)
+    except Exception as exc:  # a prediction never fails for want of a calibration
+        log.warning("first-use calibration failed: %s", exc)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{time.time():.0f}\n")
+    cal = probe_calibration_cached()
+    took = time.monotonic() - t
+    if cal is not None:
+        notice(f"calibrated this machine in {took:.1f} s for predictions (first use: the "
+               "`inferenceos hardware` probe, now cached)")  # fmt: skip
+    else:
+        notice(f"could not calibrate this machine ({took:.1f} s): predictions use "
+               "uncalibrated defaults")  # fmt: skip
+    return cal
 
 
 def save_calibration(cal: Calibration) -> None:
@@ -143,7 +190,14 @@ def load_calibration(
             # a drafted run's decode is not the model's plain speed (plan/speculative.py)
             decode_tps=None if drafted else r.decode_tps,
         )  # fmt: skip
-        if o is not None:
+        if o is not None:  # as if the machine had been quiet (plan.calibration.core_share)
+            contention = r.extra.get("contention") if isinstance(r.extra, dict) else None
+            share = core_share(contention, r.threads or machine.cpu.threads)
+            if share < 1.0:
+                o = replace(
+                    o, decode_ratio=None if o.decode_ratio is None else o.decode_ratio / share,
+                    prefill_ratio=None if o.prefill_ratio is None else o.prefill_ratio / share,
+                )  # fmt: skip
             obs.append(o)
     learned = fit_learned(obs, target, quant_family(facts), threads)
     return with_learned(base, learned)

@@ -28,7 +28,7 @@ def record_request(done: Any, *, total_s: float, concurrency: int) -> None:
         rec.generation(resolved.path, source="server", digest=resolved.digest or None,
                        name=resolved.name, metrics=done.metrics.to_json(),
                        settings=settings, concurrency=max(1, concurrency),
-                       total_s=round(total_s, 4))
+                       total_s=round(total_s, 4), contention="sample")
     except Exception as exc:  # telemetry must never fail a request
         from inferenceos.telemetry.db import warn_once
 

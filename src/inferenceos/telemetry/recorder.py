@@ -141,13 +141,19 @@ class Recorder:
                    digest: str | None = None, name: str = "",
                    load_uid: str | None = None, concurrency: int = 1,
                    loadavg: float | None = None, extra: Mapping[str, Any] | None = None,
+                   contention: Mapping[str, Any] | str | None = None,
                    **fields: Any) -> None:
         """One finished generation. `metrics` may be `GenerationMetrics.to_json()`;
         `fields` (prompt_tokens, cached_tokens, output_tokens, prefill_tps, decode_tps,
         ttft_s, total_s, threads, n_ctx, n_batch, n_ubatch, stop_reason) override it;
         threads and the batch shape default to `settings` (n_threads, n_batch...); a
         drafted generation's draft counters go to `extra`.
-        `loadavg` defaults to the 1-minute load average now."""
+        `loadavg` defaults to the 1-minute load average now. `contention` (what the
+        other processes took from the CPUs: `contention_now()`'s keys) goes to `extra`;
+        "sample": the writer thread samples the CPUs right after the run, off the
+        run's own path (`CONTENTION_WINDOW_S`): a neighbour busy through the run is
+        still busy then, and the fit discounts what it cost (plan/calibration_load).
+        None: not recorded (a synthetic record: its speed has no machine state)."""
         if not self.enabled:
             return
         unknown = set(fields) - set(_GEN_FIELDS)
@@ -172,9 +178,14 @@ class Recorder:
         row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
                    source=self.source_override or source,
                    concurrency=int(concurrency), settings=_json(dict(settings or {})),
-                   loadavg=_loadavg() if loadavg is None else loadavg,
-                   extra=_json(extra))
-        self._submit(_Job(_insert("generations", row), model, digest, name))
+                   loadavg=_loadavg() if loadavg is None else loadavg)
+        if isinstance(contention, Mapping):
+            extra["contention"] = dict(contention)
+        row.update(extra=_json(extra))
+        write = _insert("generations", row)
+        if contention == "sample":
+            write = _with_contention(row, write)
+        self._submit(_Job(write, model, digest, name))
 
     def load(self, model: ModelRef, *, source: str, load_s: float | None = None,
              settings: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None,
@@ -394,6 +405,52 @@ def _insert(table: str, row: dict[str, Any], *, model_optional: bool = False,
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         conn.execute(f"{verb} INTO {table} ({cols}) VALUES ({marks})", tuple(data.values()))
     return write
+
+
+CONTENTION_WINDOW_S = 0.1  # the writer thread's CPU sample after each generation
+
+
+def contention_now(threads: int | None, window_s: float = CONTENTION_WINDOW_S) -> dict[str, Any]:
+    """What other processes take from the CPUs now (hardware.cpu_load), with the run's
+    thread count: {"busy_others", "steal", "usable_cpus", "threads"}."""
+    from inferenceos.hardware.cpu_load import sample_cpu_load
+
+    load = sample_cpu_load(window_s)
+    return {"busy_others": round(load.busy_others, 2), "steal": round(load.steal_fraction, 3),
+            "usable_cpus": load.usable_cpus, "threads": threads,
+            "sampled": load.sampled}  # fmt: skip
+
+
+_last_sample: list[tuple[float, dict[str, Any]]] = []  # (monotonic time, sample)
+SAMPLE_REUSE_S = 1.0  # records written within a second share one sample
+
+
+def _recent_contention(threads: Any) -> dict[str, Any]:
+    """`contention_now`, reusing a sample under `SAMPLE_REUSE_S` old (a burst of
+    records, as a test or a busy server writes, costs one sample, not one each)."""
+    now = time.monotonic()
+    if _last_sample and now - _last_sample[0][0] < SAMPLE_REUSE_S:
+        return {**_last_sample[0][1], "threads": threads}
+    sample = contention_now(threads if isinstance(threads, int) else None)
+    _last_sample[:] = [(now, sample)]
+    return sample
+
+
+def _with_contention(
+    row: dict[str, Any], write: Callable[[sqlite3.Connection, int, int | None], None]
+) -> Callable[[sqlite3.Connection, int, int | None], None]:
+    """`write` after adding the CPU contention sampled in the writer thread to `extra`."""
+
+    def run(conn: sqlite3.Connection, machine_id: int, model_id: int | None) -> None:
+        try:
+            extra = json.loads(row["extra"])
+            extra.setdefault("contention", _recent_contention(row.get("threads")))
+            row["extra"] = _json(extra)
+        except Exception:  # a sample that fails must not lose the record
+            pass
+        write(conn, machine_id, model_id)
+
+    return run
 
 
 def _usable_cores() -> int:

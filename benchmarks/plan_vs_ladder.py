@@ -1,0 +1,158 @@
+"""The optimizer's plan against the old ladder's, decoded for real, paired, same run.
+
+For each scenario (a `--ram` cap and two loopback `inferenceos worker`s with a memory
+cap each, as in issue 26) both planners plan the built-in Gemma 3 270M (or `--model`):
+the optimizer (`preflight.make_plan`, what every caller now gets) and the ladder
+(`preflight.ladder_plan`, the previous planner). Each plan gets its own pair of workers
+(an RPC server serves one client at a time) with the same caps, so both models stay
+loaded and the rounds alternate them: a busy neighbour slows both alike. Printed per
+scenario: both plans, the quality each gave up (context, KV type), decode and prefill
+t/s (medians) and the median of the per-round ratios optimizer / ladder.
+
+On this machine a `--ram` cap is not enforced by the OS: a "disk-bound" plan still reads
+its weights from the page cache, so the ladder's disk-bound plans measure faster here
+than they would under a real limit (the ratios understate the optimizer's gain there).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/plan_vs_ladder.py [--rounds 3]
+        [--model PATH] [--threads 1] [--prompt-tokens 64] [--gen-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "src")]
+
+MiB = 1 << 20
+# (label, --ram, worker memory): the issue's two cases and one with smaller workers
+SCENARIOS = (
+    ("--ram 300MiB, workers 200+200 MiB", 300, 200),
+    ("--ram 400MiB, workers 200+200 MiB", 400, 200),
+    ("--ram 280MiB, workers 120+120 MiB", 280, 120),
+)
+
+
+@contextlib.contextmanager
+def worker_pair(mem_mib: int, threads: int, logs: Path) -> Iterator[list[str]]:
+    from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
+
+    procs, addrs = [], []
+    try:
+        for _ in range(2):
+            port = free_port()
+            procs.append(spawn_worker(port, mem=f"{mem_mib}MiB", threads=threads,
+                                      log=logs / f"worker-{port}.log"))  # fmt: skip
+            addrs.append(f"127.0.0.1:{port}")
+        yield addrs
+    finally:
+        for p in procs:
+            stop_worker(p)
+
+
+def plans(facts: Any, ram: int, addrs: list[str], threads: int, ladder: bool) -> Any:
+    """The plan of one planner for `facts` with `ram` and the workers at `addrs`."""
+    from inferenceos.plan import preflight
+    from inferenceos.plan.devices import Overrides, apply_overrides, local_machine, with_workers
+    from inferenceos.plan.entry import LoadRequest, plan_load
+
+    machine = with_workers(local_machine(), ",".join(addrs), refresh=True)
+    machine = apply_overrides(machine, Overrides(ram=ram * MiB))
+    req = LoadRequest(threads=threads)
+    if not ladder:
+        return plan_load(facts, machine, req)
+    real = preflight.make_plan
+
+    def old(facts: Any, machine: Any, ctx: Any, threads: int = 0, pinned_ctx: bool = False,
+            min_ctx: int = preflight.MIN_CTX, allow_mmap: bool = True,
+            quantize_kv: bool = True, **_: Any) -> Any:  # fmt: skip
+        return preflight.ladder_plan(facts, machine, ctx, threads, pinned_ctx, min_ctx,
+                                     allow_mmap, quantize_kv)  # fmt: skip
+
+    preflight.make_plan = old  # type: ignore[assignment]
+    try:
+        return plan_load(facts, machine, req)
+    finally:
+        preflight.make_plan = real  # type: ignore[assignment]
+
+
+def _generate(lm: Any, tokens: list[int], n: int) -> tuple[float, float]:
+    from inferenceos.engine.sampling import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    for _ in lm.generate(tokens, sp):
+        pass
+    return lm.metrics.prompt_tps, lm.metrics.decode_tps
+
+
+def _quality(plan: Any) -> str:
+    c = plan.ctx
+    return f"ctx {c.n_ctx}, KV {c.type_k}/{c.type_v}" + (", disk-bound" if plan.disk_bound else "")
+
+
+def run(label: str, model: Path, ram: int, mem: int, args: argparse.Namespace,
+        logs: Path) -> dict[str, Any]:  # fmt: skip
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.model_facts import load_model_facts
+
+    facts = load_model_facts(model)
+    with worker_pair(mem, args.threads, logs) as a, worker_pair(mem, args.threads, logs) as b:
+        opt = plans(facts, ram, a, args.threads, ladder=False)
+        lad = plans(facts, ram, b, args.threads, ladder=True)
+        print(f"\n{label}\n  optimizer: {opt.summary()}\n  ladder:    {lad.summary()}")
+        ratios, od, ld, op, lp = [], [], [], [], []
+        with LoadedModel(model, opt.params()) as om, LoadedModel(model, lad.params()) as lm:
+            tokens = om.tokenize("The quick brown fox jumps over the lazy dog. " * 40)
+            tokens = tokens[: args.prompt_tokens]
+            _generate(om, tokens[:8], 4)
+            _generate(lm, tokens[:8], 4)
+            for r in range(args.rounds):
+                pair = [(om, od, op), (lm, ld, lp)]
+                for m, dec, pre in pair if r % 2 == 0 else pair[::-1]:
+                    p, d = _generate(m, tokens, args.gen_tokens)
+                    dec.append(d)
+                    pre.append(p)
+                ratios.append(od[-1] / ld[-1])
+    return {"label": label, "opt": opt, "lad": lad, "ratio": statistics.median(ratios),
+            "od": statistics.median(od), "ld": statistics.median(ld),
+            "op": statistics.median(op), "lp": statistics.median(lp)}  # fmt: skip
+
+
+def main() -> None:
+    from inferenceos.model.default_model import ensure_default_model
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--gen-tokens", type=int, default=32)
+    args = ap.parse_args()
+    model = args.model or ensure_default_model()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, ram, mem in SCENARIOS:
+            try:
+                rows.append(run(label, model, ram, mem, args, Path(tmp)))
+            except Exception as exc:  # a scenario one planner refuses: say so, go on
+                print(f"\n{label}: {type(exc).__name__}: {exc}")
+    print(f"\n{'scenario':<36} {'optimizer':<28} {'ladder':<28} {'decode o/l':>11} "
+          f"{'prefill o/l':>12} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['label']:<36} {_quality(r['opt']):<28} {_quality(r['lad']):<28} "
+              f"{r['od']:>5.1f}/{r['ld']:<5.1f} {r['op']:>6.0f}/{r['lp']:<5.0f} "
+              f"{r['ratio']:>5.2f}x")
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(f"load average {load}; {args.rounds} alternating rounds, {args.threads} thread(s);"
+          " --ram is not enforced by the OS here: disk-bound plans read the page cache")
+
+
+if __name__ == "__main__":
+    main()
