@@ -188,6 +188,10 @@ def predict(
     peak = dict(plan.memory.by_device)
     if pl.disk_bytes:
         peak["CPU"] = machine.cpu.memory_bytes
+        # what the limit must hold, and what the kernel may reclaim (docs/plan.md, Tiers)
+        tiers = plan.memory.tiers(machine.cpu.memory_bytes)
+        peak["CPU anonymous"] = tiers["anonymous"]
+        peak["CPU page cache"] = tiers["page cache"]
         peak["disk (mmap)"] = pl.disk_bytes
     traffic = {d: pl.decode_load(d).bytes_read for d in pl.loads}
     return Prediction(
