@@ -1,5 +1,10 @@
 """Which device holds each layer, each layer's MoE experts, and the output head.
 
+The planner's placement now comes from `plan/optimize.py` (a MILP over perf.py's cost
+model, with `build_placement` below turning its decisions into a Placement); `place`,
+the greedy fill described here, remains for the calibration probe and the old ladder
+(`preflight.ladder_plan`), which benchmarks compare against.
+
 Cost model: decode time per token is Σ over devices of (bytes read there / its
 bandwidth) plus link crossings. Moving a byte of a dense layer from the CPU to a GPU
 saves (1/bw_cpu − 1/bw_gpu) seconds per token; moving a byte of routed experts saves only

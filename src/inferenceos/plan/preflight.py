@@ -1,5 +1,9 @@
 """Preflight: a plan that does not fit is never loaded.
 
+`make_plan` is the optimizer's entry (plan/optimize.py: placement, context, KV type
+and ubatch chosen together; quality lowered only when no device holds it). What
+follows describes `ladder_plan`, the previous planner, kept for paired comparisons.
+
 `make_plan` starts from what was asked and, while RAM would overflow, degrades in this
 stated order, recording each change and why:
 
