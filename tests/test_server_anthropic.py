@@ -200,6 +200,17 @@ def test_output_config_format_constrains_the_reply(client: anthropic.Anthropic) 
     assert text.startswith('"') and len(text) > 30  # type: ignore[union-attr]
 
 
+def test_a_full_context_is_model_context_window_exceeded(client: anthropic.Anthropic) -> None:
+    """max_tokens beyond the context: the reply stops where the context ends (its
+    grammar, a string longer than the context, rules out an earlier end of text)."""
+    endless = {"type": "json_schema", "schema": {"type": "string", "minLength": 4000}}
+    r = client.messages.create(**{**GREEDY, "max_tokens": 100_000},
+                               output_config={"format": endless})  # type: ignore[typeddict-item]
+    assert r.stop_reason == "model_context_window_exceeded"
+    prompt = r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+    assert prompt + r.usage.output_tokens >= 500  # the whole 512-token context, about
+
+
 def test_count_tokens_counts_system_and_tools(client: anthropic.Anthropic) -> None:
     plain = client.messages.count_tokens(model="hermes", messages=HI).input_tokens
     system = client.messages.count_tokens(model="hermes", messages=HI,
