@@ -146,6 +146,21 @@ def test_the_stream_is_anthropics_exact_event_sequence(server: Harness) -> None:
             == start["usage"]["input_tokens"] + start["usage"]["cache_read_input_tokens"])
 
 
+def test_pings_while_the_prompt_is_read(server: Harness,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill progress becomes pings (every PING_EVERY_S; 0 here: at each report)
+    between message_start and the first block, which the SDK skips."""
+    from inferenceos.server import anthropic_routes
+
+    monkeypatch.setattr(anthropic_routes, "PING_EVERY_S", 0.0)
+    body = {**BODY, "stream": True,
+            "messages": [{"role": "user", "content": "a prompt never seen before " * 12}]}
+    names = [n for n, _ in _sse(httpx.post(server.url + "/v1/messages", json=body, timeout=60))]
+    first_block = names.index("content_block_start")
+    assert names[0] == "message_start" and "ping" in names[1:first_block], names
+    assert names[first_block + 1] == "ping" and names[-1] == "message_stop"
+
+
 def test_the_sdk_assembles_the_stream(client: anthropic.Anthropic) -> None:
     whole = client.messages.create(**GREEDY)
     with client.messages.stream(**GREEDY) as stream:
