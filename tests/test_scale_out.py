@@ -3,8 +3,9 @@ Gemma 3 270M on loopback ports behind LiteLLM's own `Router`, not code of ours.
 
 - sticky routing: each conversation (LiteLLM's `session_affinity`, keyed by
   `metadata.session_id`) stays on one replica, so its second turn reuses the prefix
-  the first left in that replica's cache (`cached_tokens` > 0); both the OpenAI and the
-  Ollama provider reach the replicas;
+  the first left in that replica's cache (`cached_tokens` > 0; where a conversation
+  starts is the router's random pick, so the spread is the next test's); the Ollama
+  provider reaches the replicas too;
 - failover: 32 concurrent chat requests spread over both replicas; one is killed
   (SIGKILL) while it still has requests running or queued; every request succeeds
   (LiteLLM retries them on the survivor) and the survivor answers all that came after.
@@ -66,14 +67,17 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def replicas(gemma_path: Path) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:
-    """Two `inferenceos serve` processes of Gemma, started side by side, each warmed by
-    one request (the model loads on the first); stopped (or found dead) at the end."""
+def replicas(gemma_path: Path, tmp_path_factory: pytest.TempPathFactory,
+             ) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:  # fmt: skip
+    """Two `inferenceos serve` processes of Gemma, each with its own INFERENCEOS_HOME
+    (module-scoped: set up before the per-test home), started side by side, each warmed
+    by one request (the model loads on the first); stopped (or found dead) at the end."""
     args = (str(gemma_path), "--ctx", "1024", "--threads", "1", "--parallel", "4",
             "--queue", "64", "--any-model")  # fmt: skip
 
-    def start(_: int) -> tuple[subprocess.Popen[str], str]:
-        proc, base = start_serve(*args)
+    def start(i: int) -> tuple[subprocess.Popen[str], str]:
+        home = tmp_path_factory.mktemp(f"replica{i}")
+        proc, base = start_serve(*args, INFERENCEOS_HOME=str(home))
         r = httpx.post(base + "/v1/chat/completions", timeout=120, json={
             "model": "gemma", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 1})  # fmt: skip
@@ -162,7 +166,6 @@ def test_a_conversation_sticks_to_its_replica_and_hits_its_prefix_cache(
     for where, cached in results:
         assert where[0] == where[1], results  # the second turn went where the first did
         assert cached > 0, results  # and found its prefix there
-    assert {w[0] for w, _ in results} == {"replica-0", "replica-1"}, results  # both used
 
     ollama = make_router(bases, "ollama")
 
