@@ -263,7 +263,8 @@ def our_round(catalog: Catalog, names: list[str], base: LoadRequest, root: Path,
         reply = ask(warm, a, h, n=16).tokens  # turn 1 (prefilled, not timed)
         base2 = h + reply
         prompts = {c: base2 + question(tok, c) for c in CASES[:-1]}
-        prompts["re-prefill"] = tok("Unrelated. " + "x" * 3) + base2[4:] + question(tok, "x")
+        prompts["re-prefill"] = (tok(f"Unrelated {r}: " + "x" * 3) + base2[4:]
+                                 + question(tok, "x"))  # shares no prefix with any entry
         res["hot"] = ask(warm, a, prompts["hot"])
         ask(warm, b, "Hello there.", n=2)
         assert tier(warm, a) == WARM, f"A is {tier(warm, a)}, not warm: the budget is off"
