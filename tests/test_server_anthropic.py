@@ -237,10 +237,12 @@ def test_count_tokens_counts_system_and_tools(client: anthropic.Anthropic) -> No
     assert plain < system == blocks and plain < tools
 
 
-# one call: with parallel calls allowed the random model writes calls until max_tokens
+# parallel calls allowed (Anthropic's default), the random model writes calls until
+# max_tokens cuts one: the whole ones before it are the reply's calls
 @pytest.mark.parametrize("choice", [{"type": "any", "disable_parallel_tool_use": True},
                                     {"type": "tool", "name": "weather",
-                                     "disable_parallel_tool_use": True}])
+                                     "disable_parallel_tool_use": True},
+                                    {"type": "any"}])
 def test_a_forced_call_is_a_tool_use_block(client: anthropic.Anthropic,
                                            choice: dict[str, Any]) -> None:
     kw: Any = {"model": "hermes", "max_tokens": 120, "extra_body": {"temperature": 0},
@@ -248,22 +250,26 @@ def test_a_forced_call_is_a_tool_use_block(client: anthropic.Anthropic,
                "tool_choice": choice, "messages": [{"role": "user", "content": "weather?"}]}
     r = client.messages.create(**kw)
     assert r.stop_reason == "tool_use"
-    [call] = [b for b in r.content if b.type == "tool_use"]
+    calls = [b for b in r.content if b.type == "tool_use"]
+    assert len(calls) == 1 if choice.get("disable_parallel_tool_use") else len(calls) >= 1
+    assert all(b.type == "tool_use" for b in r.content)  # no call markup left as text
+    call = calls[0]
     assert call.name == "weather" and call.input["city"] in ("Paris", "Oslo")
     assert call.id.startswith("toolu_")
     with client.messages.stream(**kw) as s:
         events = list(s)
         final = s.get_final_message()
     assert final.stop_reason == "tool_use"
-    [streamed] = [b for b in final.content if b.type == "tool_use"]
-    assert streamed.input == call.input  # the SDK parsed the input_json_delta
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    assert [b.input for b in streamed] == [b.input for b in calls]  # the SDK parsed the deltas
     assert any(e.type == "input_json" for e in events)
     # the result goes back as a tool_result: the template renders it, and a reply comes
     reply = client.messages.create(
         model="hermes", max_tokens=4, tools=[WEATHER],  # type: ignore[list-item]
         messages=[kw["messages"][0], {"role": "assistant", "content": r.content},  # type: ignore[typeddict-item]
                   {"role": "user", "content": [
-                      {"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]}])
+                      {"type": "tool_result", "tool_use_id": c.id, "content": "sunny"}
+                      for c in calls]}])
     assert reply.usage.output_tokens > 0
 
 

@@ -101,6 +101,9 @@ def test_detect_format(template: str | None, fmt: object) -> None:
      [("get_stock_price", {"symbol": "TSLA"}), ("get_stock_price", {"symbol": "AAPL"})]),
     # a reply cut before the closing tag still holds its call
     ('<tool_call>\n{"name": "f", "arguments": {}}', HERMES, "", [("f", {})]),
+    # ... and one cut in the middle of a second call, its first whole call
+    ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": ',
+     HERMES, "", [("f", {})]),
     # Qwen dropping its tags: a bare JSON call
     ('{"name": "f", "arguments": {"x": 1}}', HERMES, "", [("f", {"x": 1})]),
     # Llama 3.1 with its python tag; Llama 3.2 with two calls separated by ';'

@@ -132,6 +132,9 @@ def _tagged(text: str, fmt: ToolFormat) -> tuple[str, list[ParsedCall]] | None:
     for m in pattern.finditer(text):
         block = _json_calls(m.group(1))
         if block is None:
+            if calls and m.end() == len(text) and not (fmt.close and m.group(0).endswith(
+                    fmt.close)):  # a further call cut off (max_tokens): the whole ones stand
+                break
             return None
         calls += block
     content = pattern.sub("", text).strip()
