@@ -92,7 +92,7 @@ def manager(catalog: Catalog, names: list[str], base: LoadRequest, root: Path | 
     reserve = KV_RAM if root is not None else 0
     cap = {"warm": sum(weights) + max(h - w for h, w in zip(hot, weights, strict=True))
            + 2 * reserve + MiB, "cold": max(hot) + reserve + MiB, "any": None}[budget]
-    kv = ({"kv_cache_ram": KV_RAM, "kv_cache_disk": 8 << 30, "kv_cache_dir": root}
+    kv: dict[str, Any] = ({"kv_cache_ram": KV_RAM, "kv_cache_disk": 8 << 30, "kv_cache_dir": root}
           if root is not None else {})
     return ModelManager(catalog.resolve, factory=engine_factory(**kv),
                         budget=MemoryBudget(total_cap=cap), base=base, context_hint=None)
@@ -122,17 +122,18 @@ def settle(mgr: ModelManager, name: str) -> None:
     for m in mgr.loaded():
         if m.model.name == name and m.tier != COLD:
             for _ in range(3000):
-                kv = m.engine.stats().get("kv_cache", {})
+                engine: Any = m.engine
+                kv = engine.stats().get("kv_cache", {})
                 if not kv.get("pending_writes"):
                     return
                 time.sleep(0.01)
 
 
 def kill_worker(mgr: ModelManager, name: str) -> None:
-    m = next(m for m in mgr.loaded() if m.model.name == name)
-    os.kill(m.engine.worker_pid, signal.SIGKILL)
+    engine: Any = next(m for m in mgr.loaded() if m.model.name == name).engine
+    os.kill(engine.worker_pid, signal.SIGKILL)
     for _ in range(1000):  # until the engine has seen it (its next call starts a worker)
-        if not m.engine.worker_alive:
+        if not engine.worker_alive:
             return
         time.sleep(0.01)
 

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ def state(n: int, seed: int = 0) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
 
 
-def store(root: Path | None, ram: int = 64 * MiB, disk: int = 64 * MiB, **kw: object) -> KVStore:
+def store(root: Path | None, ram: int = 64 * MiB, disk: int = 64 * MiB, **kw: Any) -> KVStore:
     return KVStore(KEY, root, ram, disk, **kw)
 
 
