@@ -247,7 +247,7 @@ def serve(
     mmproj: MmprojOpt = None,
     kv_cache_ram: Annotated[str | None, typer.Option(
         "--kv-cache-ram", help="Host RAM each model's KV cache tier may hold (e.g. 2GiB; "
-        "0: none; default: an eighth of free RAM, at most 4GiB; kv_cache.ram)")] = None,
+        "0: none; default: an eighth of free RAM, at most 1GiB; kv_cache.ram)")] = None,
     kv_cache_disk: Annotated[str | None, typer.Option(
         "--kv-cache-disk", help="Disk the KV cache may fill under <data dir>/kv-cache "
         "(0: none; default: a quarter of free disk, at most 20GiB; kv_cache.disk)")] = None,

@@ -100,7 +100,8 @@ def entry_id(key: str, tokens: np.ndarray) -> str:
 
 def default_budgets(root: Path) -> tuple[int, int]:
     """(RAM, disk) budgets when none is given: an eighth of the RAM available now (at
-    most 4 GiB) and a quarter of the free disk under `root` (at most 20 GiB)."""
+    most 1 GiB: the manager charges it to each model as a reservation) and a quarter
+    of the free disk under `root` (at most 20 GiB)."""
     try:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -112,7 +113,7 @@ def default_budgets(root: Path) -> tuple[int, int]:
         free = shutil.disk_usage(probe).free
     except OSError:
         free = 0
-    return min(4 << 30, avail // 8), min(20 << 30, free // 4)
+    return min(1 << 30, avail // 8), min(20 << 30, free // 4)
 
 
 class KVStore:
