@@ -127,6 +127,8 @@ def main() -> int:
             "plan": plan.summary(),
             "streamed": streamer is not None,
             "resident_layers": len(streamer.resident) if streamer else 0,
+            "locked": streamer.locked if streamer else 0,
+            "resident_in_core": streamer.resident_in_core() if streamer else 0.0,
         }
     print(json.dumps(out))
     return 0

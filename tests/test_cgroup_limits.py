@@ -88,6 +88,21 @@ def test_disk_plan_under_a_real_limit_streams_and_is_not_killed(
     assert out["text"] == reference["text"]
 
 
+def test_the_resident_set_stays_resident_while_the_rest_streams(
+    q4_model: Path, reference: dict[str, Any]
+) -> None:
+    """With room for more than the prefetch window, the plan's resident layers are
+    locked and still all in memory after decoding under the limit, while the kernel
+    reclaimed (failcnt) to stream the others."""
+    size = q4_model.stat().st_size
+    limit = int(reference["usage_at_plan"] + 0.9 * size)
+    run, out = probe(q4_model, limit)
+    assert not run.killed and run.returncode == 0 and out is not None, run.stderr[-1500:]
+    assert out["disk_bound"] and out["streamed"] and out["resident_layers"] >= 2, out
+    assert out["locked"] > 0 and out["resident_in_core"] == 1.0, out
+    assert run.failcnt > 0 and out["text"] == reference["text"]
+
+
 def test_the_same_plan_with_repacking_on_needs_more_than_the_limit(
     q4_model: Path, reference: dict[str, Any]
 ) -> None:
