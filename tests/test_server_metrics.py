@@ -128,3 +128,15 @@ def test_a_live_migration_moves_the_migration_counters(
     assert value(after, "migrations_total", reason="cap", direction="down") == 1
     assert value(after, "migrations_total") == 1
     assert value(after, "migration_bytes_total", direction="down") > 0
+
+
+def test_the_monitor_reads_scrapes_with_the_same_parser() -> None:
+    from inferenceos.cli.monitor_cmd import parse_metrics
+    from inferenceos.errors import InferenceOSError
+
+    text = ('# TYPE inferenceos:prompt_tokens_total counter\n'
+            'inferenceos:prompt_tokens_total{model_name="a"} 2.0\n'
+            'inferenceos:prompt_tokens_total{model_name="b"} 3.0\n')  # fmt: skip
+    assert parse_metrics(text) == {"inferenceos:prompt_tokens_total": 5.0}
+    with pytest.raises(InferenceOSError, match="not Prometheus text"):
+        parse_metrics("<html>a proxy's error page {</html>")

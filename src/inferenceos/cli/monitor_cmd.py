@@ -80,18 +80,18 @@ def fetch(url: str, path: str, api_key: str, timeout: float = 5.0,
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {metric name: value summed over its labels} (histogram
-    `_sum` / `_count` series kept under their own names)."""
+    """Prometheus text → {sample name: value summed over its labels} (histogram
+    `_sum` / `_count` series kept under their own names), read by prometheus-client's
+    own parser. InferenceOSError when the text is not the Prometheus format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0]
-        try:
-            values[name] = values.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                values[s.name] = values.get(s.name, 0.0) + s.value
+    except ValueError as exc:
+        raise InferenceOSError(f"/metrics is not Prometheus text: {exc}"[:200]) from None
     return values
 
 
