@@ -140,3 +140,20 @@ def test_the_monitor_reads_scrapes_with_the_same_parser() -> None:
     assert parse_metrics(text) == {"inferenceos:prompt_tokens_total": 5.0}
     with pytest.raises(InferenceOSError, match="not Prometheus text"):
         parse_metrics("<html>a proxy's error page {</html>")
+
+
+def test_a_failing_collector_empties_its_family_not_the_scrape(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from inferenceos.server.metrics import ServerMetrics
+
+    def broken() -> list[tuple[dict[str, str], float]]:
+        raise RuntimeError("the manager is gone")
+
+    m = ServerMetrics(running=lambda: [({}, 3.0)], waiting=broken, loaded=lambda: [],
+                      kv_usage=lambda: [], loads=lambda: [], evictions=lambda: [])  # fmt: skip
+    body, content_type = m.render()
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert [s.value for s in families[P + "num_requests_running"].samples] == [3.0]
+    assert families[P + "num_requests_waiting"].samples == []
+    assert "num_requests_waiting: its collector failed" in caplog.text

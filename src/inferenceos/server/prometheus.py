@@ -18,6 +18,7 @@ tested against); this module adds only two things it leaves to its users:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
@@ -25,6 +26,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 Collect = Callable[[], Iterable[tuple[dict[str, str], float]]]
+log = logging.getLogger("inferenceos.server")
 KINDS = ("gauge", "counter")
 
 
@@ -50,9 +52,17 @@ class Scraped(Collector):
         yield self._family()
 
     def collect(self) -> Iterator[Metric]:
+        """The family with this scrape's samples; a callback that fails gives it none
+        this time (logged) rather than failing the whole scrape."""
         family = self._family()
-        for labels, value in self._collect():
-            family.add_sample(self.name, dict(labels), float(value))
+        try:
+            samples = [(dict(lb), float(v)) for lb, v in self._collect()]
+        except Exception:  # one broken figure must not blank every other metric
+            log.warning("metric %s: its collector failed; no samples this scrape",
+                        self.name, exc_info=True)  # fmt: skip
+            samples = []
+        for labels, value in samples:
+            family.add_sample(self.name, labels, value)
         yield family
 
 
