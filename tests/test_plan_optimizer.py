@@ -208,3 +208,32 @@ def test_a_plan_that_fits_as_asked_is_unchanged_and_on_the_fastest_device() -> N
     assert plan.placement.gpu_layers == 8 and plan.placement.output_device == "GPU0"
     assert not [c for c in plan.changes if c.what.startswith(("context", "KV", "ubatch"))]
     assert replace(plan, alternatives=()).feasible
+
+
+def test_kv_quality_and_explain_on_the_command_line(tmp_path: Path) -> None:
+    """`simulate --kv-quality` sets the floor; `--json` carries the alternatives;
+    `placement --explain` prints them beside the chosen plan; a bad floor is refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferenceos.cli.main import app
+    from plan_factories import write_sparse_gguf
+
+    model = str(write_sparse_gguf(tmp_path / "m.gguf", make_facts()))
+    base = ["--ram", "4.4GiB", "--ctx", "8192", "--prompt-tokens", "64"]
+    run = CliRunner().invoke
+    q = run(app, ["simulate", model, *base, "--json"])
+    assert q.exit_code == 0, q.output
+    data = json.loads(q.stdout)
+    assert data["plan"]["context"]["type_k"] != "f16" and not data["disk_bound"]
+    assert data["alternatives"] and "decode_tps" in data["alternatives"][0]
+    f16 = run(app, ["simulate", model, *base, "--json", "--kv-quality", "f16"])
+    assert f16.exit_code == 0, f16.output
+    d16 = json.loads(f16.stdout)
+    assert d16["plan"]["context"]["type_k"] == "f16" and d16["disk_bound"]
+    bad = run(app, ["simulate", model, *base, "--kv-quality", "q2_K"])
+    assert bad.exit_code == 2 and "f16, q8_0, q4_0" in bad.output
+    ex = run(app, ["placement", model, "--ram", "4.4GiB", "--ctx", "8192", "--explain"])
+    assert ex.exit_code == 0, ex.output
+    assert "best alternatives" in ex.stdout and "decode t/s" in ex.stdout

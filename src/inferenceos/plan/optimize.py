@@ -290,7 +290,8 @@ def optimize(
         if best is None:
             return None
         disk_bound = best.placement.disk_bytes > 0
-    changes = _changes(facts, machine, levels, given_up, best, cal, threads, obj, allow_disk)
+    changes = _changes(facts, machine, levels, given_up, best, cal, threads, obj, allow_disk,
+                       seen)  # fmt: skip
     alts = _alternatives(facts, machine, best, seen, cal, threads, obj) if explain else ()
     return Optimized(best, tuple(changes), disk_bound, alts)
 
@@ -298,12 +299,14 @@ def optimize(
 def _changes(
     facts: ModelFacts, machine: Machine, levels: list[ContextSettings], given_up: int,
     best: Candidate, cal: Calibration, threads: int, obj: Objective, allow_disk: bool,
+    seen: list[Candidate],
 ) -> list[Change]:  # fmt: skip
-    """What differs from the asked level, each with why and what keeping it would cost."""
+    """What differs from the asked level, each with why and what keeping it would cost
+    (that plan joins `seen`, among the alternatives)."""
     out: list[Change] = []
     cost = ""
     if given_up and allow_disk and best.placement.disk_bytes == 0:
-        kept = best_of_level(facts, machine, levels[0], cal, threads, obj, True, [])
+        kept = best_of_level(facts, machine, levels[0], cal, threads, obj, True, seen)
         if kept is not None:
             cost = (f"; keeping it would leave {fb(kept.placement.disk_bytes)} of weights on "
                     f"disk: decode {kept.decode_tps:.1f} t/s predicted against "
