@@ -239,8 +239,10 @@ def best_of_level(
         if best is not None and bound is not None and best.objective_s <= bound * (1 + 1e-9):
             break
         c = solve_context(facts, machine, ctx, cal, threads, obj, allow_disk)
-        if bound is None:
-            free = _unbounded(solve_context(facts, _unlimited(machine), ctx, cal, threads, obj))
+        if bound is None:  # worth a program only when memory looks slack (else no prune)
+            slack = c is not None and _slack(c, machine)
+            free = _unbounded(solve_context(facts, _unlimited(machine), ctx, cal, threads, obj)
+                              ) if slack else None  # fmt: skip
             bound = free if free is not None else float("inf")
         if c is None:
             continue
@@ -248,6 +250,12 @@ def best_of_level(
         if best is None or c.objective_s < best.objective_s - 1e-12:
             best = c
     return best
+
+
+def _slack(c: Candidate, machine: Machine) -> bool:
+    """No device filled to within 2 % of its budget (the bound may then be reached)."""
+    budgets = device_budgets(machine)
+    return all(used < 0.98 * budgets.get(dev, 0) for dev, used in c.memory.by_device.items())
 
 
 def _unbounded(c: Candidate | None) -> float | None:
