@@ -82,11 +82,15 @@ def test_re_estimating_a_disk_placement_keeps_repack_off(q4_facts: ModelFacts) -
 def test_no_room_to_stream_a_layer_is_refused_with_figures(q4_facts: ModelFacts) -> None:
     window = stream_window(q4_facts)
     assert window > 5 * MIB  # one 1024-wide layer of Q4_0
-    # the anonymous part of a disk plan at small settings (the optimizer shrinks the
-    # ubatch first); half a layer of room on top cannot stream
-    anon = plan_with(q4_facts, 30 * MIB).memory.anonymous
+    # walk the budget down to the first refusal: the optimizer shrinks the ubatch as
+    # the budget tightens, so the plans fit until the smallest settings' anonymous
+    # bytes plus one layer of page cache no longer do (not before: that is the check)
+    ram, anon = 30 * MIB, 0
     with pytest.raises(PlanRefused) as e:
-        plan_with(q4_facts, anon + window // 2)
+        while ram > 0:
+            anon = plan_with(q4_facts, ram).memory.anonymous
+            ram -= MIB // 4
+    assert ram + MIB // 4 >= anon + window  # refused only once the layer no longer fits
     msg = str(e.value)
     assert "page cache to stream its largest layer" in msg and "RAM budget" in msg
 

@@ -233,10 +233,9 @@ def _probe_json() -> dict[str, Any]:
     HardwareProfile if there is one, else the hardware package's cheap CPU/RAM probes,
     else /proc directly."""
     try:
-        from inferenceos.hardware.cache import load_cached
-
         from dataclasses import asdict
 
+        from inferenceos.hardware.cache import load_cached
         from inferenceos.hardware.cpu import detect_cpu
         from inferenceos.hardware.memory import detect_memory
 
