@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from inferenceos.server.kv_stats import KV_CACHE
-
 P = "inferenceos:"
+# model name -> its engine's last reported KV cache stats, kept by server/kv_stats.py
+# from the scrape's round trip to the workers (this module imports nothing of ours)
+KV_CACHE: dict[str, dict[str, Any]] = {}
 Sample = tuple[dict[str, str], float]
 TIERS = ("hot", "ram", "disk")
 

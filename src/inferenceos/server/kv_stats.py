@@ -15,11 +15,9 @@ from typing import Any
 from inferenceos.registry.leases import LoadedModel
 from inferenceos.registry.manager import ModelManager
 from inferenceos.server.generation import call_in_thread
+from inferenceos.server.kv_cache_metrics import KV_CACHE
 
 KV_STATS_TIMEOUT_S = 0.5
-# model name -> its engine's last reported KV cache stats (engine/kv_store.py), kept
-# from the scrape's round trip for server/kv_cache_metrics.py
-KV_CACHE: dict[str, dict[str, Any]] = {}
 
 
 def _read(manager: ModelManager, lm: LoadedModel) -> float | None:
