@@ -111,8 +111,9 @@ def _stream_tps(cmd: list[str], env: dict[str, str], name: str, args: argparse.N
         wait_healthy(base, proc)
         asyncio.run(load(base, name, 1, 2, 4))  # warm-up: the first load and decode
         stats = asyncio.run(load(base, name, 4, args.stream_s, args.tokens))
-        if stats.failed:
-            raise RuntimeError(f"{stats.failed} stream requests failed: {stats.errors[:2]}")
+        if stats.failed:  # said, not fatal: the other rows still mean something
+            print(f"  {'llama-server' if name else 'inferenceos'}: {stats.failed} of "
+                  f"{stats.failed + stats.ok} stream requests failed: {stats.errors[:2]}")
         return stats.tokens / getattr(stats, "elapsed", args.stream_s)
     finally:
         proc.terminate()
