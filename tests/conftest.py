@@ -8,11 +8,20 @@ test reads or writes the user's real cache, config or database.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from tiny_models import write_tiny_model
+
+# A suite started in the background of a non-interactive shell (`nohup ... &`, some CI
+# runners) inherits SIGINT ignored, and so would every child it starts: the Ctrl-C tests
+# (test_interrupt*.py) send SIGINT to children and would see it dropped. A user's Ctrl-C
+# is what they test, so the suite takes Python's own handler back; children then start
+# with the default disposition.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
