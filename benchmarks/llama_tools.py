@@ -7,6 +7,7 @@ of the installed version, with the same CPU flags as scripts/install.sh, into
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import subprocess
@@ -55,6 +56,17 @@ def llama_tool(name: str) -> Path:
     if binary.is_file():
         return binary
     workdir.mkdir(parents=True, exist_ok=True)
+    # one build at a time: two processes building into one tree remove each other's
+    # object files and both fail at the link step (seen with parallel benchmarks)
+    with (workdir / "build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.is_file():  # built by whoever held the lock before us
+            return binary
+        return _build(workdir, ver, name, binary)
+
+
+def _build(workdir: Path, ver: str, name: str, binary: Path) -> Path:
+    """Fetch the source and build `name` into `binary` (the caller holds the lock)."""
     src = _sdist(workdir, ver)
     env = dict(os.environ)
     if platform.machine() == "x86_64" and not env.get("INFERENCEOS_KEEP_AMX"):
