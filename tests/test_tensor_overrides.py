@@ -30,6 +30,11 @@ def test_unknown_device_is_a_clear_error(tiny_moe: Path) -> None:
         LoadedModel(tiny_moe, settings)
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "since the optimizer (88888eb) this GPU size no longer gives a plan with experts on "
+    "the CPU: it keeps them on the GPU at a smaller ubatch (3.8 MiB at ubatch 256), and "
+    "smaller GPUs give CPU-only plans on an uncalibrated data dir; the case needs a "
+    "machine where experts-on-CPU is the optimum (2026-12-02)"))
 def test_plan_overrides_survive_into_load_settings(tiny_moe: Path) -> None:
     """A GPU too small for the experts: the plan keeps them on the CPU, and the engine's
     LoadSettings carries that (nothing of the plan is lost on the way to llama.cpp)."""
@@ -42,3 +47,23 @@ def test_plan_overrides_survive_into_load_settings(tiny_moe: Path) -> None:
     settings = plan.params()
     assert plan.tensor_overrides, plan.summary()
     assert settings.tensor_buft_overrides == tuple(plan.tensor_overrides)
+
+
+@pytest.mark.parametrize("gpu_bytes", [6_000_000, 5_000_000])
+def test_sizing_the_ubatch_after_the_optimizer_keeps_the_gpu_within_budget(
+    tiny_moe: Path, gpu_bytes: int
+) -> None:
+    """The optimizer fits the model on a small GPU by lowering the ubatch; the ubatch
+    sizing after it looked at the CPU's headroom only and raised it back to 512, which
+    put 6.9 MB on a 5-6 MB GPU (2026-12-02). Every accelerator stays within budget."""
+    from inferenceos.plan.devices import Overrides, apply_overrides, local_machine
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.optimize_milp import device_budgets
+    from inferenceos.plan.simulate import plan_for_run
+
+    machine = apply_overrides(local_machine(), Overrides(gpu_memory=(gpu_bytes,)))
+    plan = plan_for_run(load_model_facts(tiny_moe), machine, flash_attn=False)
+    budgets = device_budgets(machine)
+    for dev, used in plan.memory.by_device.items():
+        if dev != "CPU":
+            assert used <= budgets[dev], (dev, used, budgets[dev], plan.summary())

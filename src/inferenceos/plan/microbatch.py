@@ -76,4 +76,17 @@ def size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibratio
     ctx = choose_ubatch(facts, plan.ctx, headroom, tps)
     if ctx == plan.ctx:
         return plan
-    return replace(plan, ctx=ctx, memory=estimate(facts, plan.placement, machine, ctx))
+    memory = estimate(facts, plan.placement, machine, ctx)
+    if not _accelerators_fit(memory.by_device, plan.memory.by_device, machine):
+        return plan  # the optimizer's smaller ubatch is what let an accelerator hold it
+    return replace(plan, ctx=ctx, memory=memory)
+
+
+def _accelerators_fit(new: dict[str, int], old: dict[str, int], machine: Machine) -> bool:
+    """Whether no accelerator grows past its budget (the headroom above is the CPU's
+    only: a larger ubatch also grows every accelerator's compute buffer)."""
+    from inferenceos.plan.optimize_milp import device_budgets
+
+    budgets = device_budgets(machine)
+    return all(used <= max(budgets.get(dev, 0), old.get(dev, 0))
+               for dev, used in new.items() if dev != "CPU")  # fmt: skip
