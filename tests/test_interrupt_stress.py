@@ -104,6 +104,7 @@ def test_a_signal_with_a_stream_in_flight_ends_it_cleanly_and_exits_0(
                              INFERENCEOS_SERVER_SHUTDOWN_GRACE_S="1")
     try:
         lines: list[str] = []
+        sent: float | None = None
         with httpx.stream("POST", base + "/v1/completions", timeout=30, json={
                 "prompt": "ab", "max_tokens": 100000, "stream": True,
                 "ignore_eos": True}) as r:
@@ -114,6 +115,7 @@ def test_a_signal_with_a_stream_in_flight_ends_it_cleanly_and_exits_0(
                 if len(lines) == 5:
                     proc.send_signal(sig)
                     sent = time.monotonic()
+        assert sent is not None, f"the stream ended before the signal: {lines[-3:]}"
         took = time.monotonic() - sent
         _, err = proc.communicate(timeout=30)
     finally:
