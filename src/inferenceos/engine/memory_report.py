@@ -8,8 +8,11 @@ llama.cpp prints one line per buffer when it loads a model and creates a context
     llama_kv_cache:        CPU KV buffer size =    24.00 MiB
     llama_context:        CPU  output buffer size =     1.00 MiB
     sched_reserve:        CPU compute buffer size =   514.50 MiB
+    load_tensors: RPC0[127.0.0.1:50052] model buffer size =     3.75 MiB
 
-`measure_load()` loads a model with the given settings (or dry-runs it: `no_alloc`,
+`measure_load()` loads a model with the given settings, turned into llama.cpp's
+parameters by the engine's own builder (engine/llama_structs.py: the same devices,
+tensor split and overrides as `LoadedModel`), or dry-runs it (`no_alloc`,
 where llama.cpp sizes the compute buffers but prints model and KV buffers as 0) and
 returns a `BufferReport`: bytes per (buffer kind, buffer type) plus the process's RSS
 growth. This is the ground truth the analytical memory model in `plan/memory.py` is
@@ -23,18 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferenceos import interrupt
 from inferenceos.engine.llama_lib import lib, log
+from inferenceos.engine.llama_structs import LOAD_MODE_NONE as LOAD_MODE_NONE  # re-exported
+from inferenceos.engine.llama_structs import context_params, model_params
 from inferenceos.errors import ModelLoadError
-from inferenceos.plan.llama_params import KV_CACHE_TYPES, LlamaParams
+from inferenceos.plan.llama_params import LlamaParams
 
 MIB = 1024 * 1024
 
+# an RPC worker's buffer type carries its address: "RPC0[127.0.0.1:50052]"
 _BUFFER_LINE = re.compile(
-    r"(?P<buft>[A-Za-z0-9_]+)\s+(?P<kind>model|KV|output|compute) buffer size\s*=\s*"
-    r"(?P<mib>[0-9.]+) MiB"
+    r"(?P<buft>[A-Za-z0-9_]+(?:\[[^\]\s]*\])?)\s+(?P<kind>model|KV|output|compute) "
+    r"buffer size\s*=\s*(?P<mib>[0-9.]+) MiB"
 )
-
-LOAD_MODE_NONE = 0  # llama_load_mode: read tensors into buffers, no mmap (needed by no_alloc)
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,8 @@ class BufferReport:
     """Bytes per buffer as llama.cpp logged them.
 
     `buffers` maps (kind, buffer type) → bytes, kind being "model", "KV", "output" or
-    "compute" and the buffer type e.g. "CPU_Mapped", "CPU_REPACK", "CUDA0". Sizes are
+    "compute" and the buffer type e.g. "CPU_Mapped", "CPU_REPACK", "CUDA0",
+    "RPC0[127.0.0.1:50052]" (a worker's device 0 at that address). Sizes are
     exact to the 0.01 MiB llama.cpp prints. `rss_growth` is the resident set growth of
     this process across the load (None for a dry run).
     """
@@ -98,35 +104,6 @@ def rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def _model_params(ll: Any, s: LlamaParams, dry_run: bool) -> Any:
-    params = ll.llama_model_default_params()
-    params.n_gpu_layers = s.n_gpu_layers
-    params.use_extra_bufts = s.use_extra_bufts  # no CPU_REPACK copies when False
-    if dry_run:
-        # no_alloc only sizes buffers; with mmap llama.cpp asserts, so read-mode NONE
-        params.no_alloc = True
-        params.load_mode = LOAD_MODE_NONE
-    elif not s.use_mmap:
-        params.load_mode = LOAD_MODE_NONE
-    return params
-
-
-def _context_params(ll: Any, s: LlamaParams) -> Any:
-    params = ll.llama_context_default_params()
-    params.n_ctx = s.n_ctx
-    params.n_batch = s.n_batch
-    params.n_ubatch = min(s.n_ubatch, s.n_batch)
-    params.n_seq_max = s.n_seq_max
-    params.kv_unified = s.kv_unified
-    params.n_threads = params.n_threads_batch = s.n_threads or 1
-    params.flash_attn_type = s.flash_attn
-    params.type_k = KV_CACHE_TYPES[s.type_k]
-    params.type_v = KV_CACHE_TYPES[s.type_v]
-    params.swa_full = s.swa_full
-    params.no_perf = True
-    return params
-
-
 def _make_room() -> None:
     """LlamaLog.mark() is an index into a bounded deque, so it goes stale once the deque
     is full; a load logs ~1000 lines. Empty it first so `since(mark)` reads this load.
@@ -146,12 +123,17 @@ def measure_load(path: Path, settings: LlamaParams, dry_run: bool = False) -> Bu
     _make_room()
     mark = log().mark()
     rss0 = rss_bytes()
-    model = ll.llama_model_load_from_file(str(path).encode(), _model_params(ll, settings, dry_run))
+    # the engine's own builder (engine/llama_structs.py), so what is measured is the
+    # load the engine makes; `params` (and the buffers it points into) lives until the
+    # model is freed, as LoadedModel keeps its own
+    params = model_params(settings, dry_run=dry_run)
+    model = ll.llama_model_load_from_file(str(path).encode(), params.struct)
     if not model:
+        interrupt.check()  # stopped by a Ctrl-C: KeyboardInterrupt, not a load error
         why = "; ".join(log().errors_since(mark)[-3:]) or "unknown reason"
         raise ModelLoadError(f"llama.cpp could not load {path}: {why}")
     try:
-        ctx = ll.llama_init_from_model(model, _context_params(ll, settings))
+        ctx = ll.llama_init_from_model(model, context_params(settings))
         if not ctx:
             why = "; ".join(log().errors_since(mark)[-3:]) or "unknown reason"
             raise ModelLoadError(f"llama.cpp could not create a context: {why}")

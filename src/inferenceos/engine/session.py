@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -22,29 +21,18 @@ import numpy as np
 from inferenceos import interrupt
 from inferenceos.engine import step_plan
 from inferenceos.engine.candidates import logits_row
-from inferenceos.engine.llama_lib import lib, log, stop_callbacks
+from inferenceos.engine.llama_lib import lib, log
+from inferenceos.engine.llama_structs import context_params, embedding_context_params, model_params
+from inferenceos.engine.llama_structs import default_threads as default_threads  # re-exported
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.stop import StopMatcher
 from inferenceos.errors import GenerationError, ModelLoadError, UsageError
-from inferenceos.plan.llama_params import KV_CACHE_TYPES, LlamaParams
-
-
-def default_threads() -> int:
-    """CPU threads to compute with: the cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
+from inferenceos.plan.llama_params import LlamaParams
 
 # The one llama-parameters record is owned by the planner (a leaf module): the engine
 # consumes it. `LoadSettings` is its historical name here.
 LoadSettings = LlamaParams
-
-# llama_load_mode (llama.h): AUTO maps the file where every device supports it
-LOAD_MODE_AUTO = -1
-LOAD_MODE_NONE = 0
 
 
 @dataclass
@@ -116,37 +104,6 @@ class TokenEvent:
     progress: tuple[int, int, int, float] | None = None
 
 
-def _placement_params(ll: Any, params: Any, s: LoadSettings) -> list[Any]:
-    """Fill tensor overrides and tensor split; returns the buffers llama.cpp points into
-    (they must live until the model is loaded)."""
-    keep: list[Any] = []
-    if s.tensor_buft_overrides:
-        from inferenceos.engine.devices import TensorBuftOverride, buffer_type
-
-        n = len(s.tensor_buft_overrides)
-        arr = (TensorBuftOverride * (n + 1))()  # NULL-terminated
-        for i, (pattern, device) in enumerate(s.tensor_buft_overrides):
-            raw = pattern.encode()
-            keep.append(raw)
-            arr[i].pattern = raw
-            arr[i].buft = buffer_type(device)
-        params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
-        keep.append(arr)
-    if s.tensor_split:
-        split = (ctypes.c_float * max(len(s.tensor_split), 16))(*s.tensor_split)
-        params.tensor_split = split
-        keep.append(split)
-    if s.devices:
-        from inferenceos.engine.devices import device_array, install_abort_note
-
-        devices = device_array(s.devices)  # None: llama.cpp's default (every local device)
-        if devices is not None:
-            install_abort_note()
-            params.devices = ctypes.cast(devices, ctypes.c_void_p)
-            keep.append(devices)
-    return keep
-
-
 def _watch_workers(s: LoadSettings) -> Any:
     """A LinkWatchdog over the RPC workers the model uses (None without any): a worker
     that stops answering ends this process instead of hanging a request."""
@@ -156,13 +113,6 @@ def _watch_workers(s: LoadSettings) -> Any:
 
     addresses = rpc_addresses(s.devices)
     return LinkWatchdog(addresses) if addresses else None
-
-
-def _abortable(params: Any) -> None:
-    """Make a context's decodes stop when a Ctrl-C asks (interrupt.py): llama.cpp polls
-    the flag between graph nodes, in C."""
-    params.abort_callback = stop_callbacks()[1]
-    params.abort_callback_data = interrupt.flag_address()
 
 
 def _load_interruptibly(ll: Any, path: bytes, params: Any) -> Any:
@@ -253,18 +203,10 @@ class LoadedModel:
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def _load_model(self) -> Any:
-        ll, s = self._ll, self.settings
-        params = ll.llama_model_default_params()
-        params.n_gpu_layers = s.n_gpu_layers
-        # llama_model_params has no use_mmap field in 0.3.36 (setting it was a silent
-        # no-op): the load mode says it; AUTO maps the file where every device can
-        params.load_mode = LOAD_MODE_AUTO if s.use_mmap else LOAD_MODE_NONE
-        params.use_extra_bufts = s.use_extra_bufts
-        params.main_gpu = s.main_gpu
-        self._keep_alive = _placement_params(ll, params, s)
-        params.progress_callback = stop_callbacks()[0]  # a Ctrl-C stops the load
+        params = model_params(self.settings)
+        self._keep_alive = params.keep  # llama.cpp points into these while it loads
         mark = log().mark()
-        model = _load_interruptibly(ll, str(self.path).encode(), params)
+        model = _load_interruptibly(self._ll, str(self.path).encode(), params.struct)
         if not model:
             interrupt.check()  # stopped by a Ctrl-C: KeyboardInterrupt, not a load error
             why = "; ".join(log().errors_since(mark)[-3:]) or "see --verbose"
@@ -272,25 +214,9 @@ class LoadedModel:
         return model
 
     def _new_context(self) -> Any:
-        ll, s = self._ll, self.settings
-        params = ll.llama_context_default_params()
-        params.n_ctx = s.n_ctx
-        params.n_batch = s.n_batch
-        params.n_ubatch = min(s.n_ubatch, s.n_batch)
-        params.n_seq_max = s.n_seq_max
-        params.kv_unified = s.kv_unified
-        params.swa_full = s.swa_full
-        params.type_k = KV_CACHE_TYPES[s.type_k]
-        params.type_v = KV_CACHE_TYPES[s.type_v]
-        params.n_threads = s.n_threads or default_threads()
-        params.n_threads_batch = s.n_threads_batch or params.n_threads
-        params.flash_attn_type = s.flash_attn
-        params.no_perf = True
-        if self._eval_callback is not None:
-            params.cb_eval = self._eval_callback
-        _abortable(params)
+        params = context_params(self.settings, self._eval_callback)
         mark = log().mark()
-        ctx = ll.llama_init_from_model(self.model, params)
+        ctx = self._ll.llama_init_from_model(self.model, params)
         if not ctx:
             why = "; ".join(log().errors_since(mark)[-3:]) or "see --verbose"
             raise ModelLoadError(f"llama.cpp could not create a context for {self.path}: {why}")
@@ -485,16 +411,9 @@ class LoadedModel:
         """A second context that pools hidden states (mean) instead of producing logits."""
         if self._embed_ctx is None:
             ll = self._ll
-            params = ll.llama_context_default_params()
             # a pooled embedding needs each text whole in one micro-batch
-            params.n_ctx = params.n_batch = params.n_ubatch = min(self.n_ctx, 2048)
-            params.n_seq_max = self.EMBED_SEQS
-            params.kv_unified = True
-            params.n_threads = params.n_threads_batch = self.settings.n_threads or default_threads()
-            params.embeddings = True
-            params.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
-            params.no_perf = True
-            _abortable(params)
+            n_ctx = min(self.n_ctx, 2048)
+            params = embedding_context_params(self.settings, n_ctx, self.EMBED_SEQS)
             ctx = ll.llama_init_from_model(self.model, params)
             if not ctx:
                 raise ModelLoadError(
