@@ -56,7 +56,6 @@ from inferenceos.server.anthropic_thinking import (
     reasoning_of,
     split_reasoning,
 )
-from inferenceos.server.errors import anthropic_error, api_error_from, error_status
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -68,19 +67,14 @@ from inferenceos.server.generation import (
 from inferenceos.server.llamacpp_shapes import stopping_word
 from inferenceos.server.llamacpp_vocab import vocab_for
 from inferenceos.server.media_parts import decode_in_thread, media_set
-from inferenceos.server.sse import ClosingStreamingResponse
-from inferenceos.server.state import ServerState
+from inferenceos.server.sse import ANTHROPIC_SSE, stream_response
+from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from inferenceos.server.tools import ToolRequest
 
 router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERROR_RESPONSES)
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 PING_EVERY_S = 5.0  # while a long prompt is processed, a ping keeps proxies from timing out
-
-
-def _state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.ios
-    return state
 
 
 async def _conversation(state: ServerState, body: CountTokensRequest
@@ -164,7 +158,7 @@ def _message(mid: str, model: str, content: list[dict[str, Any]], usage: dict[st
 async def create_message(body: MessagesRequest, request: Request) -> Any:
     """A model reply in Anthropic's Messages API shape, streamed as named SSE events
     when `stream` is true."""
-    state = _state(request)
+    state = state_of(request)
     messages, prefill, items = await _conversation(state, body)
     tools: ToolRequest | None = tools_of(body)
     name = state.model_name(body.model)
@@ -175,8 +169,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
         stream = _Stream(run, mid, name, sampling.stop, body.max_tokens)
-        response = ClosingStreamingResponse(_sse(stream.events()), "text/event-stream",
-                                            run.close)
+        response = stream_response(stream.events(), ANTHROPIC_SSE, run.close)
         response.headers["request-id"] = _request_id()
         return response
 
@@ -195,7 +188,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
 async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
     """How many tokens the request's prompt takes under the model's chat template
     (system, messages, tools; an image counts the cells its encoder tokens take)."""
-    state = _state(request)
+    state = state_of(request)
     messages, prefill, items = await _conversation(state, body)
     tools = tools_of(body)
     name = state.model_name(body.model)
@@ -334,17 +327,3 @@ class _Stream:
                        "delta": {"stop_reason": reason, "stop_sequence": seq},
                        "usage": _usage(done)},
                 {"type": "message_stop"}]
-
-
-async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-    """`event: TYPE` / `data: {...}` pairs; a failure mid-stream becomes an `error`
-    event in Anthropic's shape (the headers, with status 200, are already sent)."""
-    try:
-        async for event in events:
-            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-    except Exception as exc:
-        e = api_error_from(exc)
-        err = anthropic_error(error_status("/v1/messages", e.status), e.message)
-        yield f"event: error\ndata: {json.dumps(err, ensure_ascii=False)}\n\n"
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]

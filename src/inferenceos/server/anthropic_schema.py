@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from inferenceos.server.errors import Dialect, error_responses
+
 MAX_TOOLS = 128
 
 
@@ -180,11 +182,4 @@ class ErrorResponse(BaseModel):
     request_id: str | None = None
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text} for code, text in (
-        (400, "invalid_request_error"), (401, "authentication_error: missing or wrong API key"),
-        (403, "permission_error: host not allowed"), (404, "not_found_error: no such model"),
-        (413, "request_too_large"), (429, "rate_limit_error: queue full; see Retry-After"),
-        (500, "api_error"),
-        (529, "overloaded_error: shutting down or no room to load the model; see Retry-After"))
-}
+ERROR_RESPONSES = error_responses(ErrorResponse, Dialect.ANTHROPIC)

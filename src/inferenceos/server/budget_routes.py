@@ -28,7 +28,8 @@ from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.pressure import PressureReactor
 from inferenceos.registry.tiers import used_by
 from inferenceos.server.errors import APIError
-from inferenceos.server.ollama_routes import ERRORS
+from inferenceos.server.ollama_schema import ERRORS
+from inferenceos.server.state import state_of
 
 router = APIRouter(tags=["memory"], responses=ERRORS)
 
@@ -93,14 +94,14 @@ def budget_body(manager: ModelManager, reactor: PressureReactor | None) -> dict[
 @router.get("/api/budget")
 async def get_budget(request: Request) -> Any:
     """Memory per device: cap, free, used by our models (and the pressure signal)."""
-    state = request.app.state.ios
+    state = state_of(request)
     return await asyncio.to_thread(budget_body, state.manager, _reactor(request))
 
 
 @router.post("/api/budget")
 async def set_budget(body: BudgetChange, request: Request) -> Any:
     """Cap what our models may hold on `device` (`bytes`: null lifts the cap)."""
-    state = request.app.state.ios
+    state = state_of(request)
     name = body.device.strip()
     known = await asyncio.to_thread(budget_body, state.manager, _reactor(request))
     names = [d["name"] for d in known["devices"]]

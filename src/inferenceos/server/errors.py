@@ -9,6 +9,7 @@ client: an unexpected exception is logged and answered with a generic 500.
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import uuid
@@ -47,6 +48,35 @@ _ANTHROPIC_TYPES = {
     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
     500: "api_error", 529: "overloaded_error",
 }
+
+
+class Dialect(enum.Enum):
+    """The error shape an API answers in (llama-server's routes answer OpenAI's)."""
+
+    OPENAI = "openai"  # {"error": {"message", "type", "code", "param"}}
+    ANTHROPIC = "anthropic"  # {"type": "error", "error": {"type", "message"}}, 529 for 503
+    OLLAMA = "ollama"  # {"error": "message"}
+
+
+# What each status means, as the OpenAPI schema documents it for every route: one
+# table, rendered per dialect by `error_responses`
+_STATUS_TEXT = (
+    (400, "Invalid request"), (401, "Missing or wrong API key"), (403, "Host not allowed"),
+    (404, "Model not found"), (413, "Body too large"), (429, "Queue full; see Retry-After"),
+    (500, "Engine error"), (503, "Shutting down or no room to load the model; see Retry-After"),
+)
+
+
+def error_responses(model: type, dialect: Dialect) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a router: each error status with `model` (the dialect's
+    error body) and its meaning; Anthropic's name its error type, and say 529 for 503."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status, text in _STATUS_TEXT:
+        if dialect is Dialect.ANTHROPIC:
+            status = 529 if status == 503 else status
+            text = f"{_ANTHROPIC_TYPES[status]}: {text}"
+        out[status] = {"model": model, "description": text}
+    return out
 
 
 class APIError(Exception):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +25,7 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.registry.catalog import ResolvedModel
-from inferenceos.server.errors import APIError, api_error_from, error_body
+from inferenceos.server.errors import APIError
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -36,6 +35,7 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
+from inferenceos.server.health import health_body
 from inferenceos.server.llamacpp_schema import (
     CompletionParams,
     MediaPrompt,
@@ -51,20 +51,15 @@ from inferenceos.server.llamacpp_shapes import (
 )
 from inferenceos.server.llamacpp_vocab import Vocab, vocab_for
 from inferenceos.server.media_parts import decode_in_thread, media_set
-from inferenceos.server.openai_routes import ERROR_RESPONSES, chat_message
-from inferenceos.server.openai_schema import ChatMessageIn
-from inferenceos.server.sse import ClosingStreamingResponse
-from inferenceos.server.state import ServerState
+from inferenceos.server.openai_convert import chat_message
+from inferenceos.server.openai_schema import ERROR_RESPONSES, ChatMessageIn
+from inferenceos.server.sse import LLAMACPP_SSE, stream_response
+from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_schema import ToolDef
 
 router = APIRouter(tags=["llama.cpp"], responses=ERROR_RESPONSES)
 
 _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit"}
-
-
-def _state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.ios
-    return state
 
 
 async def _model(state: ServerState, requested: Any) -> tuple[str, Vocab]:
@@ -171,7 +166,7 @@ _SSE: dict[int | str, dict[str, Any]] = {200: {
 async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
     """Complete a raw prompt (text, token ids or both) in llama-server's shape; SSE
     when `stream` is true. See the module contract."""
-    state = _state(request)
+    state = state_of(request)
     name, vocab = await _model(state, body.get("model"))
     s = state.settings
     # decoding multimodal_data is CPU work on untrusted bytes: within a decode slot
@@ -181,7 +176,8 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     reqs = _requests(p, name)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))
-        return _sse(_stream(state, first, reqs, p, name, vocab), first.close)
+        return stream_response(_stream(state, first, reqs, p, name, vocab), LLAMACPP_SSE,
+                               first.close)
 
     async def all_of_them() -> list[_Result]:
         tasks = [asyncio.ensure_future(_whole(state, i, p.prompts[i], r)) for i, r in reqs]
@@ -238,20 +234,6 @@ async def _stream(state: ServerState, first: Run, reqs: list[tuple[int, GenReque
             await run.close()
 
 
-def _sse(events: AsyncIterator[dict[str, Any]], cleanup: Any) -> ClosingStreamingResponse:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                yield f"data: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n"
-        except Exception as exc:
-            e = api_error_from(exc)
-            yield f"data: {json.dumps(error_body('/completion', e.status, e.message, e.code))}\n\n"
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-
-    return ClosingStreamingResponse(body(), "text/event-stream", cleanup)
-
-
 # -- tokens ----------------------------------------------------------------------------
 
 
@@ -289,7 +271,7 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)) -> Any:  
     """`{content, add_special=false, parse_special=true, with_pieces=false}` →
     `{tokens: [id, ...]}` or, with pieces, `[{id, piece}]` (a piece that is not whole
     UTF-8 comes as its byte values)."""
-    _, vocab = await _model(_state(request), body.get("model"))
+    _, vocab = await _model(state_of(request), body.get("model"))
     if "content" not in body:
         return {"tokens": []}
     add_special = _bool(body, "add_special", False)
@@ -308,7 +290,7 @@ async def tokenize(request: Request, body: dict[str, Any] = Body(...)) -> Any:  
 @router.post("/detokenize")
 async def detokenize(request: Request, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
     """`{tokens: [id, ...]}` → `{content}` (each token's piece, special ones as text)."""
-    _, vocab = await _model(_state(request), body.get("model"))
+    _, vocab = await _model(state_of(request), body.get("model"))
     ids = body.get("tokens", [])
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
                                             for t in ids):
@@ -351,7 +333,7 @@ async def _chat_prompt(state: ServerState, body: TemplateRequest) -> tuple[str, 
 @router.post("/apply-template")
 async def apply_template(body: TemplateRequest, request: Request) -> Any:
     """The prompt text the chat template makes of `messages` (nothing is generated)."""
-    text, _ = await _chat_prompt(_state(request), body)
+    text, _ = await _chat_prompt(state_of(request), body)
     return {"prompt": text}
 
 
@@ -359,7 +341,7 @@ async def apply_template(body: TemplateRequest, request: Request) -> Any:
 @router.post("/v1/chat/completions/input_tokens")
 async def chat_input_tokens(body: TemplateRequest, request: Request) -> Any:
     """How many tokens the chat prompt for `messages` takes."""
-    _, n = await _chat_prompt(_state(request), body)
+    _, n = await _chat_prompt(state_of(request), body)
     return {"input_tokens": n}
 
 
@@ -381,7 +363,7 @@ async def _facts(state: ServerState) -> tuple[ResolvedModel, int]:
 @router.get("/props")
 async def props(request: Request) -> Any:
     """llama-server's server properties for the default model (read-only)."""
-    state = _state(request)
+    state = state_of(request)
     model, n_ctx = await _facts(state)
     vocab = await call_in_thread(lambda: vocab_for(model.path))
     defaults = SamplingParams(seed=state.settings.seed)
@@ -405,7 +387,7 @@ async def props(request: Request) -> Any:
 async def slots(request: Request, fail_on_no_slot: bool = False) -> Any:
     """The default model's sequences (slots): which are busy. Read-only; no prompt
     text is shown. With `fail_on_no_slot`, 503 when every slot is busy."""
-    state = _state(request)
+    state = state_of(request)
     _, n_ctx = await _facts(state)
     n = state.manager.slots
     busy = min(n, state.admission.running)
@@ -421,7 +403,7 @@ async def models(request: Request) -> Any:
     plus llama.cpp's `models`, names without the default `:latest` tag (both spellings
     name the same model, and both are its `aliases`; `tags`, llama-server's `--tags`
     labels, are none)."""
-    state = _state(request)
+    state = state_of(request)
     listed = await call_in_thread(state.catalog.names)
     short = [(m, m.name.removesuffix(":latest")) for m in listed]
     return {
@@ -438,6 +420,4 @@ async def models(request: Request) -> Any:
 @router.get("/v1/health")
 async def health_v1(request: Request) -> Any:
     """The same as /health (llama-server answers both)."""
-    from inferenceos.server.ops_routes import health
-
-    return await health(request)
+    return await health_body(state_of(request))

@@ -39,6 +39,7 @@ from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
 from inferenceos.server.logprobs import entries
 from inferenceos.server.media_parts import decode_in_thread, media_set, ollama_images
 from inferenceos.server.ollama_schema import (
+    ERRORS,
     ChatRequest,
     ChatResponse,
     CopyRequest,
@@ -49,7 +50,6 @@ from inferenceos.server.ollama_schema import (
     GenerateRequest,
     GenerateResponse,
     NameRequest,
-    OllamaError,
     OllamaMessage,
     PsResponse,
     PullRequest,
@@ -60,7 +60,7 @@ from inferenceos.server.ollama_schema import (
 )
 from inferenceos.server.options import ollama_options, parse_keep_alive
 from inferenceos.server.sse import ndjson_response
-from inferenceos.server.state import ServerState
+from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import (
     ParsedCall,
     ToolCallStream,
@@ -69,23 +69,11 @@ from inferenceos.server.tool_calls import (
 )
 from inferenceos.server.tools import history_call, ollama_calls, tool_request
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": OllamaError, "description": text} for code, text in (
-        (400, "Invalid request"), (401, "Missing or wrong API key"),
-        (403, "Host not allowed"), (404, "Model not found"), (413, "Body too large"),
-        (429, "Queue full; see Retry-After"), (500, "Engine error"),
-        (503, "Shutting down or no room to load the model; see Retry-After"))
-}
 _NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
 _FOREVER = "2318-01-01T00:00:00.000000Z"  # Ollama's "never expires"
 NS = 1_000_000_000
 
 router = APIRouter(prefix="/api", tags=["ollama"], responses=ERRORS)
-
-
-def _state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.ios
-    return state
 
 
 def _ns(seconds: float) -> int:
@@ -213,7 +201,7 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
                               "description": "The response, or NDJSON lines when streaming"}})
 async def generate(body: GenerateRequest, request: Request) -> Any:
     """Complete a prompt (templated unless `raw`)."""
-    state = _state(request)
+    state = state_of(request)
     _refuse(body.format, "template" if body.template else "suffix" if body.suffix else None)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
@@ -255,7 +243,7 @@ def _with_images(state: ServerState, images: list[str] | None, text: str
                               "description": "The message, or NDJSON lines when streaming"}})
 async def chat(body: ChatRequest, request: Request) -> Any:
     """Chat through the model's template."""
-    state = _state(request)
+    state = state_of(request)
     _refuse(body.format)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
@@ -313,7 +301,7 @@ async def _embed(state: ServerState, name: str, texts: list[str],
 @router.post("/embed", response_model=EmbedResponse)
 async def embed(body: EmbedRequest, request: Request) -> Any:
     """Embeddings for one text or a list (mean-pooled, L2-normalised)."""
-    state = _state(request)
+    state = state_of(request)
     name = state.model_name(body.model)
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     texts = [t for t in texts if t != ""] if texts == [""] else texts
@@ -330,7 +318,7 @@ async def embed(body: EmbedRequest, request: Request) -> Any:
 @router.post("/embeddings", response_model=EmbeddingsResponse)
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Any:
     """The older single-text embedding route."""
-    state = _state(request)
+    state = state_of(request)
     name = state.model_name(body.model)
     texts = [body.prompt] if body.prompt else []
     vectors, _, _ = await _embed(state, name, texts, parse_keep_alive(body.keep_alive))
@@ -352,7 +340,7 @@ def _details(m: ResolvedModel) -> dict[str, Any]:
 @router.get("/tags", response_model=TagsResponse)
 async def tags(request: Request) -> Any:
     """Every model a request may name."""
-    models = await call_in_thread(_state(request).catalog.names)
+    models = await call_in_thread(state_of(request).catalog.names)
     return {"models": [{"name": m.name, "model": m.name, "modified_at": now_iso(m.modified_at),
                         "size": m.size, "digest": m.digest, "details": _details(m)}
                        for m in models]}
@@ -361,7 +349,7 @@ async def tags(request: Request) -> Any:
 @router.post("/show", response_model=ShowResponse)
 async def show(body: ShowRequest, request: Request) -> Any:
     """Details of one model: template, architecture facts, capabilities."""
-    state = _state(request)
+    state = state_of(request)
 
     def work() -> dict[str, Any]:
         from inferenceos.model.spec import load_spec
@@ -428,7 +416,7 @@ def _ps_entry(lm: LoadedModel, now: float) -> dict[str, Any]:
 async def ps(request: Request) -> Any:
     """Models loaded now, their memory and when they will be unloaded."""
     now = time.monotonic()
-    return {"models": [_ps_entry(lm, now) for lm in _state(request).manager.loaded()]}
+    return {"models": [_ps_entry(lm, now) for lm in state_of(request).manager.loaded()]}
 
 
 @router.post("/pull", response_model=StatusResponse,
@@ -439,7 +427,7 @@ async def pull(body: PullRequest, request: Request) -> Any:
     the built-in model."""
     from inferenceos.registry import hub
 
-    state = _state(request)
+    state = state_of(request)
     name = body.target()
     if not name:
         raise APIError(400, "model is required")
@@ -479,7 +467,7 @@ async def pull(body: PullRequest, request: Request) -> Any:
 @router.delete("/delete", responses={200: {"description": "Deleted"}})
 async def delete(body: NameRequest, request: Request) -> Response:
     """Remove a model from the registry (unloading it first)."""
-    state = _state(request)
+    state = state_of(request)
 
     def work() -> None:
         name = body.target()
@@ -496,6 +484,6 @@ async def delete(body: NameRequest, request: Request) -> Response:
 @router.post("/copy", responses={200: {"description": "Copied"}})
 async def copy(body: CopyRequest, request: Request) -> Response:
     """Give a registered model a second name."""
-    store = _state(request).catalog.store
+    store = state_of(request).catalog.store
     await call_in_thread(lambda: store.copy(body.source, body.destination))
     return Response(status_code=200)

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from inferenceos.server.errors import Dialect, error_responses
 from inferenceos.server.tool_schema import ToolDef
 
 KeepAlive = str | float | None
@@ -226,3 +227,6 @@ class VersionResponse(BaseModel):
 
 class OllamaError(BaseModel):
     error: str
+
+
+ERRORS = error_responses(OllamaError, Dialect.OLLAMA)

@@ -7,7 +7,6 @@ schema}`, and `timings` in responses."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import struct
 import time
@@ -18,11 +17,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from inferenceos.engine.chat_template import ChatMessage, ToolCall
-from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
-from inferenceos.media.collect import MediaSet, check_text
 from inferenceos.server.errors import APIError
 from inferenceos.server.generation import (
     Done,
@@ -34,54 +31,44 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
-from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
 from inferenceos.server.llamacpp_schema import embedding_input
 from inferenceos.server.llamacpp_shapes import timings
 from inferenceos.server.llamacpp_vocab import vocab_for
 from inferenceos.server.logprobs import LegacyLogprobs, chat_top_n, entries
 from inferenceos.server.media_parts import (
-    OPENAI_MEDIA_PARTS,
     decode_in_thread,
     media_set,
-    openai_part,
+)
+from inferenceos.server.openai_convert import (
+    chat_messages,
+    constraint,
+    has_media,
+    sampling,
+    tools_of,
+    variants,
 )
 from inferenceos.server.openai_schema import (
+    ERROR_RESPONSES,
     ChatCompletion,
     ChatCompletionRequest,
-    ChatMessageIn,
     Completion,
     CompletionRequest,
     EmbeddingList,
     EmbeddingRequest,
-    ErrorResponse,
     ModelCard,
     ModelList,
-    SamplingFields,
 )
-from inferenceos.server.options import UNLIMITED, sampling_from, stops
 from inferenceos.server.sse import sse_response
-from inferenceos.server.state import ServerState
+from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
-from inferenceos.server.tools import ToolRequest, history_call, openai_calls, tool_request
+from inferenceos.server.tools import ToolRequest, openai_calls
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text} for code, text in (
-        (400, "Invalid request"), (401, "Missing or wrong API key"),
-        (403, "Host not allowed"), (404, "Model not found"), (413, "Body too large"),
-        (429, "Queue full; see Retry-After"), (500, "Engine error"),
-        (503, "Shutting down or no room to load the model; see Retry-After"))
-}
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
 # the same routes without /v1, as llama-server serves them (/completions and /models
 # there are llama.cpp's own: see llamacpp_routes)
 bare_router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, include_in_schema=False)
-
-
-def _state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.ios
-    return state
 
 
 def _finish(reason: str) -> str:
@@ -102,101 +89,6 @@ def fingerprint() -> str:
     return f"b{version('llama-cpp-python')}-inferenceos"
 
 
-def _logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:
-    """OpenAI's {"token id": bias in -100..100}; -100 bans the token."""
-    out = []
-    for key, bias in (body.logit_bias or {}).items():
-        if not key.isdigit() or not -100 <= bias <= 100:
-            raise APIError(400, "logit_bias maps token ids to biases in [-100, 100]",
-                           "invalid_logit_bias")
-        out.append((int(key), float("-inf") if bias <= -100 else float(bias)))
-    return tuple(out)
-
-
-def _sampling(body: SamplingFields, max_tokens: int | None,
-              grammar: str | None = None, logprobs: int | None = None) -> SamplingParams:
-    return sampling_from({
-        "grammar": grammar, "logit_bias": _logit_bias(body), "logprobs": logprobs,
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
-        "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-        "stop": stops(body.stop), "max_tokens": UNLIMITED if max_tokens is None else max_tokens,
-        "draft": body.draft,
-    })
-
-
-def _variants(sampling: SamplingParams, n: int) -> list[SamplingParams]:
-    """n samplings; with a fixed seed each choice gets its own (seed + i)."""
-    if sampling.seed is None:
-        return [sampling] * n
-    return [dataclasses.replace(sampling, seed=(sampling.seed + i) % (2**32 - 1))
-            for i in range(n)]
-
-
-def _text_of(m: ChatMessageIn, media: MediaSet | None = None) -> str:
-    """A message's text; with `media` (a request that carries some), each media part
-    becomes its marker at its place and its item joins `media`."""
-    if m.content is None or isinstance(m.content, str):
-        text = m.content or ""
-        return check_text(text) if media is not None else text
-    parts = []
-    for p in m.content:
-        if media is not None:
-            parts.append(openai_part(p, media))
-            continue
-        if p.type != "text":
-            raise APIError(400, f"content parts of type {p.type!r} are not supported",
-                           "unsupported_content")
-        parts.append(p.text or "")
-    return "".join(parts)
-
-
-def has_media(messages: list[ChatMessageIn]) -> bool:
-    """Whether any message carries an image, audio or video part."""
-    return any(not isinstance(m.content, str) and m.content is not None
-               and any(p.type in OPENAI_MEDIA_PARTS for p in m.content) for m in messages)
-
-
-def chat_message(m: ChatMessageIn, media: MediaSet | None = None) -> ChatMessage:
-    """One request message for the template: past tool calls with their arguments
-    parsed (OpenAI sends JSON text), a tool result with the call it answers; media
-    parts as markers (their items gathered in `media`)."""
-    role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
-    calls: tuple[ToolCall, ...] = ()
-    if m.tool_calls and role == "assistant":
-        calls = tuple(history_call(c.function.name, c.function.arguments, c.id)
-                      for c in m.tool_calls)
-    return ChatMessage(role, _text_of(m, media), calls,
-                       m.tool_call_id if role == "tool" else None,
-                       m.name if role == "tool" else None)
-
-
-def _chat_messages(body: ChatCompletionRequest, media: MediaSet | None = None
-                   ) -> tuple[ChatMessage, ...]:
-    if body.continue_final_message and body.add_generation_prompt:
-        raise APIError(400, "add_generation_prompt and continue_final_message exclude each "
-                       "other", "invalid_request")
-    if body.continue_final_message or not body.add_generation_prompt:
-        raise APIError(400, "continuing the final assistant message is not supported "
-                       "(add_generation_prompt must be true)", "unsupported_parameter")
-    fmt = body.response_format.type if body.response_format else "text"
-    if fmt not in ("text", "json_object", "json_schema"):
-        raise APIError(400, f"response_format {fmt!r} is not supported",
-                       "unsupported_parameter")
-    if [m.role for m in body.messages[-2:]] == ["assistant", "assistant"]:
-        # llama-server's rule (its words): the last one would be the reply's prefix
-        raise APIError(400, "Cannot have 2 or more assistant messages at the end of the "
-                       "list.", "invalid_request")
-    return tuple(chat_message(m, media) for m in body.messages)
-
-
-def _tools(body: ChatCompletionRequest) -> ToolRequest | None:
-    choice = body.tool_choice
-    return tool_request([t.for_template() for t in body.tools or ()],
-                        choice.model_dump() if choice is not None and not isinstance(choice, str)
-                        else choice, body.parallel_tool_calls)
-
-
 def _reply(text: str, run: Run, stop_reason: str) -> tuple[dict[str, Any], str]:
     """The assistant message and finish reason: tool calls parsed out of the text
     when tools were offered."""
@@ -209,40 +101,6 @@ def _reply(text: str, run: Run, stop_reason: str) -> tuple[dict[str, Any], str]:
     return {"role": "assistant", "content": text}, _finish(stop_reason)
 
 
-def _grammar(fmt: Any) -> str | None:
-    """The grammar a response_format asks for: none, any JSON object (or, llama.cpp's
-    extension, one valid under its `schema`), or a json_schema."""
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return JSON_OBJECT_GBNF if fmt.schema_ is None else grammar_for_schema(fmt.schema_)
-    if fmt.type != "json_schema":
-        raise APIError(400, f"response_format {fmt.type!r} is not supported",
-                       "unsupported_parameter")
-    schema = (fmt.json_schema or {}).get("schema")
-    if schema is None:
-        raise APIError(400, "response_format json_schema needs json_schema.schema")
-    return grammar_for_schema(schema)
-
-
-def _constraint(body: SamplingFields, fmt: Any = None) -> str | None:
-    """The grammar of a request: llama.cpp's `grammar` (GBNF) or top-level `json_schema`
-    extensions, or its response_format; at most one of them. A schema that cannot be
-    turned into a grammar is a 400 here, a grammar that does not parse a 400 when the
-    engine builds its sampler: neither is ever ignored."""
-    from_format = _grammar(fmt)
-    given = [n for n, v in (("grammar", body.grammar), ("json_schema", body.json_schema),
-                            ("response_format", from_format)) if v not in (None, "")]
-    if len(given) > 1:
-        raise APIError(400, f"use one of {' and '.join(given)}, not both",
-                       "invalid_request")
-    if body.grammar:
-        return body.grammar
-    if body.json_schema is not None:
-        return grammar_for_schema(body.json_schema or {"type": "object"})
-    return from_format
-
-
 def _ids(prefix: str) -> tuple[str, int]:
     return f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
 
@@ -253,23 +111,22 @@ def _ids(prefix: str) -> tuple[str, int]:
 @bare_router.post("/chat/completions", response_model=ChatCompletion)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     """Chat completion, streamed as SSE when `stream` is true."""
-    state = _state(request)
+    state = state_of(request)
     media = media_set(state.settings) if has_media(body.messages) else None
     # decoding images is CPU work on untrusted bytes: a worker thread, not the loop
-    messages = (await decode_in_thread(lambda: _chat_messages(body, media)) if media
-                else _chat_messages(body))
+    messages = (await decode_in_thread(lambda: chat_messages(body, media)) if media
+                else chat_messages(body))
     items = tuple(media.items) if media else ()
-    tools = _tools(body)
+    tools = tools_of(body)
     name = state.model_name(body.model)
-    grammar = _constraint(body, body.response_format)
+    grammar = constraint(body, body.response_format)
     limit = body.max_completion_tokens or body.max_tokens
     if limit is None and state.settings.n_predict >= 0:
         limit = state.settings.n_predict  # llama-server's --n-predict covers chat too
-    sampling = _sampling(body, limit, grammar,
-                         chat_top_n(body.logprobs, body.top_logprobs))
+    params = sampling(body, limit, grammar, chat_top_n(body.logprobs, body.top_logprobs))
     reqs = [GenRequest(name, s, messages=messages, tools=tools, media=items,
                        progress=body.stream and body.return_progress)
-            for s in _variants(sampling, body.n)]
+            for s in variants(params, body.n)]
     cid, created = _ids("chatcmpl")
     if body.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0]))
@@ -386,7 +243,7 @@ def _prompts(body: CompletionRequest) -> list[str | list[int]]:
                               "of the same shape when stream is true"}})
 async def completions(body: CompletionRequest, request: Request) -> Any:
     """Text completion of a raw prompt (no chat template)."""
-    state = _state(request)
+    state = state_of(request)
     if body.suffix or (body.best_of or 1) > 1:
         raise APIError(400, "suffix and best_of are not supported", "unsupported_parameter")
     prompts = _prompts(body)
@@ -395,13 +252,12 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if len(prompts) * body.n > 16:
         raise APIError(400, "at most 16 choices (prompts × n) per request", "too_many_choices")
     name = state.model_name(body.model)
-    variants = _variants(_sampling(body, body.max_tokens,
-                                   _constraint(body, body.response_format),
-                                   logprobs=body.logprobs), body.n)
+    choices = variants(sampling(body, body.max_tokens, constraint(body, body.response_format),
+                                logprobs=body.logprobs), body.n)
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
                        tokens=None if isinstance(p, str) else tuple(p))
-            for p in prompts for s in variants]
-    echo = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in variants]
+            for p in prompts for s in choices]
+    echo = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in choices]
     cid, created = _ids("cmpl")
     if body.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0]))
@@ -468,7 +324,7 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
 @bare_router.post("/embeddings", response_model=EmbeddingList)
 async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     """Mean-pooled, L2-normalised embeddings; `encoding_format` float or base64."""
-    state = _state(request)
+    state = state_of(request)
     raw = body.input
     # a flat list of ids (and texts) is one input, as llama.cpp reads it
     items = ([raw] if not isinstance(raw, list) or any(isinstance(x, int) for x in raw)
@@ -513,7 +369,7 @@ def _b64(vector: list[float]) -> str:
 @router.get("/models", response_model=ModelList)
 async def list_models(request: Request) -> Any:
     """Every model a request may name."""
-    state = _state(request)
+    state = state_of(request)
     models = await _catalog_names(state)
     return {"object": "list", "data": [
         ModelCard(id=m.name, created=int(m.modified_at)).model_dump() for m in models]}
@@ -525,7 +381,7 @@ async def get_model(model: str, request: Request) -> Any:
     """One model by name (404 when unknown)."""
     from inferenceos.server.generation import call_in_thread
 
-    m = await call_in_thread(lambda: _state(request).catalog.resolve(model))
+    m = await call_in_thread(lambda: state_of(request).catalog.resolve(model))
     return ModelCard(id=m.name, created=int(m.modified_at)).model_dump()
 
 

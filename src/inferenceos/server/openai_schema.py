@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from inferenceos.server.errors import Dialect, error_responses
 from inferenceos.server.tool_schema import ToolDef
 
 Role = Literal["system", "user", "assistant", "tool", "developer", "function"]
@@ -314,3 +315,6 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+ERROR_RESPONSES = error_responses(ErrorResponse, Dialect.OPENAI)

@@ -34,7 +34,7 @@ from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.media.collect import MediaSet, check_text
 from inferenceos.media.item import MediaItem
-from inferenceos.server.errors import APIError, api_error_from
+from inferenceos.server.errors import APIError
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -49,11 +49,11 @@ from inferenceos.server.media_parts import (
     media_set,
     responses_part,
 )
-from inferenceos.server.openai_routes import ERROR_RESPONSES
+from inferenceos.server.openai_schema import ERROR_RESPONSES
 from inferenceos.server.options import UNLIMITED, sampling_from
 from inferenceos.server.responses_schema import InputItem, ResponseRequest
-from inferenceos.server.sse import ClosingStreamingResponse
-from inferenceos.server.state import ServerState
+from inferenceos.server.sse import RESPONSES_SSE, stream_response
+from inferenceos.server.state import state_of
 from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from inferenceos.server.tools import ToolRequest, history_call, tool_request
 
@@ -102,11 +102,6 @@ def _store(request: Request) -> ResponseStore:
     if store is None:
         store = request.app.state.responses = ResponseStore()
     return store
-
-
-def _state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.ios
-    return state
 
 
 def _item_text(item: InputItem, media: MediaSet | None = None) -> str:
@@ -276,7 +271,7 @@ def _status(done: Done) -> str:
 async def create_response(body: ResponseRequest, request: Request) -> Any:
     """A model response (OpenAI Responses API), streamed as named SSE events when
     `stream` is true."""
-    state = _state(request)
+    state = state_of(request)
     tools = _tools(body)
     store = _store(request)
     history, _, earlier = (store.get(body.previous_response_id) if body.previous_response_id
@@ -303,8 +298,7 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
             store.put(reply.id, [*messages, _assistant(text, calls)], obj, items)
 
     if body.stream:
-        return ClosingStreamingResponse(_sse(_events(run, reply, keep)), "text/event-stream",
-                                        run.close)
+        return stream_response(_events(run, reply, keep), RESPONSES_SSE, run.close)
 
     async def whole() -> dict[str, Any]:
         text, done = await run.collect()
@@ -396,21 +390,3 @@ async def _events(run: Run, reply: _Reply, keep: Any) -> AsyncIterator[dict[str,
                            "logprobs": []}
     finally:
         await events.aclose()
-
-
-async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-    """`event: TYPE` / `data: {...}` pairs with sequence numbers; a failure mid-stream
-    becomes an `error` event (headers are already sent)."""
-    n = 0
-    try:
-        async for event in events:
-            event["sequence_number"] = n
-            n += 1
-            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-    except Exception as exc:
-        e = api_error_from(exc)
-        err = {"type": "error", "code": e.code, "message": e.message, "param": None,
-               "sequence_number": n}
-        yield f"event: error\ndata: {json.dumps(err, ensure_ascii=False)}\n\n"
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]

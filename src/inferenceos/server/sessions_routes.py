@@ -39,22 +39,16 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
-from inferenceos.server.openai_routes import ERROR_RESPONSES
-from inferenceos.server.openai_schema import ErrorResponse
+from inferenceos.server.openai_schema import ERROR_RESPONSES, ErrorResponse
 from inferenceos.server.options import UNLIMITED, sampling_from, stops
 from inferenceos.server.responses_schema import SessionCreate, SessionMessage
 from inferenceos.server.session_store import Session, SessionNotFoundError, SessionStore
 from inferenceos.server.sse import sse_response
-from inferenceos.server.state import ServerState
+from inferenceos.server.state import ServerState, state_of
 
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "A turn of this session runs"}}
 router = APIRouter(prefix="/v1", tags=["sessions"], responses={**ERROR_RESPONSES, **_CONFLICT})
-
-
-def _state(request: Request) -> ServerState:
-    state: ServerState = request.app.state.ios
-    return state
 
 
 def _store(request: Request) -> SessionStore:
@@ -76,7 +70,7 @@ def _get(store: SessionStore, sid: str) -> Session:
 @router.post("/sessions", status_code=201)
 async def create_session(body: SessionCreate, request: Request) -> Any:
     """Start a session on a model (the server's default when none is named)."""
-    state = _state(request)
+    state = state_of(request)
     name = state.model_name(body.model)
     resolved = await call_in_thread(lambda: state.catalog.resolve(name))
     s = await call_in_thread(
@@ -184,7 +178,7 @@ def _save_state(state: ServerState, store: SessionStore, s: Session,
 async def resume_session(session_id: str, request: Request) -> Any:
     """Load the session's model and restore its saved KV state now, so that the next
     message starts at once."""
-    state, store = _state(request), _store(request)
+    state, store = state_of(request), _store(request)
     s = _get(store, session_id)
     t0 = time.perf_counter()
     with _turn(store, session_id):
@@ -197,7 +191,7 @@ async def resume_session(session_id: str, request: Request) -> Any:
 async def session_message(session_id: str, body: SessionMessage, request: Request) -> Any:
     """The next user turn: restore the saved state, generate the reply, save the new
     state and the two messages. Streamed as SSE `data:` deltas when `stream` is true."""
-    state, store = _state(request), _store(request)
+    state, store = state_of(request), _store(request)
     s = _get(store, session_id)
     lock = store.lock(session_id)
     if not lock.acquire(blocking=False):

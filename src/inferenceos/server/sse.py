@@ -1,23 +1,34 @@
-"""Streaming response bodies: SSE for OpenAI, NDJSON for Ollama.
+"""Streaming response bodies, framed once for every API: SSE `data:` events (OpenAI,
+with `data: [DONE]` at the end; llama-server, without), SSE named events (`event:
+TYPE` / `data:`; Anthropic, and OpenAI's Responses API with sequence numbers) and
+NDJSON (Ollama).
 
-Both take an async iterator of JSON-able dicts. An exception in the middle of a stream
-(headers already sent) is reported in-band, in the API's error shape, and ends the
-stream; it never closes the connection without a word.
+Each takes an async iterator of JSON-able dicts. An exception in the middle of a stream
+(headers already sent) is reported in-band, in the API's error shape and framed like
+the other events, and ends the stream; it never closes the connection without a word.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from inferenceos.server.errors import api_error_from, error_body
+from inferenceos.server.errors import (
+    APIError,
+    anthropic_error,
+    api_error_from,
+    error_body,
+    error_status,
+)
 
 _NO_BUFFER = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 Cleanup = Callable[[], Awaitable[None]]
+Event = dict[str, Any]
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -37,39 +48,80 @@ class ClosingStreamingResponse(StreamingResponse):
                 await self._cleanup()
 
 
+@dataclass(frozen=True)
+class Framing:
+    """How one API writes a stream: `frame(event, index)` is an event's text on the
+    wire (`index`: how many events came before it); `error(e, index)` the event a
+    failure becomes (framed like the others); `end` is written after the last event,
+    whether the stream ended or failed."""
+
+    media_type: str
+    frame: Callable[[Event, int], str]
+    error: Callable[[APIError, int], Event]
+    end: str = ""
+
+
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-async def _sse_body(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+def _data(event: Event, _: int) -> str:
+    return f"data: {_dumps(event)}\n\n"
+
+
+def _named(event: Event, _: int) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+def _numbered(event: Event, index: int) -> str:
+    return _named({**event, "sequence_number": index}, index)
+
+
+def _line(event: Event, _: int) -> str:
+    return _dumps(event) + "\n"
+
+
+def _openai_error(e: APIError, _: int) -> Event:
+    return error_body("/v1/", e.status, e.message, e.code)
+
+
+OPENAI_SSE = Framing("text/event-stream", _data, _openai_error, "data: [DONE]\n\n")
+LLAMACPP_SSE = Framing("text/event-stream", _data, _openai_error)  # no [DONE], as llama-server
+ANTHROPIC_SSE = Framing("text/event-stream", _named, lambda e, _: anthropic_error(
+    error_status("/v1/messages", e.status), e.message))
+RESPONSES_SSE = Framing("text/event-stream", _numbered, lambda e, n: {
+    "type": "error", "code": e.code, "message": e.message, "param": None,
+    "sequence_number": n})
+NDJSON = Framing("application/x-ndjson", _line, lambda e, _: {"error": e.message})
+
+
+async def _body(events: AsyncIterator[Event], framing: Framing) -> AsyncIterator[str]:
+    sent = 0
     try:
         async for event in events:
-            yield f"data: {_dumps(event)}\n\n"
+            yield framing.frame(event, sent)
+            sent += 1
     except Exception as exc:
-        e = api_error_from(exc)
-        yield f"data: {_dumps(error_body('/v1/', e.status, e.message, e.code))}\n\n"
+        yield framing.frame(framing.error(api_error_from(exc), sent), sent)
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-    yield "data: [DONE]\n\n"
+    if framing.end:
+        yield framing.end
 
 
-def sse_response(events: AsyncIterator[dict[str, Any]],
-                 cleanup: Cleanup | None = None) -> StreamingResponse:
-    """`data: {...}` events, then `data: [DONE]` (text/event-stream)."""
-    return ClosingStreamingResponse(_sse_body(events), "text/event-stream", cleanup)
+def stream_response(events: AsyncIterator[Event], framing: Framing,
+                    cleanup: Cleanup | None = None) -> ClosingStreamingResponse:
+    """`events` as `framing` writes them; `cleanup` runs however the response ends."""
+    return ClosingStreamingResponse(_body(events, framing), framing.media_type, cleanup)
 
 
-async def _ndjson_body(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
-    try:
-        async for event in events:
-            yield _dumps(event) + "\n"
-    except Exception as exc:
-        yield _dumps({"error": api_error_from(exc).message}) + "\n"
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
+def sse_response(events: AsyncIterator[Event],
+                 cleanup: Cleanup | None = None) -> ClosingStreamingResponse:
+    """`data: {...}` events, then `data: [DONE]` (text/event-stream), as OpenAI streams."""
+    return stream_response(events, OPENAI_SSE, cleanup)
 
 
-def ndjson_response(events: AsyncIterator[dict[str, Any]],
-                    cleanup: Cleanup | None = None) -> StreamingResponse:
+def ndjson_response(events: AsyncIterator[Event],
+                    cleanup: Cleanup | None = None) -> ClosingStreamingResponse:
     """One JSON object per line (application/x-ndjson), as Ollama streams."""
-    return ClosingStreamingResponse(_ndjson_body(events), "application/x-ndjson", cleanup)
+    return stream_response(events, NDJSON, cleanup)

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from starlette.requests import Request
+
 from inferenceos.errors import ModelNotFoundError
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
@@ -112,3 +114,10 @@ class ServerState:
                 usage[g.model] = usage.get(g.model, 0.0) + g.tokens / cells
         usage.update({k: v for k, v in self.kv_reported.items() if k in usage})
         return [({"model_name": k}, min(1.0, v)) for k, v in sorted(usage.items())]
+
+
+def state_of(request: Request) -> ServerState:
+    """The server's state for a request (set on `app.state.ios` by `create_app`): the
+    one way a route module reaches the catalog, manager, queue and metrics."""
+    state: ServerState = request.app.state.ios
+    return state
