@@ -55,6 +55,7 @@ def midrun_tps(lm: LoadedModel, tokens: list[int], adaptive: bool, before: int, 
                cpu: int) -> tuple[float, int]:
     """Decode t/s of the `after` tokens generated once a busy process started (after
     `before` tokens), and the thread count at the end."""
+    from inferenceos.engine.messages import TokenOut
     from inferenceos.engine.scheduler import Request, Scheduler
 
     cores = len(os.sched_getaffinity(0))
@@ -65,8 +66,7 @@ def midrun_tps(lm: LoadedModel, tokens: list[int], adaptive: bool, before: int, 
     n, busy, t0 = 0, None, 0.0
     try:
         while sched.has_work():
-            for _, kind, _ in sched.step():
-                n += kind == "token"
+            n += sum(isinstance(ev, TokenOut) for ev in sched.step())
             if busy is None and n >= before:
                 busy, t0 = busy_process(cpu), time.perf_counter()
         threads = int(lm._ll.llama_n_threads(lm.ctx))

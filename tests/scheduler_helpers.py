@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from inferenceos.engine.messages import Failed, Finished, TokenOut
 from inferenceos.engine.scheduler import Scheduler
 
 
 def drain(sched: Scheduler) -> tuple[dict[int, list[int]], dict[int, dict]]:
-    """Step `sched` until it has no work: (tokens by request, "done" payload by
-    request). Any error event fails the test."""
+    """Step `sched` until it has no work: (tokens by request, the Finished metrics by
+    request, as JSON). Any Failed event fails the test."""
     tokens: dict[int, list[int]] = {}
     done: dict[int, dict] = {}
     while sched.has_work():
-        for rid, kind, payload in sched.step():
-            assert kind != "error", payload
-            if kind == "token" and payload[0] >= 0:
-                tokens.setdefault(rid, []).append(payload[0])
-            elif kind == "done":
-                done[rid] = payload
+        for ev in sched.step():
+            assert not isinstance(ev, Failed), ev
+            if isinstance(ev, TokenOut) and ev.token >= 0:
+                tokens.setdefault(ev.req_id, []).append(ev.token)
+            elif isinstance(ev, Finished):
+                done[ev.req_id] = ev.metrics.to_json()
     return tokens, done

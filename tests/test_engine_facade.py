@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from inferenceos.engine.engine import Engine
+from inferenceos.engine.messages import Failed, Generate
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scoring import greedy_agreement
 from inferenceos.engine.session import LoadSettings
@@ -156,12 +157,13 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine: Engine) -> None:
 def test_a_bug_in_one_request_does_not_kill_the_worker(engine: Engine) -> None:
     pid = engine.worker_pid
     worker = engine._live_worker()
-    q = worker.send(("generate", 10**9, "abc", None), 10**9)  # not a SamplingParams
+    bad = Generate("abc", None, req_id=10**9)  # not a SamplingParams
+    q = worker.send(bad, register=True)
     assert q is not None
-    kind, payload = q.get(timeout=30)
+    reply = q.get(timeout=30)
     worker.done(10**9)
-    assert kind == "error" and payload[0] == "GenerationError"
-    assert "internal error" in payload[1]
+    assert isinstance(reply, Failed) and reply.error == "GenerationError"
+    assert "internal error" in reply.message
     assert engine.generate("abc", GREEDY).text() and engine.worker_pid == pid
 
 

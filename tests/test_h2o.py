@@ -9,6 +9,7 @@ import pytest
 
 from inferenceos.engine.attention_probe import AttentionProbe
 from inferenceos.engine.kv_policies import HeavyHitterOracle
+from inferenceos.engine.messages import TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
 from inferenceos.engine.session import LoadedModel, LoadSettings
@@ -35,7 +36,7 @@ def test_h2o_generates_past_the_slot_and_tracks_every_cell(
         sched.submit(Request(1, lm.tokenize("abc abc abc"), ENDLESS))
         count, peak, holes = 0, 0, 0.0
         while sched.has_work():
-            count += sum(kind == "token" for _, kind, _ in sched.step())
+            count += sum(isinstance(ev, TokenOut) for ev in sched.step())
             slot = sched.slots[0]
             assert sched.tracker is not None
             cells = sched.tracker.cells.get(0, [])

@@ -50,6 +50,7 @@ def test_plugin_policy_is_discovered_and_loaded(plugin_dir: Path) -> None:
 
 
 def test_plugin_policy_runs_in_the_scheduler(plugin_dir: Path, tiny_llama: Path) -> None:
+    from inferenceos.engine.messages import TokenOut
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.scheduler import Request, Scheduler
     from inferenceos.engine.session import LoadedModel, LoadSettings
@@ -60,7 +61,7 @@ def test_plugin_policy_runs_in_the_scheduler(plugin_dir: Path, tiny_llama: Path)
         sched.submit(Request(1, lm.tokenize("abc"), endless))
         count = 0
         while sched.has_work():
-            count += sum(kind == "token" for _, kind, _ in sched.step())
+            count += sum(isinstance(ev, TokenOut) for ev in sched.step())
     assert count == 500  # far past the 128-token slot: the plugin made room
 
 

@@ -50,6 +50,7 @@ def test_a_moved_stream_takes_the_cells_of_a_fresh_engine(tiny_wide: Path) -> No
     own slot again as an idle prefix; the moved sequence's cells then lay after those,
     attention summed over a shifted layout, and a near tie flipped ~440 tokens later.
     The importing side now starts from an empty cache, and only idle slots are prefixes."""
+    from inferenceos.engine.messages import TokenOut
     from inferenceos.engine.migrate import export_live, import_live
     from inferenceos.engine.scheduler import Request, Scheduler
     from inferenceos.engine.session import LoadedModel
@@ -58,7 +59,7 @@ def test_a_moved_stream_takes_the_cells_of_a_fresh_engine(tiny_wide: Path) -> No
 
     def drain(sched: Scheduler, out: list[int]) -> None:
         while sched.has_work():
-            out += [p[0] for _, kind, p in sched.step() if kind == "token" and p[0] >= 0]
+            out += [ev.token for ev in sched.step() if isinstance(ev, TokenOut) and ev.token >= 0]
 
     with LoadedModel(tiny_wide, settings) as lm:
         prompt = lm.tokenize("ab cab")
@@ -71,7 +72,7 @@ def test_a_moved_stream_takes_the_cells_of_a_fresh_engine(tiny_wide: Path) -> No
         old.submit(Request(1, prompt, LONG))
         got: list[int] = []
         while len(got) < 5:
-            got += [p[0] for _, kind, p in old.step() if kind == "token"]
+            got += [ev.token for ev in old.step() if isinstance(ev, TokenOut)]
         state = export_live(old)
         old.close()
         assert state.prefixes == []  # no idle slot: the running one's is not a prefix
@@ -91,6 +92,7 @@ def test_make_before_break_shares_the_cores(tiny_wide: Path) -> None:
     Tokens are not compared: on two threads llama.cpp's CPU decode is not bitwise the
     same run to run (this model's near tie at token 255 flipped in 1 of 9 fresh,
     undisturbed runs here); exactness is tested on one thread above."""
+    from inferenceos.engine.messages import SetThreads
     from inferenceos.engine.session import default_threads
 
     settings = replace(SETTINGS, n_threads=0)  # every core
@@ -100,7 +102,7 @@ def test_make_before_break_shares_the_cores(tiny_wide: Path) -> None:
         tokens = [next(it).token for _ in range(5)]
         info = engine.migrate(replace(settings, n_ctx=3072))
         tokens += [e.token for e in it if e.token >= 0]
-        assert engine._call("threads", None) == default_threads()
+        assert engine._ask(SetThreads(None)) == default_threads()
     assert info["moved"] == 1 and info["restored"] == 1, info
     assert len(tokens) == LONG.max_tokens
     assert gen.metrics.stop_reason == "length"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inferenceos.engine.messages import Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Event, Request, Scheduler
 from inferenceos.engine.session import LoadedModel, LoadSettings
@@ -32,11 +33,11 @@ def drain(sched: Scheduler) -> tuple[dict[int, list[int]], dict[int, dict]]:
     tokens: dict[int, list[int]] = {}
     done: dict[int, dict] = {}
     while sched.has_work():
-        for rid, kind, payload in sched.step():
-            if kind == "token" and payload[0] >= 0:
-                tokens.setdefault(rid, []).append(payload[0])
-            elif kind == "done":
-                done[rid] = payload
+        for ev in sched.step():
+            if isinstance(ev, TokenOut) and ev.token >= 0:
+                tokens.setdefault(ev.req_id, []).append(ev.token)
+            elif isinstance(ev, Finished):
+                done[ev.req_id] = ev.metrics.to_json()
     return tokens, done
 
 
@@ -71,7 +72,8 @@ def test_long_prompt_does_not_stall_running_streams(lm: LoadedModel) -> None:
     while any(s.req.id == 2 and s.prefilling for s in sched.running) or sched.queue:
         events: list[Event] = sched.step()
         steps += 1
-        steps_with_token_for_1 += any(rid == 1 and kind == "token" for rid, kind, _ in events)
+        steps_with_token_for_1 += any(ev.req_id == 1 and isinstance(ev, TokenOut)
+                                      for ev in events)
     assert steps >= len(long_prompt) // 16
     assert steps_with_token_for_1 == steps  # decode went first on every step
     drain(sched)
@@ -102,8 +104,7 @@ def test_streaming_generates_far_past_the_context_in_flat_memory(lm: LoadedModel
     count = 0
     mem = lm._ll.llama_get_memory(lm.ctx)
     while sched.has_work():
-        for _, kind, _payload in sched.step():
-            count += kind == "token"
+        count += sum(isinstance(ev, TokenOut) for ev in sched.step())
         peak = max(peak, lm._ll.llama_memory_seq_pos_max(mem, 0) + 1)
     assert count == n
     assert peak <= sched.n_ctx_slot  # positions are shifted: the cache never grows
@@ -123,8 +124,8 @@ def test_cancel_frees_the_slot_at_once(lm: LoadedModel) -> None:
     sched = create_scheduler(lm)
     sched.submit(Request(1, lm.tokenize("abc"), SamplingParams(temperature=0, max_tokens=500)))
     sched.step()
-    [(rid, kind, metrics)] = sched.cancel(1)
-    assert (rid, kind, metrics["stop_reason"]) == (1, "done", "interrupted")
+    [ev] = sched.cancel(1)
+    assert isinstance(ev, Finished) and (ev.req_id, ev.metrics.stop_reason) == (1, "interrupted")
     assert not sched.running and all(not s.busy for s in sched.slots)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inferenceos.engine.messages import Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler, generate_one
 from inferenceos.engine.scoring import lone_run_logits
@@ -38,15 +39,15 @@ def _drafted(lm: LoadedModel, prompt: list[int], sp: SamplingParams, draft: str
     opts = {"self": {"cost": 0.0}} if draft == "self" else None
     sched = Scheduler(lm, 1, lm.settings.n_batch, draft=draft, draft_options=opts)
     sched.submit(Request(1, prompt, sp))
-    tokens, done = [], {}
+    tokens, done = [], GenerationMetrics()
     while sched.has_work():
-        for _, kind, payload in sched.step():
-            if kind == "token" and payload[0] >= 0:
-                tokens.append(payload[0])
-            elif kind == "done":
-                done = payload
+        for ev in sched.step():
+            if isinstance(ev, TokenOut) and ev.token >= 0:
+                tokens.append(ev.token)
+            elif isinstance(ev, Finished):
+                done = ev.metrics
     sched.close()
-    return tokens, GenerationMetrics.from_json(done)
+    return tokens, done
 
 
 @pytest.mark.parametrize("draft", ["ngram", "self"])

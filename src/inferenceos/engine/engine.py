@@ -24,90 +24,69 @@ import multiprocessing as mp
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar, cast
 
 import inferenceos.errors as errors
-from inferenceos.engine.chat_template import ChatMessage, render_chat
+from inferenceos.engine.base import EngineBase, Events, Generation, per_slot, stream_event
+from inferenceos.engine.messages import (
+    Ask,
+    Cancel,
+    Embed,
+    ExportLive,
+    ExportState,
+    Failed,
+    Finished,
+    FromWorker,
+    Generate,
+    ImportLive,
+    ImportState,
+    LiveNeed,
+    MediaSupport,
+    MediaTokens,
+    Ready,
+    Resize,
+    Result,
+    SetThreads,
+    Shutdown,
+    Sleep,
+    Stats,
+    StatsReport,
+    Tokenize,
+    ToWorker,
+    Wake,
+    WorkerInfo,
+)
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
+from inferenceos.engine.session import LoadSettings
 from inferenceos.engine.worker import WorkerConfig, worker_main
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 
+if TYPE_CHECKING:
+    from inferenceos.engine.client import EngineClient
+
+__all__ = ["Engine", "Events", "Generation", "MigrateInfo", "stream_event"]
+
 _POLL_S = 0.05  # how often a waiting generation looks at its cancel event
+R = TypeVar("R")
+Replies = queue.Queue[FromWorker]
 
 
-def _error(payload: Any) -> errors.InferenceOSError:
-    """Rebuild the exception a worker reported as (class name, message)."""
-    name, message = payload if isinstance(payload, tuple) else ("GenerationError", payload)
-    cls = getattr(errors, name, errors.GenerationError)
-    if not (isinstance(cls, type) and issubclass(cls, errors.InferenceOSError)):
-        cls = errors.GenerationError
-    return cls(message)
+class MigrateInfo(TypedDict):
+    """What `Engine.migrate` reports (see there)."""
 
-
-def stream_event(kind: str, payload: Any, gen: Generation, load_s: float) -> TokenEvent | None:
-    """One worker event of `gen`'s request: the TokenEvent to yield for "token" (and
-    "progress": token -1, no text, `progress` set); None
-    for "done" (the final metrics are then in `gen.metrics`); raises for "error"."""
-    if kind == "token":
-        gen.metrics.completion_tokens += 1 if payload[0] >= 0 else 0
-        return TokenEvent(*payload)
-    if kind == "progress":
-        return TokenEvent(-1, "", progress=tuple(payload))
-    if kind == "done":
-        gen.metrics = GenerationMetrics.from_json(payload)
-        gen.metrics.load_s = load_s
-        return None
-    raise _error(payload)
-
-
-@dataclass
-class Generation:
-    """An in-progress generation: an iterator of TokenEvents with live metrics."""
-
-    events: Iterator[TokenEvent]
-    metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
-
-    def __iter__(self) -> Iterator[TokenEvent]:
-        return self.events
-
-    def text(self) -> str:
-        """Consume the rest of the generation and return its text."""
-        return "".join(ev.text for ev in self.events)
-
-    def close(self) -> None:
-        close = getattr(self.events, "close", None)
-        if close:
-            close()
-
-
-class Events:
-    """A generation's event iterator whose `close()` also ends a request that was never
-    iterated: a generator closed before its first `next` runs no `finally`, so without
-    this a stream opened and dropped unread would keep its slot until it finished."""
-
-    def __init__(self, it: Iterator[TokenEvent], abandon: Callable[[], None]) -> None:
-        self._it, self._abandon = it, abandon
-        self._started = False
-
-    def __iter__(self) -> Events:
-        return self
-
-    def __next__(self) -> TokenEvent:
-        self._started = True
-        return next(self._it)
-
-    def close(self) -> None:
-        if not self._started:
-            self._started = True
-            self._abandon()
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
+    restored: int
+    reprefilled: int
+    ended: int
+    prefixes: int
+    pause_s: float
+    seconds: float
+    load_s: float
+    moved: int
+    kv_bytes: int
 
 
 class _Worker:
@@ -119,32 +98,35 @@ class _Worker:
         self.proc = ctx.Process(target=worker_main, args=(child, cfg), daemon=True)
         self.proc.start()
         child.close()
-        self.pending: dict[int, queue.Queue[tuple[str, Any]]] = {}
+        self.pending: dict[int, Replies] = {}
         self.lock = threading.Lock()
         self.alive = True
         if not self.conn.poll(start_timeout):
             self.kill()
             raise errors.ModelLoadError(f"the model worker did not start in {start_timeout:.0f} s")
         try:
-            [(_, kind, payload)] = self.conn.recv()
+            [first] = self.conn.recv()
         except (EOFError, OSError):
             self.proc.join(5)
             raise errors.ModelLoadError(
                 f"the model worker died while loading (exit code {self.proc.exitcode})"
             ) from None
-        if kind == "error":
+        if not isinstance(first, Ready):
             self.proc.join(5)
-            raise _error(payload)
-        self.info: dict[str, Any] = payload
+            if isinstance(first, Failed):
+                raise first.exception()
+            raise errors.ModelLoadError(f"the model worker sent {type(first).__name__} first")
+        self.info: WorkerInfo = first.info
         threading.Thread(target=self._read, daemon=True, name="engine-reader").start()
 
     def _read(self) -> None:
         try:
             while True:
-                for req_id, kind, payload in self.conn.recv():
-                    q = self.pending.get(req_id)
+                out: FromWorker
+                for out in self.conn.recv():
+                    q = self.pending.get(out.req_id)
                     if q is not None:
-                        q.put((kind, payload))
+                        q.put(out)
         except (EOFError, OSError):
             pass
         self.proc.join(5)
@@ -152,19 +134,20 @@ class _Worker:
             self.alive = False
             from inferenceos.engine.devices import abort_note
 
-            died = ("WorkerDiedError", f"the model worker died (exit code {self.proc.exitcode})"
+            died = (f"the model worker died (exit code {self.proc.exitcode})"
                     + abort_note(self.proc.pid or 0))  # fmt: skip
-            for q in self.pending.values():
-                q.put(("error", died))
+            for rid, q in self.pending.items():
+                q.put(Failed(rid, "WorkerDiedError", died))
 
-    def send(self, msg: tuple[Any, ...], req_id: int | None = None) -> queue.Queue[Any] | None:
-        """Send `msg`; with `req_id`, register and return the queue its replies go to."""
+    def send(self, msg: ToWorker, register: bool = False) -> Replies | None:
+        """Send `msg`; with `register`, return the queue its replies (those of
+        `msg.req_id`) go to."""
         with self.lock:
             if not self.alive:
                 raise errors.WorkerDiedError("the model worker is not running")
-            q: queue.Queue[Any] | None = None
-            if req_id is not None:
-                q = self.pending[req_id] = queue.Queue()
+            q: Replies | None = None
+            if register:
+                q = self.pending[msg.req_id] = queue.Queue()
             try:
                 self.conn.send(msg)
             except (OSError, ValueError):
@@ -183,7 +166,7 @@ class _Worker:
     def shutdown(self, timeout: float = 10) -> None:
         try:
             with self.lock:
-                self.conn.send(("shutdown",))
+                self.conn.send(Shutdown())
         except (OSError, ValueError):
             pass
         self.proc.join(timeout)
@@ -191,7 +174,7 @@ class _Worker:
             self.kill()
 
 
-class Engine:
+class Engine(EngineBase):
     """A model loaded once in a worker process and shared by every caller."""
 
     def __init__(
@@ -219,14 +202,7 @@ class Engine:
         (engine/kv_store.py; the disk tier under `kv_cache_dir`), which keeps finished
         conversations' KV state across sleep, worker deaths and restarts; 0: none."""
         self.spec: ModelSpec = load_spec(path)
-        base = settings or LoadSettings()
-        # one shared KV pool (unified): with one stream per slot each sequence would
-        # attend over its own cells only (8 lockstep Gemma streams 10 % faster), but
-        # llama.cpp then splits a batch into micro-batches of consecutive, increasing
-        # sequence ids, and a mixed serving load (slots busy in any order, prefill next
-        # to decode) ran 20 % slower (benchmarks/serve_load.py, docs/engine.md)
-        total = replace(base, n_ctx=base.n_ctx * n_parallel, n_seq_max=n_parallel,
-                        kv_unified=True)  # fmt: skip
+        total = per_slot(settings or LoadSettings(), n_parallel)
         total.validate()
         self._cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch,
                                  kv_policy, max_queue=max_queue, draft=draft,
@@ -281,14 +257,14 @@ class Engine:
         return float(self._worker.info["load_s"])
 
     @property
-    def media_support(self) -> dict[str, Any]:
+    def media_support(self) -> MediaSupport:
         """{"vision": bool, "audio": bool, "load_s": projector load seconds} when the
         model has a projector, else {}."""
-        return dict(self._worker.info.get("media") or {})
+        return MediaSupport(**self._worker.info.get("media", {}))
 
     def media_tokens(self, item: MediaItem) -> int:
         """Context cells `item` takes in a prompt (UsageError without a projector)."""
-        return int(self._call("media_tokens", item))
+        return int(self._ask(MediaTokens(item)))
 
     @property
     def memory_buffers(self) -> dict[str, int]:
@@ -298,75 +274,80 @@ class Engine:
 
     # -- requests ----------------------------------------------------------------------
 
-    def _call(self, msg_kind: str, *args: Any) -> Any:
-        with self._route:
-            worker = self._live_worker()
-            req_id = next(self._ids)
-            q = worker.send((msg_kind, req_id, *args), req_id)
+    def _send(self, worker: _Worker, msg: ToWorker) -> tuple[int, Replies]:
+        """Number `msg` and send it to `worker`; (its request id, its replies' queue)."""
+        req_id = next(self._ids)
+        q = worker.send(replace(msg, req_id=req_id), register=True)
         assert q is not None
+        return req_id, q
+
+    def _ask(self, msg: Ask[R], worker: _Worker | None = None) -> R:
+        """Send `msg` and wait for its one answer; raises the error the worker reported.
+        To `worker` (a migration's old or new one), or by default to the live worker,
+        picked and sent to under the route lock (no migration swaps it in between)."""
+        if worker is None:
+            with self._route:
+                worker = self._live_worker()
+                req_id, q = self._send(worker, msg)
+        else:
+            req_id, q = self._send(worker, msg)
         try:
-            kind, payload = q.get()
+            reply = q.get()
         finally:
             worker.done(req_id)
-        if kind == "error":
-            raise _error(payload)
-        return payload
+        if isinstance(reply, Failed):
+            raise reply.exception()
+        if not isinstance(reply, Result):
+            raise errors.GenerationError(
+                f"the model worker answered {type(msg).__name__} with {type(reply).__name__}")
+        # the worker answers an Ask[R] with an R (engine.messages): the pipe is untyped
+        return cast(R, reply.value)
 
-    def chat_prompt(
-        self,
-        messages: Sequence[ChatMessage],
-        template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> str:
-        """The prompt text for `messages` (and `tools`, OpenAI-style definitions) under
-        the model's template, or the named built-in one (which takes no tools)."""
+    def _special_texts(self) -> tuple[str, str]:
         info = self._worker.info
-        text, _ = render_chat(self.spec.chat_template, messages, bos_token=info["bos_text"],
-                              eos_token=info["eos_text"], builtin=template,
-                              tools=tools)  # fmt: skip
-        return text
+        return info["bos_text"], info["eos_text"]
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return list(self._call("tokenize", text, add_special))
+        return self._ask(Tokenize(text, add_special))
 
     def embed(self, texts: Sequence[str | list[int]]) -> list[list[float]]:
         """Mean-pooled, L2-normalised embeddings, one per text (or token ids), in order."""
-        return list(self._call("embed", list(texts)))
+        return self._ask(Embed(tuple(texts)))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StatsReport:
         """The worker's KV usage per slot, running and waiting requests."""
-        return dict(self._call("stats"))
+        return self._ask(Stats())
 
     def export_state(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
         """The KV state of the idle slot sharing the longest prefix with `tokens`: (the
         tokens it holds, llama_state_seq bytes), or None (see engine.slot_state)."""
-        result = self._call("export_state", list(tokens))
+        result = self._ask(ExportState(tuple(tokens)))
         return None if result is None else (list(result[0]), bytes(result[1]))
 
     def import_state(self, tokens: Sequence[int], data: bytes) -> int:
         """Restore an `export_state` result into an idle slot so a prompt starting with
         `tokens` skips their prefill; returns the tokens now cached (0: no idle slot)."""
-        return int(self._call("import_state", list(tokens), data))
+        return int(self._ask(ImportState(tuple(tokens), data)))
 
     # -- tiers: sleep (warm), wake (hot), resize ----------------------------------------
 
     def sleep(self) -> float:
         """Free the worker's context and keep its weights (a warm model); returns the
         seconds it took. UsageError while requests are in flight."""
-        return self._lifecycle("sleep")
+        return self._lifecycle(Sleep())
 
     def wake(self) -> float:
         """Open a context on the kept weights (warm → hot) without reading them again."""
-        return self._lifecycle("wake")
+        return self._lifecycle(Wake())
 
-    def resize(self, n_ctx: int, n_parallel: int | None = None) -> dict[str, Any]:
+    def resize(self, n_ctx: int, n_parallel: int | None = None) -> WorkerInfo:
         """A context of `n_ctx` per sequence (and `n_parallel` slots) on the same
         weights; cached conversations' KV states are carried over. Returns the worker's
         info plus "carried" (slots restored) and "seconds"."""
         n_par = n_parallel or self._cfg.n_slots
         total = replace(self._cfg.settings, n_ctx=n_ctx * n_par, n_seq_max=n_par)
         total.validate()
-        result = dict(self._call("resize", total, n_par))
+        result = self._ask(Resize(total, n_par))
         self._cfg = replace(self._cfg, settings=total, n_slots=n_par)
         self._worker.info.update(result)
         return result
@@ -375,48 +356,38 @@ class Engine:
     def asleep(self) -> bool:
         return bool(self._worker.info.get("asleep", False))
 
-    def _lifecycle(self, kind: str) -> float:
-        result = dict(self._call(kind))
+    def _lifecycle(self, msg: Sleep | Wake) -> float:
+        result = self._ask(msg)
         self._worker.info.update(result)
         return float(result.get("seconds", 0.0))
 
-    def generate(
-        self,
-        prompt: str | list[int],
-        sampling: SamplingParams,
-        cancel: threading.Event | None = None,
-        kv_policy: str | None = None,
-        draft: str | None = None,
-        media: Sequence[MediaItem] = (),
-        progress: bool = False,
-    ) -> Generation:
-        """Start generating for `prompt` (text or token ids); see the module contract.
+    # -- generation ----------------------------------------------------------------------
 
-        `media`: images / audio for a text prompt holding one `MEDIA_MARKER` per item,
-        in order (the model needs a projector: UsageError otherwise, at first iteration).
-        `progress`: also yield TokenEvents of token -1 carrying `progress` (prompt
-        tokens, cached, processed, ms) as the prompt is processed, llama-server's
-        `return_progress`.
-
-        `draft` overrides the engine's drafter for this request ("ngram", "self",
-        "none"; a draft model file only when it is the engine's own).
-
-        `kv_policy` overrides the engine's KV policy for this request ("none",
-        "streaming", or "h2o" when the engine was started with it). Raises UsageError
-        for bad sampling settings; errors found by the worker (prompt too long, queue
-        full, unknown policy) are raised when the Generation is first iterated.
-        """
-        sampling.validate()
+    def _start(self, msg: Generate, cancel: threading.Event | None) -> Generation:
+        """`generate` (EngineBase): errors the worker finds are raised when the
+        Generation is first iterated."""
         with self._route:
             worker = self._live_worker()
-            req_id = next(self._ids)
-            msg: tuple[Any, ...] = ("generate", req_id, prompt, sampling, kv_policy, draft)
-            if media or progress:
-                msg = (*msg, tuple(media), progress)
-            q = worker.send(msg, req_id)
-        assert q is not None
+            req_id, q = self._send(worker, msg)
         gen = Generation(iter(()))
-        gen.events = Events(self._stream(worker, req_id, q, cancel, gen),
+
+        def next_event() -> FromWorker | None:
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                return None
+
+        def end(finished: bool) -> None:
+            with self._route:  # a migration may have moved the request: its worker now
+                current = self._worker
+                if not finished:  # closed early or cancelled: free the slot in the worker
+                    gen.metrics.stop_reason = "interrupted"
+                    with contextlib.suppress(errors.WorkerDiedError):
+                        current.send(Cancel(req_id=req_id))
+                current.done(req_id)
+            worker.done(req_id)
+
+        gen.events = Events(self._follow(next_event, cancel, gen, end),
                             lambda: self._abandon(worker, req_id))
         return gen
 
@@ -424,38 +395,8 @@ class Engine:
     def _abandon(worker: _Worker, req_id: int) -> None:
         """Cancel a request whose events nobody will read (closed before its first)."""
         with contextlib.suppress(errors.WorkerDiedError):
-            worker.send(("cancel", req_id))
+            worker.send(Cancel(req_id=req_id))
         worker.done(req_id)
-
-    def _stream(
-        self,
-        worker: _Worker,
-        req_id: int,
-        q: queue.Queue[tuple[str, Any]],
-        cancel: threading.Event | None,
-        gen: Generation,
-    ) -> Iterator[TokenEvent]:
-        finished = False
-        try:
-            while not (cancel is not None and cancel.is_set()):
-                try:
-                    kind, payload = q.get(timeout=_POLL_S)
-                except queue.Empty:
-                    continue
-                finished = kind != "token"
-                event = stream_event(kind, payload, gen, self.load_s)
-                if event is None:
-                    return
-                yield event
-        finally:
-            with self._route:  # a migration may have moved the request: its worker now
-                current = self._worker
-                if not finished:  # closed early or cancelled: free the slot in the worker
-                    gen.metrics.stop_reason = "interrupted"
-                    with contextlib.suppress(errors.WorkerDiedError):
-                        current.send(("cancel", req_id))
-                current.done(req_id)
-            worker.done(req_id)
 
     # -- live migration (engine.migrate) ------------------------------------------------
 
@@ -466,12 +407,12 @@ class Engine:
 
     def live_need(self) -> int:
         """Context per sequence the live requests need (engine.migrate.live_need)."""
-        return int(self._call("live_need"))
+        return int(self._ask(LiveNeed()))
 
     def migrate(
         self, settings: LoadSettings, n_parallel: int | None = None,
         make_before_break: bool = True,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> MigrateInfo:  # fmt: skip
         """Move this engine to a new worker loaded with `settings` (n_ctx per sequence,
         as the constructor takes it), carrying every running and queued request across
         mid-stream (see engine.migrate); the Engine object stays the same.
@@ -486,8 +427,7 @@ class Engine:
         "moved", "restored", "reprefilled", "ended", "kv_bytes"."""
         t0 = time.perf_counter()
         n_par = n_parallel or self._cfg.n_slots
-        total = replace(settings, n_ctx=settings.n_ctx * n_par, n_seq_max=n_par,
-                        kv_unified=True)  # fmt: skip
+        total = per_slot(settings, n_par)
         total.validate()
         cfg = replace(self._cfg, settings=total, n_slots=n_par)
         shares = _core_shares(self._cfg.settings, total) if make_before_break else None
@@ -495,10 +435,10 @@ class Engine:
         try:
             if make_before_break:
                 if shares is not None:  # the old worker makes room before the load starts
-                    self._call("threads", shares[0])
+                    self._ask(SetThreads(shares[0]))
                 new = _Worker(cfg, self._start_timeout)
                 if shares is not None:
-                    self._ask(new, "threads", shares[1])
+                    self._ask(SetThreads(shares[1]), new)
                 self._warm(new)  # its first decode (thread pool, page-ins) off the stream
         except BaseException:
             self._abort_make(new, shares)
@@ -507,7 +447,7 @@ class Engine:
             old = self._live_worker()
             t_pause = time.perf_counter()
             try:
-                state = self._ask(old, "export_live")
+                state = self._ask(ExportLive(), old)
             except BaseException:
                 self._abort_make(new, shares)
                 raise
@@ -519,17 +459,20 @@ class Engine:
                 new, cfg = self._restart(cfg, moved)
             with new.lock:
                 new.pending.update(moved)
-            result = dict(self._ask(new, "import_live", state))
+            counts = self._ask(ImportLive(state), new)
             self._worker, self._cfg = new, cfg
             pause = time.perf_counter() - t_pause
         if make_before_break:
             old.shutdown()
             if shares is not None:  # the cores are the new worker's alone now
                 with contextlib.suppress(errors.InferenceOSError):
-                    self._ask(new, "threads", None)
-        return {**result, "pause_s": pause, "seconds": time.perf_counter() - t0,
-                "load_s": float(new.info["load_s"]), "moved": len(state.ids),
-                "kv_bytes": state.kv_bytes}  # fmt: skip
+                    self._ask(SetThreads(None), new)
+        return MigrateInfo(restored=counts.get("restored", 0),
+                           reprefilled=counts.get("reprefilled", 0),
+                           ended=counts.get("ended", 0), prefixes=counts.get("prefixes", 0),
+                           pause_s=pause, seconds=time.perf_counter() - t0,
+                           load_s=float(new.info["load_s"]), moved=len(state.ids),
+                           kv_bytes=state.kv_bytes)  # fmt: skip
 
     def _abort_make(self, new: _Worker | None, shares: tuple[int, int] | None) -> None:
         """A make-before-break that failed before the switch: the new worker goes, the
@@ -538,28 +481,26 @@ class Engine:
             new.shutdown()
         if shares is not None:
             with contextlib.suppress(errors.InferenceOSError):
-                self._call("threads", None)
+                self._ask(SetThreads(None))
 
     def _warm(self, worker: _Worker) -> None:
         """One short greedy generation on a new worker before it takes over: a fresh
         process's first decode is slower than the next ones (thread pool start, pages
         of the weights; on Gemma here 1.2 s against 0.4-0.5 s), and that cost should
         not land in the moved streams."""
-        req_id = next(self._ids)
-        q = worker.send(("generate", req_id, "Hello", SamplingParams(temperature=0, max_tokens=2),
-                         None, "none"), req_id)  # fmt: skip
-        assert q is not None
+        req_id, q = self._send(worker, Generate(
+            "Hello", SamplingParams(temperature=0, max_tokens=2), None, "none"))
         try:
             while True:
-                kind, _ = q.get(timeout=self._start_timeout)
-                if kind in ("done", "error"):
+                if isinstance(q.get(timeout=self._start_timeout), (Finished, Failed)):
                     return
         except queue.Empty:
             return
         finally:
             worker.done(req_id)
 
-    def _restart(self, cfg: WorkerConfig, moved: dict[int, Any]) -> tuple[_Worker, WorkerConfig]:
+    def _restart(self, cfg: WorkerConfig,
+                 moved: dict[int, Replies]) -> tuple[_Worker, WorkerConfig]:  # fmt: skip
         """Break before make: a worker on `cfg`, else on the old settings again; if both
         fail, the moved streams end with the error (never a hang)."""
         try:
@@ -568,21 +509,9 @@ class Engine:
             try:
                 return _Worker(self._cfg, self._start_timeout), self._cfg
             except errors.InferenceOSError as exc:
-                for q in moved.values():
-                    q.put(("error", (type(exc).__name__, f"migration failed: {exc}")))
+                for rid, q in moved.items():
+                    q.put(Failed(rid, type(exc).__name__, f"migration failed: {exc}"))
                 raise
-
-    def _ask(self, worker: _Worker, kind: str, *args: Any) -> Any:
-        req_id = next(self._ids)
-        q = worker.send((kind, req_id, *args), req_id)
-        assert q is not None
-        try:
-            kind, payload = q.get()
-        finally:
-            worker.done(req_id)
-        if kind == "error":
-            raise _error(payload)
-        return payload
 
     def close(self) -> None:
         """Stop the worker (waits for it to exit; kills it after 10 s). Final: later
@@ -590,12 +519,6 @@ class Engine:
         with self._lock:
             self._closed = True
         self._worker.shutdown()
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _core_shares(old: LoadSettings, new: LoadSettings,
@@ -628,3 +551,7 @@ def _record_death(path: Path, exit_code: int | None) -> None:
         telemetry.recorder().event("worker_death", path, exit_code=exit_code, restarted=True)
     except Exception:  # telemetry never fails a request
         pass
+
+
+if TYPE_CHECKING:  # mypy checks that Engine is an EngineClient
+    _engine_is_a_client: type[EngineClient] = Engine

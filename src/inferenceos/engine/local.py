@@ -1,7 +1,8 @@
 """The engine in the caller's process: the same scheduler as the worker, no subprocess.
 
-`LocalEngine` has `Engine`'s shape (generate / embed / tokenize / chat_prompt / stats /
-export_state / import_state / close) but runs llama.cpp in this process. It is what the
+`LocalEngine` is an `engine.client.EngineClient` as `Engine` is (generate / embed /
+tokenize / chat_prompt / stats / export_state / import_state / close, sharing
+engine.base with it) but runs llama.cpp in this process. It is what the
 Python API and `chat` use by default: it starts in a fraction of the worker's time and
 needs no `if __name__ == "__main__"` guard in user scripts (the worker is spawned, and a
 spawned child re-imports the caller's main module). The price: a crash inside llama.cpp
@@ -19,23 +20,30 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import inferenceos.errors as errors
-from inferenceos.engine.chat_template import ChatMessage, render_chat
-from inferenceos.engine.engine import Events, Generation, stream_event
-from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
+from inferenceos.engine.base import EngineBase, Events, Generation, per_slot
+from inferenceos.engine.messages import (
+    Event,
+    Failed,
+    Finished,
+    Generate,
+    MediaSupport,
+    StatsReport,
+)
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 
-Event = tuple[int, str, Any]
+if TYPE_CHECKING:
+    from inferenceos.engine.client import EngineClient
 
 
-class LocalEngine:
+class LocalEngine(EngineBase):
     """A model loaded in this process, served by the continuous-batching scheduler."""
 
     def __init__(
@@ -56,9 +64,7 @@ class LocalEngine:
         from inferenceos.engine.worker import policy_options
 
         self.spec: ModelSpec = load_spec(path)
-        base = settings or LoadSettings()
-        total = replace(base, n_ctx=base.n_ctx * n_parallel, n_seq_max=n_parallel,
-                        kv_unified=True)  # fmt: skip
+        total = per_slot(settings or LoadSettings(), n_parallel)
         if kv_policy == "h2o":
             raise errors.UsageError("the h2o policy needs the worker engine (Engine)")
         self._lm = LoadedModel(self.spec.path, total)
@@ -77,8 +83,8 @@ class LocalEngine:
             raise
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
-        self._inbox: dict[int, collections.deque[tuple[str, Any]]] = {}
-        self._cut: dict[int, dict[str, Any]] = {}  # metrics of requests a failed step ended
+        self._inbox: dict[int, collections.deque[Event]] = {}
+        self._cut: dict[int, GenerationMetrics] = {}  # metrics of requests a failed step ended
         self._closed = False
 
     # -- facts ---------------------------------------------------------------------------
@@ -93,7 +99,7 @@ class LocalEngine:
         return float(self._lm.load_s)
 
     @property
-    def media_support(self) -> dict[str, Any]:
+    def media_support(self) -> MediaSupport:
         """As `Engine.media_support`."""
         m = self._media
         return {"vision": m.vision, "audio": m.audio, "load_s": m.load_s} if m else {}
@@ -109,19 +115,9 @@ class LocalEngine:
             raise errors.WorkerDiedError("the engine was closed (the model is unloaded)")
         return self._lm
 
-    def chat_prompt(
-        self,
-        messages: Sequence[ChatMessage],
-        template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> str:
-        """As `Engine.chat_prompt`."""
+    def _special_texts(self) -> tuple[str, str]:
         lm = self._model()
-        text, _ = render_chat(self.spec.chat_template, messages,
-                              bos_token=lm.token_text(lm.bos_token),
-                              eos_token=lm.token_text(lm.eos_token), builtin=template,
-                              tools=tools)  # fmt: skip
-        return text
+        return lm.token_text(lm.bos_token), lm.token_text(lm.eos_token)
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         with self._lock:
@@ -132,11 +128,12 @@ class LocalEngine:
             lm = self._model()
             return b"".join(lm.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed(self, texts: Sequence[str | list[int]]) -> list[list[float]]:
+        """As `Engine.embed`."""
         with self._lock:
             return self._model().embed_many(list(texts))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> StatsReport:
         with self._lock:
             self._model()
             return dict(self._sched.stats())
@@ -159,27 +156,17 @@ class LocalEngine:
 
     # -- generation ------------------------------------------------------------------------
 
-    def generate(
-        self,
-        prompt: str | list[int],
-        sampling: SamplingParams,
-        cancel: threading.Event | None = None,
-        kv_policy: str | None = None,
-        draft: str | None = None,
-        media: Sequence[MediaItem] = (),
-        progress: bool = False,
-    ) -> Generation:
-        """As `Engine.generate`, except that errors the scheduler finds at submission
-        (prompt too long, queue full) are raised here, at once."""
+    def _start(self, msg: Generate, cancel: threading.Event | None) -> Generation:
+        """`generate` (EngineBase): errors the scheduler finds at submission (prompt
+        too long, queue full) are raised here, at once."""
         from inferenceos.engine.scheduler import prompt_request
 
-        sampling.validate()
         with self._lock:
             lm = self._model()
             req_id = next(self._ids)
-            req = prompt_request(req_id, prompt, sampling, lm, self._media, media,
-                                 kv_policy=kv_policy, draft=draft,
-                                 progress=progress)  # fmt: skip
+            req = prompt_request(req_id, msg.prompt, msg.sampling, lm, self._media, msg.media,
+                                 kv_policy=msg.kv_policy, draft=msg.draft,
+                                 progress=msg.progress)  # fmt: skip
             try:
                 self._sched.submit(req)
             except BaseException:
@@ -188,7 +175,20 @@ class LocalEngine:
                 raise
             self._inbox[req_id] = collections.deque()
         gen = Generation(iter(()))
-        gen.events = Events(self._stream(req_id, cancel, gen),
+
+        def end(finished: bool) -> None:
+            with self._lock:
+                if not finished and not self._closed:  # closed early or cancelled
+                    ended = [ev.metrics for ev in self._sched.cancel(req_id)
+                             if isinstance(ev, Finished)]  # fmt: skip
+                    cut = self._cut.get(req_id) or (ended[0] if ended else None)
+                    if cut is not None:
+                        _keep_measured(gen, cut, self.load_s)
+                    gen.metrics.stop_reason = "interrupted"
+                self._cut.pop(req_id, None)
+                self._inbox.pop(req_id, None)
+
+        gen.events = Events(self._follow(lambda: self._next(req_id), cancel, gen, end),
                             lambda: self._abandon(req_id))
         return gen
 
@@ -199,13 +199,13 @@ class LocalEngine:
                 self._sched.cancel(req_id)
             self._inbox.pop(req_id, None)
 
-    def _next(self, req_id: int) -> tuple[str, Any]:
+    def _next(self, req_id: int) -> Event:
         """The request's next event, stepping the scheduler until there is one."""
         with self._lock:
             box = self._inbox[req_id]
             while not box:
                 if self._closed or not self._sched.has_work():
-                    return ("error", ("GenerationError", "the engine stopped this request"))
+                    return Failed(req_id, "GenerationError", "the engine stopped this request")
                 self._step()
             return box.popleft()
 
@@ -215,39 +215,19 @@ class LocalEngine:
         except BaseException:
             # a step cut short (Ctrl-C, a bug): its KV cells cannot be trusted; what its
             # requests measured so far (TTFT, t/s) stays for their streams' metrics
+            from inferenceos.engine.output import snapshot
+
             for seq in self._sched.running:
-                self._cut[seq.req.id] = seq.metrics.to_json()
+                self._cut[seq.req.id] = snapshot(seq.metrics)
             self._dispatch(self._sched.fail_all("the step was interrupted"))
             raise
         self._dispatch(events)
 
-    def _dispatch(self, events: list[Event]) -> None:
-        for rid, kind, payload in events:
-            box = self._inbox.get(rid)
+    def _dispatch(self, events: Sequence[Event]) -> None:
+        for ev in events:
+            box = self._inbox.get(ev.req_id)
             if box is not None:
-                box.append((kind, payload))
-
-    def _stream(self, req_id: int, cancel: threading.Event | None,
-                gen: Generation) -> Iterator[TokenEvent]:
-        finished = False
-        try:
-            while not (cancel is not None and cancel.is_set()):
-                kind, payload = self._next(req_id)
-                finished = kind != "token"
-                event = stream_event(kind, payload, gen, self.load_s)
-                if event is None:
-                    return
-                yield event
-        finally:
-            with self._lock:
-                if not finished and not self._closed:  # closed early or cancelled
-                    ended = [p for _, kind, p in self._sched.cancel(req_id) if kind == "done"]
-                    cut = self._cut.get(req_id) or (ended[0] if ended else None)
-                    if cut is not None:
-                        _keep_measured(gen, cut, self.load_s)
-                    gen.metrics.stop_reason = "interrupted"
-                self._cut.pop(req_id, None)
-                self._inbox.pop(req_id, None)
+                box.append(ev)
 
     def close(self) -> None:
         """Free the model; later calls raise WorkerDiedError."""
@@ -261,17 +241,13 @@ class LocalEngine:
                 self._media.close()
             self._lm.close()
 
-    def __enter__(self) -> LocalEngine:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _keep_measured(gen: Generation, measured: dict[str, Any], load_s: float) -> None:
+def _keep_measured(gen: Generation, measured: GenerationMetrics, load_s: float) -> None:
     """The metrics of a request ended early: the scheduler's figures of the part that ran
     (prompt, TTFT, decode t/s), over the tokens the caller was given."""
-    shown = gen.metrics.completion_tokens
-    gen.metrics = GenerationMetrics.from_json(measured)
-    gen.metrics.load_s = load_s
-    gen.metrics.completion_tokens = shown
+    gen.metrics = replace(measured, load_s=load_s,
+                          completion_tokens=gen.metrics.completion_tokens)
+
+
+if TYPE_CHECKING:  # mypy checks that LocalEngine is an EngineClient
+    _local_is_a_client: type[EngineClient] = LocalEngine

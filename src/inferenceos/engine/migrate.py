@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from inferenceos.engine.messages import Event
 from inferenceos.engine.scheduler import Request, Scheduler, Sequence
 from inferenceos.engine.session import GenerationMetrics
 
@@ -144,9 +145,10 @@ def _idle_prefixes(sched: Scheduler) -> list[tuple[list[int], bytes]]:
 def import_live(sched: Scheduler, state: LiveState) -> dict[str, Any]:
     """Resume `state` on `sched` (a fresh scheduler: every slot idle). Returns counts
     ("restored": KV bytes taken as they are, "reprefilled", "ended") and the events of
-    sequences that had to end (a "length" done for one that no longer fits)."""
+    sequences that had to end (a "length" Finished for one that no longer fits), under
+    "events"."""
     counts = {"restored": 0, "reprefilled": 0, "ended": 0, "prefixes": 0}
-    events: list[Any] = []
+    events: list[Event] = []
     if not sched.has_work():
         _clear(sched)
     for st in state.running:
@@ -180,7 +182,7 @@ def _clear(sched: Scheduler) -> None:
             sched.tracker.truncate(slot.index, 0)
 
 
-def _resume(sched: Scheduler, st: SeqState) -> tuple[str, list[Any]]:
+def _resume(sched: Scheduler, st: SeqState) -> tuple[str, list[Event]]:
     """Put one sequence into a free slot of `sched`; (how, events)."""
     held = len(st.cached) + (1 if st.pending is not None else 0)
     free = [s for s in sched.slots if not s.busy]

@@ -12,16 +12,24 @@ from __future__ import annotations
 import codecs
 import time
 from collections.abc import Callable
-from typing import Any
 
+from inferenceos.engine.logprobs import TokenLogprob
+from inferenceos.engine.messages import Event, Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics
 from inferenceos.engine.stop import StopMatcher
 
-# Events: (request id, kind, payload)
-#   ("token", (token_id, text[, logprob, top logprobs])), ("done", metrics dict),
-#   ("error", (class name, message))
-Event = tuple[int, str, Any]
+__all__ = ["Event", "Extra", "OutputStream", "snapshot"]
+
+# what rides on a token's event: (its logprob, the top logprobs) when asked for, else ()
+Extra = tuple[TokenLogprob, tuple[TokenLogprob, ...]] | tuple[()]
+
+
+def snapshot(metrics: GenerationMetrics) -> GenerationMetrics:
+    """A copy of `metrics` rounded as `to_json` rounds them: what a `Finished` carries,
+    so a stream's figures are the same in process and across the worker pipe (where
+    they travelled as JSON before events were typed)."""
+    return GenerationMetrics.from_json(metrics.to_json())
 
 
 class OutputStream:
@@ -49,10 +57,10 @@ class OutputStream:
         self._steps = 0
         self.finished = False
 
-    def push(self, token: int, extra: tuple[Any, ...] = ()) -> list[Event]:
+    def push(self, token: int, extra: Extra = ()) -> list[Event]:
         """Account for one chosen token; `extra` (logprob, top logprobs) rides on its
         event. Sets `finished` (and stop_reason) when the generation is over: then the
-        events end with the held-back text and the "done" event."""
+        events end with the held-back text and the Finished event."""
         now = time.perf_counter()
         m = self.metrics
         if not self._t_first:
@@ -71,7 +79,7 @@ class OutputStream:
             return self.finish("length")
         m.completion_tokens += 1
         text = self._stops.feed(self._utf8.decode(self._piece(token)))
-        events: list[Event] = [(self.req_id, "token", (token, text, *extra))]
+        events: list[Event] = [TokenOut(self.req_id, token, text, *extra)]
         if self._stops.stopped:
             return events + self.finish("stop")
         if m.completion_tokens >= sp.max_tokens:
@@ -79,14 +87,14 @@ class OutputStream:
         return events
 
     def finish(self, reason: str) -> list[Event]:
-        """End the stream: flush held-back text, then "done" with the metrics."""
+        """End the stream: flush held-back text, then Finished with the metrics."""
         self.metrics.stop_reason = reason
         self.finished = True
         tail = self._stops.feed(self._utf8.decode(b"", final=True)) + self._stops.flush()
-        events: list[Event] = [(self.req_id, "token", (-1, tail))] if tail else []
+        events: list[Event] = [TokenOut(self.req_id, -1, tail)] if tail else []
         return [*events, self.done()]
 
-    def done(self) -> Event:
-        """The "done" event, without flushing (cancellation, errors)."""
+    def done(self) -> Finished:
+        """The Finished event, without flushing (cancellation, errors)."""
         self.finished = True
-        return (self.req_id, "done", self.metrics.to_json())
+        return Finished(self.req_id, snapshot(self.metrics))

@@ -41,7 +41,8 @@ from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.kv_store import KVStore
 from inferenceos.engine.kv_tiers import park_bytes, restore_into, store_slot
-from inferenceos.engine.output import Event, OutputStream
+from inferenceos.engine.messages import Event, Failed, Finished, Progress, TokenOut
+from inferenceos.engine.output import Extra, OutputStream, snapshot
 from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
@@ -376,7 +377,7 @@ class Scheduler:
             if req.id == req_id:
                 self.queue.remove(req)
                 self._free_media(req)
-                return [(req_id, "done", GenerationMetrics(stop_reason="interrupted").to_json())]
+                return [Finished(req_id, snapshot(GenerationMetrics(stop_reason="interrupted")))]
         for seq in self.running:
             if seq.req.id == req_id:
                 seq.metrics.stop_reason = "interrupted"
@@ -426,11 +427,11 @@ class Scheduler:
 
     # -- admission -------------------------------------------------------------------------
 
-    def _progress(self, seq: Sequence) -> Event:
-        """A "progress" event: (prompt tokens, from the cache, processed, ms so far)."""
+    def _progress(self, seq: Sequence) -> Progress:
+        """A Progress event: prompt tokens, from the cache, processed, ms so far."""
         ms = (time.perf_counter() - seq.req.arrival) * 1000
-        return (seq.req.id, "progress", (len(seq.req.prompt), seq.metrics.cached_tokens,
-                                         seq.n_prefilled, round(ms, 3)))  # fmt: skip
+        return Progress(seq.req.id, len(seq.req.prompt), seq.metrics.cached_tokens,
+                        seq.n_prefilled, round(ms, 3))
 
     def _admit(self, events: list[Event]) -> None:
         while self.queue:
@@ -539,11 +540,11 @@ class Scheduler:
         """The running sequence in slot `key`."""
         return next(s for s in self.running if s.slot.index == key)
 
-    def _fail(self, seq: Sequence, message: str) -> Event:
+    def _fail(self, seq: Sequence, message: str) -> Failed:
         """End `seq` with an error; its cells are dropped (they cannot be trusted)."""
         self.table.truncate(seq.slot, 0)
         self._release(seq)
-        return (seq.req.id, "error", ("GenerationError", message))
+        return Failed(seq.req.id, "GenerationError", message)
 
     def _commit(self, plan: StepPlan) -> None:
         """Record in each slot the tokens the plan puts in its cells."""
@@ -737,7 +738,7 @@ class Scheduler:
             seq.pending = token
         return events
 
-    def _extra(self, seq: Sequence, row: int, token: int) -> tuple[Any, ...]:
+    def _extra(self, seq: Sequence, row: int, token: int) -> Extra:
         """(logprob, top logprobs) when the request asks for them, else ()."""
         n = seq.req.sampling.logprobs
         return () if n is None else self.model.logprobs(row, token, n)
@@ -755,7 +756,7 @@ class Scheduler:
                 and len(cached) >= self.kv_store.min_tokens and min(cached) >= 0):
             self._to_store.append(seq.slot)  # saved at the next step: the reply is not held
 
-    def fail_all(self, message: str) -> list[Event]:
+    def fail_all(self, message: str) -> list[Failed]:
         """End every running sequence with an error and clear its cache."""
         return [self._fail(seq, message) for seq in list(self.running)]
 
@@ -798,13 +799,14 @@ def generate_one(
             events = sched.step()
             if sched.running:
                 lm.metrics = sched.running[0].metrics
-            for _, kind, payload in events:
-                if kind == "token":
-                    yield TokenEvent(*payload)
-                elif kind == "done":
-                    lm.metrics = GenerationMetrics.from_json(payload)
-                elif kind == "error":
-                    raise GenerationError(payload[1])
+            for ev in events:
+                match ev:
+                    case TokenOut():
+                        yield ev.event()
+                    case Finished(metrics=metrics):
+                        lm.metrics = metrics
+                    case Failed(message=message):
+                        raise GenerationError(message)
     finally:
         lm.metrics.load_s = lm.load_s
         if not lm.metrics.stop_reason:  # closed early (Ctrl-C, a consumer that left)

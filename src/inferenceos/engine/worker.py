@@ -1,35 +1,12 @@
 """The worker process: one loaded model, a scheduler, and a message loop.
 
 A crash or abort inside llama.cpp kills this process, never the caller's. Messages are
-tuples over a multiprocessing Pipe.
-
-Parent → worker:
-    ("generate", req_id, prompt text or token ids, SamplingParams, kv policy or None,
-        drafter name or None[, MediaItems: the text holds one media marker per item
-        [, progress: emit "progress" events while the prompt is processed]])
-    ("media_tokens", req_id, MediaItem): context cells the item takes
-    ("stats", req_id)
-    ("tokenize", req_id, text, add_special)
-    ("embed", req_id, [text, ...])
-    ("export_state", req_id, tokens) · ("import_state", req_id, tokens, state bytes)
-    ("cancel", req_id)
-    ("sleep", req_id) · ("wake", req_id): free the context and keep the weights (a warm
-        model), or open a new context; ("resize", req_id, LoadSettings, n_slots): a new
-        context of that size on the same weights, cached slots' KV states carried over.
-        All three only when no request is in flight; any other request wakes the worker.
-    ("live_need", req_id): cells per sequence the live requests were promised
-    ("export_live", req_id) · ("import_live", req_id, LiveState): live migration
-        (engine.migrate): detach every running and queued request at this step
-        boundary, or resume them here; their streams keep their request ids
-    ("threads", req_id, n or None): compute with n threads from the next step on
-        (None: the settings' own again); a migration's two workers share the cores
-    ("shutdown",)
-Worker → parent (each message is a list of events, one per scheduler step):
-    (req_id, "token", (token_id, text[, TokenLogprob, top TokenLogprobs]))
-    (req_id, "progress", (prompt tokens, cached, processed, ms)): asked-for progress
-    (req_id, "done", metrics dict)
-    (req_id, "error", (exception class name, message)) · (req_id, "result", value)
-The first message is [(0, "ready", info dict)] or [(0, "error", message)].
+the frozen dataclasses of engine/messages.py over a multiprocessing Pipe (that module
+states the protocol: which request gets which answer); this one dispatches on their
+type. Sleep / Wake / Resize run only when no request is in flight; any other request
+wakes a sleeping worker, except Stats (a scrape leaves a warm model warm). ExportLive /
+ImportLive / LiveNeed / SetThreads serve live migration (engine.migrate): their streams
+keep their request ids across workers.
 """
 
 from __future__ import annotations
@@ -45,6 +22,32 @@ from typing import Any
 from inferenceos.engine.llama_lib import log as llama_log
 from inferenceos.engine.media_encoder import open_encoder
 from inferenceos.engine.memory_report import parse_buffer_lines
+from inferenceos.engine.messages import (
+    Cancel,
+    Embed,
+    ExportLive,
+    ExportState,
+    Failed,
+    FromWorker,
+    Generate,
+    ImportLive,
+    ImportState,
+    LiveNeed,
+    MediaSupport,
+    MediaTokens,
+    Ready,
+    Resize,
+    Result,
+    SetThreads,
+    Shutdown,
+    Sleep,
+    Stats,
+    Tokenize,
+    ToWorker,
+    Wake,
+    WorkerInfo,
+    unknown,
+)
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import InferenceOSError
 from inferenceos.model.spec import ModelSpec, load_spec
@@ -72,7 +75,7 @@ class WorkerConfig:
     kv_cache_dir: Path | None = None
 
 
-def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
+def _info(lm: LoadedModel, n_slots: int) -> WorkerInfo:
     return {
         "pid": os.getpid(),
         "n_ctx": lm.n_ctx,
@@ -83,44 +86,40 @@ def _info(lm: LoadedModel, n_slots: int) -> dict[str, Any]:
     }
 
 
-def _handle(msg: tuple[Any, ...], lm: LoadedModel, sched: Any) -> list[Any] | None:
-    """Apply one parent message; returns events to send, or None to shut down."""
-    kind = msg[0]
-    if kind == "shutdown":
-        return None
-    req_id = msg[1]
+def _handle(msg: ToWorker, lm: LoadedModel, sched: Any) -> list[FromWorker]:
+    """Apply one request on an awake scheduler; returns what to send back. A failure
+    costs that request only (a typed Failed), never the worker."""
+    rid = msg.req_id
     try:
-        if kind == "generate":
-            policy = msg[4] if len(msg) > 4 else None
-            draft = msg[5] if len(msg) > 5 else None
-            from inferenceos.engine.scheduler import prompt_request
+        match msg:
+            case Generate():
+                from inferenceos.engine.scheduler import prompt_request
 
-            sched.submit(prompt_request(req_id, msg[2], msg[3], lm, sched.media,
-                                        msg[6] if len(msg) > 6 else (),
-                                        kv_policy=policy, draft=draft,
-                                        progress=len(msg) > 7 and bool(msg[7])))  # fmt: skip
-            return []
-        if kind == "media_tokens":
-            return [(req_id, "result", sched.media_tokens(msg[2]))]
-        if kind == "stats":
-            return [(req_id, "result", sched.stats())]
-        if kind == "cancel":
-            return list(sched.cancel(req_id))
-        if kind == "tokenize":
-            return [(req_id, "result", lm.tokenize(msg[2], add_special=msg[3]))]
-        if kind == "embed":
-            return [(req_id, "result", lm.embed_many(list(msg[2])))]
-        if kind in ("export_state", "import_state"):  # server-side sessions
-            from inferenceos.engine.slot_state import export_slot, import_slot
+                sched.submit(prompt_request(rid, msg.prompt, msg.sampling, lm, sched.media,
+                                            msg.media, kv_policy=msg.kv_policy,
+                                            draft=msg.draft, progress=msg.progress))  # fmt: skip
+                return []
+            case Cancel():
+                return list(sched.cancel(rid))
+            case MediaTokens():
+                return [Result(rid, sched.media_tokens(msg.item))]
+            case Stats():
+                return [Result(rid, sched.stats())]
+            case Tokenize():
+                return [Result(rid, lm.tokenize(msg.text, add_special=msg.add_special))]
+            case Embed():
+                return [Result(rid, lm.embed_many(list(msg.texts)))]
+            case ExportState() | ImportState():  # server-side sessions
+                from inferenceos.engine.slot_state import export_slot, import_slot
 
-            result = (export_slot(sched, list(msg[2])) if kind == "export_state"
-                      else import_slot(sched, list(msg[2]), msg[3]))  # fmt: skip
-            return [(req_id, "result", result)]
+                result = (export_slot(sched, list(msg.tokens)) if isinstance(msg, ExportState)
+                          else import_slot(sched, list(msg.tokens), msg.data))  # fmt: skip
+                return [Result(rid, result)]
     except InferenceOSError as exc:
-        return [(req_id, "error", (type(exc).__name__, str(exc)))]
+        return [Failed.of(rid, exc)]
     except Exception as exc:  # a bug must cost one request, not every client's
-        return [(req_id, "error", ("GenerationError", f"internal error: {exc!r}"))]
-    return [(req_id, "error", ("UsageError", f"unknown request kind {kind!r}"))]
+        return [Failed(rid, "GenerationError", f"internal error: {exc!r}")]
+    return [unknown(msg)]
 
 
 def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
@@ -168,7 +167,7 @@ def _open_store(cfg: WorkerConfig, spec: ModelSpec, settings: LoadSettings) -> A
                    cfg.kv_cache_disk, partial=not windowed)
 
 
-def _step(sched: Any) -> list[Any]:
+def _step(sched: Any) -> list[FromWorker]:
     """One scheduler step; an unexpected exception fails the running requests only."""
     try:
         return list(sched.step())
@@ -214,35 +213,36 @@ class _Runtime:
             self.sched = self._scheduler()
         return self.sched
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> WorkerInfo:
         drafts = self.sched.footprint_bytes() if self.sched is not None else 0
         m = self.media
-        media = {"vision": m.vision, "audio": m.audio, "load_s": m.load_s} if m else {}
+        media: MediaSupport = ({"vision": m.vision, "audio": m.audio, "load_s": m.load_s}
+                               if m else {})  # fmt: skip
         return {**_info(self.lm, self.cfg.n_slots), "asleep": self.sched is None,
                 "draft_bytes": drafts, "buffers": self.buffers, "media": media}  # fmt: skip
 
-    def lifecycle(self, msg: tuple[Any, ...]) -> list[Any]:
-        """sleep / wake / resize (see the module docstring); only when idle."""
+    def lifecycle(self, msg: Sleep | Wake | Resize) -> list[FromWorker]:
+        """Sleep / Wake / Resize (see the module docstring); only when idle."""
         from inferenceos.errors import UsageError
 
-        kind, req_id = msg[0], msg[1]
         if self.sched is not None:
             self.sched.store_finished()  # finished replies' KV go to the store first
-        if self.sched is not None and self.sched.has_work() and kind != "wake":
-            raise UsageError(f"cannot {kind} a model with requests in flight")
+        if self.sched is not None and self.sched.has_work() and not isinstance(msg, Wake):
+            verb = type(msg).__name__.lower()
+            raise UsageError(f"cannot {verb} a model with requests in flight")
         t0 = time.perf_counter()
-        if kind == "sleep":
+        if isinstance(msg, Sleep):
             if self.sched is not None:
                 self.sched.close()
                 self.sched = None
             self.lm.free_context()
-            return [(req_id, "result", {**self.info(), "seconds": time.perf_counter() - t0})]
-        if kind == "wake":
+            return [Result(msg.req_id, {**self.info(), "seconds": time.perf_counter() - t0})]
+        if isinstance(msg, Wake):
             self.awake()
-            return [(req_id, "result", {**self.info(), "seconds": time.perf_counter() - t0})]
-        return [(req_id, "result", self._resize(msg[2], msg[3], t0))]
+            return [Result(msg.req_id, {**self.info(), "seconds": time.perf_counter() - t0})]
+        return [Result(msg.req_id, self._resize(msg.settings, msg.n_slots, t0))]
 
-    def _resize(self, settings: LoadSettings, n_slots: int, t0: float) -> dict[str, Any]:
+    def _resize(self, settings: LoadSettings, n_slots: int, t0: float) -> WorkerInfo:
         """A new context of `settings` (n_ctx counts all slots) on the same weights;
         each cached slot's KV state is carried over, so its conversation continues
         without prefilling again."""
@@ -271,9 +271,9 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     try:
         rt = _Runtime(cfg)
     except InferenceOSError as exc:
-        conn.send([(0, "error", (type(exc).__name__, str(exc)))])
+        conn.send([Failed.of(0, exc)])
         return
-    conn.send([(0, "ready", rt.info())])
+    conn.send([Ready(rt.info())])
     try:
         while True:
             busy = rt.sched is not None and rt.sched.has_work()
@@ -301,46 +301,54 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
         rt.lm.close()
 
 
-def _dispatch(msg: tuple[Any, ...], rt: _Runtime) -> list[Any] | None:
-    """Lifecycle messages here; every other one to `_handle` on an awake scheduler."""
-    if msg[0] in ("sleep", "wake", "resize"):
-        try:
-            return rt.lifecycle(msg)
-        except InferenceOSError as exc:
-            return [(msg[1], "error", (type(exc).__name__, str(exc)))]
-    if msg[0] == "shutdown":
-        return None
-    if msg[0] in ("export_live", "import_live", "live_need", "threads"):
-        return _migrate(msg, rt)
-    if msg[0] == "stats" and rt.sched is None:  # a warm model stays warm (a scrape)
-        kv = {"kv_cache": rt.kv_store.stats()} if rt.kv_store is not None else {}
-        return [(msg[1], "result", {"asleep": True, "running": 0, "waiting": 0, **kv})]
-    try:
-        sched = rt.awake()
-    except InferenceOSError as exc:
-        return [(msg[1], "error", (type(exc).__name__, str(exc)))]
-    return _handle(msg, rt.lm, sched)
+def _dispatch(msg: ToWorker, rt: _Runtime) -> list[FromWorker] | None:
+    """Shutdown (None), lifecycle and migration requests here; every other one to
+    `_handle` on an awake scheduler."""
+    match msg:
+        case Shutdown():
+            return None
+        case Sleep() | Wake() | Resize():
+            try:
+                return rt.lifecycle(msg)
+            except InferenceOSError as exc:
+                return [Failed.of(msg.req_id, exc)]
+        case ExportLive() | ImportLive() | LiveNeed() | SetThreads():
+            return _migrate(msg, rt)
+        case Stats() if rt.sched is None:  # a warm model stays warm (a scrape)
+            kv = {"kv_cache": rt.kv_store.stats()} if rt.kv_store is not None else {}
+            return [Result(msg.req_id, {"asleep": True, "running": 0, "waiting": 0, **kv})]
+        case ToWorker():
+            try:
+                sched = rt.awake()
+            except InferenceOSError as exc:
+                return [Failed.of(msg.req_id, exc)]
+            return _handle(msg, rt.lm, sched)
+    return [unknown(msg)]  # not a request at all (a parent of another version)
 
 
-def _migrate(msg: tuple[Any, ...], rt: _Runtime) -> list[Any]:
-    """export_live / import_live / threads (engine.migrate), between two scheduler steps."""
+def _migrate(msg: ExportLive | ImportLive | LiveNeed | SetThreads,
+             rt: _Runtime) -> list[FromWorker]:  # fmt: skip
+    """ExportLive / ImportLive / LiveNeed / SetThreads (engine.migrate), between two
+    scheduler steps."""
     from inferenceos.engine.migrate import LiveState, export_live, import_live, live_need
 
+    rid = msg.req_id
     try:
-        if msg[0] == "threads":
-            return [(msg[1], "result", _set_threads(rt, msg[2]))]
-        if msg[0] == "live_need":
-            return [(msg[1], "result", live_need(rt.sched) if rt.sched is not None else 0)]
-        if msg[0] == "export_live":
-            state = export_live(rt.sched) if rt.sched is not None else LiveState()
-            return [(msg[1], "result", state)]
-        result = import_live(rt.awake(), msg[2])
-        events = result.pop("events")
-        return [*events, (msg[1], "result", result)]
+        match msg:
+            case SetThreads():
+                return [Result(rid, _set_threads(rt, msg.n))]
+            case LiveNeed():
+                return [Result(rid, live_need(rt.sched) if rt.sched is not None else 0)]
+            case ExportLive():
+                return [Result(rid, export_live(rt.sched) if rt.sched is not None
+                               else LiveState())]  # fmt: skip
+        result = import_live(rt.awake(), msg.state)
+        events: list[FromWorker] = result.pop("events")
+        return [*events, Result(rid, result)]
     except InferenceOSError as exc:
-        return [(msg[1], "error", (type(exc).__name__, str(exc)))]
+        return [Failed.of(rid, exc)]
     except Exception as exc:  # a bug must not kill the worker that holds the streams
-        return [(msg[1], "error", ("GenerationError", f"migration failed: {exc!r}"))]
+        return [Failed(rid, "GenerationError", f"migration failed: {exc!r}")]
 
 
 def _set_threads(rt: _Runtime, n: int | None) -> int:

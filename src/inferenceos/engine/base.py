@@ -1,0 +1,207 @@
+"""What `Engine` (a worker process) and `LocalEngine` (this process) share.
+
+- `Generation`: an iterator of TokenEvents with live metrics, what `generate` returns;
+  `Events`: its iterator, whose `close()` also ends a request never iterated.
+- `stream_event`: one scheduler Event of a generation → the TokenEvent its caller sees.
+- `EngineBase`: `generate` (validation, the Generate record, the stream loop),
+  `chat_prompt` and the context manager; a subclass says how a Generate starts
+  (`_start`) and what its special tokens' texts are. Both engines implement
+  `engine.client.EngineClient` through it.
+- `per_slot`: the context settings for `n_parallel` sequences of `n_ctx` each.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import inferenceos.errors as errors
+from inferenceos.engine.chat_template import ChatMessage, render_chat
+from inferenceos.engine.messages import (
+    Failed,
+    Finished,
+    FromWorker,
+    Generate,
+    Progress,
+    TokenOut,
+)
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
+from inferenceos.media.item import MediaItem
+from inferenceos.model.spec import ModelSpec
+
+_E = TypeVar("_E", bound="EngineBase")
+
+
+@dataclass
+class Generation:
+    """An in-progress generation: an iterator of TokenEvents with live metrics."""
+
+    events: Iterator[TokenEvent]
+    metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return self.events
+
+    def text(self) -> str:
+        """Consume the rest of the generation and return its text."""
+        return "".join(ev.text for ev in self.events)
+
+    def close(self) -> None:
+        close = getattr(self.events, "close", None)
+        if close:
+            close()
+
+
+class Events:
+    """A generation's event iterator whose `close()` also ends a request that was never
+    iterated: a generator closed before its first `next` runs no `finally`, so without
+    this a stream opened and dropped unread would keep its slot until it finished."""
+
+    def __init__(self, it: Iterator[TokenEvent], abandon: Callable[[], None]) -> None:
+        self._it, self._abandon = it, abandon
+        self._started = False
+
+    def __iter__(self) -> Events:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        self._started = True
+        return next(self._it)
+
+    def close(self) -> None:
+        if not self._started:
+            self._started = True
+            self._abandon()
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+def stream_event(ev: FromWorker, gen: Generation, load_s: float) -> TokenEvent | None:
+    """One event of `gen`'s request: the TokenEvent to yield for a TokenOut (and a
+    Progress: token -1, no text, `progress` set); None for Finished (the final metrics
+    are then in `gen.metrics`); raises the reported error for Failed, and
+    GenerationError for anything else (a worker answering out of protocol)."""
+    match ev:
+        case TokenOut():
+            gen.metrics.completion_tokens += 1 if ev.token >= 0 else 0
+            return ev.event()
+        case Progress():
+            return ev.event()
+        case Finished():
+            gen.metrics = replace(ev.metrics, load_s=load_s)
+            return None
+        case Failed():
+            raise ev.exception()
+    raise errors.GenerationError(f"the engine sent {type(ev).__name__} to a generation")
+
+
+def per_slot(settings: LoadSettings, n_parallel: int) -> LoadSettings:
+    """Settings for `n_parallel` sequences of `settings.n_ctx` cells each, in one shared
+    KV pool (unified): with one stream per slot each sequence would attend over its own
+    cells only (8 lockstep Gemma streams 10 % faster), but llama.cpp then splits a batch
+    into micro-batches of consecutive, increasing sequence ids, and a mixed serving load
+    (slots busy in any order, prefill next to decode) ran 20 % slower
+    (benchmarks/serve_load.py, docs/engine.md)."""
+    return replace(settings, n_ctx=settings.n_ctx * n_parallel, n_seq_max=n_parallel,
+                   kv_unified=True)  # fmt: skip
+
+
+class EngineBase(ABC):
+    """The shared half of both engines (see the module docstring)."""
+
+    spec: ModelSpec
+
+    @property
+    @abstractmethod
+    def load_s(self) -> float: ...
+
+    @abstractmethod
+    def _special_texts(self) -> tuple[str, str]:
+        """The texts of the BOS and EOS tokens (for chat templates); raises
+        WorkerDiedError once the engine is closed."""
+
+    @abstractmethod
+    def _start(self, msg: Generate, cancel: threading.Event | None) -> Generation:
+        """Submit a validated `msg` and return its Generation (see `generate`)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        cancel: threading.Event | None = None,
+        kv_policy: str | None = None,
+        draft: str | None = None,
+        media: Sequence[MediaItem] = (),
+        progress: bool = False,
+    ) -> Generation:
+        """Start generating for `prompt` (text or token ids): iterate the Generation for
+        TokenEvents; closing it early, or setting `cancel`, ends the request and frees
+        its slot at once.
+
+        `media`: images / audio for a text prompt holding one `MEDIA_MARKER` per item,
+        in order (the model needs a projector: UsageError otherwise).
+        `progress`: also yield TokenEvents of token -1 carrying `progress` (prompt
+        tokens, cached, processed, ms) as the prompt is processed, llama-server's
+        `return_progress`.
+
+        `draft` overrides the engine's drafter for this request ("ngram", "self",
+        "none"; a draft model file only when it is the engine's own).
+
+        `kv_policy` overrides the engine's KV policy for this request ("none",
+        "streaming", or "h2o" when the engine was started with it). Raises UsageError
+        for bad sampling settings here; errors found at submission (prompt too long,
+        queue full, unknown policy) are raised when the Generation is first iterated
+        by `Engine`, here at once by `LocalEngine`.
+        """
+        sampling.validate()
+        return self._start(Generate(prompt, sampling, kv_policy, draft, tuple(media),
+                                    progress), cancel)  # fmt: skip
+
+    def _follow(self, next_event: Callable[[], FromWorker | None],
+                cancel: threading.Event | None, gen: Generation,
+                end: Callable[[bool], None]) -> Iterator[TokenEvent]:  # fmt: skip
+        """The TokenEvents of one request: `next_event()` gives its next event (None:
+        none yet, look at `cancel` and ask again); `end(finished)` runs when the stream
+        stops, with False when it stopped before its Finished / Failed (closed early
+        or cancelled: the request must be cancelled)."""
+        finished = False
+        try:
+            while not (cancel is not None and cancel.is_set()):
+                ev = next_event()
+                if ev is None:
+                    continue
+                # a Progress is no end: a stream closed after one still holds its slot
+                finished = not isinstance(ev, (TokenOut, Progress))
+                event = stream_event(ev, gen, self.load_s)
+                if event is None:
+                    return
+                yield event
+        finally:
+            end(finished)
+
+    def chat_prompt(
+        self,
+        messages: Sequence[ChatMessage],
+        template: str | None = None,
+        tools: Sequence[dict[str, object]] | None = None,
+    ) -> str:
+        """The prompt text for `messages` (and `tools`, OpenAI-style definitions) under
+        the model's template, or the named built-in one (which takes no tools)."""
+        bos, eos = self._special_texts()
+        text, _ = render_chat(self.spec.chat_template, messages, bos_token=bos,
+                              eos_token=eos, builtin=template, tools=tools)  # fmt: skip
+        return text
+
+    def __enter__(self: _E) -> _E:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

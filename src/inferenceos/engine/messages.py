@@ -1,0 +1,289 @@
+"""What crosses the worker pipe, as frozen dataclasses: a tagged union each way.
+
+Parent → worker: one `ToWorker` per pipe message. Every request carries `req_id`
+(keyword-only, so a request can be built first and numbered when it is sent:
+`replace(msg, req_id=n)`). Three shapes:
+- `Generate` opens a stream: the worker answers with `Event`s of that `req_id` until a
+  `Finished` or `Failed`;
+- an `Ask[R]` (Tokenize, Stats, Sleep, ...) is answered by exactly one `Result` whose
+  `value` is an R, or by one `Failed`;
+- `Cancel` ends the stream `req_id` (its `Finished` goes to that stream) and
+  `Shutdown` ends the worker; neither has an answer of its own.
+
+Worker → parent: each pipe message is a list of `FromWorker` (one list per scheduler
+step or request handled). The first message is `[Ready(info)]`, or `[Failed(0, ...)]`
+when the model did not load. A kind the worker does not know is answered with
+`Failed(req_id, "UsageError", ...)`, never a crash.
+
+The `Event`s (TokenOut, Progress, Finished, Failed) are also what the scheduler's
+`step()` / `cancel()` return in process (LocalEngine, `run`): one type for both paths.
+Everything here pickles (plain frozen dataclasses of picklable fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
+
+import inferenceos.errors as errors
+from inferenceos.engine.logprobs import TokenLogprob
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
+from inferenceos.media.item import MediaItem
+
+if TYPE_CHECKING:  # migrate imports the scheduler, which imports this module
+    from inferenceos.engine.migrate import LiveState
+
+R = TypeVar("R")
+
+# -- replies' records ------------------------------------------------------------------
+
+
+class MediaSupport(TypedDict, total=False):
+    """What a model's projector takes; empty without one."""
+
+    vision: bool
+    audio: bool
+    load_s: float  # seconds the projector took to load
+
+
+class WorkerInfo(TypedDict, total=False):
+    """The worker's facts: sent in `Ready`, updated by Sleep / Wake / Resize replies
+    (which add "seconds", and Resize "carried": cached slots restored)."""
+
+    pid: int
+    n_ctx: int  # cells of the whole context
+    n_ctx_slot: int  # cells of one sequence
+    load_s: float
+    bos_text: str
+    eos_text: str
+    asleep: bool
+    draft_bytes: int
+    buffers: dict[str, int]  # "kind:buffer type" -> bytes, from llama.cpp's log
+    media: MediaSupport
+    seconds: float
+    carried: int
+
+
+# The JSON-shaped figures of `Stats` (engine.kv_stats): "running", "waiting", "slots",
+# "policy", "threads", "kv_cache", ...
+StatsReport = dict[str, object]
+
+# -- events: one generation's stream ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenOut:
+    """A chosen token and the text it made safe to emit (may be empty); token -1
+    carries held-back text only. `logprob` / `top_logprobs`: when the request asked."""
+
+    req_id: int
+    token: int
+    text: str
+    logprob: TokenLogprob | None = None
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+
+    def event(self) -> TokenEvent:
+        return TokenEvent(self.token, self.text, self.logprob, self.top_logprobs)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Prompt processing so far, for requests that asked (llama-server's
+    `return_progress`): prompt tokens in all, of them from the cache, processed
+    (the cached included), milliseconds since arrival."""
+
+    req_id: int
+    prompt_tokens: int
+    cached: int
+    processed: int
+    ms: float
+
+    def event(self) -> TokenEvent:
+        return TokenEvent(-1, "", progress=(self.prompt_tokens, self.cached,
+                                            self.processed, self.ms))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The generation is over; `metrics` as the scheduler measured them (a snapshot
+    rounded as GenerationMetrics.to_json rounds: what crossed the pipe as JSON)."""
+
+    req_id: int
+    metrics: GenerationMetrics
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request failed: `error` names an `inferenceos.errors` class, `message` is its
+    text. Ends a stream, or answers an Ask."""
+
+    req_id: int
+    error: str
+    message: str
+
+    @classmethod
+    def of(cls, req_id: int, exc: BaseException) -> Failed:
+        return cls(req_id, type(exc).__name__, str(exc))
+
+    def exception(self) -> errors.InferenceOSError:
+        """The exception to raise in the caller: the named class when it is one of
+        `inferenceos.errors`, else GenerationError (a name from the worker is data)."""
+        cls = getattr(errors, self.error, errors.GenerationError)
+        if not (isinstance(cls, type) and issubclass(cls, errors.InferenceOSError)):
+            cls = errors.GenerationError
+        return cls(self.message)
+
+
+Event = TokenOut | Progress | Finished | Failed
+
+# -- other answers -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    """The answer to an `Ask[R]`: `value` is an R (the worker's contract)."""
+
+    req_id: int
+    value: object
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker loaded its model; always alone in the first pipe message."""
+
+    info: WorkerInfo
+    req_id: int = 0
+
+
+FromWorker = TokenOut | Progress | Finished | Failed | Result | Ready
+
+# -- requests --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToWorker:
+    """Every request to the worker; `req_id` routes its answers back."""
+
+    req_id: int = field(default=0, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Ask(ToWorker, Generic[R]):
+    """A request answered by one `Result` holding an R (or one `Failed`)."""
+
+
+@dataclass(frozen=True)
+class Generate(ToWorker):
+    """Generate for `prompt` (text or token ids). `kv_policy` / `draft`: None for the
+    engine's own. `media`: items for a text prompt holding one media marker each, in
+    order. `progress`: also stream `Progress` while the prompt is processed."""
+
+    prompt: str | list[int]
+    sampling: SamplingParams
+    kv_policy: str | None = None
+    draft: str | None = None
+    media: tuple[MediaItem, ...] = ()
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class Cancel(ToWorker):
+    """End the stream `req_id` now (queued or running); its slot is free at once."""
+
+
+@dataclass(frozen=True)
+class Shutdown(ToWorker):
+    """Stop serving and exit (the worker finishes its KV store's disk writes first)."""
+
+
+@dataclass(frozen=True)
+class MediaTokens(Ask[int]):
+    """Context cells `item` takes in a prompt (UsageError without a projector)."""
+
+    item: MediaItem
+
+
+@dataclass(frozen=True)
+class Stats(Ask[StatsReport]):
+    """KV usage per slot, running and waiting requests (a warm worker stays warm)."""
+
+
+@dataclass(frozen=True)
+class Tokenize(Ask[list[int]]):
+    text: str
+    add_special: bool = True
+
+
+@dataclass(frozen=True)
+class Embed(Ask[list[list[float]]]):
+    """Mean-pooled, L2-normalised embeddings, one per text (or token ids)."""
+
+    texts: tuple[str | list[int], ...]
+
+
+@dataclass(frozen=True)
+class ExportState(Ask["tuple[list[int], bytes] | None"]):
+    """The KV state of the idle slot sharing the longest prefix with `tokens`."""
+
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ImportState(Ask[int]):
+    """Restore an ExportState result into an idle slot; answers the tokens cached."""
+
+    tokens: tuple[int, ...]
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Sleep(Ask[WorkerInfo]):
+    """Free the context, keep the weights (a warm model); only while idle."""
+
+
+@dataclass(frozen=True)
+class Wake(Ask[WorkerInfo]):
+    """Open a context on the kept weights (warm → hot)."""
+
+
+@dataclass(frozen=True)
+class Resize(Ask[WorkerInfo]):
+    """A new context of `settings` (n_ctx counts every slot's cells) and `n_slots` on
+    the same weights, cached slots' KV carried over; only while idle."""
+
+    settings: LoadSettings
+    n_slots: int
+
+
+@dataclass(frozen=True)
+class LiveNeed(Ask[int]):
+    """Cells per sequence the live requests were promised (engine.migrate)."""
+
+
+@dataclass(frozen=True)
+class ExportLive(Ask["LiveState"]):
+    """Detach every running and queued request at this step boundary (engine.migrate);
+    their streams get no event here: they continue where the state is imported."""
+
+
+@dataclass(frozen=True)
+class ImportLive(Ask["dict[str, int]"]):
+    """Resume an ExportLive state here; answers its counts ("restored", ...)."""
+
+    state: LiveState
+
+
+@dataclass(frozen=True)
+class SetThreads(Ask[int]):
+    """Compute with `n` threads from the next step on (None: the settings' own again);
+    answers the decode thread count now in force."""
+
+    n: int | None
+
+
+def unknown(msg: object) -> Failed:
+    """The answer to a message the worker does not know (a bug in the parent, or a
+    parent of another version): a typed error for that request, never a crash."""
+    req_id = msg.req_id if isinstance(msg, ToWorker) else 0
+    return Failed(req_id, "UsageError", f"unknown request {type(msg).__name__}")
