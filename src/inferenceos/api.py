@@ -34,6 +34,7 @@ from inferenceos.errors import ModelNotFoundError, UsageError
 
 if TYPE_CHECKING:  # keep `import inferenceos` cheap: these load on first use
     from inferenceos.engine.chat_template import ChatMessage
+    from inferenceos.engine.client import EngineClient
     from inferenceos.engine.engine import Generation
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.session import GenerationMetrics
@@ -243,7 +244,7 @@ def transcript(messages: Sequence[ChatMessage]) -> str:
 class Model:
     """A loaded model. Thread-safe; `close()` it (or use `with`) to free its memory."""
 
-    def __init__(self, engine: Any, name: str, path: Path) -> None:
+    def __init__(self, engine: EngineClient, name: str, path: Path) -> None:
         self._engine = engine
         self.name = name
         self.path = path
@@ -252,20 +253,19 @@ class Model:
     @property
     def spec(self) -> ModelSpec:
         """What the GGUF header says (architecture, context length, chat template...)."""
-        spec: ModelSpec = self._engine.spec
-        return spec
+        return self._engine.spec
 
     @property
     def n_ctx(self) -> int:
         """Tokens one conversation may hold (prompt + reply)."""
-        return int(self._engine.n_ctx)
+        return self._engine.n_ctx
 
     @property
     def has_chat_template(self) -> bool:
         return bool(self.spec.chat_template)
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> EngineClient:
         """The engine underneath (LocalEngine or Engine), for what this API lacks."""
         return self._engine
 
@@ -428,7 +428,7 @@ def load(
     if isolated:
         from inferenceos.engine.engine import Engine
 
-        engine: Any = Engine(path, chosen, **kw)
+        engine: EngineClient = Engine(path, chosen, **kw)
     else:
         from inferenceos.engine.local import LocalEngine
 

@@ -1,6 +1,7 @@
 """Loaded models and the leases requests hold on them.
 
-A `LoadedModel` is one engine with its plan, tier and bookkeeping; a `Lease` is one
+A `LoadedModel` is one engine (an `engine.client.EngineClient`) with its plan, tier
+and bookkeeping; a `Lease` is one
 request's hold on it (while leased, a model is never demoted or unloaded). Times come
 from `time.monotonic` unless stated.
 """
@@ -8,10 +9,10 @@ from `time.monotonic` unless stated.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from inferenceos.engine.client import EngineClient
 from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.plan.plan import Plan
 from inferenceos.registry.catalog import ResolvedModel
@@ -19,23 +20,8 @@ from inferenceos.registry.catalog import ResolvedModel
 HOT, WARM, COLD = "hot", "warm", "cold"
 
 
-class EngineLike(Protocol):
-    """What the server needs from an engine (`inferenceos.engine.engine.Engine`)."""
-
-    @property
-    def n_ctx(self) -> int: ...
-    @property
-    def load_s(self) -> float: ...
-    def chat_prompt(
-        self,
-        messages: Sequence[Any],
-        template: str | None = None,
-        tools: Sequence[dict[str, Any]] | None = None,
-    ) -> str: ...
-    def generate(self, prompt: str | list[int], sampling: Any, cancel: Any = None) -> Any: ...
-    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
-    def close(self) -> None: ...
+# the old name of the interface, still imported by registry/manager.py and server/
+EngineLike = EngineClient
 
 
 @dataclass
@@ -48,7 +34,7 @@ class LoadedModel:
     """
 
     model: ResolvedModel
-    engine: EngineLike
+    engine: EngineClient
     plan: Plan
     slots: int
     loaded_at: float
@@ -116,7 +102,7 @@ class Lease:
     released: bool = field(default=False)
 
     @property
-    def engine(self) -> EngineLike:
+    def engine(self) -> EngineClient:
         return self.loaded.engine
 
     def release(self) -> None:
