@@ -38,3 +38,42 @@ def test_route_modules_reach_the_state_one_way() -> None:
         text = path.read_text()
         assert "def _state(" not in text, path.name
         assert "app.state.ios" not in text, path.name
+
+
+def test_output_formats_become_grammars_in_one_place() -> None:
+    from inferenceos.server.errors import APIError
+    from inferenceos.server.json_grammar import (
+        JSON_OBJECT_GBNF,
+        grammar_for_schema,
+        output_grammar,
+    )
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert output_grammar(None) is None
+    assert output_grammar("text") is None
+    assert output_grammar("json_object") == JSON_OBJECT_GBNF
+    assert output_grammar("json_object", schema) == grammar_for_schema(schema)
+    assert output_grammar("json_schema", schema) == grammar_for_schema(schema)
+    try:
+        output_grammar("xml", None, "text.format")
+    except APIError as exc:
+        assert (exc.status, exc.message) == (400, "text.format 'xml' is not supported")
+    else:
+        raise AssertionError("an unknown format kind was accepted")
+    for path in SERVER.glob("*.py"):
+        if path.name != "json_grammar.py":
+            text = path.read_text()
+            assert "grammar_for_schema" not in text and "JSON_OBJECT_GBNF" not in text, \
+                f"{path.name} turns a format into a grammar itself"
+
+
+def test_request_sampling_reads_the_shared_fields() -> None:
+    from types import SimpleNamespace
+
+    from inferenceos.server.options import request_sampling
+
+    body = SimpleNamespace(temperature=0.5, top_k=7, seed=3, stop=["x"])  # no top_p, ...
+    s = request_sampling(body, max_tokens=9, grammar=None)
+    assert (s.temperature, s.top_k, s.seed, s.max_tokens) == (0.5, 7, 3, 9)
+    assert s.stop == ()  # stop is each dialect's own (a string or a list): not shared
+    assert request_sampling(body, temperature=1.0).temperature == 1.0  # the dialect's wins

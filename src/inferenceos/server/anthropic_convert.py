@@ -31,8 +31,8 @@ from inferenceos.server.anthropic_schema import (
     MessagesRequest,
 )
 from inferenceos.server.errors import APIError
-from inferenceos.server.json_grammar import grammar_for_schema
-from inferenceos.server.options import sampling_from, stops
+from inferenceos.server.json_grammar import output_grammar
+from inferenceos.server.options import request_sampling, stops
 from inferenceos.server.tools import ToolRequest, tool_request
 
 _DROPPED = frozenset({"thinking", "redacted_thinking"})
@@ -188,13 +188,11 @@ def _grammar(body: MessagesRequest) -> str | None:
     if fmt.type != "json_schema" or fmt.schema_ is None:
         raise _bad("output_config.format must be {\"type\": \"json_schema\", \"schema\": "
                    "{...}}")
-    return grammar_for_schema(fmt.schema_)
+    return output_grammar("json_schema", fmt.schema_)
 
 
 def sampling_of(body: MessagesRequest) -> SamplingParams:
     """Sampling from the request; temperature defaults to 1.0, as Anthropic's does."""
-    return sampling_from({
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": body.top_p, "top_k": body.top_k, "max_tokens": body.max_tokens,
-        "stop": stops(body.stop_sequences), "grammar": _grammar(body),
-    })
+    return request_sampling(
+        body, temperature=1.0 if body.temperature is None else body.temperature,
+        max_tokens=body.max_tokens, stop=stops(body.stop_sequences), grammar=_grammar(body))

@@ -26,7 +26,7 @@ from inferenceos.errors import UsageError
 from inferenceos.media.collect import MediaSet
 from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
 from inferenceos.server.errors import APIError
-from inferenceos.server.json_grammar import grammar_for_schema
+from inferenceos.server.json_grammar import output_grammar
 from inferenceos.server.llamacpp_shapes import RANDOM_SEED
 from inferenceos.server.llamacpp_vocab import Vocab
 from inferenceos.server.openai_schema import EmbeddingText
@@ -230,7 +230,7 @@ def grammar_of(body: dict[str, Any]) -> str | None:
         return None
     if isinstance(schema, dict) and not schema:
         schema = {"type": "object"}
-    return grammar_for_schema(schema)
+    return output_grammar("json_schema", schema)
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
-from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.json_grammar import output_grammar
 from inferenceos.server.logprobs import entries
 from inferenceos.server.media_parts import decode_in_thread, media_set, ollama_images
 from inferenceos.server.ollama_schema import (
@@ -96,9 +96,9 @@ def _with_format(parsed: tuple[SamplingParams, dict[str, int]], fmt: Any,
     if logprobs:
         sampling = dataclasses.replace(sampling, logprobs=top_logprobs or 0)
     if fmt == "json":
-        sampling = dataclasses.replace(sampling, grammar=JSON_OBJECT_GBNF)
+        sampling = dataclasses.replace(sampling, grammar=output_grammar("json_object"))
     elif isinstance(fmt, dict):
-        sampling = dataclasses.replace(sampling, grammar=grammar_for_schema(fmt))
+        sampling = dataclasses.replace(sampling, grammar=output_grammar("json_schema", fmt))
     return sampling, overrides
 
 

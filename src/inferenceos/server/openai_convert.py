@@ -18,16 +18,20 @@ OpenAI's messages.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.media.collect import MediaSet, check_text
 from inferenceos.server.errors import APIError
-from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.json_grammar import output_grammar
 from inferenceos.server.media_parts import OPENAI_MEDIA_PARTS, openai_part
-from inferenceos.server.openai_schema import ChatCompletionRequest, ChatMessageIn, SamplingFields
-from inferenceos.server.options import UNLIMITED, sampling_from, stops
+from inferenceos.server.openai_schema import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    ResponseFormat,
+    SamplingFields,
+)
+from inferenceos.server.options import UNLIMITED, request_sampling, stops
 from inferenceos.server.tools import ToolRequest, history_call, tool_request
 
 
@@ -45,14 +49,9 @@ def _logit_bias(body: SamplingFields) -> tuple[tuple[int, float], ...]:
 def sampling(body: SamplingFields, max_tokens: int | None,
              grammar: str | None = None, logprobs: int | None = None) -> SamplingParams:
     """The request's sampling; `max_tokens` None is unlimited (the context caps it)."""
-    return sampling_from({
-        "grammar": grammar, "logit_bias": _logit_bias(body), "logprobs": logprobs,
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "min_p": body.min_p, "repeat_penalty": body.repeat_penalty, "seed": body.seed,
-        "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-        "stop": stops(body.stop), "max_tokens": UNLIMITED if max_tokens is None else max_tokens,
-        "draft": body.draft,
-    })
+    return request_sampling(body, grammar=grammar, logit_bias=_logit_bias(body),
+                            logprobs=logprobs, stop=stops(body.stop),
+                            max_tokens=UNLIMITED if max_tokens is None else max_tokens)
 
 
 def variants(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -131,23 +130,20 @@ def tools_of(body: ChatCompletionRequest) -> ToolRequest | None:
                         else choice, body.parallel_tool_calls)
 
 
-def _grammar(fmt: Any) -> str | None:
+def _grammar(fmt: ResponseFormat | None) -> str | None:
     """The grammar a response_format asks for: none, any JSON object (or, llama.cpp's
     extension, one valid under its `schema`), or a json_schema."""
-    if fmt is None or fmt.type == "text":
+    if fmt is None:
         return None
-    if fmt.type == "json_object":
-        return JSON_OBJECT_GBNF if fmt.schema_ is None else grammar_for_schema(fmt.schema_)
-    if fmt.type != "json_schema":
-        raise APIError(400, f"response_format {fmt.type!r} is not supported",
-                       "unsupported_parameter")
-    schema = (fmt.json_schema or {}).get("schema")
-    if schema is None:
-        raise APIError(400, "response_format json_schema needs json_schema.schema")
-    return grammar_for_schema(schema)
+    schema = fmt.schema_
+    if fmt.type == "json_schema":
+        schema = (fmt.json_schema or {}).get("schema")
+        if schema is None:
+            raise APIError(400, "response_format json_schema needs json_schema.schema")
+    return output_grammar(fmt.type, schema, "response_format")
 
 
-def constraint(body: SamplingFields, fmt: Any = None) -> str | None:
+def constraint(body: SamplingFields, fmt: ResponseFormat | None = None) -> str | None:
     """The grammar of a request: llama.cpp's `grammar` (GBNF) or top-level `json_schema`
     extensions, or its response_format; at most one of them. A schema that cannot be
     turned into a grammar is a 400 here, a grammar that does not parse a 400 when the
@@ -161,5 +157,5 @@ def constraint(body: SamplingFields, fmt: Any = None) -> str | None:
     if body.grammar:
         return body.grammar
     if body.json_schema is not None:
-        return grammar_for_schema(body.json_schema or {"type": "object"})
+        return output_grammar("json_schema", body.json_schema or {"type": "object"})
     return from_format

@@ -1,7 +1,9 @@
 """Request parameters → `SamplingParams`, load overrides and keep-alive seconds.
 
-OpenAI and Ollama name the same knobs differently; both end up here so the mapping is
-written once. Values are validated by `SamplingParams.validate()` (UsageError → 400).
+The dialects name the same knobs differently; all end up here so the mapping is
+written once (`request_sampling` for request models whose fields share SamplingParams'
+names, `ollama_options` for Ollama's `options`; llama-server's body: llamacpp_schema).
+Values are validated by `SamplingParams.validate()` (UsageError → 400).
 """
 
 from __future__ import annotations
@@ -56,6 +58,20 @@ def sampling_from(fields: dict[str, Any]) -> SamplingParams:
     params = SamplingParams(**{k: v for k, v in fields.items() if v is not None and k in known})
     params.validate()
     return params
+
+
+# request fields every dialect that has them names as SamplingParams does (OpenAI's,
+# the Responses API's, sessions', Anthropic's; llama.cpp's extensions among them)
+SHARED_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty",
+                   "presence_penalty", "frequency_penalty", "draft")
+
+
+def request_sampling(body: object, **fields: Any) -> SamplingParams:
+    """SamplingParams from a request model: its `SHARED_SAMPLING` fields (those it
+    has), then the dialect's own mapping in `fields` (stop, max_tokens, grammar...;
+    None entries, in either, are left to the defaults)."""
+    shared = {name: getattr(body, name, None) for name in SHARED_SAMPLING}
+    return sampling_from({**shared, **fields})
 
 
 # Ollama's option names → SamplingParams fields

@@ -42,7 +42,7 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
-from inferenceos.server.json_grammar import JSON_OBJECT_GBNF, grammar_for_schema
+from inferenceos.server.json_grammar import output_grammar
 from inferenceos.server.media_parts import (
     RESPONSES_MEDIA_PARTS,
     decode_in_thread,
@@ -50,7 +50,7 @@ from inferenceos.server.media_parts import (
     responses_part,
 )
 from inferenceos.server.openai_schema import ERROR_RESPONSES
-from inferenceos.server.options import UNLIMITED, sampling_from
+from inferenceos.server.options import UNLIMITED, request_sampling
 from inferenceos.server.responses_schema import InputItem, ResponseRequest
 from inferenceos.server.sse import RESPONSES_SSE, stream_response
 from inferenceos.server.state import state_of
@@ -197,24 +197,19 @@ def _assistant(text: str, calls: list[dict[str, Any]]) -> ChatMessage:
 
 
 def _grammar(body: ResponseRequest) -> str | None:
+    """The grammar `text.format` asks for (json_object: any object, its schema unused)."""
     fmt = body.text.format if body.text else None
-    if fmt is None or fmt.type == "text":
+    if fmt is None:
         return None
-    if fmt.type == "json_object":
-        return JSON_OBJECT_GBNF
-    if fmt.type == "json_schema":
-        if fmt.schema_ is None:
-            raise APIError(400, "text.format json_schema needs a schema", "invalid_format")
-        return grammar_for_schema(fmt.schema_)
-    raise APIError(400, f"text.format {fmt.type!r} is not supported", "unsupported_parameter")
+    if fmt.type == "json_schema" and fmt.schema_ is None:
+        raise APIError(400, "text.format json_schema needs a schema", "invalid_format")
+    return output_grammar(fmt.type, fmt.schema_ if fmt.type == "json_schema" else None,
+                          "text.format")
 
 
 def _sampling(body: ResponseRequest) -> SamplingParams:
-    return sampling_from({
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "min_p": body.min_p, "seed": body.seed, "grammar": _grammar(body),
-        "max_tokens": body.max_output_tokens or UNLIMITED,
-    })
+    return request_sampling(body, grammar=_grammar(body),
+                            max_tokens=body.max_output_tokens or UNLIMITED)
 
 
 def _message_item(mid: str, text: str, status: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from inferenceos.server.generation import (
     until_disconnect,
 )
 from inferenceos.server.openai_schema import ERROR_RESPONSES, ErrorResponse
-from inferenceos.server.options import UNLIMITED, sampling_from, stops
+from inferenceos.server.options import UNLIMITED, request_sampling, stops
 from inferenceos.server.responses_schema import SessionCreate, SessionMessage
 from inferenceos.server.session_store import Session, SessionNotFoundError, SessionStore
 from inferenceos.server.sse import sse_response
@@ -205,10 +205,8 @@ async def session_message(session_id: str, body: SessionMessage, request: Reques
             lock.release()
 
     try:
-        sampling = sampling_from({
-            "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-            "min_p": body.min_p, "seed": body.seed, "stop": stops(body.stop),
-            "max_tokens": body.max_tokens or UNLIMITED})
+        sampling = request_sampling(body, stop=stops(body.stop),
+                                    max_tokens=body.max_tokens or UNLIMITED)
 
         def prepare() -> tuple[list[int], int]:
             with state.manager.acquire(s.model) as lease:
