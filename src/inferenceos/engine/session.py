@@ -3,6 +3,9 @@
 The small verbs are `tokenize`, `prefill`, `decode_one`, and `generate`, which streams
 `TokenEvent`s and ends with the run's `GenerationMetrics`. Times are wall-clock from
 `time.perf_counter()`; t/s figures count the tokens llama.cpp actually evaluated.
+llama.cpp's parameters come from `engine/llama_structs.py` (the one builder, shared
+with `memory_report.measure_load`); `embed` / `embed_many` run on the second context of
+`engine/embeddings.py`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import numpy as np
 from inferenceos import interrupt
 from inferenceos.engine import step_plan
 from inferenceos.engine.candidates import logits_row
+from inferenceos.engine.embeddings import Embedder
 from inferenceos.engine.llama_lib import lib, log
-from inferenceos.engine.llama_structs import context_params, embedding_context_params, model_params
+from inferenceos.engine.llama_structs import context_params, model_params
 from inferenceos.engine.llama_structs import default_threads as default_threads  # re-exported
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
@@ -181,7 +185,7 @@ class LoadedModel:
                 self._streamer.close()
             raise
         self.ctx: Any = None
-        self._embed_ctx: Any = None
+        self._embedder = Embedder(self)
         try:
             self.ctx = self._new_context()
             interrupt.check()  # a Ctrl-C that llama.cpp's log callback could not raise
@@ -405,93 +409,20 @@ class LoadedModel:
 
     # -- embeddings --------------------------------------------------------------------
 
-    EMBED_SEQS = 8  # texts pooled in one llama_decode
-
-    def _embedding_context(self) -> Any:
-        """A second context that pools hidden states (mean) instead of producing logits."""
-        if self._embed_ctx is None:
-            ll = self._ll
-            # a pooled embedding needs each text whole in one micro-batch
-            n_ctx = min(self.n_ctx, 2048)
-            params = embedding_context_params(self.settings, n_ctx, self.EMBED_SEQS)
-            ctx = ll.llama_init_from_model(self.model, params)
-            if not ctx:
-                raise ModelLoadError(
-                    f"llama.cpp could not create an embedding context for {self.path}"
-                )
-            self._embed_ctx = ctx
-        return self._embed_ctx
-
     def embed(self, text: str) -> list[float]:
         """The mean-pooled, L2-normalised embedding of `text`."""
         return self.embed_many([text])[0]
 
     def embed_many(self, texts: Sequence[str | list[int]]) -> list[list[float]]:
-        """Embeddings of `texts`, in order, several texts per llama_decode. An item may
-        be token ids (llama.cpp's API), checked against the vocabulary."""
-        ctx = self._embedding_context()
-        limit = int(self._ll.llama_n_ctx(ctx))
-        token_lists = []
-        for text in texts:
-            if not text:
-                raise UsageError("cannot embed an empty text")
-            if isinstance(text, list):
-                bad = next((t for t in text if not 0 <= t < self.n_vocab), None)
-                if bad is not None:
-                    raise UsageError(f"token id {bad} is outside the vocabulary "
-                                     f"(0..{self.n_vocab - 1})")
-            tokens = list(text) if isinstance(text, list) else self.tokenize(text)
-            if len(tokens) > limit:
-                raise UsageError(
-                    f"a text has {len(tokens)} tokens; embeddings take at most {limit}"
-                )
-            token_lists.append(tokens)
-        out: list[list[float]] = []
-        group: list[list[int]] = []
-        for tokens in token_lists:  # greedy packing: up to EMBED_SEQS texts, `limit` tokens
-            if group and (
-                len(group) == self.EMBED_SEQS or sum(map(len, group)) + len(tokens) > limit
-            ):
-                out += self._embed_group(ctx, group)
-                group = []
-            group.append(tokens)
-        if group:
-            out += self._embed_group(ctx, group)
-        return out
-
-    def _embed_group(self, ctx: Any, group: list[list[int]]) -> list[list[float]]:
-        from inferenceos.engine.batch import TokenBatch
-
-        ll = self._ll
-        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
-        batch = TokenBatch(sum(map(len, group)), self.EMBED_SEQS)
-        try:
-            for seq, tokens in enumerate(group):
-                for pos, tok in enumerate(tokens):
-                    batch.add(tok, pos, seq, True)
-            rc = ll.llama_decode(ctx, batch.raw)
-            if rc != 0:
-                decode_failed(rc)
-                raise GenerationError("llama_decode failed while embedding")
-        finally:
-            batch.close()
-        n_embd = int(ll.llama_model_n_embd(self.model))
-        vectors = []
-        for seq in range(len(group)):
-            ptr = ll.llama_get_embeddings_seq(ctx, seq)
-            if not ptr:
-                raise GenerationError("llama.cpp returned no pooled embedding")
-            vec = [float(ptr[i]) for i in range(n_embd)]
-            norm = sum(v * v for v in vec) ** 0.5 or 1.0
-            vectors.append([v / norm for v in vec])
-        return vectors
+        """Embeddings of `texts`, in order, several texts per llama_decode, on a second
+        context created the first time (engine/embeddings.py). An item may be token ids
+        (llama.cpp's API), checked against the vocabulary."""
+        return self._embedder.embed_many(texts)
 
     def free_context(self) -> None:
         """Free the context (KV cells, compute and output buffers) and keep the weights:
         a "warm" model. `open_context` makes it usable again without re-reading them."""
-        if self._embed_ctx is not None:
-            self._ll.llama_free(self._embed_ctx)
-            self._embed_ctx = None
+        self._embedder.close()
         if self.ctx is not None:
             self._ll.llama_free(self.ctx)
             self.ctx = None
@@ -524,9 +455,7 @@ class LoadedModel:
         if getattr(self, "_watchdog", None) is not None:
             self._watchdog.stop()
             self._watchdog = None
-        if self._embed_ctx is not None:
-            self._ll.llama_free(self._embed_ctx)
-            self._embed_ctx = None
+        self._embedder.close()
         if self.ctx is not None:
             self._ll.llama_free(self.ctx)
             self.ctx = None

@@ -1,0 +1,110 @@
+"""Pooled embeddings of texts, on a second llama.cpp context beside a model's main one.
+
+`Embedder(lm)` creates its context on `lm`'s weights the first time it is asked
+(llama.cpp's mean pooling, L2-normalised here) and frees it on `close()`; `LoadedModel`
+owns one and keeps `embed` / `embed_many` as its own verbs, which call it. Up to
+`SEQS` texts share one llama_decode; a text must fit whole in one micro-batch, so the
+context is at most 2048 cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from inferenceos import interrupt
+from inferenceos.engine.batch import TokenBatch
+from inferenceos.engine.llama_lib import lib
+from inferenceos.engine.llama_structs import embedding_context_params
+from inferenceos.errors import GenerationError, ModelLoadError, UsageError
+
+if TYPE_CHECKING:
+    from inferenceos.engine.session import LoadedModel
+
+MAX_CELLS = 2048  # the embedding context's size cap (each text whole in one ubatch)
+
+
+class Embedder:
+    """The embedding context of one LoadedModel. Not thread-safe (as the model)."""
+
+    SEQS = 8  # texts pooled in one llama_decode
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self._lm = lm
+        self._ll = lib()
+        self._ctx: Any = None
+
+    def _context(self) -> Any:
+        if self._ctx is None:
+            lm = self._lm
+            n_ctx = min(lm.n_ctx, MAX_CELLS)
+            params = embedding_context_params(lm.settings, n_ctx, self.SEQS)
+            ctx = self._ll.llama_init_from_model(lm.model, params)
+            if not ctx:
+                why = f"llama.cpp could not create an embedding context for {lm.path}"
+                raise ModelLoadError(why)
+            self._ctx = ctx
+        return self._ctx
+
+    def close(self) -> None:
+        """Free the context (a later call creates it again)."""
+        if self._ctx is not None:
+            self._ll.llama_free(self._ctx)
+            self._ctx = None
+
+    def embed_many(self, texts: Sequence[str | list[int]]) -> list[list[float]]:
+        """Embeddings of `texts`, in order. An item may be token ids (llama.cpp's API),
+        checked against the vocabulary; UsageError for an empty or too long text."""
+        ctx = self._context()
+        limit = int(self._ll.llama_n_ctx(ctx))
+        token_lists = [self._tokens(text, limit) for text in texts]
+        out: list[list[float]] = []
+        group: list[list[int]] = []
+        for tokens in token_lists:  # greedy packing: up to SEQS texts, `limit` tokens
+            if group and (len(group) == self.SEQS or sum(map(len, group)) + len(tokens) > limit):
+                out += self._embed_group(ctx, group)
+                group = []
+            group.append(tokens)
+        if group:
+            out += self._embed_group(ctx, group)
+        return out
+
+    def _tokens(self, text: str | list[int], limit: int) -> list[int]:
+        lm = self._lm
+        if not text:
+            raise UsageError("cannot embed an empty text")
+        if isinstance(text, list):
+            bad = next((t for t in text if not 0 <= t < lm.n_vocab), None)
+            if bad is not None:
+                raise UsageError(f"token id {bad} is outside the vocabulary "
+                                 f"(0..{lm.n_vocab - 1})")  # fmt: skip
+        tokens = list(text) if isinstance(text, list) else lm.tokenize(text)
+        if len(tokens) > limit:
+            raise UsageError(f"a text has {len(tokens)} tokens; embeddings take at most {limit}")
+        return tokens
+
+    def _embed_group(self, ctx: Any, group: list[list[int]]) -> list[list[float]]:
+        ll = self._ll
+        ll.llama_memory_clear(ll.llama_get_memory(ctx), True)
+        batch = TokenBatch(sum(map(len, group)), self.SEQS)
+        try:
+            for seq, tokens in enumerate(group):
+                for pos, tok in enumerate(tokens):
+                    batch.add(tok, pos, seq, True)
+            rc = ll.llama_decode(ctx, batch.raw)
+            if rc != 0:
+                if rc == 2:  # aborted: a Ctrl-C asked (session.decode_failed, which
+                    interrupt.check()  # this module cannot import: session imports it)
+                raise GenerationError("llama_decode failed while embedding")
+        finally:
+            batch.close()
+        n_embd = int(ll.llama_model_n_embd(self._lm.model))
+        vectors = []
+        for seq in range(len(group)):
+            ptr = ll.llama_get_embeddings_seq(ctx, seq)
+            if not ptr:
+                raise GenerationError("llama.cpp returned no pooled embedding")
+            vec = [float(ptr[i]) for i in range(n_embd)]
+            norm = sum(v * v for v in vec) ** 0.5 or 1.0
+            vectors.append([v / norm for v in vec])
+        return vectors
