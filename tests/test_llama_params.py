@@ -155,3 +155,24 @@ def test_a_workers_buffers_are_parsed_with_its_address() -> None:
         ("KV", "RPC1[10.0.0.2:50052]"): round(0.25 * MIB),
         ("model", "CPU_Mapped"): round(2.02 * MIB),
     }
+
+
+def test_a_file_check_and_a_vocabulary_load_place_nothing(tiny_llama: Path) -> None:
+    from inferenceos.engine.llama_lib import lib
+    from inferenceos.engine.llama_structs import (
+        LOAD_MODE_NONE,
+        describe_model_params,
+        file_check_params,
+        vocab_only_params,
+    )
+
+    ll = lib()
+    check = describe_model_params(file_check_params())
+    assert check["no_alloc"] and check["load_mode"] == LOAD_MODE_NONE
+    assert check["n_gpu_layers"] == 0 and check["devices"] == []
+    vocab = vocab_only_params()
+    assert vocab.vocab_only and vocab.n_gpu_layers == 0
+    for params in (file_check_params(), vocab):
+        model = ll.llama_model_load_from_file(str(tiny_llama).encode(), params)
+        assert model
+        ll.llama_model_free(model)

@@ -10,6 +10,8 @@ devices, tensor split and buffer-type overrides of a multi-device plan).
   `ModelParams` alive until `llama_model_load_from_file` has returned.
 - `context_params(s)` → `llama_context_params` for the model's main context.
 - `embedding_context_params(s, n_ctx, n_seq_max)` → the pooled-embeddings context.
+- `file_check_params()`, `vocab_only_params()`: loads that are no plan's (a dry load
+  of a file on the CPU; its vocabulary alone).
 - `describe_model_params` / `describe_context_params`: a struct as plain values with
   pointers followed (device and buffer-type names, split shares), to compare or log.
 
@@ -74,6 +76,25 @@ def model_params(s: LlamaParams, *, dry_run: bool = False) -> ModelParams:
     params.no_alloc = dry_run
     params.progress_callback = stop_callbacks()[0]
     return ModelParams(params, _placement(params, s))
+
+
+def file_check_params() -> Any:
+    """llama_model_params for asking whether llama.cpp can load a file at all (the
+    registry's load check): a no_alloc dry load on the CPU, whatever the placement."""
+    params = lib().llama_model_default_params()
+    params.n_gpu_layers = 0  # the question is the file, not the placement
+    params.no_alloc = True
+    params.load_mode = LOAD_MODE_NONE  # with a mapping, no_alloc asserts
+    return params
+
+
+def vocab_only_params() -> Any:
+    """llama_model_params that load a file's vocabulary and no weights (tokenizing
+    without a loaded model: the server's llama.cpp-compatible routes)."""
+    params = lib().llama_model_default_params()
+    params.vocab_only = True
+    params.n_gpu_layers = 0
+    return params
 
 
 def _placement(params: Any, s: LlamaParams) -> list[Any]:

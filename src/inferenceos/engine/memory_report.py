@@ -104,24 +104,16 @@ def rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def _make_room() -> None:
-    """LlamaLog.mark() is an index into a bounded deque, so it goes stale once the deque
-    is full; a load logs ~1000 lines. Empty it first so `since(mark)` reads this load.
-    TODO: drop when LlamaLog gets a monotonic line counter."""
-    lg = log()
-    if lg.lines.maxlen is not None and len(lg.lines) > lg.lines.maxlen // 4:
-        lg.lines.clear()
-
-
 def measure_load(path: Path, settings: LlamaParams, dry_run: bool = False) -> BufferReport:
     """Load `path` with `settings` (or dry-run it), free it, and report its buffers.
 
-    Raises ModelLoadError with llama.cpp's own reason when it refuses the settings (e.g.
-    a quantized V cache without flash attention).
+    The parameters are the engine's (`LoadedModel` builds them with the same
+    functions); the one difference is the prefetcher's eval callback of a disk-bound
+    plan, which sizes no buffer. Raises ModelLoadError with llama.cpp's own reason when
+    it refuses the settings (e.g. a quantized V cache without flash attention).
     """
     ll = lib()
-    _make_room()
-    mark = log().mark()
+    mark = log().mark()  # a line count: valid however many lines the bounded log drops
     rss0 = rss_bytes()
     # the engine's own builder (engine/llama_structs.py), so what is measured is the
     # load the engine makes; `params` (and the buffers it points into) lives until the
