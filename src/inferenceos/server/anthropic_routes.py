@@ -200,7 +200,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Any:
             text += prefill
             if not items:
                 return len(engine.tokenize(text))
-            cells = engine.media_tokens  # type: ignore[attr-defined]
+            cells = engine.media_tokens
             return (len(engine.tokenize(text.replace(MEDIA_MARKER, "")))
                     + sum(int(cells(m)) for m in items))
 

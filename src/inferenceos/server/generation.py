@@ -203,7 +203,7 @@ def _context_to_grow(lease: Lease, prompt: str | list[int], sampling: SamplingPa
     encoder tokens take (`engine.media_tokens`; UsageError without a projector)."""
     n_ctx = lease.engine.n_ctx
     if media and isinstance(prompt, str):
-        cells = lease.engine.media_tokens  # type: ignore[attr-defined]
+        cells = lease.engine.media_tokens
         n = (len(lease.engine.tokenize(prompt.replace(MEDIA_MARKER, "")))
              + sum(int(cells(m)) for m in media))
     elif isinstance(prompt, str):
