@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferenceos.engine.llama_lib import log as llama_log
 from inferenceos.engine.media_encoder import open_encoder
@@ -51,6 +51,11 @@ from inferenceos.engine.messages import (
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import InferenceOSError
 from inferenceos.model.spec import ModelSpec, load_spec
+
+if TYPE_CHECKING:  # loaded on first use: the parent imports this module for WorkerConfig
+    from inferenceos.engine.attention_probe import AttentionProbe
+    from inferenceos.engine.kv_store import KVStore
+    from inferenceos.engine.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def _info(lm: LoadedModel, n_slots: int) -> WorkerInfo:
     }
 
 
-def _handle(msg: ToWorker, lm: LoadedModel, sched: Any) -> list[FromWorker]:
+def _handle(msg: ToWorker, lm: LoadedModel, sched: Scheduler) -> list[FromWorker]:
     """Apply one request on an awake scheduler; returns what to send back. A failure
     costs that request only (a typed Failed), never the worker."""
     rid = msg.req_id
@@ -133,7 +138,8 @@ def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
     return {}
 
 
-def _attention_setup(cfg: WorkerConfig, spec: ModelSpec) -> tuple[LoadSettings, Any]:
+def _attention_setup(cfg: WorkerConfig,
+                     spec: ModelSpec) -> tuple[LoadSettings, AttentionProbe | None]:  # fmt: skip
     """For policies that read attention (h2o): a probe on the full-attention layers,
     flash attention off (llama.cpp has no attention probabilities with it on) and one
     shared KV pool (the probe maps one attention row per token to cells of one pool)."""
@@ -154,7 +160,8 @@ def _attention_setup(cfg: WorkerConfig, spec: ModelSpec) -> tuple[LoadSettings, 
     return replace(cfg.settings, flash_attn=0, kv_unified=True), probe
 
 
-def _open_store(cfg: WorkerConfig, spec: ModelSpec, settings: LoadSettings) -> Any:
+def _open_store(cfg: WorkerConfig, spec: ModelSpec,
+                settings: LoadSettings) -> KVStore | None:  # fmt: skip
     """The tiered KV store for this model and KV layout, or None when both budgets are
     0. Partial prefixes are restored only when every layer keeps all its cells."""
     if cfg.kv_cache_ram <= 0 and (cfg.kv_cache_disk <= 0 or cfg.kv_cache_dir is None):
@@ -167,7 +174,7 @@ def _open_store(cfg: WorkerConfig, spec: ModelSpec, settings: LoadSettings) -> A
                    cfg.kv_cache_disk, partial=not windowed)
 
 
-def _step(sched: Any) -> list[FromWorker]:
+def _step(sched: Scheduler) -> list[FromWorker]:
     """One scheduler step; an unexpected exception fails the running requests only."""
     try:
         return list(sched.step())
@@ -195,9 +202,9 @@ class _Runtime:
             self.lm.close()
             raise
         self.kv_store = _open_store(cfg, self.spec, settings)
-        self.sched: Any = self._scheduler()
+        self.sched: Scheduler | None = self._scheduler()
 
-    def _scheduler(self) -> Any:
+    def _scheduler(self) -> Scheduler:
         from inferenceos.engine.scheduler import Scheduler
 
         c = self.cfg
@@ -206,7 +213,7 @@ class _Runtime:
                          policy_options=policy_options(self.spec), draft=c.draft,
                          media=self.media, kv_store=self.kv_store)  # fmt: skip
 
-    def awake(self) -> Any:
+    def awake(self) -> Scheduler:
         """The scheduler, opening a context first if the worker sleeps."""
         if self.sched is None:
             self.lm.open_context()
@@ -285,7 +292,7 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
                 if events:
                     conn.send(events)
                 busy = rt.sched is not None and rt.sched.has_work()
-            if busy:
+            if busy and rt.sched is not None:
                 events = _step(rt.sched)
                 if events:
                     conn.send(events)
