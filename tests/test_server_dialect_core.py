@@ -77,3 +77,34 @@ def test_request_sampling_reads_the_shared_fields() -> None:
     assert (s.temperature, s.top_k, s.seed, s.max_tokens) == (0.5, 7, 3, 9)
     assert s.stop == ()  # stop is each dialect's own (a string or a list): not shared
     assert request_sampling(body, temperature=1.0).temperature == 1.0  # the dialect's wins
+
+
+def test_replies_are_read_in_one_place() -> None:
+    """Tool calls and reasoning are read by reply.py for every dialect: no route
+    module holds text back or parses calls itself."""
+    for path in ROUTE_MODULES:
+        text = path.read_text()
+        for name in ("ToolCallStream", "parse_tool_calls", "ThinkingSplit", "split_reasoning"):
+            assert name not in text, f"{path.name} uses {name} itself"
+
+
+def test_reply_text_holds_calls_back_after_the_reasoning() -> None:
+    from inferenceos.server.anthropic_thinking import reasoning_of
+    from inferenceos.server.reply import ReplyText, read_reply
+    from inferenceos.server.tool_calls import detect_format
+
+    fmt = detect_format("{% for t in tools %}<tool_call>{{ t }}</tool_call>{% endfor %}")
+    assert fmt is not None
+    fmt = fmt.bound([{"name": "f", "parameters": {"type": "object"}}])
+    reasoning = reasoning_of("{{ content.split('</think>')[-1] }} <think>")  # as Qwen3's
+    whole = '<think>hm</think>ok <tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    thought, answer, calls = read_reply(whole, fmt, reasoning)
+    assert (thought, answer.strip(), [c.name for c in calls]) == ("hm", "ok", ["f"])
+    reply = ReplyText(fmt, reasoning)
+    pieces = [reply.feed(p) for p in (whole[:9], whole[9:20], whole[20:])]
+    end = reply.finish()
+    sent = "".join(t for _, t in pieces) + end[1]
+    assert "".join(th for th, _ in pieces) + end[0] == "hm"
+    assert "<tool_call>" not in sent and sent.strip() == "ok"
+    assert [c.name for c in end[2]] == ["f"]
+    assert ReplyText(None).feed("<tool_call>x") == ("", "<tool_call>x")  # no tools: as is

@@ -30,6 +30,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -50,12 +51,7 @@ from inferenceos.server.anthropic_schema import (
     MessagesRequest,
     TokensCount,
 )
-from inferenceos.server.anthropic_thinking import (
-    Reasoning,
-    ThinkingSplit,
-    reasoning_of,
-    split_reasoning,
-)
+from inferenceos.server.anthropic_thinking import Reasoning, reasoning_of
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -67,9 +63,10 @@ from inferenceos.server.generation import (
 from inferenceos.server.llamacpp_shapes import stopping_word
 from inferenceos.server.llamacpp_vocab import vocab_for
 from inferenceos.server.media_parts import decode_in_thread, media_set
+from inferenceos.server.reply import Delta, Final, read_reply, reply_events
 from inferenceos.server.sse import ANTHROPIC_SSE, stream_response
 from inferenceos.server.state import ServerState, state_of
-from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import ToolRequest
 
 router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERROR_RESPONSES)
@@ -126,10 +123,7 @@ def _stop(done: Done, text: str, stops: tuple[str, ...], max_tokens: int,
 def _blocks(text: str, reasoning: Reasoning | None, run: Run
             ) -> tuple[list[dict[str, Any]], list[ParsedCall]]:
     """The content blocks of a whole reply, and the calls among them."""
-    thinking, answer = split_reasoning(text, reasoning)
-    calls: list[ParsedCall] = []
-    if run.tool_format is not None:
-        answer, calls = parse_tool_calls(answer, run.tool_format)
+    thinking, answer, calls = read_reply(text, run.tool_format, reasoning)
     blocks: list[dict[str, Any]] = []
     if thinking:
         blocks.append({"type": "thinking", "thinking": thinking, "signature": ""})
@@ -274,55 +268,42 @@ class _Stream:
                 yield {"type": "ping"}
 
     async def _events(self) -> AsyncIterator[dict[str, Any]]:
-        reasoning = reasoning_of(_template(self.run))
-        split = ThinkingSplit(reasoning) if reasoning else None
-        held = ToolCallStream(self.run.tool_format) if self.run.tool_format else None
         started = False
         last = time.monotonic()  # of the last event sent
-        events = self.run.events()
-        try:
-            async for item in events:
+        async with aclosing(reply_events(self.run, reasoning_of(_template(self.run)))
+                            ) as replies:
+            async for d in replies:
                 if not started:
                     started = True
-                    progress = item.progress if not isinstance(item, Done) else None
+                    progress = d.event.progress if isinstance(d, Delta) else None
                     yield self._start(progress)
                     if progress is not None:
                         continue
-                if isinstance(item, Done):
-                    for ev in await self._end(item, split, held):
+                if isinstance(d, Final):
+                    for ev in await self._end(d):
                         yield ev
-                    return
-                if item.progress is not None:  # a long prompt is still being read
+                    continue  # the last one: the loop ends
+                if d.event.progress is not None:  # a long prompt is still being read
                     if time.monotonic() - last > PING_EVERY_S:
                         last = time.monotonic()
                         yield {"type": "ping"}
                     continue
                 last = time.monotonic()
-                if not item.text:
+                if not d.event.text:
                     continue
-                self.raw.append(item.text)
-                thought, text = split.feed(item.text) if split else ("", item.text)
-                text = held.feed(text) if held and text else text
-                for ev in [*self._delta("thinking", thought), *self._delta("text", text)]:
+                self.raw.append(d.event.text)
+                for ev in [*self._delta("thinking", d.thought), *self._delta("text", d.text)]:
                     yield ev
-        finally:
-            await events.aclose()
 
-    async def _end(self, done: Done, split: ThinkingSplit | None,
-                   held: ToolCallStream | None) -> list[dict[str, Any]]:
+    async def _end(self, final: Final) -> list[dict[str, Any]]:
         """The events after the last token: what was held back, the calls, the end."""
-        thought, text = split.finish() if split else ("", "")
-        out = self._delta("thinking", thought)
-        text = held.feed(text) if held and text else text
-        out += self._delta("text", text)
-        rest, calls = held.finish() if held else ("", [])
-        out += self._delta("text", rest)
-        if self.index < 0 and not calls:  # never an empty content list
+        out = [*self._delta("thinking", final.thought), *self._delta("text", final.text)]
+        if self.index < 0 and not final.calls:  # never an empty content list
             out += self._open("text")
-        out += self._calls(calls) if calls else self._close()
-        raw = "".join(self.raw)
+        out += self._calls(final.calls) if final.calls else self._close()
+        raw, done, calls = "".join(self.raw), final.done, bool(final.calls)
         reason, seq = await call_in_thread(lambda: _stop(done, raw, self.stops,
-                                                         self.max_tokens, bool(calls)))
+                                                         self.max_tokens, calls))
         return [*out, {"type": "message_delta",
                        "delta": {"stop_reason": reason, "stop_sequence": seq},
                        "usage": _usage(done)},

@@ -12,6 +12,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +60,10 @@ from inferenceos.server.ollama_schema import (
     TagsResponse,
 )
 from inferenceos.server.options import ollama_options, parse_keep_alive
+from inferenceos.server.reply import Final, read_reply, reply_events
 from inferenceos.server.sse import ndjson_response
 from inferenceos.server.state import ServerState, state_of
-from inferenceos.server.tool_calls import (
-    ParsedCall,
-    ToolCallStream,
-    detect_format,
-    parse_tool_calls,
-)
+from inferenceos.server.tool_calls import ParsedCall, detect_format
 from inferenceos.server.tools import history_call, ollama_calls, tool_request
 
 _NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
@@ -156,24 +153,18 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
 
     async def lines(run: Run) -> AsyncIterator[dict[str, Any]]:
         t_first = None
-        held = ToolCallStream(run.tool_format) if run.tool_format else None
-        events = run.events()
-        try:
-            async for item in events:
-                if isinstance(item, Done):
-                    rest, calls = held.finish() if held else ("", [])
-                    if rest or calls:  # Ollama sends the calls on a line of their own
-                        yield piece(rest, calls)
-                    yield final(item, t_first, "")
+        async with aclosing(reply_events(run)) as replies:
+            async for d in replies:
+                if isinstance(d, Final):
+                    if d.text or d.calls:  # Ollama sends the calls on a line of their own
+                        yield piece(d.text, d.calls)
+                    yield final(d.done, t_first, "")
                 else:
                     t_first = t_first or time.perf_counter()
-                    if item.logprob is not None:
-                        scored.append(item)
-                    text = held.feed(item.text) if held and item.text else item.text
-                    if text:
-                        yield piece(text)
-        finally:
-            await events.aclose()
+                    if d.event.logprob is not None:
+                        scored.append(d.event)
+                    if d.text:
+                        yield piece(d.text)
 
     if stream:
         return ndjson_response(lines(run), run.close)
@@ -183,9 +174,7 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
         t_first: float | None = None
         async for item in run.events():
             if isinstance(item, Done):
-                text, calls = "".join(parts), list[ParsedCall]()
-                if run.tool_format is not None:
-                    text, calls = parse_tool_calls(text, run.tool_format)
+                _, text, calls = read_reply("".join(parts), run.tool_format)
                 return final(item, t_first, text, calls)
             t_first = t_first or time.perf_counter()
             if item.logprob is not None:

@@ -12,6 +12,7 @@ import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -22,7 +23,6 @@ from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.server.errors import APIError
 from inferenceos.server.generation import (
-    Done,
     GenRequest,
     Run,
     admitted_call,
@@ -58,9 +58,9 @@ from inferenceos.server.openai_schema import (
     ModelCard,
     ModelList,
 )
+from inferenceos.server.reply import Final, read_reply, reply_events
 from inferenceos.server.sse import sse_response
 from inferenceos.server.state import ServerState, state_of
-from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
 from inferenceos.server.tools import ToolRequest, openai_calls
 
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
@@ -90,11 +90,9 @@ def fingerprint() -> str:
 
 
 def _reply(text: str, run: Run, stop_reason: str) -> tuple[dict[str, Any], str]:
-    """The assistant message and finish reason: tool calls parsed out of the text
-    when tools were offered."""
-    calls: list[ParsedCall] = []
-    if run.tool_format is not None:
-        text, calls = parse_tool_calls(text, run.tool_format)
+    """The assistant message and finish reason: tool calls read out of the text when
+    tools were offered."""
+    _, text, calls = read_reply(text, run.tool_format)
     if calls:
         return {"role": "assistant", "content": text or None,
                 "tool_calls": openai_calls(calls)}, "tool_calls"
@@ -184,44 +182,31 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
 
     for i, r in enumerate(reqs):
         run = first if i == 0 else await start_generation(state, r)
-        held = ToolCallStream(run.tool_format) if run.tool_format else None
         yield chunk(i, {"role": "assistant", "content": None})  # as OpenAI and llama-server
-        async for item in _closing(run):
-            if not isinstance(item, Done) and item.progress is not None:
-                yield {**chunk(i, {}), "prompt_progress": progress_json(item.progress)}
-                continue
-            if not isinstance(item, Done) and item.logprob is not None:
-                scored.append(item)
-            if isinstance(item, Done):
-                p_tok, c_tok = item.metrics.prompt_tokens, c_tok + item.metrics.completion_tokens
-                cached, metrics = item.metrics.cached_tokens, item.metrics
-                finish = _finish(item.metrics.stop_reason)
-                rest, calls = held.finish() if held else ("", [])
-                if rest:
-                    yield chunk(i, {"content": rest})
-                if calls:  # the whole calls in one delta, once the reply is complete
-                    finish = "tool_calls"
-                    yield chunk(i, {"tool_calls": openai_calls(calls, stream=True)})
-                yield chunk(i, {}, finish)
-            elif item.text:
-                text = held.feed(item.text) if held else item.text
-                if text:
-                    yield chunk(i, {"content": text})
+        async with aclosing(reply_events(run)) as replies:
+            async for d in replies:
+                if isinstance(d, Final):
+                    g = d.done.metrics
+                    p_tok, c_tok = g.prompt_tokens, c_tok + g.completion_tokens
+                    cached, metrics = g.cached_tokens, g
+                    finish = _finish(g.stop_reason)
+                    if d.text:
+                        yield chunk(i, {"content": d.text})
+                    if d.calls:  # the whole calls in one delta, once the reply is complete
+                        finish = "tool_calls"
+                        yield chunk(i, {"tool_calls": openai_calls(d.calls, stream=True)})
+                    yield chunk(i, {}, finish)
+                    continue
+                if d.event.progress is not None:
+                    yield {**chunk(i, {}), "prompt_progress": progress_json(d.event.progress)}
+                    continue
+                if d.event.logprob is not None:
+                    scored.append(d.event)
+                if d.text:
+                    yield chunk(i, {"content": d.text})
     if include_usage:  # llama-server adds its timings to the usage chunk
         yield {**base, "choices": [], "usage": _usage(p_tok, c_tok, cached),
                **({"timings": timings(metrics)} if metrics else {})}
-
-
-async def _closing(run: Run) -> AsyncIterator[TokenEvent | Done]:
-    """`run.events()`, closed explicitly (not left to the garbage collector) when the
-    consumer stops early."""
-    events = run.events()
-    try:
-        async for item in events:
-            yield item
-    finally:
-        await events.aclose()
-        await run.close()
 
 
 def _prompts(body: CompletionRequest) -> list[str | list[int]]:
@@ -306,16 +291,17 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
         legacy = LegacyLogprobs(len(echo[i]))
         if echo[i]:
             yield chunk(i, echo[i], None)
-        async for item in _closing(run):
-            if isinstance(item, Done):
-                p_tok += item.metrics.prompt_tokens
-                c_tok += item.metrics.completion_tokens
-                yield chunk(i, "", _finish(item.metrics.stop_reason))
-                continue
-            if item.logprob is not None:
-                scored.append(item)
-            if item.text:
-                yield chunk(i, item.text, None)
+        async with aclosing(reply_events(run)) as replies:
+            async for d in replies:
+                if isinstance(d, Final):
+                    p_tok += d.done.metrics.prompt_tokens
+                    c_tok += d.done.metrics.completion_tokens
+                    yield chunk(i, "", _finish(d.done.metrics.stop_reason))
+                    continue
+                if d.event.logprob is not None:
+                    scored.append(d.event)
+                if d.text:
+                    yield chunk(i, d.text, None)
     if include_usage:
         yield {**base, "choices": [], "usage": _usage(p_tok, c_tok)}
 
@@ -339,7 +325,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
 
     def work() -> tuple[list[list[float]], int]:
         with state.manager.acquire(name) as lease:
-            vectors = lease.engine.embed(inputs)  # type: ignore[arg-type]
+            vectors = lease.engine.embed(inputs)
             count = sum(len(t) if isinstance(t, list) else len(lease.engine.tokenize(t))
                         for t in inputs)
             return vectors, count

@@ -26,6 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -51,10 +52,11 @@ from inferenceos.server.media_parts import (
 )
 from inferenceos.server.openai_schema import ERROR_RESPONSES
 from inferenceos.server.options import UNLIMITED, request_sampling
+from inferenceos.server.reply import Delta, read_reply, reply_events
 from inferenceos.server.responses_schema import InputItem, ResponseRequest
 from inferenceos.server.sse import RESPONSES_SSE, stream_response
 from inferenceos.server.state import state_of
-from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, parse_tool_calls
+from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import ToolRequest, history_call, tool_request
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
@@ -296,10 +298,8 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
         return stream_response(_events(run, reply, keep), RESPONSES_SSE, run.close)
 
     async def whole() -> dict[str, Any]:
-        text, done = await run.collect()
-        parsed: list[ParsedCall] = []
-        if run.tool_format is not None:
-            text, parsed = parse_tool_calls(text, run.tool_format)
+        raw, done = await run.collect()
+        _, text, parsed = read_reply(raw, run.tool_format)
         calls = _call_items(parsed)
         status = _status(done) if not calls else "completed"
         output = [_message_item(reply.msg_id, text, status)] if text or not calls else []
@@ -321,67 +321,57 @@ async def _events(run: Run, reply: _Reply, keep: Any) -> AsyncIterator[dict[str,
     With tools offered, text that may be a call is held back (as chat completions do)
     and the calls come as function_call items once the reply is complete."""
     ids = {"item_id": reply.msg_id, "output_index": 0, "content_index": 0}
-    held = ToolCallStream(run.tool_format) if run.tool_format else None
     yield {"type": "response.created", "response": reply.obj("in_progress", [])}
     yield {"type": "response.in_progress", "response": reply.obj("in_progress", [])}
     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
     opened = False  # the message item is announced with its first text
     parts: list[str] = []
 
-    def open_message() -> list[dict[str, Any]]:
+    def announce() -> list[dict[str, Any]]:
+        """The message item and its text part, announced once, before any text."""
         nonlocal opened
+        if opened:
+            return []
         opened = True
         return [{"type": "response.output_item.added", "output_index": 0,
                  "item": _message_item(reply.msg_id, "", "in_progress")},
                 {"type": "response.content_part.added", **ids, "part": part}]
 
-    if held is None:  # no tools: the message is certain, open it at once
-        for ev in open_message():
+    def text_delta(piece: str) -> list[dict[str, Any]]:
+        parts.append(piece)
+        return [*announce(), {"type": "response.output_text.delta", **ids, "delta": piece,
+                              "logprobs": []}]
+
+    if run.tool_format is None:  # no tools: the message is certain, open it at once
+        for ev in announce():
             yield ev
-    events = run.events()
-    try:
-        async for item in events:
-            if isinstance(item, Done):
-                rest, parsed = held.finish() if held else ("", [])
-                if rest:
-                    if not opened:
-                        for ev in open_message():
-                            yield ev
-                    parts.append(rest)
-                    yield {"type": "response.output_text.delta", **ids, "delta": rest,
-                           "logprobs": []}
-                text, calls = "".join(parts), _call_items(parsed)
-                status = _status(item) if not calls else "completed"
-                output: list[dict[str, Any]] = []
-                if opened:
-                    yield {"type": "response.output_text.done", **ids, "text": text,
-                           "logprobs": []}
-                    yield {"type": "response.content_part.done", **ids,
-                           "part": {**part, "text": text}}
-                    msg = _message_item(reply.msg_id, text, status)
-                    yield {"type": "response.output_item.done", "output_index": 0, "item": msg}
-                    output.append(msg)
-                for call in calls:
-                    n = len(output)
-                    yield {"type": "response.output_item.added", "output_index": n,
-                           "item": {**call, "arguments": "", "status": "in_progress"}}
-                    yield {"type": "response.function_call_arguments.delta", "output_index": n,
-                           "item_id": call["id"], "delta": call["arguments"]}
-                    yield {"type": "response.function_call_arguments.done", "output_index": n,
-                           "item_id": call["id"], "arguments": call["arguments"]}
-                    yield {"type": "response.output_item.done", "output_index": n, "item": call}
-                    output.append(call)
-                obj = reply.obj(status, output, item)
-                keep(text, calls, obj)
-                yield {"type": f"response.{status}", "response": obj}
-            elif item.text:
-                piece = held.feed(item.text) if held else item.text
-                if piece:
-                    if not opened:
-                        for ev in open_message():
-                            yield ev
-                    parts.append(piece)
-                    yield {"type": "response.output_text.delta", **ids, "delta": piece,
-                           "logprobs": []}
-    finally:
-        await events.aclose()
+    async with aclosing(reply_events(run)) as replies:
+        async for d in replies:
+            for ev in text_delta(d.text) if d.text else []:
+                yield ev
+            if isinstance(d, Delta):
+                continue
+            text, calls = "".join(parts), _call_items(d.calls)
+            status = _status(d.done) if not calls else "completed"
+            output: list[dict[str, Any]] = []
+            if opened:
+                yield {"type": "response.output_text.done", **ids, "text": text,
+                       "logprobs": []}
+                yield {"type": "response.content_part.done", **ids,
+                       "part": {**part, "text": text}}
+                msg = _message_item(reply.msg_id, text, status)
+                yield {"type": "response.output_item.done", "output_index": 0, "item": msg}
+                output.append(msg)
+            for call in calls:
+                n = len(output)
+                yield {"type": "response.output_item.added", "output_index": n,
+                       "item": {**call, "arguments": "", "status": "in_progress"}}
+                yield {"type": "response.function_call_arguments.delta", "output_index": n,
+                       "item_id": call["id"], "delta": call["arguments"]}
+                yield {"type": "response.function_call_arguments.done", "output_index": n,
+                       "item_id": call["id"], "arguments": call["arguments"]}
+                yield {"type": "response.output_item.done", "output_index": n, "item": call}
+                output.append(call)
+            obj = reply.obj(status, output, d.done)
+            keep(text, calls, obj)
+            yield {"type": f"response.{status}", "response": obj}

@@ -6,11 +6,11 @@ when `tool_choice` is "none": then tools are not even rendered). Once the model 
 leased, `plan_tools` checks that its chat template knows tools (400 "<model> does not
 support tools", Ollama's words) and, for "required" or a named function, builds the
 grammar that forces a call; for "auto" on templates with a call marker the same grammar
-is lazy: it applies only once the model writes the marker. After generation the route
-parses the text with `tool_calls.parse_tool_calls` (or `ToolCallStream` while
-streaming) in the plan's format bound to the declared tools: the one place, for every
-dialect, where calls in the template's markers and JSON calls naming a declared tool
-(bare or fenced) are read.
+is lazy: it applies only once the model writes the marker. The reply is then read by
+reply.py (`read_reply`, or `reply_events` while streaming) with
+`tool_calls.parse_tool_calls` / `ToolCallStream` in the plan's format bound to the
+declared tools: the one place, for every dialect, where calls in the template's markers
+and JSON calls naming a declared tool (bare or fenced) are read.
 """
 
 from __future__ import annotations
