@@ -108,3 +108,76 @@ def test_reply_text_holds_calls_back_after_the_reasoning() -> None:
     assert "<tool_call>" not in sent and sent.strip() == "ok"
     assert [c.name for c in end[2]] == ["f"]
     assert ReplyText(None).feed("<tool_call>x") == ("", "<tool_call>x")  # no tools: as is
+
+
+def test_every_route_declares_its_error_dialect() -> None:
+    from inferenceos.server.app import ROUTERS
+    from inferenceos.server.errors import DialectRoute
+
+    for router in ROUTERS:
+        for route in router.routes:
+            assert isinstance(route, DialectRoute), getattr(route, "path", route)
+
+
+def _dialect_app() -> object:
+    """Three routers of three dialects (two sharing /v1), behind the body limit."""
+    from fastapi import APIRouter, FastAPI
+
+    from inferenceos.server.errors import APIError, Dialect, install_handlers, route_class
+    from inferenceos.server.security import BodyLimit
+
+    routers = [APIRouter(prefix=p, route_class=route_class(d)) for p, d in (
+        ("/v1", Dialect.OPENAI), ("/v1", Dialect.ANTHROPIC), ("/api", Dialect.OLLAMA))]
+    for router, path in zip(routers, ("/chat", "/messages", "/chat"), strict=True):
+        @router.post(path)
+        async def busy() -> None:
+            raise APIError(503, "busy", "model_busy")
+    app = FastAPI()
+    install_handlers(app, routers)
+    for router in routers:
+        app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=16)
+    return app
+
+
+def test_errors_answer_in_the_dialect_of_the_route() -> None:
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_dialect_app())  # type: ignore[arg-type]
+    r = client.post("/v1/chat")
+    assert r.status_code == 503
+    assert r.json() == {"error": {"message": "busy", "type": "server_error", "param": None,
+                                  "code": "model_busy"}}
+    r = client.post("/v1/messages")
+    assert r.status_code == 529
+    assert r.json()["type"] == "error"
+    assert r.json()["error"] == {"type": "overloaded_error", "message": "busy"}
+    r = client.post("/api/chat")
+    assert (r.status_code, r.json()) == (503, {"error": "busy"})
+    # a method the route does not take: still that route's dialect
+    r = client.get("/v1/messages")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "request_id" in r.json()
+
+
+def test_refusals_before_routing_speak_the_routes_dialect() -> None:
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_dialect_app())  # type: ignore[arg-type]
+    big = b"x" * 64
+    r = client.post("/v1/messages", content=big)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    r = client.post("/v1/chat", content=big)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+    r = client.post("/api/chat", content=big)
+    assert r.status_code == 413 and isinstance(r.json()["error"], str)
+
+
+def test_paths_no_route_serves_speak_their_url_spaces_dialect() -> None:
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_dialect_app())  # type: ignore[arg-type]
+    assert client.get("/v1/nothing").json()["error"]["type"] == "not_found_error"
+    assert client.get("/v1/nothing").json()["error"]["code"] is None  # OpenAI's shape
+    assert client.get("/v1/messages/batches").json()["type"] == "error"  # Anthropic's
+    assert client.get("/nothing").json() == {"error": "Not Found"}  # Ollama's

@@ -52,6 +52,7 @@ from inferenceos.server.anthropic_schema import (
     TokensCount,
 )
 from inferenceos.server.anthropic_thinking import Reasoning, reasoning_of
+from inferenceos.server.errors import Dialect, route_class
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -69,7 +70,8 @@ from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import ToolRequest
 
-router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERROR_RESPONSES,
+                   route_class=route_class(Dialect.ANTHROPIC))
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 PING_EVERY_S = 5.0  # while a long prompt is processed, a ping keeps proxies from timing out
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
@@ -34,6 +34,14 @@ from inferenceos.server.security import ApiKeyAuth, BodyLimit, Cors, HostCheck, 
 from inferenceos.server.settings import ServerSettings
 from inferenceos.server.state import ServerState
 from inferenceos.version import __version__
+
+# every route the app serves, in the order they match; each router declares the
+# dialect of its errors (errors.route_class)
+ROUTERS: tuple[APIRouter, ...] = (
+    ops_routes.router, openai_routes.router, ollama_routes.router, openai_routes.bare_router,
+    llamacpp_routes.router, responses_routes.router, anthropic_routes.router,
+    sessions_routes.router, budget_routes.router, ui_routes.router,
+)
 
 
 def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager) -> FastAPI:
@@ -61,11 +69,8 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
     app = FastAPI(title="InferenceOS", version=settings.version, lifespan=lifespan,
                   summary="OpenAI-, Ollama- and Anthropic-compatible API over llama.cpp")
     app.state.ios = state
-    install_handlers(app)
-    for router in (ops_routes.router, openai_routes.router, ollama_routes.router,
-                   openai_routes.bare_router, llamacpp_routes.router,
-                   responses_routes.router, anthropic_routes.router, sessions_routes.router,
-                   budget_routes.router, ui_routes.router):
+    install_handlers(app, ROUTERS)
+    for router in ROUTERS:
         app.include_router(router)
     budget_routes.attach(app, manager)  # the pressure reactor; it stops with the manager
     # add_middleware wraps: the last added is the outermost

@@ -27,11 +27,11 @@ from inferenceos.registry import events
 from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.pressure import PressureReactor
 from inferenceos.registry.tiers import used_by
-from inferenceos.server.errors import APIError
+from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.ollama_schema import ERRORS
 from inferenceos.server.state import state_of
 
-router = APIRouter(tags=["memory"], responses=ERRORS)
+router = APIRouter(tags=["memory"], responses=ERRORS, route_class=route_class(Dialect.OLLAMA))
 
 MAX_CAP = 1 << 60  # bytes: anything larger is a typo, not a budget
 

@@ -1,24 +1,33 @@
 """Errors as each API spells them, and the exception handlers that produce them.
 
-Routes under `/v1/messages` answer Anthropic's shape `{"type": "error", "error":
-{"type", "message"}, "request_id"}` (and 529 where the others say 503); other routes
-under `/v1/` answer OpenAI's shape `{"error": {"message", "type", "code", "param"}}`;
-every other route answers Ollama's `{"error": "message"}`. No traceback ever reaches a
+Each router declares the dialect its routes speak (`route_class(Dialect.X)`), and an
+error answers in the dialect of the route that served the request: Anthropic's
+`{"type": "error", "error": {"type", "message"}, "request_id"}` (and 529 where the
+others say 503), OpenAI's `{"error": {"message", "type", "code", "param"}}` (also
+llama-server's routes, as llama-server answers), or Ollama's `{"error": "message"}`
+(Ollama's routes and the operations ones). A refusal before routing (the middleware's
+401 / 403 / 413) speaks the dialect of the route that would have served it; a path no
+route serves, that of the API whose URL space holds it. No traceback ever reaches a
 client: an unexpected exception is logged and answered with a generic 500.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import re
 import uuid
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import Scope
 
 from inferenceos.errors import (
     EngineBusyError,
@@ -34,21 +43,6 @@ from inferenceos.registry.manager import ModelBusyError
 
 log = logging.getLogger("inferenceos.server")
 
-_OPENAI_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-    422: "invalid_request_error", 429: "rate_limit_error", 503: "server_error",
-}
-
-
-# Anthropic's error types by status (docs.claude.com/en/api/errors); 529 is its
-# "overloaded", which our 503s (draining, no room, worker died) become on its routes
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-    500: "api_error", 529: "overloaded_error",
-}
-
 
 class Dialect(enum.Enum):
     """The error shape an API answers in (llama-server's routes answer OpenAI's)."""
@@ -58,24 +52,49 @@ class Dialect(enum.Enum):
     OLLAMA = "ollama"  # {"error": "message"}
 
 
-# What each status means, as the OpenAPI schema documents it for every route: one
-# table, rendered per dialect by `error_responses`
-_STATUS_TEXT = (
-    (400, "Invalid request"), (401, "Missing or wrong API key"), (403, "Host not allowed"),
-    (404, "Model not found"), (413, "Body too large"), (429, "Queue full; see Retry-After"),
-    (500, "Engine error"), (503, "Shutting down or no room to load the model; see Retry-After"),
-)
+# The one error table: per status, what it means (documented on every route; None: not
+# documented) and its error type in OpenAI's and in Anthropic's words
+# (docs.claude.com/en/api/errors; 529 is its "overloaded", which our 503s — draining,
+# no room, worker died — become on its routes). A status not here is OpenAI's
+# server_error, Anthropic's api_error (5xx) or invalid_request_error (4xx).
+_STATUSES: dict[int, tuple[str | None, str, str]] = {
+    400: ("Invalid request", "invalid_request_error", "invalid_request_error"),
+    401: ("Missing or wrong API key", "authentication_error", "authentication_error"),
+    403: ("Host not allowed", "permission_error", "permission_error"),
+    404: ("Model not found", "not_found_error", "not_found_error"),
+    405: (None, "invalid_request_error", "invalid_request_error"),
+    413: ("Body too large", "invalid_request_error", "request_too_large"),
+    422: (None, "invalid_request_error", "invalid_request_error"),
+    429: ("Queue full; see Retry-After", "rate_limit_error", "rate_limit_error"),
+    500: ("Engine error", "server_error", "api_error"),
+    503: ("Shutting down or no room to load the model; see Retry-After", "server_error",
+          "overloaded_error"),
+}
+
+
+def error_status(dialect: Dialect, status: int) -> int:
+    """The status an error answers with in `dialect`: Anthropic's 529 for our 503."""
+    return 529 if status == 503 and dialect is Dialect.ANTHROPIC else status
+
+
+def _error_type(dialect: Dialect, status: int) -> str:
+    row = _STATUSES.get(503 if status == 529 else status)
+    if dialect is Dialect.ANTHROPIC:
+        return row[2] if row else "api_error" if status >= 500 else "invalid_request_error"
+    return row[1] if row else "server_error"
 
 
 def error_responses(model: type, dialect: Dialect) -> dict[int | str, dict[str, Any]]:
-    """The `responses=` of a router: each error status with `model` (the dialect's
-    error body) and its meaning; Anthropic's name its error type, and say 529 for 503."""
+    """The `responses=` of a router: each documented error status with `model` (the
+    dialect's error body) and its meaning; Anthropic's name its error type, and say
+    529 for 503."""
     out: dict[int | str, dict[str, Any]] = {}
-    for status, text in _STATUS_TEXT:
+    for status, (text, _, _) in _STATUSES.items():
+        if text is None:
+            continue
         if dialect is Dialect.ANTHROPIC:
-            status = 529 if status == 503 else status
-            text = f"{_ANTHROPIC_TYPES[status]}: {text}"
-        out[status] = {"model": model, "description": text}
+            text = f"{_error_type(dialect, status)}: {text}"
+        out[error_status(dialect, status)] = {"model": model, "description": text}
     return out
 
 
@@ -93,58 +112,81 @@ class APIError(Exception):
         self.extra = extra or {}  # more fields for the OpenAI-shaped error object
 
 
-# llama-server's routes (and the OpenAI ones it serves without /v1) answer OpenAI-shaped
-# errors, as llama-server does
-LLAMACPP_PATHS = frozenset({
-    "/completion", "/completions", "/chat/completions", "/chat/completions/input_tokens",
-    "/embeddings", "/models", "/tokenize", "/detokenize", "/props", "/slots",
-    "/apply-template", "/infill",
-})
+# -- which dialect --------------------------------------------------------------------
+
+
+class DialectRoute(APIRoute):
+    """An APIRoute that knows the dialect of its errors (set by its router)."""
+
+    dialect: ClassVar[Dialect] = Dialect.OLLAMA
+
+
+@functools.cache
+def route_class(dialect: Dialect) -> type[DialectRoute]:
+    """The route class a router of `dialect` declares: `APIRouter(route_class=...)`."""
+    return type(f"{dialect.name.title()}Route", (DialectRoute,), {"dialect": dialect})
+
+
+def _routed(scope: Scope) -> BaseRoute | None:
+    """The route serving `scope`: the router's match once routed; before routing (a
+    middleware's refusal), the route among the app's that would serve it (a path match
+    whose method differs counts, as the router answers it with a 405)."""
+    route = scope.get("route")
+    if route is not None:
+        return route
+    partial = None
+    for candidate in getattr(getattr(scope.get("app"), "state", None), "error_routes", ()):
+        match, _ = candidate.matches(scope)
+        if match is Match.FULL:
+            return candidate
+        if match is Match.PARTIAL and partial is None:
+            partial = candidate
+    return partial
+
+
+def _unrouted(path: str) -> Dialect:
+    """The dialect for a path no route serves: that of the API whose URL space holds
+    it, as each answers unknown paths under its prefix."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return Dialect.ANTHROPIC
+    if path == "/v1" or path.startswith("/v1/"):
+        return Dialect.OPENAI
+    return Dialect.OLLAMA
+
+
+def dialect_of(scope: Scope) -> Dialect:
+    """The dialect a request's errors answer in (see the module contract)."""
+    route = _routed(scope)
+    if isinstance(route, DialectRoute):
+        return route.dialect
+    return _unrouted(str(scope.get("path", "")))
+
+
+# -- error bodies ---------------------------------------------------------------------
+
 # the engine's refusal of a prompt longer than a sequence (scheduler.submit)
 _TOO_LONG = re.compile(r"the prompt has (\d+) tokens; a sequence holds (\d+)")
 
 
-def is_openai_path(path: str) -> bool:
-    return (path.startswith("/v1/") or path == "/v1" or path in LLAMACPP_PATHS
-            or path.startswith("/models/"))
-
-
-def is_anthropic_path(path: str) -> bool:
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
-
-
-def error_status(path: str, status: int) -> int:
-    """The status an error answers with on `path`: Anthropic's 529 for our 503."""
-    return 529 if status == 503 and is_anthropic_path(path) else status
-
-
-def anthropic_error(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error object for `status` (a 4xx it has no name for is
-    invalid_request_error, a 5xx api_error, as its reference says)."""
-    kind = _ANTHROPIC_TYPES.get(error_status("/v1/messages", status),
-                                "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": message},
-            "request_id": f"req_{uuid.uuid4().hex[:24]}"}
-
-
-def error_body(path: str, status: int, message: str, code: str | None = None,
+def error_body(dialect: Dialect, status: int, message: str, code: str | None = None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON body for an error on `path`, in that API's shape. `extra` fields (and a
-    `type` among them) join the OpenAI error object."""
-    if is_anthropic_path(path):
-        return anthropic_error(status, message)
-    if is_openai_path(path):
-        kind = _OPENAI_TYPES.get(status, "server_error")
-        return {"error": {"message": message, "type": kind, "param": None, "code": code,
-                          **(extra or {})}}
+    """The JSON body of an error in `dialect`'s shape. `extra` fields (and a `type`
+    among them) join the OpenAI error object."""
+    if dialect is Dialect.ANTHROPIC:
+        return {"type": "error",
+                "error": {"type": _error_type(dialect, status), "message": message},
+                "request_id": f"req_{uuid.uuid4().hex[:24]}"}
+    if dialect is Dialect.OPENAI:
+        return {"error": {"message": message, "type": _error_type(dialect, status),
+                          "param": None, "code": code, **(extra or {})}}
     return {"error": message}
 
 
-def error_response(path: str, status: int, message: str, code: str | None = None,
+def error_response(dialect: Dialect, status: int, message: str, code: str | None = None,
                    headers: dict[str, str] | None = None,
                    extra: dict[str, Any] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(path, status, message, code, extra),
-                        error_status(path, status), headers=headers)
+    return JSONResponse(error_body(dialect, status, message, code, extra),
+                        error_status(dialect, status), headers=headers)
 
 
 def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:
@@ -183,31 +225,35 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
-def install_handlers(app: FastAPI) -> None:
-    """Register the handlers that turn every exception into an API-shaped error."""
+def install_handlers(app: FastAPI, routers: Iterable[APIRouter]) -> None:
+    """Register the handlers that turn every exception into an API-shaped error.
+    `routers`: those the app includes, whose routes tell a refusal before routing
+    which dialect it speaks."""
+    app.state.error_routes = [route for router in routers for route in router.routes]
 
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(request.url.path, exc.status, exc.message, exc.code, exc.headers,
-                              exc.extra)
+        return error_response(dialect_of(request.scope), exc.status, exc.message, exc.code,
+                              exc.headers, exc.extra)
 
     @app.exception_handler(InferenceOSError)
     async def _ios(request: Request, exc: InferenceOSError) -> JSONResponse:
         e = api_error_from(exc)
-        return error_response(request.url.path, e.status, e.message, e.code, e.headers,
-                              e.extra)
+        return error_response(dialect_of(request.scope), e.status, e.message, e.code,
+                              e.headers, e.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(request.url.path, 400, _validation_message(exc), "invalid_request")
+        return error_response(dialect_of(request.scope), 400, _validation_message(exc),
+                              "invalid_request")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "error"
-        return error_response(request.url.path, exc.status_code, message, None,
+        return error_response(dialect_of(request.scope), exc.status_code, message, None,
                               dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         e = api_error_from(exc)
-        return error_response(request.url.path, e.status, e.message, e.code)
+        return error_response(dialect_of(request.scope), e.status, e.message, e.code)

@@ -25,7 +25,7 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.registry.catalog import ResolvedModel
-from inferenceos.server.errors import APIError
+from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -57,7 +57,9 @@ from inferenceos.server.sse import LLAMACPP_SSE, stream_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_schema import ToolDef
 
-router = APIRouter(tags=["llama.cpp"], responses=ERROR_RESPONSES)
+# llama-server answers errors in OpenAI's shape
+router = APIRouter(tags=["llama.cpp"], responses=ERROR_RESPONSES,
+                   route_class=route_class(Dialect.OPENAI))
 
 _STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit"}
 

@@ -26,7 +26,7 @@ from inferenceos.media.collect import check_text
 from inferenceos.media.item import MediaItem
 from inferenceos.registry.catalog import ResolvedModel, now_iso
 from inferenceos.registry.leases import LoadedModel
-from inferenceos.server.errors import APIError
+from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -70,7 +70,8 @@ _NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
 _FOREVER = "2318-01-01T00:00:00.000000Z"  # Ollama's "never expires"
 NS = 1_000_000_000
 
-router = APIRouter(prefix="/api", tags=["ollama"], responses=ERRORS)
+router = APIRouter(prefix="/api", tags=["ollama"], responses=ERRORS,
+                   route_class=route_class(Dialect.OLLAMA))
 
 
 def _ns(seconds: float) -> int:

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
-from inferenceos.server.errors import APIError
+from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     GenRequest,
     Run,
@@ -65,10 +65,12 @@ from inferenceos.server.tools import ToolRequest, openai_calls
 
 _SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
-router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES,
+                   route_class=route_class(Dialect.OPENAI))
 # the same routes without /v1, as llama-server serves them (/completions and /models
 # there are llama.cpp's own: see llamacpp_routes)
-bare_router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, include_in_schema=False)
+bare_router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, include_in_schema=False,
+                        route_class=route_class(Dialect.OPENAI))
 
 
 def _finish(reason: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from inferenceos.server.errors import Dialect, route_class
 from inferenceos.server.health import Health, health_body
 from inferenceos.server.kv_stats import reported_kv_usage
 from inferenceos.server.ollama_schema import VersionResponse
@@ -14,7 +15,7 @@ from inferenceos.server.state import state_of
 
 OLLAMA_API_VERSION = "0.6.0"  # the Ollama API level these routes follow
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=route_class(Dialect.OLLAMA))
 
 
 @router.get("/health", response_model=Health)

@@ -35,7 +35,7 @@ from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.media.collect import MediaSet, check_text
 from inferenceos.media.item import MediaItem
-from inferenceos.server.errors import APIError
+from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -59,7 +59,8 @@ from inferenceos.server.state import state_of
 from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import ToolRequest, history_call, tool_request
 
-router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES,
+                   route_class=route_class(Dialect.OPENAI))
 
 MAX_STORED = 256
 MAX_STORED_MEDIA = 256 * 1024 * 1024  # bytes of decoded media the stored responses keep

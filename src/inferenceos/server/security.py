@@ -25,7 +25,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferenceos.server.errors import error_body
+from inferenceos.server.errors import dialect_of, error_body
 from inferenceos.server.settings import is_loopback
 
 # open without a key: health, and the dashboard's static files (no data: the page asks
@@ -35,8 +35,9 @@ OPEN_PATHS = frozenset({"/health", "/v1/health", "/ui", "/ui/", "/ui/app.js", "/
 
 async def send_error(scope: Scope, send: Send, status: int, message: str,
                      code: str | None = None, headers: Iterable[tuple[str, str]] = ()) -> None:
-    """Answer with an API-shaped JSON error without calling the app."""
-    body = json.dumps(error_body(scope.get("path", ""), status, message, code)).encode()
+    """Answer with an API-shaped JSON error without calling the app (in the dialect of
+    the route that would have served the request)."""
+    body = json.dumps(error_body(dialect_of(scope), status, message, code)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
     await send({"type": "http.response.start", "status": status, "headers": raw})

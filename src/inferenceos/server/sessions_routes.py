@@ -31,7 +31,7 @@ from fastapi import APIRouter, Request
 
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.errors import InferenceOSError
-from inferenceos.server.errors import APIError
+from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -48,7 +48,8 @@ from inferenceos.server.state import ServerState, state_of
 
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "A turn of this session runs"}}
-router = APIRouter(prefix="/v1", tags=["sessions"], responses={**ERROR_RESPONSES, **_CONFLICT})
+router = APIRouter(prefix="/v1", tags=["sessions"], responses={**ERROR_RESPONSES, **_CONFLICT},
+                   route_class=route_class(Dialect.OPENAI))
 
 
 def _store(request: Request) -> SessionStore:

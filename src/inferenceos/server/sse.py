@@ -18,13 +18,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from inferenceos.server.errors import (
-    APIError,
-    anthropic_error,
-    api_error_from,
-    error_body,
-    error_status,
-)
+from inferenceos.server.errors import APIError, Dialect, api_error_from, error_body
 
 _NO_BUFFER = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 Cleanup = Callable[[], Awaitable[None]]
@@ -82,17 +76,21 @@ def _line(event: Event, _: int) -> str:
 
 
 def _openai_error(e: APIError, _: int) -> Event:
-    return error_body("/v1/", e.status, e.message, e.code)
+    return error_body(Dialect.OPENAI, e.status, e.message, e.code)
+
+
+def _anthropic_error(e: APIError, _: int) -> Event:
+    return error_body(Dialect.ANTHROPIC, e.status, e.message)
 
 
 OPENAI_SSE = Framing("text/event-stream", _data, _openai_error, "data: [DONE]\n\n")
 LLAMACPP_SSE = Framing("text/event-stream", _data, _openai_error)  # no [DONE], as llama-server
-ANTHROPIC_SSE = Framing("text/event-stream", _named, lambda e, _: anthropic_error(
-    error_status("/v1/messages", e.status), e.message))
+ANTHROPIC_SSE = Framing("text/event-stream", _named, _anthropic_error)
 RESPONSES_SSE = Framing("text/event-stream", _numbered, lambda e, n: {
     "type": "error", "code": e.code, "message": e.message, "param": None,
     "sequence_number": n})
-NDJSON = Framing("application/x-ndjson", _line, lambda e, _: {"error": e.message})
+NDJSON = Framing("application/x-ndjson", _line,
+                 lambda e, _: error_body(Dialect.OLLAMA, e.status, e.message))
 
 
 async def _body(events: AsyncIterator[Event], framing: Framing) -> AsyncIterator[str]:

@@ -13,7 +13,10 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-router = APIRouter(tags=["dashboard"], include_in_schema=False)
+from inferenceos.server.errors import Dialect, route_class
+
+router = APIRouter(tags=["dashboard"], include_in_schema=False,
+                   route_class=route_class(Dialect.OLLAMA))
 
 _FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
           "style.css": "text/css; charset=utf-8"}  # fmt: skip
