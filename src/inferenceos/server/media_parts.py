@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from inferenceos.errors import EngineBusyError, MediaError
 from inferenceos.media.collect import MediaSet, check_text
 from inferenceos.media.fetch import fetcher
+from inferenceos.server.errors import APIError
 from inferenceos.server.generation import call_in_thread
 from inferenceos.server.settings import ServerSettings
 
@@ -124,6 +125,29 @@ def responses_part(part: Any, media: MediaSet) -> str:
         return _audio(part, media)
     raise MediaError(f"input parts of type {str(kind)[:40]!r} are not supported "
                      "(input_text, input_image, input_audio)")
+
+
+def content_text(content: str | list[Any] | None, media: MediaSet | None,
+                 media_part: Callable[[Any, MediaSet], str], text_types: Collection[str],
+                 noun: str) -> str:
+    """A message's text for the chat template: a string as it is, parts joined. With
+    `media` (a request that carries some), every part goes through `media_part` (media
+    become markers at their place, their items join `media`; text is checked); without,
+    only parts whose type is in `text_types` are taken, any other is a 400 "<noun>
+    parts of type ... are not supported"."""
+    if content is None or isinstance(content, str):
+        text = content or ""
+        return check_text(text) if media is not None else text
+    parts = []
+    for p in content:
+        if media is not None:
+            parts.append(media_part(p, media))
+            continue
+        if p.type not in text_types:
+            raise APIError(400, f"{noun} parts of type {p.type!r} are not supported",
+                           "unsupported_content")
+        parts.append(p.text or "")
+    return "".join(parts)
 
 
 def ollama_images(images: list[str] | None, media: MediaSet) -> str:

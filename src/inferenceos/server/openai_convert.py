@@ -21,10 +21,10 @@ import dataclasses
 
 from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.media.collect import MediaSet, check_text
+from inferenceos.media.collect import MediaSet
 from inferenceos.server.errors import APIError
 from inferenceos.server.json_grammar import output_grammar
-from inferenceos.server.media_parts import OPENAI_MEDIA_PARTS, openai_part
+from inferenceos.server.media_parts import OPENAI_MEDIA_PARTS, content_text, openai_part
 from inferenceos.server.openai_schema import (
     ChatCompletionRequest,
     ChatMessageIn,
@@ -65,19 +65,7 @@ def variants(params: SamplingParams, n: int) -> list[SamplingParams]:
 def _text_of(m: ChatMessageIn, media: MediaSet | None = None) -> str:
     """A message's text; with `media` (a request that carries some), each media part
     becomes its marker at its place and its item joins `media`."""
-    if m.content is None or isinstance(m.content, str):
-        text = m.content or ""
-        return check_text(text) if media is not None else text
-    parts = []
-    for p in m.content:
-        if media is not None:
-            parts.append(openai_part(p, media))
-            continue
-        if p.type != "text":
-            raise APIError(400, f"content parts of type {p.type!r} are not supported",
-                           "unsupported_content")
-        parts.append(p.text or "")
-    return "".join(parts)
+    return content_text(m.content, media, openai_part, ("text",), "content")
 
 
 def has_media(messages: list[ChatMessageIn]) -> bool:

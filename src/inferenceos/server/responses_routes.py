@@ -33,7 +33,7 @@ from fastapi import APIRouter, Request
 
 from inferenceos.engine.chat_template import ChatMessage, ToolCall
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.media.collect import MediaSet, check_text
+from inferenceos.media.collect import MediaSet
 from inferenceos.media.item import MediaItem
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
@@ -46,6 +46,7 @@ from inferenceos.server.generation import (
 from inferenceos.server.json_grammar import output_grammar
 from inferenceos.server.media_parts import (
     RESPONSES_MEDIA_PARTS,
+    content_text,
     decode_in_thread,
     media_set,
     responses_part,
@@ -109,19 +110,8 @@ def _store(request: Request) -> ResponseStore:
 
 def _item_text(item: InputItem, media: MediaSet | None = None) -> str:
     """An item's text; with `media`, media parts become markers (items into `media`)."""
-    if item.content is None or isinstance(item.content, str):
-        text = item.content or ""
-        return check_text(text) if media is not None else text
-    parts = []
-    for p in item.content:
-        if media is not None:
-            parts.append(responses_part(p, media))
-            continue
-        if p.type not in ("input_text", "output_text", "text"):
-            raise APIError(400, f"input parts of type {p.type!r} are not supported",
-                           "unsupported_content")
-        parts.append(p.text or "")
-    return "".join(parts)
+    return content_text(item.content, media, responses_part,
+                        ("input_text", "output_text", "text"), "input")
 
 
 def _has_media(body: ResponseRequest) -> bool:
