@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Body, Request
@@ -53,6 +54,7 @@ from inferenceos.server.llamacpp_vocab import Vocab, vocab_for
 from inferenceos.server.media_parts import decode_in_thread, media_set
 from inferenceos.server.openai_convert import chat_message
 from inferenceos.server.openai_schema import ERROR_RESPONSES, ChatMessageIn
+from inferenceos.server.reply import Final, reply_events
 from inferenceos.server.sse import LLAMACPP_SSE, stream_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_schema import ToolDef
@@ -204,13 +206,13 @@ async def _stream(state: ServerState, first: Run, reqs: list[tuple[int, GenReque
         run = first if k == 0 else await start_generation(state, req)
         parts: list[str] = []
         n_tokens = 0
-        events = run.events()
-        try:
-            async for item in events:
-                if isinstance(item, Done):
-                    r = _Result(k, p.prompts[i], "".join(parts), item, [])
+        async with aclosing(reply_events(run)) as replies:
+            async for d in replies:
+                if isinstance(d, Final):
+                    r = _Result(k, p.prompts[i], "".join(parts), d.done, [])
                     yield _final(p, r, model, vocab, True)
                     continue
+                item = d.event
                 if item.progress is not None:
                     yield {"index": k, "content": "", "tokens": [], "stop": False,
                            "id_slot": -1, "tokens_predicted": 0,
@@ -231,9 +233,6 @@ async def _stream(state: ServerState, first: Run, reqs: list[tuple[int, GenReque
                     chunk["completion_probabilities"] = probabilities([item],
                                                                       p.post_sampling_probs)
                 yield chunk
-        finally:
-            await events.aclose()
-            await run.close()
 
 
 # -- tokens ----------------------------------------------------------------------------

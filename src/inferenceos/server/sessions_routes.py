@@ -41,6 +41,7 @@ from inferenceos.server.generation import (
 )
 from inferenceos.server.openai_schema import ERROR_RESPONSES, ErrorResponse
 from inferenceos.server.options import UNLIMITED, request_sampling, stops
+from inferenceos.server.reply import Final, reply_events
 from inferenceos.server.responses_schema import SessionCreate, SessionMessage
 from inferenceos.server.session_store import Session, SessionNotFoundError, SessionStore
 from inferenceos.server.sse import sse_response
@@ -243,12 +244,13 @@ async def session_message(session_id: str, body: SessionMessage, request: Reques
         async def events() -> AsyncIterator[dict[str, Any]]:
             parts: list[str] = []
             try:
-                async for item in run.events():
-                    if isinstance(item, Done):
-                        yield await finish("".join(parts), item)
-                    elif item.text:
-                        parts.append(item.text)
-                        yield {"id": s.id, "object": "session.delta", "delta": item.text}
+                async with contextlib.aclosing(reply_events(run)) as replies:
+                    async for d in replies:
+                        if isinstance(d, Final):
+                            yield await finish("".join(parts), d.done)
+                        elif d.text:
+                            parts.append(d.text)
+                            yield {"id": s.id, "object": "session.delta", "delta": d.text}
             finally:
                 release()
 
