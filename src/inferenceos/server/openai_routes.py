@@ -367,13 +367,9 @@ async def list_models(request: Request) -> Any:
 @bare_router.get("/models/{model:path}", response_model=ModelCard)
 async def get_model(model: str, request: Request) -> Any:
     """One model by name (404 when unknown)."""
-    from inferenceos.server.generation import call_in_thread
-
     m = await call_in_thread(lambda: state_of(request).catalog.resolve(model))
     return ModelCard(id=m.name, created=int(m.modified_at)).model_dump()
 
 
 async def _catalog_names(state: ServerState) -> list[Any]:
-    from inferenceos.server.generation import call_in_thread
-
     return await call_in_thread(state.catalog.names)
