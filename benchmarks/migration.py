@@ -21,7 +21,7 @@ new placement, prefill the prompt plus what was generated so far, up to the next
 token). Target: pause under 2x one model load, and no lost conversation.
 
 `--ab`: every migration is make-before-break, and rounds alternate the engine's core
-sharing (engine._core_shares: the old worker gives a core to the loading one, each
+sharing (worker_swap._core_shares: the old worker gives a core to the loading one, each
 gets its threads back once the other is out of the way) with none (both workers on
 their full thread counts, as before it): the paired comparison of the two.
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import inferenceos.engine.engine as engine_mod
+import inferenceos.engine.worker_swap as swap_mod
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scoring import greedy_agreement
@@ -124,10 +124,10 @@ def main() -> None:
     # label -> (stream gap, engine pause, total, that round's load) per migration
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
     exact = rescored = 0
-    shares = engine_mod._core_shares
+    shares = swap_mod._core_shares
     for r in range(a.rounds):
         shared = not a.ab or r % 2 == 0
-        engine_mod._core_shares = shares if shared else _unshared
+        swap_mod._core_shares = shares if shared else _unshared
         t0 = time.perf_counter()
         with Engine(gemma, hi, n_parallel=1) as engine:
             round_load = time.perf_counter() - t0
@@ -143,7 +143,7 @@ def main() -> None:
                 assert info["moved"] == 1, info
                 done.append((i, mbb, m0, m1, info))
             reader.join()
-        engine_mod._core_shares = shares
+        swap_mod._core_shares = shares
         for i, mbb, m0, m1, info in done:  # the gaps once every token has arrived
             gap = _gap(stamps, m0, m1)
             label = "make before break" if mbb else "pause-save-reload"

@@ -156,7 +156,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine: Engine) -> None:
 
 def test_a_bug_in_one_request_does_not_kill_the_worker(engine: Engine) -> None:
     pid = engine.worker_pid
-    worker = engine._live_worker()
+    worker = engine._current.live()
     bad = Generate("abc", None, req_id=10**9)  # not a SamplingParams
     q = worker.send(bad, register=True)
     assert q is not None

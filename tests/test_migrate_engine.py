@@ -110,7 +110,7 @@ def test_make_before_break_shares_the_cores(tiny_wide: Path) -> None:
 
 def test_core_shares() -> None:
     """Threads (old worker, new worker) while both run; None when the cores hold both."""
-    from inferenceos.engine.engine import _core_shares
+    from inferenceos.engine.worker_swap import _core_shares
 
     two = replace(SETTINGS, n_threads=2)
     assert _core_shares(two, two, cores=2) == (1, 1)
