@@ -85,15 +85,12 @@ def _scrub(text: str, path: Path) -> str:
 def probe(path: Path) -> str | None:
     """In this process: None when llama.cpp dry-loads `path`, else its reason."""
     from inferenceos.engine.llama_lib import lib, log
-    from inferenceos.engine.memory_report import LOAD_MODE_NONE
+    from inferenceos.engine.llama_structs import file_check_params
 
     ll = lib()
     mark = log().mark()
-    params = ll.llama_model_default_params()
-    params.n_gpu_layers = 0  # the question is the file, not the placement
-    params.no_alloc = True
-    params.load_mode = LOAD_MODE_NONE  # with mmap, no_alloc asserts
-    model = ll.llama_model_load_from_file(str(path).encode(), params)
+    # a no_alloc dry load on the CPU: llama_structs builds every llama.cpp params struct
+    model = ll.llama_model_load_from_file(str(path).encode(), file_check_params())
     if not model:
         errors = log().errors_since(mark)
         # llama.cpp logs the cause first, then "failed to load model"
