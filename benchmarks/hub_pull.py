@@ -1,8 +1,8 @@
 """Download speed of a Hub pull against huggingface_hub's own `hf_hub_download`, same run.
 
 Both fetch the same file from the same loopback fake Hub (tests/fake_hub.py), in
-alternating rounds: `registry.hub.download` (Range-resumable, sha256 computed as the
-bytes arrive, fsynced) and `hf_hub_download(local_dir=...)` (huggingface_hub's
+alternating rounds: `registry.hub_download.download` (Range-resumable, sha256 computed
+as the bytes arrive, fsynced) and `hf_hub_download(local_dir=...)` (huggingface_hub's
 downloader; it checks the size, not the sha256). Prints each side's median MB/s and the
 median of the rounds' own ratios (ours / theirs). Target: ratio >= 0.9 (hashing inline
 costs little next to the transfer). Loopback has no network latency, so this measures the
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fake_hub import FakeHub  # noqa: E402
-from inferenceos.registry.hub import download  # noqa: E402
+from inferenceos.registry.hub_download import download  # noqa: E402
 from inferenceos.registry.hub_names import HubFile  # noqa: E402
 
 REPO = "bench/Big-GGUF"

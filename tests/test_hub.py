@@ -17,6 +17,7 @@ from fake_hub import FakeHub, tiny_gguf, tiny_projector, tiny_split_gguf
 from inferenceos.errors import ModelLoadError, ModelNotFoundError, UsageError
 from inferenceos.model.spec import load_spec
 from inferenceos.registry import hub as hubmod
+from inferenceos.registry import hub_download
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.hub import HubError, PullEvent, pull, pull_events
 from inferenceos.registry.hub_names import (
@@ -215,14 +216,14 @@ def test_a_full_disk_is_not_retried(hub: FakeHub, store: ModelStore,
         def __getattr__(self, name: str) -> Any:
             return getattr(self.fh, name)
 
-    real = hubmod._locked
+    real = hub_download._locked
 
     @contextlib.contextmanager
     def locked(path: Path) -> Iterator[Any]:
         with real(path) as fh:
             yield Full(fh)
 
-    monkeypatch.setattr(hubmod, "_locked", locked)
+    monkeypatch.setattr(hub_download, "_locked", locked)
     with pytest.raises(hubmod.InferenceOSError, match="No space left"):
         pull(store, f"hf.co/{REPO}:Q8_0", retries=3)
     assert len(hub.gets("Tiny-Q8_0.gguf")) == 1 and store.list() == []

@@ -22,7 +22,7 @@ import pytest
 
 from fake_hub import FakeHub, tiny_gguf
 from faults.helpers import generate, ps, tags
-from inferenceos.registry import hub as hubmod
+from inferenceos.registry import hub_download
 from inferenceos.registry.budget import MemoryBudget
 from server_harness import Harness, serving
 
@@ -130,7 +130,7 @@ def test_disk_full_while_pulling(two: Harness, hub: FakeHub,
     once there is room, the same pull completes, resuming the partial file."""
     full = threading.Event()
     full.set()
-    real = hubmod._locked
+    real = hub_download._locked
 
     class Filling:
         def __init__(self, fh: Any) -> None:
@@ -150,7 +150,7 @@ def test_disk_full_while_pulling(two: Harness, hub: FakeHub,
         with real(path) as fh:
             yield Filling(fh)
 
-    monkeypatch.setattr(hubmod, "_locked", locked)
+    monkeypatch.setattr(hub_download, "_locked", locked)
     name = f"hf.co/{REPO}:Q8_0"
     r = httpx.post(two.url + "/api/pull", json={"model": name, "stream": False}, timeout=60)
     assert r.status_code == 503 and "No space left" in r.json()["error"], r.text

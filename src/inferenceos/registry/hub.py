@@ -11,11 +11,12 @@ Contract (each point has a test against the fake Hub in tests/fake_hub.py):
 - `huggingface_hub` does the talking to the Hub (`HF_ENDPOINT`, `HF_TOKEN` or the saved
   login, `HF_HUB_OFFLINE`): the file list with each file's LFS sha256 and size
   (`model_info(files_metadata=True)`), and each file's HEAD (`get_hf_file_metadata`:
-  commit, ETag, size, where the bytes are). The bytes themselves are fetched here, with
-  Range requests, so a cut connection resumes where it stopped (up to `retries` times
-  in one pull, and from the kept `.download-<sha256>` file on the next pull), progress
-  is reported per chunk, and the sha256 is computed while the bytes arrive. The token
-  is only sent to the Hub's own host, never to the CDN a file redirects to.
+  commit, ETag, size, where the bytes are). The bytes themselves are fetched by
+  `hub_download.py`, with Range requests, so a cut connection resumes where it
+  stopped (up to `retries` times in one pull, and from the kept `.download-<sha256>`
+  file on the next pull), progress is reported per chunk, and the sha256 is computed
+  while the bytes arrive. The token is only sent to the Hub's own host, never to the
+  CDN a file redirects to.
 - Free disk space is checked before the first byte.
 - A file appears as a model only after its sha256 matched the Hub's LFS digest and
   llama.cpp's own dry load accepted it (`loadcheck.py`), then by a rename inside the
@@ -30,29 +31,26 @@ Contract (each point has a test against the fake Hub in tests/fake_hub.py):
 - Offline (`HF_HUB_OFFLINE=1`): the model is taken from the Hugging Face cache when it is
   there (hard-linked or copied into the store), else the pull fails and says why.
 
-The names, the quant labels and the default quant rule are in `hub_names.py`.
+The names, the quant labels and the default quant rule are in `hub_names.py`; the
+download of one file (HTTP, redirects, resume, sha256) in `hub_download.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import http.client
 import os
 import re
 import shutil
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import Any
 
-from inferenceos.errors import InferenceOSError, ModelNotFoundError, StorageError, UsageError
+from inferenceos.errors import InferenceOSError, ModelNotFoundError, UsageError
 from inferenceos.paths import ensure_dir
+from inferenceos.registry.hub_download import HubError, download, endpoint
 from inferenceos.registry.hub_names import (
     Candidate,
     HubFile,
@@ -69,14 +67,8 @@ from inferenceos.registry.store import ModelEntry, ModelStore, split_file_name, 
 from inferenceos.units import format_bytes
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-DEFAULT_ENDPOINT = "https://huggingface.co"
 DISK_MARGIN = 64 * 1024 * 1024
-_CHUNK = 1024 * 1024
 _MAX_SIZE = 1 << 50  # 1 PiB: anything larger is a lie from the server
-
-
-class HubError(InferenceOSError):
-    """The Hub could not be reached, or refused, or answered something unusable."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +93,6 @@ class PullEvent:
 
 
 # -- talking to the Hub ------------------------------------------------------------------
-
-
-def endpoint() -> str:
-    """The Hub's base URL: `HF_ENDPOINT` (read now, not at import) or huggingface.co."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
 def offline() -> bool:
@@ -166,33 +153,6 @@ def repo_files(ref: HubRef) -> tuple[str, list[HubFile]]:
     return commit, files
 
 
-def _headers_for(url: str) -> dict[str, str]:
-    """huggingface_hub's headers (user agent, token) for the Hub's own host only."""
-    from huggingface_hub.utils import build_hf_headers
-
-    headers = dict(build_hf_headers())
-    if urllib.parse.urlsplit(url)[:2] != urllib.parse.urlsplit(endpoint())[:2]:
-        headers.pop("authorization", None)
-        headers.pop("Authorization", None)
-    headers["Accept-Encoding"] = "identity"
-    return headers
-
-
-class _SameHostAuth(urllib.request.HTTPRedirectHandler):
-    """Follow redirects, dropping the token when one leaves the Hub's host."""
-
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
-                         newurl: str) -> Any:
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl)[:2] != \
-                urllib.parse.urlsplit(req.full_url)[:2]:
-            new.remove_header("Authorization")
-        return new
-
-
-_opener = urllib.request.build_opener(_SameHostAuth)
-
-
 def _file_location(ref: HubRef, commit: str, f: HubFile) -> str:
     """HEAD the file (huggingface_hub): check the Hub's ETag against the listed digest,
     return the URL its bytes come from."""
@@ -214,130 +174,14 @@ def _file_location(ref: HubRef, commit: str, f: HubFile) -> str:
     return str(meta.location or url)
 
 
-# -- downloading -------------------------------------------------------------------------
+# -- downloading (the transport: hub_download.py) ----------------------------------------
 
 
-class _Cancelled(InferenceOSError):
-    pass
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[IO[bytes]]:
-    """Open `path` for appending, locked against a second pull of the same file."""
-    fh = path.open("ab")
-    try:
-        try:
-            import fcntl
-
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # not POSIX: no lock
-            pass
-        except OSError:
-            raise UsageError(f"{path.name[10:22]}: another pull of this file is running"
-                             ) from None
-        yield fh
-    finally:
-        fh.close()
-
-
-def _hash_existing(path: Path) -> tuple[Any, int]:
-    h = hashlib.sha256()
-    done = 0
-    with path.open("rb") as fh:
-        while chunk := fh.read(4 * _CHUNK):
-            h.update(chunk)
-            done += len(chunk)
-    return h, done
-
-
-def download(url: str, f: HubFile, partial: Path, retries: int = 3,
-             cancel: threading.Event | None = None,
-             timeout: float = 30.0) -> Iterator[PullEvent]:
-    """Fetch `f` into `partial`, resuming from what it holds; yield progress.
-
-    On return `partial` holds exactly `f.size` bytes whose sha256 is `f.sha256`; a
-    mismatch deletes it and raises HubError. A connection cut is retried from where it
-    stopped, up to `retries` times in a row without progress; after that the partial
-    file stays for the next pull. A write error (a full disk) is not retried.
-    """
-    with _locked(partial) as out:
-        h, done = _hash_existing(partial)
-        if done > f.size:
-            out.truncate(0)
-            h, done = hashlib.sha256(), 0
+def _fetch(url: str, f: HubFile, partial: Path, retries: int,
+           cancel: threading.Event | None) -> Iterator[PullEvent]:
+    """`hub_download.download`'s progress as the pull's "pulling <digest>" events."""
+    for done in download(url, f, partial, retries, cancel):
         yield PullEvent(f"pulling {f.sha256[:12]}", f.sha256, f.size, done)
-        failures, failed_at = 0, done
-        last = time.monotonic()
-        while done < f.size:
-            headers = _headers_for(url)
-            if done:
-                headers["Range"] = f"bytes={done}-"
-            try:
-                with _opener.open(urllib.request.Request(url, headers=headers),
-                                  timeout=timeout) as resp:
-                    if done and resp.status != 206:  # the server ignored Range: start over
-                        out.truncate(0)
-                        h, done = hashlib.sha256(), 0
-                    elif done and not str(resp.headers.get("Content-Range", "")).startswith(
-                            f"bytes {done}-"):
-                        raise HubError(f"{f.path}: the server resumed at the wrong offset")
-                    # read1: what has arrived (up to 1 MiB), so cancel and progress stay live
-                    while chunk := resp.read1(min(_CHUNK, f.size - done) or 1):
-                        if cancel is not None and cancel.is_set():
-                            raise _Cancelled("pull cancelled; run it again to resume")
-                        _write(out, chunk)
-                        h.update(chunk)
-                        done += len(chunk)
-                        if done > f.size:
-                            break
-                        if time.monotonic() - last >= 0.2 or done == f.size:
-                            last = time.monotonic()
-                            yield PullEvent(f"pulling {f.sha256[:12]}", f.sha256, f.size, done)
-                    out.flush()
-                    if done < f.size:
-                        raise ConnectionError("the connection closed early")
-            except urllib.error.HTTPError as exc:
-                if exc.code == 416 and done:  # nothing left to send from that offset
-                    out.truncate(0)
-                    h, done = hashlib.sha256(), 0
-                    continue
-                raise HubError(f"{f.path}: the Hub answered HTTP {exc.code}") from None
-            except (OSError, ValueError, http.client.HTTPException) as exc:  # cuts, timeouts
-                out.flush()
-                if done > failed_at:  # it moved since the last cut: a fresh set of retries
-                    failures, failed_at = 0, done
-                failures += 1
-                if failures > retries:
-                    raise HubError(
-                        f"download of {f.path} interrupted at {format_bytes(done)} of "
-                        f"{format_bytes(f.size)} ({_reason(exc)}); run the same pull again "
-                        "to resume") from None
-                time.sleep(min(8.0, 0.25 * 2 ** failures))
-        os.fsync(out.fileno())
-    if done != f.size or h.hexdigest() != f.sha256:
-        partial.unlink(missing_ok=True)
-        got = h.hexdigest() if done == f.size else f"{done} bytes"
-        raise HubError(f"{f.path}: sha256 mismatch (the Hub says {f.sha256[:12]}, the "
-                       f"download is {got[:12]}); the download was deleted and nothing "
-                       "was registered")
-
-
-class _WriteError(StorageError):
-    """The store cannot take the bytes (a full disk): the server's 503, not the client's
-    fault; the partial file is kept, so the pull resumes once there is room."""
-
-
-def _write(out: IO[bytes], chunk: bytes) -> None:
-    try:
-        out.write(chunk)
-    except OSError as exc:  # not a network error: retrying would not help
-        raise _WriteError(f"cannot write the download to the model store: {exc.strerror}"
-                          ) from None
-
-
-def _reason(exc: BaseException) -> str:
-    reason = getattr(exc, "reason", None) or exc
-    return " ".join(str(reason).split())[:120] or type(exc).__name__
 
 
 def check_disk(store: ModelStore, needed: int) -> None:
@@ -452,7 +296,7 @@ def _pull_projector(store: ModelStore, ref: HubRef, commit: str, f: HubFile | No
         else store.blobs / f".download-{f.sha256}"  # a blob: another model's, already here
     if partial != blob:
         url = _file_location(ref, commit, f)
-        yield from download(url, f, partial, retries, cancel)
+        yield from _fetch(url, f, partial, retries, cancel)
         yield PullEvent("verifying sha256 digest", f.sha256)
     try:
         why = fits_model(read_projector(partial), model_file)
@@ -476,7 +320,7 @@ def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partia
         yield PullEvent("writing manifest")
         return store.add_blob(blob, f.sha256, key, source, projector=got)
     url = _file_location(ref, commit, f)
-    yield from download(url, f, partial, retries, cancel)
+    yield from _fetch(url, f, partial, retries, cancel)
     yield PullEvent("verifying sha256 digest", f.sha256)
     yield PullEvent("checking that llama.cpp can load it")
     try:
@@ -498,7 +342,7 @@ def _pull_split(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
     n = len(cand.files)
     for f, partial in zip(cand.files, partials, strict=True):
         url = _file_location(ref, commit, f)
-        yield from download(url, f, partial, retries, cancel)
+        yield from _fetch(url, f, partial, retries, cancel)
         yield PullEvent("verifying sha256 digest", f.sha256)
     folder = store.blobs / f".partial-parts-{os.getpid()}-{time.monotonic_ns()}"
     folder.mkdir()

@@ -1,0 +1,204 @@
+"""Downloading one Hub file: resumable, verified, the token kept on the Hub's host.
+
+The transport under `hub.py`'s pulls (which file, split GGUFs and projectors are
+decided there; huggingface_hub lists the files and HEADs them there). Contract of
+`download(url, f, partial)`:
+- The bytes are fetched with Range requests: a cut connection resumes where it
+  stopped (up to `retries` times in a row without progress), and a later call resumes
+  from what `partial` (the store's `.download-<sha256>` file) already holds. A server
+  that ignores Range, or answers 416, starts the file over; one that resumes at the
+  wrong offset is an error.
+- The sha256 is computed while the bytes arrive (and over what `partial` held); on
+  return `partial` holds exactly `f.size` bytes with `f.sha256`, fsynced. A mismatch
+  deletes it and raises `HubError`.
+- huggingface_hub's headers (user agent, token) go to the Hub's own host only
+  (`endpoint()`): never to the CDN a file redirects to (`_SameHostAuth`).
+- A write error (a full disk) is not retried: `_WriteError`, a StorageError, keeps the
+  partial file for the next pull. A second pull of the same file at the same time is
+  refused (an exclusive lock on `partial`). `cancel` stops it between chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from inferenceos.errors import InferenceOSError, StorageError, UsageError
+from inferenceos.registry.hub_names import HubFile
+from inferenceos.units import format_bytes
+
+__all__ = ["DEFAULT_ENDPOINT", "HubError", "download", "endpoint"]
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+_CHUNK = 1024 * 1024
+
+
+class HubError(InferenceOSError):
+    """The Hub could not be reached, or refused, or answered something unusable."""
+
+
+def endpoint() -> str:
+    """The Hub's base URL: `HF_ENDPOINT` (read now, not at import) or huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _headers_for(url: str) -> dict[str, str]:
+    """huggingface_hub's headers (user agent, token) for the Hub's own host only."""
+    from huggingface_hub.utils import build_hf_headers
+
+    headers = dict(build_hf_headers())
+    if urllib.parse.urlsplit(url)[:2] != urllib.parse.urlsplit(endpoint())[:2]:
+        headers.pop("authorization", None)
+        headers.pop("Authorization", None)
+    headers["Accept-Encoding"] = "identity"
+    return headers
+
+
+class _SameHostAuth(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, dropping the token when one leaves the Hub's host."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> Any:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl)[:2] != \
+                urllib.parse.urlsplit(req.full_url)[:2]:
+            new.remove_header("Authorization")
+        return new
+
+
+_opener = urllib.request.build_opener(_SameHostAuth)
+
+
+class _Cancelled(InferenceOSError):
+    pass
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[IO[bytes]]:
+    """Open `path` for appending, locked against a second pull of the same file."""
+    fh = path.open("ab")
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # not POSIX: no lock
+            pass
+        except OSError:
+            raise UsageError(f"{path.name[10:22]}: another pull of this file is running"
+                             ) from None
+        yield fh
+    finally:
+        fh.close()
+
+
+def _hash_existing(path: Path) -> tuple[Any, int]:
+    h = hashlib.sha256()
+    done = 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(4 * _CHUNK):
+            h.update(chunk)
+            done += len(chunk)
+    return h, done
+
+
+def download(url: str, f: HubFile, partial: Path, retries: int = 3,
+             cancel: threading.Event | None = None,
+             timeout: float = 30.0) -> Iterator[int]:
+    """Fetch `f` into `partial`, resuming from what it holds; yield progress: the bytes
+    of `f` on disk so far (first what `partial` already held, then at most every 0.2 s,
+    and once complete).
+
+    On return `partial` holds exactly `f.size` bytes whose sha256 is `f.sha256`; a
+    mismatch deletes it and raises HubError. A connection cut is retried from where it
+    stopped, up to `retries` times in a row without progress; after that the partial
+    file stays for the next pull. A write error (a full disk) is not retried.
+    """
+    with _locked(partial) as out:
+        h, done = _hash_existing(partial)
+        if done > f.size:
+            out.truncate(0)
+            h, done = hashlib.sha256(), 0
+        yield done
+        failures, failed_at = 0, done
+        last = time.monotonic()
+        while done < f.size:
+            headers = _headers_for(url)
+            if done:
+                headers["Range"] = f"bytes={done}-"
+            try:
+                with _opener.open(urllib.request.Request(url, headers=headers),
+                                  timeout=timeout) as resp:
+                    if done and resp.status != 206:  # the server ignored Range: start over
+                        out.truncate(0)
+                        h, done = hashlib.sha256(), 0
+                    elif done and not str(resp.headers.get("Content-Range", "")).startswith(
+                            f"bytes {done}-"):
+                        raise HubError(f"{f.path}: the server resumed at the wrong offset")
+                    # read1: what has arrived (up to 1 MiB), so cancel and progress stay live
+                    while chunk := resp.read1(min(_CHUNK, f.size - done) or 1):
+                        if cancel is not None and cancel.is_set():
+                            raise _Cancelled("pull cancelled; run it again to resume")
+                        _write(out, chunk)
+                        h.update(chunk)
+                        done += len(chunk)
+                        if done > f.size:
+                            break
+                        if time.monotonic() - last >= 0.2 or done == f.size:
+                            last = time.monotonic()
+                            yield done
+                    out.flush()
+                    if done < f.size:
+                        raise ConnectionError("the connection closed early")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 416 and done:  # nothing left to send from that offset
+                    out.truncate(0)
+                    h, done = hashlib.sha256(), 0
+                    continue
+                raise HubError(f"{f.path}: the Hub answered HTTP {exc.code}") from None
+            except (OSError, ValueError, http.client.HTTPException) as exc:  # cuts, timeouts
+                out.flush()
+                if done > failed_at:  # it moved since the last cut: a fresh set of retries
+                    failures, failed_at = 0, done
+                failures += 1
+                if failures > retries:
+                    raise HubError(
+                        f"download of {f.path} interrupted at {format_bytes(done)} of "
+                        f"{format_bytes(f.size)} ({_reason(exc)}); run the same pull again "
+                        "to resume") from None
+                time.sleep(min(8.0, 0.25 * 2 ** failures))
+        os.fsync(out.fileno())
+    if done != f.size or h.hexdigest() != f.sha256:
+        partial.unlink(missing_ok=True)
+        got = h.hexdigest() if done == f.size else f"{done} bytes"
+        raise HubError(f"{f.path}: sha256 mismatch (the Hub says {f.sha256[:12]}, the "
+                       f"download is {got[:12]}); the download was deleted and nothing "
+                       "was registered")
+
+
+class _WriteError(StorageError):
+    """The store cannot take the bytes (a full disk): the server's 503, not the client's
+    fault; the partial file is kept, so the pull resumes once there is room."""
+
+
+def _write(out: IO[bytes], chunk: bytes) -> None:
+    try:
+        out.write(chunk)
+    except OSError as exc:  # not a network error: retrying would not help
+        raise _WriteError(f"cannot write the download to the model store: {exc.strerror}"
+                          ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    return " ".join(str(reason).split())[:120] or type(exc).__name__
