@@ -1,9 +1,10 @@
 """Loaded models and the leases requests hold on them.
 
-A `LoadedModel` is one engine (an `engine.client.EngineClient`) with its plan, tier
-and bookkeeping; a `Lease` is one
-request's hold on it (while leased, a model is never demoted or unloaded). Times come
-from `time.monotonic` unless stated.
+A `ResidentModel` is one model the manager holds in memory, hot or warm: its engine
+(an `engine.client.EngineClient`) with its plan, tier and bookkeeping. (It was named
+LoadedModel, which is also engine/session.py's llama.cpp model and context.) A `Lease`
+is one request's hold on it (while leased, a model is never demoted or unloaded).
+Times come from `time.monotonic` unless stated.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ EngineLike = EngineClient
 
 
 @dataclass
-class LoadedModel:
-    """A loaded engine and its bookkeeping.
+class ResidentModel:
+    """A model in the manager's memory (hot or warm): its engine and bookkeeping.
 
     `charge` is what the model holds per device in its current tier: the plan's own
     figures (`Plan.charge`), never a separate estimate. `reason` says why the model
@@ -88,7 +89,7 @@ class LoadedModel:
 class Releaser(Protocol):
     """Who hands leases out and takes them back (the `ModelManager`)."""
 
-    def _release(self, lm: LoadedModel) -> None: ...
+    def _release(self, lm: ResidentModel) -> None: ...
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Lease:
     """A loaded model in use by one request; `release()` (or `with`) hands it back."""
 
     manager: Releaser
-    loaded: LoadedModel
+    loaded: ResidentModel
     fresh: bool = False  # this acquire loaded the model (cold → hot)
     woke: bool = False  # this acquire promoted it (warm → hot)
     released: bool = field(default=False)

@@ -40,7 +40,7 @@ from inferenceos.plan.plan import Plan
 from inferenceos.registry import events
 from inferenceos.registry.budget import MemoryBudget
 from inferenceos.registry.catalog import ResolvedModel
-from inferenceos.registry.leases import COLD, HOT, WARM, EngineLike, Lease, LoadedModel
+from inferenceos.registry.leases import COLD, HOT, WARM, EngineLike, Lease, ResidentModel
 from inferenceos.registry.tiers import blockers, next_demotion, shortfall, used_by
 from inferenceos.units import format_bytes as fb
 
@@ -143,7 +143,7 @@ class ModelManager:
         self._hint = context_hint
         self._on_load = on_load
         self._clock = clock
-        self._models: dict[str, LoadedModel] = {}
+        self._models: dict[str, ResidentModel] = {}
         self._moving: set[str] = set()  # models being demoted, promoted or resized
         self._lock = threading.Lock()  # guards _models, _moving and counters
         self._load_lock = threading.Lock()  # one load / promotion / demotion at a time
@@ -214,7 +214,7 @@ class ModelManager:
             return self._load(model, req, why, keep_alive)
 
     @staticmethod
-    def _fits_request(lm: LoadedModel, req: LoadRequest, strict: bool) -> bool:
+    def _fits_request(lm: ResidentModel, req: LoadRequest, strict: bool) -> bool:
         return not strict or lm.key == _key(req)
 
     def _try_lease(
@@ -234,7 +234,7 @@ class ModelManager:
             self._lease(lm, keep_alive)
             return Lease(self, lm)
 
-    def _lease(self, lm: LoadedModel, keep_alive: float | None) -> None:
+    def _lease(self, lm: ResidentModel, keep_alive: float | None) -> None:
         lm.refs += 1
         lm.last_used = self._clock()
         lm.expires_at = None
@@ -265,7 +265,7 @@ class ModelManager:
         t0 = time.perf_counter()
         engine = self._factory(model.path, plan.params(), self.slots, **_media_kw(plan))
         now = self._clock()
-        lm = LoadedModel(
+        lm = ResidentModel(
             model, engine, plan, self.slots, now,
             self.keep_alive_s if keep_alive is None else keep_alive, now, refs=1,
             pinned=model.name in self._pinned_names, reason=f"{why}; {plan.summary()}",
@@ -284,7 +284,7 @@ class ModelManager:
             self._on_load(model.name, plan)
         return Lease(self, lm, fresh=True)
 
-    def _promote(self, lm: LoadedModel, keep_alive: float | None) -> Lease:
+    def _promote(self, lm: ResidentModel, keep_alive: float | None) -> Lease:
         """warm → hot: room for the context, then a new context on the kept weights."""
         hot = lm.plan.charge()
         # what the worker holds besides the model (draft, KV cache RAM) is in both tiers
@@ -302,7 +302,7 @@ class ModelManager:
             self._moving.discard(lm.model.name)
         return Lease(self, lm, woke=True)
 
-    def _try_resize(self, lm: LoadedModel, req: LoadRequest, why: str,
+    def _try_resize(self, lm: ResidentModel, req: LoadRequest, why: str,
                     keep_alive: float | None) -> Lease | None:  # fmt: skip
         """Only the context differs: a new context on the same worker, cached
         conversations carried over (the context follows the workload)."""
@@ -364,7 +364,7 @@ class ModelManager:
         return (f"cannot load '{name}' now: it needs {needs}; {short}"
                 + (f"; held by {held}" if held else "") + "; retry later or free memory")
 
-    def _demote(self, lm: LoadedModel, tier: str, reason: str) -> None:
+    def _demote(self, lm: ResidentModel, tier: str, reason: str) -> None:
         if tier == WARM:
             _call_tier(lm.engine, "sleep")
             with self._lock:
@@ -378,7 +378,7 @@ class ModelManager:
             self.evictions_total[key] = self.evictions_total.get(key, 0) + 1
         _record("eviction", lm.model, reason=reason, tier=tier)
 
-    def _release(self, lm: LoadedModel) -> None:
+    def _release(self, lm: ResidentModel) -> None:
         with self._lock:
             lm.refs -= 1
             lm.last_used = self._clock()
@@ -475,12 +475,12 @@ class ModelManager:
             self._close(m, "expired")
         return len(due)
 
-    def _drop(self, lm: LoadedModel, reason: str) -> None:
+    def _drop(self, lm: ResidentModel, reason: str) -> None:
         with self._lock:
             self._models.pop(lm.model.name, None)
         self._close(lm, reason)
 
-    def _close(self, lm: LoadedModel, reason: str) -> None:
+    def _close(self, lm: ResidentModel, reason: str) -> None:
         with self._lock:
             self.evictions_total[reason] = self.evictions_total.get(reason, 0) + 1
         lm.tier = COLD
@@ -488,7 +488,7 @@ class ModelManager:
 
     # -- views -------------------------------------------------------------------------
 
-    def loaded(self) -> list[LoadedModel]:
+    def loaded(self) -> list[ResidentModel]:
         """A snapshot of the loaded (hot and warm) models."""
         with self._lock:
             return list(self._models.values())
@@ -564,7 +564,7 @@ def _key(req: LoadRequest) -> tuple[Any, ...]:
             req.type_v, req.flash_attn, req.n_seq)  # fmt: skip
 
 
-def _stale(lm: LoadedModel) -> bool:
+def _stale(lm: ResidentModel) -> bool:
     """A model whose worker died while its plan used remote (RPC) devices: restarting
     it on the same plan would fail again, so it is planned anew (without the worker
     that was lost, or refused with the reason)."""

@@ -37,7 +37,7 @@ from inferenceos.hardware.pressure import DOWN, UP, Hysteresis, PressureSensor, 
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.plan import Plan
 from inferenceos.registry import events
-from inferenceos.registry.leases import HOT, LoadedModel
+from inferenceos.registry.leases import HOT, ResidentModel
 from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.tiers import used_by
 
@@ -123,7 +123,7 @@ class PressureReactor:
         return done
 
     def _up_signal(self, dev: str, sample: Sample, ours: dict[str, int],
-                   models: list[LoadedModel], value: float) -> float:  # fmt: skip
+                   models: list[ResidentModel], value: float) -> float:  # fmt: skip
         """While pressured: the signal if every model degraded for `dev` went back."""
         for m in models:
             d = self.degraded.get(m.model.name)
@@ -133,7 +133,7 @@ class PressureReactor:
         return value
 
     def _down(self, dev: str, sample: Sample, ours: dict[str, int],
-              models: list[LoadedModel], value: float, now: float) -> dict[str, Any]:  # fmt: skip
+              models: list[ResidentModel], value: float, now: float) -> dict[str, Any]:  # fmt: skip
         victims = sorted((m for m in models if m.charge.get(dev, 0) > 0),
                          key=lambda m: -m.charge.get(dev, 0))  # fmt: skip
         for lm in victims:
@@ -203,7 +203,7 @@ class PressureReactor:
 
     # -- planning down ---------------------------------------------------------------------
 
-    def _plan_down(self, lm: LoadedModel, dev: str, sample: Sample,
+    def _plan_down(self, lm: ResidentModel, dev: str, sample: Sample,
                    ours: dict[str, int]) -> Plan | None:  # fmt: skip
         """The next placement down for `lm`: what the planner makes of a machine where
         `dev` leaves the device between the watermarks; None when it holds no less."""
@@ -245,7 +245,7 @@ class PressureReactor:
                 return plan
         return None
 
-    def _machine(self, lm: LoadedModel, dev: str, target: int, sample: Sample) -> Machine:
+    def _machine(self, lm: ResidentModel, dev: str, target: int, sample: Sample) -> Machine:
         """The machine `lm` is re-planned on: the budget's view (with RPC workers), each
         device's memory as sampled plus what `lm` holds there, `dev` held to `target`."""
         from inferenceos.plan.devices import with_workers
@@ -297,7 +297,7 @@ class PressureReactor:
         }  # fmt: skip
 
 
-def _live_need(lm: LoadedModel) -> int:
+def _live_need(lm: ResidentModel) -> int:
     """Context per sequence the requests live on `lm` were promised; an engine that
     cannot say keeps its context (0 only when it says nothing is live)."""
     ask = getattr(lm.engine, "live_need", None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from inferenceos.registry.leases import COLD, HOT, WARM, LoadedModel
+from inferenceos.registry.leases import COLD, HOT, WARM, ResidentModel
 from inferenceos.units import format_bytes as fb
 
 TOTAL = "total"  # the key of the --memory-budget cap over all devices
@@ -45,7 +45,7 @@ def is_remote(device: str) -> bool:
     return device.startswith("RPC[")
 
 
-def used_by(models: Iterable[LoadedModel]) -> dict[str, int]:
+def used_by(models: Iterable[ResidentModel]) -> dict[str, int]:
     """Bytes charged per device by `models` in their current tiers."""
     used: dict[str, int] = {}
     for m in models:
@@ -82,7 +82,7 @@ def shortfall(
     return Shortfall(short, over)
 
 
-def _frees(m: LoadedModel, to_tier: str) -> dict[str, int]:
+def _frees(m: ResidentModel, to_tier: str) -> dict[str, int]:
     """Bytes per device `m` gives back by moving to `to_tier`."""
     now = m.charge
     after = m.plan.charge(warm=True) if to_tier == WARM else {}
@@ -99,8 +99,8 @@ def _helps(freed: Mapping[str, int], short: Shortfall) -> bool:
 
 
 def next_demotion(
-    models: Iterable[LoadedModel], short: Shortfall, exclude: str = ""
-) -> tuple[LoadedModel, str] | None:
+    models: Iterable[ResidentModel], short: Shortfall, exclude: str = ""
+) -> tuple[ResidentModel, str] | None:
     """(model, new tier) of the next step, or None when nothing idle can help.
 
     Over the count cap only unloading helps (a warm model still counts)."""
@@ -118,7 +118,7 @@ def next_demotion(
     return None
 
 
-def blockers(models: Iterable[LoadedModel], exclude: str = "") -> str:
+def blockers(models: Iterable[ResidentModel], exclude: str = "") -> str:
     """Why the rest cannot give way: pinned and busy models, with their charges."""
     out = []
     for m in models:

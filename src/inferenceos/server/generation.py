@@ -26,7 +26,7 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
-from inferenceos.registry.leases import EngineLike, Lease, LoadedModel
+from inferenceos.registry.leases import EngineLike, Lease, ResidentModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
 from inferenceos.server.request_telemetry import record_request
@@ -71,14 +71,14 @@ class Done:
 
     metrics: GenerationMetrics
     load_s: float
-    model: LoadedModel
+    model: ResidentModel
     prompt_ids: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
 class _Loaded:
-    model: LoadedModel
+    model: ResidentModel
     load_s: float
     tool_format: ToolFormat | None = None
 
@@ -232,7 +232,7 @@ class Run:
         self._stream = stream
         self._t0 = t_arrival
         self._head: list[Any] = []
-        self.model: LoadedModel | None = None
+        self.model: ResidentModel | None = None
         self.load_s = 0.0
         self.tool_format: ToolFormat | None = None  # set when tools were offered
         self.scored: list[TokenEvent] = []  # collect(): the events carrying logprobs

@@ -12,7 +12,7 @@ import asyncio
 import math
 from typing import Any
 
-from inferenceos.registry.leases import LoadedModel
+from inferenceos.registry.leases import ResidentModel
 from inferenceos.registry.manager import ModelManager
 from inferenceos.server.generation import call_in_thread
 from inferenceos.server.kv_cache_metrics import KV_CACHE
@@ -20,7 +20,7 @@ from inferenceos.server.kv_cache_metrics import KV_CACHE
 KV_STATS_TIMEOUT_S = 0.5
 
 
-def _read(manager: ModelManager, lm: LoadedModel) -> float | None:
+def _read(manager: ModelManager, lm: ResidentModel) -> float | None:
     """`lm`'s reported usage (0-1), or None. A model unloaded since the snapshot is
     skipped: calling a closed engine would start a new worker for it."""
     stats = getattr(lm.engine, "stats", None)
@@ -40,7 +40,7 @@ async def reported_kv_usage(manager: ModelManager,
     """{model name: KV cells in use / cells} for every loaded model that answered."""
     loaded = manager.loaded()
 
-    async def one(lm: LoadedModel) -> float | None:
+    async def one(lm: ResidentModel) -> float | None:
         try:
             return await asyncio.wait_for(
                 call_in_thread(lambda: _read(manager, lm), "kv-stats"), timeout_s)

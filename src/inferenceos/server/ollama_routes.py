@@ -25,7 +25,7 @@ from inferenceos.errors import InferenceOSError
 from inferenceos.media.collect import check_text
 from inferenceos.media.item import MediaItem
 from inferenceos.registry.catalog import ResolvedModel, now_iso
-from inferenceos.registry.leases import LoadedModel
+from inferenceos.registry.leases import ResidentModel
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
@@ -390,7 +390,7 @@ def _capabilities(template: str | None) -> list[str]:
     return ["completion", "embedding", *tools]
 
 
-def _ps_entry(lm: LoadedModel, now: float) -> dict[str, Any]:
+def _ps_entry(lm: ResidentModel, now: float) -> dict[str, Any]:
     exp = lm.expires_wall(now)
     if lm.pinned:
         exp = None

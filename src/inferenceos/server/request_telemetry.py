@@ -19,7 +19,7 @@ def record_request(done: Any, *, total_s: float, concurrency: int) -> None:
         rec = telemetry.recorder()
         if not rec.enabled:
             return
-        loaded = done.model  # registry.leases.LoadedModel
+        loaded = done.model  # registry.leases.ResidentModel
         resolved = loaded.model
         params = loaded.settings
         settings = (dataclasses.asdict(params)
