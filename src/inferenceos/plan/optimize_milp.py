@@ -30,8 +30,6 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
 
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import device_compute
@@ -101,6 +99,11 @@ class _Model:
                 r.append(i)
                 cidx.append(j)
                 v.append(a / big)
+        # imported here, not at the top: scipy.optimize costs ~0.3-0.5 s to import, and
+        # every CLI command (`--version`, `models list`) imports the planner's modules
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
         a = coo_matrix((v, (r, cidx)), shape=(len(self.rows), len(self.c))).tocsr()
         c = np.array(self.c)
         with warnings.catch_warnings():  # scipy warns, then passes HiGHS's own options on
