@@ -18,6 +18,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from inferenceos.engine.llama_lib import lib, log
+from inferenceos.engine.llama_structs import vocab_only_params
 from inferenceos.errors import ModelLoadError, UsageError
 
 _MAX_CACHED = 4
@@ -30,11 +31,8 @@ class Vocab:
 
     def __init__(self, path: Path) -> None:
         ll = lib()
-        params = ll.llama_model_default_params()
-        params.vocab_only = True
-        params.n_gpu_layers = 0
         mark = log().mark()
-        self._model = ll.llama_model_load_from_file(str(path).encode(), params)
+        self._model = ll.llama_model_load_from_file(str(path).encode(), vocab_only_params())
         if not self._model:
             why = "; ".join(log().errors_since(mark)[-3:]) or "see --verbose"
             raise ModelLoadError(f"llama.cpp could not read the vocabulary of {path}: {why}")
