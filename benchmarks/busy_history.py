@@ -45,9 +45,10 @@ class BusyRunner(learning.Runner):
         if not record:
             return super().run(record=False)
         from inferenceos.engine.sampling import SamplingParams
+        from inferenceos.engine.scheduler import generate_one
 
         sp = SamplingParams(temperature=0.0, max_tokens=self.tokens, ignore_eos=True)
-        for _ in self.lm.generate(self.prompt, sp):
+        for _ in generate_one(self.lm, self.prompt, sp):
             pass
         m, s = self.lm.metrics, self.settings
         telemetry.recorder().generation(

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src")]
 
 from inferenceos.engine.sampling import SamplingParams  # noqa: E402
+from inferenceos.engine.scheduler import generate_one  # noqa: E402
 from inferenceos.engine.session import LoadedModel, LoadSettings  # noqa: E402
 from inferenceos.hardware.cpu_load import sample_cpu_load  # noqa: E402
 from inferenceos.model.default_model import ensure_default_model  # noqa: E402
@@ -40,7 +41,7 @@ BUSY = "while True:\n    pass\n"
 
 def decode_tps(lm: LoadedModel, tokens: list[int], n: int) -> float:
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    for _ in lm.generate(tokens, sp):
+    for _ in generate_one(lm, tokens, sp):
         pass
     return lm.metrics.decode_tps
 

@@ -46,6 +46,7 @@ os.environ.pop("INFERENCEOS_HOME", None)
 from inferenceos import telemetry  # noqa: E402
 from inferenceos.cli.simulate_cmd import simulate_model  # noqa: E402
 from inferenceos.engine.sampling import SamplingParams  # noqa: E402
+from inferenceos.engine.scheduler import generate_one  # noqa: E402
 from inferenceos.engine.session import LoadedModel, LoadSettings  # noqa: E402
 from inferenceos.hardware.cache import get_profile  # noqa: E402
 from inferenceos.hardware.llama_speed import measure_llama_speed  # noqa: E402
@@ -90,7 +91,7 @@ class Runner:
 
     def run(self, record: bool = True) -> tuple[float, float]:
         sp = SamplingParams(temperature=0.0, max_tokens=self.tokens, ignore_eos=True)
-        for _ in self.lm.generate(self.prompt, sp):
+        for _ in generate_one(self.lm, self.prompt, sp):
             pass
         m = self.lm.metrics
         if record:

@@ -85,9 +85,10 @@ def plans(facts: Any, ram: int, addrs: list[str], threads: int, ladder: bool) ->
 
 def _generate(lm: Any, tokens: list[int], n: int) -> tuple[float, float]:
     from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.scheduler import generate_one
 
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    for _ in lm.generate(tokens, sp):
+    for _ in generate_one(lm, tokens, sp):
         pass
     return lm.metrics.prompt_tps, lm.metrics.decode_tps
 

@@ -146,6 +146,7 @@ def memory_table(quick: bool) -> bool:
 def measure_speed(path: Path, threads: int, prompt: int, n_gen: int = 48) -> tuple[float, float]:
     """(prefill t/s, decode t/s) from LoadedModel, greedy, EOS ignored."""
     from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.scheduler import generate_one
     from inferenceos.engine.session import LoadedModel, LoadSettings
 
     settings = LoadSettings(
@@ -154,11 +155,11 @@ def measure_speed(path: Path, threads: int, prompt: int, n_gen: int = 48) -> tup
     with LoadedModel(path, settings) as lm:
         tokens = (lm.tokenize("The quick brown fox jumps over the lazy dog. " * 400))[:prompt]
         sp = SamplingParams(temperature=0.0, max_tokens=n_gen, ignore_eos=True)
-        for _ in lm.generate(tokens[:16], replace(sp, max_tokens=4)):  # warm up
+        for _ in generate_one(lm, tokens[:16], replace(sp, max_tokens=4)):  # warm up
             pass
         best = (0.0, 0.0)
         for _ in range(2):  # best of two: other processes share these cores
-            for _ in lm.generate(tokens, sp):
+            for _ in generate_one(lm, tokens, sp):
                 pass
             m = lm.metrics
             best = (max(best[0], m.prompt_tps), max(best[1], m.decode_tps))

@@ -66,6 +66,7 @@ def main() -> int:
 
     from inferenceos.engine.llama_lib import lib
     from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.scheduler import generate_one
     from inferenceos.engine.session import LoadedModel
     from inferenceos.plan.devices import local_machine
     from inferenceos.plan.entry import LoadRequest
@@ -101,7 +102,7 @@ def main() -> int:
         predicted = predict(facts, machine, plan, work, here.calibration)
         sampling = SamplingParams(temperature=0.0, max_tokens=a.tokens, ignore_eos=True)
         before = read_bytes()
-        text = "".join(ev.text for ev in m.generate(tokens, sampling))
+        text = "".join(ev.text for ev in generate_one(m, tokens, sampling))
         fetched = read_bytes() - before
         metrics = m.metrics
         out = {

@@ -84,11 +84,12 @@ def _plan(model: Path, rpc: tuple[str, ...], ram: int | None = RAM):  # type: ig
 
 def _greedy(model: Path, params, n: int = 24) -> list[int]:  # type: ignore[no-untyped-def]
     from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.scheduler import generate_one
     from inferenceos.engine.session import LoadedModel
 
     sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     with LoadedModel(model, params) as lm:
-        return [e.token for e in lm.generate(lm.tokenize("hello world"), sp)]
+        return [e.token for e in generate_one(lm, lm.tokenize("hello world"), sp)]
 
 
 # -- addresses and the bind rule ------------------------------------------------------

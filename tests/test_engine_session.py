@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import ModelLoadError, UsageError
 from tiny_models import write_tiny_model
@@ -17,7 +18,7 @@ SMALL = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
 def generate_text(lm: LoadedModel, prompt: str, **sampling: object) -> tuple[list[int], str]:
     tokens: list[int] = []
     text = ""
-    for ev in lm.generate(lm.tokenize(prompt), SamplingParams(**sampling)):  # type: ignore[arg-type]
+    for ev in generate_one(lm, lm.tokenize(prompt), SamplingParams(**sampling)):  # type: ignore[arg-type]
         if ev.token >= 0:
             tokens.append(ev.token)
         text += ev.text

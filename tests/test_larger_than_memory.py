@@ -143,6 +143,7 @@ def test_a_disk_plan_streams_through_llama_cpps_own_mapping(q4_facts: ModelFacts
     import ctypes
 
     from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.scheduler import generate_one
     from inferenceos.engine.session import LoadedModel
 
     fits = plan_with(q4_facts, 4096 * MIB).memory
@@ -160,6 +161,6 @@ def test_a_disk_plan_streams_through_llama_cpps_own_mapping(q4_facts: ModelFacts
             assert ctypes.string_at(s._base + span.start, 64) == f.read(64)
         resident = sum(sum(x.end - x.start for x in s.spans[i]) for i in s.resident)
         assert resident <= params.stream_resident_bytes and 0 < len(s.resident) < 9
-        list(m.generate(m.tokenize("abc"), SamplingParams(temperature=0, max_tokens=4)))
+        list(generate_one(m, m.tokenize("abc"), SamplingParams(temperature=0, max_tokens=4)))
         assert s.prefetched > 0
     assert plan_with(q4_facts, 4096 * MIB).params().stream_resident_bytes == 0

@@ -11,6 +11,7 @@ import pytest
 
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.scoring import lone_run_logits
 from inferenceos.engine.session import LoadedModel, LoadSettings, TokenEvent
 from inferenceos.errors import UsageError
@@ -36,7 +37,7 @@ def test_logprobs_match_an_independent_log_softmax(tiny_llama: Path) -> None:
     greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=4)
     with LoadedModel(tiny_llama, SETTINGS) as lm:
         prompt = lm.tokenize("abc")
-        events = [ev for ev in lm.generate(prompt, greedy) if ev.token >= 0]
+        events = [ev for ev in generate_one(lm, prompt, greedy) if ev.token >= 0]
         _check_shape(events, 4)
         output = [ev.token for ev in events]
         rows = lone_run_logits(lm, prompt, output)
@@ -52,7 +53,8 @@ def test_logprobs_match_an_independent_log_softmax(tiny_llama: Path) -> None:
 
 def test_no_logprobs_unless_asked(tiny_llama: Path) -> None:
     with LoadedModel(tiny_llama, SETTINGS) as lm:
-        events = list(lm.generate(lm.tokenize("abc"), SamplingParams(temperature=0, max_tokens=3)))
+        three = SamplingParams(temperature=0, max_tokens=3)
+        events = list(generate_one(lm, lm.tokenize("abc"), three))
     assert events and all(ev.logprob is None and ev.top_logprobs == () for ev in events)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from inferenceos.engine.sampling import SamplingParams, grammar_from_json_schema
+from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import UsageError
 
@@ -21,7 +22,7 @@ def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
 
 def complete(lm: LoadedModel, **kw: object) -> str:
     params = SamplingParams(**{"temperature": 0, "max_tokens": 40, **kw})  # type: ignore[arg-type]
-    return "".join(ev.text for ev in lm.generate(lm.tokenize("abc"), params))
+    return "".join(ev.text for ev in generate_one(lm, lm.tokenize("abc"), params))
 
 
 def test_gbnf_grammar_constrains_every_token(lm: LoadedModel) -> None:
@@ -46,9 +47,9 @@ def test_bad_grammar_is_a_user_error(lm: LoadedModel) -> None:
 
 
 def test_logit_bias_bans_the_greedy_choice(lm: LoadedModel) -> None:
-    first = next(iter(lm.generate(lm.tokenize("abc"), SamplingParams(temperature=0))))
+    first = next(iter(generate_one(lm, lm.tokenize("abc"), SamplingParams(temperature=0))))
     banned = SamplingParams(temperature=0, logit_bias=((first.token, float("-inf")),))
-    other = next(iter(lm.generate(lm.tokenize("abc"), banned)))
+    other = next(iter(generate_one(lm, lm.tokenize("abc"), banned)))
     assert other.token != first.token
 
 

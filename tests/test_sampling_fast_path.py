@@ -10,6 +10,7 @@ import pytest
 
 from inferenceos.engine.candidates import top_k_ids
 from inferenceos.engine.sampling import SamplingParams, _fast_path
+from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.session import LoadedModel, LoadSettings
 
 CHAINS = [
@@ -22,7 +23,7 @@ CHAINS = [
 
 def _tokens(lm: LoadedModel, sampling: SamplingParams, n: int) -> list[int]:
     params = replace(sampling, max_tokens=n, ignore_eos=True)
-    return [ev.token for ev in lm.generate(lm.tokenize("The story begins"), params)
+    return [ev.token for ev in generate_one(lm, lm.tokenize("The story begins"), params)
             if ev.token >= 0]  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import GenerationError
 
@@ -17,23 +18,26 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 def test_state_moves_to_another_context_and_continues_identically(tiny_llama: Path) -> None:
     with LoadedModel(tiny_llama, SETTINGS) as a:
         prompt = a.tokenize("hello abc")
-        first = [ev.token for ev in a.generate(prompt, GREEDY)]
+        first = [ev.token for ev in generate_one(a, prompt, GREEDY)]
         # the uninterrupted run: 12 more tokens after the first 12
-        reference = [ev.token for ev in a.generate(prompt, SamplingParams(
+        reference = [ev.token for ev in generate_one(a, prompt, SamplingParams(
             temperature=0, max_tokens=24, ignore_eos=True))][12:]  # fmt: skip
         a.reset()
-        list(a.generate(prompt, GREEDY))  # state: prompt + first 11 tokens evaluated
+        list(generate_one(a, prompt, GREEDY))  # state: prompt + first 11 tokens evaluated
         state = a.save_sequence()
     assert len(state) > 0
     with LoadedModel(tiny_llama, SETTINGS) as b:  # a different context, as after migration
-        b.restore_sequence(state)
-        moved = [ev.token for ev in b.continue_from(first[-1], GREEDY)]
+        # the state holds the prompt and the first 11 tokens; the 12th is evaluated next
+        held = prompt + first[:-1]
+        moved = [ev.token for ev in generate_one(b, prompt + first, GREEDY,
+                                                 state=(held, state))]  # fmt: skip
+        assert b.metrics.cached_tokens == len(held)  # only the last token was evaluated
     assert moved == reference
 
 
 def test_state_from_another_model_is_refused(tiny_llama: Path, tiny_swa: Path) -> None:
     with LoadedModel(tiny_llama, SETTINGS) as a:
-        list(a.generate(a.tokenize("abc"), GREEDY))
+        list(generate_one(a, a.tokenize("abc"), GREEDY))
         state = a.save_sequence()
     with LoadedModel(tiny_swa, SETTINGS) as b, pytest.raises(GenerationError):
         b.restore_sequence(state)

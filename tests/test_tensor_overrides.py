@@ -8,6 +8,7 @@ import pytest
 
 from inferenceos.engine.llama_lib import log
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import ModelLoadError
 
@@ -18,7 +19,8 @@ def test_expert_override_is_applied_by_llama_cpp(tiny_moe: Path) -> None:
     mark = log().mark()
     settings = LoadSettings(n_ctx=256, n_threads=1, tensor_buft_overrides=((EXPERTS, "CPU"),))
     with LoadedModel(tiny_moe, settings) as lm:
-        out = list(lm.generate(lm.tokenize("abc"), SamplingParams(temperature=0, max_tokens=4)))
+        four = SamplingParams(temperature=0, max_tokens=4)
+        out = list(generate_one(lm, lm.tokenize("abc"), four))
     assert len(out) == 4
     moved = [ln for ln in log().since(mark) if "buffer type overridden to CPU" in ln]
     assert len(moved) == 2 * 3  # 2 layers x gate/up/down experts

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -26,7 +25,7 @@ from inferenceos.cli.plan_opts import (
     load_request,
 )
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings, TokenEvent
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
 from inferenceos.errors import UsageError
 
 if TYPE_CHECKING:  # gguf, numpy, jinja2 and Pillow load only when the command runs
@@ -83,19 +82,6 @@ def _prompt_text(
         builtin=template,
     )
     return text
-
-
-def _generate(
-    lm: LoadedModel, tokens: list[int], sampling: SamplingParams, draft: str | None,
-    kv_policy: str = "none", probe: Any = None,
-) -> Iterator[TokenEvent]:
-    """Plain decoding, or through the scheduler for speculative decoding (`draft`) or
-    a KV eviction policy."""
-    if draft in (None, "", "none") and kv_policy == "none":
-        return lm.generate(tokens, sampling)
-    from inferenceos.engine.scheduler import generate_one
-
-    return generate_one(lm, tokens, sampling, draft, kv_policy, probe)
 
 
 def _media_inputs(model: str, images: list[Path] | None, audios: list[Path] | None,
@@ -261,10 +247,10 @@ def run(
                      eval_callback=probe.callback if probe else None) as lm, \
             _encoder(lm, projector.path if projector else None) as encoder:
         prompt_text = _prompt_text(spec, lm, text, system, raw, template)
-        events = (generate_one(lm, prompt_text, sampling, draft, kv_policy, probe,
-                               media=encoder, items=items) if items
-                  else _generate(lm, lm.tokenize(prompt_text), sampling, draft, kv_policy,
-                                 probe))  # fmt: skip
+        # the one decode path (the scheduler's), whatever the options: run and serve
+        # stop, count and time a generation alike
+        events = generate_one(lm, prompt_text, sampling, draft, kv_policy, probe,
+                              media=encoder, items=items)
         pieces: list[str] = []
         interrupted = False
         try:

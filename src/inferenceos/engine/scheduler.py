@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -52,6 +52,7 @@ from inferenceos.engine.session import (
     TokenEvent,
     decode_failed,
 )
+from inferenceos.engine.slot_state import import_slot
 from inferenceos.engine.slots import Slot, SlotTable
 from inferenceos.engine.speculative import (
     NO_DRAFT,
@@ -247,12 +248,16 @@ class Scheduler:
         self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
         if self.default_draft is not None:
             self._drafter(self.default_draft)  # a bad choice fails at load time
-        # what a step's logit rows are rounded to (row_shape.py): read at load time, not
-        # in a request's step (the head's type costs a walk over the file's metadata)
-        self.row_multiple = self._kernel_row_multiple()
+        if n_slots > 1 or self.default_draft is not None:
+            _ = self.row_multiple  # read now, at load time, not in a request's step
 
-    def _kernel_row_multiple(self) -> int:
-        """The CPU kernels' column tile when the CPU computes the output head, else 1."""
+    @cached_property
+    def row_multiple(self) -> int:
+        """What a step's logit rows are rounded to (row_shape.py): the CPU kernels'
+        column tile when the CPU computes the output head, else 1. The head's type costs
+        a walk over the file's metadata (0.25 s on Gemma), so a scheduler that can batch
+        rows reads it at load time; a one-slot one without a drafter (`run`) only when a
+        request drafts."""
         info = self._ll.llama_print_system_info()
         info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
         on_cpu = self.model.settings.n_gpu_layers == 0
@@ -566,9 +571,8 @@ class Scheduler:
                 continue
             view = SeqCacheView(self._ll, self.mem, seq.slot.index, seq.slot.cached, self.tracker)
             if not seq.policy.make_room(view):
-                seq.metrics.stop_reason = "length"
                 self._release(seq)
-                events.append(seq.out.done())
+                events.extend(seq.out.finish("length"))  # held-back text flushed
             else:
                 seq.kv_edited = True
 
@@ -621,7 +625,7 @@ class Scheduler:
                 seq.spec.cost = self.draft_cost.get(drafter.name, ROW_COST)
         drafting = [(seq, d, a.k) for seq, a, d in proposed if d]
         rows = generating + sum(min(len(d), k) for _, d, k in drafting)
-        if self.row_multiple > 1 and rows > 1 and rows % self.row_multiple:
+        if rows > 1 and self.row_multiple > 1 and rows % self.row_multiple:
             drafting += self._free_rows(rows, {id(seq) for seq, _, _ in drafting})
         if not drafting:
             return
@@ -781,35 +785,72 @@ def _head_type(path: Any) -> Any:
 def generate_one(
     lm: LoadedModel, prompt: list[int] | str, sampling: SamplingParams,
     draft: str | None = None, kv_policy: str = "none", probe: AttentionProbe | None = None,
-    media: Any = None, items: Seq[Any] = (),
+    media: Any = None, items: Seq[Any] = (), state: tuple[Seq[int], bytes] | None = None,
 ) -> Iterator[TokenEvent]:
-    """`LoadedModel.generate`'s contract, through a one-slot scheduler on `lm`: how
-    `run --draft` decodes speculatively, `run --kv-policy` evicts and `run --image`
-    sees, in process (`probe`: the AttentionProbe `lm`'s context was created with, for
-    H2O; `media`: a MediaEncoder on `lm`, for `items` in a text `prompt`).
-    `lm.metrics` follows the run."""
-    # this run's metrics, "interrupted" until the run says otherwise (as generate's)
+    """Stream the completion of one `prompt` (token ids, or text to tokenize) on `lm`
+    through a one-slot scheduler: the one decode path of a single sequence in process,
+    `run`'s with or without `draft` (speculative decoding), `kv_policy` (eviction when
+    the context fills; `probe`: the AttentionProbe `lm`'s context was created with, for
+    H2O) and media (`media`: a MediaEncoder on `lm`, for `items` in a text `prompt`).
+
+    `state`: (tokens, bytes from `LoadedModel.save_sequence`), the KV state of a prefix
+    of the prompt to start from (a migrated or saved conversation): only the rest is
+    evaluated. `lm`'s context is cleared first; afterwards it holds the prompt and the
+    evaluated reply in sequence 0.
+
+    `lm.metrics` describes the run so far at every step, and the whole run once the
+    iterator ends; closed early (Ctrl-C, a consumer that left) its stop_reason is
+    "interrupted". Raises UsageError for an empty prompt or one that does not fit the
+    context; without a KV policy the reply is capped by the cells left after the prompt.
+    """
     lm.metrics = GenerationMetrics(load_s=lm.load_s, stop_reason="interrupted")
     sched: Scheduler | None = None
     try:
         sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
                           media=media)  # fmt: skip
-        sched.submit(prompt_request(1, prompt, sampling, lm, media, items))
+        req = _one_request(lm, prompt, sampling, kv_policy, media, items)
+        lm.metrics.prompt_tokens = len(req.prompt)
+        if state is not None:
+            import_slot(sched, list(state[0]), state[1])
+        sched.submit(req)
         while sched.has_work():
             events = sched.step()
             if sched.running:
                 lm.metrics = sched.running[0].metrics
-            for ev in events:
-                match ev:
-                    case TokenOut():
-                        yield ev.event()
-                    case Finished(metrics=metrics):
-                        lm.metrics = metrics
-                    case Failed(message=message):
-                        raise GenerationError(message)
+                lm.metrics.load_s = lm.load_s  # a footer read mid-run (Ctrl-C) shows it
+            yield from _one_events(lm, events)
     finally:
         lm.metrics.load_s = lm.load_s
         if not lm.metrics.stop_reason:  # closed early (Ctrl-C, a consumer that left)
             lm.metrics.stop_reason = "interrupted"
         if sched is not None:
             sched.close()
+
+
+def _one_request(lm: LoadedModel, prompt: list[int] | str, sampling: SamplingParams,
+                 kv_policy: str, media: Any, items: Seq[Any]) -> Request:
+    """generate_one's request: the prompt checked against the whole context (one slot:
+    the scheduler's own check says "a sequence holds", `run` says "the context holds"),
+    and, with no KV policy, max_tokens capped by the cells left after the prompt (the
+    reply's every token but the last gets a cell; `run` has always stopped one short)."""
+    req = prompt_request(1, prompt, sampling, lm, media, items)
+    if not req.prompt:
+        raise UsageError("the prompt is empty")
+    if len(req.prompt) >= lm.n_ctx:
+        raise UsageError(f"the prompt has {len(req.prompt)} tokens; the context holds {lm.n_ctx}")
+    if kv_policy in (None, "none"):
+        req.sampling = replace(sampling, max_tokens=min(sampling.max_tokens,
+                                                        lm.n_ctx - len(req.prompt)))
+    return req
+
+
+def _one_events(lm: LoadedModel, events: list[Event]) -> Iterator[TokenEvent]:
+    """generate_one's view of one step's events: tokens out, the final metrics kept."""
+    for ev in events:
+        match ev:
+            case TokenOut():
+                yield ev.event()
+            case Finished(metrics=metrics):
+                lm.metrics = metrics
+            case Failed(message=message):
+                raise GenerationError(message)

@@ -1,8 +1,12 @@
-"""One model and one llama.cpp context, generating for one sequence at a time.
+"""One model and one llama.cpp context: loading, tokens, evaluation, sequence state.
 
-The small verbs are `tokenize`, `prefill`, `decode_one`, and `generate`, which streams
-`TokenEvent`s and ends with the run's `GenerationMetrics`. Times are wall-clock from
-`time.perf_counter()`; t/s figures count the tokens llama.cpp actually evaluated.
+The small verbs are `tokenize`, `prefill` and `decode_one` (for measurements and
+scoring: they decode plainly, with no sampler). Generating is not done here: every
+generation, `run`'s one prompt included, goes through the scheduler
+(`engine.scheduler.generate_one` for one sequence in process), which owns sampling,
+stop strings, eos/length and the `GenerationMetrics` it leaves in `self.metrics`.
+Times are wall-clock from `time.perf_counter()`; t/s figures count the tokens
+llama.cpp actually evaluated.
 llama.cpp's parameters come from `engine/llama_structs.py` (the one builder, shared
 with `memory_report.measure_load`); `embed` / `embed_many` run on the second context of
 `engine/embeddings.py`.
@@ -10,11 +14,10 @@ with `memory_report.measure_load`); `embed` / `embed_many` run on the second con
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,16 +25,13 @@ from typing import Any
 import numpy as np
 
 from inferenceos import interrupt
-from inferenceos.engine import step_plan
 from inferenceos.engine.candidates import logits_row
 from inferenceos.engine.embeddings import Embedder
 from inferenceos.engine.llama_lib import lib, log
 from inferenceos.engine.llama_structs import context_params, model_params
 from inferenceos.engine.llama_structs import default_threads as default_threads  # re-exported
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
-from inferenceos.engine.sampling import SamplerChain, SamplingParams
-from inferenceos.engine.stop import StopMatcher
-from inferenceos.errors import GenerationError, ModelLoadError, UsageError
+from inferenceos.errors import GenerationError, ModelLoadError
 from inferenceos.plan.llama_params import LlamaParams
 
 # The one llama-parameters record is owned by the planner (a leaf module): the engine
@@ -288,15 +288,6 @@ class LoadedModel:
         """Log-probabilities at batch row `row` of the last decode (see engine.logprobs)."""
         return read_logprobs(self.logits_row(row), chosen, top_n, self.piece)
 
-    def token_event(
-        self, token: int, text: str, row: int, sampling: SamplingParams
-    ) -> TokenEvent:
-        """The event for a sampled token, with logprobs when `sampling` asks for them."""
-        if sampling.logprobs is None:
-            return TokenEvent(token, text)
-        mine, best = self.logprobs(row, token, sampling.logprobs)
-        return TokenEvent(token, text, mine, best)
-
     # -- evaluation --------------------------------------------------------------------
 
     def reset(self) -> None:
@@ -319,58 +310,6 @@ class LoadedModel:
 
     def decode_one(self, token: int) -> None:
         self._decode([token])
-
-    def generate(self, prompt_tokens: list[int], sampling: SamplingParams) -> Iterator[TokenEvent]:
-        """Stream the completion of `prompt_tokens` as TokenEvents.
-
-        `self.metrics` describes the run so far at every step, and the whole run once
-        the iterator ends (or is closed early: then stop_reason is "interrupted").
-        Raises UsageError when the prompt cannot fit in the context.
-        """
-        if not prompt_tokens:
-            raise UsageError("the prompt is empty")
-        if len(prompt_tokens) >= self.n_ctx:
-            raise UsageError(
-                f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.n_ctx}"
-            )
-        max_new = min(sampling.max_tokens, self.n_ctx - len(prompt_tokens))
-        m = self.metrics = GenerationMetrics(load_s=self.load_s, prompt_tokens=len(prompt_tokens))
-        m.stop_reason = "interrupted"  # until the loop says otherwise
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stops = StopMatcher(sampling.stop)
-        self.reset()
-        with SamplerChain(sampling, self.vocab) as sampler:
-            t0 = time.perf_counter()
-            if step_plan.SEPARATE_LAST_TOKEN:  # as the scheduler does (step_plan.py, 2.)
-                self.prefill(prompt_tokens[:-1])
-                self.prefill(prompt_tokens[-1:])
-            else:
-                self.prefill(prompt_tokens)
-            token = sampler.sample(self.ctx)
-            t_first = time.perf_counter()
-            m.ttft_s = t_first - t0
-            m.prompt_tps = len(prompt_tokens) / m.ttft_s if m.ttft_s > 0 else 0.0
-            steps = 0  # decode+sample steps after the first token
-            while True:
-                if self.is_eog(token) and not sampling.ignore_eos:
-                    m.stop_reason = "eos"
-                    break
-                if m.completion_tokens >= max_new:
-                    m.stop_reason = "length"
-                    break
-                m.completion_tokens += 1
-                text = stops.feed(utf8.decode(self.piece(token)))
-                yield self.token_event(token, text, -1, sampling)
-                if stops.stopped or m.completion_tokens >= max_new:
-                    m.stop_reason = "stop" if stops.stopped else "length"
-                    break
-                self.decode_one(token)
-                token = sampler.sample(self.ctx)
-                steps += 1
-                m.decode_tps = steps / (time.perf_counter() - t_first)
-            tail = stops.feed(utf8.decode(b"", final=True)) + stops.flush()
-            if tail:
-                yield TokenEvent(-1, tail)
 
     # -- sequence state ------------------------------------------------------------------
 
@@ -395,17 +334,6 @@ class LoadedModel:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if int(ll.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) == 0:
             raise GenerationError("llama.cpp refused the sequence state")
-
-    def continue_from(self, last_token: int, sampling: SamplingParams) -> Iterator[TokenEvent]:
-        """Generate after a restored state whose final (not yet evaluated) token is given."""
-        with SamplerChain(sampling, self.vocab) as sampler:
-            self.decode_one(last_token)
-            for _ in range(sampling.max_tokens):
-                token = sampler.sample(self.ctx)
-                if self.is_eog(token) and not sampling.ignore_eos:
-                    return
-                yield TokenEvent(token, self.piece(token).decode("utf-8", errors="replace"))
-                self.decode_one(token)
 
     # -- embeddings --------------------------------------------------------------------
 
