@@ -30,6 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -125,62 +126,91 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
     file stays for the next pull. A write error (a full disk) is not retried.
     """
     with _locked(partial) as out:
-        h, done = _hash_existing(partial)
-        if done > f.size:
-            out.truncate(0)
-            h, done = hashlib.sha256(), 0
-        yield done
-        failures, failed_at = 0, done
-        last = time.monotonic()
-        while done < f.size:
+        part = _Partial(out, *_hash_existing(partial))
+        if part.done > f.size:
+            part.restart()
+        yield part.done
+        part.reported = time.monotonic()
+        failures, failed_at = 0, part.done
+        while part.done < f.size:
             headers = _headers_for(url)
-            if done:
-                headers["Range"] = f"bytes={done}-"
+            if part.done:
+                headers["Range"] = f"bytes={part.done}-"
             try:
-                with _opener.open(urllib.request.Request(url, headers=headers),
-                                  timeout=timeout) as resp:
-                    if done and resp.status != 206:  # the server ignored Range: start over
-                        out.truncate(0)
-                        h, done = hashlib.sha256(), 0
-                    elif done and not str(resp.headers.get("Content-Range", "")).startswith(
-                            f"bytes {done}-"):
-                        raise HubError(f"{f.path}: the server resumed at the wrong offset")
-                    # read1: what has arrived (up to 1 MiB), so cancel and progress stay live
-                    while chunk := resp.read1(min(_CHUNK, f.size - done) or 1):
-                        if cancel is not None and cancel.is_set():
-                            raise _Cancelled("pull cancelled; run it again to resume")
-                        _write(out, chunk)
-                        h.update(chunk)
-                        done += len(chunk)
-                        if done > f.size:
-                            break
-                        if time.monotonic() - last >= 0.2 or done == f.size:
-                            last = time.monotonic()
-                            yield done
-                    out.flush()
-                    if done < f.size:
-                        raise ConnectionError("the connection closed early")
+                yield from _get(urllib.request.Request(url, headers=headers), f, part,
+                                cancel, timeout)  # fmt: skip
             except urllib.error.HTTPError as exc:
-                if exc.code == 416 and done:  # nothing left to send from that offset
-                    out.truncate(0)
-                    h, done = hashlib.sha256(), 0
+                if exc.code == 416 and part.done:  # nothing left to send from that offset
+                    part.restart()
                     continue
                 raise HubError(f"{f.path}: the Hub answered HTTP {exc.code}") from None
             except (OSError, ValueError, http.client.HTTPException) as exc:  # cuts, timeouts
                 out.flush()
-                if done > failed_at:  # it moved since the last cut: a fresh set of retries
-                    failures, failed_at = 0, done
+                if part.done > failed_at:  # it moved since the last cut: fresh retries
+                    failures, failed_at = 0, part.done
                 failures += 1
                 if failures > retries:
                     raise HubError(
-                        f"download of {f.path} interrupted at {format_bytes(done)} of "
+                        f"download of {f.path} interrupted at {format_bytes(part.done)} of "
                         f"{format_bytes(f.size)} ({_reason(exc)}); run the same pull again "
                         "to resume") from None
                 time.sleep(min(8.0, 0.25 * 2 ** failures))
         os.fsync(out.fileno())
-    if done != f.size or h.hexdigest() != f.sha256:
+    _verify(f, part, partial)
+
+
+@dataclass
+class _Partial:
+    """The download file being filled: its handle, the sha256 of what it holds and how
+    many bytes, and when progress was last reported (across reconnections)."""
+
+    out: IO[bytes]
+    h: Any
+    done: int
+    reported: float = field(default_factory=time.monotonic)
+
+    def add(self, chunk: bytes) -> None:
+        _write(self.out, chunk)
+        self.h.update(chunk)
+        self.done += len(chunk)
+
+    def restart(self) -> None:
+        """Empty the file: its bytes are no prefix of what the server sends now."""
+        self.out.truncate(0)
+        self.h, self.done = hashlib.sha256(), 0
+
+
+def _get(req: urllib.request.Request, f: HubFile, part: _Partial,
+         cancel: threading.Event | None, timeout: float) -> Iterator[int]:
+    """One GET of `f` from `part.done` on (a Range request when not 0), into `part`;
+    yields progress. ConnectionError when the server closes before the end."""
+    done = part.done
+    with _opener.open(req, timeout=timeout) as resp:
+        if done and resp.status != 206:  # the server ignored Range: start over
+            part.restart()
+        elif done and not str(resp.headers.get("Content-Range", "")).startswith(
+                f"bytes {done}-"):
+            raise HubError(f"{f.path}: the server resumed at the wrong offset")
+        # read1: what has arrived (up to 1 MiB), so cancel and progress stay live
+        while chunk := resp.read1(min(_CHUNK, f.size - part.done) or 1):
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled("pull cancelled; run it again to resume")
+            part.add(chunk)
+            if part.done > f.size:
+                break
+            if time.monotonic() - part.reported >= 0.2 or part.done == f.size:
+                part.reported = time.monotonic()
+                yield part.done
+        part.out.flush()
+        if part.done < f.size:
+            raise ConnectionError("the connection closed early")
+
+
+def _verify(f: HubFile, part: _Partial, partial: Path) -> None:
+    """HubError (and the download deleted) unless it is exactly `f`'s bytes."""
+    if part.done != f.size or part.h.hexdigest() != f.sha256:
         partial.unlink(missing_ok=True)
-        got = h.hexdigest() if done == f.size else f"{done} bytes"
+        got = part.h.hexdigest() if part.done == f.size else f"{part.done} bytes"
         raise HubError(f"{f.path}: sha256 mismatch (the Hub says {f.sha256[:12]}, the "
                        f"download is {got[:12]}); the download was deleted and nothing "
                        "was registered")
