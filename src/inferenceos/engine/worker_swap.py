@@ -22,7 +22,7 @@ import contextlib
 import queue
 import time
 from dataclasses import replace
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import inferenceos.errors as errors
 from inferenceos.engine.base import per_slot
@@ -38,6 +38,9 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import LoadSettings
 from inferenceos.engine.worker import WorkerConfig
 from inferenceos.engine.worker_client import CurrentWorker, Replies, WorkerClient
+
+if TYPE_CHECKING:  # the scheduler's modules stay out of the parent process
+    from inferenceos.engine.migrate import LiveState
 
 __all__ = ["MigrateInfo", "migrate"]
 
@@ -71,18 +74,7 @@ def migrate(
     total.validate()
     cfg = replace(current.cfg, settings=total, n_slots=n_par)
     shares = _core_shares(current.cfg.settings, total) if make_before_break else None
-    new = None
-    try:
-        if make_before_break:
-            if shares is not None:  # the old worker makes room before the load starts
-                current.ask(SetThreads(shares[0]))
-            new = current.start(cfg)
-            if shares is not None:
-                current.ask(SetThreads(shares[1]), new)
-            _warm(current, new)  # its first decode (thread pool, page-ins) off the stream
-    except BaseException:
-        _abort_make(current, new, shares)
-        raise
+    new = _make(current, cfg, shares) if make_before_break else None
     with current.route:
         old = current.live()
         t_pause = time.perf_counter()
@@ -91,16 +83,7 @@ def migrate(
         except BaseException:
             _abort_make(current, new, shares)
             raise
-        with old.lock:  # the streams' queues follow their requests
-            moved = {rid: q for rid in state.ids
-                     if (q := old.pending.pop(rid, None)) is not None}  # fmt: skip
-        if new is None:
-            old.shutdown()
-            new, cfg = _restart(current, cfg, moved)
-        with new.lock:
-            new.pending.update(moved)
-        counts = current.ask(ImportLive(state), new)
-        current.swap(new, cfg)
+        new, counts = _hand_over(current, old, new, cfg, state)
         pause = time.perf_counter() - t_pause
     if make_before_break:
         old.shutdown()
@@ -113,6 +96,44 @@ def migrate(
                        pause_s=pause, seconds=time.perf_counter() - t0,
                        load_s=float(new.info["load_s"]), moved=len(state.ids),
                        kv_bytes=state.kv_bytes)  # fmt: skip
+
+
+def _make(current: CurrentWorker, cfg: WorkerConfig,
+          shares: tuple[int, int] | None) -> WorkerClient:  # fmt: skip
+    """Make before break's first half, while the old worker keeps generating: the new
+    worker on `cfg`, loaded and warmed up on its share of the cores (`shares`: old,
+    new; None: no sharing). On any failure the old worker is left as it was."""
+    new = None
+    try:
+        if shares is not None:  # the old worker makes room before the load starts
+            current.ask(SetThreads(shares[0]))
+        new = current.start(cfg)
+        if shares is not None:
+            current.ask(SetThreads(shares[1]), new)
+        _warm(current, new)  # its first decode (thread pool, page-ins) off the stream
+    except BaseException:
+        _abort_make(current, new, shares)
+        raise
+    return new
+
+
+def _hand_over(current: CurrentWorker, old: WorkerClient, new: WorkerClient | None,
+               cfg: WorkerConfig, state: LiveState) -> tuple[WorkerClient, dict[str, int]]:
+    """The switch, under the route lock once `old` has exported `state`: the streams'
+    reply queues follow their requests to `new` (break before make, `new` is None: the
+    old worker stops first and the new one starts now), which imports `state` and
+    becomes the current worker. Returns it and its import counts."""
+    with old.lock:  # the streams' queues follow their requests
+        moved = {rid: q for rid in state.ids
+                 if (q := old.pending.pop(rid, None)) is not None}  # fmt: skip
+    if new is None:
+        old.shutdown()
+        new, cfg = _restart(current, cfg, moved)
+    with new.lock:
+        new.pending.update(moved)
+    counts = current.ask(ImportLive(state), new)
+    current.swap(new, cfg)
+    return new, counts
 
 
 def _abort_make(current: CurrentWorker, new: WorkerClient | None,
