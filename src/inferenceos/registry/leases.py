@@ -21,10 +21,6 @@ from inferenceos.registry.catalog import ResolvedModel
 HOT, WARM, COLD = "hot", "warm", "cold"
 
 
-# the old name of the interface, still imported by registry/manager.py and server/
-EngineLike = EngineClient
-
-
 @dataclass
 class ResidentModel:
     """A model in the manager's memory (hot or warm): its engine and bookkeeping.

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from inferenceos.engine.client import EngineClient
 from inferenceos.errors import InferenceOSError
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.entry import LoadRequest
@@ -40,7 +41,7 @@ from inferenceos.plan.plan import Plan
 from inferenceos.registry import events
 from inferenceos.registry.budget import MemoryBudget
 from inferenceos.registry.catalog import ResolvedModel
-from inferenceos.registry.leases import COLD, HOT, WARM, EngineLike, Lease, ResidentModel
+from inferenceos.registry.leases import COLD, HOT, WARM, Lease, ResidentModel
 from inferenceos.registry.tiers import blockers, next_demotion, shortfall, used_by
 from inferenceos.units import format_bytes as fb
 
@@ -57,7 +58,7 @@ class NoRoomError(ModelBusyError):
 
 
 Planner = Callable[[ResolvedModel, LoadRequest, Machine], Plan]
-EngineFactory = Callable[..., EngineLike]  # (path, LlamaParams, slots, **media keywords)
+EngineFactory = Callable[..., EngineClient]  # (path, LlamaParams, slots, **media keywords)
 ContextHint = Callable[[ResolvedModel], "tuple[int, str] | None"]
 
 
@@ -73,7 +74,7 @@ def plan_model(model: ResolvedModel, req: LoadRequest, machine: Machine) -> Plan
 def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
     """Engines in worker processes that batch `slots` sequences, queue `max_queue`; a
     model with a projector gets it as keyword arguments (mmproj, mmproj_gpu)."""
-    def factory(path: Path, params: LlamaParams, slots: int, **media: Any) -> EngineLike:
+    def factory(path: Path, params: LlamaParams, slots: int, **media: Any) -> EngineClient:
         from inferenceos.engine.engine import Engine
 
         return Engine(path, params.per_sequence(), n_parallel=slots, max_queue=max_queue,
@@ -572,7 +573,7 @@ def _stale(lm: ResidentModel) -> bool:
     return remote and not getattr(lm.engine, "worker_alive", True)
 
 
-def _call_tier(engine: EngineLike, verb: str) -> None:
+def _call_tier(engine: EngineClient, verb: str) -> None:
     """engine.sleep() / engine.wake() when the engine has tiers (fakes may not)."""
     fn = getattr(engine, verb, None)
     if fn is not None:
@@ -592,7 +593,7 @@ def _record(kind: str, model: ResolvedModel, **detail: Any) -> None:
         pass
 
 
-def _record_load(model: ResolvedModel, load_s: float, plan: Plan, engine: EngineLike) -> None:
+def _record_load(model: ResolvedModel, load_s: float, plan: Plan, engine: EngineClient) -> None:
     try:
         from dataclasses import asdict
 

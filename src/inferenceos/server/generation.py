@@ -22,11 +22,12 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.client import EngineClient
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
-from inferenceos.registry.leases import EngineLike, Lease, ResidentModel
+from inferenceos.registry.leases import Lease, ResidentModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
 from inferenceos.server.request_telemetry import record_request
@@ -83,7 +84,7 @@ class _Loaded:
     tool_format: ToolFormat | None = None
 
 
-def _check_ids(engine: EngineLike, ids: tuple[int, ...]) -> list[int]:
+def _check_ids(engine: EngineClient, ids: tuple[int, ...]) -> list[int]:
     """Token ids from a client, checked against the vocabulary: llama.cpp does not
     bounds-check them itself (an id past the vocabulary reads out of bounds)."""
     vocab = int(getattr(getattr(engine, "spec", None), "vocab_size", 0) or 0)
@@ -93,7 +94,7 @@ def _check_ids(engine: EngineLike, ids: tuple[int, ...]) -> list[int]:
     return list(ids)
 
 
-def _prompt(engine: EngineLike, req: GenRequest) -> str | list[int]:
+def _prompt(engine: EngineClient, req: GenRequest) -> str | list[int]:
     if req.tokens is not None:
         return _check_ids(engine, req.tokens)
     tools = req.tools.tools if req.tools is not None else None
@@ -122,7 +123,7 @@ def _media_prompt(text: str, req: GenRequest) -> str:
     return text
 
 
-def _with_tools(engine: EngineLike, req: GenRequest) -> tuple[GenRequest, ToolFormat | None]:
+def _with_tools(engine: EngineClient, req: GenRequest) -> tuple[GenRequest, ToolFormat | None]:
     """`req` with its tools applied for this model: rendered with the messages and,
     when a call is forced, its grammar in the sampling. APIError 400 when the model's
     template knows no tools."""
