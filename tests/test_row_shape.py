@@ -93,7 +93,7 @@ def _run(lm: LoadedModel, multiple: int, draft: str | None = "ngram",
     `multiple`: (outputs, the logit row count of every decode-only step, drafted
     tokens, decode steps summed over the sequences)."""
     sched = Scheduler(lm, 4, 64, draft=draft)
-    sched.row_multiple = multiple
+    sched.spec_decode.row_multiple = multiple
     rows: list[int] = []
     decode = sched.executor.decode
 

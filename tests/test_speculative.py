@@ -277,7 +277,7 @@ def test_self_on_a_model_it_cannot_speed_up_decodes_plainly(tiny_swa: Path) -> N
         prompts = [model.tokenize(t) for t in TEXTS[:3]]
         plain, _ = generate_all(create_scheduler(model), prompts)
         sched = create_scheduler(model, "self")
-        assert sched.drafters["self"].cost_prior > 1.0
+        assert sched.spec_decode.drafters["self"].cost_prior > 1.0
         drafted, done = generate_all(sched, prompts)
     assert drafted == plain
     assert all(d["draft"] == "self" and d["draft_tokens"] == 0 for d in done)
@@ -349,8 +349,8 @@ def test_sampled_tokens_follow_plain_sampling_on_the_tiny_model(lm: LoadedModel)
     first_mode = _most_likely_first(lm, prompt, sp)
     ids, probs = _target_after(lm, [*prompt, first_mode], sp)
     sched = create_scheduler(lm)
-    sched.drafters["const"] = _ConstDrafter(int(ids[1]))  # the second most likely
-    sched.default_draft = "const"
+    sched.spec_decode.drafters["const"] = _ConstDrafter(int(ids[1]))  # the second most likely
+    sched.spec_decode.default_draft = "const"
     seconds: Counter[int] = Counter()
     drafted = 0
     for start in range(0, 2400, N_SLOTS):

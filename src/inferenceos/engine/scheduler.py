@@ -7,15 +7,18 @@ Split as vLLM v1's scheduler is, each part with one job:
   step's `StepPlan` (decode first, then prefill chunks up to the token budget);
 - the executor (executor.py): fills one llama_batch from the plan and decodes it;
 - the output processor (output.py): chosen tokens → UTF-8 text, stop strings,
-  eos/length, metrics.
+  eos/length, metrics;
+- the speculative decoder (spec_decode.py): each step's drafts before the batch is
+  planned, and the verification of a drafting sequence's rows after the decode;
+- the request and its running sequence's state (running.py).
 
 This module ties them together: admission, the step loop, sampling each sequence on its
-batch row with its own sampler chain (in C), speculative decoding (speculative.py: a
-drafting sequence's draft tokens ride in the same batch and are verified on their rows),
-and KV policies. When a sequence fills its
-slot, its KV policy (see kv_policies.py) decides: `none` ends it ("length"),
-`streaming` (StreamingLLM) drops the middle of the cache, keeping the first sink tokens
-and the most recent ones, and shifts positions so generation continues indefinitely.
+batch row with its own sampler chain (in C), KV policies, the thread governor and media
+steps. When a sequence fills its slot, its KV policy (see kv_policies.py) decides:
+`none` ends it ("length"), `streaming` (StreamingLLM) drops the middle of the cache,
+keeping the first sink tokens and the most recent ones, and shifts positions so
+generation continues indefinitely. `generate_one` is the one decode path of a single
+sequence in process (`run`): a one-slot scheduler.
 
 Not thread-safe: one thread (the worker loop) calls submit / cancel / step.
 """
@@ -23,161 +26,38 @@ Not thread-safe: one thread (the worker loop) calls submit / cancel / step.
 from __future__ import annotations
 
 import collections
-import functools
-import statistics
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
-from inferenceos.engine.drafters import free_guess
 from inferenceos.engine.executor import Executor, StepRows
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.kv_store import KVStore
 from inferenceos.engine.kv_tiers import park_bytes, restore_into, store_slot
 from inferenceos.engine.messages import Event, Failed, Finished, Progress, TokenOut
-from inferenceos.engine.output import Extra, OutputStream, snapshot
-from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
+from inferenceos.engine.output import Extra, snapshot
+from inferenceos.engine.running import NO_PROJECTOR, Request, RunningSequence, prompt_request
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
-from inferenceos.engine.session import (
-    GenerationMetrics,
-    LoadedModel,
-    TokenEvent,
-    decode_failed,
-)
+from inferenceos.engine.session import GenerationMetrics, LoadedModel, TokenEvent, decode_failed
 from inferenceos.engine.slot_state import import_slot
 from inferenceos.engine.slots import Slot, SlotTable
-from inferenceos.engine.speculative import (
-    NO_DRAFT,
-    DraftAsk,
-    Drafter,
-    DraftState,
-    accept_or_resample,
-    can_draft,
-    sample_target,
-    target_distribution,
-)
-from inferenceos.engine.step_plan import (
-    MediaSpan,
-    MediaWork,
-    SeqNeeds,
-    StepPlan,
-    media_step,
-    schedule,
-)
+from inferenceos.engine.spec_decode import SpeculativeDecoder
+from inferenceos.engine.speculative import Drafter
+from inferenceos.engine.step_plan import MediaWork, StepPlan, media_step, schedule
 from inferenceos.engine.thread_governor import ThreadGovernor
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
-# what verifying one more row costs against a one-token decode step: the batched rows
-# share the weight reads but not the compute, dominated on small-vocabulary-heavy models
-# by the output head (Gemma 3 270M, 2 threads: llama-server's 48-token n-gram drafts ran
-# 3.6x plain, about 0.25 of a step per row)
-ROW_COST = 0.25
+__all__ = ["Event", "Request", "RunningSequence", "Scheduler", "Sequence", "Slot",
+           "generate_one", "prompt_request"]
 
-__all__ = ["Event", "Request", "Scheduler", "Sequence", "Slot"]
-
-
-@dataclass
-class Request:
-    id: int
-    prompt: list[int]
-    sampling: SamplingParams
-    arrival: float = field(default_factory=time.perf_counter)
-    kv_policy: str | None = None  # None: the scheduler's default policy
-    draft: str | None = None  # drafter name, "none", or None: the scheduler's default
-    # media runs by key (media_encoder.MediaRun): `prompt` holds each key once per cell
-    media: dict[int, Any] = field(default_factory=dict)
-    progress: bool = False  # emit "progress" events while the prompt is processed
-
-    @cached_property
-    def spans(self) -> tuple[MediaSpan, ...]:
-        """Where the prompt's media runs lie (consecutive cells carrying one key)."""
-        spans: list[MediaSpan] = []
-        i, prompt = 0, self.prompt if self.media else []
-        while i < len(prompt):
-            if prompt[i] >= 0:
-                i += 1
-                continue
-            run = self.media[prompt[i]]
-            spans.append(MediaSpan(i, i + run.n_tokens, run.non_causal))
-            i += run.n_tokens
-        return tuple(spans)
-
-
-def prompt_request(req_id: int, prompt: str | Seq[int], sampling: SamplingParams,
-                   lm: LoadedModel, media: Any, items: Seq[Any], **kw: Any) -> Request:
-    """The scheduler Request for a prompt (text, or token ids) with optional media items
-    (MediaItems; text prompts only, one media marker per item; `media`: the model's
-    MediaEncoder or None). The request owns the media runs: the scheduler frees them."""
-    if not items:
-        tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return Request(req_id, tokens, sampling, **kw)
-    if not isinstance(prompt, str):
-        raise UsageError("media inputs need a text prompt (with one marker per item)")
-    if media is None:
-        raise UsageError(NO_PROJECTOR)
-    tokens, runs = media.tokenize(prompt, list(items))
-    return Request(req_id, tokens, sampling, media=runs, **kw)
-
-
-NO_PROJECTOR = ("this model cannot see images or hear audio: it was loaded without a "
-                "projector (give one with --mmproj FILE)")
-
-
-class Sequence:
-    """A request being served in a slot."""
-
-    def __init__(
-        self,
-        req: Request,
-        slot: Slot,
-        reused: int,
-        model: LoadedModel,
-        policy: KVPolicy,
-        drafter: Drafter | None = None,
-    ) -> None:
-        self.req = req
-        self.slot = slot
-        self.sampler = SamplerChain(req.sampling, model.vocab)
-        self.policy = policy
-        self.n_prefilled = reused  # prompt tokens already in the KV cache
-        self.pending: int | None = None  # sampled, emitted, not yet evaluated
-        self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
-                                model.piece, model.is_eog)  # fmt: skip
-        self.spec = (DraftState(drafter, k=getattr(drafter, "k_start", 4),
-                                k_max=getattr(drafter, "k_max", 12))
-                     if drafter is not None else None)  # fmt: skip
-        self.draft: tuple[int, ...] = ()  # proposed for this step
-        self.guessed = False  # the draft is a free row's guess (Scheduler._free_rows)
-        self.media = req.spans
-        self.embd: dict[int, np.ndarray] = {}  # encoder output of the span being prefilled
-        self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
-        self.kv_edited = False  # a KV policy moved cells: they are no prefill's state
-        if drafter is not None:
-            self.out.metrics.draft = drafter.name
-
-    @property
-    def metrics(self) -> GenerationMetrics:
-        return self.out.metrics
-
-    @property
-    def prefilling(self) -> bool:
-        return self.n_prefilled < len(self.req.prompt)
-
-    @property
-    def n_past(self) -> int:
-        return len(self.slot.cached)
-
-    def needs(self) -> SeqNeeds:
-        return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
-                        self.pending, self.draft, self.media)  # fmt: skip
+# the old name of RunningSequence (it shadowed collections.abc.Sequence), for
+# engine/migrate.py until it imports the new one
+Sequence = RunningSequence
 
 
 class Scheduler:
@@ -233,7 +113,7 @@ class Scheduler:
         self.token_budget = max(1, min(token_budget, self.max_batch))
         self.max_queue = max_queue
         self.queue: collections.deque[Request] = collections.deque()
-        self.running: list[Sequence] = []
+        self.running: list[RunningSequence] = []
         self.executor = Executor(self._ll, model.ctx, self.max_batch + n_slots, n_slots)
         self.max_step_s = max_step_s
         self.media = media
@@ -242,54 +122,17 @@ class Scheduler:
         self.governor = ThreadGovernor(n_threads) if adaptive_threads else None
         self._media_turn = True  # whether a waiting media span may take the next step
         self._ll.llama_memory_clear(self.mem, True)
-        self.drafters: dict[str, Drafter] = {}
-        self.draft_cost: dict[str, float] = {}  # drafter name → relative cost per token
-        self.draft_options = draft_options or {}
-        self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
-        if self.default_draft is not None:
-            self._drafter(self.default_draft)  # a bad choice fails at load time
-        if n_slots > 1 or self.default_draft is not None:
-            _ = self.row_multiple  # read now, at load time, not in a request's step
-
-    @cached_property
-    def row_multiple(self) -> int:
-        """What a step's logit rows are rounded to (row_shape.py): the CPU kernels'
-        column tile when the CPU computes the output head, else 1. The head's type costs
-        a walk over the file's metadata (0.25 s on Gemma), so a scheduler that can batch
-        rows reads it at load time; a one-slot one without a drafter (`run`) only when a
-        request drafts."""
-        info = self._ll.llama_print_system_info()
-        info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
-        on_cpu = self.model.settings.n_gpu_layers == 0
-        return row_multiple(info, _head_type(self.model.path), on_cpu)
-
-    def _drafter(self, name: str) -> Drafter:
-        """The drafter `name`, created on first use and shared by every slot."""
-        if name not in self.drafters:
-            from inferenceos.engine.drafters import DraftSetup, make_drafter
-
-            setup = DraftSetup(self.model.path, self.model.settings, len(self.slots),
-                               self.model.n_vocab)  # fmt: skip
-            self.drafters[name] = make_drafter(name, setup, **self.draft_options.get(name, {}))
-        return self.drafters[name]
-
-    def _draft_name(self, req: Request) -> str | None:
-        """The request's drafter: its own choice, its sampling's, else the default."""
-        for name in (req.draft, req.sampling.draft):
-            if name is not None:
-                return name
-        return self.default_draft
+        self.spec_decode = SpeculativeDecoder(model, n_slots, self.n_ctx_slot,
+                                              self.executor.step_times, draft,
+                                              draft_options, guesses=self.tracker is None)
 
     def _draft_for(self, req: Request) -> Drafter | None:
-        name = self._draft_name(req)
-        if name in (None, *NO_DRAFT) or not can_draft(req.sampling):
-            return None
-        assert name is not None
-        return self._drafter(name)
+        """The drafter `req` drafts with (engine/migrate.py re-admits through it)."""
+        return self.spec_decode.draft_for(req)
 
     def footprint_bytes(self) -> int:
         """Memory the drafters hold (draft model weights and KV), for the planner."""
-        return sum(d.footprint_bytes for d in self.drafters.values())
+        return self.spec_decode.footprint_bytes()
 
     @property
     def slots(self) -> list[Slot]:
@@ -344,14 +187,7 @@ class Scheduler:
             self._policy(req.kv_policy)  # unknown, or needs what this engine lacks
             if not self.can_shift:
                 raise UsageError(f"this model's KV cache cannot shift: no {req.kv_policy} policy")
-        draft = self._draft_name(req)
-        if draft not in (None, *NO_DRAFT, "ngram", self.default_draft):
-            # a model drafter holds memory the planner must have counted at load time
-            raise UsageError(f"the model was loaded without the {draft!r} drafter: load it "
-                             f"with --draft {draft} (a request may ask for ngram or none)")
-        if draft not in (None, *NO_DRAFT):
-            assert draft is not None
-            self._drafter(draft)  # unknown, or cannot be built here
+        self.spec_decode.check(req)
         self.queue.append(req)
 
     def _check_media(self, req: Request) -> None:
@@ -432,7 +268,7 @@ class Scheduler:
 
     # -- admission -------------------------------------------------------------------------
 
-    def _progress(self, seq: Sequence) -> Progress:
+    def _progress(self, seq: RunningSequence) -> Progress:
         """A Progress event: prompt tokens, from the cache, processed, ms so far."""
         ms = (time.perf_counter() - seq.req.arrival) * 1000
         return Progress(seq.req.id, len(seq.req.prompt), seq.metrics.cached_tokens,
@@ -451,8 +287,8 @@ class Scheduler:
                 reuse = span.start
             self.table.claim(slot, reuse)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
-            self.running.append(Sequence(req, slot, reuse, self.model, policy,
-                                         self._draft_for(req)))  # fmt: skip
+            self.running.append(RunningSequence(req, slot, reuse, self.model, policy,
+                                                self._draft_for(req)))  # fmt: skip
             if req.progress:  # before any prompt work: processed == cached
                 events.append(self._progress(self.running[-1]))
 
@@ -467,7 +303,7 @@ class Scheduler:
         if not self.running:
             return events
         self.table.park_idle()  # keep idle prefixes out of the running ones' attention
-        self._propose()
+        self.spec_decode.propose(self.running)
         plan = self.plan()
         if plan.media is not None:
             try:
@@ -541,11 +377,11 @@ class Scheduler:
             del seq.embd[span.start]
         return rows
 
-    def _seq_at(self, key: int) -> Sequence:
+    def _seq_at(self, key: int) -> RunningSequence:
         """The running sequence in slot `key`."""
         return next(s for s in self.running if s.slot.index == key)
 
-    def _fail(self, seq: Sequence, message: str) -> Failed:
+    def _fail(self, seq: RunningSequence, message: str) -> Failed:
         """End `seq` with an error; its cells are dropped (they cannot be trusted)."""
         self.table.truncate(seq.slot, 0)
         self._release(seq)
@@ -584,97 +420,6 @@ class Scheduler:
         fits = int(self.max_step_s / self.s_per_token)
         return max(16 + len(self.running), min(self.token_budget, fits))
 
-    def _propose(self) -> None:
-        """Ask each drafter for the drafts of its generating sequences (one call per
-        drafter: a model drafter batches them), then shape the drafts so the step's logit
-        rows are a multiple of `row_multiple` (row_shape.py)."""
-        asks: dict[int, list[tuple[Sequence, DraftAsk]]] = {}
-        generating = 0
-        for seq in self.running:
-            seq.draft, seq.guessed = (), False
-            if seq.pending is None:
-                continue
-            generating += 1
-            if seq.spec is None:
-                continue
-            left = seq.req.sampling.max_tokens - seq.metrics.completion_tokens
-            room = min(self.n_ctx_slot - seq.n_past - 1, left - 1)
-            done = seq.metrics.completion_tokens
-            k, min_match = seq.spec.want(done, room), 0
-            if k == 0:
-                k, min_match = seq.spec.sure_ask(done, room)
-            if k > 0:
-                spare = max(0, min(self.row_multiple - 1, room - k))
-                ask = DraftAsk(seq.slot.index, [*seq.slot.cached, seq.pending], k, min_match,
-                               spare)  # fmt: skip
-                asks.setdefault(id(seq.spec.drafter), []).append((seq, ask))
-        proposed: list[tuple[Sequence, DraftAsk, list[int]]] = []
-        for group in asks.values():
-            drafter = group[0][0].spec.drafter  # type: ignore[union-attr]
-            t0 = time.perf_counter()
-            try:
-                drafts = drafter.propose([a for _, a in group])
-            except GenerationError:  # the draft context failed: decode plainly this step
-                drafts = [[] for _ in group]
-            n = sum(min(len(d), a.k) for (_, a), d in zip(group, drafts, strict=True))
-            if n:
-                self._measure_draft_cost(drafter, (time.perf_counter() - t0) / n)
-            for (seq, ask), draft in zip(group, drafts, strict=True):
-                proposed.append((seq, ask, list(draft[: ask.k + ask.spare])))
-                assert seq.spec is not None
-                seq.spec.cost = self.draft_cost.get(drafter.name, ROW_COST)
-        drafting = [(seq, d, a.k) for seq, a, d in proposed if d]
-        rows = generating + sum(min(len(d), k) for _, d, k in drafting)
-        if rows > 1 and self.row_multiple > 1 and rows % self.row_multiple:
-            drafting += self._free_rows(rows, {id(seq) for seq, _, _ in drafting})
-        if not drafting:
-            return
-        shaped = shape_drafts([d for _, d, _ in drafting], [k for _, _, k in drafting],
-                              generating - len(drafting), self.row_multiple)  # fmt: skip
-        for (seq, _, wanted), draft in zip(drafting, shaped, strict=True):
-            seq.draft, seq.guessed = tuple(draft), wanted == 0
-
-    def _free_rows(self, rows: int, drafting: set[int]) -> list[tuple[Sequence, list[int], int]]:
-        """Guesses for greedy sequences that are not drafting this step, to round an odd
-        step up (row_shape.py): on AVX2 three streams plus one guessed row took 60 ms
-        where the three alone took 78 (seven: 93 against 107), and a guess that happens
-        to be right is one token more. Entries as `_propose`'s (seq, tokens, wanted 0):
-        the guesses are spares, used only to round up. Not for sampled sequences (a
-        verified draft consumes randomness: a fixed seed would no longer replay), nor
-        under an attention-tracking KV policy."""
-        if self.tracker is not None:
-            return []
-        short = -rows % self.row_multiple
-        guesses: list[tuple[int, Sequence, list[int]]] = []  # (match length, seq, guess)
-        for seq in self.running:
-            sp = seq.req.sampling
-            if (seq.pending is None or id(seq) in drafting or sp.temperature != 0
-                    or not can_draft(sp)):  # fmt: skip
-                continue
-            left = sp.max_tokens - seq.metrics.completion_tokens
-            room = min(self.n_ctx_slot - seq.n_past - 1, left - 1, short)
-            if room > 0:
-                guess, length = free_guess([*seq.slot.cached, seq.pending], room)
-                guesses.append((length, seq, guess))
-        guesses.sort(key=lambda g: -g[0])  # the likeliest guesses take the free rows
-        out: list[tuple[Sequence, list[int], int]] = []
-        for _, seq, guess in guesses:
-            if short <= 0:
-                break
-            out.append((seq, guess[:short], 0))
-            short -= len(out[-1][1])
-        return out
-
-    def _measure_draft_cost(self, drafter: Drafter, s_per_token: float) -> None:
-        """Cost of one more draft token relative to a decode step: drafting it (measured)
-        plus verifying one more row (ROW_COST)."""
-        if not self.step_times:
-            return
-        step = statistics.median(self.step_times)
-        cost = ROW_COST + s_per_token / step if step > 0 else ROW_COST
-        old = self.draft_cost.get(drafter.name)
-        self.draft_cost[drafter.name] = cost if old is None else 0.8 * old + 0.2 * cost
-
     def _sample_all(self, rows: StepRows) -> list[Event]:
         events: list[Event] = []
         for seq in list(self.running):
@@ -689,51 +434,22 @@ class Scheduler:
                 events.extend(self._sample(seq, rows.prefill_last[key]))
         return events
 
-    def _verify(self, seq: Sequence, rows: Seq[int]) -> list[Event]:
-        """Accept a prefix of the sequence's draft from its rows' logits, plus the one
-        token the first unaccepted row (or the row after the last draft) gives; drop
-        the rejected drafts' cells (see speculative.py for the rule)."""
-        draft, sp = seq.draft, seq.req.sampling
-        assert len(rows) == len(draft) + 1
-        greedy = sp.temperature == 0
-        chosen: list[tuple[int, int]] = []  # (token, row it was chosen from)
-        for i, row in enumerate(rows):
-            logits = self.model.logits_row(row)
-            if greedy:
-                tok = int(logits.argmax())
-                ok = i < len(draft) and tok == draft[i]
-            else:
-                assert seq.rng is not None  # sampled sequences draft only with a drafter
-                ids, probs = target_distribution(logits, sp)
-                if i < len(draft):
-                    ok, tok = accept_or_resample(ids, probs, draft[i], seq.rng)
-                else:
-                    ok, tok = False, sample_target(ids, probs, seq.rng)
-            chosen.append((tok, row))
-            if not ok:
-                break
-        n_acc = len(chosen) - 1
-        base = seq.n_past - len(rows)  # position of the pending token
-        self.table.truncate(seq.slot, base + 1 + n_acc)
-        m = seq.metrics
-        if not seq.guessed:  # a free row's guess is neither the drafter's nor its record
-            m.draft_tokens += len(draft)
-            m.draft_accepted += n_acc
-            if seq.spec is not None:
-                seq.spec.update(len(draft), n_acc, m.completion_tokens)
-        seq.guessed = False
-        seq.draft = ()
+    def _verify(self, seq: RunningSequence, rows: Seq[int]) -> list[Event]:
+        """Emit what verifying the sequence's draft accepted (spec_decode.py) and drop
+        the rejected drafts' cells."""
+        verdict = self.spec_decode.verify(seq, rows)
+        self.table.truncate(seq.slot, verdict.keep)
         events: list[Event] = []
-        for tok, row in chosen:
+        for tok, row in verdict.chosen:
             self._ll.llama_sampler_accept(seq.sampler.ptr, tok)
             events += seq.out.push(tok, self._extra(seq, row, tok))
             if seq.out.finished:
                 self._release(seq)
                 return events
-        seq.pending = chosen[-1][0]
+        seq.pending = verdict.chosen[-1][0]
         return events
 
-    def _sample(self, seq: Sequence, row: int) -> list[Event]:
+    def _sample(self, seq: RunningSequence, row: int) -> list[Event]:
         token = seq.sampler.sample(self.model.ctx, row)
         events = seq.out.push(token, self._extra(seq, row, token))
         if seq.out.finished:
@@ -742,14 +458,13 @@ class Scheduler:
             seq.pending = token
         return events
 
-    def _extra(self, seq: Sequence, row: int, token: int) -> Extra:
+    def _extra(self, seq: RunningSequence, row: int, token: int) -> Extra:
         """(logprob, top logprobs) when the request asks for them, else ()."""
         n = seq.req.sampling.logprobs
         return () if n is None else self.model.logprobs(row, token, n)
 
-    def _release(self, seq: Sequence) -> None:
-        if seq.spec is not None:
-            seq.spec.drafter.release(seq.slot.index)
+    def _release(self, seq: RunningSequence) -> None:
+        self.spec_decode.release(seq)
         seq.sampler.close()
         self._free_media(seq.req)
         seq.embd.clear()
@@ -770,16 +485,8 @@ class Scheduler:
         self.store_finished()
         for req in self.queue:
             self._free_media(req)
-        for drafter in self.drafters.values():
-            drafter.close()
+        self.spec_decode.close()
         self.executor.close()
-
-
-@functools.lru_cache(maxsize=16)
-def _head_type(path: Any) -> Any:
-    """row_shape.head_type, read once per model file and process (a walk over the
-    file's metadata, which each wake's new scheduler paid again)."""
-    return head_type(path)
 
 
 def generate_one(

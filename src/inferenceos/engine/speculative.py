@@ -21,7 +21,8 @@ to what was accepted otherwise; a sequence whose drafts keep failing stops draft
 for a cooldown that doubles each time.
 
 Drafters are plugins (entry-point group `inferenceos.drafters`), like the KV policies;
-see drafters.py for `ngram`, `self` and a draft model file.
+see drafters.py for `ngram`, `self` and a draft model file. spec_decode.py's
+`SpeculativeDecoder` applies these rules for the scheduler each step.
 """
 
 from __future__ import annotations

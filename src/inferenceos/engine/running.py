@@ -1,0 +1,125 @@
+"""A scheduler request, and the state of its sequence while it runs in a slot.
+
+`Request` is what a caller submits (prompt token ids, sampling, per-request choices);
+`prompt_request` builds one from text or token ids and media items. `RunningSequence`
+is the scheduler's record of an admitted request: its slot, how much of the prompt its
+cells hold, the token sampled but not yet evaluated, its sampler chain, its output
+stream (text, stop strings, metrics; output.py) and, when it drafts, its drafting state
+(speculative.py) and this step's draft. The scheduler (scheduler.py) and the
+speculative decoder (spec_decode.py) both read and update it; neither owns it alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from inferenceos.engine.kv_policies import KVPolicy
+from inferenceos.engine.output import OutputStream
+from inferenceos.engine.sampling import SamplerChain, SamplingParams
+from inferenceos.engine.session import GenerationMetrics, LoadedModel
+from inferenceos.engine.slots import Slot
+from inferenceos.engine.speculative import Drafter, DraftState
+from inferenceos.engine.step_plan import MediaSpan, SeqNeeds
+from inferenceos.errors import UsageError
+
+NO_PROJECTOR = ("this model cannot see images or hear audio: it was loaded without a "
+                "projector (give one with --mmproj FILE)")
+
+
+@dataclass
+class Request:
+    id: int
+    prompt: list[int]
+    sampling: SamplingParams
+    arrival: float = field(default_factory=time.perf_counter)
+    kv_policy: str | None = None  # None: the scheduler's default policy
+    draft: str | None = None  # drafter name, "none", or None: the scheduler's default
+    # media runs by key (media_encoder.MediaRun): `prompt` holds each key once per cell
+    media: dict[int, Any] = field(default_factory=dict)
+    progress: bool = False  # emit "progress" events while the prompt is processed
+
+    @cached_property
+    def spans(self) -> tuple[MediaSpan, ...]:
+        """Where the prompt's media runs lie (consecutive cells carrying one key)."""
+        spans: list[MediaSpan] = []
+        i, prompt = 0, self.prompt if self.media else []
+        while i < len(prompt):
+            if prompt[i] >= 0:
+                i += 1
+                continue
+            run = self.media[prompt[i]]
+            spans.append(MediaSpan(i, i + run.n_tokens, run.non_causal))
+            i += run.n_tokens
+        return tuple(spans)
+
+
+def prompt_request(req_id: int, prompt: str | Sequence[int], sampling: SamplingParams,
+                   lm: LoadedModel, media: Any, items: Sequence[Any], **kw: Any) -> Request:
+    """The scheduler Request for a prompt (text, or token ids) with optional media items
+    (MediaItems; text prompts only, one media marker per item; `media`: the model's
+    MediaEncoder or None). The request owns the media runs: the scheduler frees them."""
+    if not items:
+        tokens = lm.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return Request(req_id, tokens, sampling, **kw)
+    if not isinstance(prompt, str):
+        raise UsageError("media inputs need a text prompt (with one marker per item)")
+    if media is None:
+        raise UsageError(NO_PROJECTOR)
+    tokens, runs = media.tokenize(prompt, list(items))
+    return Request(req_id, tokens, sampling, media=runs, **kw)
+
+
+class RunningSequence:
+    """A request being served in a slot (see module docstring)."""
+
+    def __init__(
+        self,
+        req: Request,
+        slot: Slot,
+        reused: int,
+        model: LoadedModel,
+        policy: KVPolicy,
+        drafter: Drafter | None = None,
+    ) -> None:
+        self.req = req
+        self.slot = slot
+        self.sampler = SamplerChain(req.sampling, model.vocab)
+        self.policy = policy
+        self.n_prefilled = reused  # prompt tokens already in the KV cache
+        self.pending: int | None = None  # sampled, emitted, not yet evaluated
+        self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
+                                model.piece, model.is_eog)  # fmt: skip
+        self.spec = (DraftState(drafter, k=getattr(drafter, "k_start", 4),
+                                k_max=getattr(drafter, "k_max", 12))
+                     if drafter is not None else None)  # fmt: skip
+        self.draft: tuple[int, ...] = ()  # proposed for this step
+        self.guessed = False  # the draft is a free row's guess (SpeculativeDecoder)
+        self.media = req.spans
+        self.embd: dict[int, np.ndarray] = {}  # encoder output of the span being prefilled
+        # verifying a sampled draft draws from this (the sampler's seed: a seed replays)
+        self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
+        self.kv_edited = False  # a KV policy moved cells: they are no prefill's state
+        if drafter is not None:
+            self.out.metrics.draft = drafter.name
+
+    @property
+    def metrics(self) -> GenerationMetrics:
+        return self.out.metrics
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_prefilled < len(self.req.prompt)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.slot.cached)
+
+    def needs(self) -> SeqNeeds:
+        return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
+                        self.pending, self.draft, self.media)  # fmt: skip
