@@ -1,0 +1,148 @@
+"""registry/hub_download.download against a loopback server that misbehaves on Range:
+one that ignores it (200 with the whole body), one that answers 416, one that resumes at
+the wrong offset, and a cancel mid-file. The fake Hub (tests/fake_hub.py) always honours
+Range, so these paths of the transport had no test."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from inferenceos.registry.hub_download import HubError, download
+from inferenceos.registry.hub_names import HubFile
+
+DATA = os.urandom(3 * 1024 * 1024 + 17)  # a few chunks (1 MiB each) and a ragged end
+FILE = HubFile("model.gguf", len(DATA), hashlib.sha256(DATA).hexdigest())
+
+
+class _Server:
+    """Serves DATA at /model.gguf; `mode` says what it does with a Range header:
+    "honour" (206), "ignore" (200, whole body), "416" (refuse), "shift" (206 from one
+    byte later than asked). Records every Range header it saw."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.ranges: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                rng = self.headers.get("Range")
+                server.ranges.append(rng)
+                start = int(rng.split("=")[1].split("-")[0]) if rng else 0
+                if rng and server.mode == "416":
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(DATA)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if rng and server.mode == "shift":
+                    start += 1
+                if rng and server.mode != "ignore":
+                    self.send_response(206)
+                    self.send_header("Content-Range",
+                                     f"bytes {start}-{len(DATA) - 1}/{len(DATA)}")
+                    body = DATA[start:]
+                else:
+                    self.send_response(200)
+                    body = DATA
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/model.gguf"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+@pytest.fixture
+def serve(request: pytest.FixtureRequest) -> Iterator[_Server]:
+    s = _Server(request.param)
+    yield s
+    s.stop()
+
+
+def _fetch(url: str, partial: Path) -> list[int]:
+    return list(download(url, FILE, partial, retries=1, timeout=10))
+
+
+@pytest.mark.parametrize("serve", ["honour"], indirect=True)
+def test_a_partial_file_resumes_with_a_range_request(serve: _Server, tmp_path: Path) -> None:
+    partial = tmp_path / ".download-x"
+    partial.write_bytes(DATA[:1_000_000])
+    progress = _fetch(serve.url, partial)
+    assert partial.read_bytes() == DATA
+    assert serve.ranges == ["bytes=1000000-"]
+    assert progress[0] == 1_000_000 and progress[-1] == len(DATA)
+
+
+@pytest.mark.parametrize("serve", ["ignore"], indirect=True)
+def test_a_server_ignoring_range_starts_the_file_over(serve: _Server, tmp_path: Path) -> None:
+    """The partial's bytes are kept only when the server resumes; a 200 replaces them
+    (appending the whole body after them would fail the digest, or worse, pass a size
+    check with the wrong bytes)."""
+    partial = tmp_path / ".download-x"
+    partial.write_bytes(DATA[:500_000])
+    _fetch(serve.url, partial)
+    assert partial.read_bytes() == DATA
+    assert serve.ranges == ["bytes=500000-"]  # asked once, got everything, no retry
+
+
+@pytest.mark.parametrize("serve", ["416"], indirect=True)
+def test_a_416_starts_the_file_over_without_range(serve: _Server, tmp_path: Path) -> None:
+    partial = tmp_path / ".download-x"
+    partial.write_bytes(b"\0" * 700_000)  # bytes the server no longer has at that offset
+    _fetch(serve.url, partial)
+    assert partial.read_bytes() == DATA
+    assert serve.ranges == ["bytes=700000-", None]
+
+
+@pytest.mark.parametrize("serve", ["shift"], indirect=True)
+def test_a_resume_at_the_wrong_offset_is_an_error(serve: _Server, tmp_path: Path) -> None:
+    partial = tmp_path / ".download-x"
+    partial.write_bytes(DATA[:200_000])
+    with pytest.raises(HubError, match="wrong offset"):
+        _fetch(serve.url, partial)
+    assert partial.read_bytes() == DATA[:200_000]  # what it held is not touched
+
+
+@pytest.mark.parametrize("serve", ["honour"], indirect=True)
+def test_cancel_stops_between_chunks_and_keeps_the_partial(serve: _Server,
+                                                           tmp_path: Path) -> None:
+    partial = tmp_path / ".download-x"
+    cancel = threading.Event()
+    got = download(serve.url, FILE, partial, retries=1, cancel=cancel, timeout=10)
+    assert next(got) == 0
+    cancel.set()
+    with pytest.raises(Exception, match="cancelled"):
+        list(got)
+    held = partial.read_bytes()
+    assert len(held) < len(DATA) and DATA.startswith(held)
+    # the next pull resumes from there and completes
+    assert _fetch(serve.url, partial)[-1] == len(DATA)
+    assert partial.read_bytes() == DATA
+    assert serve.ranges[-1] == (f"bytes={len(held)}-" if held else None)
+
+
+@pytest.mark.parametrize("serve", ["honour"], indirect=True)
+def test_a_partial_with_the_wrong_bytes_fails_the_digest_and_is_deleted(
+        serve: _Server, tmp_path: Path) -> None:
+    partial = tmp_path / ".download-x"
+    partial.write_bytes(b"x" * 100)
+    with pytest.raises(HubError, match="sha256 mismatch"):
+        _fetch(serve.url, partial)
+    assert not partial.exists()
