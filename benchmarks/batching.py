@@ -39,7 +39,7 @@ PROMPTS = [
     "The three primary colors are", "Water boils at", "The largest planet is",
     "A short poem about the sea:", "def fibonacci(n):", "The capital of Japan is",
     "Once upon a time,", "The chemical symbol for gold is",
-]  # fmt: skip
+]
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -95,7 +95,7 @@ def server(port: int, tokens: int) -> One:
     def one(i: int) -> tuple[float, int, str]:
         body = json.dumps({"prompt": PROMPTS[i % len(PROMPTS)], "n_predict": tokens,
                            "temperature": 0, "ignore_eos": True, "stream": True,
-                           "cache_prompt": False})  # fmt: skip
+                           "cache_prompt": False})
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         t0 = time.perf_counter()
         conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
@@ -122,7 +122,7 @@ def start_server(
         [str(binary), "-m", str(model), "-c", str(512 * streams), "-np", str(streams),
          "-t", str(threads), "--host", "127.0.0.1", "--port", str(port), "-b", "512"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     for _ in range(600):
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
@@ -139,7 +139,7 @@ def start_server(
 def lone_decode_tps(engine: Engine, tokens: int, settings: LoadSettings | None = None) -> float:
     """One stream's decode t/s (decode only, as llama-bench's tg measures)."""
     lone = engine.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=tokens,
-                                                      ignore_eos=True))  # fmt: skip
+                                                      ignore_eos=True))
     lone.text()
     record("batching", engine.spec.path, metrics=lone.metrics, settings=settings)
     return lone.metrics.decode_tps
@@ -160,7 +160,7 @@ def main() -> None:
     model = args.model or ensure_default_model()
     threads = default_threads()
     print(f"model {model.name}, {args.tokens} tokens per stream, {threads} threads, "
-          f"{args.rounds} alternating rounds")  # fmt: skip
+          f"{args.rounds} alternating rounds")
     settings = LoadSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=threads)
     bench_bin = llama_tool("llama-bench")
     single, bench, agg, s_agg = [], [], [], []
@@ -193,25 +193,25 @@ def main() -> None:
         lone_texts = alone(args.streams, ours(fresh, args.tokens))
     med = statistics.median
     print(f"single stream decode: ours {med(single):.1f} t/s, llama-bench tg {med(bench):.1f} "
-          f"t/s, ratio {paired(single, bench):.3f} (target >= 0.95)")  # fmt: skip
+          f"t/s, ratio {paired(single, bench):.3f} (target >= 0.95)")
     print(f"{args.streams} streams: ours {med(agg):.1f} t/s, llama-server {med(s_agg):.1f} t/s, "
-          f"ratio {paired(agg, s_agg):.3f} (target >= 0.9)")  # fmt: skip
+          f"ratio {paired(agg, s_agg):.3f} (target >= 0.9)")
     # one pass over the weights per step: a lone stream's token, or one token per stream
     weights, ram = load_spec(model).tensor_bytes, ram_gbps()
     print(f"  bandwidth achieved: single stream ours {bandwidth(med(single), weights, ram)}, "
           f"llama-bench {bandwidth(med(bench), weights, ram)}; {args.streams} streams ours "
           f"{bandwidth(med(agg) / args.streams, weights, ram)}, llama-server "
           f"{bandwidth(med(s_agg) / args.streams, weights, ram)} (a step of {args.streams} "
-          "streams reads the weights once)")  # fmt: skip
+          "streams reads the weights once)")
     print(f"  rounds: ours {[round(x, 1) for x in agg]}, llama-server "
-          f"{[round(x, 1) for x in s_agg]}")  # fmt: skip
+          f"{[round(x, 1) for x in s_agg]}")
     for name, xs in (("ours", ttfts), ("llama-server", s_ttfts)):
         print(f"  TTFT {name}: p50 {statistics.median(xs) * 1000:.0f} ms, "
-              f"p99 {percentile(xs, 0.99) * 1000:.0f} ms")  # fmt: skip
+              f"p99 {percentile(xs, 0.99) * 1000:.0f} ms")
     same = sum(a == b for a, b in zip(texts, lone_texts, strict=True))
     s_same = sum(a == b for a, b in zip(s_texts, s_lone_texts, strict=True))
     print(f"greedy texts identical to the prompt run alone: ours {same}/{args.streams}, "
-          f"llama-server {s_same}/{args.streams}")  # fmt: skip
+          f"llama-server {s_same}/{args.streams}")
     finish("batching")
 
 

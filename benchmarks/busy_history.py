@@ -59,7 +59,7 @@ class BusyRunner(learning.Runner):
             prefill_tps=m.prompt_tps, decode_tps=m.decode_tps, ttft_s=m.ttft_s,
             threads=s.n_threads, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
             extra={"model_path": str(self.path)}, contention=self.contention,
-        )  # fmt: skip
+        )
         telemetry.recorder().flush(timeout=10)
         return m.prompt_tps, m.decode_tps
 

@@ -154,7 +154,7 @@ def namespace(i: int, delay_ms: float, use_netem: bool) -> Iterator[Namespace]:
     ]
     if use_netem and delay_ms > 0:
         steps.append(("tc", "-n", ns.name, "qdisc", "add", "dev", ns_if, "root", "netem",
-                      "delay", f"{delay_ms}ms"))  # fmt: skip
+                      "delay", f"{delay_ms}ms"))
     try:
         for step in steps:
             r = _sh(*step)
@@ -246,7 +246,7 @@ def run_point(
             measured["sd"].append(sd)
             same = same and lt == st
     predicted = {"lp": pl.prefill_tps, "ld": pl.decode_tps,
-                 "sp": ps.prefill_tps, "sd": ps.decode_tps}  # fmt: skip
+                 "sp": ps.prefill_tps, "sd": ps.decode_tps}
     load = f"{load_before} → {_loadavg()}"
     return Point(label, measured, predicted, same, split.summary(), rtts, load)
 
@@ -282,14 +282,14 @@ def workers(
                 extra = ("--allow-remote",)  # a private namespace, reachable from here only
             log = logs / f"worker{i}.log"
             proc = spawn_worker(port, host=host, mem=mem, threads=args.threads,
-                                prefix=prefix, log=log, extra=extra)  # fmt: skip
+                                prefix=prefix, log=log, extra=extra)
             procs.append(proc)
             if delay_ms is not None and mode == "relay":
                 local = free_port()
                 for off in (0, 1):  # the RPC port and the info port
                     relays.append(subprocess.Popen(
                         [sys.executable, __file__, "--_relay",
-                         f"{local + off}:{host}:{port + off}:{delay_ms}"]))  # fmt: skip
+                         f"{local + off}:{host}:{port + off}:{delay_ms}"]))
                 time.sleep(0.5)
                 host, port = "127.0.0.1", local
             addresses.append(f"{host}:{port}")
@@ -329,7 +329,7 @@ def report(points: list[Point], note: str) -> bool:
     print(f"\n{note}")
     head = (f"{'point':<22} {'RTT ms':>8} {'':<8} {'local meas':>11} {'local pred':>11} "
             f"{'err':>6} {'split meas':>11} {'split pred':>11} {'err':>6} "
-            f"{'ratio meas':>10} {'ratio pred':>10}")  # fmt: skip
+            f"{'ratio meas':>10} {'ratio pred':>10}")
     print(head)
     ok = True
     for p in points:
@@ -341,7 +341,7 @@ def report(points: list[Point], note: str) -> bool:
             ok = ok and abs(el) <= TARGET * 100 and abs(es) <= TARGET * 100
             print(f"{p.label:<22} {rtt:>8} {kind:<8} {lm:>11.1f} {lp:>11.1f} "
                   f"{el:>+5.0f}% {sm:>11.1f} {sp:>11.1f} {es:>+5.0f}% "
-                  f"{sm / lm:>10.2f} {sp / lp:>10.2f}")  # fmt: skip
+                  f"{sm / lm:>10.2f} {sp / lp:>10.2f}")
         print(f"{'':<22} tokens identical to local: {p.same_tokens}; load average {p.load}")
         print(f"{'':<22} {p.plan_line}")
     print(f"\ntarget: every prediction within {TARGET:.0%} of the measurement: "
@@ -382,7 +382,7 @@ def main() -> None:
         sp = get_profile(refresh=True, measure=True).profile.llama_speed
         print("llama.cpp probe: " + (f"{sp.decode_tps:.0f} t/s decode, {sp.prefill_tps:.0f} "
               f"t/s prefill at {sp.threads} threads ({sp.probe})" if sp else "none"),
-              flush=True)  # fmt: skip
+              flush=True)
 
     logs = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     points = []
@@ -400,7 +400,7 @@ def main() -> None:
                 if mode == "netem":
                     sys.exit(f"tc netem is not available here: {err}")
                 print(f"tc netem is not available here ({err}): the delay is added by a "
-                      "userspace relay in front of each worker's namespace instead")  # fmt: skip
+                      "userspace relay in front of each worker's namespace instead")
                 mode = "relay"
             else:
                 mode = "netem"

@@ -83,7 +83,7 @@ def midrun(rounds: int) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     path = ensure_default_model()
     lm = LoadedModel(path, LoadSettings(n_ctx=2048, n_batch=512, n_ubatch=512,
-                                        n_threads=len(cpus), flash_attn=1))  # fmt: skip
+                                        n_threads=len(cpus), flash_attn=1))
     prompt = lm.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
     decode_tps(lm, prompt, 8)  # warm up
     ratios = []

@@ -73,7 +73,7 @@ def attention_profile(model: Path, tokens: list[int]) -> list[str]:
         sinks, recent = float(mass[:4].sum()), float(mass[n - n // 5 :].sum())
         kind = "swa" if layer.is_swa else "full"
         lines.append(f"{layer.index:>5}  {kind:<4}  {sinks / total:5.1%}  {recent / total:9.1%}"
-                     f"  {(total - sinks - recent) / total:6.1%}")  # fmt: skip
+                     f"  {(total - sinks - recent) / total:6.1%}")
     return lines
 
 
@@ -84,9 +84,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=0, help="use only the first N tokens")
     ap.add_argument("--profile-only", action="store_true", help="only the attention table")
     ap.add_argument("--h2o-recent", type=float, nargs="+", default=[0.5],
-                    help="H2O's recent share (several: one run each)")  # fmt: skip
+                    help="H2O's recent share (several: one run each)")
     ap.add_argument("--global-window", action="store_true",
-                    help="widen the sliding window past the text: every layer global")  # fmt: skip
+                    help="widen the sliding window past the text: every layer global")
     args = ap.parse_args()
     model = args.model or ensure_default_model()
     if args.global_window:

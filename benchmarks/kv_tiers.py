@@ -181,7 +181,7 @@ def llama_server(binary: Path, model: Path, n_ctx: int, threads: int,
         [str(binary), "-m", str(model), "-c", str(n_ctx), "-np", "1", "-t", str(threads),
          "--host", "127.0.0.1", "--port", str(port), "--cache-ram", "8192",
          "--slot-save-path", str(slots_dir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(900):
             try:

@@ -45,7 +45,7 @@ def ours(model: Path, limit: int, tokens: int, threads: int) -> dict[str, Any]:
     """One cold run of the probe in a fresh cgroup; its JSON plus the cgroup's view."""
     drop_cache(model)
     argv = [sys.executable, str(PROBE), str(model), "--tokens", str(tokens),
-            "--prompt", PROMPT, "--threads", str(threads)]  # fmt: skip
+            "--prompt", PROMPT, "--threads", str(threads)]
     with MemoryCgroup(limit) as cg:
         t0 = time.perf_counter()
         run = cg.run(argv, timeout=1800)
@@ -54,7 +54,7 @@ def ours(model: Path, limit: int, tokens: int, threads: int) -> dict[str, Any]:
     if run.stdout.strip():
         out = json.loads(run.stdout.splitlines()[-1])
     out.update(killed=run.killed, rc=run.returncode, peak=run.max_usage, wall_s=wall,
-               failcnt=run.failcnt)  # fmt: skip
+               failcnt=run.failcnt)
     if run.returncode not in (0, 3) and not run.killed:
         out["error"] = run.stderr[-800:]
     return out
@@ -67,20 +67,20 @@ def _port() -> int:
 
 
 def server(binary: Path, model: Path, limit: int, tokens: int, threads: int,
-           extra: list[str]) -> dict[str, Any]:  # fmt: skip
+           extra: list[str]) -> dict[str, Any]:
     """llama-server in a fresh cgroup of `limit`: start, one greedy request, stop."""
     drop_cache(model)
     port = _port()
     argv = [str(binary), "-m", str(model), "-c", "4096", "-np", "1", "-t", str(threads),
-            "--host", "127.0.0.1", "--port", str(port), *extra]  # fmt: skip
+            "--host", "127.0.0.1", "--port", str(port), *extra]
     with MemoryCgroup(limit) as cg:
         proc = cg.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             if not _healthy(proc, port, 900):
                 return {"killed": cg.oom_kills() > 0 or proc.returncode in (-9, 137),
-                        "rc": proc.returncode, "peak": cg.max_usage()}  # fmt: skip
+                        "rc": proc.returncode, "peak": cg.max_usage()}
             body = json.dumps({"prompt": PROMPT, "n_predict": tokens, "temperature": 0,
-                               "ignore_eos": True, "cache_prompt": False})  # fmt: skip
+                               "ignore_eos": True, "cache_prompt": False})
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
                 conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
@@ -91,7 +91,7 @@ def server(binary: Path, model: Path, limit: int, tokens: int, threads: int,
             t = data["timings"]
             return {"killed": False, "decode_tps": float(t["predicted_per_second"]),
                     "prompt_tps": float(t["prompt_per_second"]), "text": data["content"],
-                    "peak": cg.max_usage()}  # fmt: skip
+                    "peak": cg.max_usage()}
         finally:
             if proc.poll() is None:
                 proc.terminate()
@@ -128,7 +128,7 @@ def cell(r: dict[str, Any] | None, ref_text: str | None) -> str:
     if "decode_tps" not in r:
         return f"failed (rc {r.get('rc')})"
     same = "" if ref_text is None else (", same text" if r.get("text") == ref_text
-                                        else ", TEXT DIFFERS")  # fmt: skip
+                                        else ", TEXT DIFFERS")
     return f"{r['decode_tps']:.2f} t/s{same}"
 
 
@@ -155,13 +155,13 @@ def main() -> int:
 
         binary = llama_tool("llama-server")
     print(f"model {Path(src).name}: {size / 2**20:.0f} MiB; {a.tokens} tokens greedy, "
-          f"{a.threads} threads, cold page cache per run")  # fmt: skip
+          f"{a.threads} threads, cold page cache per run")
     ref = ours(model, UNLIMITED, a.tokens, a.threads)
     ref_server = (server(binary, model, UNLIMITED, a.tokens, a.threads, ["--no-repack"])
-                  if binary else None)  # fmt: skip
+                  if binary else None)
     print(f"unlimited: ours {cell(ref, None)}, llama-server --no-repack "
           f"{cell(ref_server, None)}; texts equal: "
-          f"{ref_server is not None and ref.get('text') == ref_server.get('text')}")  # fmt: skip
+          f"{ref_server is not None and ref.get('text') == ref_server.get('text')}")
     rows = []
     for frac in [float(f) for f in a.fractions.split(",")]:
         limit = int(size * frac)
@@ -173,12 +173,12 @@ def main() -> int:
     print(json.dumps({"reference": ref, "reference_server": ref_server,
                       "cases": [{"fraction": f, "limit": lim, "ours": r, "server": sd,
                                  "server_no_repack": sn} for f, lim, r, sd, sn in rows]},
-                     default=str))  # fmt: skip
+                     default=str))
     return 0
 
 
 def _print_row(frac: float, limit: int, r: dict[str, Any], sd: dict[str, Any] | None,
-               sn: dict[str, Any] | None, ref_text: str | None) -> None:  # fmt: skip
+               sn: dict[str, Any] | None, ref_text: str | None) -> None:
     ratio = ""
     if "decode_tps" in r and sn and "decode_tps" in sn:
         ratio = f", {r['decode_tps'] / sn['decode_tps']:.2f}x --no-repack"
@@ -192,7 +192,7 @@ def _print_row(frac: float, limit: int, r: dict[str, Any], sd: dict[str, Any] | 
           f"plan tiers anon {tiers.get('anonymous', 0) / 2**20:.0f} / cache "
           f"{tiers.get('page cache', 0) / 2**20:.0f} / disk {tiers.get('disk', 0) / 2**20:.0f}"
           f" MiB; ours read {r.get('read_per_token', 0) / 2**20:.0f} MiB/token from disk, "
-          f"peak {r.get('peak', 0) / 2**20:.0f} MiB")  # fmt: skip
+          f"peak {r.get('peak', 0) / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ class Runner:
         self.settings = LoadSettings(
             n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch,
             n_threads=pred.plan.threads, flash_attn=1 if ctx.flash_attn else 0,
-        )  # fmt: skip
+        )
         self.lm = LoadedModel(path, self.settings)
         self.prompt = self.lm.tokenize(PROMPT_TEXT)[:prompt]
         self.run(record=False)  # warm-up
@@ -104,7 +104,7 @@ class Runner:
                 prefill_tps=m.prompt_tps, decode_tps=m.decode_tps, ttft_s=m.ttft_s,
                 threads=s.n_threads, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                 extra={"model_path": str(self.path)},
-            )  # fmt: skip
+            )
             telemetry.recorder().flush(timeout=10)
         return m.prompt_tps, m.decode_tps
 

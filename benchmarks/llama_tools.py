@@ -75,7 +75,7 @@ def _build(workdir: Path, ver: str, name: str, binary: Path) -> Path:
     build = workdir / "build"
     log_path = workdir / "build.log"
     print(f"building {name} from llama.cpp {ver} (a few minutes, once; log: {log_path})",
-          file=sys.stderr)  # fmt: skip
+          file=sys.stderr)
     with log_path.open("a") as log:
         _cmake(src, build, name, env, log)
     return binary

@@ -61,7 +61,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _stream(engine: Engine, prompt: str | list[int], gen: SamplingParams,
-            stamps: list[tuple[float, int]]) -> threading.Thread:  # fmt: skip
+            stamps: list[tuple[float, int]]) -> threading.Thread:
     """Read a generation on a thread, stamping each token with its arrival time."""
     it = iter(engine.generate(prompt, gen))
 
@@ -119,7 +119,7 @@ def main() -> None:
     print(f"Gemma 3 270M Q4_K_M, {len(prompt)}-token prompt, {a.max_tokens} tokens, "
           f"{a.threads} threads; one model load {load_s:.2f} s; normal inter-token gap "
           f"p50 {_pct(normal, 0.5) * 1000:.1f} ms, max {max(normal) * 1000:.0f} ms "
-          "(undisturbed: what the machine's other load does alone)")  # fmt: skip
+          "(undisturbed: what the machine's other load does alone)")
 
     # label -> (stream gap, engine pause, total, that round's load) per migration
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
@@ -150,11 +150,11 @@ def main() -> None:
             if a.ab:
                 label += ", shared" if shared else ", unshared"
             rows.setdefault(label, []).append((gap, info["pause_s"], info["seconds"],
-                                               round_load))  # fmt: skip
+                                               round_load))
             print(f"  round {r} {'down' if i == 0 else 'up  '} {label}: stream gap "
                   f"{gap * 1000:.0f} ms = {gap / round_load:.2f}x this round's load "
                   f"({round_load:.2f} s), engine pause {info['pause_s'] * 1000:.0f} ms, "
-                  f"total {info['seconds']:.2f} s")  # fmt: skip
+                  f"total {info['seconds']:.2f} s")
         got = [tok for _, tok in stamps]
         exact += got == want
         if got != want:
@@ -176,7 +176,7 @@ def main() -> None:
         assert nxt == want[AT], "the reloaded conversation went another way"
 
     print(f"\n{'migration':<31} {'stream gap p50':>15} {'max':>8} {'gap/load p50':>13} "
-          f"{'max':>6} {'engine pause p50':>17} {'total p50':>10} {'max':>8}")  # fmt: skip
+          f"{'max':>6} {'engine pause p50':>17} {'total p50':>10} {'max':>8}")
     for label, vals in rows.items():
         gaps = [g for g, _, _, _ in vals]
         ratios = [g / ld for g, _, _, ld in vals]
@@ -185,10 +185,10 @@ def main() -> None:
         print(f"{label:<31} {_pct(gaps, 0.5) * 1000:>12.0f} ms {max(gaps) * 1000:>5.0f} ms "
               f"{_pct(ratios, 0.5):>12.2f}x {max(ratios):>5.2f}x "
               f"{_pct(pauses, 0.5) * 1000:>14.0f} ms {_pct(totals, 0.5):>8.2f} s "
-              f"{max(totals):>6.2f} s")  # fmt: skip
+              f"{max(totals):>6.2f} s")
     print(f"{'stop and reload':<31} {_pct(reload_costs, 0.5) * 1000:>12.0f} ms "
           f"{max(reload_costs) * 1000:>5.0f} ms   (close, load, prefill {len(prompt) + AT} "
-          "tokens, next token)")  # fmt: skip
+          "tokens, next token)")
     all_gaps = [g for v in rows.values() for g, _, _, _ in v]
     worst = max(all_gaps)
     worst_ratio = max(g / ld for v in rows.values() for g, _, _, ld in v)
@@ -197,7 +197,7 @@ def main() -> None:
           f"worst gap / its own round's load {worst_ratio:.2f}x (target < 2x); median gap / "
           f"stop-and-reload: {ratio:.2f}x; streams token-identical to the undisturbed run: "
           f"{exact}/{a.rounds}, the others within the re-scoring tolerance: "
-          f"{rescored}/{a.rounds - exact}")  # fmt: skip
+          f"{rescored}/{a.rounds - exact}")
     ref.close()
 
 

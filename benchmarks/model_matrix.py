@@ -94,19 +94,19 @@ def streams(model: Path, args: argparse.Namespace) -> Pair:
                 "--ctx", str(ctx), "--threads", str(args.threads), "--port", "{port}"]
     theirs_cmd = [str(llama_tool("llama-server")), "-m", str(model), "-np", "4", "-c",
                   str(ctx * 4), "-t", str(args.threads), "--host", "127.0.0.1",
-                  "--port", "{port}"]  # fmt: skip
+                  "--port", "{port}"]
     return rounds(args.rounds, lambda: _stream_tps(ours_cmd, env, "", args),
-                  lambda: _stream_tps(theirs_cmd, env, "model", args))  # fmt: skip
+                  lambda: _stream_tps(theirs_cmd, env, "model", args))
 
 
 def _stream_tps(cmd: list[str], env: dict[str, str], name: str, args: argparse.Namespace
-                ) -> float:  # fmt: skip
+                ) -> float:
     """serve_load.py's run (its warm-up, clients and log handling) with 4 clients."""
     port = free_port()
     load_args = argparse.Namespace(clients=4, duration=args.stream_s, max_tokens=args.tokens)
     label = "llama-server" if name else "inferenceos"
     stats = run_server([c.replace("{port}", str(port)) for c in cmd],
-                       f"http://127.0.0.1:{port}", env, load_args, name, label)  # fmt: skip
+                       f"http://127.0.0.1:{port}", env, load_args, name, label)
     if stats.failed:  # said, not fatal: the other rows still mean something
         print(f"  {label}: {stats.failed} of {stats.failed + stats.ok} stream requests "
               f"failed: {stats.errors[:2]}")
@@ -114,14 +114,14 @@ def _stream_tps(cmd: list[str], env: dict[str, str], name: str, args: argparse.N
 
 
 def speculative(model: Path, draft: Path | None, args: argparse.Namespace
-                ) -> dict[str, Pair]:  # fmt: skip
+                ) -> dict[str, Pair]:
     """n-gram (and the draft model) in process against llama-server's best, paired."""
     binary = llama_tool("llama-server")
     specs = {"ngram-simple": ["--spec-type", "ngram-simple"],
-             "ngram-map-k": ["--spec-type", "ngram-map-k"]}  # fmt: skip
+             "ngram-map-k": ["--spec-type", "ngram-map-k"]}
     if draft is not None:
         specs["draft"] = ["--spec-type", "draft-simple", "-md", str(draft),
-                          "--spec-draft-n-max", "8"]  # fmt: skip
+                          "--spec-draft-n-max", "8"]
     servers = {k: start_server(binary, model, args.threads, v) for k, v in specs.items()}
     out: dict[str, Pair] = {}
     try:
@@ -142,7 +142,7 @@ def speculative(model: Path, draft: Path | None, args: argparse.Namespace
                 out["draft model vs llama-server -md"] = rounds(
                     args.rounds, lambda: ours_once(lm, rep, args.tokens, d)["tps"],
                     lambda: server_once(servers["draft"][1], TASKS["repetitive"],
-                                        args.tokens)["tps"])  # fmt: skip
+                                        args.tokens)["tps"])
                 out["draft model vs plain (free text)"] = rounds(
                     args.rounds, lambda: ours_once(lm, free, args.tokens, d)["tps"],
                     lambda: ours_once(lm, free, args.tokens, "none")["tps"])
@@ -154,10 +154,10 @@ def speculative(model: Path, draft: Path | None, args: argparse.Namespace
 
 
 def _best_server(servers: dict[str, tuple[Any, int]], names: list[str],
-                 args: argparse.Namespace) -> str:  # fmt: skip
+                 args: argparse.Namespace) -> str:
     """The llama-server n-gram setting that decodes the repetitive task fastest."""
     tps = {k: server_once(servers[k][1], TASKS["repetitive"], args.tokens)["tps"]
-           for k in names}  # fmt: skip
+           for k in names}
     return max(tps, key=lambda k: tps[k])
 
 
@@ -170,7 +170,7 @@ def predicted(model: Path) -> dict[str, float]:
 
 
 def one_model(name: str, model: Path, draft: Path | None, args: argparse.Namespace
-              ) -> dict[str, Any]:  # fmt: skip
+              ) -> dict[str, Any]:
     bench = llama_tool("llama-bench")
     t, n = args.threads, args.tokens
     print(f"\n== {name} ({model.name}, load average {os.getloadavg()[0]:.2f})", flush=True)
@@ -188,7 +188,7 @@ def one_model(name: str, model: Path, draft: Path | None, args: argparse.Namespa
               f"rounds {[round(x, 1) for x in ours]} / {[round(x, 1) for x in theirs]}")
     extra = _bandwidth_and_prediction(model, res)
     return {"pairs": {k: {"ours": a, "other": b, "ratio": paired(a, b)}
-                      for k, (a, b) in res.items()}, **extra}  # fmt: skip
+                      for k, (a, b) in res.items()}, **extra}
 
 
 def _bandwidth_and_prediction(model: Path, res: dict[str, Pair]) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def _bandwidth_and_prediction(model: Path, res: dict[str, Pair]) -> dict[str, An
           f"{pred['decode'] / dec - 1:+.0%}), prefill {pred['prefill']:.0f} t/s "
           f"(measured {pre:.0f}, {pred['prefill'] / pre - 1:+.0%})")
     return {"bandwidth_gbps": gbps, "ram_gbps": bw, "predicted": pred,
-            "measured": {"decode": dec, "prefill": pre}}  # fmt: skip
+            "measured": {"decode": dec, "prefill": pre}}
 
 
 def main() -> None:

@@ -106,7 +106,7 @@ def main() -> int:
     w = Workload(prompt_tokens=n_text, output_tokens=1, n_ctx=2048)
     plain = simulate(gemma, machine, w, threads=args.threads, mmproj=mmproj)
     seen = simulate(gemma, machine, replace(w, image_tokens=n_img), threads=args.threads,
-                    mmproj=mmproj)  # fmt: skip
+                    mmproj=mmproj)
     med = {k: statistics.median(v) for k, v in rows.items()}
     pred_enc = seen.encoder.seconds if seen.encoder else 0.0
     print(f"Gemma 3 270M + ViT-S-shaped 'mlp' projector ({args.layers} blocks, 384 wide, "

@@ -98,7 +98,7 @@ def optimizer_ratio(
     print(f"optimize: {len(result.trials)} trials in {result.elapsed_s:.0f} s ({result.ended}); "
           f"best {result.best.label()} vs defaults {result.baseline.label()}: prefill "
           f"{result.ratios['prefill']:.3f}x, decode {result.ratios['decode']:.3f}x "
-          f"(search confirmation, {result.confirm_rounds} rounds)", flush=True)  # fmt: skip
+          f"(search confirmation, {result.confirm_rounds} rounds)", flush=True)
     for note in result.notes:
         print(f"  note: {note}")
     same = result.best == result.baseline
@@ -108,7 +108,7 @@ def optimizer_ratio(
         # 1.0x by construction; a paired check of identical settings would measure noise
         print("optimize kept and stored llama.cpp's defaults (no setting beat them in its "
               "own confirmation): the recommendation is the baseline, 1.0x by "
-              "construction; no separate verification", flush=True)  # fmt: skip
+              "construction; no separate verification", flush=True)
         return {
             "best": result.best.label(),
             "kept_defaults": True,
@@ -122,7 +122,7 @@ def optimizer_ratio(
           f"defaults {v['baseline']['prefill_tps']:.1f} / {v['baseline']['decode_tps']:.1f} "
           f"t/s, best {v['best']['prefill_tps']:.1f} / {v['best']['decode_tps']:.1f} t/s "
           f"(prefill / decode): prefill {v['prefill']:.3f}x, decode {v['decode']:.3f}x",
-          flush=True)  # fmt: skip
+          flush=True)
     return {
         "best": result.best.label(),
         "kept_defaults": False,
@@ -146,7 +146,7 @@ def main() -> None:
     kept = " (kept the defaults)" if out["kept_defaults"] else ""
     print(f"optimizer best over llama.cpp defaults: prefill {out['verify']['prefill']:.3f}x, "
           f"decode {out['verify']['decode']:.3f}x{kept} (target >= 1.0x on both: "
-          f"{'PASS' if out['pass'] else 'FAIL'})")  # fmt: skip
+          f"{'PASS' if out['pass'] else 'FAIL'})")
 
 
 if __name__ == "__main__":

@@ -35,15 +35,15 @@ MiB = 1 << 20
 def _rpc(port: int, mem: int) -> Device:
     name = f"RPC[127.0.0.1:{port}]"
     return Device(name, "rpc", mem, 30.0, link_gbps=5.0, threads=2, llama_name=name,
-                  rtt_s=1e-4, remote_kind="cpu", co_located=True)  # fmt: skip
+                  rtt_s=1e-4, remote_kind="cpu", co_located=True)
 
 
 def cases() -> list[tuple[str, Any, Machine]]:
     moe = make_facts(n_layer=100, n_expert=8, n_used=2, n_ff=4096, n_embd=2048,
-                     n_head=16, n_head_kv=4, name="moe-100")  # fmt: skip
+                     n_head=16, n_head_kv=4, name="moe-100")
     dense = make_facts(name="dense-32")
     gemma = make_facts(n_layer=18, n_embd=640, n_ff=2048, n_head=4, n_head_kv=1,
-                       n_vocab=262144, name="gemma-shaped")  # fmt: skip
+                       n_vocab=262144, name="gemma-shaped")
     cpu = machine(ram=300 * MiB, threads=2)
     rpc = Machine(devices=(cpu.cpu, _rpc(1, 200 * MiB), _rpc(2, 200 * MiB)), source="bench")
     return [

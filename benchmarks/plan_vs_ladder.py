@@ -49,7 +49,7 @@ def worker_pair(mem_mib: int, threads: int, logs: Path) -> Iterator[list[str]]:
         for _ in range(2):
             port = free_port()
             procs.append(spawn_worker(port, mem=f"{mem_mib}MiB", threads=threads,
-                                      log=logs / f"worker-{port}.log"))  # fmt: skip
+                                      log=logs / f"worker-{port}.log"))
             addrs.append(f"127.0.0.1:{port}")
         yield addrs
     finally:
@@ -72,9 +72,9 @@ def plans(facts: Any, ram: int, addrs: list[str], threads: int, ladder: bool) ->
 
     def old(facts: Any, machine: Any, ctx: Any, threads: int = 0, pinned_ctx: bool = False,
             min_ctx: int = preflight.MIN_CTX, allow_mmap: bool = True,
-            quantize_kv: bool = True, **_: Any) -> Any:  # fmt: skip
+            quantize_kv: bool = True, **_: Any) -> Any:
         return preflight.ladder_plan(facts, machine, ctx, threads, pinned_ctx, min_ctx,
-                                     allow_mmap, quantize_kv)  # fmt: skip
+                                     allow_mmap, quantize_kv)
 
     preflight.make_plan = old  # type: ignore[assignment]
     try:
@@ -99,7 +99,7 @@ def _quality(plan: Any) -> str:
 
 
 def run(label: str, model: Path, ram: int, mem: int, args: argparse.Namespace,
-        logs: Path) -> dict[str, Any]:  # fmt: skip
+        logs: Path) -> dict[str, Any]:
     from inferenceos.engine.session import LoadedModel
     from inferenceos.plan.model_facts import load_model_facts
 
@@ -123,7 +123,7 @@ def run(label: str, model: Path, ram: int, mem: int, args: argparse.Namespace,
                 ratios.append(od[-1] / ld[-1])
     return {"label": label, "opt": opt, "lad": lad, "ratio": statistics.median(ratios),
             "od": statistics.median(od), "ld": statistics.median(ld),
-            "op": statistics.median(op), "lp": statistics.median(lp)}  # fmt: skip
+            "op": statistics.median(op), "lp": statistics.median(lp)}
 
 
 def main() -> None:

@@ -74,7 +74,7 @@ def bench_pp(bench: Path, model: Path, tokens: int, threads: int, cold: bool = F
     extra = ["--no-warmup", "-fa", "1"] if cold else []
     out = subprocess.run([str(bench), "-m", str(model), "-p", str(tokens), "-n", "0", "-t",
                           str(threads), "-r", "1", *extra, "-o", "json"],
-                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+                         check=True, capture_output=True, text=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
 
 
@@ -86,9 +86,9 @@ PROSE = ("The river ran past the old mill where the children played after school
 def ours_pp(model: Path, threads: int) -> tuple[float, int]:
     """`inferenceos run`'s prompt t/s on the raw PROSE prompt, and its token count."""
     args = [sys.executable, "-m", "inferenceos", "run", str(model), "--raw", "-n", "1",
-            "--threads", str(threads), "--json", "--temperature", "0"]  # fmt: skip
+            "--threads", str(threads), "--json", "--temperature", "0"]
     out = subprocess.run(args, input=PROSE, check=True, capture_output=True, text=True,
-                         env=child_env("run_overhead")).stdout  # fmt: skip
+                         env=child_env("run_overhead")).stdout
     metrics = json.loads(out)["metrics"]
     return float(metrics["prompt_tps"]), int(metrics["prompt_tokens"])
 
@@ -178,13 +178,13 @@ def decode(args: argparse.Namespace, bench: Path, model: Path) -> None:
             gbps = weights * tps / 1e9
             share = f" = {gbps / bw:.0%} of RAM bandwidth" if bw else ""
             print(f"  {t} threads {name:<12} {tps:6.1f} t/s x {weights / 1e6:.0f} MB = "
-                  f"{gbps:5.1f} GB/s{share}")  # fmt: skip
+                  f"{gbps:5.1f} GB/s{share}")
 
 
 def prefill(args: argparse.Namespace, bench: Path, model: Path) -> None:
     """Prefill t/s: `run`'s prompt t/s on PROSE against llama-bench pp512, paired."""
     print(f"\nprefill (pp{PP_TOKENS}): {'threads':>7} {'llama-bench':>12} {'ours':>8} "
-          f"{'ratio':>6} {'paired':>7}")  # fmt: skip
+          f"{'ratio':>6} {'paired':>7}")
     for t in args.threads:
         base_pp, cold_pp, ours_pp_ = [], [], []
         n_tok = 0
@@ -202,7 +202,7 @@ def prefill(args: argparse.Namespace, bench: Path, model: Path) -> None:
               f"(--no-warmup, flash attention on) {statistics.median(cold_pp):.1f} t/s; "
               f"ours / it, paired: {cold:.3f}")
         print(f"{'':>24} rounds: llama-bench {[round(x) for x in base_pp]}, cold "
-              f"{[round(x) for x in cold_pp]}, ours {[round(x) for x in ours_pp_]}")  # fmt: skip
+              f"{[round(x) for x in cold_pp]}, ours {[round(x) for x in ours_pp_]}")
     print("prefill target: ratio >= 1.0 at 2 threads (pp512 is after llama-bench's warm-up "
           "run; `run`'s prefill is a fresh process's first: the like-with-like line compares "
           "first prefills)")

@@ -53,7 +53,7 @@ class Outcome:
         tps = self.tokens / self.seconds if self.seconds else 0.0
         by = ", ".join(f"{k} {v}" for k, v in sorted(self.by.items()))
         return (f"{self.label:<34} {rps:6.2f} req/s  {tps:7.1f} tok/s  ok {self.ok:3d}  "
-                f"failed {self.failed}  ({self.seconds:.1f} s; {by})")  # fmt: skip
+                f"failed {self.failed}  ({self.seconds:.1f} s; {by})")
 
 
 def start_replica(model: Path, threads: int, parallel: int, home: Path) -> tuple[Any, str]:
@@ -63,12 +63,12 @@ def start_replica(model: Path, threads: int, parallel: int, home: Path) -> tuple
 
     port = free_port()
     env = {**os.environ, "INFERENCEOS_HOME": str(home),
-           "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+           "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferenceos", "serve", str(model), "--port", str(port),
          "--ctx", "1024", "--threads", str(threads), "--parallel", str(parallel),
          "--queue", "256", "--any-model"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -95,11 +95,11 @@ def router(bases: list[str]) -> Any:
         "litellm_params": {"model": "openai/gemma", "api_base": b + "/v1", "api_key": "none"},
         "model_info": {"id": f"replica-{i}"},
     } for i, b in enumerate(bases)], timeout=120, num_retries=3, retry_after=0,
-        allowed_fails=0, cooldown_time=60, enable_weighted_failover=True)  # fmt: skip
+        allowed_fails=0, cooldown_time=60, enable_weighted_failover=True)
 
 
 async def load(r: Any, out: Outcome, n: int, concurrency: int, max_tokens: int,
-               kill: tuple[int, Any] | None = None) -> None:  # fmt: skip
+               kill: tuple[int, Any] | None = None) -> None:
     """`n` chat requests, `concurrency` at a time; `kill` = (after how many answers,
     the process to SIGKILL then)."""
     gate = asyncio.Semaphore(concurrency)
@@ -140,7 +140,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as home:
         replicas = [start_replica(args.model, args.threads, args.parallel, Path(home) / str(i))
-                    for i in range(2)]  # fmt: skip
+                    for i in range(2)]
         bases = [b for _, b in replicas]
         try:
             print(f"model {args.model.name}, {args.requests} requests, concurrency "
@@ -149,11 +149,11 @@ def main() -> None:
             runs = [("one replica", router(bases[:1]), None),
                     ("two replicas", router(bases), None),
                     ("two, replica-0 killed at 1/4", router(bases),
-                     (args.requests // 4, replicas[0][0]))]  # fmt: skip
+                     (args.requests // 4, replicas[0][0]))]
             for label, r, kill in runs:
                 out = Outcome(label)
                 asyncio.run(load(r, out, args.requests, args.concurrency, args.max_tokens,
-                                 kill))  # fmt: skip
+                                 kill))
                 print(out.line(), flush=True)
                 for e in out.errors[:5]:
                     print("   ", e)

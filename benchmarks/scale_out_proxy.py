@@ -40,7 +40,7 @@ MASTER_KEY = "sk-" + secrets.token_hex(16)
 
 def proxy_env(bases: list[str]) -> dict[str, str]:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_OFFLINE_MODE": "true",
-           "INFERENCEOS_API_KEY": "none", "LITELLM_MASTER_KEY": MASTER_KEY}  # fmt: skip
+           "INFERENCEOS_API_KEY": "none", "LITELLM_MASTER_KEY": MASTER_KEY}
     if os.environ.get("LITELLM_PROXY_PATH"):
         env["PYTHONPATH"] = os.environ["LITELLM_PROXY_PATH"]
     for i, base in enumerate(bases):
@@ -49,12 +49,12 @@ def proxy_env(bases: list[str]) -> dict[str, str]:
 
 
 def chat(model: str = "gemma", session: str | None = None,
-         messages: list[dict[str, str]] | None = None, **kw: Any) -> httpx.Response:  # fmt: skip
+         messages: list[dict[str, str]] | None = None, **kw: Any) -> httpx.Response:
     headers = {"Authorization": "Bearer " + MASTER_KEY}
     if session:
         headers["x-litellm-session-id"] = session
     body = {"model": model, "max_tokens": 8, "temperature": 0,
-            "messages": messages or [{"role": "user", "content": "Say hi"}], **kw}  # fmt: skip
+            "messages": messages or [{"role": "user", "content": "Say hi"}], **kw}
     return httpx.post(PROXY + "/v1/chat/completions", json=body, headers=headers, timeout=120)
 
 
@@ -77,11 +77,11 @@ def exercise(bases: list[str]) -> None:
         msgs = [{"role": "system", "content": story}, {"role": "user", "content": f"Name {s}."}]
         first = chat(session=s, messages=msgs)
         msgs += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
-                 {"role": "user", "content": "Again."}]  # fmt: skip
+                 {"role": "user", "content": "Again."}]
         second = chat(session=s, messages=msgs)
         print(f"session {s}: turn 1 {first.headers.get('x-litellm-model-id')}, turn 2 "
               f"{second.headers.get('x-litellm-model-id')}, cached "
-              f"{second.json()['usage'].get('prompt_tokens_details')}")  # fmt: skip
+              f"{second.json()['usage'].get('prompt_tokens_details')}")
     r = chat("gemma-ollama")
     print("gemma-ollama:", r.status_code, r.headers.get("x-litellm-model-id"))
     before = chat_4xx(bases)
@@ -89,7 +89,7 @@ def exercise(bases: list[str]) -> None:
     seen = chat_4xx(bases) - before
     print("top_p 7:", r.status_code, f"(answered 4xx by the replicas' /v1: {seen:g})")
     health = httpx.get(PROXY + "/health", headers={"Authorization": "Bearer " + MASTER_KEY},
-                       timeout=120).json()  # fmt: skip
+                       timeout=120).json()
     print("health: healthy", len(health.get("healthy_endpoints", [])), "unhealthy",
           len(health.get("unhealthy_endpoints", [])))
 
@@ -111,7 +111,7 @@ def main() -> None:
         log = (Path(tmp) / "proxy.log").open("w")
         proxy = subprocess.Popen([litellm, "--config", str(config), "--host", "127.0.0.1",
                                   "--port", "4011"], env=proxy_env(bases), stdout=log,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
+                                 stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 240
             while True:

@@ -53,17 +53,17 @@ PHASES = [(GEMMA, TINY_A), (TINY_A, TINY_B), (GEMMA, TINY_B)]
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}]  # fmt: skip
+                   "required": ["city"]}}}]
 PROMPTS = ["The capital of France is", "Write one line about the sea.", "Count: 1, 2, 3,",
-           "Name a colour.", "What is 2 + 2?"]  # fmt: skip
+           "Name a colour.", "What is 2 + 2?"]
 KINDS = ["chat", "chat_stream", "ollama_generate", "ollama_chat_stream", "cancel",
-         "embed_openai", "embed_ollama", "tools"]  # fmt: skip
+         "embed_openai", "embed_ollama", "tools"]
 
 
 def cli(home: Path, *args: str, timeout: float = 300) -> str:
     env = {**os.environ, "INFERENCEOS_HOME": str(home)}
     r = subprocess.run([sys.executable, "-m", "inferenceos", *args], env=env, timeout=timeout,
-                       capture_output=True, text=True)  # fmt: skip
+                       capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"inferenceos {' '.join(args)} failed: {r.stderr.strip()}")
     return r.stdout
@@ -75,7 +75,7 @@ def register_models(home: Path, gemma: Path) -> None:
 
     for seed, name in enumerate((TINY_A, TINY_B)):
         path = write_tiny_model(home / f"{name}.gguf", "llama", seed=seed,
-                                chat_template=TINY_HERMES_TEMPLATE)  # fmt: skip
+                                chat_template=TINY_HERMES_TEMPLATE)
         cli(home, "pull", str(path), "--name", name)
     cli(home, "pull", str(gemma), "--name", GEMMA)
 
@@ -92,7 +92,7 @@ def budget_bytes(home: Path, ctx: int, threads: int, parallel: int) -> tuple[int
 
     catalog = Catalog(ModelStore(load_config().models_dir))
     probe = ModelManager(catalog.resolve, base=LoadRequest(n_ctx=ctx, threads=threads),
-                         slots=parallel, context_hint=None)  # fmt: skip
+                         slots=parallel, context_hint=None)
     hot = {n: sum(probe.plan_for(n).charge().values()) for n in (GEMMA, TINY_A, TINY_B)}
     tiny = sorted((hot[TINY_A], hot[TINY_B]))
     return hot[GEMMA] + tiny[1] + tiny[0] // 2, hot
@@ -187,7 +187,7 @@ def one_request(c: httpx.Client, kind: str, model: str, rng: random.Random) -> N
         assert choice["finish_reason"] in ("stop", "length", "tool_calls"), choice
     elif kind in ("chat_stream", "cancel"):
         body = {"model": model, "messages": msgs, "stream": True,
-                "max_tokens": 200 if kind == "cancel" else n}  # fmt: skip
+                "max_tokens": 200 if kind == "cancel" else n}
         with c.stream("POST", "/v1/chat/completions", json=body) as r:
             _check(r)
             lines = [ln for ln in _first_lines(r, 3 if kind == "cancel" else None) if ln]
@@ -197,7 +197,7 @@ def one_request(c: httpx.Client, kind: str, model: str, rng: random.Random) -> N
             assert lines[-1] == "data: [DONE]", lines[-3:]
     elif kind == "ollama_generate":
         body = {"model": model, "prompt": prompt, "stream": False,
-                "options": {"num_predict": n}}  # fmt: skip
+                "options": {"num_predict": n}}
         if rng.random() < 0.25:  # unload when idle: the next request loads it cold
             body["keep_alive"] = 0
         r = c.post("/api/generate", json=body)
@@ -234,7 +234,7 @@ class Load:
     """Clients looping over the mix, phase by phase, until the end or the request cap."""
 
     def __init__(self, base: str, clients: int, phase_s: float, end: float, max_requests: int,
-                 timeout_s: float, seed: int = 0) -> None:  # fmt: skip
+                 timeout_s: float, seed: int = 0) -> None:
         self.base, self.clients, self.phase_s = base, clients, phase_s
         self.end, self.max_requests, self.timeout_s = end, max_requests, timeout_s
         self.tally = Tally()
@@ -322,7 +322,7 @@ def main() -> int:
             [sys.executable, "-m", "inferenceos", "serve", TINY_A, "--port", str(port),
              "--ctx", str(args.ctx), "--threads", str(args.threads), "--parallel",
              str(parallel), "--memory-budget", str(budget), "--keep-alive", "-1"],
-            env={**os.environ, "INFERENCEOS_HOME": str(home)}, stdout=f, stderr=f)  # fmt: skip
+            env={**os.environ, "INFERENCEOS_HOME": str(home)}, stdout=f, stderr=f)
     samples: list[Sample] = []
     code = 1
     try:
@@ -341,7 +341,7 @@ def main() -> int:
         end = t0 + args.minutes * 60
         load = Load(base, args.clients, args.phase_s, end, args.max_requests, args.timeout_s)
         threads = [threading.Thread(target=load.client, args=(i,), daemon=True)
-                   for i in range(args.clients)]  # fmt: skip
+                   for i in range(args.clients)]
         for t in threads:
             t.start()
         hard = end + 2 * args.timeout_s + args.phase_s + 60  # nothing may outlive this
@@ -384,7 +384,7 @@ def main() -> int:
         for _, line in checks:
             print("  " + line)
         code = 0 if (n_failed == 0 and not stuck and n_ok > 0 and all(c[0] for c in checks)
-                     and len(samples) >= 3) else 1  # fmt: skip
+                     and len(samples) >= 3) else 1
         print("SOAK PASSED" if code == 0 else "SOAK FAILED")
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -57,7 +57,7 @@ TASKS = {
     "repetitive": f"Passage: {PASSAGE}\n\nThe secretary read the passage aloud, word for "
                   f"word: \"The committee met",
     "free": "Once upon a time, in a small village by the sea, there lived",
-}  # fmt: skip
+}
 OURS = ("none", "ngram", "self")
 SERVER = {
     "plain": [],
@@ -70,15 +70,15 @@ SERVER = {
 def ours_once(lm: LoadedModel, prompt: list[int], tokens: int, draft: str) -> dict[str, float]:
     sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     out = [ev.token for ev in generate_one(lm, prompt, sp, None if draft == "none" else draft)
-           if ev.token >= 0]  # fmt: skip
+           if ev.token >= 0]
     m = lm.metrics
     assert len(out) == tokens, (draft, len(out))
     return {"tps": m.decode_tps, "acc": m.acceptance_rate, "per_step": m.tokens_per_step,
-            "text": out}  # fmt: skip
+            "text": out}
 
 
 def start_server(binary: Path, model: Path, threads: int, extra: list[str]
-                 ) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
+                 ) -> tuple[subprocess.Popen[bytes], int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -86,7 +86,7 @@ def start_server(binary: Path, model: Path, threads: int, extra: list[str]
         [str(binary), "-m", str(model), "-c", "2048", "-np", "1", "-t", str(threads),
          "--host", "127.0.0.1", "--port", str(port), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     for _ in range(600):
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
@@ -104,7 +104,7 @@ def start_server(binary: Path, model: Path, threads: int, extra: list[str]
 
 def server_once(port: int, prompt: str, tokens: int) -> dict[str, float]:
     body = json.dumps({"prompt": prompt, "n_predict": tokens, "temperature": 0,
-                       "ignore_eos": True, "cache_prompt": False})  # fmt: skip
+                       "ignore_eos": True, "cache_prompt": False})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
     data = json.loads(conn.getresponse().read())
@@ -112,7 +112,7 @@ def server_once(port: int, prompt: str, tokens: int) -> dict[str, float]:
     t = data["timings"]
     n, acc = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
     return {"tps": float(t["predicted_per_second"]), "acc": acc / n if n else 0.0,
-            "per_step": 0.0}  # fmt: skip
+            "per_step": 0.0}
 
 
 def med(xs: list[float]) -> float:
@@ -181,12 +181,12 @@ def main() -> None:
 
 
 def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.Namespace,
-           bytes_per_pass: int) -> None:  # fmt: skip
+           bytes_per_pass: int) -> None:
     bw = ram_gbps()
     print(f"\n{args.tokens} tokens, greedy, {args.threads} threads, {args.rounds} rounds; "
           f"RAM bandwidth {bw or float('nan'):.1f} GB/s (hardware profile)")
     print(f"{'task':<11} {'config':<20} {'t/s':>7} {'accept':>7} {'tok/step':>8} "
-          f"{'GB/s':>6} {'of RAM':>6}")  # fmt: skip
+          f"{'GB/s':>6} {'of RAM':>6}")
     for (task, name), rs in sorted(results.items()):
         tps = med([r["tps"] for r in rs])
         per_step = med([r["per_step"] for r in rs]) or 1.0
@@ -203,9 +203,9 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
             same = all(r["text"] == p["text"] for r, p in
                        zip(results[(task, f"ours:{d}")], results[(task, "ours:none")], strict=True))
             print(f"{task}: {d} / plain {ratio:.3f} (paired median), greedy text identical "
-                  f"to plain: {same}")  # fmt: skip
+                  f"to plain: {same}")
         spec = [k for (t, k) in results if t == task and k.startswith("server:")
-                and k != "server:plain"]  # fmt: skip
+                and k != "server:plain"]
         if spec:
             best = max(spec, key=lambda k: med([r["tps"] for r in results[(task, k)]]))
             theirs = [r["tps"] for r in results[(task, best)]]

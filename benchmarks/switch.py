@@ -52,7 +52,7 @@ def _manager(catalog: Catalog, names: list[str], threads: int, warm: bool) -> Mo
     """A manager whose budget holds both weights and one context (warm) or only one
     model (cold), from the planner's own charges."""
     probe = ModelManager(catalog.resolve, base=LoadRequest(n_ctx=2048, threads=threads),
-                         context_hint=None)  # fmt: skip
+                         context_hint=None)
     plans = [probe.plan_for(n) for n in names]
     hot = [sum(p.charge().values()) for p in plans]
     weights = [sum(p.charge(warm=True).values()) for p in plans]

@@ -81,12 +81,12 @@ def cli(ctx: Ctx, args: list[str], timeout: float, env: dict[str, str] | None = 
     """`python -m inferenceos ARGS` with the step's time box; its output kept in OUT."""
     timeout = max(1.0, min(timeout, ctx.left()))
     r = subprocess.run([sys.executable, "-m", "inferenceos", *args], env=env or ctx.env,
-                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                       capture_output=True, text=True, timeout=timeout)
     if log:
         (ctx.out / "logs").mkdir(exist_ok=True)
         (ctx.out / "logs" / f"{log}.txt").write_text(
             f"$ inferenceos {' '.join(args)}\n# exit {r.returncode}\n{r.stdout}\n"
-            f"--- stderr ---\n{r.stderr}")  # fmt: skip
+            f"--- stderr ---\n{r.stderr}")
     return r
 
 
@@ -123,7 +123,7 @@ def write_model(path: Path, n_layer: int, n_embd: int, n_head: int, n_head_kv: i
     from tiny_models import TinyShape, _add_metadata, _vocab
 
     shape = TinyShape(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-                      n_ff=n_ff, n_ctx=n_ctx)  # fmt: skip
+                      n_ff=n_ff, n_ctx=n_ctx)
     rng = np.random.default_rng(0)
     cache: dict[tuple[int, ...], Any] = {}
 
@@ -163,7 +163,7 @@ def step_model(ctx: Ctx, step: Step) -> None:
     dims = (4, 128, 4, 2, 512, 2048) if ctx.dry else (16, 2048, 32, 8, 8192, 8192)
     ctx.model = write_model(ctx.home / "synthetic-llama.gguf", *dims)
     step.figures = {"file_bytes": ctx.model.stat().st_size, "n_layer": dims[0],
-                    "n_embd": dims[1], "n_ff": dims[4]}  # fmt: skip
+                    "n_embd": dims[1], "n_ff": dims[4]}
     check(step, ctx, ctx.model.stat().st_size > (GiB if not ctx.dry else 0),
           "model written", needs_gpu=False)
 
@@ -182,7 +182,7 @@ def step_hardware(ctx: Ctx, step: Step) -> None:
     gpus = _gpus(json_out(r))
     step.figures = {"gpus": [{k: g.get(k) for k in ("name", "memory_total_bytes",
                                                     "memory_free_bytes", "compute_capability",
-                                                    "source")} for g in gpus]}  # fmt: skip
+                                                    "source")} for g in gpus]}
     # the fake nvidia-smi of a dry run describes an H200 too: these checks are real there
     check(step, ctx, len(gpus) == 1, "one NVIDIA GPU seen", needs_gpu=False)
     check(step, ctx, bool(gpus) and "H200" in str(gpus[0].get("name")), "it is an H200",
@@ -207,11 +207,11 @@ def step_doctor(ctx: Ctx, step: Step) -> None:
 
 def step_simulate(ctx: Ctx, step: Step) -> None:
     r = cli(ctx, ["simulate", str(ctx.model), "--json", "--prompt-tokens", "512",
-                  "--output-tokens", "128"], 120, ctx.gpu_env, "simulate")  # fmt: skip
+                  "--output-tokens", "128"], 120, ctx.gpu_env, "simulate")
     d = json_out(r)
     params = d.get("plan", {}).get("llama_params", {})
     step.figures = {k: d.get(k) for k in ("feasible", "decode_tps", "prefill_tps", "ttft_s",
-                                          "peak_memory_bytes", "bottleneck")}  # fmt: skip
+                                          "peak_memory_bytes", "bottleneck")}
     step.figures["n_gpu_layers"] = params.get("n_gpu_layers")
     check(step, ctx, bool(d.get("feasible")), "feasible", needs_gpu=False)
     gpu_bytes = sum(v for k, v in (d.get("peak_memory_bytes") or {}).items() if k != "CPU")
@@ -223,7 +223,7 @@ def step_placement(ctx: Ctx, step: Step) -> None:
     d = json_out(r)
     text = json.dumps(d)
     step.figures = {"bytes": len(text), "devices": sorted(set(re.findall(r'"(GPU\d+|CUDA\d+)"',
-                                                                       text)))}  # fmt: skip
+                                                                       text)))}
     check(step, ctx, bool(step.figures["devices"]), "layers placed on the GPU",
           needs_gpu=False)
 
@@ -234,13 +234,13 @@ def _prompt(n_words: int) -> str:
 
 def step_run(ctx: Ctx, step: Step) -> None:
     args = ["run", str(ctx.model), "--raw", "-p", _prompt(400), "-n", "128", "--ignore-eos",
-            "--temperature", "0", "--json", "--ctx", "4096"]  # fmt: skip
+            "--temperature", "0", "--json", "--ctx", "4096"]
     if not ctx.dry:
         args += ["--gpu-layers", "-1"]
     r = cli(ctx, args, 180, ctx.env, "run")
     m = json_out(r)["metrics"]
     step.figures = {k: m.get(k) for k in ("load_s", "prompt_tokens", "prompt_tps",
-                                          "completion_tokens", "decode_tps")}  # fmt: skip
+                                          "completion_tokens", "decode_tps")}
     check(step, ctx, m.get("completion_tokens") == 128, "128 tokens decoded", needs_gpu=False)
     check(step, ctx, float(m.get("decode_tps") or 0) > 100, "decode > 100 t/s (GPU speed)")
 
@@ -250,9 +250,9 @@ def step_bench(ctx: Ctx, step: Step) -> None:
         step.status, step.note = "skip", "llama-bench was not built in time"
         return
     args = [str(ctx.bench), "-m", str(ctx.model), "-p", "512", "-n", "128", "-r", "3",
-            "-o", "json"] + ([] if ctx.dry else ["-ngl", "99"])  # fmt: skip
+            "-o", "json"] + ([] if ctx.dry else ["-ngl", "99"])
     r = subprocess.run(args, capture_output=True, text=True,
-                       timeout=max(1.0, min(180.0, ctx.left())))  # fmt: skip
+                       timeout=max(1.0, min(180.0, ctx.left())))
     (ctx.out / "logs").mkdir(exist_ok=True)
     (ctx.out / "logs" / "bench.txt").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
     rows = json.loads(r.stdout[r.stdout.find("["):])
@@ -269,14 +269,14 @@ def step_bench(ctx: Ctx, step: Step) -> None:
 def step_partial(ctx: Ctx, step: Step) -> None:
     size = max(1, int(ctx.model.stat().st_size * 0.5 / (1 << 20)))
     args = ["run", str(ctx.model), "--raw", "-p", "hello", "-n", "16", "--ignore-eos",
-            "--temperature", "0", "--json", "-v", "--ctx", "2048"]  # fmt: skip
+            "--temperature", "0", "--json", "-v", "--ctx", "2048"]
     if not ctx.dry:
         args += ["--gpu-memory", f"{size}MiB"]
     r = cli(ctx, args, 180, ctx.env, "partial")
     m = re.search(r"offloaded (\d+)/(\d+) layers", r.stderr)
     done, total = (int(m[1]), int(m[2])) if m else (0, 0)
     step.figures = {"gpu_memory_mib": size, "offloaded": done, "layers": total,
-                    "decode_tps": json_out(r)["metrics"].get("decode_tps")}  # fmt: skip
+                    "decode_tps": json_out(r)["metrics"].get("decode_tps")}
     check(step, ctx, r.returncode == 0, "ran", needs_gpu=False)
     check(step, ctx, 0 < done < total, f"partial offload: {done}/{total} layers on the GPU")
 
@@ -301,7 +301,7 @@ def serving(ctx: Ctx, log_name: str, extra_env: dict[str, str] | None = None
             [sys.executable, "-m", "inferenceos", "serve", str(ctx.model), "--port", str(port),
              "--ctx", "4096", "--parallel", "2"],
             env={**ctx.env, **(extra_env or {})}, stdout=f, stderr=f,
-            start_new_session=True)  # fmt: skip
+            start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + min(90.0, ctx.left())
@@ -337,7 +337,7 @@ def step_serve(ctx: Ctx, step: Step) -> None:
     with serving(ctx, "serve") as base:
         r = httpx.post(base + "/api/generate", timeout=120, json={
             "model": ctx.model.stem, "prompt": "hello", "stream": False,
-            "options": {"num_predict": 32, "temperature": 0}})  # fmt: skip
+            "options": {"num_predict": 32, "temperature": 0}})
         r.raise_for_status()
         ps = httpx.get(base + "/api/ps", timeout=10).json()["models"]
         gen = r.json()
@@ -365,12 +365,12 @@ def step_migrate(ctx: Ctx, step: Step) -> None:
         name = ctx.model.stem
         httpx.post(base + "/api/generate", timeout=120, json={
             "model": name, "prompt": "hi", "stream": False,
-            "options": {"num_predict": 1}}).raise_for_status()  # fmt: skip
+            "options": {"num_predict": 1}}).raise_for_status()
         # a dry run walks the same path on the CPU (its cap, its memory, short waits)
         key, wait_s, n_predict = ("size", 8.0, 300) if ctx.dry else ("size_vram", 60.0, 3000)
         v0 = _vram(base, key)
         devices = [d["name"] for d in httpx.get(base + "/api/budget", timeout=10).json()
-                   ["devices"] if d["name"] != "CPU" or ctx.dry]  # fmt: skip
+                   ["devices"] if d["name"] != "CPU" or ctx.dry]
         step.figures = {"vram_before": v0, "devices": devices}
         if not devices or v0 == 0:
             check(step, ctx, False, "a GPU holds the model (nothing to migrate)")
@@ -383,7 +383,7 @@ def step_migrate(ctx: Ctx, step: Step) -> None:
                     "prompt": "count", "n_predict": n_predict, "temperature": 0,
                     "ignore_eos": True, "stream": True}) as r:
                 lines.extend(json.loads(ln[6:]) for ln in r.iter_lines()
-                             if ln.startswith("data: {"))  # fmt: skip
+                             if ln.startswith("data: {"))
 
         t = threading.Thread(target=stream, daemon=True)
         t.start()
@@ -409,7 +409,7 @@ def step_migrate(ctx: Ctx, step: Step) -> None:
         t.join(max(1.0, min(120.0, ctx.left() - 5)))
         events = httpx.get(base + "/api/events", timeout=10).json()
         migrations = [e for e in (events.get("events", events) if isinstance(events, dict)
-                                  else events) if "migrat" in json.dumps(e)]  # fmt: skip
+                                  else events) if "migrat" in json.dumps(e)]
         step.figures.update({"device": dev, "cap": v0 // 2, "vram_after_cap": v1,
                              "down_s": down, "up_s": up, "vram_after_lift": _vram(base, key),
                              "stream_tokens": len(lines), "migration_events": len(migrations),
@@ -447,7 +447,7 @@ print(json.dumps({{"predicted": plan.charge(), "buffers": buffers,
 """
     timeout = max(1.0, min(180.0, ctx.left()))
     r = subprocess.run([sys.executable, "-c", code], env=ctx.env, capture_output=True,
-                       text=True, timeout=timeout)  # fmt: skip
+                       text=True, timeout=timeout)
     (ctx.out / "logs").mkdir(exist_ok=True)
     (ctx.out / "logs" / "memory.txt").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
     d = json.loads(r.stdout.strip().splitlines()[-1])
@@ -492,7 +492,7 @@ esac
 def report(ctx: Ctx, total_s: float) -> int:
     failed = [s for s in ctx.steps if s.status in ("fail", "error", "timeout")]
     data = {"dry_run": ctx.dry, "seconds": round(total_s, 1), "ok": not failed,
-            "steps": [asdict(s) for s in ctx.steps]}  # fmt: skip
+            "steps": [asdict(s) for s in ctx.steps]}
     (ctx.out / "report.json").write_text(json.dumps(data, indent=1, default=str))
     lines = [f"# gpu_check {'(DRY RUN: fake nvidia-smi, CPU build)' if ctx.dry else ''}",
              f"total {total_s:.0f} s", ""]
@@ -523,9 +523,9 @@ def main() -> int:
     home.mkdir(parents=True)
     t0 = time.monotonic()
     ctx = Ctx(out=args.out, dry=args.dry_run, deadline=t0 + args.budget_s, home=home,
-              bench=args.bench)  # fmt: skip
+              bench=args.bench)
     ctx.env = {**os.environ, "INFERENCEOS_HOME": str(home / "ios-home"),
-               "PYTHONUNBUFFERED": "1"}  # fmt: skip
+               "PYTHONUNBUFFERED": "1"}
     ctx.gpu_env = fake_nvidia(ctx) if ctx.dry else ctx.env
     only = {s for s in args.only.split(",") if s}
     for name, fn, box in STEPS:

@@ -376,7 +376,7 @@ def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
 
     req = LoadRequest(n_ctx=n_ctx, n_seq=n_parallel, threads=threads, n_batch=batch,
                       need_tokens=need_tokens, swa_full=True, gpu_layers=gpu_layers,
-                      backend=backend, mmproj=mmproj)  # fmt: skip
+                      backend=backend, mmproj=mmproj)
     req.validate()
     plan = plan_here(load_model_facts(path), local_machine(), req).plan
     return plan.params().per_sequence()
@@ -422,7 +422,7 @@ def load(
     log().echo = verbose
     chosen = settings or load_settings(path, n_ctx, threads, batch, n_parallel,
                                        gpu_layers=gpu_layers, backend=backend,
-                                       mmproj=projector)  # fmt: skip
+                                       mmproj=projector)
     kw: dict[str, Any] = {"n_parallel": n_parallel, "kv_policy": kv_policy, "mmproj": projector,
                           "mmproj_gpu": chosen.n_gpu_layers > 0}
     if isolated:
@@ -484,4 +484,4 @@ def simulate(
 
     w = Workload(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n_ctx=n_ctx or None)
     return simulate_plan(resolve(model), local_machine(), w, threads=threads,
-                         type_k=cache_type, type_v=cache_type)  # fmt: skip
+                         type_k=cache_type, type_v=cache_type)

@@ -52,14 +52,14 @@ def _table(rows: list[Row]) -> None:
     # compact enough for an 80-column terminal
     table = Table(title="benchmark: t/s, and × llama.cpp's defaults (the * row)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  collapse_padding=True)  # fmt: skip
+                  collapse_padding=True)
     for col in ("", "thr", "batch", "ctx", "strm", "prefill", "×", "decode", "×", "total",
-                "×", "TTFT"):  # fmt: skip
+                "×", "TTFT"):
         table.add_column(col, justify="left" if not col else "right")
     for r in rows:
         p = r.point
         head = ["*" if p.baseline else "", str(p.threads), str(p.n_batch), str(p.n_ctx),
-                str(p.concurrency)]  # fmt: skip
+                str(p.concurrency)]
         if r.error:
             table.add_row(*head, "[red]failed[/]", "", safe_text(r.error[:40]), "", "", "", "")
             continue
@@ -70,7 +70,7 @@ def _table(rows: list[Row]) -> None:
             _rate(r.total_tps), _times(r.ratio(base, 'total_tps')),
             f"{r.ttft_s * 1000:.0f}ms",
             style="bold" if p.baseline else None,
-        )  # fmt: skip
+        )
     out.print(table)
     out.print(
         "decode: t/s of one stream (mean); total: t/s of all streams together; "
@@ -123,7 +123,7 @@ def benchmark(
 
     pts = points(parse_list(threads or _default_threads(), "--threads"),
                  parse_list(batch, "--batch"), parse_list(ctx, "--ctx"),
-                 parse_list(concurrency, "--concurrency"))  # fmt: skip
+                 parse_list(concurrency, "--concurrency"))
     if chart is not None and chart.suffix.lower() != ".png":
         raise UsageError(f"--chart writes a PNG: give a file name ending in .png, not {chart}")
     if chart is not None and not chart.parent.is_dir():
@@ -131,7 +131,7 @@ def benchmark(
     spec = load_spec(resolve_model(model))
     progress = Progress(TextColumn("[bold]benchmark[/]"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.description}"), console=err,
-                        transient=True)  # fmt: skip
+                        transient=True)
     with progress:
         task = progress.add_task("starting", total=len(pts))
 
@@ -145,7 +145,7 @@ def benchmark(
         from inferenceos.tuning.chart import write_chart
 
         write_chart(rows, chart, f"{spec.path.name}: {prompt_tokens} prompt + {gen_tokens} "
-                                 "generated tokens per stream")  # fmt: skip
+                                 "generated tokens per stream")
     if as_json:
         base = rows[0]
         print_json({
@@ -156,7 +156,7 @@ def benchmark(
             "baseline": base.to_json(),
             "rows": [r.to_json(base) for r in rows],
             "chart": str(chart) if chart is not None else None,
-        })  # fmt: skip
+        })
     else:
         _table(rows)
         if chart is not None:

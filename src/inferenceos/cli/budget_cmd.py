@@ -56,7 +56,7 @@ def budget(
     else:
         assert size is not None
         data = fetch(base, "/api/budget", key,
-                     data={"device": device.strip(), "bytes": parse_cap(size)})  # fmt: skip
+                     data={"device": device.strip(), "bytes": parse_cap(size)})
     if as_json:
         print_json(data)
         return
@@ -71,9 +71,9 @@ def _table(data: dict[str, Any], changed: str | None) -> None:
         name = safe_text(d["name"])
         table.add_row(f"[bold]{name}[/bold]" if d["name"] == changed else name,
                       fb(d.get("used_bytes") or 0), fb(free) if free is not None else "?",
-                      fb(cap) if cap is not None else "-")  # fmt: skip
+                      fb(cap) if cap is not None else "-")
     out.print(table)
     p = data.get("pressure")
     if changed and p:
         out.print(f"models over a cap migrate down within {p['dwell_s']:g} s "
-                  "(watch with `inferenceos monitor`)")  # fmt: skip
+                  "(watch with `inferenceos monitor`)")

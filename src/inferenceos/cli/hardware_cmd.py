@@ -137,7 +137,7 @@ def _worker_json(w: Any) -> dict[str, Any]:
         "info": w.info.to_json() if w.info else None,
         "link": {"rtt_s": w.link.rtt_s, "bandwidth_gbps": w.link.bandwidth_gbps,
                  "cached": w.link_cached} if w.link else None,
-    }  # fmt: skip
+    }
 
 
 def _print_workers(workers: list[Any]) -> None:

@@ -95,7 +95,7 @@ def _print_projector(pf: ProjectorFacts, sha: str | None) -> None:
             f"{enc.block_count} blocks{run} · width {enc.embedding_length} · ffn "
             f"{enc.feed_forward_length} · {enc.head_count} heads · "
             f"{format_bytes(enc.layer_bytes)}",
-        ))  # fmt: skip
+        ))
     if pf.has_vision:
         size = f"{pf.image_size} px" if pf.image_size else "dynamic"
         merge = f" · {pf.n_merge}x{pf.n_merge} merge" if pf.n_merge > 1 else ""
@@ -104,7 +104,7 @@ def _print_projector(pf: ProjectorFacts, sha: str | None) -> None:
         rows.append(("tokens per image", f"{pf.tokens_per_image}{exact}"))
     rows.append(("audio", f"yes, {pf.n_mel_bins} mel bins"
                  + (f", {pf.audio_sample_rate} Hz" if pf.audio_sample_rate else "")
-                 if pf.has_audio else "no"))  # fmt: skip
+                 if pf.has_audio else "no"))
     rows.append(("adapter", format_bytes(pf.projector_bytes)))
     rows.append(("output embedding", str(pf.output_embedding or "unknown")))
     if sha:

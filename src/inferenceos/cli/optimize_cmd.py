@@ -48,16 +48,16 @@ def _report(result: SearchResult) -> None:
 
     # compact enough for an 80-column terminal; errors in full are in --json
     table = Table(title="search trials (t/s)", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)  # fmt: skip
+                  pad_edge=False, collapse_padding=True)
     for col in ("dimension", "settings", "prefill", "decode", ""):
         table.add_column(col, justify="right" if col in ("prefill", "decode") else "left",
-                         no_wrap=col == "settings")  # fmt: skip
+                         no_wrap=col == "settings")
     for t in result.trials:
         if t.phase != "search":
             continue
         status = "refused" if t.error else "stopped" if t.stopped_early else ""
         table.add_row(t.dimension, t.knobs.label(), f"{t.prefill_tps:,.1f}",
-                      f"{t.decode_tps:,.1f}" if t.decode_tokens else "—", status)  # fmt: skip
+                      f"{t.decode_tps:,.1f}" if t.decode_tokens else "—", status)
     if table.row_count:
         out.print(table)
     base, best, r = result.baseline_measured, result.best_measured, result.ratios
@@ -67,7 +67,7 @@ def _report(result: SearchResult) -> None:
     )
     out.print(f"best                           {result.best.label()}\n"
               f"  prefill {best['prefill_tps']:,.1f} t/s ({r['prefill']:.2f}x) · decode "
-              f"{best['decode_tps']:,.1f} t/s ({r['decode']:.2f}x)", style="bold")  # fmt: skip
+              f"{best['decode_tps']:,.1f} t/s ({r['decode']:.2f}x)", style="bold")
     for note in result.notes:
         out.print(f"note: {note}", style="yellow")
     stopped = sum(t.stopped_early for t in result.trials)
@@ -78,7 +78,7 @@ def _report(result: SearchResult) -> None:
               f"early as hopeless, {failed} refused by llama.cpp){conf}; "
               f"{'search complete' if result.ended == 'searched' else 'budget reached'}. "
               "Stored as this machine's best settings for the model: `run` and `serve` "
-              "use them.", style="dim")  # fmt: skip
+              "use them.", style="dim")
 
 
 def optimize(
@@ -113,7 +113,7 @@ def optimize(
     progress = Progress(TextColumn("[bold]optimize[/]"), BarColumn(), TimeElapsedColumn(),
                         TextColumn("/ {task.total:.0f} s · {task.fields[trials]} trials · "
                                    "{task.description}"),
-                        console=err, transient=True)  # fmt: skip
+                        console=err, transient=True)
     with progress:
         task = progress.add_task("baseline", total=budget, trials=0)
         count = 0
@@ -126,10 +126,10 @@ def optimize(
             records.trial(path, sid, res)
             what = f"{res.phase} {res.dimension} {res.knobs.label()}".replace("  ", " ")
             progress.update(task, completed=min(elapsed, budget), trials=count,
-                            description=safe_text(what))  # fmt: skip
+                            description=safe_text(what))
 
         result = search(path, budget_s=budget, has_gpu=has_gpu, n_layers=spec.block_count,
-                        on_trial=on_trial)  # fmt: skip
+                        on_trial=on_trial)
     stored = result.compared > 0  # a best that no trial was compared with is no best
     if stored:
         records.best(path, sid, result)

@@ -56,7 +56,7 @@ def placement(
         hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
     )
     pred = simulate_model(model, machine, 512, 128, ctx, "f16", threads,
-                          kv_quality=kv_quality, explain=explain)  # fmt: skip
+                          kv_quality=kv_quality, explain=explain)
     plan = pred.plan
     if as_json:
         print_json(plan.to_json())
@@ -77,7 +77,7 @@ def _alternatives(decode_tps: float, prefill_tps: float, plan: Plan) -> None:
         t.add_column(col)
     mem = ", ".join(f"{d} {format_bytes(b)}" for d, b in plan.memory.by_device.items())
     t.add_row("chosen", plan.summary().removeprefix("plan: "), f"{decode_tps:.1f}",
-              f"{prefill_tps:.0f}", mem)  # fmt: skip
+              f"{prefill_tps:.0f}", mem)
     for a in plan.alternatives:
         mem = ", ".join(f"{d} {format_bytes(b)}" for d, b in a["memory_by_device"].items())
         t.add_row("", a["label"], f"{a['decode_tps']:.1f}", f"{a['prefill_tps']:.0f}", mem)

@@ -66,4 +66,4 @@ def load_request(
         threads=threads or int(cfg.get("run.threads") or 0),
         gpu_layers=gpu_layers, backend=backend, type_k=cache_type_k, type_v=cache_type_v,
         policy=policy, kv_quality=kv_quality, **budget_caps(rpc, ram, gpu_memory), **more,
-    )  # fmt: skip
+    )

@@ -22,7 +22,7 @@ def plugins(
          kv_policies.available_policies()),
         ("drafters", "Drafters", speculative.ENTRY_POINT_GROUP,
          drafters.available_drafters()),
-    ]  # fmt: skip
+    ]
     if as_json:
         print_json({key: found for key, _, _, found in groups})
         return

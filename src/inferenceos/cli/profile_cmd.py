@@ -91,9 +91,9 @@ def profile(
     for r in data["phases"]:
         table.add_row(r["phase"], str(r["steps"]), f"{r['total_s'] * 1000:,.1f}",
                       f"{r['mean_ms']:,.2f}", f"{r['max_ms']:,.2f}",
-                      f"{r['share'] * 100:.1f} %")  # fmt: skip
+                      f"{r['share'] * 100:.1f} %")
     out.print(table)
     out.print(f"prompt {data['prompt_tokens']} tok at {data['prefill_tps']:,.1f} t/s · "
               f"generated {data['completion_tokens']} tok at {data['decode_tps']:,.1f} t/s · "
-              f"total {data['total_s']:.2f} s")  # fmt: skip
+              f"total {data['total_s']:.2f} s")
     err.print(f"report written to {output}", style="dim")

@@ -286,7 +286,7 @@ def serve(
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
         ram=ram, gpu_memory=gpu_memory,
         flash_attn=False if _reads_attention(kv_policy) else None,
-    )  # fmt: skip
+    )
     base.validate()
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
     manager_pins = [catalog.resolve(p).name for p in pinned]
@@ -299,7 +299,7 @@ def serve(
         base=base, slots=parallel, keep_alive_s=keep_alive,
         max_loaded=max_models or None, pinned=manager_pins,
         on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False),
-    )  # fmt: skip
+    )
     cert_file, key_file = _tls_files(tls_cert, tls_key)
     if not settings.on_loopback and not settings.api_key:
         err.print(_LOCAL_WARNING.format(host=settings.host), style="bold red")

@@ -135,7 +135,7 @@ def simulate(
             model, machine, prompt_tokens, output_tokens, ctx, cache_type, threads,
             policy=policy, local=local, image_tokens=image_tokens, mmproj=mmproj,
             kv_quality=kv_quality, explain=as_json,
-        )  # fmt: skip
+        )
         if draft:
             pred = _with_draft(pred, draft, task, learned=local)
     except PlanRefused as exc:
@@ -212,7 +212,7 @@ def simulate_model(
         path, machine, w, threads=threads, type_k=cache_type, type_v=cache_type,
         calibration=cal, policy=choice, cpu_load=None if threads else load, mmproj=projector,
         kv_quality=kv_quality, explain=explain,
-    )  # fmt: skip
+    )
 
 
 def _busy_now(cal: Any, load: Any, threads: int) -> Any:
@@ -228,7 +228,7 @@ def _busy_now(cal: Any, load: Any, threads: int) -> Any:
     return replace(cal, decode_scale=cal.decode_scale * share,
                    prefill_scale=cal.prefill_scale * share,
                    source=f"{cal.source}; x{share:.2f}: other processes busy on "
-                   f"{load.busy_others:.1f} of {load.usable_cpus} CPUs now")  # fmt: skip
+                   f"{load.busy_others:.1f} of {load.usable_cpus} CPUs now")
 
 
 def _encoder_rows(p: Prediction) -> list[tuple[str, str]]:
@@ -273,7 +273,7 @@ def _draft_rows(p: Prediction) -> list[tuple[str, str]]:
     why = ("drafting does not pay: plain decoding" if d.speedup <= 1.0 else
            f"acceptance {d.acceptance:.2f}, {d.tokens_per_step:.2f} tokens per step")
     return [(f"decode, {name} drafts", f"{p.draft_decode_tps:.1f} tokens/s "
-             f"(x{d.speedup:.2f}: {why}; {d.basis})")]  # fmt: skip
+             f"(x{d.speedup:.2f}: {why}; {d.basis})")]
 
 
 def _policy_json(p: Prediction) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def worker(
     cfg = WorkerConfig(
         host=host, port=port, mem=parse_size(mem) if mem else None, threads=threads,
         device=device, allow_remote=allow_remote, info_port=info_port,
-    )  # fmt: skip
+    )
 
     def say(line: str) -> None:
         (err if line.startswith("WARNING") else out).print(

@@ -81,7 +81,7 @@ def local_devices() -> list[LocalDevice]:
         out.append(LocalDevice(
             i, (name(dev) or b"").decode(), (desc(dev) or b"").decode(),
             DEVICE_TYPES.get(dtype(dev), "other"), free.value, total.value, int(dev),
-        ))  # fmt: skip
+        ))
     return out
 
 
@@ -117,7 +117,7 @@ def start_rpc_server(endpoint: str, devices: list[LocalDevice], threads: int) ->
     rpc = _load("ggml-rpc")
     size = ctypes.c_size_t
     start = _sig(rpc, "ggml_backend_rpc_start_server", None,
-                 ctypes.c_char_p, ctypes.c_char_p, size, size, _P)  # fmt: skip
+                 ctypes.c_char_p, ctypes.c_char_p, size, size, _P)
     arr = (ctypes.c_void_p * len(devices))(*[d.handle for d in devices])
     start(endpoint.encode(), None, max(1, threads), len(devices), ctypes.cast(arr, _P))
 

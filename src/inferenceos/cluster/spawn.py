@@ -52,12 +52,12 @@ def spawn_worker(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     cmd = [*prefix, sys.executable, "-m", "inferenceos", "worker", "--host", host,
-           "--port", str(port), "--threads", str(threads), *extra]  # fmt: skip
+           "--port", str(port), "--threads", str(threads), *extra]
     if mem:
         cmd += ["--mem", mem]
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                            stdin=subprocess.DEVNULL)  # fmt: skip
+                            stdin=subprocess.DEVNULL)
     ep = Endpoint(host, port)
     deadline = time.monotonic() + timeout
     while True:

@@ -128,7 +128,7 @@ def describer(cfg: WorkerConfig, devices: list[ggml.LocalDevice], threads: int
             rpc_port=cfg.port, devices=out, threads=threads, mem_cap_bytes=cfg.mem,
             ram_read_gbps=ram_gbps, busy=rpc_clients(cfg.port) > 0, version=__version__,
             host_id=here,
-        )  # fmt: skip
+        )
 
     return describe
 

@@ -108,7 +108,7 @@ def per_slot(settings: LoadSettings, n_parallel: int) -> LoadSettings:
     (slots busy in any order, prefill next to decode) ran 20 % slower
     (benchmarks/serve_load.py, docs/engine.md)."""
     return replace(settings, n_ctx=settings.n_ctx * n_parallel, n_seq_max=n_parallel,
-                   kv_unified=True)  # fmt: skip
+                   kv_unified=True)
 
 
 class EngineBase(ABC):
@@ -163,11 +163,11 @@ class EngineBase(ABC):
         """
         sampling.validate()
         return self._start(Generate(prompt, sampling, kv_policy, draft, tuple(media),
-                                    progress), cancel)  # fmt: skip
+                                    progress), cancel)
 
     def _follow(self, next_event: Callable[[], FromWorker | None],
                 cancel: threading.Event | None, gen: Generation,
-                end: Callable[[bool], None]) -> Iterator[TokenEvent]:  # fmt: skip
+                end: Callable[[bool], None]) -> Iterator[TokenEvent]:
         """The TokenEvents of one request: `next_event()` gives its next event (None:
         none yet, look at `cancel` and ask again); `end(finished)` runs when the stream
         stops, with False when it stopped before its Finished / Failed (closed early
@@ -197,7 +197,7 @@ class EngineBase(ABC):
         the model's template, or the named built-in one (which takes no tools)."""
         bos, eos = self._special_texts()
         text, _ = render_chat(self.spec.chat_template, messages, bos_token=bos,
-                              eos_token=eos, builtin=template, tools=tools)  # fmt: skip
+                              eos_token=eos, builtin=template, tools=tools)
         return text
 
     def __enter__(self: _E) -> _E:

@@ -220,7 +220,7 @@ class LinkWatchdog:
 
         waited = self._misses * self._period
         text = (f"RPC worker {address} unreachable: no answer for {waited:.0f} s "
-                "(lost power or network?)")  # fmt: skip
+                "(lost power or network?)")
         import contextlib
         import sys
 

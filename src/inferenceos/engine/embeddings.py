@@ -77,7 +77,7 @@ class Embedder:
             bad = next((t for t in text if not 0 <= t < lm.n_vocab), None)
             if bad is not None:
                 raise UsageError(f"token id {bad} is outside the vocabulary "
-                                 f"(0..{lm.n_vocab - 1})")  # fmt: skip
+                                 f"(0..{lm.n_vocab - 1})")
         tokens = list(text) if isinstance(text, list) else lm.tokenize(text)
         if len(tokens) > limit:
             raise UsageError(f"a text has {len(tokens)} tokens; embeddings take at most {limit}")

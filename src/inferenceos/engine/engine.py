@@ -105,7 +105,7 @@ class Engine(EngineBase):
                            mmproj_device=mmproj_device, kv_cache_ram=kv_cache_ram,
                            kv_cache_disk=kv_cache_disk,
                            kv_cache_dir=Path(kv_cache_dir) if kv_cache_dir
-                           else None)  # fmt: skip
+                           else None)
         self._current = CurrentWorker(cfg, start_timeout)
 
     # -- worker lifecycle --------------------------------------------------------------
@@ -274,7 +274,7 @@ class Engine(EngineBase):
     def migrate(
         self, settings: LoadSettings, n_parallel: int | None = None,
         make_before_break: bool = True,
-    ) -> MigrateInfo:  # fmt: skip
+    ) -> MigrateInfo:
         """Move this engine to a new worker loaded with `settings` (n_ctx per sequence,
         as the constructor takes it), carrying every running and queued request across
         mid-stream; the Engine object stays the same.

@@ -54,7 +54,7 @@ class Executor:
         for p in sorted(plan.prefills, key=lambda p: not p.last):
             n = len(p.tokens)
             rs = [b.add(tok, p.start + i, p.key, p.last and i == n - 1)
-                  for i, tok in enumerate(p.tokens)]  # fmt: skip
+                  for i, tok in enumerate(p.tokens)]
             rows.by_slot.setdefault(p.key, []).extend(rs)
             if p.last:
                 rows.prefill_last[p.key] = rs[-1]

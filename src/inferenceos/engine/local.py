@@ -71,11 +71,11 @@ class LocalEngine(EngineBase):
         self._media = None
         try:
             self._media = open_encoder(self._lm, Path(mmproj) if mmproj else None,
-                                       mmproj_gpu, mmproj_device)  # fmt: skip
+                                       mmproj_gpu, mmproj_device)
             self._sched = Scheduler(self._lm, n_parallel, total.n_batch, kv_policy,
                                     max_queue=max_queue,
                                     policy_options=policy_options(self.spec),
-                                    draft=draft, media=self._media)  # fmt: skip
+                                    draft=draft, media=self._media)
         except BaseException:
             if self._media is not None:
                 self._media.close()
@@ -166,7 +166,7 @@ class LocalEngine(EngineBase):
             req_id = next(self._ids)
             req = prompt_request(req_id, msg.prompt, msg.sampling, lm, self._media, msg.media,
                                  kv_policy=msg.kv_policy, draft=msg.draft,
-                                 progress=msg.progress)  # fmt: skip
+                                 progress=msg.progress)
             try:
                 self._sched.submit(req)
             except BaseException:
@@ -180,7 +180,7 @@ class LocalEngine(EngineBase):
             with self._lock:
                 if not finished and not self._closed:  # closed early or cancelled
                     ended = [ev.metrics for ev in self._sched.cancel(req_id)
-                             if isinstance(ev, Finished)]  # fmt: skip
+                             if isinstance(ev, Finished)]
                     cut = self._cut.get(req_id) or (ended[0] if ended else None)
                     if cut is not None:
                         _keep_measured(gen, cut, self.load_s)

@@ -210,4 +210,4 @@ def open_encoder(lm: Any, mmproj: Path | None, use_gpu: bool,
     from inferenceos.engine.session import default_threads
 
     return MediaEncoder(Path(mmproj), lm.model, lm.settings.n_threads or default_threads(),
-                        use_gpu, device)  # fmt: skip
+                        use_gpu, device)

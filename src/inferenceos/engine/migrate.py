@@ -76,7 +76,7 @@ class LiveState:
     @property
     def kv_bytes(self) -> int:
         return sum(len(s.kv or b"") for s in self.running) + sum(
-            len(b) for _, b in self.prefixes)  # fmt: skip
+            len(b) for _, b in self.prefixes)
 
 
 def _accepted(seq: Sequence) -> list[int]:
@@ -120,7 +120,7 @@ def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
             utf8=out._utf8.getstate(), stop_held=out._stops._held,
             stop_stopped=out._stops.stopped, t_start=out._t_start, t_first=out._t_first,
             steps=out._steps, accepted=_accepted(seq),
-        ))  # fmt: skip
+        ))
         if seq.spec is not None:
             seq.spec.drafter.release(seq.slot.index)
         seq.sampler.close()

@@ -70,7 +70,7 @@ def _head_type(path: str, size: int, mtime_ns: int) -> str | None:
 
 
 def shape_drafts(drafts: Sequence[Sequence[int]], wanted: Sequence[int], other_rows: int,
-                 multiple: int) -> list[list[int]]:  # fmt: skip
+                 multiple: int) -> list[list[int]]:
     """The drafts cut so that the step's logit rows, `other_rows` plus one row per
     drafting sequence and one per draft token, are a multiple of `multiple`.
 

@@ -148,7 +148,7 @@ class SamplerChain:
         if not g:
             raise UsageError("the grammar does not parse (GBNF with a 'root' rule expected)"
                              + (" or a trigger pattern is not a regex" if p.grammar_triggers
-                                else ""))  # fmt: skip
+                                else ""))
         return g
 
     def _stages(self, p: SamplingParams) -> list[Any]:
@@ -164,7 +164,7 @@ class SamplerChain:
                     n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
                     p.presence_penalty,
                 )
-            )  # fmt: skip
+            )
         if p.temperature == 0:
             stages.append(ll.llama_sampler_init_greedy())
             return stages
@@ -190,13 +190,13 @@ class SamplerChain:
             return int(ll.llama_sampler_sample(self.ptr, ctx, idx))
         if not self._n_vocab:
             self._n_vocab = int(ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(
-                ll.llama_get_model(ctx))))  # fmt: skip
+                ll.llama_get_model(ctx))))
         logits = candidates.logits_row(ll, ctx, idx, self._n_vocab)
         if self._fast == "greedy":
             token = int(logits.argmax())  # the first maximum, as llama.cpp's greedy picks
         else:
             token = candidates.sample_from(ll, self.ptr, logits,
-                                           candidates.top_k_ids(logits, self._top_k))  # fmt: skip
+                                           candidates.top_k_ids(logits, self._top_k))
         ll.llama_sampler_accept(self.ptr, token)
         return token
 

@@ -56,7 +56,7 @@ def _logits_rows(lm: LoadedModel, tokens: list[int], first_row: int) -> np.ndarr
                 decode_failed(rc)
                 raise GenerationError("llama_decode failed while re-scoring")
             rows += [lm.logits_row(j - start).copy()
-                     for j in range(max(start, first_row), start + batch.n)]  # fmt: skip
+                     for j in range(max(start, first_row), start + batch.n)]
     finally:
         batch.close()
     return np.stack(rows)
@@ -111,7 +111,7 @@ def greedy_agreement(
 
 def _lone_run(engine: Engine, prompt: list[int], n: int) -> list[TokenEvent]:
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True,
-                            logprobs=MAX_TOP_LOGPROBS)  # fmt: skip
+                            logprobs=MAX_TOP_LOGPROBS)
     return [ev for ev in engine.generate(prompt, params) if ev.token >= 0]
 
 

@@ -39,7 +39,7 @@ _SCALAR = {
     GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
     GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
     GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
-}  # fmt: skip
+}
 # per-token metadata arrays that must be cut with the vocabulary
 _VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -165,7 +165,7 @@ def build_self_draft(model: Path, out: Path, keep: float = 0.83, vocab: int = 0)
             if flags is not None:  # which kept layer is local: by its old index
                 w.add_key_value(f"{arch}.attention.sliding_window_pattern",
                                 [flags[i] for i in layers], GGUFValueType.ARRAY,
-                                GGUFValueType.UINT32)  # fmt: skip
+                                GGUFValueType.UINT32)
             if cut < n_vocab and not any(k == "tokenizer.ggml.unknown_token_id" for k, *_ in kvs):
                 w.add_key_value("tokenizer.ggml.unknown_token_id", 0, GGUFValueType.UINT32)
             for t in info.tensors:

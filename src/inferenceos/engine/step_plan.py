@@ -132,7 +132,7 @@ def media_step(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int) -> StepPl
             continue
         end = span.end if span.atomic else min(span.end, s.n_prefilled + min(budget, max_tokens))
         work = MediaWork(s.key, s.n_prefilled, tuple(s.prompt[s.n_prefilled:end]),
-                         end == len(s.prompt), span)  # fmt: skip
+                         end == len(s.prompt), span)
         return StepPlan(media=work)
     return StepPlan()
 
@@ -166,6 +166,6 @@ def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int,
                 and _span_at(s, end - 1) is None):
             end -= 1  # the last prompt token in a step of its own (module doc, 2.)
         prefills.append(PrefillWork(s.key, s.n_prefilled, tuple(s.prompt[s.n_prefilled:end]),
-                                    end == len(s.prompt)))  # fmt: skip
+                                    end == len(s.prompt)))
         left -= end - s.n_prefilled
     return StepPlan(tuple(decodes), tuple(prefills))

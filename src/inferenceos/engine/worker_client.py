@@ -89,7 +89,7 @@ class WorkerClient:
             from inferenceos.engine.devices import abort_note
 
             died = (f"the model worker died (exit code {self.proc.exitcode})"
-                    + abort_note(self.proc.pid or 0))  # fmt: skip
+                    + abort_note(self.proc.pid or 0))
             for rid, q in self.pending.items():
                 q.put(Failed(rid, "WorkerDiedError", died))
 

@@ -62,7 +62,7 @@ class MigrateInfo(TypedDict):
 def migrate(
     current: CurrentWorker, settings: LoadSettings, n_parallel: int | None = None,
     make_before_break: bool = True,
-) -> MigrateInfo:  # fmt: skip
+) -> MigrateInfo:
     """Move `current`'s requests to a new worker loaded with `settings` (n_ctx per
     sequence) and `n_parallel` slots (by default as many as now), mid-stream; see the
     module doc. Returns "pause_s" (the token stream's gap), "seconds" (the whole
@@ -95,11 +95,11 @@ def migrate(
                        ended=counts.get("ended", 0), prefixes=counts.get("prefixes", 0),
                        pause_s=pause, seconds=time.perf_counter() - t0,
                        load_s=float(new.info["load_s"]), moved=len(state.ids),
-                       kv_bytes=state.kv_bytes)  # fmt: skip
+                       kv_bytes=state.kv_bytes)
 
 
 def _make(current: CurrentWorker, cfg: WorkerConfig,
-          shares: tuple[int, int] | None) -> WorkerClient:  # fmt: skip
+          shares: tuple[int, int] | None) -> WorkerClient:
     """Make before break's first half, while the old worker keeps generating: the new
     worker on `cfg`, loaded and warmed up on its share of the cores (`shares`: old,
     new; None: no sharing). On any failure the old worker is left as it was."""
@@ -125,7 +125,7 @@ def _hand_over(current: CurrentWorker, old: WorkerClient, new: WorkerClient | No
     becomes the current worker. Returns it and its import counts."""
     with old.lock:  # the streams' queues follow their requests
         moved = {rid: q for rid in state.ids
-                 if (q := old.pending.pop(rid, None)) is not None}  # fmt: skip
+                 if (q := old.pending.pop(rid, None)) is not None}
     if new is None:
         old.shutdown()
         new, cfg = _restart(current, cfg, moved)
@@ -137,7 +137,7 @@ def _hand_over(current: CurrentWorker, old: WorkerClient, new: WorkerClient | No
 
 
 def _abort_make(current: CurrentWorker, new: WorkerClient | None,
-                shares: tuple[int, int] | None) -> None:  # fmt: skip
+                shares: tuple[int, int] | None) -> None:
     """A make-before-break that failed before the switch: the new worker goes, the
     old one (still serving) gets its threads back."""
     if new is not None:
@@ -165,7 +165,7 @@ def _warm(current: CurrentWorker, worker: WorkerClient) -> None:
 
 
 def _restart(current: CurrentWorker, cfg: WorkerConfig,
-             moved: dict[int, Replies]) -> tuple[WorkerClient, WorkerConfig]:  # fmt: skip
+             moved: dict[int, Replies]) -> tuple[WorkerClient, WorkerConfig]:
     """Break before make: a worker on `cfg`, else on the old settings again; if both
     fail, the moved streams end with the error (never a hang)."""
     try:
@@ -180,7 +180,7 @@ def _restart(current: CurrentWorker, cfg: WorkerConfig,
 
 
 def _core_shares(old: LoadSettings, new: LoadSettings,
-                 cores: int | None = None) -> tuple[int, int] | None:  # fmt: skip
+                 cores: int | None = None) -> tuple[int, int] | None:
     """Threads for (the old worker, the new one) while the new one loads and warms up
     beside the generating one, or None when the cores hold both as they are.
 

@@ -119,7 +119,7 @@ def measure_disk_read(directory: Path, file_bytes: int = DISK_FILE_BYTES) -> Dis
         drop_cached(path)  # the sequential pass cached it: random reads start cold again
         rnd, _ = measure_random_read(path, direct=method == "o_direct")
         return DiskResult(round(n / seconds / 1e9, 3), method, filesystem_type(directory), n,
-                          rnd)  # fmt: skip
+                          rnd)
     finally:
         with contextlib.suppress(OSError):
             path.unlink()

@@ -84,4 +84,4 @@ def _start_speed_probe(warnings: list[str]) -> SpeedProbe | None:
     from inferenceos.paths import cache_dir, data_dir
 
     return start_llama_speed(data_dir() / "hardware", warnings, model_dir=cache_dir() / "probe",
-                             model=default_model_if_ready())  # fmt: skip
+                             model=default_model_if_ready())

@@ -36,7 +36,7 @@ def drop_cached(path: Path) -> None:
 def measure_random_read(
     path: Path, direct: bool = False, block: int = RANDOM_BLOCK,
     budget_s: float = RANDOM_BUDGET_S, seed: int = 0,
-) -> tuple[float, int]:  # fmt: skip
+) -> tuple[float, int]:
     """(GB/s, bytes read) reading `block`-sized pieces of `path` at shuffled offsets,
     each piece once, until the file or `budget_s` runs out. The caller has dropped the
     file from the page cache (or passes `direct` to bypass it)."""

@@ -188,7 +188,7 @@ class SpeedProbe:
     `finish(threads)` has it time prefill and decode with that many threads."""
 
     def __init__(self, proc: subprocess.Popen[str], path: Path, model: Path, real: bool,
-                 start: float, warnings: list[str]) -> None:  # fmt: skip
+                 start: float, warnings: list[str]) -> None:
         self.proc, self.path, self.model, self.real = proc, path, model, real
         self.start, self.warnings = start, warnings
 
@@ -278,7 +278,7 @@ def start_llama_speed(
             [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
     except (OSError, ValueError, ImportError) as exc:
         warnings.append(f"llama.cpp speed probe: {exc}")
         return None

@@ -90,7 +90,7 @@ class PressureSensor:
     """Samples its sources (thread-safe); `inject` overrides a device (test hook)."""
 
     def __init__(self, sources: Iterable[Source] = (ram_source,),
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.sources = list(sources)
         self._clock = clock
         self._injected: dict[str, DeviceMemory] = {}

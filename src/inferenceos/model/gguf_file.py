@@ -316,7 +316,7 @@ def _read_tensors(
         n_bytes = _tensor_bytes(name, shape, ggml_type)
         if rel > data_size or n_bytes > data_size - rel:
             past = (f"tensor {name!r} data [{rel}, {rel + n_bytes}) lies past the end of "
-                    f"the data section ({data_size} bytes)")  # fmt: skip
+                    f"the data section ({data_size} bytes)")
             need = _packed_end(raw, alignment)
             if need is None or rel > data_size:
                 raise GGUFFormatError(past)

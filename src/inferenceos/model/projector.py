@@ -343,7 +343,7 @@ def projector_from_gguf(gf: GGUFFile) -> ProjectorFacts:
     embed = [
         t for t in gf.tensors
         if not t.name.startswith("mm.") and not _LAYER.match(t.name)
-    ]  # fmt: skip
+    ]
     ft = gf.metadata.get("general.file_type")
     return ProjectorFacts(
         path=gf.path,

@@ -116,7 +116,7 @@ def probe_calibration(
     ctx = ContextSettings(
         n_ctx=speed.n_ctx, n_batch=speed.n_ubatch, n_ubatch=speed.n_ubatch,
         flash_attn=speed.flash_attn,
-    )  # fmt: skip
+    )
     pl = place(facts, m, ctx, {})
     n_past = speed.prompt_tokens + speed.decode_tokens // 2
     t_dec = speed.decode_s / max(speed.decode_tokens, 1)

@@ -90,10 +90,10 @@ def self_calibrate(notice: Callable[[str], None]) -> Calibration | None:
     took = time.monotonic() - t
     if cal is not None:
         notice(f"calibrated this machine in {took:.1f} s for predictions (first use: the "
-               "`inferenceos hardware` probe, now cached)")  # fmt: skip
+               "`inferenceos hardware` probe, now cached)")
     else:
         notice(f"could not calibrate this machine ({took:.1f} s): predictions use "
-               "uncalibrated defaults")  # fmt: skip
+               "uncalibrated defaults")
     return cal
 
 
@@ -189,7 +189,7 @@ def load_calibration(
             prefill_tps=r.prefill_tps, memo=memo,
             # a drafted run's decode is not the model's plain speed (plan/speculative.py)
             decode_tps=None if drafted else r.decode_tps,
-        )  # fmt: skip
+        )
         if o is not None:  # as if the machine had been quiet (plan.calibration.core_share)
             contention = r.extra.get("contention") if isinstance(r.extra, dict) else None
             share = core_share(contention, r.threads or machine.cpu.threads)
@@ -197,7 +197,7 @@ def load_calibration(
                 o = replace(
                     o, decode_ratio=None if o.decode_ratio is None else o.decode_ratio / share,
                     prefill_ratio=None if o.prefill_ratio is None else o.prefill_ratio / share,
-                )  # fmt: skip
+                )
             obs.append(o)
     learned = fit_learned(obs, target, quant_family(facts), threads)
     return with_learned(base, learned)

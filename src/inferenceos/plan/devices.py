@@ -376,11 +376,11 @@ def with_workers(machine: Machine, rpc: Any, refresh: bool = False) -> Machine:
     local_gpus = [d for d in machine.accelerators if not d.is_remote]
     asked = {ep.device_name() for ep in endpoints}  # asked again: their old entries go
     old_remote = [d for d in machine.accelerators
-                  if d.is_remote and d.name.split("#")[0] not in asked]  # fmt: skip
+                  if d.is_remote and d.name.split("#")[0] not in asked]
     return replace(
         machine, devices=(machine.cpu, *old_remote, *remote, *local_gpus),
         notes=tuple(notes), lost=tuple(lost),
-    )  # fmt: skip
+    )
 
 
 def _worker_devices(probe: Any, notes: list[str]) -> list[Device]:
@@ -390,7 +390,7 @@ def _worker_devices(probe: Any, notes: list[str]) -> list[Device]:
     here = bool(info.host_id) and info.host_id == host_id()
     if here:
         notes.append(f"worker {ep.address} runs on this machine: its memory is this "
-                     "machine's RAM and its compute takes this machine's cores")  # fmt: skip
+                     "machine's RAM and its compute takes this machine's cores")
     out = []
     left = ep.mem_cap
     for pos, d in enumerate(info.devices):  # RPC device numbers are positions
@@ -414,7 +414,7 @@ def _worker_devices(probe: Any, notes: list[str]) -> list[Device]:
             tflops=tflops, link_gbps=link.bandwidth_gbps if link else ASSUMED_NET_GBPS,
             threads=info.threads, assumed=tuple(assumed), llama_name=name,
             rtt_s=link.rtt_s if link else ASSUMED_RTT_S, remote_kind=d.type, co_located=here,
-        ))  # fmt: skip
+        ))
         if assumed:
             notes.append(f"{name}: {', '.join(assumed)} assumed (not measured)")
     return out

@@ -191,7 +191,7 @@ def _with_projector(
     pp = place_projector(
         pf, machine, plan.memory, prefer=plan.accelerators, image_tokens=req.image_tokens,
         flash_attn=True,  # mtmd's default "auto" (see plan/projector.py)
-    )  # fmt: skip
+    )
     memory = with_projector(plan.memory, pp)
     ram = machine.cpu.memory_bytes
     if pp.device == "CPU" and memory.by_device.get("CPU", 0) > ram:
@@ -256,7 +256,7 @@ def _plan_text(
         quantize_kv=req.type_k is None and req.type_v is None,
         kv_floor=_kv_floor(req), need_tokens=req.need_tokens + req.image_tokens,
         calibration=cal, objective=_objective(req), explain=req.explain,
-    )  # fmt: skip
+    )
     plan = size_ubatch(facts, machine, plan, cal)
     if req.n_batch:
         ctx = replace(plan.ctx, n_batch=req.n_batch, n_ubatch=min(req.n_batch, plan.ctx.n_ubatch))

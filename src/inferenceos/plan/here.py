@@ -73,7 +73,7 @@ def _with_tuned(plan: Plan, req: LoadRequest) -> Plan:
         ("n_batch", req.n_batch), ("n_ubatch", req.n_batch),
         ("type_k", req.type_k), ("type_v", req.type_v),
         ("flash_attn", req.flash_attn is not None),
-        ("n_gpu_layers", req.gpu_layers is not None)) if asked]  # fmt: skip
+        ("n_gpu_layers", req.gpu_layers is not None)) if asked]
     before = plan.params()
     after, phrase = apply_tuned(plan.model_path, before, pinned)
     changed = tuple((k, v) for k, v in vars(after).items() if getattr(before, k) != v)

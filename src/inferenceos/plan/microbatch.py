@@ -89,4 +89,4 @@ def _accelerators_fit(new: dict[str, int], old: dict[str, int], machine: Machine
 
     budgets = device_budgets(machine)
     return all(used <= max(budgets.get(dev, 0), old.get(dev, 0))
-               for dev, used in new.items() if dev != "CPU")  # fmt: skip
+               for dev, used in new.items() if dev != "CPU")

@@ -80,7 +80,7 @@ class Candidate:
         layers = " + ".join(f"{n} on {d}" for d, n in where.items())
         disk = f", {fb(p.disk_bytes)} on disk" if p.disk_bytes else ""
         return (f"ctx {c.n_ctx}, KV {c.type_k}/{c.type_v}, ubatch {c.n_ubatch}: "
-                f"layers {layers}, head on {p.output_device}{disk}")  # fmt: skip
+                f"layers {layers}, head on {p.output_device}{disk}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -116,11 +116,11 @@ class Optimized:
 def evaluate(
     facts: ModelFacts, machine: Machine, ctx: ContextSettings, placement: Placement,
     cal: Calibration, threads: int, obj: Objective,
-) -> Candidate:  # fmt: skip
+) -> Candidate:
     """`placement` judged by perf.py for `obj` (as simulate.predict evaluates a plan)."""
     mem = estimate(facts, placement, machine, ctx)
     pre = prefill_cost(facts, placement, machine, ctx, obj.prompt_tokens, ctx.n_ubatch, cal,
-                       threads)  # fmt: skip
+                       threads)
     mid = obj.prompt_tokens + obj.output_tokens // 2
     dec = decode_cost(facts, placement, machine, ctx, mid, cal, threads)
     total = pre.seconds + max(obj.output_tokens - 1, 1) * dec.seconds
@@ -160,7 +160,7 @@ def _stream_room(c: Candidate, machine: Machine, facts: ModelFacts) -> bool:
 def solve_context(
     facts: ModelFacts, machine: Machine, ctx: ContextSettings, cal: Calibration,
     threads: int, obj: Objective, allow_disk: bool = False,
-) -> Candidate | None:  # fmt: skip
+) -> Candidate | None:
     """The best placement for `ctx` (None: nothing fits)."""
     parts = layer_parts(facts, ctx)
     if not machine.accelerators:
@@ -226,7 +226,7 @@ def ubatches(ctx: ContextSettings) -> list[ContextSettings]:
 def best_of_level(
     facts: ModelFacts, machine: Machine, level: ContextSettings, cal: Calibration,
     threads: int, obj: Objective, allow_disk: bool, seen: list[Candidate],
-) -> Candidate | None:  # fmt: skip
+) -> Candidate | None:
     """The best candidate over the level's ubatches (each one appended to `seen`).
 
     Pruned exactly: a smaller ubatch makes every placement's prefill slower (more
@@ -242,7 +242,7 @@ def best_of_level(
         if bound is None:  # worth a program only when memory looks slack (else no prune)
             slack = c is not None and _slack(c, machine)
             free = _unbounded(solve_context(facts, _unlimited(machine), ctx, cal, threads, obj)
-                              ) if slack else None  # fmt: skip
+                              ) if slack else None
             bound = free if free is not None else float("inf")
         if c is None:
             continue
@@ -275,7 +275,7 @@ def optimize(
     facts: ModelFacts, machine: Machine, ctx: ContextSettings, *, cal: Calibration,
     threads: int, obj: Objective, pinned_ctx: bool, floor_ctx: int, kv_floor: str = "q4_0",
     quantize_kv: bool = True, allow_disk: bool = True, explain: bool = False,
-) -> Optimized | None:  # fmt: skip
+) -> Optimized | None:
     """The best plan (see the module docstring); None when nothing fits even with
     weights on disk (or disk not allowed)."""
     kv = kv_types_allowed(facts, kv_floor, quantize_kv)
@@ -299,7 +299,7 @@ def optimize(
             return None
         disk_bound = best.placement.disk_bytes > 0
     changes = _changes(facts, machine, levels, given_up, best, cal, threads, obj, allow_disk,
-                       seen)  # fmt: skip
+                       seen)
     alts = _alternatives(facts, machine, best, seen, cal, threads, obj) if explain else ()
     return Optimized(best, tuple(changes), disk_bound, alts)
 
@@ -308,7 +308,7 @@ def _changes(
     facts: ModelFacts, machine: Machine, levels: list[ContextSettings], given_up: int,
     best: Candidate, cal: Calibration, threads: int, obj: Objective, allow_disk: bool,
     seen: list[Candidate],
-) -> list[Change]:  # fmt: skip
+) -> list[Change]:
     """What differs from the asked level, each with why and what keeping it would cost
     (that plan joins `seen`, among the alternatives)."""
     out: list[Change] = []
@@ -318,7 +318,7 @@ def _changes(
         if kept is not None:
             cost = (f"; keeping it would leave {fb(kept.placement.disk_bytes)} of weights on "
                     f"disk: decode {kept.decode_tps:.1f} t/s predicted against "
-                    f"{best.decode_tps:.1f}")  # fmt: skip
+                    f"{best.decode_tps:.1f}")
     devices = ", ".join(d.name for d in machine.devices)
     for prev, cur in itertools.pairwise(levels[: given_up + 1]):
         why = f"no split over {devices} holds {_quality(prev)}{cost}"
@@ -329,14 +329,14 @@ def _changes(
         out.append(Change(
             f"ubatch {asked.n_ubatch} → {best.ctx.n_ubatch}",
             f"a smaller compute buffer (prefill {best.prefill_tps:.0f} t/s predicted)",
-        ))  # fmt: skip
+        ))
     if best.placement.disk_bytes:
         ram = machine.cpu.memory_bytes
         out.append(Change(
             f"{fb(best.placement.disk_bytes)} of weights left on disk (mmap)",
             f"RAM holds {fb(ram)}; the model needs {fb(best.memory.by_device['CPU'])} there "
             f"with every device full",
-        ))  # fmt: skip
+        ))
     return out
 
 
@@ -354,7 +354,7 @@ def _step(prev: ContextSettings, cur: ContextSettings) -> str:
 def _alternatives(
     facts: ModelFacts, machine: Machine, best: Candidate, seen: list[Candidate],
     cal: Calibration, threads: int, obj: Objective, keep: int = 5,
-) -> tuple[Candidate, ...]:  # fmt: skip
+) -> tuple[Candidate, ...]:
     """The best rejected plans: other ubatches and levels tried, the chosen settings
     without each device the plan uses, and all on the CPU (with disk if need be)."""
     pool = [c for c in seen if c is not best]

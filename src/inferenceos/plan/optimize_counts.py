@@ -32,7 +32,7 @@ from inferenceos.plan.placement import LayerParts, Placement, build_placement, o
 def uniform(parts: list[LayerParts]) -> bool:
     """Whether every layer has the same bytes, parameters and KV."""
     key = [(p.dense_bytes, p.expert_bytes, p.dense_params, p.expert_params, p.kv_bytes)
-           for p in parts]  # fmt: skip
+           for p in parts]
     return len(set(key)) <= 1
 
 

@@ -41,7 +41,7 @@ def placements(
         dense = [d.name for d, c in zip(devs, counts, strict=True) for _ in range(c)]
         by_name = {d.name: d for d in devs}
         free = [i for i in range(n) if parts[i].expert_bytes and dense[i] != "CPU"
-                and not by_name[dense[i]].is_remote]  # fmt: skip
+                and not by_name[dense[i]].is_remote]
         heads = ["CPU"] + ([dense[-1]] if n and dense[-1] != "CPU" else [])
         for choice in itertools.product((True, False), repeat=len(free)):
             experts: list[str | None] = [
@@ -57,7 +57,7 @@ def placements(
 def best_exhaustive(
     facts: ModelFacts, machine: Machine, ctx: ContextSettings, cal: Calibration,
     threads: int, obj: Objective, allow_disk: bool = False,
-) -> Candidate | None:  # fmt: skip
+) -> Candidate | None:
     """The lowest-objective placement that fits, by listing them all (None: none fits).
     Raises ValueError past MAX_PLACEMENTS."""
     parts = layer_parts(facts, ctx)
@@ -75,7 +75,7 @@ def best_exhaustive(
 def _with_disk(
     facts: ModelFacts, machine: Machine, ctx: ContextSettings, p: Placement,
     cal: Calibration, threads: int, obj: Objective, allow_disk: bool,
-) -> Candidate | None:  # fmt: skip
+) -> Candidate | None:
     c = evaluate(facts, machine, ctx, p, cal, threads, obj)
     over = c.memory.by_device.get("CPU", 0) - machine.cpu.memory_bytes
     if over > 0 and allow_disk:

@@ -51,7 +51,7 @@ HIGHS_OPTIONS = {
     "mip_heuristic_effort": 0.0, "mip_heuristic_run_feasibility_jump": False,
     "mip_heuristic_run_root_reduced_cost": False, "mip_heuristic_run_zi_round": False,
     "mip_heuristic_run_shifting": False,
-}  # fmt: skip
+}
 
 
 def device_budgets(machine: Machine) -> dict[str, int]:
@@ -113,7 +113,7 @@ class _Model:
                 bounds=Bounds(np.array(self.lb), np.array(self.ub)),
                 constraints=[LinearConstraint(a, lo, hi)],
                 options={"time_limit": time_limit, "mip_rel_gap": 1e-7, **HIGHS_OPTIONS},
-            )  # fmt: skip
+            )
         return res.x if res.x is not None and res.status in (0, 1) else None
 
 
@@ -127,7 +127,7 @@ class _Builder:
     def __init__(
         self, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
         parts: list[LayerParts], terms: tuple[Terms, ...], allow_disk: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.facts, self.machine, self.ctx, self.parts = facts, machine, ctx, parts
         self.terms, self.allow_disk = terms, allow_disk
         self.m = _Model()
@@ -141,11 +141,11 @@ class _Builder:
             (d, i): self.m.var()
             for d in range(1, k) if self.local[d]
             for i in range(n) if parts[i].expert_bytes
-        }  # fmt: skip
+        }
         self.h = {d: self.m.var() for d in range(1, k)}
         self.u = [self.m.var(integer=False) for _ in range(k)]
         self.s = self.m.var(0.0, float(facts.spec.tensor_bytes) if allow_disk else 0.0,
-                            integer=False)  # fmt: skip
+                            integer=False)
 
     def expert_on(self, d: int, i: int) -> dict[int, float]:
         """Linear form of 'layer i's experts are on device d' (d > 0)."""

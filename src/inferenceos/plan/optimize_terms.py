@@ -82,7 +82,7 @@ class Terms:
     def __init__(
         self, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
         parts: list[LayerParts], cal: Calibration, threads: int, ph: Phase,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.facts, self.machine, self.ctx, self.parts = facts, machine, ctx, parts
         self.cal, self.threads, self.ph = cal, threads, ph
         self.frac = routed_fraction(facts)

@@ -213,7 +213,7 @@ def decode_cost(
         # the KV cache (f16) streams at the q8_0-like rate; the weights at their types'
         k = (load.bytes_read * weight + kv_read) / (load.bytes_read + kv_read)
         name, t = _device_time(dev, load.bytes_read + kv_read, flops, cal, threads, gemm=False,
-                               kernel_weight=k)  # fmt: skip
+                               kernel_weight=k)
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1)
     overhead = cal.token_overhead_s + cal.layer_overhead_s * facts.spec.block_count
@@ -248,7 +248,7 @@ def prefill_cost(
             2.0 * body + 4.0 * load.layers * _attn_width(facts) * n_tokens / 2
         )
         name, t = _device_time(dev, load.bytes_read * n_ub, flops, cal, threads, gemm=True,
-                               kernel_weight=weight)  # fmt: skip
+                               kernel_weight=weight)
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(
         parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub, n_kv=n_tokens
@@ -342,7 +342,7 @@ def _local_crossings(placement: Placement, remote: dict[str, Device]) -> int:
     experts = 2 * sum(1 for d, e in pairs if e is not None and e != d and d not in remote)
     seq = [*placement.dense, placement.output_device]  # as `Placement.crossings` counts
     hops = sum(1 for a, b in itertools.pairwise(seq)
-               if a != b and a not in remote and b not in remote)  # fmt: skip
+               if a != b and a not in remote and b not in remote)
     return hops + experts
 
 

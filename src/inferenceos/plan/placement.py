@@ -238,7 +238,7 @@ def _overflow_layers(
     fixed = (
         compute_terms(facts, ctx).total + output_buffer_bytes(facts, ctx)
         + process_overhead(facts) + sum(t.n_bytes for t in facts.tensors if t.layer < 0)
-    )  # fmt: skip
+    )
     need = fixed + sum(p.dense_bytes + p.expert_bytes + p.kv_bytes for p in on_cpu)
     overflow = need - machine.cpu.memory_bytes
     offloaded = len(parts) - len(on_cpu)

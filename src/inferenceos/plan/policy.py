@@ -94,7 +94,7 @@ def choose(policy: str, facts: ModelFacts, history: RecordedWorkload | None = No
         return PolicyChoice(
             p, resolved, n_seq=CAPACITY_SLOTS, max_context=True,
             kv_type="q8_0" if quant_ok else None, ubatch=CAPACITY_UBATCH, why=why,
-        )  # fmt: skip
+        )
     return PolicyChoice(p, "balanced", why=why)
 
 
@@ -162,4 +162,4 @@ def apply_to_plan(
     return replace(
         plan, ctx=ctx, memory=estimate(facts, plan.placement, machine, ctx),
         changes=(*plan.changes, ch),
-    )  # fmt: skip
+    )

@@ -147,24 +147,24 @@ def make_plan(
         threads=threads or machine.cpu.threads, obj=objective or Objective(),
         pinned_ctx=pinned_ctx, floor_ctx=floor, kv_floor=kv_floor,
         quantize_kv=quantize_kv, allow_disk=allow_mmap, explain=explain,
-    )  # fmt: skip
+    )
     if res is None:
         raise PlanRefused(_refused(facts, machine, ctx, floor, kv_floor, quantize_kv))
     b = res.best
     plan = _finish(facts, machine, b.ctx, b.placement, b.memory, threads, list(res.changes),
-                   disk_bound=res.disk_bound)  # fmt: skip
+                   disk_bound=res.disk_bound)
     return replace(plan, alternatives=tuple(c.to_json() for c in res.alternatives))
 
 
 def _refused(
     facts: ModelFacts, machine: Machine, ctx: ContextSettings, floor: int, kv_floor: str,
     quantize_kv: bool,
-) -> str:  # fmt: skip
+) -> str:
     """The refusal message at the smallest settings the optimizer may use."""
     small = replace(ctx, n_ctx=floor, n_ubatch=MIN_UBATCH, n_batch=max(MIN_UBATCH, 32))
     if quantize_kv and not (facts.spec.key_length % 32 or facts.spec.value_length % 32):
         small = replace(small, type_k=kv_floor, type_v=kv_floor,
-                        flash_attn=small.flash_attn or kv_floor != "f16")  # fmt: skip
+                        flash_attn=small.flash_attn or kv_floor != "f16")
     _, est, _ = _try(facts, machine, small)
     fixed = est.by_device.get("CPU", 0) - est.weights.get("CPU", 0)
     return _refusal(facts, machine, est, fixed, small)

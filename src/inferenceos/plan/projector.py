@@ -153,7 +153,7 @@ def place_projector(
         path=str(pf.path), kind=pf.kind, device=device, llama_name=llama_name,
         weight_bytes=weights, compute_bytes=compute, tokens_per_image=pf.tokens_per_image,
         image_tokens=image_tokens, has_vision=pf.has_vision, has_audio=pf.has_audio, why=why,
-    )  # fmt: skip
+    )
 
 
 def with_projector(memory: MemoryEstimate, pp: ProjectorPlan) -> MemoryEstimate:

@@ -127,7 +127,7 @@ def plan_for_run(
         type_k=type_k if type_k != "f16" or not allow_kv_quantization else None,
         type_v=type_v if type_v != "f16" or not allow_kv_quantization else None,
         flash_attn=flash_attn, swa_full=swa_full, need_tokens=need_tokens, mmproj=mmproj,
-    )  # fmt: skip
+    )
     return plan_load(facts, machine, req, calibration)
 
 
@@ -163,7 +163,7 @@ def simulate(
         prompt_tokens=workload.prompt_tokens, cpu_load=cpu_load,
         mmproj=mmproj, image_tokens=workload.image_tokens, kv_quality=kv_quality,
         explain=explain,
-    )  # fmt: skip
+    )
     if policy is not None:
         req = apply_to_request(policy, req, facts)
     plan = plan_load(facts, machine, req, cal)
@@ -224,7 +224,7 @@ def _encoder(plan: Plan, machine: Machine, w: Workload, cal: Calibration) -> Enc
 
 
 def with_draft(pred: Prediction, drafter: str, task: str | None = None,
-               learned: bool = True) -> Prediction:  # fmt: skip
+               learned: bool = True) -> Prediction:
     """`pred` with the speedup `drafter` ('ngram', 'self' or a draft .gguf) should give
     (plan/speculative.py): learned from the model's recorded drafted runs when
     `learned` and no `task` is named, else the task's prior. A draft model's cost comes
@@ -248,7 +248,7 @@ def with_draft(pred: Prediction, drafter: str, task: str | None = None,
         raise UsageError(f"unknown drafter {drafter!r} (use ngram, self or a .gguf path)")
     evidence = spec.learned_draft(facts.spec.path, drafter) if learned else None
     return replace(pred, draft=spec.predict_draft(drafter, task, cost, evidence),
-                   peak_memory=peak)  # fmt: skip
+                   peak_memory=peak)
 
 
 def recommend(plan: Plan, dec: StepCost, machine: Machine) -> str:

@@ -70,7 +70,7 @@ def best_draft_length(acceptance: float, cost: float, k_max: int = 12) -> Specul
         if s > best:
             best_k, best = k, s
     return SpeculativeEstimate(acceptance, cost, best_k, best,
-                               expected_tokens(acceptance, best_k))  # fmt: skip
+                               expected_tokens(acceptance, best_k))
 
 
 def can_pay(cost: float, k_max: int, acceptance: float = OPTIMISTIC_ACCEPTANCE) -> bool:
@@ -175,7 +175,7 @@ def learned_draft(model: str | Path, drafter: str, limit: int = 200) -> DraftEvi
     except Exception:  # no history is a valid answer
         return None
     return pool_evidence(({**r.extra, "output_tokens": r.output_tokens} for r in rows
-                          if isinstance(r.extra, dict)), drafter)  # fmt: skip
+                          if isinstance(r.extra, dict)), drafter)
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class DraftPrediction:
                 "acceptance": round(self.acceptance, 4), "cost": round(self.cost, 4),
                 "draft_tokens_per_step": round(self.k, 2),
                 "tokens_per_step": round(self.tokens_per_step, 3),
-                "speedup": round(self.speedup, 3)}  # fmt: skip
+                "speedup": round(self.speedup, 3)}
 
 
 def predict_draft(drafter: str, task: str | None, cost: float | None = None,
@@ -216,8 +216,8 @@ def predict_draft(drafter: str, task: str | None, cost: float | None = None,
         return DraftPrediction(drafter, "recorded", f"learned from {evidence.runs} run"
                                f"{'s' * (evidence.runs != 1)}", evidence.acceptance, c,
                                evidence.drafts_per_step, evidence.tokens_per_step,
-                               speedup)  # fmt: skip
+                               speedup)
     est = best_draft_length(prior.acceptance, c, prior.k_max)
     return DraftPrediction(drafter, task or "free", f"prior for {task or 'free'} text",
                            prior.acceptance, c, est.k, est.tokens_per_step,
-                           est.speedup)  # fmt: skip
+                           est.speedup)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 TUNED_KEYS = ("n_threads", "n_threads_batch", "n_batch", "n_ubatch", "flash_attn",
-              "type_k", "type_v", "n_gpu_layers")  # fmt: skip
+              "type_k", "type_v", "n_gpu_layers")
 
 
 def best_settings(model_path: str | Path) -> dict[str, Any] | None:
@@ -51,7 +51,7 @@ def best_settings(model_path: str | Path) -> dict[str, Any] | None:
     if not settings:
         return None
     return {"settings": settings, "measured": dict(best.measured or {}), "ts": best.ts,
-            "machine": best.machine}  # fmt: skip
+            "machine": best.machine}
 
 
 def apply_best(params: Any, best: dict[str, Any], pinned: Iterable[str] = ()) -> Any:
@@ -79,7 +79,7 @@ def apply_best(params: Any, best: dict[str, Any], pinned: Iterable[str] = ()) ->
     if isinstance(ubatch, int) and ubatch >= 1:
         change["n_ubatch"] = min(ubatch, params.n_ubatch)
     change["n_ubatch"] = min(change.get("n_ubatch", params.n_ubatch),
-                             change.get("n_batch", params.n_batch))  # fmt: skip
+                             change.get("n_batch", params.n_batch))
     if getattr(params, "type_k", "f16") == "f16" and getattr(params, "type_v", "f16") == "f16":
         for key in ("type_k", "type_v", "flash_attn"):
             if want(key) is not None:
@@ -108,11 +108,11 @@ def describe(best: dict[str, Any], applied: Any = None) -> str:
     when = time.strftime("%Y-%m-%d", time.localtime(best.get("ts") or 0))
     text = (f"tuned by optimize {when}: t{s.get('n_threads', '?')}/"
             f"{s.get('n_threads_batch', '?')} b{s.get('n_batch', '?')}/u{s.get('n_ubatch', '?')}"
-            f" fa:{fa} kv:{s.get('type_k', 'f16')}/{s.get('type_v', 'f16')}")  # fmt: skip
+            f" fa:{fa} kv:{s.get('type_k', 'f16')}/{s.get('type_v', 'f16')}")
     ratios = best.get("measured", {}).get("ratios")
     if isinstance(ratios, dict) and "prefill" in ratios and "decode" in ratios:
         text += (f" (prefill {ratios['prefill']:.2f}x, decode {ratios['decode']:.2f}x vs "
-                 "llama.cpp defaults)")  # fmt: skip
+                 "llama.cpp defaults)")
     found = (stored.get("n_threads"), stored.get("n_threads_batch"))
     if applied is not None and None not in found and found != (s["n_threads"],
                                                                 s["n_threads_batch"]):

@@ -65,7 +65,7 @@ class MemoryBudget:
             return machine
         return replace(machine, devices=tuple(
             replace(d, memory_bytes=min(d.memory_bytes, caps[d.name])) if d.name in caps else d
-            for d in machine.devices))  # fmt: skip
+            for d in machine.devices))
 
     def machine(self, ours: Mapping[str, int]) -> Machine:
         """The machine as a new model may see it: each device's free memory plus what

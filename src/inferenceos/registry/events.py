@@ -35,7 +35,7 @@ class EventLog:
     def add(self, kind: str, model: str = "", **detail: Any) -> dict[str, Any]:
         with self._lock:
             event = {"id": next(self._ids), "ts": time.time(), "kind": kind, "model": model,
-                     **detail}  # fmt: skip
+                     **detail}
             event["text"] = event_text(event)
             self._events.append(event)
         return event
@@ -44,7 +44,7 @@ class EventLog:
         """Events with an id above `after` (of one `kind` when given), oldest first."""
         with self._lock:
             return [e for e in self._events
-                    if e["id"] > after and (kind is None or e["kind"] == kind)]  # fmt: skip
+                    if e["id"] > after and (kind is None or e["kind"] == kind)]
 
     @property
     def last_id(self) -> int:

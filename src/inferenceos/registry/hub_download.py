@@ -138,7 +138,7 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
                 headers["Range"] = f"bytes={part.done}-"
             try:
                 yield from _get(urllib.request.Request(url, headers=headers), f, part,
-                                cancel, timeout)  # fmt: skip
+                                cancel, timeout)
             except urllib.error.HTTPError as exc:
                 if exc.code == 416 and part.done:  # nothing left to send from that offset
                     part.restart()

@@ -78,7 +78,7 @@ def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
         from inferenceos.engine.engine import Engine
 
         return Engine(path, params.per_sequence(), n_parallel=slots, max_queue=max_queue,
-                      **engine_kw, **media)  # fmt: skip
+                      **engine_kw, **media)
     # host RAM each engine's KV cache tier may hold (engine/kv_store.py): the manager
     # charges it beside the model's own, in both tiers (it lives in the worker)
     factory.kv_cache_ram = int(engine_kw.get("kv_cache_ram", 0) or 0)  # type: ignore[attr-defined]
@@ -189,7 +189,7 @@ class ModelManager:
     def acquire(
         self, name: str, keep_alive: float | None = None,
         overrides: dict[str, Any] | None = None, why: str = "",
-    ) -> Lease:  # fmt: skip
+    ) -> Lease:
         """Lease the model `name`, loading or promoting it if needed (blocking); `why`
         explains the overrides (what `ps` shows as the reason)."""
         model = self._resolve(name)
@@ -257,7 +257,7 @@ class ModelManager:
             raise NoRoomError(f"cannot load '{model.name}': {exc}") from None
 
     def _load(self, model: ResolvedModel, req: LoadRequest, why: str,
-              keep_alive: float | None) -> Lease:  # fmt: skip
+              keep_alive: float | None) -> Lease:
         plan = self._plan(model, req)
         kv_ram = int(getattr(self._factory, "kv_cache_ram", 0) or 0)
         need = plan.charge()
@@ -271,7 +271,7 @@ class ModelManager:
             self.keep_alive_s if keep_alive is None else keep_alive, now, refs=1,
             pinned=model.name in self._pinned_names, reason=f"{why}; {plan.summary()}",
             key=_key(req),
-        )  # fmt: skip
+        )
         draft = int(getattr(engine, "draft_bytes", 0) or 0)
         if draft or kv_ram:  # a draft: measured by the worker once it has loaded
             lm.extra = {"CPU": draft + kv_ram}
@@ -304,7 +304,7 @@ class ModelManager:
         return Lease(self, lm, woke=True)
 
     def _try_resize(self, lm: ResidentModel, req: LoadRequest, why: str,
-                    keep_alive: float | None) -> Lease | None:  # fmt: skip
+                    keep_alive: float | None) -> Lease | None:
         """Only the context differs: a new context on the same worker, cached
         conversations carried over (the context follows the workload)."""
         resize = getattr(lm.engine, "resize", None)
@@ -336,12 +336,12 @@ class ModelManager:
         while True:
             with self._lock:
                 models = [m for m in self._models.values() if m.model.name not in self._moving
-                          or m.model.name == name]  # fmt: skip
+                          or m.model.name == name]
                 ours = used_by(self._models.values())
                 short = shortfall(
                     ours, need, self.budget.capacity(ours), self.budget.total_cap,
                     len(self._models) if name not in self._models else 0, self.max_loaded,
-                )  # fmt: skip
+                )
                 if not short:
                     return
                 step = next_demotion(models, short, exclude=name)
@@ -392,7 +392,7 @@ class ModelManager:
 
     def migrate(self, name: str, plan: Plan, cause: str,
                 make_before_break: bool | None = None, reason: str = "requested",
-                direction: str | None = None) -> dict[str, Any]:  # fmt: skip
+                direction: str | None = None) -> dict[str, Any]:
         """Move the loaded `name` to `plan` while its streams run (Engine.migrate): the
         Engine object its leases hold stays, its worker is swapped underneath. Make
         before break when old + new fit the budget (None: decided here), else pause,
@@ -413,7 +413,7 @@ class ModelManager:
                 if make_before_break is None:
                     ours = used_by(self._models.values())
                     make_before_break = not shortfall(ours, plan.charge(),
-                                                      self.budget.capacity(ours))  # fmt: skip
+                                                      self.budget.capacity(ours))
             before = lm.plan
             try:
                 params = plan.params().per_sequence()
@@ -432,7 +432,7 @@ class ModelManager:
                     way = direction or migration_direction(before, plan)
                     self.migrations_by[reason, way] = self.migrations_by.get((reason, way), 0) + 1
                     self.migration_bytes[way] = (self.migration_bytes.get(way, 0)
-                                                 + int(info.get("kv_bytes") or 0))  # fmt: skip
+                                                 + int(info.get("kv_bytes") or 0))
             finally:
                 self._moving.discard(lm.model.name)
         detail = {
@@ -441,7 +441,7 @@ class ModelManager:
             "pause_s": info.get("pause_s"), "duration_s": info.get("seconds"),
             "make_before_break": make_before_break, "moved": info.get("moved"),
             "restored": info.get("restored"), "reprefilled": info.get("reprefilled"),
-        }  # fmt: skip
+        }
         _record("migration", lm.model, **detail)
         return {**info, **detail}
 
@@ -469,7 +469,7 @@ class ModelManager:
         with self._lock:
             due = [m for m in self._models.values()
                    if m.refs == 0 and m.expires_at is not None and m.expires_at <= now
-                   and m.model.name not in self._moving]  # fmt: skip
+                   and m.model.name not in self._moving]
             for m in due:
                 del self._models[m.model.name]
         for m in due:
@@ -528,7 +528,7 @@ class ModelManager:
                 "size_vram": lm.vram_bytes, "context_length": lm.n_ctx, "slots": lm.slots,
                 "expires_at": exp, "in_use": lm.refs, "reason": lm.reason,
                 "kv_cache_ram": lm.kv_cache_ram,
-            })  # fmt: skip
+            })
         return out
 
     # -- lifetime ----------------------------------------------------------------------
@@ -562,7 +562,7 @@ def _key(req: LoadRequest) -> tuple[Any, ...]:
     """What identifies a loaded configuration: the context first (a resize can change
     it), then everything that needs a reload."""
     return (req.n_ctx, req.n_batch, req.threads, req.gpu_layers, req.backend, req.type_k,
-            req.type_v, req.flash_attn, req.n_seq)  # fmt: skip
+            req.type_v, req.flash_attn, req.n_seq)
 
 
 def _stale(lm: ResidentModel) -> bool:

@@ -75,7 +75,7 @@ class PressureReactor:
 
     def signals(self, sample: Sample, ours: dict[str, int],
                 swap: tuple[str, dict[str, int], dict[str, int]] | None = None,
-                ) -> dict[str, float]:  # fmt: skip
+                ) -> dict[str, float]:
         """signal per device; `swap` = (model, its charge now, another charge) predicts
         the signals with that model holding the other charge instead."""
         caps = self.manager.budget.caps
@@ -89,7 +89,7 @@ class PressureReactor:
                 held, free = held + delta, free - delta
             fill = 1 - free / mem.total_bytes if mem and mem.total_bytes else 0.0
             over = self.high * held / caps[d] if d in caps and caps[d] > 0 else (
-                float("inf") if d in caps and held > 0 else 0.0)  # fmt: skip
+                float("inf") if d in caps and held > 0 else 0.0)
             out[d] = max(fill, over)
         return out
 
@@ -123,7 +123,7 @@ class PressureReactor:
         return done
 
     def _up_signal(self, dev: str, sample: Sample, ours: dict[str, int],
-                   models: list[ResidentModel], value: float) -> float:  # fmt: skip
+                   models: list[ResidentModel], value: float) -> float:
         """While pressured: the signal if every model degraded for `dev` went back."""
         for m in models:
             d = self.degraded.get(m.model.name)
@@ -133,9 +133,9 @@ class PressureReactor:
         return value
 
     def _down(self, dev: str, sample: Sample, ours: dict[str, int],
-              models: list[ResidentModel], value: float, now: float) -> dict[str, Any]:  # fmt: skip
+              models: list[ResidentModel], value: float, now: float) -> dict[str, Any]:
         victims = sorted((m for m in models if m.charge.get(dev, 0) > 0),
-                         key=lambda m: -m.charge.get(dev, 0))  # fmt: skip
+                         key=lambda m: -m.charge.get(dev, 0))
         for lm in victims:
             plan = self._plan_down(lm, dev, sample, ours)
             if plan is None:
@@ -145,17 +145,17 @@ class PressureReactor:
             try:
                 info = self.manager.migrate(lm.model.name, plan, cause,
                                             self._room_for_both(plan, sample, ours),
-                                            self._why(dev, sample, ours), "down")  # fmt: skip
+                                            self._why(dev, sample, ours), "down")
             except InferenceOSError as exc:
                 events.add("pressure", lm.model.name, device=dev, signal=value,
-                           action="migration failed", error=str(exc))  # fmt: skip
+                           action="migration failed", error=str(exc))
                 continue
             # a second step down keeps the first preferred plan: up goes all the way back
             self.degraded.setdefault(lm.model.name, Degraded(before, dev, now))
             self.migrations += 1
             return {"device": dev, "action": "down", "model": lm.model.name, **info}
         events.add("pressure", "", device=dev, signal=value,
-                   action="no smaller placement helps")  # fmt: skip
+                   action="no smaller placement helps")
         return {"device": dev, "action": "none"}
 
     def _up(self, dev: str, value: float, now: float) -> dict[str, Any]:
@@ -170,7 +170,7 @@ class PressureReactor:
                 info = self.manager.migrate(name, d.preferred, cause, both, "recovered", "up")
             except InferenceOSError as exc:
                 events.add("pressure", name, device=dev, action="migration up failed",
-                           error=str(exc))  # fmt: skip
+                           error=str(exc))
                 self.marks[dev].force(True, now)  # still down: try again after a dwell
                 return {"device": dev, "action": "none", "error": str(exc)}
             del self.degraded[name]
@@ -204,7 +204,7 @@ class PressureReactor:
     # -- planning down ---------------------------------------------------------------------
 
     def _plan_down(self, lm: ResidentModel, dev: str, sample: Sample,
-                   ours: dict[str, int]) -> Plan | None:  # fmt: skip
+                   ours: dict[str, int]) -> Plan | None:
         """The next placement down for `lm`: what the planner makes of a machine where
         `dev` leaves the device between the watermarks; None when it holds no less."""
         mid = (self.high + self.low) / 2
@@ -241,7 +241,7 @@ class PressureReactor:
             if plan.params() == lm.plan.params():
                 continue  # the same placement under another estimate: no help
             if plan.charge().get(dev, 0) < now_on_dev and plan.charge().get(dev, 0) <= max(
-                    target, 0):  # fmt: skip
+                    target, 0):
                 return plan
         return None
 
@@ -294,7 +294,7 @@ class PressureReactor:
             "pressured": [d for d, m in self.marks.items() if m.pressured],
             "degraded": {n: d.device for n, d in self.degraded.items()},
             "migrations": self.migrations,
-        }  # fmt: skip
+        }
 
 
 def _live_need(lm: ResidentModel) -> int:

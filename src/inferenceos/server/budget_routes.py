@@ -57,7 +57,7 @@ def attach(app: FastAPI, manager: ModelManager) -> PressureReactor | None:
     reactor = PressureReactor(
         manager, PressureSensor(sources), high=cfg.get("pressure.high"),
         low=cfg.get("pressure.low"), dwell_s=cfg.get("pressure.dwell_s"),
-    )  # fmt: skip
+    )
     reactor.start()
     app.state.pressure = reactor
     return reactor
@@ -87,7 +87,7 @@ def budget_body(manager: ModelManager, reactor: PressureReactor | None) -> dict[
             "name": name, "cap_bytes": caps.get(name), "free_bytes": free,
             "used_bytes": ours.get(name, 0), "total_bytes": mem.total_bytes if mem else None,
             "signal": signals.get(name),
-        })  # fmt: skip
+        })
     return {"devices": devices, "pressure": reactor.state() if reactor is not None else None}
 
 
@@ -107,7 +107,7 @@ async def set_budget(body: BudgetChange, request: Request) -> Any:
     names = [d["name"] for d in known["devices"]]
     if name not in names and not _is_rpc_name(name):
         raise APIError(400, f"unknown device {name!r} (devices: {', '.join(names)})",
-                       "invalid_device")  # fmt: skip
+                       "invalid_device")
     state.manager.budget.set_cap(name, body.bytes)
     events.add("budget", "", device=name, cap_bytes=body.bytes)
     return await asyncio.to_thread(budget_body, state.manager, _reactor(request))
@@ -116,7 +116,7 @@ async def set_budget(body: BudgetChange, request: Request) -> Any:
 @router.get("/api/events")
 async def get_events(
     since: int = Query(0, ge=0), kind: str | None = Query(None, max_length=64),
-) -> Any:  # fmt: skip
+) -> Any:
     """Events after id `since` (migrations, evictions, loads, budget changes, pressure)."""
     return {"events": events.EVENTS.since(since, kind), "last_id": events.EVENTS.last_id}
 

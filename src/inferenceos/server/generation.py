@@ -99,7 +99,7 @@ def _prompt(engine: EngineClient, req: GenRequest) -> str | list[int]:
         return _check_ids(engine, req.tokens)
     tools = req.tools.tools if req.tools is not None else None
     text = (engine.chat_prompt(req.messages, tools=tools) + req.prefill
-            if req.messages is not None else req.text or "")  # fmt: skip
+            if req.messages is not None else req.text or "")
     if req.media:
         return _media_prompt(text, req)
     if req.context:
@@ -135,7 +135,7 @@ def _with_tools(engine: EngineClient, req: GenRequest) -> tuple[GenRequest, Tool
     if plan.grammar is not None and not (plan.triggers and sampling.grammar):
         # a forced call overrides a response_format grammar; a lazy one (auto) does not
         sampling = dataclasses.replace(sampling, grammar=plan.grammar,
-                                       grammar_triggers=plan.triggers)  # fmt: skip
+                                       grammar_triggers=plan.triggers)
     return dataclasses.replace(req, sampling=sampling), plan.format
 
 

@@ -19,14 +19,14 @@ router = APIRouter(tags=["dashboard"], include_in_schema=False,
                    route_class=route_class(Dialect.OLLAMA))
 
 _FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-          "style.css": "text/css; charset=utf-8"}  # fmt: skip
+          "style.css": "text/css; charset=utf-8"}
 
 
 def _asset(name: str) -> Response:
     data = resources.files("inferenceos.server").joinpath("ui").joinpath(name).read_bytes()
     return Response(data, media_type=_FILES[name],
                     headers={"Cache-Control": "no-cache",
-                             "Content-Security-Policy": "default-src 'self'"})  # fmt: skip
+                             "Content-Security-Policy": "default-src 'self'"})
 
 
 @router.get("/ui")

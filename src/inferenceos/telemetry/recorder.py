@@ -418,7 +418,7 @@ def contention_now(threads: int | None, window_s: float = CONTENTION_WINDOW_S) -
     load = sample_cpu_load(window_s)
     return {"busy_others": round(load.busy_others, 2), "steal": round(load.steal_fraction, 3),
             "usable_cpus": load.usable_cpus, "threads": threads,
-            "sampled": load.sampled}  # fmt: skip
+            "sampled": load.sampled}
 
 
 _last_sample: list[tuple[float, dict[str, Any]]] = []  # (monotonic time, sample)

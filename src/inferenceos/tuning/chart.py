@@ -47,7 +47,7 @@ def write_chart(rows: list[Row], path: Path, title: str) -> Path:
             values = [getattr(r, key) for r in rows]
             colours = [_FAILED_COLOUR if r.error else
                        _BASE_COLOUR if r.point.baseline else _ROW_COLOUR
-                       for r in rows]  # fmt: skip
+                       for r in rows]
             ys = list(range(len(rows)))
             ax.barh(ys, values, color=colours)
             ref = getattr(base, key)

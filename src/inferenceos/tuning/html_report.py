@@ -74,11 +74,11 @@ def timeline_svg(p: Profile) -> str:
     height = _LANE_H * len(lanes) + 34
     scale = (_W - _LABEL_W - 10) / total
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
-           f'role="img" aria-label="timeline">']  # fmt: skip
+           f'role="img" aria-label="timeline">']
     for i, ph in enumerate(lanes):
         y = i * _LANE_H
         out.append(f'<rect x="{_LABEL_W}" y="{y}" width="{_W - _LABEL_W - 10}" '
-                   f'height="{_LANE_H - 4}" fill="#f3f3f3"/>')  # fmt: skip
+                   f'height="{_LANE_H - 4}" fill="#f3f3f3"/>')
         out.append(f'<text x="4" y="{y + _LANE_H / 2 + 2}">{ph}</text>')
         for s in (s for s in p.spans if s.phase == ph):
             x = _LABEL_W + s.start_s * scale
@@ -86,15 +86,15 @@ def timeline_svg(p: Profile) -> str:
             tip = f"{s.phase}: {s.name} — {_ms(s.duration_s)} at {_ms(s.start_s)}"
             out.append(f'<rect class="span" data-phase="{ph}" x="{x:.2f}" y="{y + 2}" '
                        f'width="{w:.2f}" height="{_LANE_H - 8}" fill="{COLOURS[ph]}">'
-                       f'<title>{escape(tip)}</title></rect>')  # fmt: skip
+                       f'<title>{escape(tip)}</title></rect>')
     axis_y = _LANE_H * len(lanes) + 4
     out.append(f'<line x1="{_LABEL_W}" y1="{axis_y}" x2="{_W - 10}" y2="{axis_y}" '
-               'stroke="#999"/>')  # fmt: skip
+               'stroke="#999"/>')
     for t in _ticks(total):
         x = _LABEL_W + t * scale
         out.append(f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 5}" '
                    f'stroke="#999"/><text x="{x:.1f}" y="{axis_y + 18}" '
-                   f'text-anchor="middle">{t * 1000:,.0f} ms</text>')  # fmt: skip
+                   f'text-anchor="middle">{t * 1000:,.0f} ms</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -104,16 +104,16 @@ def shares_svg(p: Profile) -> str:
     rows = p.summary()
     total = sum(r["total_s"] for r in rows) or 1e-9
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="44" role="img" '
-           'aria-label="phase shares">']  # fmt: skip
+           'aria-label="phase shares">']
     x = 0.0
     for r in rows:
         w = r["total_s"] / total * (_W - 10)
         out.append(f'<rect x="{x:.2f}" y="0" width="{max(w, 0.5):.2f}" height="24" '
                    f'fill="{COLOURS[r["phase"]]}"><title>{r["phase"]}: '
-                   f'{r["share"] * 100:.1f} %</title></rect>')  # fmt: skip
+                   f'{r["share"] * 100:.1f} %</title></rect>')
         if w > 60:
             out.append(f'<text x="{x + 4:.1f}" y="38">{r["phase"]} '
-                       f'{r["share"] * 100:.0f} %</text>')  # fmt: skip
+                       f'{r["share"] * 100:.0f} %</text>')
         x += w
     out.append("</svg>")
     return "\n".join(out)
@@ -128,18 +128,18 @@ def decode_steps_svg(p: Profile) -> str:
     top = max(s.duration_s for s in steps) * 1.15 or 1e-9
     bw = (_W - pad - 10) / len(steps)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{h + 24}" '
-           'role="img" aria-label="decode step latency">']  # fmt: skip
+           'role="img" aria-label="decode step latency">']
     for i, s in enumerate(steps):
         bh = s.duration_s / top * h
         out.append(f'<rect x="{pad + i * bw:.2f}" y="{h - bh:.2f}" '
                    f'width="{max(bw - 1, 0.8):.2f}" height="{bh:.2f}" '
                    f'fill="{COLOURS["decode"]}"><title>{escape(s.name)}: '
-                   f'{_ms(s.duration_s)}</title></rect>')  # fmt: skip
+                   f'{_ms(s.duration_s)}</title></rect>')
     med = sorted(s.duration_s for s in steps)[len(steps) // 2]
     y = h - med / top * h
     out.append(f'<line x1="{pad}" y1="{y:.1f}" x2="{_W - 10}" y2="{y:.1f}" stroke="#333" '
                f'stroke-dasharray="4 3"/><text x="{pad + 4}" y="{y - 4:.1f}">median '
-               f'{_ms(med)}</text>')  # fmt: skip
+               f'{_ms(med)}</text>')
     out.append(f'<text x="0" y="12">{_ms(top)}</text><text x="0" y="{h}">0</text>')
     out.append(
         f'<text x="{pad}" y="{h + 18}">step 1</text>'
@@ -154,13 +154,13 @@ def render_html(p: Profile) -> str:
     rates = p.rates()
     settings = " · ".join(f"{k} {v}" for k, v in p.settings.items())
     table = ["<table><tr><th>phase</th><th>steps</th><th>total</th><th>mean</th>"
-             "<th>longest</th><th>share</th><th>tokens</th></tr>"]  # fmt: skip
+             "<th>longest</th><th>share</th><th>tokens</th></tr>"]
     for r in p.summary():
         table.append(
             f'<tr><td><span class="swatch" style="background:{COLOURS[r["phase"]]}"></span>'
             f'{r["phase"]}</td><td>{r["steps"] or ""}</td><td>{_ms(r["total_s"])}</td>'
             f'<td>{_step_ms(r, "mean_ms")}</td><td>{_step_ms(r, "max_ms")}</td>'
-            f'<td>{r["share"] * 100:.1f} %</td><td>{r["tokens"] or ""}</td></tr>')  # fmt: skip
+            f'<td>{r["share"] * 100:.1f} %</td><td>{r["tokens"] or ""}</td></tr>')
     table.append("</table>")
     chunks = [s for s in p.spans if s.phase == "prefill"]
     chunk_rows = "".join(

@@ -55,12 +55,12 @@ class Point:
 
     def settings(self) -> LoadSettings:
         return LoadSettings(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                            n_threads=self.threads, n_threads_batch=self.threads)  # fmt: skip
+                            n_threads=self.threads, n_threads_batch=self.threads)
 
     def to_json(self) -> dict[str, Any]:
         return {"threads": self.threads, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,
                 "n_ctx": self.n_ctx, "concurrency": self.concurrency,
-                "baseline": self.baseline}  # fmt: skip
+                "baseline": self.baseline}
 
 
 @dataclass
@@ -93,7 +93,7 @@ class Row:
         }
         if base is not None and not self.error:
             out["vs_baseline"] = {k: round(self.ratio(base, k), 3)
-                                  for k in ("prefill_tps", "decode_tps", "total_tps")}  # fmt: skip
+                                  for k in ("prefill_tps", "decode_tps", "total_tps")}
         return out
 
 
@@ -112,7 +112,7 @@ def points(
     """The baseline, then the cartesian product (threads outermost, concurrency
     innermost, so one engine serves consecutive points)."""
     for name, values in (("threads", threads), ("batch", batches), ("context", contexts),
-                         ("concurrency", concurrency)):  # fmt: skip
+                         ("concurrency", concurrency)):
         if not values or min(values) < 1:
             raise UsageError(f"--{name} needs positive values")
     out = [baseline_point()]
@@ -129,13 +129,13 @@ def _prompts(engine: Engine, n: int, length: int) -> list[list[int]]:
     bos, body = tokens[:1], tokens[1:]
     out = []
     for i in range(n):
-        rotated = body[i % len(body):] + body[: i % len(body)]  # fmt: skip
+        rotated = body[i % len(body):] + body[: i % len(body)]
         out.append((bos + rotated * (1 + length // max(1, len(body))))[:length])
     return out
 
 
 def _measure(engine: Engine, point: Point, prompt_len: int, gen_len: int,
-             first: int = 0) -> Row:  # fmt: skip
+             first: int = 0) -> Row:
     """One round of `point.concurrency` streams at once (prompts `first`, `first` + 1,
     ... of `_prompts`)."""
     sampling = SamplingParams(temperature=0, max_tokens=gen_len, ignore_eos=True)
@@ -198,7 +198,7 @@ def run_matrix(
     too_small = [p.n_ctx for p in pts if p.n_ctx <= prompt_len + gen_len]
     if too_small:
         raise UsageError(f"a context of {min(too_small)} cannot hold {prompt_len} prompt + "
-                         f"{gen_len} generated tokens")  # fmt: skip
+                         f"{gen_len} generated tokens")
     groups: dict[tuple[Any, ...], list[Point]] = {}
     for p in pts:
         groups.setdefault((p.threads, p.n_batch, p.n_ctx, p.baseline), []).append(p)
@@ -218,7 +218,7 @@ def run_matrix(
             _measure(engine, group[0], prompt_len, min(gen_len, 4), first=len(group))
             for p in group:
                 row = _median_row([_measure(engine, p, prompt_len, gen_len)
-                                   for _ in range(rounds)])  # fmt: skip
+                                   for _ in range(rounds)])
                 row.load_s = engine.load_s
                 rows[p] = row
                 on_row(row)

@@ -43,7 +43,7 @@ class Span:
 
     def to_json(self) -> dict[str, Any]:
         return {"phase": self.phase, "name": self.name, "start_s": round(self.start_s, 6),
-                "duration_s": round(self.duration_s, 6), "tokens": self.tokens}  # fmt: skip
+                "duration_s": round(self.duration_s, 6), "tokens": self.tokens}
 
 
 @dataclass
@@ -79,12 +79,12 @@ class Profile:
                 "max_ms": round(max(durations) * 1000, 3),
                 "share": round(sum(durations) / total, 4),
                 "tokens": sum(s.tokens for s in spans),
-            })  # fmt: skip
+            })
         other = self.total_s - sum(s.duration_s for s in self.spans)
         if other > 0:  # Python between the timed steps: the sampler setup, the loop itself
             rows.append({"phase": "other", "steps": 0, "total_s": round(other, 6),
                          "mean_ms": 0.0, "max_ms": 0.0, "share": round(other / total, 4),
-                         "tokens": 0})  # fmt: skip
+                         "tokens": 0})
         return rows
 
     def rates(self) -> dict[str, float]:
@@ -116,7 +116,7 @@ class _TimedModel(LoadedModel):
     """LoadedModel whose load records a span for the weights and one for the context."""
 
     def __init__(self, path: Path, settings: LoadSettings, spans: list[Span],
-                 origin: float) -> None:  # fmt: skip
+                 origin: float) -> None:
         self._spans, self._origin = spans, origin
         super().__init__(path, settings)
 
@@ -135,7 +135,7 @@ class _TimedModel(LoadedModel):
 
 
 def profile_run(path: Path, settings: LoadSettings, text: str,
-                sampling: SamplingParams) -> Profile:  # fmt: skip
+                sampling: SamplingParams) -> Profile:
     """Load `path` with `settings`, generate for the raw prompt `text`, and time every
     step. Raises UsageError when the prompt is empty or does not fit the context."""
     spans: list[Span] = []
@@ -193,5 +193,5 @@ def profile_run(path: Path, settings: LoadSettings, text: str,
         s = lm.settings
     used = {k: getattr(s, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads",
                                        "n_threads_batch", "n_gpu_layers", "flash_attn",
-                                       "type_k", "type_v") if hasattr(s, k)}  # fmt: skip
+                                       "type_k", "type_v") if hasattr(s, k)}
     return Profile(str(path), used, len(tokens), n, "".join(pieces), spans)

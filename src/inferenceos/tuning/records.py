@@ -37,7 +37,7 @@ def trial(path: Path, search: str, res: TrialResult) -> None:
         status=status, phase=res.phase, dimension=res.dimension,
         prompt_tokens=res.prompt_tokens, decode_tokens=res.decode_tokens,
         load_s=round(res.load_s, 4), error=res.error,
-    )  # fmt: skip
+    )
 
 
 def best(path: Path, search: str, result: SearchResult) -> None:
@@ -51,7 +51,7 @@ def best(path: Path, search: str, result: SearchResult) -> None:
         **result.conditions,
     }
     telemetry.recorder().best(path, settings=result.best.to_json(), measured=measured,
-                              source="optimize")  # fmt: skip
+                              source="optimize")
 
 
 def benchmark_row(path: Path, row: Row, prompt_len: int) -> None:
@@ -60,12 +60,12 @@ def benchmark_row(path: Path, row: Row, prompt_len: int) -> None:
         return
     p = row.point
     settings = {"n_ctx": p.n_ctx, "n_batch": p.n_batch, "n_ubatch": p.n_ubatch,
-                "n_threads": p.threads, "n_threads_batch": p.threads}  # fmt: skip
+                "n_threads": p.threads, "n_threads_batch": p.threads}
     for m in row.metrics:
         telemetry.recorder().generation(
             path, source="benchmark", metrics=m.to_json(), settings=settings,
             concurrency=p.concurrency, extra={"baseline": p.baseline, "prompt_len": prompt_len},
-        )  # fmt: skip
+        )
 
 
 def profile_run(path: Path, data: dict[str, Any]) -> None:
@@ -76,7 +76,7 @@ def profile_run(path: Path, data: dict[str, Any]) -> None:
         output_tokens=data["completion_tokens"], prefill_tps=data["prefill_tps"] or None,
         decode_tps=data["decode_tps"] or None, total_s=data["total_s"],
         extra={"phases": data["phases"]},
-    )  # fmt: skip
+    )
 
 
 def flush() -> None:

@@ -156,7 +156,7 @@ class _Search:
             if not cand.valid():
                 continue
             if cand == best and last is not None and last.knobs == best and last.ok and (
-                    not last.stopped_early):  # fmt: skip
+                    not last.stopped_early):
                 results.append(last)  # measured just now: the sweep's reference
                 continue
             if self.left() < self.reserve(best) + self.cost(best):
@@ -188,12 +188,12 @@ class _Search:
             dec = max(full, key=lambda r: r.decode_tps)
             pre = max(results, key=lambda r: r.prefill_tps)
             cand = replace(best, n_threads=dec.knobs.n_threads,
-                           n_threads_batch=pre.knobs.n_threads_batch)  # fmt: skip
+                           n_threads_batch=pre.knobs.n_threads_batch)
             ratios = (pre.prefill_tps / ref.prefill_tps, dec.decode_tps / ref.decode_tps)
         else:
             win = max(full, key=lambda r: stopping.score(r.prefill_tps, r.decode_tps,
                                                          ref.prefill_tps, ref.decode_tps)
-                      )  # fmt: skip
+                      )
             cand = win.knobs
             ratios = (win.prefill_tps / ref.prefill_tps, win.decode_tps / ref.decode_tps)
         if cand == best:
@@ -244,7 +244,7 @@ def optimize(
     run = runner or TrialRunner(path, prompt_len, decode_len, max(2.0, budget_s / 10))
     try:
         result = _optimize(_Search(run, budget_s, on_trial, rounds), path, base,
-                           search_space(has_gpu, n_layers, max_threads))  # fmt: skip
+                           search_space(has_gpu, n_layers, max_threads))
         result.conditions = conditions
         return result
     finally:
@@ -258,7 +258,7 @@ def _conditions() -> dict[str, float]:
 
     load = sample_cpu_load(0.2)
     return {"free_threads": free_threads(usable_threads(), load),
-            "loadavg_1m": round(load.loadavg_1m, 2)}  # fmt: skip
+            "loadavg_1m": round(load.loadavg_1m, 2)}
 
 
 def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> SearchResult:
@@ -285,29 +285,29 @@ def _optimize(s: _Search, path: Path, base: Knobs, dims: list[Dimension]) -> Sea
     compared = len({t.knobs for t in s.trials if t.ok and t.knobs != base})
     if best == base:
         base_runs = [t for t in s.trials if t.knobs == base and t.ok and
-                     not t.stopped_early]  # fmt: skip
+                     not t.stopped_early]
         measured = _measured(base_runs or [first])
         note = ("llama.cpp's defaults were the fastest settings tried" if compared else
                 f"the budget ({s.budget_s:.0f} s) paid for the baseline trial only (it "
-                f"took {first.elapsed_s:.1f} s): nothing was compared")  # fmt: skip
+                f"took {first.elapsed_s:.1f} s): nothing was compared")
         return SearchResult(str(path), base, measured, base, measured,
                             {"prefill": 1.0, "decode": 1.0}, s.trials, s.budget_s,
                             time.monotonic() - s.started, ended, 0, [note],
-                            compared=compared)  # fmt: skip
+                            compared=compared)
     rb, rc = s.pair(base, best, "confirm", s.rounds, timed=True)
     ratios = {
         "prefill": round(stopping.paired_ratios([r.prefill_tps for r in rc],
                                                 [r.prefill_tps for r in rb]), 4),
         "decode": round(stopping.paired_ratios([r.decode_tps for r in rc],
                                                [r.decode_tps for r in rb]), 4),
-    }  # fmt: skip
+    }
     base_m, best_m = _measured(rb), _measured(rc)
     if not stopping.confirmed(ratios["prefill"], ratios["decode"]):
         notes.append(f"the best of the search ({best.label()}) did not beat the defaults "
                      f"in the confirmation (prefill {ratios['prefill']:.3f}x, decode "
                      f"{ratios['decode']:.3f}x over {len(rb)} paired rounds): keeping "
-                     "llama.cpp's defaults")  # fmt: skip
+                     "llama.cpp's defaults")
         best, best_m, ratios = base, base_m, {"prefill": 1.0, "decode": 1.0}
     return SearchResult(str(path), base, base_m, best, best_m, ratios, s.trials,
                         s.budget_s, time.monotonic() - s.started, ended, len(rb),
-                        notes, compared=compared)  # fmt: skip
+                        notes, compared=compared)

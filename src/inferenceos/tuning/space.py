@@ -49,7 +49,7 @@ class Knobs:
     def context_key(self) -> tuple[Any, ...]:
         """Configurations with equal keys share one llama.cpp context."""
         return (*self.model_key(), self.n_batch, self.n_ubatch, self.flash_attn,
-                self.type_k, self.type_v)  # fmt: skip
+                self.type_k, self.type_v)
 
     def valid(self) -> bool:
         """False for combinations llama.cpp refuses (a quantized V cache needs flash
@@ -62,7 +62,7 @@ class Knobs:
         """A short human name, e.g. `t2/2 b512/u256 fa:on kv:q8_0/q8_0 ngl:0`."""
         fa = {-1: "auto", 0: "off", 1: "on"}.get(self.flash_attn, str(self.flash_attn))
         text = (f"t{self.n_threads}/{self.n_threads_batch} b{self.n_batch}/u{self.n_ubatch} "
-                f"fa:{fa} kv:{self.type_k}/{self.type_v}")  # fmt: skip
+                f"fa:{fa} kv:{self.type_k}/{self.type_v}")
         return text + (f" ngl:{self.n_gpu_layers}" if self.n_gpu_layers else "")
 
     def to_json(self) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def thread_values(max_threads: int) -> list[int]:
     if max_threads <= 8:
         return list(range(1, max_threads + 1))
     picks = {max_threads // 4, max_threads // 2, 3 * max_threads // 4, max_threads - 1,
-             max_threads}  # fmt: skip
+             max_threads}
     return sorted(p for p in picks if p >= 1)
 
 

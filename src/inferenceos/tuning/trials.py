@@ -91,7 +91,7 @@ def load_settings(knobs: Knobs, n_ctx: int) -> LoadSettings:
     return LoadSettings(n_ctx=n_ctx, n_batch=knobs.n_batch, n_ubatch=knobs.n_ubatch,
                         n_threads=knobs.n_threads, n_threads_batch=knobs.n_threads_batch,
                         n_gpu_layers=knobs.n_gpu_layers, flash_attn=knobs.flash_attn,
-                        type_k=knobs.type_k, type_v=knobs.type_v)  # fmt: skip
+                        type_k=knobs.type_k, type_v=knobs.type_v)
 
 
 def prompt_tokens(lm: LoadedModel, n: int) -> list[int]:
