@@ -15,10 +15,17 @@ the plan's choice:
   before resident ones.
 Where the mapping cannot be found (no /proc, not mmap'd) it degrades to
 posix_fadvise(WILLNEED) on its own descriptor and no drop-behind.
+
+On a model with routed experts the same cb_eval also watches the router's choice
+(`ffn_moe_topk-i`, llama.cpp's `build_moe_ffn`: int32 expert ids, [n_expert_used,
+n_tokens] in ggml order, a strided view) and counts the picks per layer and expert;
+`take_picks()` hands them to engine/weight_residency.py, which reports the share that
+fell on experts in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import mmap
@@ -28,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from inferenceos import interrupt
 from inferenceos.model.gguf_file import read_gguf
 from inferenceos.model.spec import tensor_place
@@ -35,6 +44,8 @@ from inferenceos.model.spec import tensor_place
 MADV_WILLNEED = 4
 MADV_COLD = 20  # Linux 5.4+; EINVAL before: drop-behind is then skipped
 PREFIX = b"attn_norm-"
+TOPK = b"ffn_moe_topk-"  # the router's chosen expert ids (llama-graph.cpp, build_moe_ffn)
+GGML_TYPE_I32 = 26
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,12 @@ def layer_spans(path: Path) -> dict[int, list[Span]]:
         else:
             own.append(Span(lo, hi))
     return spans
+
+
+def expert_count(path: Path) -> int:
+    """Routed experts per layer (`<arch>.expert_count`), 0 for a dense model."""
+    meta = read_gguf(path).metadata
+    return int(next((v for k, v in meta.items() if k.endswith(".expert_count")), 0) or 0)
 
 
 def _bytes(spans: list[Span]) -> int:
@@ -103,11 +120,14 @@ class LayerStreamer:
         self._closed = False
         self.prefetched = 0  # layer reads asked for (a figure for tests and reports)
         self.locked = 0  # resident bytes mlock'ed
+        self.n_expert = expert_count(self.path)
+        self._picks: dict[int, np.ndarray] = {}  # layer -> picks per expert, since taken
         from llama_cpp.llama_cpp import ggml_backend_sched_eval_callback
 
-        from inferenceos.engine.attention_probe import GGMLTensor
+        from inferenceos.engine.attention_probe import GGMLTensor, _tensor_get
 
         self._tensor = GGMLTensor
+        self._get = _tensor_get() if self.n_expert else None
         self.callback = ggml_backend_sched_eval_callback(interrupt.callback(self._on_tensor))
         self._thread = threading.Thread(target=self._run, name="layer-prefetch", daemon=True)
         self._thread.start()
@@ -186,8 +206,48 @@ class LayerStreamer:
                 total += n
         return have / total if total else 1.0
 
+    @property
+    def resident_bytes(self) -> int:
+        """File bytes of the resident set (what `attach` reads and locks)."""
+        return sum(_bytes(self.spans.get(i, [])) for i in self.resident)
+
+    @property
+    def streamed_bytes(self) -> int:
+        """File bytes of the layers read back while decoding (all the others)."""
+        return sum(_bytes(s) for i, s in self.spans.items() if i not in self.resident)
+
+    def take_picks(self) -> dict[int, np.ndarray]:
+        """The router's picks since the last call: layer -> count per expert."""
+        picks, self._picks = self._picks, {}
+        return picks
+
+    def _count_picks(self, addr: int, layer: int) -> None:
+        """Add one `ffn_moe_topk` tensor's ids to the layer's counts. The tensor is a
+        view (its rows `nb[1]` apart); ggml_backend_tensor_get copies its span from
+        whatever buffer holds it."""
+        t = ctypes.cast(addr, ctypes.POINTER(self._tensor)).contents
+        used, rows, stride = int(t.ne[0]), int(t.ne[1]), int(t.nb[1])
+        if t.type != GGML_TYPE_I32 or int(t.nb[0]) != 4 or used <= 0 or rows <= 0:
+            return
+        span = stride * (rows - 1) + 4 * used
+        buf = np.empty(span // 4, np.int32)
+        self._get(ctypes.cast(addr, ctypes.POINTER(self._tensor)),  # type: ignore[misc]
+                  buf.ctypes.data, 0, span)  # fmt: skip
+        ids = np.lib.stride_tricks.as_strided(buf, (rows, used), (stride, 4))
+        ids = ids[(ids >= 0) & (ids < self.n_expert)]
+        counts = np.bincount(ids, minlength=self.n_expert)
+        have = self._picks.get(layer)
+        self._picks[layer] = counts if have is None else have + counts
+
     def _on_tensor(self, addr: int, ask: bool, _user: int) -> bool:
         name = ctypes.cast(addr, ctypes.POINTER(self._tensor)).contents.name
+        if self.n_expert and name.startswith(TOPK):
+            if not ask:
+                # an exception here would return 0 to C, which aborts the decode: a
+                # figure is never worth that
+                with contextlib.suppress(Exception):
+                    self._count_picks(addr, int(name[len(TOPK):]))
+            return True
         if not name.startswith(PREFIX):
             return False
         if ask:

@@ -43,12 +43,14 @@ from inferenceos.engine.messages import (
     Sleep,
     Stats,
     Tokenize,
+    TokenOut,
     ToWorker,
     Wake,
     WorkerInfo,
     unknown,
 )
 from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.weight_residency import WeightResidency
 from inferenceos.errors import InferenceOSError
 from inferenceos.model.spec import ModelSpec, load_spec
 
@@ -108,8 +110,6 @@ def _handle(msg: ToWorker, lm: LoadedModel, sched: Scheduler) -> list[FromWorker
                 return list(sched.cancel(rid))
             case MediaTokens():
                 return [Result(rid, sched.media_tokens(msg.item))]
-            case Stats():
-                return [Result(rid, sched.stats())]
             case Tokenize():
                 return [Result(rid, lm.tokenize(msg.text, add_special=msg.add_special))]
             case Embed():
@@ -202,6 +202,9 @@ class _Runtime:
             self.lm.close()
             raise
         self.kv_store = _open_store(cfg, self.spec, settings)
+        # the weights' residency and paging for Stats (LoadedModel keeps its streamer
+        # private: a public accessor there would be the better hook)
+        self.weights = WeightResidency.of(self.lm, getattr(self.lm, "_streamer", None))
         self.sched: Scheduler | None = self._scheduler()
 
     def _scheduler(self) -> Scheduler:
@@ -295,6 +298,8 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
             if busy and rt.sched is not None:
                 events = _step(rt.sched)
                 if events:
+                    rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
+                                         for e in events))  # fmt: skip
                     conn.send(events)
     except (EOFError, BrokenPipeError):  # the parent went away
         return
@@ -321,9 +326,8 @@ def _dispatch(msg: ToWorker, rt: _Runtime) -> list[FromWorker] | None:
                 return [Failed.of(msg.req_id, exc)]
         case ExportLive() | ImportLive() | LiveNeed() | SetThreads():
             return _migrate(msg, rt)
-        case Stats() if rt.sched is None:  # a warm model stays warm (a scrape)
-            kv = {"kv_cache": rt.kv_store.stats()} if rt.kv_store is not None else {}
-            return [Result(msg.req_id, {"asleep": True, "running": 0, "waiting": 0, **kv})]
+        case Stats():
+            return [_stats(msg.req_id, rt)]
         case ToWorker():
             try:
                 sched = rt.awake()
@@ -331,6 +335,22 @@ def _dispatch(msg: ToWorker, rt: _Runtime) -> list[FromWorker] | None:
                 return [Failed.of(msg.req_id, exc)]
             return _handle(msg, rt.lm, sched)
     return [unknown(msg)]  # not a request at all (a parent of another version)
+
+
+def _stats(rid: int, rt: _Runtime) -> FromWorker:
+    """The Stats answer: the scheduler's figures (a warm model's without waking it: a
+    scrape leaves it warm) and the weights' residency ("weights", a WeightStats)."""
+    try:
+        if rt.sched is None:
+            kv = {"kv_cache": rt.kv_store.stats()} if rt.kv_store is not None else {}
+            report: dict[str, object] = {"asleep": True, "running": 0, "waiting": 0, **kv}
+        else:
+            report = rt.sched.stats()
+        return Result(rid, {**report, "weights": rt.weights.report()})
+    except InferenceOSError as exc:
+        return Failed.of(rid, exc)
+    except Exception as exc:  # a bug must cost one request, not every client's
+        return Failed(rid, "GenerationError", f"internal error: {exc!r}")
 
 
 def _migrate(msg: ExportLive | ImportLive | LiveNeed | SetThreads,
