@@ -16,6 +16,7 @@ from inferenceos.registry.leases import ResidentModel
 from inferenceos.registry.manager import ModelManager
 from inferenceos.server.generation import call_in_thread
 from inferenceos.server.kv_cache_metrics import KV_CACHE
+from inferenceos.server.weight_metrics import WEIGHTS
 
 KV_STATS_TIMEOUT_S = 0.5
 
@@ -29,6 +30,8 @@ def _read(manager: ModelManager, lm: ResidentModel) -> float | None:
     reported = stats()
     if isinstance(reported.get("kv_cache"), dict):  # the tiered KV cache's figures
         KV_CACHE[lm.model.name] = reported["kv_cache"]
+    if isinstance(reported.get("weights"), dict):  # residency and paging (weight_metrics)
+        WEIGHTS[lm.model.name] = reported["weights"]
     value: Any = reported.get("kv_usage")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None

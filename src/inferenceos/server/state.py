@@ -59,8 +59,11 @@ class ServerState:
                                      for d, n in sorted(self.manager.migration_bytes.items())],
         )
         from inferenceos.server.kv_cache_metrics import register as register_kv_cache
+        from inferenceos.server.weight_metrics import register as register_weights
 
-        register_kv_cache(self.metrics, lambda: [m.model.name for m in self.manager.loaded()])
+        loaded = lambda: [m.model.name for m in self.manager.loaded()]  # noqa: E731
+        register_kv_cache(self.metrics, loaded)
+        register_weights(self.metrics, loaded)
 
     def model_name(self, requested: str | None) -> str:
         """The model a request means: its own name, else the server's default. With
