@@ -2,7 +2,9 @@
 
 Reads the same routes any client can: /api/budget (devices: memory, caps, pressure),
 /health (RPC workers: up, in use, lost), /api/ps (loaded models, tiers), /metrics
-(requests running / waiting, KV usage, tokens generated → throughput) and
+(requests running / waiting, KV usage, tokens generated → throughput; a model that
+streams weights from disk gets a line under the models: resident against streamed,
+page-ins and bytes read per token, the expert hit rate) and
 /api/events?since= (migrations, evictions, loads, budget changes as they happen).
 Redraws every `--interval` seconds with Rich Live on the terminal's alternate screen;
 `q` (or Ctrl-C) quits. Plain text over a TTY: it works over SSH. `--once` prints one
@@ -106,6 +108,7 @@ class Snapshot:
     tps: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     workers: dict[str, str] = field(default_factory=dict)  # RPC workers (serve --rpc)
+    weights: dict[str, dict[str, float]] = field(default_factory=dict)  # per model
 
 
 class Monitor:
@@ -120,8 +123,11 @@ class Monitor:
 
     def poll(self) -> Snapshot:
         g = lambda p: fetch(self.url, p, self.key)  # noqa: E731
-        snap = Snapshot(g("/api/budget"), g("/api/ps"), parse_metrics(g("/metrics")),
-                        time.monotonic())  # fmt: skip
+        from inferenceos.cli.ps_cmd import weight_figures
+
+        text = g("/metrics")
+        snap = Snapshot(g("/api/budget"), g("/api/ps"), parse_metrics(text), time.monotonic())
+        snap.weights = weight_figures(text)
         snap.workers = dict(g("/health").get("workers") or {})
         new = g(f"/api/events?since={self.last_id}")
         self.last_id = new.get("last_id", self.last_id)
@@ -176,6 +182,7 @@ def render(snap: Snapshot, url: str) -> Group:
                        str(md.get("in_use", 0)), safe_text(str(md.get("reason", ""))[:60]))
     if not snap.ps.get("models"):
         models.add_row("(none loaded)", "", "", "", "", "")
+    streaming = _streaming(snap)
     evs = Table("TIME", "EVENT", "MODEL", "DETAIL", box=None, title="events",
                 title_justify="left")  # fmt: skip
     for e in reversed(snap.events):
@@ -187,7 +194,17 @@ def render(snap: Snapshot, url: str) -> Group:
     if snap.workers:
         parts.append(Text("workers: " + ", ".join(
             f"{safe_text(a)} {safe_text(s)}" for a, s in snap.workers.items())))  # fmt: skip
-    return Group(*parts, Text(""), models, Text(""), evs)
+    return Group(*parts, Text(""), models, *streaming, Text(""), evs)
+
+
+def _streaming(snap: Snapshot) -> list[Text]:
+    """A line per loaded model that streams weights from disk (none otherwise)."""
+    from inferenceos.cli.ps_cmd import streaming_line
+
+    lines = (streaming_line(safe_text(str(md.get("name", ""))),
+                            snap.weights.get(str(md.get("name", "")), {}))
+             for md in snap.ps.get("models", []))  # fmt: skip
+    return [Text(line, style="yellow") for line in lines if line]
 
 
 def _detail(e: dict[str, Any]) -> str:

@@ -1,4 +1,6 @@
-"""`inferenceos ps`: models loaded by a running server (asks its /api/ps)."""
+"""`inferenceos ps`: models loaded by a running server (asks its /api/ps, and its
+/metrics for the weights' residency: a model that streams weights from disk gets a
+line of its own under the table, so the common case's table does not grow)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,66 @@ def fetch_ps(host: str, port: int, api_key: str, timeout: float = 5.0) -> dict[s
         ) from None
 
 
+def fetch_metrics(host: str, port: int, api_key: str, timeout: float = 5.0) -> str:
+    """/metrics as text, or "" when it cannot be read (the table does without it)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    req = urllib.request.Request(f"http://{shown}:{port}/metrics")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return str(resp.read().decode())
+    except (urllib.error.URLError, OSError, ValueError):
+        return ""
+
+
+# /metrics families (server/weight_metrics.py) -> the key `ps --json` gives them
+WEIGHT_FIGURES = {
+    "weights_resident_bytes": "resident_bytes",
+    "weights_streamed_bytes": "streamed_bytes",
+    "weights_mapped_resident_bytes": "mapped_resident_bytes",
+    "weight_page_ins_per_token": "page_ins_per_token",
+    "weight_read_bytes_per_token": "read_bytes_per_token",
+    "expert_hit_ratio": "expert_hit_ratio",
+}
+
+
+def weight_figures(metrics_text: str) -> dict[str, dict[str, float]]:
+    """{model name: {figure: value}} of the weights' families in a scrape; {} when
+    the text is not the Prometheus format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            key = WEIGHT_FIGURES.get(family.name.removeprefix("inferenceos:"))
+            for sample in family.samples if key else ():
+                name = sample.labels.get("model_name", "")
+                out.setdefault(name, {})[str(key)] = float(sample.value)
+    except ValueError:
+        return {}
+    return out
+
+
+def streaming_line(name: str, w: dict[str, float]) -> str | None:
+    """One line for a model that streams weights from disk; None when nothing
+    streams: 'NAME streams 38 MiB of weights from disk, 15 MiB resident (30 MiB of
+    the file in memory now); per token 41 page-ins, 2.1 MiB read; experts 87 % hit'."""
+    streamed = int(w.get("streamed_bytes", 0))
+    if streamed <= 0:
+        return None
+    line = (f"{name} streams {fmt_bytes(streamed)} of weights from disk, "
+            f"{fmt_bytes(int(w.get('resident_bytes', 0)))} resident")  # fmt: skip
+    if "mapped_resident_bytes" in w:
+        line += f" ({fmt_bytes(int(w['mapped_resident_bytes']))} of the file in memory now)"
+    if "page_ins_per_token" in w:
+        line += (f"; per token {w['page_ins_per_token']:.0f} page-ins, "
+                 f"{fmt_bytes(int(w.get('read_bytes_per_token', 0)))} read")  # fmt: skip
+    if "expert_hit_ratio" in w:
+        line += f"; experts {w['expert_hit_ratio']:.0%} hit"
+    return line
+
+
 def ps(
     host: Annotated[str | None, typer.Option("--host")] = None,
     port: Annotated[int | None, typer.Option("--port")] = None,
@@ -54,8 +116,13 @@ def ps(
     from inferenceos.config import load_config
 
     cfg = load_config()
-    data = fetch_ps(host or cfg.get("server.host"), port or cfg.get("server.port"),
-                    api_key or cfg.get("server.api_key"))
+    where = (host or cfg.get("server.host"), port or cfg.get("server.port"),
+             api_key or cfg.get("server.api_key"))  # fmt: skip
+    data = fetch_ps(*where)
+    weights = weight_figures(fetch_metrics(*where)) if data.get("models") else {}
+    for m in data.get("models", []):
+        if str(m.get("name")) in weights:
+            m["weights"] = weights[str(m.get("name"))]
     if as_json:
         print_json(data)
         return
@@ -67,6 +134,10 @@ def ps(
     for i, line in enumerate(render_table(rows, out.width)):
         out.print(Text(line, style="bold" if i < 2 and _is_header(line) else ""),
                   soft_wrap=True)
+    for m in data.get("models", []):
+        streams = streaming_line(clean_text(str(m.get("name"))), m.get("weights") or {})
+        if streams:
+            out.print(Text(streams), soft_wrap=True)
 
 
 HEADERS = ("NAME", "STATE", "MEMORY", "CONTEXT", "UNTIL", "WHY")
