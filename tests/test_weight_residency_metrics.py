@@ -89,7 +89,7 @@ def _generate_and_scrape(url: str) -> tuple[str, dict[str, dict[str, float]]]:
     from inferenceos.cli.ps_cmd import weight_figures
 
     r = httpx.post(url + "/v1/completions", timeout=120,
-                   json={"model": "q4", "prompt": "abc", "max_tokens": 4})  # fmt: skip
+                   json={"model": "q4", "prompt": "abc", "max_tokens": 4})
     assert r.status_code == 200, r.text
     text = httpx.get(url + "/metrics", timeout=30).text
     return text, weight_figures(text)
@@ -132,7 +132,7 @@ def test_ps_prints_the_streaming_line_under_the_table_only_for_a_streamed_model(
         "# TYPE inferenceos:weight_page_ins_per_token gauge",
         'inferenceos:weight_page_ins_per_token{model_name="big"} 41.0',
         "# TYPE inferenceos:expert_hit_ratio gauge",
-        'inferenceos:expert_hit_ratio{model_name="big"} 0.875', ""])  # fmt: skip
+        'inferenceos:expert_hit_ratio{model_name="big"} 0.875', ""])
     figures = weight_figures(text)
     assert streaming_line("small", figures["small"]) is None
     line = streaming_line("big", figures["big"])
@@ -207,7 +207,7 @@ def test_monitor_adds_a_line_under_the_models_only_for_one_that_streams() -> Non
     snap = Snapshot({}, {"models": models}, {}, 0.0)
     snap.weights = {"big": {"streamed_bytes": 40 * MIB, "resident_bytes": 10 * MIB,
                             "page_ins_per_token": 3.0, "read_bytes_per_token": 2 * MIB},
-                    "small": {"streamed_bytes": 0, "resident_bytes": 10 * MIB}}  # fmt: skip
+                    "small": {"streamed_bytes": 0, "resident_bytes": 10 * MIB}}
     console = Console(width=200, record=True)
     console.print(render(snap, "http://x"))
     text = console.export_text()

@@ -36,7 +36,7 @@ def main() -> int:
     req = LoadRequest(n_ctx=512, type_k="f16", type_v="f16")
     plan = plan_here(load_model_facts(a.model), machine, req).plan
     out: dict[str, object] = {"ram_budget": machine.cpu.memory_bytes,
-                              "disk_bound": plan.disk_bound}  # fmt: skip
+                              "disk_bound": plan.disk_bound}
     if a.plan_only:
         print(json.dumps(out))
         return 0
@@ -47,7 +47,7 @@ def main() -> int:
         n = sum(ev.token >= 0 for ev in generate_one(m, m.tokenize("abc"), sampling))
         weights.count(n)
         out.update(streamed=streamer is not None, tokens=n, weights=weights.report(),
-                   file_size=Path(a.model).stat().st_size)  # fmt: skip
+                   file_size=Path(a.model).stat().st_size)
     print(json.dumps(out))
     return 0
 

@@ -53,7 +53,7 @@ def server_url(url: str | None) -> str:
 
 
 def fetch(url: str, path: str, api_key: str, timeout: float = 5.0,
-          data: dict[str, Any] | None = None) -> Any:  # fmt: skip
+          data: dict[str, Any] | None = None) -> Any:
     """GET (or POST `data` as JSON) `url + path`; JSON, or text for /metrics.
     InferenceOSError with one line when the server cannot be reached or refuses."""
     body = json.dumps(data).encode() if data is not None else None
@@ -72,7 +72,7 @@ def fetch(url: str, path: str, api_key: str, timeout: float = 5.0,
             err = json.loads(exc.read()).get("error", "")  # Ollama-style: a string
             detail = err if isinstance(err, str) else str(err.get("message", ""))
         hint = ": it needs an API key (--api-key)" if exc.code == 401 else (
-            f": {detail}" if detail else "")  # fmt: skip
+            f": {detail}" if detail else "")
         raise InferenceOSError(f"the server at {url} answered {exc.code}{hint}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise InferenceOSError(
@@ -136,7 +136,7 @@ class Monitor:
         gen = "inferenceos:generation_tokens_total"
         if self.prev is not None and snap.at > self.prev.at:
             snap.tps = (snap.metrics.get(gen, 0) - self.prev.metrics.get(gen, 0)) / (
-                snap.at - self.prev.at)  # fmt: skip
+                snap.at - self.prev.at)
         self.prev = snap
         return snap
 
@@ -159,9 +159,9 @@ def render(snap: Snapshot, url: str) -> Group:
         f"waiting {m.get('inferenceos:num_requests_waiting', 0):.0f} · {tps} · "
         f"KV {m.get('inferenceos:kv_cache_usage_perc', 0):.0%} · "
         f"migrations {p.get('migrations', 0)}   ", ("q quits", "dim"),
-    )  # fmt: skip
+    )
     dev = Table("DEVICE", "OURS", "FREE", "CAP", "FILL", "SIGNAL", box=None, title_justify="left",
-                title="devices")  # fmt: skip
+                title="devices")
     for d in snap.budget.get("devices", []):
         total = d.get("total_bytes") or 0
         free = d.get("free_bytes")
@@ -172,9 +172,9 @@ def render(snap: Snapshot, url: str) -> Group:
                     fb(free) if free is not None else "?",
                     fb(d["cap_bytes"]) if d.get("cap_bytes") is not None else "-", fill,
                     Text(f"{sig:.0%}" if sig is not None else "-",
-                         style="bold red" if pressured else ""))  # fmt: skip
+                         style="bold red" if pressured else ""))
     models = Table("MODEL", "STATE", "MEMORY", "CONTEXT", "IN USE", "WHY", box=None,
-                   title="models", title_justify="left")  # fmt: skip
+                   title="models", title_justify="left")
     for md in snap.ps.get("models", []):
         mem = ", ".join(f"{k} {fb(v)}" for k, v in (md.get("memory_by_device") or {}).items())
         models.add_row(safe_text(md.get("name", "")), md.get("state", ""), mem,
@@ -184,16 +184,16 @@ def render(snap: Snapshot, url: str) -> Group:
         models.add_row("(none loaded)", "", "", "", "", "")
     streaming = _streaming(snap)
     evs = Table("TIME", "EVENT", "MODEL", "DETAIL", box=None, title="events",
-                title_justify="left")  # fmt: skip
+                title_justify="left")
     for e in reversed(snap.events):
         style = "bold magenta" if e.get("kind") == "migration" else ""
         evs.add_row(time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0))),
                     Text(e.get("kind", ""), style=style), safe_text(e.get("model", "")),
-                    safe_text(_detail(e)))  # fmt: skip
+                    safe_text(_detail(e)))
     parts: list[Any] = [head, Text(""), dev]
     if snap.workers:
         parts.append(Text("workers: " + ", ".join(
-            f"{safe_text(a)} {safe_text(s)}" for a, s in snap.workers.items())))  # fmt: skip
+            f"{safe_text(a)} {safe_text(s)}" for a, s in snap.workers.items())))
     return Group(*parts, Text(""), models, *streaming, Text(""), evs)
 
 
@@ -203,7 +203,7 @@ def _streaming(snap: Snapshot) -> list[Text]:
 
     lines = (streaming_line(safe_text(str(md.get("name", ""))),
                             snap.weights.get(str(md.get("name", "")), {}))
-             for md in snap.ps.get("models", []))  # fmt: skip
+             for md in snap.ps.get("models", []))
     return [Text(line, style="yellow") for line in lines if line]
 
 
@@ -231,7 +231,7 @@ def _keys() -> Iterator[Any]:
     tty.setcbreak(fd)
     try:
         yield lambda: os.read(fd, 32).decode(errors="replace") if select.select(
-            [fd], [], [], 0)[0] else ""  # fmt: skip
+            [fd], [], [], 0)[0] else ""
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, old)
 
@@ -260,7 +260,7 @@ def monitor(
         out.print(render(snap, base))
         return
     with _keys() as keys, Live(render(snap, base), console=out, screen=True,
-                               auto_refresh=False) as live:  # fmt: skip
+                               auto_refresh=False) as live:
         next_at = time.monotonic() + interval
         while True:
             pressed = keys()
@@ -273,5 +273,5 @@ def monitor(
                     live.update(render(snap, base), refresh=True)
                 except InferenceOSError as exc:  # the server went away: say so, keep trying
                     live.update(Group(render(snap, base), Text(str(exc), style="bold red")),
-                                refresh=True)  # fmt: skip
+                                refresh=True)
             time.sleep(0.05)

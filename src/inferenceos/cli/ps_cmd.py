@@ -93,12 +93,12 @@ def streaming_line(name: str, w: dict[str, float]) -> str | None:
     if streamed <= 0:
         return None
     line = (f"{name} streams {fmt_bytes(streamed)} of weights from disk, "
-            f"{fmt_bytes(int(w.get('resident_bytes', 0)))} resident")  # fmt: skip
+            f"{fmt_bytes(int(w.get('resident_bytes', 0)))} resident")
     if "mapped_resident_bytes" in w:
         line += f" ({fmt_bytes(int(w['mapped_resident_bytes']))} of the file in memory now)"
     if "page_ins_per_token" in w:
         line += (f"; per token {w['page_ins_per_token']:.0f} page-ins, "
-                 f"{fmt_bytes(int(w.get('read_bytes_per_token', 0)))} read")  # fmt: skip
+                 f"{fmt_bytes(int(w.get('read_bytes_per_token', 0)))} read")
     if "expert_hit_ratio" in w:
         line += f"; experts {w['expert_hit_ratio']:.0%} hit"
     return line
@@ -117,7 +117,7 @@ def ps(
 
     cfg = load_config()
     where = (host or cfg.get("server.host"), port or cfg.get("server.port"),
-             api_key or cfg.get("server.api_key"))  # fmt: skip
+             api_key or cfg.get("server.api_key"))
     data = fetch_ps(*where)
     weights = weight_figures(fetch_metrics(*where)) if data.get("models") else {}
     for m in data.get("models", []):
@@ -130,7 +130,7 @@ def ps(
              f"{m.get('context_length', '')} × {m.get('slots', 1)}",
              human_until(str(m.get("expires_at") or "")),
              clean_text(str(m.get("reason") or ""))]
-            for m in data.get("models", [])]  # fmt: skip
+            for m in data.get("models", [])]
     for i, line in enumerate(render_table(rows, out.width)):
         out.print(Text(line, style="bold" if i < 2 and _is_header(line) else ""),
                   soft_wrap=True)
@@ -154,7 +154,7 @@ def render_table(rows: list[list[str]], width: int) -> list[str]:
     expiry under one header, then `why:` and its reason on one line. Names are never
     cut; a reason in full is in `ps --json`."""
     cols = [max([cell_len(h), *(cell_len(r[i]) for r in rows)])
-            for i, h in enumerate(HEADERS[:5])]  # fmt: skip
+            for i, h in enumerate(HEADERS[:5])]
     used = sum(cols) + len(GAP) * len(cols)
     longest_why = max((cell_len(r[5]) for r in rows), default=0)
     if width - used >= min(WHY_MIN, max(3, longest_why)):

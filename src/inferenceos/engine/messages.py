@@ -117,7 +117,7 @@ class Progress:
 
     def event(self) -> TokenEvent:
         return TokenEvent(-1, "", progress=(self.prompt_tokens, self.cached,
-                                            self.processed, self.ms))  # fmt: skip
+                                            self.processed, self.ms))
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ class LayerStreamer:
         for s in self.spans.get(layer, ()):
             start = s.start // page * page
             if self._libc.mlock(ctypes.c_void_p(base + start),
-                                ctypes.c_size_t(s.end - start)) == 0:  # fmt: skip
+                                ctypes.c_size_t(s.end - start)) == 0:
                 done += s.end - start
         return done
 
@@ -185,7 +185,7 @@ class LayerStreamer:
                     os.posix_fadvise(self._fd, start, s.end - start, os.POSIX_FADV_WILLNEED)
                 continue
             self._libc.madvise(ctypes.c_void_p(self._base + start),
-                               ctypes.c_size_t(s.end - start), advice)  # fmt: skip
+                               ctypes.c_size_t(s.end - start), advice)
 
     def resident_in_core(self) -> float:
         """Share of the resident set's pages in memory now (mincore on the mapping);
@@ -200,7 +200,7 @@ class LayerStreamer:
                 n = (s.end - start + page - 1) // page
                 vec = (ctypes.c_ubyte * n)()
                 if self._libc.mincore(ctypes.c_void_p(base + start),
-                                      ctypes.c_size_t(s.end - start), vec) != 0:  # fmt: skip
+                                      ctypes.c_size_t(s.end - start), vec) != 0:
                     return 0.0
                 have += sum(b & 1 for b in vec)
                 total += n
@@ -232,7 +232,7 @@ class LayerStreamer:
         span = stride * (rows - 1) + 4 * used
         buf = np.empty(span // 4, np.int32)
         self._get(ctypes.cast(addr, ctypes.POINTER(self._tensor)),  # type: ignore[misc]
-                  buf.ctypes.data, 0, span)  # fmt: skip
+                  buf.ctypes.data, 0, span)
         ids = np.lib.stride_tricks.as_strided(buf, (rows, used), (stride, 4))
         ids = ids[(ids >= 0) & (ids < self.n_expert)]
         counts = np.bincount(ids, minlength=self.n_expert)

@@ -104,7 +104,7 @@ def _handle(msg: ToWorker, lm: LoadedModel, sched: Scheduler) -> list[FromWorker
 
                 sched.submit(prompt_request(rid, msg.prompt, msg.sampling, lm, sched.media,
                                             msg.media, kv_policy=msg.kv_policy,
-                                            draft=msg.draft, progress=msg.progress))  # fmt: skip
+                                            draft=msg.draft, progress=msg.progress))
                 return []
             case Cancel():
                 return list(sched.cancel(rid))
@@ -118,7 +118,7 @@ def _handle(msg: ToWorker, lm: LoadedModel, sched: Scheduler) -> list[FromWorker
                 from inferenceos.engine.slot_state import export_slot, import_slot
 
                 result = (export_slot(sched, list(msg.tokens)) if isinstance(msg, ExportState)
-                          else import_slot(sched, list(msg.tokens), msg.data))  # fmt: skip
+                          else import_slot(sched, list(msg.tokens), msg.data))
                 return [Result(rid, result)]
     except InferenceOSError as exc:
         return [Failed.of(rid, exc)]
@@ -139,7 +139,7 @@ def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
 
 
 def _attention_setup(cfg: WorkerConfig,
-                     spec: ModelSpec) -> tuple[LoadSettings, AttentionProbe | None]:  # fmt: skip
+                     spec: ModelSpec) -> tuple[LoadSettings, AttentionProbe | None]:
     """For policies that read attention (h2o): a probe on the full-attention layers,
     flash attention off (llama.cpp has no attention probabilities with it on) and one
     shared KV pool (the probe maps one attention row per token to cells of one pool)."""
@@ -161,7 +161,7 @@ def _attention_setup(cfg: WorkerConfig,
 
 
 def _open_store(cfg: WorkerConfig, spec: ModelSpec,
-                settings: LoadSettings) -> KVStore | None:  # fmt: skip
+                settings: LoadSettings) -> KVStore | None:
     """The tiered KV store for this model and KV layout, or None when both budgets are
     0. Partial prefixes are restored only when every layer keeps all its cells."""
     if cfg.kv_cache_ram <= 0 and (cfg.kv_cache_disk <= 0 or cfg.kv_cache_dir is None):
@@ -214,7 +214,7 @@ class _Runtime:
         return Scheduler(self.lm, c.n_slots, c.token_budget, c.kv_policy, c.slot_policy,
                          max_queue=c.max_queue, probe=self.probe,
                          policy_options=policy_options(self.spec), draft=c.draft,
-                         media=self.media, kv_store=self.kv_store)  # fmt: skip
+                         media=self.media, kv_store=self.kv_store)
 
     def awake(self) -> Scheduler:
         """The scheduler, opening a context first if the worker sleeps."""
@@ -227,9 +227,9 @@ class _Runtime:
         drafts = self.sched.footprint_bytes() if self.sched is not None else 0
         m = self.media
         media: MediaSupport = ({"vision": m.vision, "audio": m.audio, "load_s": m.load_s}
-                               if m else {})  # fmt: skip
+                               if m else {})
         return {**_info(self.lm, self.cfg.n_slots), "asleep": self.sched is None,
-                "draft_bytes": drafts, "buffers": self.buffers, "media": media}  # fmt: skip
+                "draft_bytes": drafts, "buffers": self.buffers, "media": media}
 
     def lifecycle(self, msg: Sleep | Wake | Resize) -> list[FromWorker]:
         """Sleep / Wake / Resize (see the module docstring); only when idle."""
@@ -266,7 +266,7 @@ class _Runtime:
         self.sched = None
         self.cfg = replace(self.cfg, settings=settings, n_slots=n_slots)
         self.lm.open_context(replace(settings, flash_attn=self.lm.settings.flash_attn)
-                             if self.probe else settings)  # fmt: skip
+                             if self.probe else settings)
         self.sched = self._scheduler()
         carried = 0
         for item in saved:
@@ -299,7 +299,7 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
                 events = _step(rt.sched)
                 if events:
                     rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
-                                         for e in events))  # fmt: skip
+                                         for e in events))
                     conn.send(events)
     except (EOFError, BrokenPipeError):  # the parent went away
         return
@@ -354,7 +354,7 @@ def _stats(rid: int, rt: _Runtime) -> FromWorker:
 
 
 def _migrate(msg: ExportLive | ImportLive | LiveNeed | SetThreads,
-             rt: _Runtime) -> list[FromWorker]:  # fmt: skip
+             rt: _Runtime) -> list[FromWorker]:
     """ExportLive / ImportLive / LiveNeed / SetThreads (engine.migrate), between two
     scheduler steps."""
     from inferenceos.engine.migrate import LiveState, export_live, import_live, live_need
@@ -368,7 +368,7 @@ def _migrate(msg: ExportLive | ImportLive | LiveNeed | SetThreads,
                 return [Result(rid, live_need(rt.sched) if rt.sched is not None else 0)]
             case ExportLive():
                 return [Result(rid, export_live(rt.sched) if rt.sched is not None
-                               else LiveState())]  # fmt: skip
+                               else LiveState())]
         result = import_live(rt.awake(), msg.state)
         events: list[FromWorker] = result.pop("events")
         return [*events, Result(rid, result)]
