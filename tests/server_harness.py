@@ -1,6 +1,6 @@
 """Start a real uvicorn server on 127.0.0.1 (a free port) in a background thread.
 
-Used by tests/test_server_*.py. The server serves tiny fixture models under the names
+Used by tests/test_server_*.py (and `SLOW` / `long_stream`, a stream that lasts seconds, by the live-metrics and monitor tests). The server serves tiny fixture models under the names
 given, with small contexts and one thread so tests stay fast.
 """
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from inferenceos.engine.session import LoadSettings
@@ -94,3 +95,49 @@ def serving(models: dict[str, Path], root: Path, **kw: Any) -> Iterator[Harness]
             yield h
         finally:
             h.stop()
+
+
+# a 4096-token context on the wide tiny model: a stream that lasts seconds
+SLOW = LoadRequest(n_ctx=4096, n_batch=64, threads=1)
+
+
+class LongStream:
+    """One long streamed /api/generate in a thread; `lines` counts what came so far."""
+
+    def __init__(self, url: str, model: str, n_predict: int = 3000) -> None:
+        self.url, self.model, self.n = url, model, n_predict
+        self.lines = 0
+        self.flowing = threading.Event()  # a few tokens have come
+        self.ended = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        body = {"model": self.model, "prompt": "go", "stream": True,
+                "options": {"num_predict": self.n, "temperature": 0}}
+        try:
+            with httpx.stream("POST", self.url + "/api/generate", json=body,
+                              timeout=120) as r:  # fmt: skip
+                for line in r.iter_lines():
+                    self.lines += bool(line)
+                    if self.lines >= 5:
+                        self.flowing.set()
+                    if self.stop.is_set():
+                        break
+        finally:
+            self.ended.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
+@contextlib.contextmanager
+def long_stream(url: str, model: str) -> Iterator[LongStream]:
+    s = LongStream(url, model)
+    try:
+        assert s.flowing.wait(60), "the stream did not start"
+        yield s
+    finally:
+        s.close()

@@ -4,21 +4,15 @@ would write them (registry/events.event_text, the `text` of GET /api/events)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from inferenceos.cli.monitor_cmd import parse_metrics
-from inferenceos.plan.entry import LoadRequest
-from server_harness import serving
+from server_harness import SLOW, long_stream, serving
 from tiny_models import write_tiny_model
 
-# a 4096-token context on the wide tiny model: a stream that lasts seconds
-SLOW = LoadRequest(n_ctx=4096, n_batch=64, threads=1)
 GEN = "inferenceos:generation_tokens_total"
 
 
@@ -26,48 +20,6 @@ GEN = "inferenceos:generation_tokens_total"
 def slow_letters(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("live") / "slow.gguf", kind="wide",
                             letters_only=True)
-
-
-class LongStream:
-    """One long streamed /api/generate in a thread; `lines` counts what came so far."""
-
-    def __init__(self, url: str, model: str, n_predict: int = 3000) -> None:
-        self.url, self.model, self.n = url, model, n_predict
-        self.lines = 0
-        self.flowing = threading.Event()  # a few tokens have come
-        self.ended = threading.Event()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        body = {"model": self.model, "prompt": "go", "stream": True,
-                "options": {"num_predict": self.n, "temperature": 0}}
-        try:
-            with httpx.stream("POST", self.url + "/api/generate", json=body,
-                              timeout=120) as r:  # fmt: skip
-                for line in r.iter_lines():
-                    self.lines += bool(line)
-                    if self.lines >= 5:
-                        self.flowing.set()
-                    if self.stop.is_set():
-                        break
-        finally:
-            self.ended.set()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(60)
-
-
-@contextmanager
-def long_stream(url: str, model: str) -> Iterator[LongStream]:
-    s = LongStream(url, model)
-    try:
-        assert s.flowing.wait(60), "the stream did not start"
-        yield s
-    finally:
-        s.close()
 
 
 def test_generated_tokens_count_while_a_request_generates(slow_letters: Path,

@@ -14,9 +14,8 @@ import httpx
 import pytest
 
 from cli_helpers import cli_env, run_cli
-from server_harness import serving
+from server_harness import SLOW, long_stream, serving
 from test_chat_cli import Screen
-from test_live_metrics import SLOW, long_stream
 from tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
