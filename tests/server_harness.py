@@ -1,7 +1,8 @@
 """Start a real uvicorn server on 127.0.0.1 (a free port) in a background thread.
 
-Used by tests/test_server_*.py (and `SLOW` / `long_stream`, a stream that lasts seconds, by the live-metrics and monitor tests). The server serves tiny fixture models under the names
-given, with small contexts and one thread so tests stay fast.
+Used by the server tests (and `SLOW` / `long_stream`, a stream that lasts seconds, by
+the live-metrics and monitor tests). The server serves tiny fixture models under the
+names given, with small contexts and one thread so tests stay fast.
 """
 
 from __future__ import annotations
