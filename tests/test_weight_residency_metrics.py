@@ -177,6 +177,7 @@ def test_the_streamer_counts_the_routers_picks_and_the_hit_ratio_follows_residen
                 for lo, hi in ranges if e == 0 else ():
                     first, end = -(-(lo - r.offset) // 4096), (hi - r.offset) // 4096
                     vec[max(first, 0):max(end, 0)] = False
+        w._core.set(w._core.regions)
         ratio = w._hit_ratio()
         on_0 = sum(int(c[0]) for c in picks.values())
         total = sum(int(c.sum()) for c in picks.values())
@@ -214,3 +215,19 @@ def test_monitor_adds_a_line_under_the_models_only_for_one_that_streams() -> Non
     assert "big streams 40.0 MiB of weights from disk" in text, text
     assert "per token 3 page-ins, 2.0 MiB read" in text
     assert "small streams" not in text
+
+
+def test_the_share_in_core_counts_every_page_a_range_touches() -> None:
+    import numpy as np
+
+    from inferenceos.engine.weight_residency import Region, _Core
+
+    page = 4096
+    core = _Core(Path("/nonexistent"))
+    # a region of 4 pages holding file bytes from 2 pages on: pages 2..5 of the file
+    core.set([(Region(0, 4 * page, 2 * page), np.array([True, False, True, True]))])
+    assert core.resident_bytes() == 3 * page
+    assert core.fraction([(2 * page, 4 * page)]) == 0.5  # file pages 2, 3
+    assert core.fraction([(2 * page + 100, 5 * page + 1)]) == 0.75  # pages 2..5
+    assert core.fraction([(0, 2 * page)]) == 0.0  # not mapped: never in core
+    assert core.fraction([(0, 3 * page)]) == pytest.approx(1 / 3)  # 0, 1 unmapped

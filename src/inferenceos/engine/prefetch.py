@@ -236,8 +236,9 @@ class LayerStreamer:
         ids = np.lib.stride_tricks.as_strided(buf, (rows, used), (stride, 4))
         ids = ids[(ids >= 0) & (ids < self.n_expert)]
         counts = np.bincount(ids, minlength=self.n_expert)
-        have = self._picks.get(layer)
-        self._picks[layer] = counts if have is None else have + counts
+        picks = self._picks  # one dict throughout: a take_picks meanwhile loses these
+        have = picks.get(layer)  # counts, it never counts them twice
+        picks[layer] = counts if have is None else have + counts
 
     def _on_tensor(self, addr: int, ask: bool, _user: int) -> bool:
         name = ctypes.cast(addr, ctypes.POINTER(self._tensor)).contents.name
