@@ -134,7 +134,7 @@ def footer(m: GenerationMetrics) -> str:
         f"TTFT {m.ttft_s * 1000:.0f} ms · generated {m.completion_tokens} tok at "
         f"{m.decode_tps:.1f} t/s · stop: {m.stop_reason}"
     ) + (f" · draft {m.draft}: {m.acceptance_rate:.0%} accepted, "
-         f"{m.tokens_per_step:.2f} tok/step" if m.draft else "")  # fmt: skip
+         f"{m.tokens_per_step:.2f} tok/step" if m.draft else "")
 
 
 def run(
@@ -233,13 +233,13 @@ def run(
     items, projector, n_media = _media_inputs(model, image, audio, mmproj)
     text = with_markers(text, len(items))
     need = min(len(text.encode()) + n_media + max_tokens + 64,
-               spec.context_length or DEFAULT_CTX)  # fmt: skip
+               spec.context_length or DEFAULT_CTX)
     req = load_request(
         ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
         ram=ram, gpu_memory=gpu_memory, n_batch=batch, need_tokens=need, mmproj=projector,
         image_tokens=n_media, kv_quality=kv_quality,
-    )  # fmt: skip
+    )
     probe = _policy_probe(spec, kv_policy)
     if probe is not None:  # H2O reads attention, which exists only without flash attention
         req = replace(req, flash_attn=False)

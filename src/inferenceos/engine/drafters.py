@@ -153,7 +153,7 @@ def _kv_bytes(path: Path, n_ctx: int) -> int:
 
     spec = load_spec(path)
     per_cell = sum(layer.head_count_kv for layer in spec.layers) * (
-        spec.key_length + spec.value_length) * 2  # fmt: skip
+        spec.key_length + spec.value_length) * 2
     return per_cell * n_ctx
 
 
@@ -163,7 +163,7 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, setup: DraftSetup, path: Path | None = None, p_min: float = 0.5,
-                 cost: float | None = None) -> None:  # fmt: skip
+                 cost: float | None = None) -> None:
         """`cost`: one draft token's cost relative to a target decode step, before it is
         measured (None: plan.speculative.model_draft_cost from the two files' sizes). A
         drafter that could not pay even at a high acceptance never drafts (DraftState)."""
@@ -173,10 +173,10 @@ class ModelDrafter:
         from inferenceos.plan.speculative import model_draft_cost
 
         self.cost_prior = cost if cost is not None else model_draft_cost(
-            path.stat().st_size, Path(setup.model_path).stat().st_size)  # fmt: skip
+            path.stat().st_size, Path(setup.model_path).stat().st_size)
         s = setup.settings
         settings = replace(s, n_seq_max=setup.n_slots, kv_unified=True, tensor_buft_overrides=(),
-                           tensor_split=(), type_k="f16", type_v="f16")  # fmt: skip
+                           tensor_split=(), type_k="f16", type_v="f16")
         self.lm = LoadedModel(path, settings)
         self.cut = self.lm.n_vocab  # ids from `cut` on are unknown to the draft
         if self.cut > setup.n_vocab:
@@ -186,7 +186,7 @@ class ModelDrafter:
                 f"({setup.n_vocab}): a draft model must share the tokenizer"
             )
         unk = int(self.lm._ll.llama_vocab_unk(self.lm.vocab) if hasattr(
-            self.lm._ll, "llama_vocab_unk") else 0)  # fmt: skip
+            self.lm._ll, "llama_vocab_unk") else 0)
         self.unk = unk if 0 <= unk < self.cut else 0
         self.p_min = p_min
         self.mem = self.lm._ll.llama_get_memory(self.lm.ctx)
@@ -292,7 +292,7 @@ class SelfDrafter(ModelDrafter):
     name = "self"
 
     def __init__(self, setup: DraftSetup, keep: float = 0.83, vocab: int = 0,
-                 p_min: float = 0.5, cost: float | None = None) -> None:  # fmt: skip
+                 p_min: float = 0.5, cost: float | None = None) -> None:
         from inferenceos.engine.self_draft import self_draft_path
 
         super().__init__(setup, self_draft_path(setup.model_path, keep, vocab), p_min, cost)

@@ -94,10 +94,10 @@ class RunningSequence:
         self.n_prefilled = reused  # prompt tokens already in the KV cache
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
-                                model.piece, model.is_eog)  # fmt: skip
+                                model.piece, model.is_eog)
         self.spec = (DraftState(drafter, k=getattr(drafter, "k_start", 4),
                                 k_max=getattr(drafter, "k_max", 12))
-                     if drafter is not None else None)  # fmt: skip
+                     if drafter is not None else None)
         self.draft: tuple[int, ...] = ()  # proposed for this step
         self.guessed = False  # the draft is a free row's guess (SpeculativeDecoder)
         self.media = req.spans
@@ -122,4 +122,4 @@ class RunningSequence:
 
     def needs(self) -> SeqNeeds:
         return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
-                        self.pending, self.draft, self.media)  # fmt: skip
+                        self.pending, self.draft, self.media)

@@ -108,7 +108,7 @@ class Scheduler:
         self._to_store: list[Slot] = []  # finished slots whose state goes to the store
         self.table = SlotTable(self._ll, self.mem, n_slots, self.n_ctx_slot, slot_policy,
                                self.tracker, self._park_bytes,
-                               model.restore_sequence)  # fmt: skip
+                               model.restore_sequence)
         self.max_batch = model.settings.n_batch  # llama_decode takes at most n_batch tokens
         self.token_budget = max(1, min(token_budget, self.max_batch))
         self.max_queue = max_queue
@@ -288,7 +288,7 @@ class Scheduler:
             self.table.claim(slot, reuse)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
             self.running.append(RunningSequence(req, slot, reuse, self.model, policy,
-                                                self._draft_for(req)))  # fmt: skip
+                                                self._draft_for(req)))
             if req.progress:  # before any prompt work: processed == cached
                 events.append(self._progress(self.running[-1]))
 
@@ -372,7 +372,7 @@ class Scheduler:
             embd = seq.embd[span.start] = self.media.encode(seq.req.media[work.tokens[0]])
         off = work.start - span.start
         rows = self.executor.fill_media(work, embd[off:off + len(work.tokens)],
-                                        self.media.n_embd, span.atomic)  # fmt: skip
+                                        self.media.n_embd, span.atomic)
         if work.start + len(work.tokens) >= span.end:
             del seq.embd[span.start]
         return rows
@@ -514,7 +514,7 @@ def generate_one(
     sched: Scheduler | None = None
     try:
         sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
-                          media=media)  # fmt: skip
+                          media=media)
         req = _one_request(lm, prompt, sampling, kv_policy, media, items)
         lm.metrics.prompt_tokens = len(req.prompt)
         if state is not None:

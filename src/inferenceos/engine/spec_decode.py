@@ -71,7 +71,7 @@ class SpeculativeDecoder:
     def __init__(self, model: LoadedModel, n_slots: int, n_ctx_slot: int,
                  step_times: collections.deque[float], draft: str | None = None,
                  draft_options: dict[str, dict[str, Any]] | None = None,
-                 guesses: bool = True) -> None:  # fmt: skip
+                 guesses: bool = True) -> None:
         """`draft` names the default drafter ("ngram", "self", a plugin, or a .gguf draft
         model; None or "none": none), which requests may override; `draft_options` maps
         a drafter name to its constructor options (e.g. p_min). `step_times`: the
@@ -112,7 +112,7 @@ class SpeculativeDecoder:
             from inferenceos.engine.drafters import DraftSetup, make_drafter
 
             setup = DraftSetup(self.model.path, self.model.settings, self.n_slots,
-                               self.model.n_vocab)  # fmt: skip
+                               self.model.n_vocab)
             self.drafters[name] = make_drafter(name, setup, **self.draft_options.get(name, {}))
         return self.drafters[name]
 
@@ -170,7 +170,7 @@ class SpeculativeDecoder:
         if not drafting:
             return
         shaped = shape_drafts([d for _, d, _ in drafting], [k for _, _, k in drafting],
-                              generating - len(drafting), self.row_multiple)  # fmt: skip
+                              generating - len(drafting), self.row_multiple)
         for (seq, _, wanted), draft in zip(drafting, shaped, strict=True):
             seq.draft, seq.guessed = tuple(draft), wanted == 0
 
@@ -210,7 +210,7 @@ class SpeculativeDecoder:
         return out
 
     def _free_rows(self, running: Sequence[RunningSequence], rows: int,
-                   drafting: set[int]) -> list[Drafting]:  # fmt: skip
+                   drafting: set[int]) -> list[Drafting]:
         """Guesses for greedy sequences that are not drafting this step, to round an odd
         step up (row_shape.py): on AVX2 three streams plus one guessed row took 60 ms
         where the three alone took 78 (seven: 93 against 107), and a guess that happens
@@ -225,7 +225,7 @@ class SpeculativeDecoder:
         for seq in running:
             sp = seq.req.sampling
             if (seq.pending is None or id(seq) in drafting or sp.temperature != 0
-                    or not can_draft(sp)):  # fmt: skip
+                    or not can_draft(sp)):
                 continue
             left = sp.max_tokens - seq.metrics.completion_tokens
             room = min(self.n_ctx_slot - seq.n_past - 1, left - 1, short)

@@ -277,7 +277,7 @@ class DraftState:
         self._bad = self._bad + 1 if rate < self.min_rate else 0
         # or it does not pay at what one draft token costs (plan.speculative's model)
         losing = self.verifications >= self.patience and best_draft_length(
-            self.rate, self.cost, self.k_max).k == 0  # fmt: skip
+            self.rate, self.cost, self.k_max).k == 0
         if self._bad >= self.patience or losing:
             self._pause(generated)
 
