@@ -48,7 +48,7 @@ class BusyRunner(learning.Runner):
         from inferenceos.engine.scheduler import generate_one
 
         sp = SamplingParams(temperature=0.0, max_tokens=self.tokens, ignore_eos=True)
-        for _ in generate_one(self.lm, self.prompt, sp):
+        for _ in generate_one(self.lm, self.prompt, sp, adaptive_threads=False):
             pass
         m, s = self.lm.metrics, self.settings
         telemetry.recorder().generation(

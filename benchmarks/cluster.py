@@ -185,7 +185,7 @@ def _generate(lm: Any, tokens: list[int], n_gen: int) -> tuple[float, float, lis
     from inferenceos.engine.scheduler import generate_one
 
     sp = SamplingParams(temperature=0.0, max_tokens=n_gen, ignore_eos=True)
-    out = [ev.token for ev in generate_one(lm, tokens, sp)]
+    out = [ev.token for ev in generate_one(lm, tokens, sp, adaptive_threads=False)]
     m = lm.metrics
     return m.prompt_tps, m.decode_tps, out
 

@@ -41,7 +41,7 @@ BUSY = "while True:\n    pass\n"
 
 def decode_tps(lm: LoadedModel, tokens: list[int], n: int) -> float:
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    for _ in generate_one(lm, tokens, sp):
+    for _ in generate_one(lm, tokens, sp, adaptive_threads=False):
         pass
     return lm.metrics.decode_tps
 

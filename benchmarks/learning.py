@@ -91,7 +91,7 @@ class Runner:
 
     def run(self, record: bool = True) -> tuple[float, float]:
         sp = SamplingParams(temperature=0.0, max_tokens=self.tokens, ignore_eos=True)
-        for _ in generate_one(self.lm, self.prompt, sp):
+        for _ in generate_one(self.lm, self.prompt, sp, adaptive_threads=False):
             pass
         m = self.lm.metrics
         if record:

@@ -88,7 +88,7 @@ def _generate(lm: Any, tokens: list[int], n: int) -> tuple[float, float]:
     from inferenceos.engine.scheduler import generate_one
 
     sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    for _ in generate_one(lm, tokens, sp):
+    for _ in generate_one(lm, tokens, sp, adaptive_threads=False):
         pass
     return lm.metrics.prompt_tps, lm.metrics.decode_tps
 

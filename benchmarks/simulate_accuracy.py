@@ -155,11 +155,12 @@ def measure_speed(path: Path, threads: int, prompt: int, n_gen: int = 48) -> tup
     with LoadedModel(path, settings) as lm:
         tokens = (lm.tokenize("The quick brown fox jumps over the lazy dog. " * 400))[:prompt]
         sp = SamplingParams(temperature=0.0, max_tokens=n_gen, ignore_eos=True)
-        for _ in generate_one(lm, tokens[:16], replace(sp, max_tokens=4)):  # warm up
+        warm = replace(sp, max_tokens=4)
+        for _ in generate_one(lm, tokens[:16], warm, adaptive_threads=False):  # warm up
             pass
         best = (0.0, 0.0)
         for _ in range(2):  # best of two: other processes share these cores
-            for _ in generate_one(lm, tokens, sp):
+            for _ in generate_one(lm, tokens, sp, adaptive_threads=False):
                 pass
             m = lm.metrics
             best = (max(best[0], m.prompt_tps), max(best[1], m.decode_tps))

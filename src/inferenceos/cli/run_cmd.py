@@ -248,9 +248,10 @@ def run(
             _encoder(lm, projector.path if projector else None) as encoder:
         prompt_text = _prompt_text(spec, lm, text, system, raw, template)
         # the one decode path (the scheduler's), whatever the options: run and serve
-        # stop, count and time a generation alike
+        # stop, count and time a generation alike. With the threads it was given: the
+        # telemetry row below records them as the ones that decoded.
         events = generate_one(lm, prompt_text, sampling, draft, kv_policy, probe,
-                              media=encoder, items=items)
+                              media=encoder, items=items, adaptive_threads=False)
         pieces: list[str] = []
         interrupted = False
         try:

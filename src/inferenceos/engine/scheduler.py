@@ -493,6 +493,7 @@ def generate_one(
     lm: LoadedModel, prompt: list[int] | str, sampling: SamplingParams,
     draft: str | None = None, kv_policy: str = "none", probe: AttentionProbe | None = None,
     media: Any = None, items: Seq[Any] = (), state: tuple[Seq[int], bytes] | None = None,
+    adaptive_threads: bool = True,
 ) -> Iterator[TokenEvent]:
     """Stream the completion of one `prompt` (token ids, or text to tokenize) on `lm`
     through a one-slot scheduler: the one decode path of a single sequence in process,
@@ -503,7 +504,10 @@ def generate_one(
     `state`: (tokens, bytes from `LoadedModel.save_sequence`), the KV state of a prefix
     of the prompt to start from (a migrated or saved conversation): only the rest is
     evaluated. `lm`'s context is cleared first; afterwards it holds the prompt and the
-    evaluated reply in sequence 0.
+    evaluated reply in sequence 0. `adaptive_threads`: the scheduler's thread governor
+    (thread_governor.py) for this run; `run` and the benchmarks that time a thread count
+    turn it off, so that the threads `lm` was loaded with are the ones that decoded (and
+    that a telemetry row records). Either way `lm` ends with the threads it started with.
 
     `lm.metrics` describes the run so far at every step, and the whole run once the
     iterator ends; closed early (Ctrl-C, a consumer that left) its stop_reason is
@@ -514,7 +518,7 @@ def generate_one(
     sched: Scheduler | None = None
     try:
         sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
-                          media=media)
+                          media=media, adaptive_threads=adaptive_threads)
         req = _one_request(lm, prompt, sampling, kv_policy, media, items)
         lm.metrics.prompt_tokens = len(req.prompt)
         if state is not None:
@@ -531,6 +535,8 @@ def generate_one(
         if not lm.metrics.stop_reason:  # closed early (Ctrl-C, a consumer that left)
             lm.metrics.stop_reason = "interrupted"
         if sched is not None:
+            if sched.governor is not None:  # the next run on `lm` starts as this one did
+                sched.set_threads(sched.governor.max_threads)
             sched.close()
 
 
