@@ -16,16 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from inferenceos.engine.slots import shared_prefix
 from inferenceos.errors import GenerationError, UsageError
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def export_slot(sched: Any, tokens: list[int]) -> tuple[list[int], bytes] | None:
@@ -33,7 +25,7 @@ def export_slot(sched: Any, tokens: list[int]) -> tuple[list[int], bytes] | None
     `tokens`, trimmed to that prefix; None when no idle slot shares any."""
     best, n = None, 0
     for slot in sched.slots:
-        if not slot.busy and (c := _common(slot.cached, tokens)) > n:
+        if not slot.busy and (c := shared_prefix(slot.cached, tokens)) > n:
             best, n = slot, c
     if best is None:
         return None
@@ -64,7 +56,7 @@ def import_slot(sched: Any, tokens: list[int], data: bytes) -> int:
     if not free:
         return 0
     for slot in free:  # already there (the slot was not reused since): nothing to do
-        if _common(slot.cached, tokens) == len(tokens):
+        if shared_prefix(slot.cached, tokens) == len(tokens):
             return len(tokens)
     slot = min(free, key=lambda s: s.last_used)
     sched.table.parked.pop(slot.index, None)  # its parked prefix (slots.py) is replaced

@@ -23,7 +23,7 @@ parked prefix is forgotten.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,15 +44,20 @@ class Slot:
     busy: bool = False
 
 
-def common_prefix(cached: list[int], prompt: list[int]) -> int:
-    """How many leading tokens of `prompt` (all but its last: at least one token must be
-    evaluated, for its logits) the cache `cached` already holds."""
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` have in common."""
     n = 0
-    for a, b in zip(cached, prompt[:-1], strict=False):
-        if a != b:
+    for x, y in zip(a, b, strict=False):
+        if x != y:
             break
         n += 1
     return n
+
+
+def common_prefix(cached: list[int], prompt: list[int]) -> int:
+    """How many leading tokens of `prompt` (all but its last: at least one token must be
+    evaluated, for its logits) the cache `cached` already holds."""
+    return shared_prefix(cached, prompt[:-1])
 
 
 class SlotTable:

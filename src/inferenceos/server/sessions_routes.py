@@ -30,6 +30,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.slots import shared_prefix
 from inferenceos.errors import InferenceOSError
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
@@ -141,7 +142,7 @@ def _restore(state: ServerState, store: SessionStore, s: Session,
         data = store.state(s)
         saved = s.state_tokens
         importer = getattr(engine, "import_state", None)
-        shared = _common(saved, prompt)
+        shared = shared_prefix(saved, prompt)
         if (data is None or importer is None or s.model_digest != lease.loaded.model.digest
                 or shared == 0):
             return prompt, 0
@@ -149,15 +150,6 @@ def _restore(state: ServerState, store: SessionStore, s: Session,
             return prompt, min(shared, int(importer(saved, data)))
         except InferenceOSError:  # refused (KV types changed, damaged file): prefill instead
             return prompt, 0
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _save_state(state: ServerState, store: SessionStore, s: Session,
