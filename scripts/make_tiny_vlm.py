@@ -6,7 +6,7 @@
 The text model is tests/tiny_models.py's 2-layer llama (n_embd 64); the projector is a
 tiny LLaVA "mlp" projector (32x32 images, 8x8 patches -> 16 image tokens) with seeded
 random weights, written by tests/tiny_vlm.py. llama.cpp's mtmd loads and runs the pair
-(tests/test_tiny_vlm.py). `--audio` also writes DIR/mmproj-audio.gguf, a tiny
+(tests/model/test_tiny_vlm.py). `--audio` also writes DIR/mmproj-audio.gguf, a tiny
 Ultravox-type audio projector (128 mel bins, 150 tokens per 30 s window) for the same
 text model. With both in DIR, pass the one you mean explicitly (--mmproj).
 """

@@ -32,7 +32,7 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in ("INFERENCEOS_CACHE_DIR", "INFERENCEOS_DATA_DIR", "INFERENCEOS_CONFIG_DIR"):
         monkeypatch.delenv(var, raising=False)
     # the first prediction on a fresh data dir would run the hardware probe (~5-25 s);
-    # tests of it turn it back on (tests/test_plan_optimizer_calibration.py)
+    # tests of it turn it back on (tests/plan/test_plan_optimizer_calibration.py)
     monkeypatch.setenv("INFERENCEOS_SELF_CALIBRATE", "0")
     return home
 

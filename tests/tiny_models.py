@@ -49,7 +49,7 @@ SHAPES = {
     # enough layers (of ~1 MiB) to split over several devices (tests/test_cluster*.py)
     "deep": TinyShape(n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=512),
     # slow enough (~25 MB, a few hundred tokens/s) that a stream outlives a worker load,
-    # trained on 4096 tokens (tests/test_pressure.py: migration mid-stream)
+    # trained on 4096 tokens (tests/registry/test_pressure.py: migration mid-stream)
     "wide": TinyShape(n_layer=6, n_embd=256, n_head=8, n_head_kv=4, n_ff=1024, n_ctx=4096),
 }
 

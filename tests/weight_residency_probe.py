@@ -1,4 +1,4 @@
-"""A child process for tests/test_weight_residency_metrics.py: plan here (inside
+"""A child process for tests/engine/test_weight_residency_metrics.py: plan here (inside
 whatever memory cgroup it was started in), load, decode greedily, and print one JSON
 line: the RAM budget the plan saw, whether it streams, and the engine's `weights`
 record (engine/weight_residency.py) after decoding.

@@ -1,7 +1,8 @@
 """The registry database corrupt or locked, a full disk during a pull, a load refused by
 preflight for lack of memory. (The telemetry database's faults, locked, read-only,
 truncated, garbage, full and a writer killed mid-write, are in
-tests/test_telemetry_faults.py; an RPC worker vanishing in tests/test_cluster_server.py.)
+tests/telemetry/test_telemetry_faults.py; an RPC worker vanishing in
+tests/cluster/test_cluster_server.py.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every placement of the optimizer's space, judged by perf.py itself: the reference the
-MILP is tested against (tests/test_plan_optimizer.py) on models small enough to list.
+MILP is tested against (tests/plan/test_plan_optimizer.py) on models small enough to list.
 
 The space (as `optimize_milp` defines it): contiguous blocks of layers in device order,
 the CPU's first; each layer on a local accelerator keeps its routed experts there or in

@@ -11,7 +11,7 @@ decode steps). Computed at scrape time (`Scraped`): requests running and waiting
 models loaded, KV cache usage per model, model loads and evictions, live migrations by
 reason and direction and the sequence-state bytes they moved.
 
-Adding a metric (one line here, one in docs/api.md, which tests/test_server_metrics.py
+Adding a metric (one line here, one in docs/api.md, which tests/server/test_server_metrics.py
 checks against a scrape):
 
 - updated where it happens: `self.x = Counter(P + "x_total", "help",

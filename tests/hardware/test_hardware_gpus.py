@@ -24,7 +24,7 @@ from inferenceos.hardware.gpus.nvidia import detect_nvidia, parse_nvidia_smi_xml
 from inferenceos.hardware.gpus.pci import normalise_bus_id, pcie_gen_from_speed, scan_pci
 from inferenceos.hardware.tools import ToolOutput, run_tool
 
-FIX = Path(__file__).parent / "fixtures" / "hardware"
+FIX = Path(__file__).parents[1] / "fixtures" / "hardware"
 GIB, MIB = 1 << 30, 1 << 20
 NO_SYS = Path("/nonexistent-sys")
 

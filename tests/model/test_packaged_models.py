@@ -127,7 +127,7 @@ def test_the_real_models_are_pinned() -> None:
 def test_test_extra_pins_the_05b_parts() -> None:
     import tomllib
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     extra = tomllib.loads(pyproject.read_text())["project"][
         "optional-dependencies"]["test"]
     assert set(QWEN_05B.requirements()) <= set(extra)

@@ -26,7 +26,7 @@ from memcg import MemoryCgroup, drop_cache, writable_cgroup
 from tiny_q4 import write_q4_model
 
 MIB = 1 << 20
-PROBE = str(Path(__file__).with_name("weight_residency_probe.py"))
+PROBE = str(Path(__file__).parents[1] / "weight_residency_probe.py")
 P = "inferenceos:"
 
 

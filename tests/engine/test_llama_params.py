@@ -21,7 +21,7 @@ from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
 from inferenceos.plan.llama_params import LlamaParams
 from tiny_models import write_tiny_model
 
-# as tests/test_cluster.py: 4 MiB per worker and 5 MiB here make the planner use both
+# as tests/cluster/test_cluster.py: 4 MiB per worker and 5 MiB here make the planner use both
 WORKER_MEM = "4MiB"
 RAM = 5 << 20
 N_CTX = 256

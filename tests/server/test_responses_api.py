@@ -131,7 +131,7 @@ def test_unsupported_things_are_refused_not_ignored(client: openai.OpenAI) -> No
         client.responses.create(model="tiny", input="hi", previous_response_id="resp_nope")
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="no-such-model", input="hi")
-    # images are taken (tests/test_server_media.py), but not fetched from URLs by default
+    # images are taken (tests/server/test_server_media.py), but not fetched from URLs by default
     with pytest.raises(openai.BadRequestError, match="does not fetch media from URLs"):
         client.responses.create(model="tiny", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "http://x/y.png"}]}])

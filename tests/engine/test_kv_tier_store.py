@@ -1,6 +1,6 @@
 """The tiered KV store (engine/kv_store.py, kv_entry.py) on its own: real files, real
 processes, a real tmpfs; the state bytes are opaque to it, so random bytes stand in
-for llama.cpp's (tests/test_kv_tier_engine.py restores real ones)."""
+for llama.cpp's (tests/engine/test_kv_tier_engine.py restores real ones)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from inferenceos.hardware import HardwareProfile, get_profile, profile_path
 from inferenceos.hardware.bandwidth import measure_disk_read, measure_ram_read, ram_buffer_bytes
 from inferenceos.hardware.collect import collect_profile
 
-FIX = Path(__file__).parent / "fixtures" / "hardware"
+FIX = Path(__file__).parents[1] / "fixtures" / "hardware"
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
 

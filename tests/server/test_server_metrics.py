@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferenceos.plan.entry import LoadRequest
 from server_harness import serving
 
-API_MD = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+API_MD = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 P = "inferenceos:"
 ROW = re.compile(r"^\s*\| `([a-z0-9_:]+)` \| (counter|gauge|histogram) \|")
 
@@ -94,7 +94,7 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_live_migration_moves_the_migration_counters(
     wide: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As tests/test_server_budget.py's migration: a stream runs, the CPU cap drops
+    """As tests/server/test_server_budget.py's migration: a stream runs, the CPU cap drops
     below what the model holds, the reactor migrates it down mid-stream."""
     monkeypatch.setenv("INFERENCEOS_PRESSURE_DWELL_S", "0.3")
     base = LoadRequest(n_ctx=4096, n_batch=64, threads=1, type_k="f16", type_v="f16")

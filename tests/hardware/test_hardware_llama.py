@@ -22,7 +22,7 @@ from inferenceos.hardware.llama_devices import (
 from inferenceos.hardware.profile import LlamaDevice, LlamaInfo, MemoryInfo
 from inferenceos.hardware.recommend import fitting_quantizations, recommend
 
-FIX = Path(__file__).parent / "fixtures" / "hardware"
+FIX = Path(__file__).parents[1] / "fixtures" / "hardware"
 GIB = 1 << 30
 needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                                  reason="llama-cpp-python not installed")

@@ -14,7 +14,7 @@ from inferenceos.telemetry import db as dbmod
 from inferenceos.telemetry.recorder import Recorder, device_of, memory_json
 from inferenceos.telemetry.schema import MIGRATIONS, SCHEMA_VERSION
 
-V1_SQL = Path(__file__).parent / "fixtures" / "telemetry_v1.sql"
+V1_SQL = Path(__file__).parents[1] / "fixtures" / "telemetry_v1.sql"
 
 
 def _tables(conn: sqlite3.Connection) -> set[str]:

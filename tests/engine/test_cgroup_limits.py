@@ -27,7 +27,7 @@ from memcg import CgroupRun, MemoryCgroup, drop_cache, writable_cgroup
 from tiny_q4 import write_q4_model
 
 MIB = 1 << 20
-PROBE = str(Path(__file__).with_name("ltm_probe.py"))
+PROBE = str(Path(__file__).parents[1] / "ltm_probe.py")
 
 pytestmark = [
     pytest.mark.skipif(writable_cgroup() is None, reason="no writable memory cgroup here"),

@@ -15,7 +15,7 @@ from inferenceos.hardware.cgroup import cpu_quota, memory_limit
 from inferenceos.hardware.cpu import detect_cpu, normalise_isa, parse_cpuinfo
 from inferenceos.hardware.memory import detect_memory, parse_meminfo
 
-FIX = Path(__file__).parent / "fixtures" / "hardware"
+FIX = Path(__file__).parents[1] / "fixtures" / "hardware"
 linux_only = pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux /proc")
 
 

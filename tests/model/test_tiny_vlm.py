@@ -142,7 +142,7 @@ def test_chunks_enter_a_llama_context(mtmd: tuple[Any, Any]) -> None:
 
 
 def test_make_tiny_vlm_script_writes_the_pair(tmp_path: Path) -> None:
-    script = Path(__file__).resolve().parent.parent / "scripts" / "make_tiny_vlm.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "make_tiny_vlm.py"
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "vlm"), "--audio"],
         capture_output=True, text=True, timeout=60, check=True,

@@ -25,7 +25,7 @@ from inferenceos.errors import GGUFFormatError, ModelNotFoundError
 from inferenceos.model.gguf_file import ArrayInfo, GGUFFile, parse_gguf, read_gguf
 
 REJECT_WITHIN_S = 1.0
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 A8 = gc.tensor_info("a", [8], QT.F32, 0)  # 32 bytes of data at offset 0
 DATA64 = gc.f32_data(16)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SERVER = Path(__file__).resolve().parent.parent / "src" / "inferenceos" / "server"
+SERVER = Path(__file__).resolve().parents[2] / "src" / "inferenceos" / "server"
 ROUTE_MODULES = sorted(SERVER.glob("*_routes.py"))
 
 
