@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferenceos.engine.messages import Event
-from inferenceos.engine.scheduler import Request, Scheduler, Sequence
+from inferenceos.engine.running import Request, RunningSequence
+from inferenceos.engine.scheduler import Scheduler
 from inferenceos.engine.session import GenerationMetrics
 
 __all__ = ["LiveState", "SeqState", "export_live", "import_live", "live_need"]
@@ -79,7 +80,7 @@ class LiveState:
             len(b) for _, b in self.prefixes)
 
 
-def _accepted(seq: Sequence) -> list[int]:
+def _accepted(seq: RunningSequence) -> list[int]:
     """The tokens this sequence's sampler chain has accepted: everything generated."""
     n_prompt = len(seq.req.prompt)
     out = list(seq.slot.cached[n_prompt:]) if seq.n_past >= n_prompt else []
@@ -188,7 +189,7 @@ def _resume(sched: Scheduler, st: SeqState) -> tuple[str, list[Event]]:
     free = [s for s in sched.slots if not s.busy]
     req = st.req
     if not free or held >= sched.n_ctx_slot:  # nowhere to continue: end it cleanly
-        seq = Sequence(req, sched.slots[0], 0, sched.model, sched.policy)
+        seq = RunningSequence(req, sched.slots[0], 0, sched.model, sched.policy)
         _restore_output(seq, st)
         seq.sampler.close()
         return "ended", seq.out.finish("length")
@@ -205,7 +206,8 @@ def _resume(sched: Scheduler, st: SeqState) -> tuple[str, list[Event]]:
         slot.cached.extend(st.cached)
         n_prefilled, pending = st.n_prefilled, st.pending
     policy = sched._policy(req.kv_policy) if req.kv_policy else sched.policy
-    seq = Sequence(req, slot, n_prefilled, sched.model, policy, sched._draft_for(req))
+    seq = RunningSequence(req, slot, n_prefilled, sched.model, policy,
+                          sched.spec_decode.draft_for(req))
     seq.n_prefilled, seq.pending = n_prefilled, pending
     _restore_output(seq, st)
     for tok in st.accepted:  # grammar and penalty stages see the same history
@@ -229,7 +231,7 @@ def _restore_kv(sched: Scheduler, seq_id: int, st: SeqState) -> bool:
     return True
 
 
-def _restore_output(seq: Sequence, st: SeqState) -> None:
+def _restore_output(seq: RunningSequence, st: SeqState) -> None:
     """The output processor exactly as it was (held UTF-8 bytes, stop hold-back)."""
     out = seq.out
     out.metrics = st.metrics

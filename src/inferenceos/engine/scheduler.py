@@ -47,17 +47,12 @@ from inferenceos.engine.session import GenerationMetrics, LoadedModel, TokenEven
 from inferenceos.engine.slot_state import import_slot
 from inferenceos.engine.slots import Slot, SlotTable
 from inferenceos.engine.spec_decode import SpeculativeDecoder
-from inferenceos.engine.speculative import Drafter
 from inferenceos.engine.step_plan import MediaWork, StepPlan, media_step, schedule
 from inferenceos.engine.thread_governor import ThreadGovernor
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
-__all__ = ["Event", "Request", "RunningSequence", "Scheduler", "Sequence", "Slot",
-           "generate_one", "prompt_request"]
-
-# the old name of RunningSequence (it shadowed collections.abc.Sequence), for
-# engine/migrate.py until it imports the new one
-Sequence = RunningSequence
+__all__ = ["Event", "Request", "RunningSequence", "Scheduler", "Slot", "generate_one",
+           "prompt_request"]
 
 
 class Scheduler:
@@ -125,10 +120,6 @@ class Scheduler:
         self.spec_decode = SpeculativeDecoder(model, n_slots, self.n_ctx_slot,
                                               self.executor.step_times, draft,
                                               draft_options, guesses=self.tracker is None)
-
-    def _draft_for(self, req: Request) -> Drafter | None:
-        """The drafter `req` drafts with (engine/migrate.py re-admits through it)."""
-        return self.spec_decode.draft_for(req)
 
     def footprint_bytes(self) -> int:
         """Memory the drafters hold (draft model weights and KV), for the planner."""
@@ -288,7 +279,7 @@ class Scheduler:
             self.table.claim(slot, reuse)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
             self.running.append(RunningSequence(req, slot, reuse, self.model, policy,
-                                                self._draft_for(req)))
+                                                self.spec_decode.draft_for(req)))
             if req.progress:  # before any prompt work: processed == cached
                 events.append(self._progress(self.running[-1]))
 

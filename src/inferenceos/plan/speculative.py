@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 # the cost of one more verification row against a one-token decode step; the engine's
-# scheduler measures drafting on top of it (engine.scheduler.ROW_COST, same value)
+# scheduler measures drafting on top of it (engine.spec_decode.ROW_COST, same value)
 VERIFY_ROW_COST = 0.25
 # the acceptance assumed before a drafter has been measured: only a drafter that could
 # not pay even at this rate skips drafting from the start

@@ -1,7 +1,7 @@
 """One generation broken down by phase, for `inferenceos profile`.
 
-The run is timed from the outside around `LoadedModel`'s verbs, in the order
-`LoadedModel.generate` calls them: load (the llama.cpp library when this process has
+The run is timed from the outside around `LoadedModel`'s verbs, in the order a
+generation calls them: load (the llama.cpp library when this process has
 not loaded it yet, the model's weights, then the context),
 tokenize, prefill in n_batch chunks, then per token: sample, detokenize (the token's
 bytes), decode. The only reach inside is a subclass that times `_load_model` and
