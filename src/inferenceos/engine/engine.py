@@ -105,7 +105,7 @@ class Engine(EngineBase):
                            mmproj_device=mmproj_device, kv_cache_ram=kv_cache_ram,
                            kv_cache_disk=kv_cache_disk,
                            kv_cache_dir=Path(kv_cache_dir) if kv_cache_dir
-                           else None)
+                           else None, spec=self.spec)
         self._current = CurrentWorker(cfg, start_timeout)
 
     # -- worker lifecycle --------------------------------------------------------------

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from inferenceos import interrupt
-from inferenceos.model.gguf_file import read_gguf
+from inferenceos.engine.model_header import model_header
 from inferenceos.model.spec import tensor_place
 
 MADV_WILLNEED = 4
@@ -59,7 +59,7 @@ class Span:
 def layer_spans(path: Path) -> dict[int, list[Span]]:
     """File byte ranges of each block's tensors, adjacent tensors merged (layer -1:
     the tensors outside the blocks, which sit at both ends of a typical file)."""
-    g = read_gguf(path)
+    g = model_header(path)
     n = int(next((v for k, v in g.metadata.items() if k.endswith(".block_count")), 0))
     spans: dict[int, list[Span]] = {}
     for t in sorted(g.tensors, key=lambda t: t.offset):
@@ -75,7 +75,7 @@ def layer_spans(path: Path) -> dict[int, list[Span]]:
 
 def expert_count(path: Path) -> int:
     """Routed experts per layer (`<arch>.expert_count`), 0 for a dense model."""
-    meta = read_gguf(path).metadata
+    meta = model_header(path).metadata
     return int(next((v for k, v in meta.items() if k.endswith(".expert_count")), 0) or 0)
 
 

@@ -24,8 +24,8 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
+from inferenceos.engine.model_header import model_header
 from inferenceos.errors import InferenceOSError
-from inferenceos.model.gguf_file import read_gguf
 
 # weight types llamafile's tinyBLAS multiplies on x86 (sgemm.cpp); others take ggml's
 # own kernels, whose row blocking has no such leftover pass
@@ -62,7 +62,7 @@ def head_type(path: Path) -> str | None:
 @functools.lru_cache(maxsize=16)
 def _head_type(path: str, size: int, mtime_ns: int) -> str | None:
     try:
-        tensors = {t.name: t for t in read_gguf(path).tensors}
+        tensors = {t.name: t for t in model_header(path).tensors}
     except (OSError, InferenceOSError):
         return None
     t = tensors.get("output.weight") or tensors.get("token_embd.weight")

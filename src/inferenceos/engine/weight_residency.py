@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inferenceos.engine.messages import WeightStats
-from inferenceos.model.gguf_file import read_gguf
+from inferenceos.engine.model_header import model_header
 from inferenceos.model.spec import tensor_place
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def expert_ranges(path: Path, n_expert: int) -> dict[tuple[int, int], list[tuple
     """(layer, expert) -> file byte ranges of that expert's slices of the layer's
     `*_exps` tensors (the expert is a tensor's slowest dimension: its bytes are one
     contiguous n_bytes / n_expert slice)."""
-    g = read_gguf(path)
+    g = model_header(path)
     n = int(next((v for k, v in g.metadata.items() if k.endswith(".block_count")), 0))
     out: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for t in g.tensors:
@@ -168,13 +168,19 @@ class WeightResidency:
         self._hit: float | None = None
 
     @classmethod
-    def of(cls, lm: LoadedModel, streamer: LayerStreamer | None) -> WeightResidency:
-        """For `lm` as it was loaded, its streamer (None: nothing streams)."""
-        from inferenceos.engine.prefetch import layer_spans
-
-        total = sum(s.end - s.start for spans in layer_spans(lm.path).values() for s in spans)
+    def of(cls, lm: LoadedModel, streamer: LayerStreamer | None,
+           tensor_bytes: int | None = None) -> WeightResidency:
+        """For `lm` as it was loaded, its streamer (None: nothing streams).
+        `tensor_bytes`: the file's tensor data (ModelSpec.tensor_data_size, which the
+        worker has), else measured from the tensor table (a parse of the header)."""
         if streamer is not None:
             return cls(lm.path, streamer.resident_bytes, streamer.streamed_bytes, streamer)
+        if tensor_bytes is None:
+            from inferenceos.engine.prefetch import layer_spans
+
+            tensor_bytes = sum(s.end - s.start for spans in layer_spans(lm.path).values()
+                               for s in spans)
+        total = tensor_bytes
         page_cache = lm.settings.stream_resident_bytes  # a disk-bound plan, not streamed
         resident = min(total, page_cache) if page_cache > 0 else total
         return cls(lm.path, resident, total - resident)
