@@ -76,11 +76,11 @@ def plans(facts: Any, ram: int, addrs: list[str], threads: int, ladder: bool) ->
         return preflight.ladder_plan(facts, machine, ctx, threads, pinned_ctx, min_ctx,
                                      allow_mmap, quantize_kv)
 
-    preflight.make_plan = old  # type: ignore[assignment]
+    preflight.make_plan = old
     try:
         return plan_load(facts, machine, req)
     finally:
-        preflight.make_plan = real  # type: ignore[assignment]
+        preflight.make_plan = real
 
 
 def _generate(lm: Any, tokens: list[int], n: int) -> tuple[float, float]:
@@ -108,7 +108,11 @@ def run(label: str, model: Path, ram: int, mem: int, args: argparse.Namespace,
         opt = plans(facts, ram, a, args.threads, ladder=False)
         lad = plans(facts, ram, b, args.threads, ladder=True)
         print(f"\n{label}\n  optimizer: {opt.summary()}\n  ladder:    {lad.summary()}")
-        ratios, od, ld, op, lp = [], [], [], [], []
+        ratios: list[float] = []
+        od: list[float] = []
+        ld: list[float] = []
+        op: list[float] = []
+        lp: list[float] = []
         with LoadedModel(model, opt.params()) as om, LoadedModel(model, lad.params()) as lm:
             tokens = om.tokenize("The quick brown fox jumps over the lazy dog. " * 40)
             tokens = tokens[: args.prompt_tokens]
