@@ -126,7 +126,7 @@ class MemoryCgroup:
         proc = subprocess.run(
             list(argv), preexec_fn=join, capture_output=True, text=True,
             timeout=timeout, env=env,
-        )  # fmt: skip
+        )
         return CgroupRun(
             returncode=proc.returncode,
             stdout=proc.stdout,

@@ -119,7 +119,7 @@ class LongStream:
                 "options": {"num_predict": self.n, "temperature": 0}}
         try:
             with httpx.stream("POST", self.url + "/api/generate", json=body,
-                              timeout=120) as r:  # fmt: skip
+                              timeout=120) as r:
                 for line in r.iter_lines():
                     self.lines += bool(line)
                     if self.lines >= 5:

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
-           "GPU_CHECK_BUDGET_S": "300"}  # fmt: skip
+           "GPU_CHECK_BUDGET_S": "300"}
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"],
-                       env=env, capture_output=True, text=True, timeout=400)  # fmt: skip
+                       env=env, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "DRY RUN" in r.stdout and "GPU CHECK PASSED" in r.stdout
     report = json.loads((out / "report.json").read_text())

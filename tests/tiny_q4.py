@@ -33,13 +33,13 @@ def write_q4_model(path: Path, seed: int = 0) -> Path:
     def q4(name: str, rows: int, cols: int) -> None:
         data = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
         w.add_tensor(name, quantize(data, GGMLQuantizationType.Q4_0),
-                     raw_dtype=GGMLQuantizationType.Q4_0)  # fmt: skip
+                     raw_dtype=GGMLQuantizationType.Q4_0)
 
     def ones(name: str) -> None:
         w.add_tensor(name, np.ones(s.n_embd, dtype=np.float32))
 
     w.add_tensor("token_embd.weight",
-                 (rng.standard_normal((n_vocab, s.n_embd)) * 0.1).astype(np.float32))  # fmt: skip
+                 (rng.standard_normal((n_vocab, s.n_embd)) * 0.1).astype(np.float32))
     hd = s.n_embd // s.n_head
     for i in range(s.n_layer):
         b = f"blk.{i}."
@@ -54,7 +54,7 @@ def write_q4_model(path: Path, seed: int = 0) -> Path:
         q4(b + "ffn_down.weight", s.n_embd, s.n_ff)
     ones("output_norm.weight")
     w.add_tensor("output.weight",
-                 (rng.standard_normal((n_vocab, s.n_embd)) * 0.1).astype(np.float32))  # fmt: skip
+                 (rng.standard_normal((n_vocab, s.n_embd)) * 0.1).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -26,7 +26,7 @@ def benchmarked(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> t
     proc = run_cli("benchmark", str(tiny_llama), "--threads", "1", "--batch", "64",
                    "--ctx", "256", "--concurrency", "1,2", "--prompt-tokens", "32",
                    "--gen-tokens", "8", "--json", "--chart", str(chart),
-                   INFERENCEOS_HOME=str(home))  # fmt: skip
+                   INFERENCEOS_HOME=str(home))
     return proc.returncode, proc.stdout, proc.stderr, chart, home
 
 
@@ -87,7 +87,7 @@ def test_table_output(
 ) -> None:
     code, out, err = run_main(["benchmark", str(tiny_llama), "--threads", "1", "--batch", "64",
                                "--ctx", "128", "--concurrency", "1", "--prompt-tokens", "16",
-                               "--gen-tokens", "4"], capsys, monkeypatch)  # fmt: skip
+                               "--gen-tokens", "4"], capsys, monkeypatch)
     assert code == 0, err
     assert "prefill" in out and "decode" in out
     lines = [line for line in out.splitlines() if line.strip().startswith("*")]

@@ -15,7 +15,7 @@ REQUIRED = {
     "architecture", "block_count", "embedding_length", "head_count", "head_count_kv",
     "context_length", "expert_count", "expert_used_count", "vocab_size", "parameters",
     "size_bytes", "layers",
-}  # fmt: skip
+}
 
 
 def test_json_has_the_documented_keys(tiny_moe: Path) -> None:
@@ -60,7 +60,7 @@ def test_gemma_inspect_matches_the_file(gemma_path: Path) -> None:
     d = json.loads(r.stdout)
     assert (d["block_count"], d["embedding_length"], d["head_count"], d["head_count_kv"]) == (
         18, 640, 4, 1,
-    )  # fmt: skip
+    )
     layer_total = sum(layer["bytes"] for layer in d["layers"])
     assert layer_total + sum(d["non_layer_bytes"].values()) == d["tensor_data_size"]
     assert d["sha256"] == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"

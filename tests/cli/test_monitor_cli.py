@@ -34,13 +34,13 @@ def test_monitor_shows_devices_models_and_events_live_and_q_quits(
 ) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         s = Screen([sys.executable, "-m", "inferenceos", "monitor", "--url", h.url,
-                    "--interval", "0.3"], cli_env(), tmp_path)  # fmt: skip
+                    "--interval", "0.3"], cli_env(), tmp_path)
         screens.append(s)
         screen = s.wait(r"InferenceOS monitor")
         assert "devices" in screen and "CPU" in screen and "(none loaded)" in screen
         httpx.post(h.url + "/api/generate", json={"model": "tiny", "prompt": "ab",
                                                    "stream": False,
-                                                   "options": {"num_predict": 8}})  # fmt: skip
+                                                   "options": {"num_predict": 8}})
         screen = s.wait(r"tiny:latest\s+hot")  # the model and its tier, live
         assert re.search(r"load\s+tiny:latest\s+load \d+\.\d\d s, plan: ctx ", screen), screen
         assert "load_s" not in screen  # the load event, in seconds a person reads
@@ -89,7 +89,7 @@ def test_monitor_shows_the_rate_while_a_request_generates(tmp_path: Path,
     slow = write_tiny_model(tmp_path / "slow.gguf", kind="wide", letters_only=True)
     with serving({"slow": slow}, tmp_path / "srv", manager_kw={"base": SLOW}) as h:
         s = Screen([sys.executable, "-m", "inferenceos", "monitor", "--url", h.url,
-                    "--interval", "0.3"], cli_env(), tmp_path)  # fmt: skip
+                    "--interval", "0.3"], cli_env(), tmp_path)
         screens.append(s)
         s.wait(r"InferenceOS monitor")
         with long_stream(h.url, "slow") as stream:

@@ -25,7 +25,7 @@ def profiled(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     report = home / "run.html"
     proc = run_cli("profile", str(tiny_llama), "--prompt", PROMPT, "-n", "12", "--batch", "32",
                    "--seed", "1", "-o", str(report), "--json",
-                   INFERENCEOS_HOME=str(home))  # fmt: skip
+                   INFERENCEOS_HOME=str(home))
     return proc.returncode, proc.stdout, proc.stderr, report, home
 
 
@@ -81,12 +81,12 @@ def test_text_from_the_model_is_escaped() -> None:
 def test_bad_output_and_too_long_prompt_are_one_line_errors(
     tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     code, _, err = run_main(["profile", str(tiny_llama), "-o", str(tmp_path / "r.pdf")],
-                            capsys, monkeypatch)  # fmt: skip
+                            capsys, monkeypatch)
     assert code == 2 and ".html" in err
     code, _, err = run_main(["profile", str(tiny_llama), "--ctx", "64", "--prompt", "x" * 600,
-                             "-o", str(tmp_path / "r.html")], capsys, monkeypatch)  # fmt: skip
+                             "-o", str(tmp_path / "r.html")], capsys, monkeypatch)
     assert code != 0 and len(err.strip().splitlines()) >= 1
     assert "error:" in err and "Traceback" not in err
     assert not (tmp_path / "r.html").exists()
@@ -96,7 +96,7 @@ def test_bad_output_and_too_long_prompt_are_one_line_errors(
 def test_a_missing_or_garbage_model_is_a_one_line_error(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"not a model at all")
     monkeypatch.chdir(tmp_path)

@@ -16,7 +16,7 @@ from cli_helpers import run_cli
 from inferenceos.registry.catalog import now_iso
 
 LONG_REASON = ("default context; plan: ctx 16384 · KV f16/f16 · flash-attn off · ubatch "
-               "512 · CPU only · 2 threads · CPU 1.2 GiB")  # fmt: skip
+               "512 · CPU only · 2 threads · CPU 1.2 GiB")
 
 
 def _models() -> list[dict[str, Any]]:
@@ -31,7 +31,7 @@ def _models() -> list[dict[str, Any]]:
         {"name": "tiny:latest", "state": "hot", "pinned": False,
          "memory_by_device": {"CPU": 5_000_000}, "context_length": 2048, "slots": 1,
          "expires_at": now_iso(time.time() - 3), "reason": "default context"},
-    ]  # fmt: skip
+    ]
 
 
 @contextmanager
@@ -103,4 +103,4 @@ def test_human_until_follows_ollama() -> None:
     assert human_until("", now) == "" and human_until("soon", now) == "soon"
     # a plain Ollama's form, with a zone offset and 5 fractional digits
     assert human_until("2024-06-04T14:38:31.83753-07:00",
-                       1717537111.0 - 600) == "10 minutes from now"  # fmt: skip
+                       1717537111.0 - 600) == "10 minutes from now"

@@ -51,7 +51,7 @@ def test_registry_names_work_where_paths_do(tiny_llama: Path) -> None:
 def test_models_search_takes_several_words(tiny_llama: Path) -> None:
     """`models search qwen 1.5b` was a usage error; only the quoted form worked."""
     assert run_cli("models", "pull", str(tiny_llama), "--name",
-                   "qwen2.5-coder-1.5b-instruct").returncode == 0  # fmt: skip
+                   "qwen2.5-coder-1.5b-instruct").returncode == 0
     assert run_cli("models", "pull", str(tiny_llama), "--name", "qwen2.5-0.5b").returncode == 0
     for words in (["qwen", "1.5b"], ["qwen 1.5b"]):
         r = run_cli("models", "search", *words, "--json")
@@ -64,7 +64,7 @@ def test_models_search_takes_several_words(tiny_llama: Path) -> None:
 def test_a_mistyped_name_gets_did_you_mean(tiny_llama: Path) -> None:
     assert run_cli("models", "pull", str(tiny_llama), "--name", "qwen-coder").returncode == 0
     for args in (["run", "qwen-codr", "-p", "ab"], ["models", "show", "qwen-codr"],
-                 ["rm", "qwen-codr"], ["simulate", "qwen-codr"]):  # fmt: skip
+                 ["rm", "qwen-codr"], ["simulate", "qwen-codr"]):
         r = run_cli(*args)
         assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr)
         assert "did you mean 'qwen-coder:latest'?" in r.stderr, (args, r.stderr)
@@ -77,7 +77,7 @@ def test_close_names_prefers_prefixes_then_difflib() -> None:
     from inferenceos.registry.names import close_names, did_you_mean
 
     names = ["qwen2.5-coder-0.5b-instruct:latest", "gemma3-270m:latest", "tiny:q8",
-             "tiny:latest"]  # fmt: skip
+             "tiny:latest"]
     assert close_names("qwen", names) == ["qwen2.5-coder-0.5b-instruct:latest"]
     assert close_names("gema3-270m", names) == ["gemma3-270m:latest"]
     assert close_names("tiny:q4", names)[0] == "tiny:q8"

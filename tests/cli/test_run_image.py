@@ -34,7 +34,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _run(model: Path, *args: str) -> dict:
     r = run_cli("run", str(model), "-p", "what is it", "-n", "8", "-t", "0", "--raw",
-                "--json", "--threads", "1", *args)  # fmt: skip
+                "--json", "--threads", "1", *args)
     assert r.returncode == 0, r.stderr
     return dict(json.loads(r.stdout))
 

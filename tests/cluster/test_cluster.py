@@ -50,7 +50,7 @@ class Workers:
 
     def start(self, port: int) -> None:
         self.procs[port] = spawn_worker(port, mem=WORKER_MEM, threads=1,
-                                        log=self.logs / f"worker-{port}.log")  # fmt: skip
+                                        log=self.logs / f"worker-{port}.log")
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -79,7 +79,7 @@ def _plan(model: Path, rpc: tuple[str, ...], ram: int | None = RAM):  # type: ig
     from inferenceos.plan.model_facts import load_model_facts
 
     return plan_load(load_model_facts(model), local_machine(),
-                     LoadRequest(n_ctx=N_CTX, rpc=rpc, ram=ram))  # fmt: skip
+                     LoadRequest(n_ctx=N_CTX, rpc=rpc, ram=ram))
 
 
 def _greedy(model: Path, params, n: int = 24) -> list[int]:  # type: ignore[no-untyped-def]
@@ -171,7 +171,7 @@ def test_simulate_reports_each_worker_as_a_tier(deep_model: Path, workers: Worke
 
     r = run_cli("simulate", str(deep_model), "--rpc", ",".join(workers.addresses),
                 "--ram", "5MiB", "--ctx", str(N_CTX), "--prompt-tokens", "16",
-                "--output-tokens", "8", "--json")  # fmt: skip
+                "--output-tokens", "8", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     peak = data["peak_memory_bytes"]
@@ -183,7 +183,7 @@ def test_simulate_reports_each_worker_as_a_tier(deep_model: Path, workers: Worke
 
 def test_run_cli_over_workers_matches_local(deep_model: Path, workers: Workers) -> None:
     args = ["run", str(deep_model), "--prompt", "hello", "--raw", "-n", "12",
-            "--temperature", "0", "--ignore-eos", "--ctx", str(N_CTX), "--json"]  # fmt: skip
+            "--temperature", "0", "--ignore-eos", "--ctx", str(N_CTX), "--json"]
     split = run_cli(*args, "--rpc", ",".join(workers.addresses), "--ram", "5MiB")
     assert split.returncode == 0, split.stderr
     assert "RPC[" in split.stderr  # the plan line names the workers
@@ -257,7 +257,7 @@ def test_hardware_lists_each_worker_and_its_link(workers: Workers) -> None:
     import json
 
     r = run_cli("hardware", "--rpc", workers.addresses[0], "--json",
-                INFERENCEOS_HARDWARE_MEASURE_BANDWIDTH="false", timeout=300)  # fmt: skip
+                INFERENCEOS_HARDWARE_MEASURE_BANDWIDTH="false", timeout=300)
     assert r.returncode == 0, r.stderr
     [w] = json.loads(r.stdout)["workers"]
     assert w["address"] == workers.addresses[0] and w["usable"]
@@ -265,7 +265,7 @@ def test_hardware_lists_each_worker_and_its_link(workers: Workers) -> None:
     assert w["link"]["rtt_s"] > 0
     assert w["info"]["host_id"] == host_id()
     text = run_cli("hardware", "--rpc", workers.addresses[0],
-                   INFERENCEOS_HARDWARE_MEASURE_BANDWIDTH="false", timeout=300)  # fmt: skip
+                   INFERENCEOS_HARDWARE_MEASURE_BANDWIDTH="false", timeout=300)
     assert text.returncode == 0 and "this machine" in text.stdout, text.stderr
 
 

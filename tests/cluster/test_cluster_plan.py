@@ -25,14 +25,14 @@ def facts(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
 
 def _machine(ram: int, *remote: Device) -> Machine:
     cpu = Device(name="CPU", kind="cpu", memory_bytes=ram, bandwidth_gbps=20.0, threads=2,
-                 llama_name="CPU")  # fmt: skip
+                 llama_name="CPU")
     return Machine(devices=(cpu, *remote), source="test")
 
 
 def _rpc(name: str, mem: int, kind: str = "cpu", rtt: float = 1e-4, gbps: float = 20.0) -> Device:
     return Device(name=f"RPC[{name}]", kind="rpc", memory_bytes=mem, bandwidth_gbps=gbps,
                   threads=2, llama_name=f"RPC[{name}]", rtt_s=rtt, remote_kind=kind,
-                  link_gbps=1.0, tflops=20.0 if kind == "gpu" else 0.0)  # fmt: skip
+                  link_gbps=1.0, tflops=20.0 if kind == "gpu" else 0.0)
 
 
 REQ = LoadRequest(n_ctx=256)
@@ -78,7 +78,7 @@ def test_each_remote_split_costs_a_round_trip_per_token(facts: ModelFacts) -> No
     assert slow - base == pytest.approx(2 * 5e-3, rel=0.01)  # two remote splits, one trip each
     assert max(parts5, key=lambda k: parts5[k]).startswith("link RPC[")  # the bottleneck
     pred = predict(facts, _machine(ram, _rpc("a:1", 4 << 20), _rpc("b:1", 4 << 20)), plan,
-                   Workload(16, 8, 256), cal)  # fmt: skip
+                   Workload(16, 8, 256), cal)
     assert {"RPC[a:1]", "RPC[b:1]"} <= set(pred.peak_memory)
 
 
@@ -106,7 +106,7 @@ def test_a_co_located_worker_costs_a_wake_up_per_visit(facts: ModelFacts) -> Non
 
     def cost(here: bool) -> float:
         m = _machine(ram, replace(_rpc("a:1", 2 << 20), co_located=here),
-                     replace(_rpc("b:1", 2 << 20), co_located=here))  # fmt: skip
+                     replace(_rpc("b:1", 2 << 20), co_located=here))
         plan = plan_load(facts, m, REQ)
         assert {"RPC[a:1]", "RPC[b:1]"} <= set(plan.placement.dense)
         return decode_cost(facts, plan.placement, m, plan.ctx, 64, cal, plan.threads).seconds
@@ -162,6 +162,6 @@ def test_libgomp_takes_the_bounded_spin_count_when_llama_cpp_loads() -> None:
     env["OMP_DISPLAY_ENV"] = "VERBOSE"
     code = "from inferenceos.engine.llama_lib import lib; lib()"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"GOMP_SPINCOUNT = '{SPIN_COUNT}'" in out.stderr

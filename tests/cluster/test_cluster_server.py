@@ -35,7 +35,7 @@ def test_serve_over_workers_survives_a_lost_worker(deep_model: Path, tmp_path: P
             stream = client.completions.create(
                 model="deep", prompt="hello", max_tokens=100_000, temperature=0, stream=True,
                 extra_body={"ignore_eos": True},
-            )  # fmt: skip
+            )
             chunks = iter(stream)
             next(chunks)
             loaded = h.manager.loaded()
@@ -52,7 +52,7 @@ def test_serve_over_workers_survives_a_lost_worker(deep_model: Path, tmp_path: P
             assert health["workers"][f"127.0.0.1:{victim}"].startswith("lost: ")
             # the next request runs on what is left (planned again without the worker)
             r = client.completions.create(model="deep", prompt="hello", max_tokens=8,
-                                          temperature=0)  # fmt: skip
+                                          temperature=0)
             assert r.choices[0].text is not None and r.usage.completion_tokens > 0
     finally:
         workers.close()

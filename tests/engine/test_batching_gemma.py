@@ -49,11 +49,11 @@ def test_eight_concurrent_outputs_are_lone_argmax(gemma_path: Path) -> None:
         noise = max(batch_shape_noise(lm, prompts[i] + results[i]) for i in range(8))
     with Engine(gemma_path, settings, n_parallel=8) as engine:
         checks = [greedy_agreement(engine, prompts[i], results[i], rel_tol=noise)
-                  for i in range(8)]  # fmt: skip
+                  for i in range(8)]
     identical = sum(c.argmax == c.tokens for c in checks)
     print(f"\n{identical}/8 concurrent outputs identical to the lone runs; "
           f"near-ties {sum(c.near_ties for c in checks)}, "
           f"worst relative gap {max(c.worst_rel_gap for c in checks):.2e}; "
-          f"lone-sequence batch-shape noise {noise:.2e}")  # fmt: skip
+          f"lone-sequence batch-shape noise {noise:.2e}")
     assert all(len(results[i]) == 32 for i in range(8))
     assert all(c.ok for c in checks), checks

@@ -44,7 +44,7 @@ def probe(model: Path, limit: int, *args: str) -> tuple[CgroupRun, dict[str, Any
     """Run tests/ltm_probe.py on `model` in a fresh cgroup of `limit` bytes, cold."""
     drop_cache(model)
     argv = [sys.executable, PROBE, str(model), "--tokens", "8", "--prompt", "abc",
-            "--n-ctx", "512", "--kv", "f16", *args]  # fmt: skip
+            "--n-ctx", "512", "--kv", "f16", *args]
     with MemoryCgroup(limit) as cg:
         run = cg.run(argv, timeout=300)
     out = json.loads(run.stdout.splitlines()[-1]) if run.stdout.strip() else None

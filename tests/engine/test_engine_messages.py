@@ -88,7 +88,7 @@ FROM_WORKER = [
 def _request_kinds() -> set[type]:
     """Every concrete request class the module defines."""
     return {cls for _, cls in inspect.getmembers(messages, inspect.isclass)
-            if issubclass(cls, ToWorker) and cls not in (ToWorker, Ask)}  # fmt: skip
+            if issubclass(cls, ToWorker) and cls not in (ToWorker, Ask)}
 
 
 def test_the_samples_cover_every_request_kind() -> None:
@@ -120,7 +120,7 @@ def _runtime() -> SimpleNamespace:
     sched.cancel.return_value = []
     return SimpleNamespace(sched=sched, awake=lambda: sched, lm=MagicMock(),
                            lifecycle=lambda msg: [Result(msg.req_id, {})],
-                           kv_store=None)  # fmt: skip
+                           kv_store=None)
 
 
 @pytest.mark.parametrize("msg", REQUESTS, ids=lambda m: type(m).__name__)

@@ -132,7 +132,7 @@ def test_policy_options_follow_the_models_attention_layout(tiny_llama: Path) -> 
     lm, probe = probed(tiny_llama)
     with lm:
         sched = Scheduler(lm, 1, 32, kv_policy="h2o", probe=probe,
-                          policy_options={"h2o": {"recent_fraction": 0.9}})  # fmt: skip
+                          policy_options={"h2o": {"recent_fraction": 0.9}})
         assert isinstance(sched.policy, HeavyHitterOracle)
         assert sched.policy.recent_fraction == 0.9
 

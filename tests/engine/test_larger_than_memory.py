@@ -76,7 +76,7 @@ def test_re_estimating_a_disk_placement_keeps_repack_off(q4_facts: ModelFacts) -
     again = estimate(q4_facts, plan.placement, machine, plan.ctx)
     assert again.repack == 0
     assert estimate(q4_facts, replace(plan.placement, disk_bytes=0), machine, plan.ctx,
-                    repack=None).repack >= 0  # fmt: skip
+                    repack=None).repack >= 0
 
 
 def test_no_room_to_stream_a_layer_is_refused_with_figures(q4_facts: ModelFacts) -> None:

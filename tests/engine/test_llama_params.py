@@ -53,7 +53,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ...
     try:
         for p in ports:
             procs.append(spawn_worker(p, mem=WORKER_MEM, threads=1,
-                                      log=logs / f"worker-{p}.log"))  # fmt: skip
+                                      log=logs / f"worker-{p}.log"))
         yield tuple(f"127.0.0.1:{p}" for p in ports)
     finally:
         for proc in procs:
@@ -67,7 +67,7 @@ def split_params(deep_model: Path, workers: tuple[str, ...]) -> LlamaParams:
     from inferenceos.plan.model_facts import load_model_facts
 
     plan = plan_load(load_model_facts(deep_model), local_machine(),
-                     LoadRequest(n_ctx=N_CTX, rpc=workers, ram=RAM))  # fmt: skip
+                     LoadRequest(n_ctx=N_CTX, rpc=workers, ram=RAM))
     params = plan.params()
     # the plan must be a multi-device one, or this test proves nothing
     assert params.devices == tuple(f"RPC[{a}]" for a in workers), params
@@ -128,7 +128,7 @@ def test_measure_load_hands_llama_cpp_the_engines_params(
     assert sum(model["tensor_split"]) == pytest.approx(1.0)
     assert model["n_gpu_layers"] > 0
     for key in ("devices", "tensor_split", "tensor_buft_overrides", "n_gpu_layers",
-                "main_gpu", "split_mode", "load_mode", "use_extra_bufts"):  # fmt: skip
+                "main_gpu", "split_mode", "load_mode", "use_extra_bufts"):
         assert measured.model[0][key] == model[key], key
     assert measured.model == mine.model  # and every other field
     assert measured.context == mine.context
@@ -149,7 +149,7 @@ def test_a_workers_buffers_are_parsed_with_its_address() -> None:
              "llama_kv_cache: RPC1[10.0.0.2:50052] KV buffer size =     0.25 MiB",
              "~llama_context: RPC0[127.0.0.1:50052] compute buffer size is   0.9404 MiB, "
              "matches expectation of   0.9404 MiB",
-             "load_tensors:   CPU_Mapped model buffer size =     2.02 MiB"]  # fmt: skip
+             "load_tensors:   CPU_Mapped model buffer size =     2.02 MiB"]
     assert parse_buffer_lines(lines) == {
         ("model", "RPC0[127.0.0.1:50052]"): round(3.75 * MIB),
         ("KV", "RPC1[10.0.0.2:50052]"): round(0.25 * MIB),

@@ -76,7 +76,7 @@ def test_ngram_adds_spares_past_its_trust_but_not_without_a_match() -> None:
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 PROMPTS = ["a b c d e f g h a b c d e f g h a b c", "one two three one two three one",
-           "x y x y x y x y", "hello world hello"]  # fmt: skip
+           "x y x y x y x y", "hello world hello"]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
 
 def _run(lm: LoadedModel, multiple: int, draft: str | None = "ngram",
          prompts: list[str] = PROMPTS, sampling: SamplingParams = GREEDY,
-         ) -> tuple[list[list[int]], list[int], int, int]:  # fmt: skip
+         ) -> tuple[list[list[int]], list[int], int, int]:
     """Every prompt through a 4-slot scheduler (drafter `draft`) whose row multiple is
     `multiple`: (outputs, the logit row count of every decode-only step, drafted
     tokens, decode steps summed over the sequences)."""

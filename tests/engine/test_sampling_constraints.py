@@ -34,7 +34,7 @@ def test_gbnf_grammar_constrains_every_token(lm: LoadedModel) -> None:
 
 def test_json_schema_output_parses_and_validates(lm: LoadedModel) -> None:
     schema = {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}},
-              "required": ["c"]}  # fmt: skip
+              "required": ["c"]}
     grammar = grammar_from_json_schema(json.dumps(schema))
     text = complete(lm, max_tokens=60, grammar=grammar)
     assert lm.metrics.stop_reason == "eos"  # the grammar ended the output
@@ -75,7 +75,7 @@ def test_lazy_grammar_applies_only_after_its_trigger(lm: LoadedModel) -> None:
         complete(lm, temperature=1.0, seed=seed, max_tokens=40, grammar='root ::= "a" [xyz]+',
                  grammar_triggers=(r"[\s\S]*?(a)[\s\S]*",), logit_bias=((a_token, 4.0),))
         for seed in range(4)
-    ]  # fmt: skip
+    ]
     free = [t for t in texts if "a" in t and t.index("a") > 0]
     assert free, texts  # some output was free before the trigger
     for text in texts:

@@ -24,7 +24,7 @@ CHAINS = [
 def _tokens(lm: LoadedModel, sampling: SamplingParams, n: int) -> list[int]:
     params = replace(sampling, max_tokens=n, ignore_eos=True)
     return [ev.token for ev in generate_one(lm, lm.tokenize("The story begins"), params)
-            if ev.token >= 0]  # fmt: skip
+            if ev.token >= 0]
 
 
 def _slow(sampling: SamplingParams) -> SamplingParams:
@@ -36,7 +36,7 @@ def _slow(sampling: SamplingParams) -> SamplingParams:
 def test_fast_paths_are_taken_only_for_plain_chains() -> None:
     assert [_fast_path(p) for p in CHAINS] == ["greedy", "top_k", "top_k", "top_k"]
     others = [SamplingParams(top_k=0), SamplingParams(repeat_penalty=1.1),
-              SamplingParams(grammar='root ::= "a"'), *map(_slow, CHAINS)]  # fmt: skip
+              SamplingParams(grammar='root ::= "a"'), *map(_slow, CHAINS)]
     assert [_fast_path(p) for p in others] == [None] * len(others)
 
 

@@ -20,7 +20,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24)
 @pytest.fixture(scope="module")
 def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
     settings = LoadSettings(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64,
-                            n_seq_max=N_SLOTS, n_threads=1)  # fmt: skip
+                            n_seq_max=N_SLOTS, n_threads=1)
     with LoadedModel(tiny_llama, settings) as model:
         yield model
 
@@ -99,7 +99,7 @@ def test_streaming_generates_far_past_the_context_in_flat_memory(lm: LoadedModel
     sched = create_scheduler(lm, kv_policy="streaming")
     n = 10 * sched.n_ctx_slot
     sched.submit(Request(1, lm.tokenize("abc"),
-                         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))  # fmt: skip
+                         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))
     peak = 0
     count = 0
     mem = lm._ll.llama_get_memory(lm.ctx)
@@ -209,7 +209,7 @@ def test_idle_prefixes_leave_the_pool_while_others_run_and_come_back(lm: LoadedM
     sched = create_scheduler(lm)
     base = lm.tokenize("a b c d e f g h i j k l m n o p")
     sched.submit(Request(1, lm.tokenize("zz"), SamplingParams(temperature=0, max_tokens=80,
-                                                                ignore_eos=True)))  # fmt: skip
+                                                                ignore_eos=True)))
     sched.submit(Request(2, base, SamplingParams(temperature=0, max_tokens=4)))
     while any(s.req.id == 2 for s in sched.running) or sched.queue:
         sched.step()

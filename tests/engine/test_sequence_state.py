@@ -21,7 +21,7 @@ def test_state_moves_to_another_context_and_continues_identically(tiny_llama: Pa
         first = [ev.token for ev in generate_one(a, prompt, GREEDY)]
         # the uninterrupted run: 12 more tokens after the first 12
         reference = [ev.token for ev in generate_one(a, prompt, SamplingParams(
-            temperature=0, max_tokens=24, ignore_eos=True))][12:]  # fmt: skip
+            temperature=0, max_tokens=24, ignore_eos=True))][12:]
         a.reset()
         list(generate_one(a, prompt, GREEDY))  # state: prompt + first 11 tokens evaluated
         state = a.save_sequence()
@@ -30,7 +30,7 @@ def test_state_moves_to_another_context_and_continues_identically(tiny_llama: Pa
         # the state holds the prompt and the first 11 tokens; the 12th is evaluated next
         held = prompt + first[:-1]
         moved = [ev.token for ev in generate_one(b, prompt + first, GREEDY,
-                                                 state=(held, state))]  # fmt: skip
+                                                 state=(held, state))]
         assert b.metrics.cached_tokens == len(held)  # only the last token was evaluated
     assert moved == reference
 

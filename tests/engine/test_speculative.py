@@ -32,12 +32,12 @@ from scheduler_helpers import drain
 N_SLOTS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 TEXTS = ["abc abc abc abc", "hello there hello there", "xyz", "a b c d a b c d",
-         "quiet quiet", "zebra", "kk ll kk ll", "the end the end"]  # fmt: skip
+         "quiet quiet", "zebra", "kk ll kk ll", "the end the end"]
 
 
 def settings() -> LoadSettings:
     return LoadSettings(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64, n_seq_max=N_SLOTS,
-                        n_threads=1)  # fmt: skip
+                        n_threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def generate_all(
 
 # chi-square critical values at p = 0.001 by degrees of freedom (no scipy here)
 _CHI2_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32,
-             8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26}  # fmt: skip
+             8: 26.12, 9: 27.88, 10: 29.59, 11: 31.26}
 
 
 def fits(observed: np.ndarray, expected: np.ndarray) -> bool:
@@ -78,7 +78,7 @@ def fits(observed: np.ndarray, expected: np.ndarray) -> bool:
 
 
 def same_as_lone(lm: LoadedModel, prompt: list[int], output: list[int],
-                 rel_tol: float = 1e-3) -> bool:  # fmt: skip
+                 rel_tol: float = 1e-3) -> bool:
     """Every token of a batched greedy `output` is the lone run's argmax given the same
     prefix, or within `rel_tol` relative logit of it: the engine's re-scoring tolerance
     (scoring.greedy_agreement), for near ties that the batch shape or the attention
@@ -96,7 +96,7 @@ def same_as_lone(lm: LoadedModel, prompt: list[int], output: list[int],
 
 @pytest.mark.parametrize("drafter", ["ngram", "model", "self"])
 def test_greedy_output_is_identical_with_each_drafter(drafter: str, tiny_llama: Path,
-                                                      tiny_swa: Path) -> None:  # fmt: skip
+                                                      tiny_swa: Path) -> None:
     # self needs a model with enough layers to skip some: the 4-layer SWA gemma3
     path = tiny_swa if drafter == "self" else tiny_llama
     name = {"ngram": "ngram", "model": str(tiny_llama), "self": "self"}[drafter]
@@ -123,7 +123,7 @@ def test_eight_concurrent_mixed_drafters_match_lone_runs(lm: LoadedModel, tiny_l
         lone += out
     mixed = [None, "ngram", "none", None, "ngram", "none", None, "ngram"]  # None: model
     together, done = generate_all(create_scheduler(lm, str(tiny_llama), p_min=0.0, cost=0.0),
-                                  prompts, mixed)  # fmt: skip
+                                  prompts, mixed)
     assert sum(t != a for t, a in zip(together, lone, strict=True)) <= 2
     assert all(same_as_lone(lm, p, t) for p, t in zip(prompts, together, strict=True))
     assert [d["draft"] for d in done] == ["model", "ngram", ""] * 2 + ["model", "ngram"]
@@ -135,7 +135,7 @@ def test_draft_metrics_and_adaptation(lm: LoadedModel) -> None:
     assert done["completion_tokens"] == len(out) == 48
     assert 0 < done["draft_accepted"] <= done["draft_tokens"]
     assert done["acceptance_rate"] == pytest.approx(
-        done["draft_accepted"] / done["draft_tokens"], abs=1e-4)  # fmt: skip
+        done["draft_accepted"] / done["draft_tokens"], abs=1e-4)
     assert done["tokens_per_step"] > 1.0
 
 
@@ -213,7 +213,7 @@ def test_a_greedy_loop_is_drafted_around_its_period() -> None:
 def test_a_paused_sequence_still_drafts_a_copy_but_not_a_guess() -> None:
     tick = itertools.count()
     state = DraftState(drafter=NgramDrafter(), k=4, k_max=48,
-                       clock=lambda: float(next(tick)))  # fmt: skip
+                       clock=lambda: float(next(tick)))
     assert state.sure_ask(10, room=100) == (0, 0)  # not paused: the ordinary ask
     state._pause(10)  # e.g. its bigram guesses failed
     assert state.want(11, room=100) == 0
@@ -344,7 +344,7 @@ def test_sampled_tokens_follow_plain_sampling_on_the_tiny_model(lm: LoadedModel)
     """The second token (the first one verified against a draft), given the most common
     first token, is distributed as the model's own sampling distribution at that point."""
     sp = SamplingParams(temperature=1.5, top_k=5, top_p=1.0, min_p=0.0, max_tokens=3,
-                        ignore_eos=True)  # fmt: skip
+                        ignore_eos=True)
     prompt = lm.tokenize("hello there")
     first_mode = _most_likely_first(lm, prompt, sp)
     ids, probs = _target_after(lm, [*prompt, first_mode], sp)

@@ -33,7 +33,7 @@ def gemma(gemma_path: Path) -> Iterator[LoadedModel]:
 
 
 def _drafted(lm: LoadedModel, prompt: list[int], sp: SamplingParams, draft: str
-             ) -> tuple[list[int], GenerationMetrics]:  # fmt: skip
+             ) -> tuple[list[int], GenerationMetrics]:
     """Tokens and metrics drafted by `draft`; `self` is forced to draft (cost=0): on
     Gemma it could never pay, so by default it does not draft at all."""
     opts = {"self": {"cost": 0.0}} if draft == "self" else None

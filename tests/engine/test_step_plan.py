@@ -11,7 +11,7 @@ def create_needs(n_generating: int, prompts: list[int], draft: int = 0) -> list[
     """`n_generating` decoding sequences (each with `draft` draft tokens), then one
     prefilling sequence per prompt length in `prompts`."""
     seqs = [SeqNeeds(i, 10, [1] * 5, 5, pending=7, draft=tuple(range(draft)))
-            for i in range(n_generating)]  # fmt: skip
+            for i in range(n_generating)]
     seqs += [SeqNeeds(n_generating + j, 0, list(range(n)), 0) for j, n in enumerate(prompts)]
     return seqs
 
@@ -21,7 +21,7 @@ def test_decodes_come_first_then_prefill_chunks_within_budget() -> None:
     assert [(d.key, d.pos, d.tokens) for d in plan.decodes] == [(0, 10, (7,)), (1, 10, (7,))]
     # the first prompt's last token waits for a step of its own
     assert [(p.key, p.start, len(p.tokens), p.last) for p in plan.prefills] == [
-        (2, 0, 29, False), (3, 0, 9, False)]  # fmt: skip
+        (2, 0, 29, False), (3, 0, 9, False)]
     assert plan.n_tokens == 40
 
 
@@ -94,5 +94,5 @@ def test_a_prompts_last_token_is_evaluated_alone_as_after_a_cached_prefix() -> N
 
 def test_an_atomic_span_goes_whole_whatever_the_budget() -> None:
     plan = schedule([_media_seq(n_prefilled=4, atomic=True)], budget=3, max_tokens=64,
-                    media_first=True)  # fmt: skip
+                    media_first=True)
     assert plan.media is not None and len(plan.media.tokens) == 10

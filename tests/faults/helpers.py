@@ -21,7 +21,7 @@ def generate(h: Harness, model: str, n: int = 3, timeout: float = 60,
     """A non-streamed Ollama generate of `n` tokens."""
     return httpx.post(h.url + "/api/generate", timeout=timeout, json={
         "model": model, "prompt": "ab", "stream": False, "options": {"num_predict": n},
-        **extra})  # fmt: skip
+        **extra})
 
 
 def unload(h: Harness, model: str) -> None:

@@ -195,7 +195,7 @@ def test_hostile_bodies_are_4xx(kind: str, server: Harness) -> None:
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     h = FakeHub(repos={REPO: {"Tiny-Q8_0.gguf": tiny_gguf(tmp_path, "llama", seed=7)}},
-                slow_s=0.01).start()  # fmt: skip
+                slow_s=0.01).start()
     monkeypatch.setenv("HF_ENDPOINT", h.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
@@ -214,7 +214,7 @@ def test_concurrent_pulls_of_the_same_name(server: Harness, hub: FakeHub) -> Non
     def pull(_: int) -> httpx.Response:
         go.wait(10)
         return httpx.post(server.url + "/api/pull", json={"model": name, "stream": False},
-                          timeout=120)  # fmt: skip
+                          timeout=120)
 
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(pull, range(8)))

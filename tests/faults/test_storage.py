@@ -104,7 +104,7 @@ def test_locked_registry_waits_then_writes(two: Harness) -> None:
     threading.Timer(1.5, release.set).start()
     t0 = time.monotonic()
     r = httpx.post(two.url + "/api/copy", json={"source": "a", "destination": "a2"},
-                   timeout=30)  # fmt: skip
+                   timeout=30)
     assert r.status_code == 200, r.text
     assert time.monotonic() - t0 >= 1.0  # it waited for the lock instead of failing
     t.join(10)

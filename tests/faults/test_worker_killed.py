@@ -77,9 +77,9 @@ def test_killed_during_prefill(gemma_path: Path, tiny_llama: Path, tmp_path: Pat
         assert generate(h, "g", 1).status_code == 200
         prompt = " ".join(f"word{i}" for i in range(400))  # ~1600 tokens
         body = {"model": "g", "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": 4, "stream": True}  # fmt: skip
+                "max_tokens": 4, "stream": True}
         t, out = in_thread(lambda: httpx.post(h.v1 + "/chat/completions", json=body,
-                                              timeout=120))  # fmt: skip
+                                              timeout=120))
         deadline = time.monotonic() + 30
         while h.state.admission.running == 0 and time.monotonic() < deadline:
             time.sleep(0.01)

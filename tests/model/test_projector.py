@@ -117,7 +117,7 @@ def test_audio_projector(tmp_path: Path) -> None:
         "clip.audio.embedding_length": 32, "clip.audio.block_count": 2,
         "clip.audio.feed_forward_length": 64, "clip.audio.attention.head_count": 4,
         "clip.audio.num_mel_bins": 128,
-    }, ("a.blk.0.attn_q.weight", "mm.a.mlp.2.weight"))  # fmt: skip
+    }, ("a.blk.0.attn_q.weight", "mm.a.mlp.2.weight"))
     pf = load_projector(path)
     assert (pf.has_audio, pf.has_vision, pf.kind) == (True, False, "ultravox")
     assert (pf.audio_sample_rate, pf.n_mel_bins, pf.tokens_per_image) == (16000, 128, 0)
@@ -146,20 +146,20 @@ def test_not_a_projector_is_a_clear_error(pair: tuple[Path, Path], tmp_path: Pat
     no_patch = _clip_file(tmp_path / "nopatch.gguf", {
         "clip.has_vision_encoder": True, "clip.projector_type": "mlp",
         "clip.vision.embedding_length": 32, "clip.vision.image_size": 32,
-    })  # fmt: skip
+    })
     with pytest.raises(GGUFFormatError, match="patch_size"):
         load_projector(no_patch)
     huge = _clip_file(tmp_path / "huge.gguf", {
         "clip.has_vision_encoder": True, "clip.projector_type": "mlp",
         "clip.vision.embedding_length": 32, "clip.vision.image_size": 100000,
         "clip.vision.patch_size": 8,
-    })  # fmt: skip
+    })
     with pytest.raises(GGUFFormatError, match="image_size 100000 exceeds"):
         load_projector(huge)
     wrong = _clip_file(tmp_path / "wrong.gguf", {
         "clip.has_vision_encoder": True, "clip.projector_type": "mlp",
         "clip.vision.embedding_length": "wide", "clip.vision.patch_size": 8,
-    })  # fmt: skip
+    })
     with pytest.raises(GGUFFormatError, match=r"wrong\.gguf: clip.vision.embedding_length must"):
         load_projector(wrong)
     r = run_cli("inspect", str(wrong), "--no-digest")

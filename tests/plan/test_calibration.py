@@ -164,7 +164,7 @@ def _typed(facts, types: dict[str, float]):  # type: ignore[no-untyped-def]
 
     total = sum(facts.spec.quant_types.values())
     return replace(facts, spec=replace(facts.spec, quant_types={
-        t: int(total * share) for t, share in types.items()}))  # fmt: skip
+        t: int(total * share) for t, share in types.items()}))
 
 
 def test_kernel_weights_follow_the_tensor_types() -> None:

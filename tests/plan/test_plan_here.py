@@ -21,7 +21,7 @@ def _store_best(path: Path) -> None:
     rec.best(path, settings={"n_threads": 1, "n_threads_batch": 1, "n_batch": 64,
                              "n_ubatch": 32, "flash_attn": 0, "type_k": "f16",
                              "type_v": "f16", "n_gpu_layers": 0},
-             measured={"prefill_tps": 100.0, "decode_tps": 50.0})  # fmt: skip
+             measured={"prefill_tps": 100.0, "decode_tps": 50.0})
     rec.flush(timeout=10)
 
 
@@ -37,14 +37,14 @@ def test_stored_best_reaches_the_plan_and_its_changes(tiny_llama: Path) -> None:
     assert any("tuned by optimize" in c.what for c in tuned.changes)
     # what the request sets itself is never overridden
     pinned = plan_here(facts, m, LoadRequest(threads=1, n_batch=128, flash_attn=True),
-                       sense_load=False).plan.params()  # fmt: skip
+                       sense_load=False).plan.params()
     assert pinned.n_batch == 128 and pinned.flash_attn == 1
 
 
 def test_policy_comes_with_the_request_and_is_validated(tiny_llama: Path) -> None:
     facts = load_model_facts(tiny_llama)
     here = plan_here(facts, machine(ram=8 * GiB), LoadRequest(policy="capacity"),
-                     sense_load=False)  # fmt: skip
+                     sense_load=False)
     assert here.policy.resolved == "capacity"
     with pytest.raises(UsageError, match="unknown policy"):
         plan_here(facts, machine(ram=8 * GiB), LoadRequest(policy="fastest"), sense_load=False)
@@ -56,7 +56,7 @@ def _store(path: Path, free_threads: int, **settings: object) -> None:
     rec = telemetry.recorder()
     rec.best(path, settings={**base, **settings},
              measured={"free_threads": free_threads, "ratios": {"prefill": 1.0,
-                                                                "decode": 1.0}})  # fmt: skip
+                                                                "decode": 1.0}})
     rec.flush(timeout=10)
 
 
@@ -66,7 +66,7 @@ def test_the_plan_line_names_the_threads_it_runs_with(tiny_llama: Path) -> None:
     facts = load_model_facts(tiny_llama)
     _store(tiny_llama, free_threads=2)
     plan = plan_here(facts, machine(ram=8 * GiB, threads=1), LoadRequest(),
-                     sense_load=False).plan  # fmt: skip
+                     sense_load=False).plan
     p = plan.params()
     assert (p.n_threads, p.n_threads_batch) == (1, 1)
     (phrase,) = [c.what for c in plan.changes if "tuned by optimize" in c.what]
@@ -80,7 +80,7 @@ def test_the_summary_shows_tuned_thread_counts(tiny_llama: Path) -> None:
     facts = load_model_facts(tiny_llama)
     _store(tiny_llama, free_threads=2, n_threads=1, n_threads_batch=2, n_ubatch=256)
     plan = plan_here(facts, machine(ram=8 * GiB, threads=2), LoadRequest(),
-                     sense_load=False).plan  # fmt: skip
+                     sense_load=False).plan
     p = plan.params()
     assert (p.n_threads, p.n_threads_batch) == (1, 2) and plan.threads == 2
     assert "1 thread (2 for prompts)" in plan.summary()

@@ -30,7 +30,7 @@ OBJ = Objective(prompt_tokens=64, output_tokens=32)
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ModelFacts]:
     d = tmp_path_factory.mktemp("opt")
     return {k: load_model_facts(write_tiny_model(d / f"{k}.gguf", k))
-            for k in ("llama", "moe", "swa", "deep")}  # fmt: skip
+            for k in ("llama", "moe", "swa", "deep")}
 
 
 def _cpu(ram: int, bw: float = 20.0) -> Device:
@@ -42,11 +42,11 @@ def _gpu(name: str, mem: int, gbps: float = 300.0, link: float = 12.0) -> Device
 
 
 def _rpc(port: int, mem: int, kind: str = "cpu", here: bool = False, rtt: float = 1e-4,
-         gbps: float = 20.0) -> Device:  # fmt: skip
+         gbps: float = 20.0) -> Device:
     name = f"RPC[127.0.0.1:{port}]"
     return Device(name, "rpc", mem, gbps, tflops=20.0 if kind == "gpu" else 0.0,
                   link_gbps=1.0, threads=2, llama_name=name, rtt_s=rtt, remote_kind=kind,
-                  co_located=here)  # fmt: skip
+                  co_located=here)
 
 
 def _m(*devs: Device) -> Machine:
@@ -118,7 +118,7 @@ def test_a_uniform_model_is_solved_by_counts_with_the_same_answer() -> None:
     from inferenceos.plan.placement import layer_parts
 
     facts = make_facts(n_layer=5, n_embd=512, n_ff=1024, n_head=8, n_head_kv=2,
-                       n_vocab=4000, n_expert=4, n_used=2)  # fmt: skip
+                       n_vocab=4000, n_expert=4, n_used=2)
     ctx = ContextSettings(n_ctx=1024, n_ubatch=64, n_batch=64, flash_attn=True)
     assert uniform(layer_parts(facts, ctx))
     for m in _machines(facts, ctx):
@@ -137,7 +137,7 @@ def test_workers_are_used_before_quality_or_disk(tiny: dict[str, ModelFacts]) ->
     need = _need(facts, ctx)
     layer = facts.spec.tensor_bytes // 8
     m = _m(_cpu(need - 3 * layer), _rpc(1, int(2.2 * layer), here=True),
-           _rpc(2, int(2.2 * layer), here=True))  # fmt: skip
+           _rpc(2, int(2.2 * layer), here=True))
     plan = plan_load(facts, m, LoadRequest(n_ctx=512))
     used = set(plan.placement.dense)
     assert {"RPC[127.0.0.1:1]", "RPC[127.0.0.1:2]"} <= used, plan.placement.dense
@@ -150,7 +150,7 @@ def test_gemma_with_two_loopback_workers_keeps_its_quality(gemma_path: Path) -> 
     quantized the KV cache to q4_0; the optimizer keeps f16 and the full context."""
     facts = load_model_facts(gemma_path)
     m = _m(_cpu(300 * MiB, 30.0), _rpc(1, 200 * MiB, here=True, gbps=30.0),
-           _rpc(2, 200 * MiB, here=True, gbps=30.0))  # fmt: skip
+           _rpc(2, 200 * MiB, here=True, gbps=30.0))
     plan = plan_load(facts, m, LoadRequest())
     assert plan.ctx.n_ctx == 4096 and plan.ctx.type_v == "f16" and not plan.disk_bound
     assert plan.memory.by_device["CPU"] <= 300 * MiB
@@ -194,7 +194,7 @@ def test_planning_a_100_layer_moe_over_4_gpus_is_quick() -> None:
     import time
 
     facts = make_facts(n_layer=100, n_expert=8, n_used=2, n_ff=4096, n_embd=2048,
-                       n_head=16, n_head_kv=4)  # fmt: skip
+                       n_head=16, n_head_kv=4)
     m = machine(ram=32 * GiB, gpus=(4 * GiB,) * 4)
     t = time.perf_counter()
     plan = make_plan(facts, m, ContextSettings(n_ctx=4096, flash_attn=True))

@@ -37,7 +37,7 @@ def _record(path: Path, decode: float, prefill: float, contention: object) -> No
         rec.generation(path, source="run", settings={"flash_attn": 1}, prompt_tokens=64,
                        output_tokens=32, prefill_tps=prefill, decode_tps=decode, threads=2,
                        n_ctx=512, n_batch=512, n_ubatch=512, contention=contention,
-                       extra={"model_path": str(path)})  # fmt: skip
+                       extra={"model_path": str(path)})
     assert rec.flush(timeout=30)
 
 
@@ -85,7 +85,7 @@ def test_the_recorder_samples_a_cpu_burning_neighbour(tiny_llama: Path) -> None:
         time.sleep(0.5)
         rec = telemetry.recorder()
         rec.generation(tiny_llama, source="run", prompt_tokens=8, output_tokens=8,
-                       decode_tps=10.0, threads=1, contention="sample")  # fmt: skip
+                       decode_tps=10.0, threads=1, contention="sample")
         assert rec.flush(timeout=30)
     finally:
         burner.kill()

@@ -48,7 +48,7 @@ def _llama_compute_mib(model: Path, mmproj: Path) -> float:
     r = subprocess.run(
         [sys.executable, "-c", _LOAD, str(model), str(mmproj)],
         capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     found = re.findall(r"CPU compute buffer size = +([\d.]+) MiB", r.stdout + r.stderr)
     assert found, "mtmd logged no compute buffer size"
@@ -128,7 +128,7 @@ def test_encoder_goes_to_a_gpu_with_room_else_the_cpu(pair: tuple[Path, Path]) -
     # a GPU just big enough for the text model: the encoder sits on the CPU instead
     need = text.memory.by_device["GPU0"]
     tight = plan_load(facts, machine(ram=32 * GiB, gpus=(need / 0.95 + MiB,)),
-                      LoadRequest(mmproj=pf))  # fmt: skip
+                      LoadRequest(mmproj=pf))
     assert tight.projector is not None and tight.projector.device == "CPU"
     assert tight.placement.gpu_layers == text.placement.gpu_layers  # the text stays on GPU
     assert "no accelerator has room" in tight.projector.why
@@ -157,7 +157,7 @@ def test_image_tokens_count_against_the_context(pair: tuple[Path, Path]) -> None
     model, mmproj = pair
     facts = load_model_facts(model)  # trained on 512 tokens
     ok = plan_load(facts, machine(), LoadRequest(prompt_tokens=100, image_tokens=400,
-                                                 mmproj=mmproj))  # fmt: skip
+                                                 mmproj=mmproj))
     assert ok.projector is not None and ok.projector.image_tokens == 400
     with pytest.raises(PlanRefused, match=r"100 text tokens and 420 image tokens .* 512"):
         plan_load(facts, machine(), LoadRequest(prompt_tokens=100, image_tokens=420))
@@ -175,7 +175,7 @@ def test_more_image_tokens_take_longer(pair: tuple[Path, Path]) -> None:
     assert times[0].seconds < times[1].seconds < times[2].seconds
     ttft = [predict(facts, m, plan, Workload(prompt_tokens=20, output_tokens=4,
                                               image_tokens=n), CAL).ttft_s
-            for n in (0, 16, 160)]  # fmt: skip
+            for n in (0, 16, 160)]
     assert ttft[0] < ttft[1] < ttft[2]
     big = _big(pf)
     assert encoder_time(big, plan.projector, m, 576, CAL).seconds > times[2].seconds
@@ -198,7 +198,7 @@ def test_simulate_cli_image_tokens(pair: tuple[Path, Path], tiny_llama: Path) ->
                                "--image-tokens", "16", "--prompt-tokens", "20").stdout)
     assert named["plan"]["projector"]["path"] == str(mmproj)
     r = run_cli("simulate", str(model), "--ctx", "256", "--prompt-tokens", "100",
-                "--image-tokens", "200")  # fmt: skip
+                "--image-tokens", "200")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "200 image tokens does not fit a context of 256" in " ".join(r.stderr.split())
     r = run_cli("simulate", str(model), "--image-tokens", "16", "--mmproj", str(model))

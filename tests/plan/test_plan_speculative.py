@@ -22,7 +22,7 @@ def _drafted_metrics(draft: str, tokens: int, accepted: int, steps: int) -> dict
     return {"prompt_tokens": 40, "prompt_tps": 500.0, "ttft_s": 0.08,
             "completion_tokens": steps + accepted, "decode_tps": 400.0, "stop_reason": "length",
             "draft": draft, "draft_tokens": tokens, "draft_accepted": accepted,
-            "decode_steps": steps}  # fmt: skip
+            "decode_steps": steps}
 
 
 def test_priors_promise_a_gain_only_where_one_is_possible() -> None:
@@ -70,7 +70,7 @@ def test_simulate_learns_acceptance_from_recorded_drafted_runs(tiny_llama: Path)
     rec = telemetry.recorder()
     for _ in range(3):  # copying runs: 4 drafts a step, nearly all accepted
         rec.generation(tiny_llama, source="run", settings={"n_threads": 2},
-                       metrics=_drafted_metrics("ngram", 80, 76, 20))  # fmt: skip
+                       metrics=_drafted_metrics("ngram", 80, 76, 20))
     assert rec.flush()
     [row, *_] = telemetry.generations(model=tiny_llama)
     assert row.extra["draft"] == "ngram" and row.extra["draft_accepted"] == 76

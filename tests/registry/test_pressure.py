@@ -116,12 +116,12 @@ def test_the_ram_source_reads_this_machine() -> None:
 def _manager(tiny: Path, factory: Any = None) -> ModelManager:
     def resolve(name: str) -> ResolvedModel:
         return ResolvedModel("tiny:latest", tiny, "0" * 64, tiny.stat().st_size, "llama",
-                             "F32", 1, 8192, 0.0)  # fmt: skip
+                             "F32", 1, 8192, 0.0)
 
     budget = MemoryBudget(machine=lambda: machine(ram=8 * GiB, threads=1))
     base = LoadRequest(n_ctx=4096, threads=1, n_batch=64, type_k="f16", type_v="f16")
     return ModelManager(resolve, factory or engine_factory(), budget=budget, base=base,
-                        context_hint=None)  # fmt: skip
+                        context_hint=None)
 
 
 def _undisturbed(tiny: Path, settings: LlamaParams, prompt: str) -> list[int]:
@@ -196,7 +196,7 @@ class CountingEngine:
         self.n_ctx, self.load_s, self.migrated = params.n_ctx, 0.0, 0
 
     def migrate(self, settings: LlamaParams, n_parallel: int | None = None,
-                make_before_break: bool = True) -> dict[str, Any]:  # fmt: skip
+                make_before_break: bool = True) -> dict[str, Any]:
         self.migrated += 1
         return {"pause_s": 0.001, "seconds": 0.002, "moved": 0}
 

@@ -45,10 +45,10 @@ def worker(tmp_path: Path) -> Any:
 
 
 def test_capping_a_workers_memory_moves_layers_home_mid_stream(deep: Path,
-                                                                worker: str) -> None:  # fmt: skip
+                                                                worker: str) -> None:
     def resolve(name: str) -> ResolvedModel:
         return ResolvedModel("deep:latest", deep, "0" * 64, deep.stat().st_size, "llama",
-                             "F32", 1, 512, 0.0)  # fmt: skip
+                             "F32", 1, 512, 0.0)
 
     # local RAM is short at load time (so the planner splits the model onto the worker),
     # and has room later, when the worker's memory is taken back
@@ -56,7 +56,7 @@ def test_capping_a_workers_memory_moves_layers_home_mid_stream(deep: Path,
     budget = MemoryBudget(machine=lambda: machine(ram=ram["now"], threads=1))
     # a context past the tiny model's training one, so the stream outlives the re-plan
     base = LoadRequest(n_ctx=2048, threads=1, n_batch=64, type_k="f16", type_v="f16",
-                       rpc=(worker,), rope_scaling=True)  # fmt: skip
+                       rpc=(worker,), rope_scaling=True)
     mgr = ModelManager(resolve, budget=budget, base=base, context_hint=None)
     sensor = PressureSensor([rpc_source([worker])])
     reactor = PressureReactor(mgr, sensor, dwell_s=0.0)

@@ -101,7 +101,7 @@ def figures(plan: Plan, n_ctx: int) -> Plan:
 
 
 def make(base_plan: Plan, cap: int | None = 2 * (WEIGHTS + KV + COMPUTE),
-         **kw: Any) -> tuple[ModelManager, list[FakeEngine], Clock]:  # fmt: skip
+         **kw: Any) -> tuple[ModelManager, list[FakeEngine], Clock]:
     made: list[FakeEngine] = []
     clock = Clock()
 
@@ -119,7 +119,7 @@ def make(base_plan: Plan, cap: int | None = 2 * (WEIGHTS + KV + COMPUTE),
 
     budget = MemoryBudget(machine=lambda: machine(ram=64 * GiB), total_cap=cap)
     mgr = ModelManager(resolve, factory, planner=planner, budget=budget, clock=clock,
-                       context_hint=None, **kw)  # fmt: skip
+                       context_hint=None, **kw)
     return mgr, made, clock
 
 
@@ -235,7 +235,7 @@ def test_concurrent_acquires_load_once(base_plan: Plan) -> None:
     mgr, made, _ = make(base_plan, cap=None)
     leases: list[Any] = []
     threads = [threading.Thread(target=lambda: leases.append(mgr.acquire("a")))
-               for _ in range(8)]  # fmt: skip
+               for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:

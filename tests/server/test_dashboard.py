@@ -37,7 +37,7 @@ class Browser:
             [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
              "--disable-dev-shm-usage", "--no-first-run", "--remote-debugging-port=0",
              f"--user-data-dir={profile}", "--window-size=1280,1000", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
@@ -46,9 +46,9 @@ class Browser:
             time.sleep(0.1)
         port = int(port_file.read_text().split()[0])
         pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json()
-                 if t["type"] == "page"]  # fmt: skip
+                 if t["type"] == "page"]
         self._conn = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 << 20,
-                             open_timeout=30)  # fmt: skip
+                             open_timeout=30)
         self.ws = self._conn.__enter__()
         self.ids = 0
 
@@ -64,7 +64,7 @@ class Browser:
 
     def js(self, expression: str) -> Any:
         r = self.call("Runtime.evaluate", expression=expression, returnByValue=True,
-                      awaitPromise=True)  # fmt: skip
+                      awaitPromise=True)
         return r["result"].get("value")
 
     def wait(self, expression: str, timeout: float = 60) -> Any:
@@ -113,7 +113,7 @@ def test_the_dashboard_shows_the_server_and_chats(letters: Path, tmp_path: Path,
     with serving({"letters": letters}, tmp_path) as h:
         httpx.post(h.url + "/api/generate", json={"model": "letters", "prompt": "ab",
                                                    "stream": False,
-                                                   "options": {"num_predict": 4}})  # fmt: skip
+                                                   "options": {"num_predict": 4}})
         page = httpx.get(h.url + "/ui")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert "http" not in page.text.split("<body>")[1].replace("http-equiv", "")  # no CDN
@@ -127,7 +127,7 @@ def test_the_dashboard_shows_the_server_and_chats(letters: Path, tmp_path: Path,
         b.js("document.getElementById('chat-input').value = 'hello';"
              "document.getElementById('chat-send').click(); true")
         reply = b.wait("(e => e && e.classList.contains('done') && e.textContent)"
-                       "(document.querySelector('.msg.assistant'))")  # fmt: skip
+                       "(document.querySelector('.msg.assistant'))")
         assert reply.strip() and "error" not in b.js(
             "document.querySelector('.msg.assistant').className")
         b.wait("document.getElementById('tps-now').textContent !== ''")

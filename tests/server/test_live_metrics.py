@@ -65,7 +65,7 @@ def test_the_events_route_gives_each_event_its_text(tmp_path: Path, tiny_llama: 
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         httpx.post(h.url + "/api/generate", json={"model": "tiny", "prompt": "ab",
                                                    "stream": False,
-                                                   "options": {"num_predict": 2}})  # fmt: skip
+                                                   "options": {"num_predict": 2}})
         events = httpx.get(h.url + "/api/events").json()["events"]
         load = next(e for e in events if e["kind"] == "load")
         assert isinstance(load["load_s"], float)  # the figures stay for programs

@@ -50,7 +50,7 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     def guarded_connect(self: socket.socket, address: Any) -> Any:
         host = address[0] if isinstance(address, tuple) else ""
         if self.family in (socket.AF_INET, socket.AF_INET6) and host not in (
-                "127.0.0.1", "::1", "localhost"):  # fmt: skip
+                "127.0.0.1", "::1", "localhost"):
             tried.append(address)
             raise OSError(f"test guard: no connection to {address} (loopback only)")
         return connect(self, address)
@@ -68,19 +68,19 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def replicas(gemma_path: Path, tmp_path_factory: pytest.TempPathFactory,
-             ) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:  # fmt: skip
+             ) -> Iterator[list[tuple[subprocess.Popen[str], str]]]:
     """Two `inferenceos serve` processes of Gemma, each with its own INFERENCEOS_HOME
     (module-scoped: set up before the per-test home), started side by side, each warmed
     by one request (the model loads on the first); stopped (or found dead) at the end."""
     args = (str(gemma_path), "--ctx", "1024", "--threads", "1", "--parallel", "4",
-            "--queue", "64", "--any-model")  # fmt: skip
+            "--queue", "64", "--any-model")
 
     def start(i: int) -> tuple[subprocess.Popen[str], str]:
         home = tmp_path_factory.mktemp(f"replica{i}")
         proc, base = start_serve(*args, INFERENCEOS_HOME=str(home))
         r = httpx.post(base + "/v1/chat/completions", timeout=120, json={
             "model": "gemma", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 1})  # fmt: skip
+            "max_tokens": 1})
         assert r.status_code == 200, r.text
         return proc, base
 
@@ -115,7 +115,7 @@ def make_router(bases: list[str], provider: str = "openai", **kw: Any) -> Any:
                            if provider == "openai" else
                            {"model": "ollama_chat/gemma", "api_base": b}),
         "model_info": {"id": f"replica-{i}"},
-    } for i, b in enumerate(bases)]  # fmt: skip
+    } for i, b in enumerate(bases)]
     return litellm.Router(model_list=deployments, timeout=60, **kw)
 
 
@@ -136,7 +136,7 @@ def scrape(base: str) -> dict[str, float]:
 
 def ask(router: Any, content: str, **kw: Any) -> Any:
     return router.acompletion(model="gemma", messages=[{"role": "user", "content": content}],
-                              max_tokens=MAX_TOKENS, temperature=0, **kw)  # fmt: skip
+                              max_tokens=MAX_TOKENS, temperature=0, **kw)
 
 
 def test_a_conversation_sticks_to_its_replica_and_hits_its_prefix_cache(
@@ -151,11 +151,11 @@ def test_a_conversation_sticks_to_its_replica_and_hits_its_prefix_cache(
         messages = [{"role": "system", "content": story},
                     {"role": "user", "content": f"Name ship number {i}."}]
         first = await router.acompletion(model="gemma", messages=messages, metadata=meta,
-                                         max_tokens=MAX_TOKENS, temperature=0)  # fmt: skip
+                                         max_tokens=MAX_TOKENS, temperature=0)
         messages += [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "And the next one?"}]
         second = await router.acompletion(model="gemma", messages=messages, metadata=meta,
-                                          max_tokens=MAX_TOKENS, temperature=0)  # fmt: skip
+                                          max_tokens=MAX_TOKENS, temperature=0)
         cached = second.usage.prompt_tokens_details.cached_tokens or 0
         return [served_by(first), served_by(second)], cached
 
@@ -171,7 +171,7 @@ def test_a_conversation_sticks_to_its_replica_and_hits_its_prefix_cache(
 
     async def through_ollama() -> list[Any]:
         return await asyncio.wait_for(asyncio.gather(*(ask(ollama, "Hello") for _ in range(4))),
-                                      120)  # fmt: skip
+                                      120)
 
     answers = asyncio.run(through_ollama())
     assert all(a.choices[0].message.content for a in answers)
@@ -189,7 +189,7 @@ def test_a_replica_killed_mid_run_loses_no_request(
 
     async def run() -> list[Any]:
         tasks = [asyncio.ensure_future(ask(router, f"Write word number {i}."))
-                 for i in range(N_REQUESTS)]  # fmt: skip
+                 for i in range(N_REQUESTS)]
         done_on_victim = 0
         for next_done in asyncio.as_completed(tasks):
             response = await next_done
@@ -197,7 +197,7 @@ def test_a_replica_killed_mid_run_loses_no_request(
             if done_on_victim == 2 and not in_flight_at_kill:
                 m = await asyncio.to_thread(scrape, victim_base)
                 in_flight_at_kill.append(m["inferenceos:num_requests_running"]
-                                         + m["inferenceos:num_requests_waiting"])  # fmt: skip
+                                         + m["inferenceos:num_requests_waiting"])
                 victim.kill()  # SIGKILL: no drain, its connections just drop
         return [t.result() for t in tasks]
 

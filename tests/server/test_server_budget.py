@@ -31,7 +31,7 @@ def test_budget_lists_devices_and_caps_change_at_run_time(tiny_llama: Path,
         assert body["pressure"]["high"] == 0.95
         httpx.post(h.url + "/api/generate", json={"model": "tiny", "prompt": "ab",
                                                    "stream": False,
-                                                   "options": {"num_predict": 4}})  # fmt: skip
+                                                   "options": {"num_predict": 4}})
         after = httpx.get(h.url + "/api/budget").json()
         assert next(d for d in after["devices"] if d["name"] == "CPU")["used_bytes"] > 0
         r = httpx.post(h.url + "/api/budget", json={"device": "CPU", "bytes": 1 << 40})
@@ -45,7 +45,7 @@ def test_budget_lists_devices_and_caps_change_at_run_time(tiny_llama: Path,
         r = httpx.post(h.url + "/api/budget", json={"device": "CPU", "bytes": -5})
         assert r.status_code in (400, 422)
         r = httpx.post(h.url + "/api/budget", json={"device": "RPC[127.0.0.1:50052]",
-                                                     "bytes": 1000})  # fmt: skip
+                                                     "bytes": 1000})
         assert r.status_code == 200  # a worker's device may be capped before it joins
         ev = httpx.get(h.url + "/api/events").json()
         kinds = [e["kind"] for e in ev["events"]]
@@ -67,7 +67,7 @@ def test_budget_routes_need_the_key(tiny_llama: Path, tmp_path: Path) -> None:
 def _stream_text(url: str, body: dict, on_chunk: object = None) -> tuple[str, int]:
     text, n = "", 0
     with httpx.stream("POST", url + "/completion", json={**body, "stream": True},
-                      timeout=120) as r:  # fmt: skip
+                      timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line.startswith("data: "):
@@ -88,19 +88,19 @@ def test_a_cap_lowered_over_the_api_migrates_a_running_stream(
     base = LoadRequest(n_ctx=4096, n_batch=64, threads=1, type_k="f16", type_v="f16")
     with serving({"wide": wide}, tmp_path, manager_kw={"base": base}) as h:
         body = {"model": "wide", "prompt": "ab cab", "n_predict": 3000, "temperature": 0,
-                "ignore_eos": True}  # fmt: skip
+                "ignore_eos": True}
         want = httpx.post(h.url + "/completion", json=body, timeout=120).json()["content"]
         charge = h.manager.loaded()[0].charge["CPU"]
         first = httpx.get(h.url + "/api/events").json()["last_id"]  # events are per process
 
         def squeeze() -> None:
             r = httpx.post(h.url + "/api/budget",
-                           json={"device": "CPU", "bytes": int(charge * 0.8)})  # fmt: skip
+                           json={"device": "CPU", "bytes": int(charge * 0.8)})
             assert r.status_code == 200
 
         got, _ = _stream_text(h.url, body, squeeze)
         migrations = httpx.get(h.url + "/api/events", params={
-            "kind": "migration", "since": first}).json()["events"]  # fmt: skip
+            "kind": "migration", "since": first}).json()["events"]
     assert got == want
     assert migrations and migrations[0]["cause"].startswith("pressure on CPU")
     assert migrations[0]["moved"] == 1

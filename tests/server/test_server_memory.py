@@ -35,7 +35,7 @@ def _ps(h: object) -> dict[str, dict]:
 def _gen(h: object, name: str, n: int = 4) -> str:
     r = httpx.post(h.url + "/api/generate", timeout=60,  # type: ignore[attr-defined]
                    json={"model": name, "prompt": "ab", "stream": False,
-                         "options": {"num_predict": n, "temperature": 0}})  # fmt: skip
+                         "options": {"num_predict": n, "temperature": 0}})
     assert r.status_code == 200, r.text
     return str(r.json()["response"])
 
@@ -161,7 +161,7 @@ def test_a_draft_model_is_charged_to_its_model(tmp_path: Path) -> None:
     models = {"a": write_tiny_model(tmp_path / "a.gguf")}
     draft = write_tiny_model(tmp_path / "draft.gguf", seed=3)
     with serving(models, tmp_path,
-                 manager_kw={"factory": engine_factory(8, draft=str(draft))}) as h:  # fmt: skip
+                 manager_kw={"factory": engine_factory(8, draft=str(draft))}) as h:
         _gen(h, "a", 8)
         (lm,) = h.manager.loaded()
         assert lm.extra["CPU"] > 0

@@ -46,7 +46,7 @@ def value(families: dict[str, tuple[str, list]], name: str, **labels: str) -> fl
     include `labels` (0 when none)."""
     return sum(s.value for _, samples in families.values() for s in samples
                if s.name == P + name
-               and all(s.labels.get(k) == v for k, v in labels.items()))  # fmt: skip
+               and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def test_the_docs_table_is_parsed_and_names_at_least_the_vllm_families() -> None:
@@ -62,12 +62,12 @@ def test_a_scrape_has_every_documented_family_and_no_other(tiny_llama: Path,
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         r = httpx.post(h.v1 + "/chat/completions", timeout=60, json={
             "model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 3})  # fmt: skip
+            "max_tokens": 3})
         assert r.status_code == 200
         text = scrape(h.url)
         # what Prometheus 2 sends; the answer is the text format all the same
         om = scrape(h.url, "application/openmetrics-text;version=1.0.0,"
-                           "text/plain;version=0.0.4;q=0.5")  # fmt: skip
+                           "text/plain;version=0.0.4;q=0.5")
     want = {P + n: t for n, t in documented().items()}
     got = {n: t for n, (t, _) in text.items()}
     assert got == want
@@ -79,7 +79,7 @@ def test_a_scrape_has_every_documented_family_and_no_other(tiny_llama: Path,
     assert value(text, "time_to_first_token_seconds_count", model_name=tiny) == 1
     assert value(text, "models_loaded") == 1 and value(text, "model_loads_total") == 1
     assert value(text, "http_requests_total", route="/v1/chat/completions",
-                 status="200") == 1  # fmt: skip
+                 status="200") == 1
     assert not any(n.endswith("_created") for n in got)  # no _created series
     assert value(text, "migrations_total") == 0
 
@@ -99,10 +99,10 @@ def test_a_live_migration_moves_the_migration_counters(
     monkeypatch.setenv("INFERENCEOS_PRESSURE_DWELL_S", "0.3")
     base = LoadRequest(n_ctx=4096, n_batch=64, threads=1, type_k="f16", type_v="f16")
     body = {"model": "wide", "prompt": "ab cab", "n_predict": 3000, "temperature": 0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+            "ignore_eos": True, "stream": True}
     with serving({"wide": wide}, tmp_path, manager_kw={"base": base}) as h:
         httpx.post(h.url + "/completion", json={**body, "n_predict": 2, "stream": False},
-                   timeout=60)  # fmt: skip
+                   timeout=60)
         charge = h.manager.loaded()[0].charge["CPU"]
         before = scrape(h.url)
         first = httpx.get(h.url + "/api/events").json()["last_id"]  # events are per process
@@ -113,11 +113,11 @@ def test_a_live_migration_moves_the_migration_counters(
                     assert "error" not in json.loads(line[6:])
                 if n == 5:
                     httpx.post(h.url + "/api/budget",
-                               json={"device": "CPU", "bytes": int(charge * 0.8)})  # fmt: skip
+                               json={"device": "CPU", "bytes": int(charge * 0.8)})
                 if n > 5 and n % 20 == 0:  # stop reading once the stream has moved
                     moved = httpx.get(h.url + "/api/events",
                                       params={"kind": "migration", "since": first},
-                                      ).json()["events"]  # fmt: skip
+                                      ).json()["events"]
                     if moved:
                         break
         after = scrape(h.url)
@@ -136,7 +136,7 @@ def test_the_monitor_reads_scrapes_with_the_same_parser() -> None:
 
     text = ('# TYPE inferenceos:prompt_tokens_total counter\n'
             'inferenceos:prompt_tokens_total{model_name="a"} 2.0\n'
-            'inferenceos:prompt_tokens_total{model_name="b"} 3.0\n')  # fmt: skip
+            'inferenceos:prompt_tokens_total{model_name="b"} 3.0\n')
     assert parse_metrics(text) == {"inferenceos:prompt_tokens_total": 5.0}
     with pytest.raises(InferenceOSError, match="not Prometheus text"):
         parse_metrics("<html>a proxy's error page {</html>")
@@ -150,7 +150,7 @@ def test_a_failing_collector_empties_its_family_not_the_scrape(
         raise RuntimeError("the manager is gone")
 
     m = ServerMetrics(running=lambda: [({}, 3.0)], waiting=broken, loaded=lambda: [],
-                      kv_usage=lambda: [], loads=lambda: [], evictions=lambda: [])  # fmt: skip
+                      kv_usage=lambda: [], loads=lambda: [], evictions=lambda: [])
     body, content_type = m.render()
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert content_type.startswith("text/plain; version=0.0.4")

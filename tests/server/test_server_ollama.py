@@ -55,9 +55,9 @@ def test_format_json(client: ollama.Client) -> None:
 
 def test_format_json_schema(client: ollama.Client) -> None:
     schema = {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}},
-              "required": ["c"]}  # fmt: skip
+              "required": ["c"]}
     r = client.generate(model="tiny", prompt="x", format=schema,
-                        options={"num_predict": 60, "temperature": 0})  # fmt: skip
+                        options={"num_predict": 60, "temperature": 0})
     assert json.loads(r.response)["c"] in ("red", "blue")
 
 
@@ -151,5 +151,5 @@ def test_curl_style_body_without_json_content_type(server: Harness) -> None:
     assert r.json()["done"] is True
     # a browser page (it sends Origin) cannot pass JSON off as a form post
     r = httpx.post(server.url + "/api/generate", content=body,
-                   headers={**form, "Origin": "http://127.0.0.1:9"})  # fmt: skip
+                   headers={**form, "Origin": "http://127.0.0.1:9"})
     assert r.status_code == 400

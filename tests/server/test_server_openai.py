@@ -79,11 +79,11 @@ def test_json_schema_response_format_is_followed(client: openai.OpenAI) -> None:
     import json
 
     schema = {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}},
-              "required": ["c"]}  # fmt: skip
+              "required": ["c"]}
     r = client.chat.completions.create(
         model="tiny", messages=MSG, max_tokens=60, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
-    )  # fmt: skip
+    )
     assert json.loads(r.choices[0].message.content or "")["c"] in ("red", "blue")
 
 

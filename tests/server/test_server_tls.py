@@ -26,7 +26,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
          "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
          "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60)  # fmt: skip
+        check=True, capture_output=True, timeout=60)
     return cert, key
 
 
@@ -43,7 +43,7 @@ def test_tls_serve_answers_the_openai_client(tiny_llama: Path, tmp_path: Path) -
         [sys.executable, "-m", "inferenceos", "serve", str(tiny_llama), "--port", str(port),
          "--ctx", "256", "--threads", "1", "--parallel", "1", "--tls-cert", str(cert),
          "--tls-key", str(key)],
-        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"https://127.0.0.1:{port}"
     trust = ssl.create_default_context(cafile=str(cert))
     try:

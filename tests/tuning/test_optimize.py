@@ -15,7 +15,7 @@ from inferenceos.tuning.space import Knobs, llama_defaults
 from inferenceos.tuning.trials import DECODE_CHUNK, TrialRunner
 
 KNOBS = {"n_threads", "n_threads_batch", "n_batch", "n_ubatch", "flash_attn", "type_k",
-         "type_v", "n_gpu_layers"}  # fmt: skip
+         "type_v", "n_gpu_layers"}
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def optimized(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     INFERENCEOS_HOME: (exit code, stdout, stderr, home)."""
     home = tmp_path_factory.mktemp("optimize-home")
     proc = run_cli("optimize", str(tiny_llama), "--budget", "30", "--json",
-                   INFERENCEOS_HOME=str(home))  # fmt: skip
+                   INFERENCEOS_HOME=str(home))
     return proc.returncode, proc.stdout, proc.stderr, home
 
 
@@ -85,9 +85,9 @@ def test_threads_reuse_the_context_and_hopeless_trials_stop(tiny_llama: Path) ->
         again = runner.run(Knobs(n_threads=1, n_threads_batch=1), "search")
         other = runner.run(Knobs(n_threads=1, n_threads_batch=1, n_ubatch=128), "search")
         stopped = runner.run(Knobs(n_threads=1, n_threads_batch=1), "search",
-                             stop=lambda rate: True)  # fmt: skip
+                             stop=lambda rate: True)
         skipped = runner.run(Knobs(n_threads=1, n_threads_batch=1), "search",
-                             skip_decode=lambda rate: True)  # fmt: skip
+                             skip_decode=lambda rate: True)
     assert first.load_s > 0 and again.load_s == 0 and other.load_s > 0
     assert first.decode_tokens == 3 * DECODE_CHUNK and first.prompt_tokens == 64
     assert stopped.stopped_early and stopped.decode_tokens == DECODE_CHUNK
@@ -98,7 +98,7 @@ def test_a_refused_configuration_is_a_failed_trial(tiny_llama: Path) -> None:
     # the tiny model's 16-wide heads cannot hold q8_0 (32-value blocks): llama.cpp refuses
     with TrialRunner(tiny_llama, prompt_len=32, decode_len=4) as runner:
         res = runner.run(Knobs(n_threads=1, n_threads_batch=1, flash_attn=1, type_k="q8_0",
-                               type_v="q8_0"), "search")  # fmt: skip
+                               type_v="q8_0"), "search")
     assert res.error and res.prefill_tps == 0 and not res.ok
 
 
@@ -110,7 +110,7 @@ def test_apply_tuned_reads_the_stored_best(tiny_llama: Path) -> None:
     assert apply_tuned(tiny_llama, plan) == (plan, "")  # nothing stored yet
     best = Knobs(n_threads=1, n_threads_batch=2, n_batch=512, n_ubatch=256, flash_attn=1)
     telemetry.recorder().best(tiny_llama, settings=best.to_json(),
-                              measured={"ratios": {"prefill": 1.1, "decode": 1.2}})  # fmt: skip
+                              measured={"ratios": {"prefill": 1.1, "decode": 1.2}})
     assert telemetry.recorder().flush()
     params, phrase = apply_tuned(tiny_llama, plan)
     assert (params.n_threads, params.n_threads_batch, params.n_ubatch) == (1, 2, 256)
@@ -143,7 +143,7 @@ def test_a_budget_for_the_baseline_only_stores_nothing_and_says_so(
 
     monkeypatch.setattr(search, "TrialRunner", Slow)
     code, out, err = run_main(["optimize", str(tiny_llama), "--budget", "5"], capsys,
-                              monkeypatch)  # fmt: skip
+                              monkeypatch)
     assert code == 1, err
     assert "Stored" not in err + out and "search trials" not in out
     assert "baseline" in out and "500.0 t/s" in out

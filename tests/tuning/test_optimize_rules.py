@@ -104,15 +104,15 @@ def test_a_best_is_confirmed_only_when_it_beats_the_defaults_on_both_phases() ->
 def _best(**kw: object) -> dict:
     settings = {"n_threads": 2, "n_threads_batch": 2, "n_batch": 1024, "n_ubatch": 256,
                 "flash_attn": 1, "type_k": "q8_0", "type_v": "q8_0",
-                "n_gpu_layers": 10}  # fmt: skip
+                "n_gpu_layers": 10}
     settings.update(kw)
     return {"settings": settings, "measured": {"ratios": {"prefill": 1.1, "decode": 1.02}},
-            "ts": 0}  # fmt: skip
+            "ts": 0}
 
 
 def test_apply_best_moves_only_what_cannot_break_the_plan() -> None:
     plan = LoadSettings(n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=4, n_threads_batch=4,
-                        flash_attn=1, n_gpu_layers=20)  # fmt: skip
+                        flash_attn=1, n_gpu_layers=20)
     got = apply_best(plan, _best())
     assert (got.n_threads, got.n_batch, got.n_ubatch) == (2, 1024, 256)
     assert (got.type_k, got.type_v, got.n_gpu_layers, got.n_ctx) == ("q8_0", "q8_0", 10, 4096)
@@ -120,7 +120,7 @@ def test_apply_best_moves_only_what_cannot_break_the_plan() -> None:
 
 def test_apply_best_never_raises_threads_ubatch_or_gpu_layers() -> None:
     plan = LoadSettings(n_batch=512, n_ubatch=128, n_threads=1, n_threads_batch=1,
-                        n_gpu_layers=5)  # fmt: skip
+                        n_gpu_layers=5)
     got = apply_best(plan, _best(n_threads=8, n_threads_batch=8, n_ubatch=512, n_gpu_layers=99))
     assert (got.n_threads, got.n_threads_batch, got.n_ubatch, got.n_gpu_layers) == (1, 1, 128, 5)
 
@@ -130,7 +130,7 @@ def test_apply_best_keeps_a_quantized_cache_and_pinned_fields() -> None:
     got = apply_best(plan, _best(type_k="f16", type_v="f16", flash_attn=0))
     assert (got.type_k, got.type_v, got.flash_attn) == ("q4_0", "q4_0", 1)
     pinned = apply_best(LoadSettings(n_threads=4, n_batch=64, n_ubatch=64), _best(),
-                        pinned={"n_batch", "n_threads"})  # fmt: skip
+                        pinned={"n_batch", "n_threads"})
     assert (pinned.n_threads, pinned.n_batch, pinned.n_ubatch) == (4, 64, 64)
 
 
@@ -157,7 +157,7 @@ class FakeRunner:
         self.seen.append((phase, knobs))
         pre, dec = self.rates(knobs)
         res = TrialResult(knobs, phase, pre, dec, 512, 64, dimension=dimension,
-                          elapsed_s=0.001)  # fmt: skip
+                          elapsed_s=0.001)
         if skip_decode is not None and skip_decode(pre):
             res.decode_tps, res.decode_tokens, res.stopped_early = 0.0, 0, True
         elif stop is not None and stop(dec):

@@ -133,7 +133,7 @@ class LocalBackend:
             m = stream.metrics
             self.stats = ReplyStats(m.prompt_tokens, m.cached_tokens, m.completion_tokens,
                                     m.ttft_s, m.prompt_tps, m.decode_tps, self.model.n_ctx,
-                                    m.stop_reason)  # fmt: skip
+                                    m.stop_reason)
 
     def count_tokens(self, messages: list[dict[str, Any]]) -> int:
         """Prompt tokens `messages` take under the model's template (images: the cells
@@ -255,7 +255,7 @@ class ServerBackend:
             self.stats = ReplyStats(
                 None, 0, n_out, first - t0 if n_out else 0.0, 0.0,
                 (n_out - 1) / (last - first) if n_out > 1 and last > first else 0.0,
-                self.stats.n_ctx, "interrupted")  # fmt: skip
+                self.stats.n_ctx, "interrupted")
             raise
         self.stats = self._stats(final, time.perf_counter() - t0)
 
@@ -266,7 +266,7 @@ class ServerBackend:
         ttft_s = ttft * ns or wall_s
         return ReplyStats(prompt, 0, out, ttft_s, prompt / ttft_s if ttft_s else 0.0,
                           (out - 1) / decode if decode and out > 1 else 0.0, self._n_ctx(),
-                          str(final.get("done_reason", "")))  # fmt: skip
+                          str(final.get("done_reason", "")))
 
     def close(self) -> None:
         pass

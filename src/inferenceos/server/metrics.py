@@ -51,38 +51,38 @@ class ServerMetrics:
     def __init__(self, running: Collect, waiting: Collect, loaded: Collect,
                  kv_usage: Collect, loads: Collect, evictions: Collect,
                  migrations: Collect = lambda: (),
-                 migration_bytes: Collect = lambda: ()) -> None:  # fmt: skip
+                 migration_bytes: Collect = lambda: ()) -> None:
         r = self.registry = CollectorRegistry()
         self.ttft = Histogram(P + "time_to_first_token_seconds",
                               "Time from request arrival to the first generated token",
-                              _MODEL, buckets=_TTFT, registry=r)  # fmt: skip
+                              _MODEL, buckets=_TTFT, registry=r)
         self.itl = Histogram(P + "inter_token_latency_seconds",
                              "Time between consecutive generated tokens", _MODEL,
-                             buckets=_ITL, registry=r)  # fmt: skip
+                             buckets=_ITL, registry=r)
         self.e2e = Histogram(P + "e2e_request_latency_seconds",
                              "Time from request arrival to its last token", _MODEL,
-                             buckets=_E2E, registry=r)  # fmt: skip
+                             buckets=_E2E, registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens_total", "Prompt tokens processed",
-                                     _MODEL, registry=r)  # fmt: skip
+                                     _MODEL, registry=r)
         self.generation_tokens = Counter(P + "generation_tokens_total", "Tokens generated",
-                                         _MODEL, registry=r)  # fmt: skip
+                                         _MODEL, registry=r)
         self.success = Counter(P + "request_success_total",
                                "Finished generation requests by finish reason",
-                               ("finished_reason", "model_name"), registry=r)  # fmt: skip
+                               ("finished_reason", "model_name"), registry=r)
         self.rejected = Counter(P + "requests_rejected_total",
                                 "Requests refused before running (queue_full, draining)",
-                                ("reason",), registry=r)  # fmt: skip
+                                ("reason",), registry=r)
         self.http = Counter(P + "http_requests_total", "HTTP responses by route and status",
-                            ("method", "route", "status"), registry=r)  # fmt: skip
+                            ("method", "route", "status"), registry=r)
         self.draft_tokens = Counter(P + "spec_decode_num_draft_tokens_total",
                                     "Draft tokens proposed for verification",
-                                    ("drafter", "model_name"), registry=r)  # fmt: skip
+                                    ("drafter", "model_name"), registry=r)
         self.accepted_tokens = Counter(P + "spec_decode_num_accepted_tokens_total",
                                        "Draft tokens the model accepted",
-                                       ("drafter", "model_name"), registry=r)  # fmt: skip
+                                       ("drafter", "model_name"), registry=r)
         self.decode_steps = Counter(P + "spec_decode_num_steps_total",
                                     "Decode (verification) steps of finished requests",
-                                    _MODEL, registry=r)  # fmt: skip
+                                    _MODEL, registry=r)
         self.scraped(P + "num_requests_running", "Requests being served", "gauge", running)
         self.scraped(P + "num_requests_waiting", "Requests queued", "gauge", waiting)
         self.scraped(P + "models_loaded", "Models loaded in memory", "gauge", loaded)
@@ -91,14 +91,14 @@ class ServerMetrics:
         self.scraped(P + "model_loads_total", "Models loaded", "counter", loads)
         self.scraped(P + "model_evictions_total",
                      "Models unloaded, by reason (expired, memory, unload, ...)",
-                     "counter", evictions)  # fmt: skip
+                     "counter", evictions)
         self.scraped(P + "migrations_total",
                      "Live migrations of a loaded model to a new placement, by reason "
                      "(memory, cap, recovered, requested) and direction (down, up, same)",
-                     "counter", migrations)  # fmt: skip
+                     "counter", migrations)
         self.scraped(P + "migration_bytes_total",
                      "Sequence-state (KV) bytes carried across live migrations, by direction",
-                     "counter", migration_bytes)  # fmt: skip
+                     "counter", migration_bytes)
 
     def scraped(self, name: str, help: str, kind: str, collect: Collect) -> None:
         """Register a family that `collect` computes at each scrape (module doc)."""

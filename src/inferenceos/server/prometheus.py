@@ -59,7 +59,7 @@ class Scraped(Collector):
             samples = [(dict(lb), float(v)) for lb, v in self._collect()]
         except Exception:  # one broken figure must not blank every other metric
             log.warning("metric %s: its collector failed; no samples this scrape",
-                        self.name, exc_info=True)  # fmt: skip
+                        self.name, exc_info=True)
             samples = []
         for labels, value in samples:
             family.add_sample(self.name, labels, value)
