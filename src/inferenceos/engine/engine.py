@@ -53,7 +53,7 @@ from inferenceos.engine.messages import (
     WorkerInfo,
 )
 from inferenceos.engine.session import LoadSettings
-from inferenceos.engine.worker import WorkerConfig
+from inferenceos.engine.worker import WorkerConfig, file_identity
 from inferenceos.engine.worker_client import CurrentWorker, WorkerClient
 from inferenceos.engine.worker_swap import MigrateInfo, migrate
 from inferenceos.media.item import MediaItem
@@ -96,6 +96,7 @@ class Engine(EngineBase):
         `kv_cache_ram` / `kv_cache_disk`: budgets in bytes of the tiered KV cache
         (engine/kv_store.py; the disk tier under `kv_cache_dir`), which keeps finished
         conversations' KV state across sleep, worker deaths and restarts; 0: none."""
+        identity = file_identity(Path(path))  # before the read: a change after it shows
         self.spec: ModelSpec = load_spec(path)
         total = per_slot(settings or LoadSettings(), n_parallel)
         total.validate()
@@ -105,7 +106,7 @@ class Engine(EngineBase):
                            mmproj_device=mmproj_device, kv_cache_ram=kv_cache_ram,
                            kv_cache_disk=kv_cache_disk,
                            kv_cache_dir=Path(kv_cache_dir) if kv_cache_dir
-                           else None, spec=self.spec)
+                           else None, spec=self.spec, spec_of=identity)
         self._current = CurrentWorker(cfg, start_timeout)
 
     # -- worker lifecycle --------------------------------------------------------------

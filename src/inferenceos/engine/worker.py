@@ -80,9 +80,30 @@ class WorkerConfig:
     kv_cache_ram: int = 0
     kv_cache_disk: int = 0
     kv_cache_dir: Path | None = None
-    # the parent's spec of `path` (Engine read it already): the worker does not parse
-    # the header again (~0.15 s of a cold start on a 151k-token vocabulary); None: read
+    # the parent's spec of `path` (Engine read it already) and the file's identity then
+    # (`file_identity`): the worker does not parse the header again (~0.15 s of a cold
+    # start on a 151k-token vocabulary) while the file is that one; a file changed since
+    # (truncated, replaced: often why a worker died) is read again, and refused in its
+    # own words. None: read
     spec: ModelSpec | None = None
+    spec_of: tuple[int, int, int] | None = None
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, modification time in ns) of `path`; None when it cannot be read."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _spec_for(cfg: WorkerConfig) -> ModelSpec:
+    """The parent's spec while the file is the one it read, else the file's own."""
+    if cfg.spec is not None and cfg.spec_of is not None \
+            and file_identity(cfg.path) == cfg.spec_of:
+        return cfg.spec
+    return load_spec(cfg.path)
 
 
 def _info(lm: LoadedModel, n_slots: int) -> WorkerInfo:
@@ -191,7 +212,7 @@ class _Runtime:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
         # the header, once: for the probe and policies
-        self.spec = cfg.spec or load_spec(cfg.path)
+        self.spec = _spec_for(cfg)
         settings, self.probe = _attention_setup(cfg, self.spec)
         cb = self.probe.callback if self.probe else None
         mark = llama_log().mark()
