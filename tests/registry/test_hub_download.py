@@ -146,3 +146,27 @@ def test_a_partial_with_the_wrong_bytes_fails_the_digest_and_is_deleted(
     with pytest.raises(HubError, match="sha256 mismatch"):
         _fetch(serve.url, partial)
     assert not partial.exists()
+
+
+@pytest.mark.parametrize("serve", ["honour"], indirect=True)
+def test_a_pull_that_finished_between_open_and_lock_is_a_busy_answer(
+        serve: _Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race eight concurrent pulls hit (tests/faults/test_hostile_clients.py): the
+    pull holding the lock completes and moves the file away after we opened the path
+    but before our lock; ours then holds a stale handle. The answer is the same as a
+    refused lock (UsageError, a 4xx), not a FileNotFoundError from reading the path."""
+    import fcntl
+
+    from inferenceos.errors import UsageError
+
+    partial = tmp_path / ".download-0123456789abcdef"
+    real = fcntl.flock
+
+    def winner_moves_it_first(fd: int, op: int) -> None:
+        partial.rename(tmp_path / "blob")  # what the other pull's completion does
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", winner_moves_it_first)
+    with pytest.raises(UsageError, match="another pull of this file is running"):
+        _fetch(serve.url, partial)
+    assert serve.ranges == []  # nothing was fetched into the stale handle

@@ -98,9 +98,22 @@ def _locked(path: Path) -> Iterator[IO[bytes]]:
         except OSError:
             raise UsageError(f"{path.name[10:22]}: another pull of this file is running"
                              ) from None
+        if not _still_at(fh, path):
+            # the pull that held the lock finished and moved the file (or removed it)
+            # between our open and our lock: ours is a stale handle, and reading the
+            # path again would fail (a 500); it is the same answer as a lock refused
+            raise UsageError(f"{path.name[10:22]}: another pull of this file is running")
         yield fh
     finally:
         fh.close()
+
+
+def _still_at(fh: IO[bytes], path: Path) -> bool:
+    """Whether `path` still names the file `fh` has open."""
+    try:
+        return os.fstat(fh.fileno()).st_ino == path.stat().st_ino
+    except OSError:
+        return False
 
 
 def _hash_existing(path: Path) -> tuple[Any, int]:
