@@ -3,13 +3,11 @@ resume after a cut, digest checks, split GGUFs, llama.cpp's load check, tokens, 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -187,6 +185,28 @@ def test_pull_cut_mid_file_resumes_on_the_next_pull(hub: FakeHub, store: ModelSt
     assert e.path.read_bytes() == data and e.digest == sha and leftovers(store) == []
 
 
+def test_a_second_pull_while_the_first_checks_its_download_is_busy(
+        hub: FakeHub, store: ModelStore, blobs: dict[str, bytes]) -> None:
+    """The window eight concurrent pulls hit in CI: the first pull's bytes are complete
+    and it is in llama.cpp's dry load (then the rename into the store). A second pull
+    of the same model then is refused as busy, not handed the file the first is about
+    to move (a FileNotFoundError, a 500); a third, after, finds it registered."""
+    seen: list[str] = []
+
+    def check_then_race(path: Path) -> None:
+        try:
+            pull(store, f"hf.co/{REPO}:Q8_0", check=lambda _: None)
+        except UsageError as exc:
+            seen.append(str(exc))
+        check_loadable(path)
+
+    e = pull(store, f"hf.co/{REPO}:Q8_0", check=check_then_race)
+    assert len(seen) == 1 and "another pull of this file is running" in seen[0]
+    assert e.path.read_bytes() == blobs["Tiny-Q8_0.gguf"] and leftovers(store) == []
+    events = [ev.status for ev in pull_events(store, f"hf.co/{REPO}:Q8_0")]
+    assert "already up to date" in events and len(hub.gets("Tiny-Q8_0.gguf")) == 1
+
+
 def test_pull_cut_mid_file_retries_within_one_pull(hub: FakeHub, store: ModelStore,
                                                    blobs: dict[str, bytes]) -> None:
     hub.cut["Tiny-Q4_K_M.gguf"] = 100_000
@@ -206,24 +226,13 @@ def test_cuts_with_progress_in_between_get_fresh_retries(hub: FakeHub, store: Mo
 
 def test_a_full_disk_is_not_retried(hub: FakeHub, store: ModelStore,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    class Full:  # the real partial file, whose writes fail as on a full disk
-        def __init__(self, fh: Any) -> None:
-            self.fh = fh
-
+    class Full:  # the partial file's handle, whose writes fail as on a full disk
         def write(self, chunk: bytes) -> int:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.fh, name)
-
-    real = hub_download._locked
-
-    @contextlib.contextmanager
-    def locked(path: Path) -> Iterator[Any]:
-        with real(path) as fh:
-            yield Full(fh)
-
-    monkeypatch.setattr(hub_download, "_locked", locked)
+    real = hub_download._write
+    monkeypatch.setattr(hub_download, "_write",
+                        lambda out, chunk: real(Full(), chunk))  # type: ignore[arg-type]
     with pytest.raises(hubmod.InferenceOSError, match="No space left"):
         pull(store, f"hf.co/{REPO}:Q8_0", retries=3)
     assert len(hub.gets("Tiny-Q8_0.gguf")) == 1 and store.list() == []

@@ -130,7 +130,7 @@ def test_cancel_stops_between_chunks_and_keeps_the_partial(serve: _Server,
     cancel.set()
     with pytest.raises(Exception, match="cancelled"):
         list(got)
-    held = partial.read_bytes()
+    held = partial.read_bytes() if partial.exists() else b""  # an empty one is removed
     assert len(held) < len(DATA) and DATA.startswith(held)
     # the next pull resumes from there and completes
     assert _fetch(serve.url, partial)[-1] == len(DATA)
@@ -149,24 +149,45 @@ def test_a_partial_with_the_wrong_bytes_fails_the_digest_and_is_deleted(
 
 
 @pytest.mark.parametrize("serve", ["honour"], indirect=True)
-def test_a_pull_that_finished_between_open_and_lock_is_a_busy_answer(
+def test_a_pull_that_finished_between_open_and_lock_is_opened_again(
         serve: _Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race eight concurrent pulls hit (tests/faults/test_hostile_clients.py): the
-    pull holding the lock completes and moves the file away after we opened the path
-    but before our lock; ours then holds a stale handle. The answer is the same as a
-    refused lock (UsageError, a 4xx), not a FileNotFoundError from reading the path."""
+    pull holding the claim completes and moves the file away after we opened the path
+    but before our lock; ours then holds a stale handle. The claim opens the path again
+    (not a FileNotFoundError from reading it, a 500): here a fresh file, fetched whole.
+    A file that keeps moving away is a busy answer (UsageError, a 4xx)."""
     import fcntl
 
     from inferenceos.errors import UsageError
 
     partial = tmp_path / ".download-0123456789abcdef"
     real = fcntl.flock
+    moves = [1]
 
     def winner_moves_it_first(fd: int, op: int) -> None:
-        partial.rename(tmp_path / "blob")  # what the other pull's completion does
+        if moves[0]:
+            moves[0] -= 1
+            partial.rename(tmp_path / "blob")  # what the other pull's completion does
         real(fd, op)
 
     monkeypatch.setattr(fcntl, "flock", winner_moves_it_first)
+    assert _fetch(serve.url, partial)[-1] == len(DATA)
+    assert partial.read_bytes() == DATA and serve.ranges == [None]
+    moves[0] = 10
     with pytest.raises(UsageError, match="another pull of this file is running"):
         _fetch(serve.url, partial)
-    assert serve.ranges == []  # nothing was fetched into the stale handle
+
+
+def test_a_claim_that_found_nothing_to_do_leaves_no_file(tmp_path: Path) -> None:
+    """A claim whose holder wrote nothing removes the empty file it created (a pull that
+    found the model already registered leaves no `.download-` file in the store)."""
+    from inferenceos.registry.hub_download import claim
+
+    partial = tmp_path / ".download-0123456789abcdef"
+    with claim(partial):
+        assert partial.exists()
+    assert not partial.exists()
+    partial.write_bytes(b"half")
+    with claim(partial):
+        pass
+    assert partial.read_bytes() == b"half"  # a partial download is kept for the resume

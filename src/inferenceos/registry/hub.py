@@ -22,6 +22,10 @@ Contract (each point has a test against the fake Hub in tests/fake_hub.py):
   llama.cpp's own dry load accepted it (`loadcheck.py`), then by a rename inside the
   store (`ModelStore.add_blob` / `add_parts`). A wrong digest deletes the download and
   registers nothing.
+- One pull of a model at a time (across processes): a pull claims the model's first
+  `.download-` file (`hub_download.claim`) until its files are in the store; a second
+  pull of it meanwhile is refused ("another pull of this file is running", a 4xx), and
+  one that gets the claim just after looks again and finds the model registered.
 - A repo with a multimodal projector (`mmproj*.gguf`) gives it with the model: the one
   `hub_names.choose_projector` picks (f16 first), fetched after the model file with the
   same digest checks, and kept only when its header says it is a projector
@@ -46,11 +50,11 @@ import urllib.parse
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from inferenceos.errors import InferenceOSError, ModelNotFoundError, UsageError
 from inferenceos.paths import ensure_dir
-from inferenceos.registry.hub_download import HubError, download, endpoint
+from inferenceos.registry.hub_download import HubError, claim, download, endpoint
 from inferenceos.registry.hub_names import (
     Candidate,
     HubFile,
@@ -178,9 +182,10 @@ def _file_location(ref: HubRef, commit: str, f: HubFile) -> str:
 
 
 def _fetch(url: str, f: HubFile, partial: Path, retries: int,
-           cancel: threading.Event | None) -> Iterator[PullEvent]:
+           cancel: threading.Event | None, claimed: IO[bytes] | None = None
+           ) -> Iterator[PullEvent]:
     """`hub_download.download`'s progress as the pull's "pulling <digest>" events."""
-    for done in download(url, f, partial, retries, cancel):
+    for done in download(url, f, partial, retries, cancel, claimed=claimed):
         yield PullEvent(f"pulling {f.sha256[:12]}", f.sha256, f.size, done)
 
 
@@ -232,25 +237,52 @@ def pull_events(store: ModelStore, text: str, *, name: str | None = None,
     proj = choose_projector(files, cand)
     if proj is not None:
         yield PullEvent(f"projector: {proj.path}")
+    entry = yield from _refresh(store, ref, commit, cand, proj, key, retries, cancel)
+    if entry is None:
+        # partial downloads are named by their (validated) digest, so a later pull
+        # resumes them; the claim on the first makes this the one pull of this model
+        # until its files are in the store (a second at the same time is refused)
+        partials = [store.blobs / f".download-{f.sha256}" for f in cand.files]
+        ensure_dir(store.blobs)
+        with claim(partials[0]) as held:
+            # again inside the claim: the pull that held it may have just registered it
+            entry = yield from _refresh(store, ref, commit, cand, proj, key, retries,
+                                        cancel)
+            if entry is None:
+                entry = yield from _pull_new(store, ref, commit, cand, proj, partials,
+                                             held, key, retries, cancel, check)
+    yield PullEvent("success", entry=entry)
+
+
+def _refresh(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
+             proj: HubFile | None, key: str, retries: int,
+             cancel: threading.Event | None) -> Generator[PullEvent, None, ModelEntry | None]:
+    """`key`'s entry when it already holds `cand`'s model: as is ("already up to
+    date"), or with the projector it lacks fetched; None when the model must be pulled."""
     existing = store.find(key)
-    if existing and existing.digest == cand.files[0].sha256 and existing.path.is_file() \
-            and not existing.in_place:
-        if proj is None or (existing.projector_digest == proj.sha256
-                            and existing.projector is not None
-                            and existing.projector.is_file()):
-            yield PullEvent("already up to date")
-            yield PullEvent("success", entry=existing)
-            return
-        check_disk(store, _still_needed([proj], store))
-        got = yield from _pull_projector(store, ref, commit, proj, retries, cancel,
-                                         existing.path)
-        if got is not None:
-            yield PullEvent("writing manifest")
-            existing = store.set_projector(key, store.add_projector_blob(*got))
-        yield PullEvent("success", entry=existing)
-        return
-    # partial downloads are named by their (validated) digest, so a later pull resumes them
-    partials = [store.blobs / f".download-{f.sha256}" for f in cand.files]
+    if not (existing and existing.digest == cand.files[0].sha256
+            and existing.path.is_file() and not existing.in_place):
+        return None
+    if proj is None or (existing.projector_digest == proj.sha256
+                        and existing.projector is not None
+                        and existing.projector.is_file()):
+        yield PullEvent("already up to date")
+        return existing
+    check_disk(store, _still_needed([proj], store))
+    got = yield from _pull_projector(store, ref, commit, proj, retries, cancel,
+                                     existing.path)
+    if got is not None:
+        yield PullEvent("writing manifest")
+        existing = store.set_projector(key, store.add_projector_blob(*got))
+    return existing
+
+
+def _pull_new(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
+              proj: HubFile | None, partials: list[Path], held: IO[bytes], key: str,
+              retries: int, cancel: threading.Event | None, check: Check
+              ) -> Generator[PullEvent, None, ModelEntry]:
+    """Download, check and register `cand` (and `proj`) under `key`; `held` is the
+    caller's claim on `partials[0]`."""
     wanted = [*cand.files, *([proj] if proj is not None else [])]
     if not (len(cand.files) == 1 and store.blob_path(cand.files[0].sha256).is_file()):
         check_disk(store, _still_needed(wanted, store))
@@ -258,12 +290,10 @@ def pull_events(store: ModelStore, text: str, *, name: str | None = None,
         check_disk(store, _still_needed([proj], store))
     source = f"{endpoint()}/{ref.repo}@{commit[:12]}"
     if len(cand.files) == 1:
-        entry = yield from _pull_single(store, ref, commit, cand.files[0], partials[0],
-                                        key, source, retries, cancel, check, proj)
-    else:
-        entry = yield from _pull_split(store, ref, commit, cand, partials, key, source,
-                                       retries, cancel, check, proj)
-    yield PullEvent("success", entry=entry)
+        return (yield from _pull_single(store, ref, commit, cand.files[0], partials[0],
+                                        held, key, source, retries, cancel, check, proj))
+    return (yield from _pull_split(store, ref, commit, cand, partials, held, key, source,
+                                   retries, cancel, check, proj))
 
 
 def _still_needed(files: list[HubFile], store: ModelStore) -> int:
@@ -311,8 +341,8 @@ def _pull_projector(store: ModelStore, ref: HubRef, commit: str, f: HubFile | No
 
 
 def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partial: Path,
-                 key: str, source: str, retries: int, cancel: threading.Event | None,
-                 check: Check, proj: HubFile | None = None
+                 held: IO[bytes], key: str, source: str, retries: int,
+                 cancel: threading.Event | None, check: Check, proj: HubFile | None = None
                  ) -> Generator[PullEvent, None, ModelEntry]:
     blob = store.blob_path(f.sha256)
     if blob.is_file() and blob.stat().st_size == f.size:  # same content under another name
@@ -320,7 +350,7 @@ def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partia
         yield PullEvent("writing manifest")
         return store.add_blob(blob, f.sha256, key, source, projector=got)
     url = _file_location(ref, commit, f)
-    yield from _fetch(url, f, partial, retries, cancel)
+    yield from _fetch(url, f, partial, retries, cancel, held)
     yield PullEvent("verifying sha256 digest", f.sha256)
     yield PullEvent("checking that llama.cpp can load it")
     try:
@@ -336,13 +366,14 @@ def _pull_single(store: ModelStore, ref: HubRef, commit: str, f: HubFile, partia
 
 
 def _pull_split(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
-                partials: list[Path], key: str, source: str, retries: int,
+                partials: list[Path], held: IO[bytes], key: str, source: str, retries: int,
                 cancel: threading.Event | None, check: Check, proj: HubFile | None = None
                 ) -> Generator[PullEvent, None, ModelEntry]:
     n = len(cand.files)
     for f, partial in zip(cand.files, partials, strict=True):
         url = _file_location(ref, commit, f)
-        yield from _fetch(url, f, partial, retries, cancel)
+        yield from _fetch(url, f, partial, retries, cancel,
+                          held if partial == partials[0] else None)
         yield PullEvent("verifying sha256 digest", f.sha256)
     folder = store.blobs / f".partial-parts-{os.getpid()}-{time.monotonic_ns()}"
     folder.mkdir()

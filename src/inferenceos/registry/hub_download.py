@@ -15,7 +15,8 @@ decided there; huggingface_hub lists the files and HEADs them there). Contract o
   (`endpoint()`): never to the CDN a file redirects to (`_SameHostAuth`).
 - A write error (a full disk) is not retried: `_WriteError`, a StorageError, keeps the
   partial file for the next pull. A second pull of the same file at the same time is
-  refused (an exclusive lock on `partial`). `cancel` stops it between chunks.
+  refused (`claim`: an exclusive lock on `partial`, which the caller may hold until the
+  file is in the store). `cancel` stops it between chunks.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from inferenceos.errors import InferenceOSError, StorageError, UsageError
 from inferenceos.registry.hub_names import HubFile
 from inferenceos.units import format_bytes
 
-__all__ = ["DEFAULT_ENDPOINT", "HubError", "download", "endpoint"]
+__all__ = ["DEFAULT_ENDPOINT", "HubError", "claim", "download", "endpoint"]
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _CHUNK = 1024 * 1024
@@ -85,27 +86,45 @@ class _Cancelled(InferenceOSError):
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[IO[bytes]]:
-    """Open `path` for appending, locked against a second pull of the same file."""
-    fh = path.open("ab")
-    try:
-        try:
-            import fcntl
+def claim(partial: Path) -> Iterator[IO[bytes]]:
+    """`partial` opened for appending and exclusively locked until the block ends: the
+    one pull of that file. Whoever moves or removes `partial` (into the store) must do
+    it inside the claim, so a claim holder reads a file no one else changes.
 
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # not POSIX: no lock
-            pass
-        except OSError:
-            raise UsageError(f"{path.name[10:22]}: another pull of this file is running"
-                             ) from None
-        if not _still_at(fh, path):
-            # the pull that held the lock finished and moved the file (or removed it)
-            # between our open and our lock: ours is a stale handle, and reading the
-            # path again would fail (a 500); it is the same answer as a lock refused
-            raise UsageError(f"{path.name[10:22]}: another pull of this file is running")
-        yield fh
-    finally:
-        fh.close()
+    UsageError ("another pull of this file is running") when another claim holds it.
+    A file moved away between our open and our lock (the holder finished) is opened
+    again, so a pull that waited on a finished one sees its result. An empty `partial`
+    is removed when the claim ends: a pull that found nothing to do leaves no file.
+    """
+    for _ in range(3):
+        fh = partial.open("ab")
+        try:
+            if not _lock(fh, partial):
+                continue  # the holder moved it between our open and our lock
+            try:
+                yield fh
+            finally:
+                if _still_at(fh, partial) and os.fstat(fh.fileno()).st_size == 0:
+                    partial.unlink(missing_ok=True)
+            return
+        finally:
+            fh.close()
+    raise UsageError(f"{partial.name[10:22]}: another pull of this file is running")
+
+
+def _lock(fh: IO[bytes], path: Path) -> bool:
+    """Lock `fh` (non-blocking): True when held and `path` still names it, False when
+    the file was moved away first; UsageError when another holder has it."""
+    try:
+        import fcntl
+
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # not POSIX: no lock
+        return True
+    except OSError:
+        raise UsageError(f"{path.name[10:22]}: another pull of this file is running"
+                         ) from None
+    return _still_at(fh, path)
 
 
 def _still_at(fh: IO[bytes], path: Path) -> bool:
@@ -127,8 +146,8 @@ def _hash_existing(path: Path) -> tuple[Any, int]:
 
 
 def download(url: str, f: HubFile, partial: Path, retries: int = 3,
-             cancel: threading.Event | None = None,
-             timeout: float = 30.0) -> Iterator[int]:
+             cancel: threading.Event | None = None, timeout: float = 30.0,
+             claimed: IO[bytes] | None = None) -> Iterator[int]:
     """Fetch `f` into `partial`, resuming from what it holds; yield progress: the bytes
     of `f` on disk so far (first what `partial` already held, then at most every 0.2 s,
     and once complete).
@@ -137,8 +156,11 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
     mismatch deletes it and raises HubError. A connection cut is retried from where it
     stopped, up to `retries` times in a row without progress; after that the partial
     file stays for the next pull. A write error (a full disk) is not retried.
+    `claimed`: `partial`'s handle from the caller's `claim` (held past the return, so
+    the verified file can be moved into the store before another pull sees it);
+    without it, the download claims `partial` itself.
     """
-    with _locked(partial) as out:
+    with contextlib.nullcontext(claimed) if claimed is not None else claim(partial) as out:
         part = _Partial(out, *_hash_existing(partial))
         if part.done > f.size:
             part.restart()
@@ -169,7 +191,7 @@ def download(url: str, f: HubFile, partial: Path, retries: int = 3,
                         "to resume") from None
                 time.sleep(min(8.0, 0.25 * 2 ** failures))
         os.fsync(out.fileno())
-    _verify(f, part, partial)
+        _verify(f, part, partial)
 
 
 @dataclass
