@@ -2,6 +2,10 @@
 VENV ?= .venv
 PROMPT ?= The three primary colors are
 PYTEST_ARGS ?=
+# Test files run in two processes (pytest-xdist, a file per process at a time: a file's
+# shared fixtures are built once). Most tests wait on a server, a worker or a pipe, so
+# two processes fill the two cores of the machines this is sized for; 1 runs serially.
+TEST_JOBS ?= 2
 
 .PHONY: run test lint install install-test
 
@@ -22,7 +26,7 @@ run: $(VENV)/.installed
 
 ## Install with the test tools, then run the whole test suite.
 test: $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
 
 ## Static checks: ruff and mypy.
 lint: $(VENV)/.installed-test

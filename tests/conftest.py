@@ -37,6 +37,19 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture
+def quiet_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU load sensor reads an idle machine, for tests whose assertion is about a
+    plan, not about the load: the thread count follows the free cores, so the other
+    tests of a parallel suite would change the plan between two calls."""
+    from inferenceos.hardware import cpu_load
+
+    usable = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(cpu_load, "sample_cpu_load",
+                        lambda window_s=0.1, proc=None: cpu_load.CpuLoad(
+                            usable_cpus=usable, window_s=window_s))
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tiny-models")

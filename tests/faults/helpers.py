@@ -58,18 +58,26 @@ def worker_pid(h: Harness, model: str) -> int:
 
 @contextlib.contextmanager
 def kill_next_child(before: set[int]) -> Iterator[list[int]]:
-    """SIGKILL the first child process that appears (a worker being started), as soon as
-    it exists; yields the list the killed pid is put in."""
+    """SIGKILL the first model worker that appears (a child running multiprocessing's
+    `spawn_main`: a worker being started, before it has loaded its model), as soon as
+    it has exec'd; yields the list the killed pid is put in. Other children (a probe's
+    subprocess) are left alone: killing the first child of any kind let a worker load
+    undisturbed once in a parallel run (the answer was 200 with a pid in `killed`)."""
     killed: list[int] = []
     stop = threading.Event()
+    others = set(before)
 
     def watch() -> None:
         while not stop.is_set() and not killed:
-            for pid in children() - before:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                    return
+            for pid in children() - others:
+                kind = _child_kind(pid)
+                if kind == "worker":
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                        return
+                elif kind == "other":
+                    others.add(pid)
             time.sleep(0.001)
 
     t = threading.Thread(target=watch, daemon=True)
@@ -79,6 +87,21 @@ def kill_next_child(before: set[int]) -> Iterator[list[int]]:
     finally:
         stop.set()
         t.join(5)
+
+
+def _child_kind(pid: int) -> str:
+    """"worker" (multiprocessing's spawn_main), "other", or "" while it has not exec'd
+    yet (its command line is still ours) or is gone."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "other"
+    if b"spawn_main" in cmd:
+        return "worker"
+    return "" if cmd == _OWN_CMDLINE else "other"
+
+
+_OWN_CMDLINE = Path("/proc/self/cmdline").read_bytes()
 
 
 def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:

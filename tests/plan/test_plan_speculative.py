@@ -95,7 +95,7 @@ def test_simulate_learns_acceptance_from_recorded_drafted_runs(tiny_llama: Path)
     assert load_calibration(machine(), facts, 2).decode_scale != 1.0
 
 
-def test_simulate_draft_on_the_command_line(tiny_llama: Path) -> None:
+def test_simulate_draft_on_the_command_line(tiny_llama: Path, quiet_cpus: None) -> None:
     base = ["simulate", str(tiny_llama), "--ram", "8GiB", "--ram-bandwidth", "20",
             "--prompt-tokens", "64", "--output-tokens", "64"]
     res = runner.invoke(app, [*base, "--draft", "ngram", "--task", "copy", "--json"])

@@ -245,7 +245,8 @@ def test_concurrent_acquires_load_once(base_plan: Plan) -> None:
         lease.release()
 
 
-def test_served_model_gets_the_same_plan_as_run_with_an_injected_gpu(tiny_llama: Path) -> None:
+def test_served_model_gets_the_same_plan_as_run_with_an_injected_gpu(
+        tiny_llama: Path, quiet_cpus: None) -> None:
     """On a machine with a GPU (an injected profile), the server plans a model exactly
     as `run` does: same llama parameters, layers offloaded."""
     from inferenceos.cli.run_cmd import _plan_settings
