@@ -24,6 +24,13 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# A pytest-xdist worker's environment holds COLUMNS=80 (a serial run's none); rich reads COLUMNS
+# once, when the CLI's consoles are made at import, so a test's own COLUMNS (CliRunner's
+# env) was ignored in a parallel run and its tables wrapped at 80. Both runs start alike.
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh INFERENCEOS_HOME for each test."""

@@ -47,7 +47,11 @@ def test_killed_during_load(two: Harness) -> None:
 
 def test_killed_during_decode(two: Harness) -> None:
     assert generate(two, "a").status_code == 200
-    body = {"model": "b", "prompt": "ab", "options": {"num_predict": 100_000}}
+    # streaming eviction: decoding past the 256-token context, so the stream is still
+    # running when the kill lands (without it the tiny model filled its context in
+    # ~0.1 s and ended normally first, once, in a parallel run)
+    body = {"model": "b", "prompt": "ab",
+            "options": {"num_predict": 100_000, "kv_policy": "streaming"}}
     t0 = time.monotonic()
     with httpx.stream("POST", two.url + "/api/generate", json=body, timeout=30) as r:
         lines = r.iter_lines()
