@@ -140,7 +140,7 @@ def test_disk_full_while_pulling(two: Harness, hub: FakeHub,
 
     def write(out: Any, chunk: bytes) -> None:
         writes[0] += 1
-        real(Full() if full.is_set() and writes[0] > 1 else out, chunk)  # type: ignore[arg-type]
+        real(Full() if full.is_set() and writes[0] > 1 else out, chunk)
 
     monkeypatch.setattr(hub_download, "_write", write)
     name = f"hf.co/{REPO}:Q8_0"

@@ -232,7 +232,7 @@ def test_a_full_disk_is_not_retried(hub: FakeHub, store: ModelStore,
 
     real = hub_download._write
     monkeypatch.setattr(hub_download, "_write",
-                        lambda out, chunk: real(Full(), chunk))  # type: ignore[arg-type]
+                        lambda out, chunk: real(Full(), chunk))
     with pytest.raises(hubmod.InferenceOSError, match="No space left"):
         pull(store, f"hf.co/{REPO}:Q8_0", retries=3)
     assert len(hub.gets("Tiny-Q8_0.gguf")) == 1 and store.list() == []
