@@ -87,7 +87,9 @@ def test_a_cap_lowered_over_the_api_migrates_a_running_stream(
     monkeypatch.setenv("INFERENCEOS_PRESSURE_DWELL_S", "0.3")
     base = LoadRequest(n_ctx=4096, n_batch=64, threads=1, type_k="f16", type_v="f16")
     with serving({"wide": wide}, tmp_path, manager_kw={"base": base}) as h:
-        body = {"model": "wide", "prompt": "ab cab", "n_predict": 3000, "temperature": 0,
+        # 1,000 tokens outlast the migration with room (16 s with both cores busy);
+        # `moved == 1` below fails if the stream had ended before it
+        body = {"model": "wide", "prompt": "ab cab", "n_predict": 1000, "temperature": 0,
                 "ignore_eos": True}
         want = httpx.post(h.url + "/completion", json=body, timeout=120).json()["content"]
         charge = h.manager.loaded()[0].charge["CPU"]
