@@ -24,7 +24,8 @@ store-less engine: turn 1, then the same prompt from its slot; greedy, same thre
 Against llama-server (built from the vendored llama.cpp, `-np 1`): hot
 (`cache_prompt`), after an unrelated prompt in between (its `--cache-ram` host cache),
 after a restart (`--slot-save-path`, `POST /slots/0?action=save|restore`, the restore
-counted in its TTFT) and re-prefill (`cache_prompt: false`).
+counted in its TTFT) and re-prefill (`cache_prompt: false`); each case with its own
+question, as ours, so none finds its question in the cache.
 
     .venv/bin/python benchmarks/kv_tiers.py [--model A.gguf] [--other B.gguf]
         [--history 4000] [--rounds 3] [--threads 2] [--no-llama-server]
@@ -229,24 +230,26 @@ def ls_ask(port: int, prompt: list[int], cache: bool = True, t0: float | None = 
     return Timing(ttft, cached, tokens)
 
 
-def llama_server_round(binary: Path, model: Path, h: list[int], q: list[int],
+def llama_server_round(binary: Path, model: Path, h: list[int], qs: dict[str, list[int]],
                        plain: list[int], args: argparse.Namespace) -> dict[str, Timing]:
-    """The same history, its own greedy reply, our question: each case it can do."""
-    n_ctx = len(h) + len(q) + 256
+    """The same history, its own greedy reply, then each case it can do with that case's
+    own question (`qs`: hot, warm, restart), as ours: a case never finds the question
+    another case asked already in the cache."""
+    n_ctx = len(h) + max(len(q) for q in qs.values()) + 256
     res: dict[str, Timing] = {}
     with tempfile.TemporaryDirectory() as slots:
         with llama_server(binary, model, n_ctx, args.threads, Path(slots)) as port:
             first = ls_ask(port, h, n=16)
-            t2 = h + first.tokens + q
-            res["hot"] = ls_ask(port, t2)
+            res["hot"] = ls_ask(port, h + first.tokens + qs["hot"])
             _post(port, "/slots/0?action=save", {"filename": "conv.bin"})
             ls_ask(port, h[:1] + h[1:40][::-1], n=2)  # unrelated: the slot is given up
-            res["in between (--cache-ram)"] = ls_ask(port, t2)
+            res["in between (--cache-ram)"] = ls_ask(port, h + first.tokens + qs["warm"])
             res["re-prefill"] = ls_ask(port, plain, cache=False)
         with llama_server(binary, model, n_ctx, args.threads, Path(slots)) as port:
             t0 = time.perf_counter()
             _post(port, "/slots/0?action=restore", {"filename": "conv.bin"})
-            res["restart (slot save/restore)"] = ls_ask(port, t2, t0=t0)
+            res["restart (slot save/restore)"] = ls_ask(port, h + first.tokens + qs["restart"],
+                                                        t0=t0)
     return res
 
 
@@ -347,8 +350,9 @@ def main() -> None:
                     checked += 1
                     same += res[c].tokens == ref[c].tokens
             if binary is not None:
-                q = run["prompts"]["hot"][len(run["h"]) + len(run["reply"]):]
-                ls = llama_server_round(binary, args.model, run["h"], q,
+                turn1 = len(run["h"]) + len(run["reply"])
+                qs = {c: run["prompts"][c][turn1:] for c in ("hot", "warm", "restart")}
+                ls = llama_server_round(binary, args.model, run["h"], qs,
                                         run["prompts"]["re-prefill"], args)
                 for c in LS_CASES:
                     theirs[c].append(ls[c])
