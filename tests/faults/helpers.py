@@ -65,19 +65,18 @@ def kill_next_child(before: set[int]) -> Iterator[list[int]]:
     undisturbed once in a parallel run (the answer was 200 with a pid in `killed`)."""
     killed: list[int] = []
     stop = threading.Event()
-    others = set(before)
 
     def watch() -> None:
         while not stop.is_set() and not killed:
-            for pid in children() - others:
-                kind = _child_kind(pid)
-                if kind == "worker":
+            # every new child is looked at again on each pass: one read while it was
+            # between fork and exec must not rule it out (a parallel run once killed
+            # nothing: "no worker was started")
+            for pid in children() - before:
+                if _child_kind(pid) == "worker":
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                         killed.append(pid)
                         return
-                elif kind == "other":
-                    others.add(pid)
             time.sleep(0.001)
 
     t = threading.Thread(target=watch, daemon=True)
@@ -90,15 +89,15 @@ def kill_next_child(before: set[int]) -> Iterator[list[int]]:
 
 
 def _child_kind(pid: int) -> str:
-    """"worker" (multiprocessing's spawn_main), "other", or "" while it has not exec'd
-    yet (its command line is still ours) or is gone."""
+    """"worker" (multiprocessing's spawn_main), "other" (or gone), or "" while it has
+    not exec'd yet (its command line is still ours, or empty during the exec)."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return "other"
     if b"spawn_main" in cmd:
         return "worker"
-    return "" if cmd == _OWN_CMDLINE else "other"
+    return "" if cmd in (b"", _OWN_CMDLINE) else "other"  # b"": inside its exec
 
 
 _OWN_CMDLINE = Path("/proc/self/cmdline").read_bytes()
