@@ -255,6 +255,7 @@ def test_an_entry_without_its_projector_gets_it_on_the_next_pull(
     assert again.projector is not None
     assert again.projector.read_bytes() == hub_files["mmproj-Tiny-VL-F16.gguf"]
     assert len(hub.gets("Tiny-VL-Q4_K_M.gguf")) == model_gets  # the model was not fetched
+    assert not [p for p in blobs(store) if p.startswith(".")]  # the claim left no file
 
 
 def test_a_projector_that_is_not_one_is_skipped(hub: FakeHub, store: ModelStore,

@@ -237,7 +237,10 @@ def pull_events(store: ModelStore, text: str, *, name: str | None = None,
     proj = choose_projector(files, cand)
     if proj is not None:
         yield PullEvent(f"projector: {proj.path}")
-    entry = yield from _refresh(store, ref, commit, cand, proj, key, retries, cancel)
+    # outside the claim only "already up to date": fetching a missing projector
+    # moves a file into the store, which must happen inside it
+    entry = yield from _refresh(store, ref, commit, cand, proj, key, retries, cancel,
+                                fetch=False)
     if entry is None:
         # partial downloads are named by their (validated) digest, so a later pull
         # resumes them; the claim on the first makes this the one pull of this model
@@ -256,9 +259,11 @@ def pull_events(store: ModelStore, text: str, *, name: str | None = None,
 
 def _refresh(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
              proj: HubFile | None, key: str, retries: int,
-             cancel: threading.Event | None) -> Generator[PullEvent, None, ModelEntry | None]:
+             cancel: threading.Event | None, fetch: bool = True
+             ) -> Generator[PullEvent, None, ModelEntry | None]:
     """`key`'s entry when it already holds `cand`'s model: as is ("already up to
-    date"), or with the projector it lacks fetched; None when the model must be pulled."""
+    date"), or with the projector it lacks fetched (with `fetch`; None without); None
+    when the model must be pulled."""
     existing = store.find(key)
     if not (existing and existing.digest == cand.files[0].sha256
             and existing.path.is_file() and not existing.in_place):
@@ -268,6 +273,8 @@ def _refresh(store: ModelStore, ref: HubRef, commit: str, cand: Candidate,
                         and existing.projector.is_file()):
         yield PullEvent("already up to date")
         return existing
+    if not fetch:
+        return None
     check_disk(store, _still_needed([proj], store))
     got = yield from _pull_projector(store, ref, commit, proj, retries, cancel,
                                      existing.path)

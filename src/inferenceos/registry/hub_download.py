@@ -109,7 +109,12 @@ def claim(partial: Path) -> Iterator[IO[bytes]]:
             return
         finally:
             fh.close()
-    raise UsageError(f"{partial.name[10:22]}: another pull of this file is running")
+    raise _busy(partial)
+
+
+def _busy(partial: Path) -> UsageError:
+    """The answer to a pull of a file another pull holds (a 4xx: try again later)."""
+    return UsageError(f"{partial.name[10:22]}: another pull of this file is running")
 
 
 def _lock(fh: IO[bytes], path: Path) -> bool:
@@ -122,8 +127,7 @@ def _lock(fh: IO[bytes], path: Path) -> bool:
     except ImportError:  # not POSIX: no lock
         return True
     except OSError:
-        raise UsageError(f"{path.name[10:22]}: another pull of this file is running"
-                         ) from None
+        raise _busy(path) from None
     return _still_at(fh, path)
 
 
