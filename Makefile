@@ -25,7 +25,10 @@ run: $(VENV)/.installed
 	$(VENV)/bin/inferenceos run --prompt "$(PROMPT)" --max-tokens 64
 
 ## Install with the test tools, then run the whole test suite.
+# (compileall: the suite starts hundreds of CLI processes; sources edited since the
+# install would otherwise be compiled again by each of them, see scripts/install.sh)
 test: $(VENV)/.installed-test
+	$(VENV)/bin/python -m compileall -q src
 	$(VENV)/bin/python -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
 
 ## Static checks: ruff and mypy.

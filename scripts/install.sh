@@ -57,6 +57,10 @@ fi
 target="."
 [ -n "$EXTRA" ] && target=".[$EXTRA]"
 "$PY" -m pip install --quiet -e "$target"
+# An editable install leaves src/ without bytecode, and where PYTHONDONTWRITEBYTECODE is
+# set (this image sets it) every command would compile ~150 modules again: 0.3-0.4 s
+# of each `inferenceos` start. Compiled once here; Python still reads .pyc files then.
+"$PY" -m compileall -q src
 
 "$PY" - <<'EOF'
 import pathlib, sys
