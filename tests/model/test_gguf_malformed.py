@@ -591,3 +591,26 @@ def test_a_real_model_cut_short_says_truncated(gemma_path: Path, tmp_path: Path,
     r = run_cli("run", str(cut), "-p", "hi")
     assert r.returncode != 0 and "truncated" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_unchanged_file_is_parsed_once_and_a_changed_one_again(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferenceos.model import gguf_file
+
+    parses: list[Path] = []
+    real = gguf_file.parse_gguf
+    monkeypatch.setattr(gguf_file, "parse_gguf",
+                        lambda buf, size, path: parses.append(path) or real(buf, size, path))
+    copy = tmp_path / "m.gguf"
+    copy.write_bytes(tiny_llama.read_bytes())
+    first = read_gguf(copy)
+    assert read_gguf(copy) is first and len(parses) == 1  # the plan, the spec, telemetry
+    with pytest.raises(TypeError):
+        first.metadata["general.name"] = "changed"  # type: ignore[index]  # shared: read-only
+    copy.write_bytes(copy.read_bytes() + b"\0" * 32)  # changed in place: size and mtime
+    again = read_gguf(copy)
+    assert len(parses) == 2 and again.file_size == first.file_size + 32
+    copy.write_bytes(b"GGUF" + b"\0" * 8)  # now malformed: judged anew, never the old parse
+    with pytest.raises(GGUFFormatError):
+        read_gguf(copy)
