@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -185,11 +186,11 @@ def _json_commands() -> list[list[str]]:
 
     found: list[list[str]] = []
 
-    def walk(cmd: object, path: list[str]) -> None:
-        subs = getattr(cmd, "commands", None)
-        if subs:
-            for name, sub in subs.items():
-                walk(sub, [*path, name])
+    def walk(cmd: Any, path: list[str]) -> None:
+        if hasattr(cmd, "list_commands"):  # a group: Click's API (the CLI loads lazily)
+            ctx = typer.Context(cmd)
+            for name in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, name), [*path, name])
         if any("--json" in getattr(p, "opts", ()) for p in getattr(cmd, "params", ())):
             found.append(path)
 

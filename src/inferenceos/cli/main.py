@@ -9,47 +9,46 @@ object `{"error": ..., "type": ...}` on stdout instead, still with a non-zero ex
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import sys
+from difflib import get_close_matches
 from typing import Annotated, Any
 
 import typer
 import typer.core
+import typer.main
 
-from inferenceos.cli import (
-    benchmark_cmd,
-    budget_cmd,
-    cache_cmd,
-    chat_cmd,
-    config_cmd,
-    doctor_cmd,
-    hardware_cmd,
-    inspect_cmd,
-    logs_cmd,
-    models_cmd,
-    monitor_cmd,
-    optimize_cmd,
-    placement_cmd,
-    plugins_cmd,
-    profile_cmd,
-    ps_cmd,
-    reset_cmd,
-    run_cmd,
-    serve_cmd,
-    simulate_cmd,
-    stats_cmd,
-    telemetry_cmd,
-    update_cmd,
-    version_cmd,
-    worker_cmd,
-)
 from inferenceos.cli.console import print_error, print_json
 from inferenceos.errors import InferenceOSError, Interrupted
 
 
 class _Commands(typer.core.TyperGroup):
-    """The command group, with Ctrl-C inside a command made an error that `main` prints
-    (Typer would turn it into a silent exit 130)."""
+    """The command group: the commands of COMMANDS, loaded when asked for, and Ctrl-C
+    inside a command made an error that `main` prints (Typer would turn it into a
+    silent exit 130)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*COMMANDS, *GROUPS]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in COMMANDS or cmd_name in GROUPS:
+            return _command(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """Typer's, with its "Did you mean" taken from every command, loaded or not."""
+        try:
+            return super().resolve_command(ctx, args)
+        except Exception as exc:
+            message = getattr(exc, "message", None)
+            matches = get_close_matches(args[0], self.list_commands(ctx)) if args else []
+            if _is_click_usage(exc) and isinstance(message, str) and matches \
+                    and "Did you mean" not in message:
+                names = ", ".join(f"{m!r}" for m in matches)
+                exc.message = f"{message.rstrip('.')}. Did you mean {names}?"  # type: ignore[attr-defined]
+            raise
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -74,38 +73,60 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# One line per command; keep the order of `inferenceos --help`.
-app.command("run")(run_cmd.run)
-app.command("chat")(chat_cmd.chat)
-app.command("serve")(serve_cmd.serve)
-app.add_typer(models_cmd.models_app, name="models")
-app.command("pull")(models_cmd.pull)
-app.command("list")(models_cmd.list_models)
-app.command("show")(models_cmd.show)
-app.command("rm")(models_cmd.rm)
-app.command("cp")(models_cmd.cp)
-app.command("stop")(models_cmd.stop)
-app.command("ps")(ps_cmd.ps)
-app.command("monitor")(monitor_cmd.monitor)
-app.command("budget")(budget_cmd.budget)
-app.command("inspect")(inspect_cmd.inspect)
-app.command("simulate")(simulate_cmd.simulate)
-app.command("optimize")(optimize_cmd.optimize)
-app.command("benchmark")(benchmark_cmd.benchmark)
-app.command("profile")(profile_cmd.profile)
-app.command("placement")(placement_cmd.placement)
-app.command("hardware")(hardware_cmd.hardware)
-app.command("doctor")(doctor_cmd.doctor)
-app.command("version")(version_cmd.version)
-app.add_typer(config_cmd.config_app, name="config")
-app.add_typer(cache_cmd.cache_app, name="cache")
-app.command("reset")(reset_cmd.reset)
-app.command("update")(update_cmd.update)
-app.command("plugins")(plugins_cmd.plugins)
-app.add_typer(telemetry_cmd.telemetry_app, name="telemetry")
-app.command("stats")(stats_cmd.stats)
-app.command("logs")(logs_cmd.logs)
-app.command("worker")(worker_cmd.worker)
+# Each command's module, imported only when the command runs (or --help lists it): the
+# modules pull in the planner, numpy and gguf, ~0.17 s of every start that `ps`,
+# `version` or `config` do not need. One line per command, in `inferenceos --help`'s
+# order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run_cmd", "run"),
+    "chat": ("chat_cmd", "chat"),
+    "serve": ("serve_cmd", "serve"),
+    "pull": ("models_cmd", "pull"),
+    "list": ("models_cmd", "list_models"),
+    "show": ("models_cmd", "show"),
+    "rm": ("models_cmd", "rm"),
+    "cp": ("models_cmd", "cp"),
+    "stop": ("models_cmd", "stop"),
+    "ps": ("ps_cmd", "ps"),
+    "monitor": ("monitor_cmd", "monitor"),
+    "budget": ("budget_cmd", "budget"),
+    "inspect": ("inspect_cmd", "inspect"),
+    "simulate": ("simulate_cmd", "simulate"),
+    "optimize": ("optimize_cmd", "optimize"),
+    "benchmark": ("benchmark_cmd", "benchmark"),
+    "profile": ("profile_cmd", "profile"),
+    "placement": ("placement_cmd", "placement"),
+    "hardware": ("hardware_cmd", "hardware"),
+    "doctor": ("doctor_cmd", "doctor"),
+    "version": ("version_cmd", "version"),
+    "reset": ("reset_cmd", "reset"),
+    "update": ("update_cmd", "update"),
+    "plugins": ("plugins_cmd", "plugins"),
+    "stats": ("stats_cmd", "stats"),
+    "logs": ("logs_cmd", "logs"),
+    "worker": ("worker_cmd", "worker"),
+}
+# The command groups, listed after the commands (as Typer lists groups).
+GROUPS: dict[str, tuple[str, str]] = {
+    "models": ("models_cmd", "models_app"),
+    "config": ("config_cmd", "config_app"),
+    "cache": ("cache_cmd", "cache_app"),
+    "telemetry": ("telemetry_cmd", "telemetry_app"),
+}
+
+
+@functools.cache
+def _command(name: str) -> Any:
+    """The Click command for COMMANDS[name] or GROUPS[name], its module imported now."""
+    module, attr = COMMANDS.get(name) or GROUPS[name]
+    target = getattr(importlib.import_module(f"inferenceos.cli.{module}"), attr)
+    if name in GROUPS:
+        group = typer.main.get_group(target)
+        group.name = name
+        return group
+    single = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
+    single.command(name)(target)
+    return typer.main.get_command(single)
 
 
 def _print_version(value: bool) -> None:
