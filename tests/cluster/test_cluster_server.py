@@ -38,10 +38,14 @@ def test_serve_over_workers_survives_a_lost_worker(deep_model: Path, tmp_path: P
             )
             chunks = iter(stream)
             next(chunks)
+            # the victim stopped at once, so the stream cannot run to the end of its
+            # context while the checks below run (a parallel suite once saw the whole
+            # 2,048-token stream end before the kill): its next RPC call waits, then fails
+            victim = workers.ports[1]
+            workers.procs[victim].send_signal(signal.SIGSTOP)
             loaded = h.manager.loaded()
             assert loaded, "the model should be loaded"
             assert httpx.get(h.url + "/health").json()["workers"][workers.addresses[0]] == "in use"
-            victim = workers.ports[1]
             workers.procs[victim].send_signal(signal.SIGKILL)
             started = time.monotonic()
             with pytest.raises(openai.APIError, match="cluster worker was lost"):
