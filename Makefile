@@ -5,6 +5,7 @@ PYTEST_ARGS ?=
 # Test files run in two processes (pytest-xdist, a file per process at a time: a file's
 # shared fixtures are built once). Most tests wait on a server, a worker or a pipe, so
 # two processes fill the two cores of the machines this is sized for; 1 runs serially.
+# The files go out longest first (tests/conftest.py, tests/file_durations.json).
 TEST_JOBS ?= 2
 
 .PHONY: run test lint install install-test
@@ -29,7 +30,7 @@ run: $(VENV)/.installed
 # install would otherwise be compiled again by each of them, see scripts/install.sh)
 test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m compileall -q src
-	$(VENV)/bin/python -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile) $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 ## Static checks: ruff and mypy.
 lint: $(VENV)/.installed-test

@@ -7,6 +7,7 @@ test reads or writes the user's real cache, config or database.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -29,6 +30,28 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # env) was ignored in a parallel run and its tables wrapped at 80. Both runs start alike.
 for _var in ("COLUMNS", "LINES"):
     os.environ.pop(_var, None)
+
+
+# Longest files first (tests/file_durations.json, scripts/test_durations.py): with
+# `--dist loadfile --no-loadscope-reorder` (make test) the processes take files in this
+# order, so the long ones overlap and the short ones fill in at the end. Without it a
+# 35 s file ran last while the other process sat idle. A file not in the record yet
+# counts as long: one started early costs nothing, one started last can cost its length.
+_DURATIONS = Path(__file__).with_name("file_durations.json")
+_UNKNOWN_FILE_S = 30.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        seconds: dict[str, float] = json.loads(_DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    root = Path(str(config.rootpath))
+
+    def weight(item: pytest.Item) -> float:
+        return -seconds.get(Path(str(item.path)).relative_to(root).as_posix(), _UNKNOWN_FILE_S)
+
+    items.sort(key=weight)  # stable: a file's tests keep their order
 
 
 @pytest.fixture(autouse=True)
