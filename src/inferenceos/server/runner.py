@@ -9,7 +9,9 @@ process exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -18,6 +20,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from inferenceos.server.state import ServerState
+
+# An idle TLS connection that uvicorn closes at shutdown waits for the client's
+# close_notify (asyncio's ssl_shutdown_timeout, 30 s), and uvicorn waits for every
+# connection: one idle keep-alive client held `serve --tls-*` 15.5 s past its drain.
+# A close still pending after this long is cut instead (the client is idle: it loses
+# nothing but the courtesy of the TLS goodbye).
+CLOSE_PENDING_S = 1.0
 
 
 class GracefulServer(uvicorn.Server):
@@ -49,6 +58,31 @@ class GracefulServer(uvicorn.Server):
                 yield
             finally:
                 getattr(self, "_captured_signals", []).clear()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, with closes that hang on an idle peer cut short."""
+        cutter = asyncio.create_task(self._cut_pending_closes())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cutter.cancel()
+
+    async def _cut_pending_closes(self) -> None:
+        """Abort any connection whose transport has been closing for CLOSE_PENDING_S.
+
+        A connection uvicorn is still serving (a stream) is not closing, so it is left
+        to drain; only closes already asked for and not finished are cut."""
+        loop = asyncio.get_running_loop()
+        since: dict[int, float] = {}
+        while True:
+            now = loop.time()
+            for conn in list(self.server_state.connections):
+                transport = getattr(conn, "transport", None)
+                if transport is None or not transport.is_closing():
+                    continue
+                if now - since.setdefault(id(conn), now) >= CLOSE_PENDING_S:
+                    transport.abort()
+            await asyncio.sleep(0.1)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         first = not self.should_exit
