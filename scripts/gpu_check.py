@@ -367,7 +367,7 @@ def step_migrate(ctx: Ctx, step: Step) -> None:
             "model": name, "prompt": "hi", "stream": False,
             "options": {"num_predict": 1}}).raise_for_status()
         # a dry run walks the same path on the CPU (its cap, its memory, short waits)
-        key, wait_s, n_predict = ("size", 8.0, 300) if ctx.dry else ("size_vram", 60.0, 3000)
+        key, wait_s, n_predict = ("size", 2.0, 300) if ctx.dry else ("size_vram", 60.0, 3000)
         v0 = _vram(base, key)
         devices = [d["name"] for d in httpx.get(base + "/api/budget", timeout=10).json()
                    ["devices"] if d["name"] != "CPU" or ctx.dry]
