@@ -45,15 +45,17 @@ def test_eight_concurrent_outputs_are_lone_argmax(gemma_path: Path) -> None:
             t.start()
         for t in threads:
             t.join(timeout=300)
+        # the lone runs in the same engine, now idle (rel_tol only counts near ties, so
+        # the checks are read against the noise measured after them)
+        checks = [greedy_agreement(engine, prompts[i], results[i], rel_tol=0.0)
+                  for i in range(8)]
     with LoadedModel(gemma_path, settings) as lm:
         noise = max(batch_shape_noise(lm, prompts[i] + results[i]) for i in range(8))
-    with Engine(gemma_path, settings, n_parallel=8) as engine:
-        checks = [greedy_agreement(engine, prompts[i], results[i], rel_tol=noise)
-                  for i in range(8)]
     identical = sum(c.argmax == c.tokens for c in checks)
+    ok = [c.worst_rel_gap <= noise for c in checks]  # every non-argmax token a near tie
     print(f"\n{identical}/8 concurrent outputs identical to the lone runs; "
-          f"near-ties {sum(c.near_ties for c in checks)}, "
+          f"not argmax {sum(c.tokens - c.argmax for c in checks)}, "
           f"worst relative gap {max(c.worst_rel_gap for c in checks):.2e}; "
           f"lone-sequence batch-shape noise {noise:.2e}")
     assert all(len(results[i]) == 32 for i in range(8))
-    assert all(c.ok for c in checks), checks
+    assert all(ok), (noise, checks)
