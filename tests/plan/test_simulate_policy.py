@@ -62,11 +62,25 @@ def test_policies_change_what_they_say(model: Path) -> None:
     assert "policy" in text and "4 sequence slots" in text
 
 
+def test_throughput_decodes_four_slots_at_the_balanced_context(model: Path) -> None:
+    bal, thr, cap = (_sim(model, p) for p in ("balanced", "throughput", "capacity"))
+    b, t, c = (d["plan"]["context"] for d in (bal, thr, cap))
+    assert t["n_seq"] == 4 and b["n_seq"] == 1
+    # the balanced context for each slot, not the training context capacity asks for
+    assert t["n_ctx"] == 4 * b["n_ctx"] < c["n_ctx"]
+    assert t["type_k"] == b["type_k"] == "f16"  # 64 GiB: nothing forces a smaller cache
+    assert t["n_ubatch"] >= b["n_ubatch"]
+    assert thr["policy"]["resolved"] == "throughput"
+    assert "4 sequence slots" in thr["policy"]["changes"]
+
+
 def test_adaptive_follows_the_recorded_workload() -> None:
     f = make_facts()
     busy = RecordedWorkload(runs=20, concurrency_p90=4, prompt_p50=300)
     alone = RecordedWorkload(runs=20, concurrency_p90=1, prompt_p50=300)
-    assert choose("adaptive", f, busy).resolved == "capacity"
+    long_prompts = RecordedWorkload(runs=20, concurrency_p90=4, prompt_p50=3000)
+    assert choose("adaptive", f, busy).resolved == "throughput"
+    assert choose("adaptive", f, long_prompts).resolved == "capacity"
     assert choose("adaptive", f, alone).resolved == "latency"
     assert choose("adaptive", f, RecordedWorkload(runs=1)).resolved == "balanced"
     with pytest.raises(UsageError):

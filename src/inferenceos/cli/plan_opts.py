@@ -28,7 +28,7 @@ CacheTypeKOpt = Annotated[str | None, typer.Option(
 CacheTypeVOpt = Annotated[str | None, typer.Option(
     "--cache-type-v", help="V cache type: f16, q8_0, q4_0 (needs flash attention)")]
 PolicyOpt = Annotated[str, typer.Option(
-    "--policy", help="Planner objective: latency, capacity, balanced, adaptive")]
+    "--policy", help="Planner objective: latency, throughput, capacity, balanced, adaptive")]
 def _check_kv_quality(value: str | None) -> str | None:
     if value is None:
         return None

@@ -62,7 +62,7 @@ class LoadRequest:
     swa_full: bool = False
     rope_scaling: bool = False  # allow a context beyond the training context
     use_mmap: bool = True
-    policy: str = "balanced"  # the objective: latency, capacity, balanced, adaptive
+    policy: str = "balanced"  # the objective: latency, throughput, capacity, balanced, adaptive
     # workers (`inferenceos worker`) whose devices join the machine, "host:port" each;
     # asked at every plan, so a lost worker is planned without and a returning one used
     rpc: tuple[str, ...] = ()
