@@ -97,7 +97,8 @@ def simulate(
     rpc: RpcOpt = None,
     policy: Annotated[
         str,
-        typer.Option("--policy", help="Objective: latency, throughput, capacity, balanced, adaptive"),
+        typer.Option("--policy",
+                     help="Objective: latency, throughput, capacity, balanced, adaptive"),
     ] = "balanced",
     image_tokens: Annotated[
         int,
