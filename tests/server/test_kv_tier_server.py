@@ -1,7 +1,7 @@
 """The tiered KV cache through a real `inferenceos serve`: a conversation sent again
 after the server restarted is restored from the disk tier, and every dialect reports
 the restored prefix (OpenAI `usage.prompt_tokens_details.cached_tokens`, llama-server
-`timings.cache_n`), and /metrics counts the hit."""
+`timings.cache_n`, Ollama `prompt_eval_cached_count`), and /metrics counts the hit."""
 
 from __future__ import annotations
 
@@ -68,5 +68,13 @@ def test_a_restarted_server_restores_the_conversation_in_every_dialect(
         r = httpx.post(base + "/completion", timeout=120, json={
             "prompt": "Remember: " + "hello abc " * 30 + "and more", "n_predict": 2})
         assert r.status_code == 200 and r.json()["timings"]["cache_n"] > 0
+        # Ollama's dialect: the whole prompt in prompt_eval_count, the cached part in
+        # prompt_eval_cached_count (read raw: the ollama client's models drop the field)
+        r = httpx.post(base + "/api/chat", timeout=120, json={
+            "model": "tiny-llama", "messages": [{"role": "user", "content": HISTORY}],
+            "stream": False, "options": {"num_predict": 4, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        assert r.json()["prompt_eval_count"] == n_prompt
+        assert r.json()["prompt_eval_cached_count"] == n_prompt - 1
     finally:
         _stop(proc)

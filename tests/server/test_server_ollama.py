@@ -70,6 +70,34 @@ def test_chat(client: ollama.Client) -> None:
     assert streamed == r.message.content
 
 
+def test_the_cached_part_of_a_prompt_is_counted_as_ollama_counts_it(server: Harness) -> None:
+    """prompt_eval_count is the whole prompt; prompt_eval_cached_count the part read
+    from the KV cache. Raw JSON: the ollama client's models drop the field."""
+    body = {"model": "tiny", "prompt": "~^~ a prompt no other test sends: qzx qzx",
+            "raw": True, "stream": False, "options": OPTS}
+    first = httpx.post(server.url + "/api/generate", json=body, timeout=60).json()
+    again = httpx.post(server.url + "/api/generate", json=body, timeout=60).json()
+    assert again["prompt_eval_count"] == first["prompt_eval_count"]
+    # the first shares only the leading tokens every prompt of this module starts with;
+    # the second all but the last prompt token, which is evaluated alone (docs/engine.md)
+    assert first.get("prompt_eval_cached_count", 0) <= 2
+    assert again["prompt_eval_cached_count"] == first["prompt_eval_count"] - 1
+
+
+def test_nothing_cached_leaves_the_cached_count_out() -> None:
+    """Ollama's omitempty: no prompt_eval_cached_count when the cache gave nothing."""
+    from inferenceos.engine.session import GenerationMetrics
+    from inferenceos.server.generation import Done
+    from inferenceos.server.ollama_routes import _timings
+
+    def final(cached: int) -> dict[str, object]:
+        m = GenerationMetrics(prompt_tokens=10, cached_tokens=cached)
+        return _timings(Done(m, 0.0, None), 0.0, None, 1.0)  # type: ignore[arg-type]
+
+    assert "prompt_eval_cached_count" not in final(0)
+    assert final(9)["prompt_eval_cached_count"] == 9 and final(9)["prompt_eval_count"] == 10
+
+
 def test_ndjson_content_type(server: Harness) -> None:
     body = {"model": "tiny", "prompt": "x", "options": OPTS}
     with httpx.stream("POST", server.url + "/api/generate", json=body) as r:

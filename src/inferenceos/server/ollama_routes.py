@@ -115,14 +115,21 @@ async def _load_or_unload(state: ServerState, name: str, keep_alive: float | Non
 
 
 def _timings(done: Done, t0: float, t_first: float | None, t_end: float) -> dict[str, Any]:
+    """The final line's figures. As Ollama's: prompt_eval_count is the whole prompt,
+    cached part included; prompt_eval_cached_count the part read from the KV cache,
+    left out when there was none (Ollama's omitempty)."""
     g = done.metrics
-    return {
+    out = {
         "done_reason": "length" if g.stop_reason == "length" else "stop",
         "total_duration": _ns(t_end - t0), "load_duration": _ns(done.load_s),
         "prompt_eval_count": g.prompt_tokens, "prompt_eval_duration": _ns(g.ttft_s),
         "eval_count": g.completion_tokens,
         "eval_duration": _ns(t_end - t_first if t_first else 0.0),
     }
+    cached = min(g.cached_tokens, g.prompt_tokens)
+    if cached > 0:
+        out["prompt_eval_cached_count"] = cached
+    return out
 
 
 async def _respond(request: Request, state: ServerState, req: GenRequest, stream: bool,

@@ -125,6 +125,7 @@ class Timings(BaseModel):
     total_duration: int | None = None
     load_duration: int | None = None
     prompt_eval_count: int | None = None
+    prompt_eval_cached_count: int | None = None  # of prompt_eval_count, from the KV cache
     prompt_eval_duration: int | None = None
     eval_count: int | None = None
     eval_duration: int | None = None
