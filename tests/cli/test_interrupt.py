@@ -110,3 +110,32 @@ def test_a_long_prefill_stops_within_milliseconds_of_the_flag(tiny_wide: Path) -
         assert not interrupt.requested()
         lm.reset()
         lm.prefill(tokens[:64])  # the context still works after the abort
+
+
+# a Ctrl-C delivered while the CLI imports `module`: at the entry point's own import, in
+# the logging set-up main() does first (platformdirs: where the stress test's 0.46 s
+# moment once ended in a traceback and exit -2), and in a lazily loaded command module
+_AT_IMPORT = """
+import importlib.abc, os, signal, sys
+
+class SigintAt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == {module!r}:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, SigintAt())
+sys.argv = ["inferenceos", "ps"]
+from inferenceos.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize("module", ["inferenceos.cli.main", "platformdirs",
+                                    "inferenceos.cli.ps_cmd"])
+def test_a_ctrl_c_while_the_cli_imports_is_one_line(module: str) -> None:
+    r = subprocess.run([sys.executable, "-c", _AT_IMPORT.format(module=module)],
+                       capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1:] == ["error: interrupted"], r.stderr[-2000:]

@@ -11,12 +11,16 @@ import sys
 
 
 def main() -> None:
-    """Console entry point: import the CLI, then run it (`inferenceos.cli.main.main`)."""
+    """Console entry point: import the CLI, then run it (`inferenceos.cli.main.main`).
+
+    A Ctrl-C that reaches here, while importing or from any moment the CLI's own
+    handling does not cover, ends in the same one line and exit 130."""
     try:
         from inferenceos.cli.main import main as run_cli
+
+        run_cli()
     except KeyboardInterrupt:
         from inferenceos.interrupt import exit_interrupted
 
         sys.stderr.write("error: interrupted\n")
         exit_interrupted(130)
-    run_cli()

@@ -177,10 +177,13 @@ def _is_click_usage(exc: Exception) -> bool:
 def main() -> None:
     """Console entry point."""
     as_json = _wants_json(sys.argv[1:])
-    from inferenceos import logs
-
-    logs.setup("cli")
     try:
+        # inside the try: with the commands loaded lazily, this is the first import of
+        # platformdirs and the logging set-up, and a Ctrl-C in it must end in one line
+        # (it ended in a traceback and exit -2: the stress test's moment at 0.46 s)
+        from inferenceos import logs
+
+        logs.setup("cli")
         code = app(standalone_mode=False)
     except InferenceOSError as exc:
         _fail(str(exc), exc.exit_code, type(exc).__name__, as_json)
