@@ -2,11 +2,12 @@
 VENV ?= .venv
 PROMPT ?= The three primary colors are
 PYTEST_ARGS ?=
-# Test files run in two processes (pytest-xdist, a file per process at a time: a file's
-# shared fixtures are built once). Most tests wait on a server, a worker or a pipe, so
-# two processes fill the two cores of the machines this is sized for; 1 runs serially.
+# Test files run in four processes (pytest-xdist, a file per process at a time: a file's
+# shared fixtures are built once), each pinned to its share of the CPUs (two per CPU on
+# the 2-core machines this is sized for; tests/conftest.py), so llama.cpp computes on one
+# thread per process and the other process on the CPU fills its waits; 1 runs serially.
 # The files go out longest first (tests/conftest.py, tests/file_durations.json).
-TEST_JOBS ?= 2
+TEST_JOBS ?= 4
 
 .PHONY: run test lint install install-test
 

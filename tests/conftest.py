@@ -45,8 +45,10 @@ def _pin_to_own_cores() -> None:
     if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
         return
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) >= count:
-        os.sched_setaffinity(0, cpus[int(worker[2:]) % count::count])
+    index = int(worker[2:])
+    # more processes than CPUs: several share a CPU, each one thread at a time
+    share = cpus[index % count::count] if len(cpus) >= count else [cpus[index % len(cpus)]]
+    os.sched_setaffinity(0, share)
 
 
 _pin_to_own_cores()
