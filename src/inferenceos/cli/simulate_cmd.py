@@ -25,6 +25,7 @@ from inferenceos.plan.devices import (
     local_machine,
     parse_size,
 )
+from inferenceos.plan.kv_outlook import KVCacheOutlook, kv_outlook
 from inferenceos.plan.preflight import PlanRefused
 from inferenceos.plan.simulate import Prediction, Workload
 from inferenceos.plan.simulate import simulate as simulate_plan
@@ -122,6 +123,12 @@ def simulate(
                      "model's recorded drafted runs measured"),
     ] = None,
     kv_quality: KvQualityOpt = None,
+    kv_cache_ram: Annotated[str | None, typer.Option(
+        "--kv-cache-ram", help="As serve's: the KV cache's RAM tier (default: serve's)")
+    ] = None,
+    kv_cache_disk: Annotated[str | None, typer.Option(
+        "--kv-cache-disk", help="As serve's: the KV cache's disk tier (default: serve's)")
+    ] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object (with the alternatives the planner rejected)")
     ] = False,
@@ -154,13 +161,47 @@ def simulate(
             }
         )
         raise typer.Exit(exc.exit_code) from None
+    kv = _kv_cache_outlook(pred, kv_cache_ram, kv_cache_disk)
     if as_json:
         data = pred.to_json()
         data["policy"] = _policy_json(pred)
         data["alternatives"] = list(pred.plan.alternatives)
+        data["kv_cache"] = kv.to_json()
         print_json(data)
     else:
-        print_report(pred)
+        print_report(pred, kv)
+
+
+def _kv_cache_outlook(pred: Prediction, ram: str | None, disk: str | None) -> KVCacheOutlook:
+    """What `serve`'s KV cache tiers would take and save for this plan: its budgets
+    (the flags, else the config keys, else serve's defaults) and the prompt's prefix."""
+    from inferenceos.cli.serve_cmd import kv_cache_kw
+    from inferenceos.config import load_config
+    from inferenceos.plan.model_facts import load_model_facts
+
+    budgets = kv_cache_kw(ram, disk, load_config())
+    facts = load_model_facts(Path(pred.plan.model_path))  # parsed once: read_gguf's cache
+    w = pred.workload
+    return kv_outlook(facts, pred.plan, pred.machine, w.prompt_tokens + w.image_tokens,
+                      pred.prefill_tps, pred.decode_tps, budgets["kv_cache_ram"],
+                      budgets["kv_cache_disk"])
+
+
+def _kv_cache_rows(kv: KVCacheOutlook, model_ram: int) -> list[tuple[str, str]]:
+    each = f"{kv.prefix_tokens}-token prefixes of {format_bytes(kv.prefix_bytes)}"
+    share = kv.ram_budget / (kv.ram_budget + model_ram) if kv.ram_budget + model_ram else 0.0
+    return [
+        ("RAM tier", f"{format_bytes(kv.ram_budget)} ({share:.0%} of this model's RAM with "
+                     f"it): {kv.entries(kv.ram_budget)} {each}"),
+        ("disk tier", f"{format_bytes(kv.disk_budget)}: {kv.entries(kv.disk_budget)} {each}"),
+        ("returning prompt", f"first token at least {_ms(kv.restore_ram_s)} restored from "
+                             f"RAM, {_ms(kv.restore_disk_s)} from disk (the reads and one "
+                             f"decode step); {_ms(kv.prefill_s)} prefilled again"),
+    ]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
 
 
 def simulate_model(
@@ -293,7 +334,7 @@ def _section(title: str, rows: list[tuple[str, str]]) -> None:
     out.print(t)
 
 
-def print_report(p: Prediction) -> None:
+def print_report(p: Prediction, kv: KVCacheOutlook | None = None) -> None:
     plan, m = p.plan, p.machine
     hw = [
         (
@@ -330,6 +371,8 @@ def print_report(p: Prediction) -> None:
     perf += _encoder_rows(p)
     perf += _draft_rows(p)
     _section("Performance", perf)
+    if kv is not None:
+        _section("KV cache (serve)", _kv_cache_rows(kv, p.plan.memory.by_device.get("CPU", 0)))
     _section(
         "Memory traffic per token", [(k, format_bytes(v)) for k, v in p.traffic_per_token.items()]
     )
