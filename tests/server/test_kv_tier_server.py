@@ -5,6 +5,7 @@ the restored prefix (OpenAI `usage.prompt_tokens_details.cached_tokens`, llama-s
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli_helpers import start_serve
+from cli_helpers import run_cli, start_serve
 
 HISTORY = "Remember: " + "hello abc " * 30
 ARGS = ("--ctx", "512", "--threads", "1", "--parallel", "1", "--kv-cache-ram", "64MiB",
@@ -78,3 +79,10 @@ def test_a_restarted_server_restores_the_conversation_in_every_dialect(
         assert r.json()["prompt_eval_cached_count"] == n_prompt - 1
     finally:
         _stop(proc)
+    # `telemetry` shows the cache: the recorded generations' reuse and the disk tier
+    status = run_cli("telemetry", "--json")
+    assert status.returncode == 0, status.stderr
+    kv = json.loads(status.stdout)["kv_cache"]
+    assert kv["hits"] >= 3 and kv["generations"] >= 4, kv  # the restored /v1, /api, /completion
+    assert kv["cached_tokens"] >= 2 * cached and kv["disk_entries"] >= 1, kv
+    assert "reused a cached prefix" in run_cli("telemetry").stdout

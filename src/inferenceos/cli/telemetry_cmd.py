@@ -35,7 +35,31 @@ def _status() -> dict[str, Any]:
     return {"enabled": bool(cfg.get("telemetry.enabled")),
             "enabled_from": cfg.source("telemetry.enabled"), "path": str(path),
             "exists": path.exists(), "bytes": size, "rows": telemetry.counts(),
-            "machine": {"fingerprint": machine.fingerprint, "kind": machine.kind}}
+            "machine": {"fingerprint": machine.fingerprint, "kind": machine.kind},
+            "kv_cache": _kv_cache_status()}
+
+
+def _kv_cache_status() -> dict[str, Any]:
+    """The recorded generations' use of the KV cache, and its disk tier now."""
+    from inferenceos.engine.kv_store import disk_usage
+    from inferenceos.paths import data_dir
+    from inferenceos.telemetry.queries import prompt_cache
+
+    disk = disk_usage(data_dir() / "kv-cache")
+    return {**prompt_cache(),
+            "disk_entries": sum(r["entries"] for r in disk.values()),
+            "disk_bytes": sum(r["bytes"] for r in disk.values())}
+
+
+def _kv_cache_line(kv: dict[str, Any]) -> str:
+    used = ""
+    if kv.get("generations"):
+        share = kv["cached_tokens"] / kv["prompt_tokens"] if kv["prompt_tokens"] else 0.0
+        used = (f"{kv['hits']} of {kv['generations']} generations reused a cached prefix, "
+                f"{kv['cached_tokens']} of {kv['prompt_tokens']} prompt tokens "
+                f"({share:.0%}); ")
+    return (f"kv cache:  {used}disk tier {kv['disk_entries']} entries, "
+            f"{format_bytes(kv['disk_bytes'])}")
 
 
 @telemetry_app.callback()
@@ -77,6 +101,7 @@ def telemetry_cmd(
                   markup=False)
     else:
         out.print("rows:      none recorded yet", markup=False)
+    out.print(_kv_cache_line(status["kv_cache"]), markup=False)
 
 
 @telemetry_app.command("export")

@@ -375,6 +375,19 @@ def stats(model: ModelFilter = None, machine: MachineFilter = None, *,
 TABLES = ("machines", "models", "loads", "generations", "events", "trials", "best_settings")
 
 
+def prompt_cache(path: Path | None = None) -> dict[str, int]:
+    """What the KV cache gave the recorded generations: {"generations", "hits" (those
+    that reused a cached prefix), "prompt_tokens", "cached_tokens"}; {} without a
+    usable database."""
+    rows = _query("SELECT COUNT(*), COALESCE(SUM(cached_tokens > 0), 0), "
+                  "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(cached_tokens), 0) "
+                  "FROM generations", (), path)
+    if not rows:
+        return {}
+    n, hits, prompt, cached = (int(v) for v in rows[0])
+    return {"generations": n, "hits": hits, "prompt_tokens": prompt, "cached_tokens": cached}
+
+
 def counts(path: Path | None = None) -> dict[str, int]:
     """Rows per table ({} when there is no usable database)."""
     with _read(path) as conn:
