@@ -8,6 +8,10 @@ PYTEST_ARGS ?=
 # thread per process and the other process on the CPU fills its waits; 1 runs serially.
 # The files go out longest first (tests/conftest.py, tests/file_durations.json).
 TEST_JOBS ?= 4
+# Only the pytest plugins the suite uses. Autoloaded, every installed one came in: the
+# test extra's langsmith, schemathesis and anyio bring pytest plugins of their own, and
+# each process imported them and rewrote their ~470 modules' asserts, ~5 s of CPU each.
+PYTEST_PLUGINS = -p xdist.plugin -p _hypothesis_pytestplugin
 
 .PHONY: run test lint install install-test
 
@@ -31,7 +35,7 @@ run: $(VENV)/.installed
 # install would otherwise be compiled again by each of them, see scripts/install.sh)
 test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m compileall -q src
-	$(VENV)/bin/python -m pytest $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(VENV)/bin/python -m pytest $(PYTEST_PLUGINS) $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 ## Static checks: ruff and mypy.
 lint: $(VENV)/.installed-test
