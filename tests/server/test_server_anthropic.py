@@ -348,6 +348,8 @@ def test_sdk_raises_its_own_error_classes(client: anthropic.Anthropic,
     with pytest.raises(anthropic.NotFoundError) as err:
         client.messages.create(**{**GREEDY, "model": "claude-sonnet-4-5"})
     assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    # the body's id in the request-id header too, where the SDK's errors read it
+    assert err.value.request_id == err.value.body["request_id"]  # type: ignore[index]
     _error(httpx.post(server.url + "/v1/messages/batches", json={}), 404, "not_found_error")
     _error(httpx.post(server.url + "/v1/messages", json=BODY,  # DNS rebinding
                       headers={"Host": "attacker.test"}), 403, "permission_error")
@@ -421,9 +423,10 @@ def test_the_api_key_is_taken_from_x_api_key(guarded: Harness) -> None:
     assert ok.status_code == 200 and ok.json()["type"] == "message"
     sdk = anthropic.Anthropic(base_url=guarded.url, api_key="sekrit", max_retries=0)
     assert sdk.messages.create(**GREEDY).usage.output_tokens == 8
-    with pytest.raises(anthropic.AuthenticationError):
+    with pytest.raises(anthropic.AuthenticationError) as err:  # refused before the app
         anthropic.Anthropic(base_url=guarded.url, api_key="no", max_retries=0
                             ).messages.create(**GREEDY)
+    assert (err.value.request_id or "").startswith("req_")
 
 
 def test_too_large_and_rate_limited(guarded: Harness) -> None:

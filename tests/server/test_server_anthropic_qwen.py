@@ -111,3 +111,23 @@ def test_a_streamed_tool_call(client: anthropic.Anthropic) -> None:
         final = stream.get_final_message()
     call = _weather_call(final)
     assert "input_json" in kinds and call.id.startswith("toolu_")
+
+
+def test_tool_choice_none_answers_in_words(client: anthropic.Anthropic) -> None:
+    """With tool_choice none the tools stay out of the prompt and no reply is read as a
+    call: the weather question gets words, never a tool_use block."""
+    r = client.messages.create(**GREEDY, messages=BERLIN, tools=[WEATHER],  # type: ignore[arg-type]
+                               tool_choice={"type": "none"})
+    assert r.stop_reason in ("end_turn", "max_tokens"), r
+    assert [b.type for b in r.content] == ["text"] and _text(r).strip()
+
+
+def test_a_bad_request_is_the_sdks_bad_request_error(client: anthropic.Anthropic) -> None:
+    """Anthropic's error shape through the real server: the SDK raises its own class
+    with the API's error type and the request id."""
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(**{**GREEDY, "max_tokens": 0}, messages=FRANCE)  # type: ignore[arg-type]
+    assert err.value.status_code == 400
+    body: Any = err.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert err.value.request_id

@@ -185,8 +185,12 @@ def error_body(dialect: Dialect, status: int, message: str, code: str | None = N
 def error_response(dialect: Dialect, status: int, message: str, code: str | None = None,
                    headers: dict[str, str] | None = None,
                    extra: dict[str, Any] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(dialect, status, message, code, extra),
-                        error_status(dialect, status), headers=headers)
+    """The error as a response. Anthropic's also carry the body's id in a `request-id`
+    header, as Anthropic's own do: the SDK's errors read their `request_id` there."""
+    body = error_body(dialect, status, message, code, extra)
+    if dialect is Dialect.ANTHROPIC:
+        headers = {**(headers or {}), "request-id": body["request_id"]}
+    return JSONResponse(body, error_status(dialect, status), headers=headers)
 
 
 def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:

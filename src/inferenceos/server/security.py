@@ -37,8 +37,11 @@ async def send_error(scope: Scope, send: Send, status: int, message: str,
                      code: str | None = None, headers: Iterable[tuple[str, str]] = ()) -> None:
     """Answer with an API-shaped JSON error without calling the app (in the dialect of
     the route that would have served the request)."""
-    body = json.dumps(error_body(dialect_of(scope), status, message, code)).encode()
+    shaped = error_body(dialect_of(scope), status, message, code)
+    body = json.dumps(shaped).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if "request_id" in shaped:  # Anthropic's: the id in a header too (errors.error_response)
+        raw.append((b"request-id", str(shaped["request_id"]).encode("latin-1")))
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
