@@ -52,7 +52,7 @@ from inferenceos.server.anthropic_schema import (
     TokensCount,
 )
 from inferenceos.server.anthropic_thinking import Reasoning, reasoning_of
-from inferenceos.server.errors import Dialect, route_class
+from inferenceos.server.errors import Dialect, anthropic_request_id, route_class
 from inferenceos.server.generation import (
     Done,
     GenRequest,
@@ -85,11 +85,6 @@ async def _conversation(state: ServerState, body: CountTokensRequest
     media = media_set(state.settings)
     messages, prefill = await decode_in_thread(lambda: chat_messages(body, media))
     return messages, prefill, tuple(media.items)
-
-
-def _request_id() -> str:
-    """Anthropic's `request-id` response header (the SDK shows it as `_request_id`)."""
-    return f"req_{uuid.uuid4().hex[:24]}"
 
 
 def _template(run: Run) -> str | None:
@@ -166,7 +161,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     if body.stream:
         stream = _Stream(run, mid, name, sampling.stop, body.max_tokens)
         response = stream_response(stream.events(), ANTHROPIC_SSE, run.close)
-        response.headers["request-id"] = _request_id()
+        response.headers["request-id"] = anthropic_request_id()
         return response
 
     async def whole() -> dict[str, Any]:
@@ -177,7 +172,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
         return _message(mid, name, blocks, _usage(done), stop)
 
     return JSONResponse(await until_disconnect(request, whole()),
-                        headers={"request-id": _request_id()})
+                        headers={"request-id": anthropic_request_id()})
 
 
 @router.post("/messages/count_tokens", response_model=TokensCount)

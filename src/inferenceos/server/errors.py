@@ -168,6 +168,17 @@ def dialect_of(scope: Scope) -> Dialect:
 _TOO_LONG = re.compile(r"the prompt has (\d+) tokens; a sequence holds (\d+)")
 
 
+def anthropic_request_id() -> str:
+    """An id for Anthropic's `request-id` header and error bodies (`req_` + 24 hex)."""
+    return f"req_{uuid.uuid4().hex[:24]}"
+
+
+def error_headers(body: dict[str, Any]) -> dict[str, str]:
+    """Headers an error `body` brings: Anthropic's carry its id in `request-id` too, as
+    Anthropic's own do (the SDK's errors read their `request_id` there)."""
+    return {"request-id": str(body["request_id"])} if "request_id" in body else {}
+
+
 def error_body(dialect: Dialect, status: int, message: str, code: str | None = None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON body of an error in `dialect`'s shape. `extra` fields (and a `type`
@@ -175,7 +186,7 @@ def error_body(dialect: Dialect, status: int, message: str, code: str | None = N
     if dialect is Dialect.ANTHROPIC:
         return {"type": "error",
                 "error": {"type": _error_type(dialect, status), "message": message},
-                "request_id": f"req_{uuid.uuid4().hex[:24]}"}
+                "request_id": anthropic_request_id()}
     if dialect is Dialect.OPENAI:
         return {"error": {"message": message, "type": _error_type(dialect, status),
                           "param": None, "code": code, **(extra or {})}}
@@ -185,12 +196,10 @@ def error_body(dialect: Dialect, status: int, message: str, code: str | None = N
 def error_response(dialect: Dialect, status: int, message: str, code: str | None = None,
                    headers: dict[str, str] | None = None,
                    extra: dict[str, Any] | None = None) -> JSONResponse:
-    """The error as a response. Anthropic's also carry the body's id in a `request-id`
-    header, as Anthropic's own do: the SDK's errors read their `request_id` there."""
+    """The error as a response, with the headers its body brings (error_headers)."""
     body = error_body(dialect, status, message, code, extra)
-    if dialect is Dialect.ANTHROPIC:
-        headers = {**(headers or {}), "request-id": body["request_id"]}
-    return JSONResponse(body, error_status(dialect, status), headers=headers)
+    return JSONResponse(body, error_status(dialect, status),
+                        headers={**(headers or {}), **error_headers(body)})
 
 
 def api_error_from(exc: BaseException, retry_after_s: int = 2) -> APIError:

@@ -25,7 +25,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferenceos.server.errors import dialect_of, error_body
+from inferenceos.server.errors import dialect_of, error_body, error_headers
 from inferenceos.server.settings import is_loopback
 
 # open without a key: health, and the dashboard's static files (no data: the page asks
@@ -40,9 +40,8 @@ async def send_error(scope: Scope, send: Send, status: int, message: str,
     shaped = error_body(dialect_of(scope), status, message, code)
     body = json.dumps(shaped).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if "request_id" in shaped:  # Anthropic's: the id in a header too (errors.error_response)
-        raw.append((b"request-id", str(shaped["request_id"]).encode("latin-1")))
-    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in [*error_headers(shaped).items(), *headers]]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
