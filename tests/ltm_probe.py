@@ -62,6 +62,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-stream", action="store_true",
                     help="no prefetch thread (engine/prefetch.py): the kernel pages alone")
+    ap.add_argument("--cap-above-start", type=int, default=0, metavar="BYTES",
+                    help="after start-up, limit this process's cgroup to its charge + BYTES")
     a = ap.parse_args()
 
     from inferenceos.engine.llama_lib import lib
@@ -76,6 +78,12 @@ def main() -> int:
     from inferenceos.plan.simulate import Workload, predict
 
     lib()  # the library's one-time start-up cost is the baseline, not the load's
+    cap = 0
+    if a.cap_above_start:  # the limit: this run's own start-up charge plus N bytes
+        from memcg import cap_own_memory
+
+        cap = cap_own_memory(a.cap_above_start)
+        print(f"capped at {cap}", file=sys.stderr, flush=True)
     base_anon = status_kib("RssAnon") * 1024
     machine = local_machine()
     try:
@@ -107,6 +115,7 @@ def main() -> int:
         metrics = m.metrics
         out = {
             "ram_budget": ram,
+            "cap": cap,
             "disk_bound": plan.disk_bound,
             "use_extra_bufts": params.use_extra_bufts,
             "tiers": plan.memory.tiers(ram),

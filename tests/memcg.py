@@ -103,8 +103,10 @@ class MemoryCgroup:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._kill_leftovers()
-        if self.version == 1:
-            self._write("memory.force_empty", "0", missing_ok=True)
+        # no memory.force_empty: it reclaims every page charged here, the library's and
+        # the interpreter's too, which another test's process (in its own cgroup) may be
+        # using uncharged: that process must then read them again, charged, over the
+        # limit its test sized. rmdir leaves the charges to the parent
         for _ in range(50):  # a killed process leaves the cgroup as it exits
             try:
                 self.path.rmdir()
@@ -202,6 +204,26 @@ class MemoryCgroup:
         for pid in pids:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid), 9)
+
+
+def cap_own_memory(above: int) -> int:
+    """Limit this process's own memory cgroup to its charge now plus `above` bytes, and
+    return that limit (a probe calls it after its start-up, before it plans).
+
+    A limit sized in the test from another run's start-up charge is not this run's:
+    file pages (the interpreter's, the library's) are charged to the cgroup that first
+    read them, so a run that found them cached by another process was charged less than
+    one that must read them again (seen in CI: a reference charged 31 MiB where this
+    machine charges 42, and the run limited from it was OOM-killed)."""
+    own = _own_dir()
+    if own is None:
+        raise RuntimeError("no memory cgroup here")
+    d, version = own
+    usage = int((d / ("memory.usage_in_bytes" if version == 1 else "memory.current"))
+                .read_text().strip())
+    limit = usage + int(above)
+    (d / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(limit))
+    return limit
 
 
 def drop_cache(path: Path) -> None:

@@ -19,6 +19,8 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--plan-only", action="store_true", help="print the budget, load nothing")
+    ap.add_argument("--cap-above-start", type=int, default=0, metavar="BYTES",
+                    help="after start-up, limit this process's cgroup to its charge + BYTES")
     a = ap.parse_args()
 
     from inferenceos.engine.llama_lib import lib
@@ -32,10 +34,16 @@ def main() -> int:
     from inferenceos.plan.model_facts import load_model_facts
 
     lib()  # the library's start-up charge comes before the plan, as in ltm_probe.py
+    cap = 0
+    if a.cap_above_start:  # the limit: this run's own start-up charge plus N bytes
+        from memcg import cap_own_memory
+
+        cap = cap_own_memory(a.cap_above_start)
+        print(f"capped at {cap}", file=sys.stderr, flush=True)
     machine = local_machine()
     req = LoadRequest(n_ctx=512, type_k="f16", type_v="f16")
     plan = plan_here(load_model_facts(a.model), machine, req).plan
-    out: dict[str, object] = {"ram_budget": machine.cpu.memory_bytes,
+    out: dict[str, object] = {"ram_budget": machine.cpu.memory_bytes, "cap": cap,
                               "disk_bound": plan.disk_bound}
     if a.plan_only:
         print(json.dumps(out))
