@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.memory import (
+    DECODE_CODE_PAGES,
     ComputeTerms,
     ContextSettings,
     MemoryEstimate,
@@ -84,6 +85,18 @@ def estimate(
         context=effective_context(ctx),
         by_device=by_device,
     )
+
+
+def stream_room(facts: ModelFacts) -> int:
+    """Memory a disk-bound plan needs besides its anonymous bytes: the page cache to
+    stream its largest layer through (`stream_window`) twice over, and the code a
+    decode runs. Twice, because reclaim cannot take the layer just computed at once:
+    its pages are still referenced and survive the first scan, so the kernel needs a
+    layer of slack to make room for the next. Measured on tests/tiny_q4.py (6.3 MiB
+    layers) under a real cgroup limit: with room for one layer and the code, 2 of 60
+    runs were OOM-killed mid-decode with 19 MB of page cache it could not reclaim;
+    with room for two, none of 40 (2026-12-03)."""
+    return 2 * stream_window(facts) + DECODE_CODE_PAGES
 
 
 def stream_window(facts: ModelFacts) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.footprint import estimate
+from inferenceos.plan.footprint import estimate, stream_room
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_counts import best_placement_counts, uniform
@@ -144,14 +144,10 @@ def fits(c: Candidate, machine: Machine, facts: ModelFacts) -> bool:
 
 
 def _stream_room(c: Candidate, machine: Machine, facts: ModelFacts) -> bool:
-    """A disk-bound plan keeps its anonymous bytes and one layer's page cache in RAM
-    (preflight's check, asked here so the search never picks what it would refuse)."""
-    try:  # the memory model's streaming rule (issue 30), where it is present
-        from inferenceos.plan.footprint import stream_window  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return True
-    anonymous = getattr(c.memory, "anonymous", 0)
-    return bool(anonymous + stream_window(facts) <= machine.cpu.memory_bytes)
+    """A disk-bound plan keeps its anonymous bytes, one layer's page cache and the code
+    a decode runs in RAM (preflight's check, asked here so the search never picks what
+    it would refuse)."""
+    return c.memory.anonymous + stream_room(facts) <= machine.cpu.memory_bytes
 
 
 # -- one context setting -------------------------------------------------------------

@@ -24,7 +24,7 @@ from inferenceos.plan.memory import (
     process_overhead,
 )
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_milp import _add, _Model, device_budgets
+from inferenceos.plan.optimize_milp import _add, _Model, device_budgets, stream_room_rows
 from inferenceos.plan.optimize_terms import Terms
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
@@ -132,6 +132,8 @@ def _memory(m, facts, machine, ctx, p, cnt, u, h, s, on_dev, on_cpu, budgets, de
         _add(total, bu, -(lp + out - both))
     _add(total, s, -1.0)
     m.row(total, hi=machine.cpu.memory_bytes - const)
+    if m.ub[s] > 0:  # disk allowed
+        stream_room_rows(m, facts, machine, total, w, const, const_w, s)
     cap = {j: -a for j, a in w.items()}
     _add(cap, s, 1.0)
     m.row(cap, hi=const_w)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.footprint import device_compute
+from inferenceos.plan.footprint import device_compute, stream_room
 from inferenceos.plan.memory import (
     ContextSettings,
     compute_terms,
@@ -119,6 +119,24 @@ class _Model:
 
 def _add(row: dict[int, float], j: int, a: float) -> None:
     row[j] = row.get(j, 0.0) + a
+
+
+def stream_room_rows(
+    m: _Model, facts: ModelFacts, machine: Machine, total: dict[int, float],
+    weights: dict[int, float], const: float, const_w: float, s: int,
+) -> None:
+    """A plan with weights on disk (`s` > 0) keeps, besides its weights, its anonymous
+    bytes and the room to stream (footprint.stream_room) in RAM: optimize.fits's rule,
+    stated here so that the solver's optimum is one fits accepts. `total` is the CPU's
+    bytes (weights, with `s` taken off, and the rest), `weights` the CPU weights' part
+    of it and `const`/`const_w` their constants. A binary z says whether disk is used."""
+    z = m.var(0.0, 1.0)
+    m.row({s: 1.0, z: -float(facts.spec.tensor_bytes)}, hi=0.0)
+    anon = {j: a for j, a in total.items() if j != s}
+    for j, a in weights.items():
+        _add(anon, j, -a)
+    _add(anon, z, float(stream_room(facts)))
+    m.row(anon, hi=machine.cpu.memory_bytes - (const - const_w))
 
 
 class _Builder:
@@ -247,6 +265,8 @@ class _Builder:
             _add(total, both_used, -(lp + out - both))
         _add(total, self.s, -1.0)
         m.row(total, hi=self.machine.cpu.memory_bytes - const)
+        if self.allow_disk:
+            stream_room_rows(m, self.facts, self.machine, total, w, const, const_w, self.s)
         # disk bytes only come out of the CPU's weights
         cap = {j: -a for j, a in w.items()}
         _add(cap, self.s, 1.0)

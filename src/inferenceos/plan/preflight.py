@@ -33,7 +33,7 @@ from dataclasses import replace
 
 from inferenceos.errors import InferenceOSError
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.footprint import estimate, gpu_compute_reserve, stream_window
+from inferenceos.plan.footprint import estimate, gpu_compute_reserve, stream_room
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize import Objective
@@ -250,10 +250,11 @@ def _refusal(
     bytes besides the weights fit but leave no room to stream a layer through."""
     if window is None:
         ram = machine.cpu.memory_bytes
-        w = stream_window(facts)
+        w = stream_room(facts)
         window = w if fixed <= ram < fixed + w else 0
     acc = ", ".join(f"{d.name} {fb(d.memory_bytes)}" for d in machine.accelerators) or "no GPU"
-    stream = f", plus {fb(window)} of page cache to stream its largest layer" if window else ""
+    stream = (f", plus {fb(window)} of page cache to stream its largest layer (with a "
+              "layer of slack for reclaim) and run the library's code" if window else "")
     return (
         f"{facts.spec.name} cannot run here: even at context {ctx.n_ctx}, ubatch "
         f"{ctx.n_ubatch}, with a "
@@ -269,9 +270,10 @@ def _check_stream_room(
     facts: ModelFacts, machine: Machine, ctx: ContextSettings, est: MemoryEstimate
 ) -> None:
     """A disk-bound plan must hold its anonymous bytes and still leave the page cache
-    one layer to stream through; a smaller limit is refused here, with the figures,
-    rather than thrashing or OOM-killed under the kernel's limit."""
-    window = stream_window(facts)
+    room to stream a layer through and the code a decode runs (footprint.stream_room); a
+    smaller limit is refused here, with the figures, rather than thrashing or
+    OOM-killed under the kernel's limit."""
+    window = stream_room(facts)
     if est.anonymous + window > machine.cpu.memory_bytes:
         raise PlanRefused(_refusal(facts, machine, est, est.anonymous, ctx, window))
 
