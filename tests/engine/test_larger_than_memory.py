@@ -167,3 +167,17 @@ def test_a_disk_plan_streams_through_llama_cpps_own_mapping(q4_facts: ModelFacts
         assert s.prefetched > 0
     assert plan_with(q4_facts, 4096 * MIB).params().stream_resident_bytes == 0
 
+
+@pytest.mark.parametrize(("layers", "ahead"), [(0.5, 0), (1.5, 0), (2.5, 1), (8.0, 2)])
+def test_the_prefetch_reads_ahead_only_what_the_page_cache_holds(
+    q4_facts: ModelFacts, layers: float, ahead: int
+) -> None:
+    """A read-ahead with no room beside the layer computing evicts that layer, which
+    then faults back in (at one layer's room, 2 ahead decoded 4x slower): the streamer
+    reads ahead at most the layers the budget holds besides the current one."""
+    from inferenceos.engine.prefetch import LayerStreamer
+
+    layer = stream_window(q4_facts)
+    with LayerStreamer(q4_facts.spec.path, int(layers * layer), ahead=2) as s:
+        assert s.ahead == ahead
+        assert not s.resident or layers > ahead + 1  # the window comes first
