@@ -48,6 +48,10 @@ SHAPES = {
     "swa": TinyShape(arch="gemma3", n_layer=4, sliding_window=32, swa_pattern=2),
     # enough layers (of ~1 MiB) to split over several devices (tests/test_cluster*.py)
     "deep": TinyShape(n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=512),
+    # twice as deep (12.1 MB): a disk-bound plan's streaming room (two layers and the
+    # decode's code pages, plan/footprint.stream_room) is then less than what one worker
+    # holds, so a RAM cap can need both workers and still run with one (tests/cluster/)
+    "deeper": TinyShape(n_layer=12, n_embd=128, n_head=4, n_head_kv=2, n_ff=512),
     # slow enough (~25 MB, a few hundred tokens/s) that a stream outlives a worker load,
     # trained on 4096 tokens (tests/registry/test_pressure.py: migration mid-stream)
     "wide": TinyShape(n_layer=6, n_embd=256, n_head=8, n_head_kv=4, n_ff=1024, n_ctx=4096),

@@ -85,8 +85,8 @@ def test_each_remote_split_costs_a_round_trip_per_token(facts: ModelFacts) -> No
 def test_budget_caps_and_workers_reach_the_plan(facts: ModelFacts) -> None:
     from inferenceos.plan.devices import local_machine
 
-    plan = plan_load(facts, local_machine(), replace(REQ, ram=6 << 20))
-    assert plan.budgets["CPU"] == 6 << 20
+    plan = plan_load(facts, local_machine(), replace(REQ, ram=10 << 20))
+    assert plan.budgets["CPU"] == 10 << 20
 
 
 def test_a_slow_link_is_named_as_the_bottleneck(facts: ModelFacts) -> None:

@@ -20,7 +20,7 @@ from tiny_models import write_tiny_model
 
 @pytest.fixture(scope="module")
 def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("cluster-server") / "deep.gguf", "deep")
+    return write_tiny_model(tmp_path_factory.mktemp("cluster-server") / "deep.gguf", "deeper")
 
 
 def test_serve_over_workers_survives_a_lost_worker(deep_model: Path, tmp_path: Path) -> None:

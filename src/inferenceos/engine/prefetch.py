@@ -99,17 +99,34 @@ def _mapping_base(path: Path) -> int | None:
     return None
 
 
+def _cpu_blocks(blocks: list[int], offloaded: int) -> list[int]:
+    """The blocks that compute on the CPU, when `offloaded` layers (llama.cpp's
+    n_gpu_layers, the output layer counted) sit on other devices: the first
+    n_layer + 1 - offloaded (llama_model's i_gpu_start). Only these are streamed and
+    watched: a cb_eval that stops the graph at a node of an RPC device's split cuts that
+    split into views, which llama.cpp's RPC backend cannot compute (GGML_ASSERT(buffer)
+    in ggml-backend.cpp, or SIGSEGV, in most loads of a disk-bound CPU + RPC plan)."""
+    if offloaded <= 0:
+        return blocks
+    start = max(0, len(blocks) + 1 - offloaded)
+    return [i for i in blocks if i < start]
+
+
 class LayerStreamer:
     """Prefetch and residency for one loaded model (see the module doc).
 
     `callback` is the ctypes cb_eval to hand llama.cpp (keep this object alive with the
     context); `attach()` after the load finds the mapping and reads the resident set.
+    `offloaded`: the plan's n_gpu_layers where it names devices (their layers are
+    neither streamed nor watched).
     """
 
-    def __init__(self, path: Path, resident_bytes: int, ahead: int = 2) -> None:
+    def __init__(
+        self, path: Path, resident_bytes: int, ahead: int = 2, offloaded: int = 0
+    ) -> None:
         self.path = Path(path)
         self.spans = layer_spans(self.path)
-        self.blocks = sorted(i for i in self.spans if i >= 0)
+        self.blocks = _cpu_blocks(sorted(i for i in self.spans if i >= 0), offloaded)
         self.ahead = self._fit_ahead(resident_bytes, ahead)
         self.resident = self._choose_resident(resident_bytes)
         self._libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -120,6 +137,7 @@ class LayerStreamer:
         self._closed = False
         self.prefetched = 0  # layer reads asked for (a figure for tests and reports)
         self.locked = 0  # resident bytes mlock'ed
+        self._watched = frozenset(self.blocks)
         self.n_expert = expert_count(self.path)
         self._picks: dict[int, np.ndarray] = {}  # layer -> picks per expert, since taken
         from llama_cpp.llama_cpp import ggml_backend_sched_eval_callback
@@ -252,20 +270,22 @@ class LayerStreamer:
 
     def _on_tensor(self, addr: int, ask: bool, _user: int) -> bool:
         name = ctypes.cast(addr, ctypes.POINTER(self._tensor)).contents.name
-        if self.n_expert and name.startswith(TOPK):
-            if not ask:
-                # an exception here would return 0 to C, which aborts the decode: a
-                # figure is never worth that
-                with contextlib.suppress(Exception):
-                    self._count_picks(addr, int(name[len(TOPK):]))
-            return True
-        if not name.startswith(PREFIX):
+        topk = bool(self.n_expert) and name.startswith(TOPK)
+        if not topk and not name.startswith(PREFIX):
             return False
-        if ask:
-            return True  # stop the graph here, so the callback marks the layer's start
         try:
-            layer = int(name[len(PREFIX):])
+            layer = int(name[len(TOPK if topk else PREFIX):])
         except ValueError:
+            return False
+        if layer not in self._watched:
+            return False  # another device's layer: never cut its split (_cpu_blocks)
+        if ask:
+            return True  # stop the graph here (a layer's start, or the router's picks)
+        if topk:
+            # an exception here would return 0 to C, which aborts the decode: a figure
+            # is never worth that
+            with contextlib.suppress(Exception):
+                self._count_picks(addr, layer)
             return True
         with self._cv:
             self._want = layer

@@ -153,7 +153,8 @@ def _streamer(path: Path, s: LoadSettings, eval_callback: Any) -> Any:
         return None
     from inferenceos.engine.prefetch import LayerStreamer
 
-    return LayerStreamer(path, s.stream_resident_bytes)
+    return LayerStreamer(path, s.stream_resident_bytes,
+                         offloaded=s.n_gpu_layers if s.devices else 0)
 
 
 def decode_failed(rc: int) -> None:
