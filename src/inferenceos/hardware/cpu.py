@@ -14,9 +14,11 @@ import re
 import sys
 from pathlib import Path
 
+from inferenceos.errors import UsageError
 from inferenceos.hardware.cgroup import cpu_quota
 from inferenceos.hardware.profile import CpuInfo
 from inferenceos.hardware.tools import read_text, run_tool
+from inferenceos.units import parse_size
 
 # OS spelling → our spelling, in the order we show them.
 _ISA_ALIASES: dict[str, str] = {
@@ -147,18 +149,14 @@ def _caches(cache_dir: Path) -> dict[str, int]:
     caches: dict[str, int] = {}
     for idx in sorted(cache_dir.glob("index*")):
         level, kind = read_text(idx / "level"), read_text(idx / "type") or ""
-        size = _parse_size(read_text(idx / "size") or "")
+        try:  # the kernel writes "%uK" (KiB), parse_size's binary "32K"
+            size = parse_size(read_text(idx / "size") or "")
+        except UsageError:
+            continue
         if level and size:
             suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
             caches[f"l{level}{suffix}"] = size
     return caches
-
-
-def _parse_size(text: str) -> int | None:
-    m = re.fullmatch(r"(\d+)\s*([KMG]?)B?", text.strip(), re.IGNORECASE)
-    if not m:
-        return None
-    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
 
 
 def _usable_threads(threads: int, sys_root: Path, affinity: bool = True) -> int:
