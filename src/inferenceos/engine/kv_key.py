@@ -20,16 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from inferenceos.hardware.llama_devices import package_version
+
 FORMAT = 1  # bump when the entry layout or the key's fields change
-
-
-def _llama_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("llama_cpp_python")
-    except Exception:  # not installed as a distribution: key on the format alone
-        return "unknown"
 
 
 def key_fields(model_digest: str, settings: Any) -> dict[str, Any]:
@@ -42,7 +35,8 @@ def key_fields(model_digest: str, settings: Any) -> dict[str, Any]:
         "flash_attn": int(settings.flash_attn),
         "swa_full": bool(settings.swa_full),
         "kv_unified": bool(settings.kv_unified),
-        "llama_cpp": _llama_version(),
+        # not installed as a distribution: key on the format alone
+        "llama_cpp": package_version() or "unknown",
     }
 
 

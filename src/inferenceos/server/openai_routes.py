@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
+from inferenceos.hardware.llama_devices import package_version
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     GenRequest,
@@ -86,9 +87,7 @@ def _usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
 @functools.cache
 def fingerprint() -> str:
     """`system_fingerprint`: the llama.cpp build, spelled as llama-server does ("b...")."""
-    from importlib.metadata import version
-
-    return f"b{version('llama-cpp-python')}-inferenceos"
+    return f"b{package_version() or 'unknown'}-inferenceos"
 
 
 def _reply(text: str, run: Run, stop_reason: str) -> tuple[dict[str, Any], str]:
