@@ -30,12 +30,14 @@ Weights are seeded random numbers (f32), so two different images give different 
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
+from PIL import Image
 
 from tiny_models import SHAPES, write_tiny_model
 
@@ -264,3 +266,20 @@ def tiny_audio(tmp_dir: Path) -> tuple[Path, Path]:
             write_tiny_audio(directory)
         _BUILT[directory] = (model, mmproj)
     return _BUILT[directory]
+
+
+# -- images for the pair's tests ------------------------------------------------------
+
+IMAGE_TOKENS = 16  # (32 / 8)^2: every image gives this many tokens (mtmd resizes it)
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
+    """A small PNG of one colour with one odd pixel (so it is not trivially uniform)."""
+    im = Image.new("RGB", size, color)
+    im.putpixel((3, 3), (255 - color[0], 0, 0))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+RED, BLUE = png((220, 10, 10)), png((10, 10, 220))

@@ -15,8 +15,8 @@ import pytest
 
 from cli_helpers import cli_env, run_cli
 from server_harness import SLOW, long_stream, serving
-from test_chat_cli import Screen
 from tiny_models import write_tiny_model
+from tmux_screen import Screen
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 

@@ -5,7 +5,6 @@ the planner must split the model over this machine and both workers."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_cli
+from cluster_harness import RAM, RAM_ARG, WORKER_BYTES, Workers
 from inferenceos.cluster.info import host_id
 from inferenceos.cluster.probe import probe_worker
 from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
@@ -21,51 +21,12 @@ from inferenceos.endpoint import parse_endpoint, parse_endpoints
 from inferenceos.errors import UsageError, WorkerDiedError
 from tiny_models import write_tiny_model
 
-# the "deeper" tiny model: 12 layers of ~1 MiB, 12.1 MB of weights. A worker offering
-# 3 MiB takes at most 2 layers (after its compute reserve); 10.5 MiB of RAM here holds at
-# most 8 (beside the embeddings and the output head), so the plan needs all three. With
-# one worker lost, the rest runs from what is left with some weights on disk: 10.5 MiB
-# holds the anonymous bytes and a disk-bound plan's streaming room (two layers and the
-# decode's code pages, plan/footprint.stream_room), which the 6-layer "deep" model at
-# 5 MiB could not. (From 13 MiB on, one worker is enough.)
-WORKER_MEM = "3MiB"
-WORKER_BYTES = 3 << 20
-RAM = 21 << 19
-RAM_ARG = "10.5MiB"
 N_CTX = 256
 
 
 @pytest.fixture(scope="module")
 def deep_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("cluster") / "deep.gguf", "deeper")
-
-
-class Workers:
-    """Two loopback workers that a test may kill and start again."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.ports = [free_port(), free_port()]
-        while self.ports[1] in (self.ports[0], self.ports[0] + 1, self.ports[0] - 1):
-            self.ports[1] = free_port()
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        for p in self.ports:
-            self.start(p)
-
-    def start(self, port: int) -> None:
-        self.procs[port] = spawn_worker(port, mem=WORKER_MEM, threads=1,
-                                        log=self.logs / f"worker-{port}.log")
-
-    @property
-    def addresses(self) -> tuple[str, ...]:
-        return tuple(f"127.0.0.1:{p}" for p in self.ports)
-
-    def names(self) -> list[str]:
-        return [f"RPC[{a}]" for a in self.addresses]
-
-    def close(self) -> None:
-        for proc in self.procs.values():
-            stop_worker(proc)
 
 
 @pytest.fixture(scope="module")

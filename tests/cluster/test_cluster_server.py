@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
+from cluster_harness import RAM, Workers
 from server_harness import TINY_REQUEST, serving
-from test_cluster import RAM, Workers
 from tiny_models import write_tiny_model
 
 

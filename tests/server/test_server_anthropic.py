@@ -1,8 +1,8 @@
 """Anthropic's Messages API on tiny models, judged by the real `anthropic` SDK (and raw
 SSE on the wire) against a real server: the message shape, the exact stream event
 sequence, stop reasons, usage with cached prompt tokens, count_tokens, forced tool
-calls as `tool_use` blocks, reasoning as `thinking` blocks, images to the tiny VLM, and
-every error status in Anthropic's error shape.
+calls as `tool_use` blocks, reasoning as `thinking` blocks, images to the tiny VLM (a real
+`serve` process with its projector), and every error status in Anthropic's error shape.
 
 The tiny models have random weights: what they write is noise, so the tests judge
 shapes, counts and the server's own decisions (a forced call's grammar, a stop
@@ -25,6 +25,7 @@ import anthropic
 import httpx
 import pytest
 
+from cli_helpers import start_serve
 from faults.helpers import worker_pid
 from inferenceos.server.anthropic_schema import Message
 from inferenceos.server.anthropic_thinking import (
@@ -35,8 +36,8 @@ from inferenceos.server.anthropic_thinking import (
 )
 from inferenceos.server.settings import ServerSettings
 from server_harness import TINY_REQUEST, Harness, serving
-from test_server_media import IMAGE_TOKENS, RED
 from tiny_models import write_tiny_model
+from tiny_vlm import IMAGE_TOKENS, RED
 from tool_templates import TINY_HERMES_TEMPLATE
 
 # a DeepSeek-R1-style template: its generation prompt opens the reasoning section
@@ -466,10 +467,18 @@ def test_too_large_and_rate_limited(guarded: Harness) -> None:
 
 @pytest.fixture(scope="module")
 def vlm(tiny_vlm_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[Harness]:
-    model, _ = tiny_vlm_pair
-    with serving({"vlm": model}, tmp_path_factory.mktemp("anthropic-vlm")) as h:
-        yield h
+        ) -> Iterator[str]:
+    """A real `inferenceos serve` process of the tiny VLM and its projector (the base
+    URL): images reach it as a user's would, through the command, not the harness."""
+    model, projector = tiny_vlm_pair
+    home = tmp_path_factory.mktemp("anthropic-vlm")
+    proc, base = start_serve(str(model), "--mmproj", str(projector), "--any-model",
+                             "--ctx", "512", INFERENCEOS_HOME=str(home))
+    try:
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
 
 
 def _image(raw: bytes) -> dict[str, Any]:
@@ -477,8 +486,8 @@ def _image(raw: bytes) -> dict[str, Any]:
                                         "data": base64.b64encode(raw).decode()}}
 
 
-def test_an_image_reaches_the_vlm(vlm: Harness) -> None:
-    sdk = anthropic.Anthropic(base_url=vlm.url, api_key="x", max_retries=0, timeout=60)
+def test_an_image_reaches_the_vlm(vlm: str) -> None:
+    sdk = anthropic.Anthropic(base_url=vlm, api_key="x", max_retries=0, timeout=60)
     content: Any = [{"type": "text", "text": "look"}, _image(RED)]
     kw: Any = {"model": "vlm", "max_tokens": 4, "extra_body": {"temperature": 0}}
     r = sdk.messages.create(**kw, messages=[{"role": "user", "content": content}])
@@ -497,6 +506,6 @@ def test_an_image_reaches_the_vlm(vlm: Harness) -> None:
     assert start.input_tokens + (start.cache_read_input_tokens or 0) == seen
     assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == seen
     url = {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1:1/x.png"}}
-    r2 = httpx.post(vlm.url + "/v1/messages", timeout=60, json={
+    r2 = httpx.post(vlm + "/v1/messages", timeout=60, json={
         "model": "vlm", "max_tokens": 4, "messages": [{"role": "user", "content": [url]}]})
     _error(r2, 400, "invalid_request_error")

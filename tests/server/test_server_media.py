@@ -23,19 +23,7 @@ from inferenceos.media.image import decode_image
 from inferenceos.media.item import MEDIA_MARKER
 from inferenceos.server.generation import _context_to_grow
 from server_harness import Harness, serving
-
-IMAGE_TOKENS = 16  # (32 / 8)^2 for the tiny projector
-
-
-def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
-    im = Image.new("RGB", size, color)
-    im.putpixel((3, 3), (255 - color[0], 0, 0))
-    buf = io.BytesIO()
-    im.save(buf, "PNG")
-    return buf.getvalue()
-
-
-RED, BLUE = png((220, 10, 10)), png((10, 10, 220))
+from tiny_vlm import BLUE, IMAGE_TOKENS, RED, png
 
 
 def data_url(raw: bytes, mime: str = "image/png") -> str:
