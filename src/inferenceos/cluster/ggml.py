@@ -10,11 +10,11 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
-from typing import Any
 
 from inferenceos.errors import UsageError
 from inferenceos.hardware.llama_devices import llama_lib_dir
-from inferenceos.hardware.llama_probe import DEVICE_TYPES, find_library
+from inferenceos.hardware.llama_probe import DEVICE_TYPES, bind, find_library, ggml_devices
+from inferenceos.hardware.llama_probe import device_memory as ggml_device_memory
 from inferenceos.hardware.openmp import bounded_spin
 
 _P = ctypes.c_void_p
@@ -48,50 +48,26 @@ def _load(stem: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 
-def _sig(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
-    fn = getattr(lib, name)
-    fn.restype, fn.argtypes = restype, list(argtypes)
-    return fn
-
-
 @functools.cache
 def _ggml() -> ctypes.CDLL:
     _load("ggml-base")
     g = _load("ggml")
-    if _sig(g, "ggml_backend_reg_count", ctypes.c_size_t)() == 0:  # GGML_BACKEND_DL build
-        _sig(g, "ggml_backend_load_all", None)()
+    if bind(g, "ggml_backend_reg_count", ctypes.c_size_t)() == 0:  # GGML_BACKEND_DL build
+        bind(g, "ggml_backend_load_all", None)()
     return g
 
 
 def local_devices() -> list[LocalDevice]:
     """Every ggml device of this machine, with its free and total memory now."""
-    g = _ggml()
-    count = _sig(g, "ggml_backend_dev_count", ctypes.c_size_t)
-    get = _sig(g, "ggml_backend_dev_get", _P, ctypes.c_size_t)
-    name = _sig(g, "ggml_backend_dev_name", ctypes.c_char_p, _P)
-    desc = _sig(g, "ggml_backend_dev_description", ctypes.c_char_p, _P)
-    dtype = _sig(g, "ggml_backend_dev_type", ctypes.c_int, _P)
-    size_p = ctypes.POINTER(ctypes.c_size_t)
-    memory = _sig(g, "ggml_backend_dev_memory", None, _P, size_p, size_p)
-    out = []
-    for i in range(count()):
-        dev = get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(LocalDevice(
-            i, (name(dev) or b"").decode(), (desc(dev) or b"").decode(),
-            DEVICE_TYPES.get(dtype(dev), "other"), free.value, total.value, int(dev),
-        ))
-    return out
+    return [LocalDevice(i, d.name or "", d.description or "",
+                        DEVICE_TYPES.get(d.type, "other"), d.memory_free_bytes,
+                        d.memory_total_bytes, d.handle)
+            for i, d in enumerate(ggml_devices(_ggml()))]
 
 
 def device_memory(dev: LocalDevice) -> tuple[int, int]:
     """(free, total) bytes of `dev` now."""
-    size_p = ctypes.POINTER(ctypes.c_size_t)
-    memory = _sig(_ggml(), "ggml_backend_dev_memory", None, _P, size_p, size_p)
-    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    memory(ctypes.c_void_p(dev.handle), ctypes.byref(free), ctypes.byref(total))
-    return free.value, total.value
+    return ggml_device_memory(_ggml(), dev.handle)
 
 
 def choose_devices(devices: list[LocalDevice], wanted: str | None) -> list[LocalDevice]:
@@ -116,7 +92,7 @@ def start_rpc_server(endpoint: str, devices: list[LocalDevice], threads: int) ->
     directory is given: the server writes no files."""
     rpc = _load("ggml-rpc")
     size = ctypes.c_size_t
-    start = _sig(rpc, "ggml_backend_rpc_start_server", None,
+    start = bind(rpc, "ggml_backend_rpc_start_server", None,
                  ctypes.c_char_p, ctypes.c_char_p, size, size, _P)
     arr = (ctypes.c_void_p * len(devices))(*[d.handle for d in devices])
     start(endpoint.encode(), None, max(1, threads), len(devices), ctypes.cast(arr, _P))

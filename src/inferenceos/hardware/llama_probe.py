@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ def _load(lib_dir: Path, stem: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
 
 
-def _sig(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+def bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
+    """`lib`'s function `name`, with its C signature set."""
     fn = getattr(lib, name)
     fn.restype, fn.argtypes = restype, list(argtypes)
     return fn
@@ -51,43 +53,68 @@ def probe(lib_dir: Path) -> dict[str, Any]:
     base = _load(lib_dir, "ggml-base")
     ggml = _load(lib_dir, "ggml")
     result: dict[str, Any] = {
-        "ggml_version": _s(_sig(base, "ggml_version", ctypes.c_char_p)()),
-        "ggml_commit": _s(_sig(base, "ggml_commit", ctypes.c_char_p)()),
+        "ggml_version": _s(bind(base, "ggml_version", ctypes.c_char_p)()),
+        "ggml_commit": _s(bind(base, "ggml_commit", ctypes.c_char_p)()),
     }
-    reg_count = _sig(ggml, "ggml_backend_reg_count", ctypes.c_size_t)
+    reg_count = bind(ggml, "ggml_backend_reg_count", ctypes.c_size_t)
     if reg_count() == 0:  # a GGML_BACKEND_DL build: backends are separate plugins
-        _sig(ggml, "ggml_backend_load_all_from_path", None, ctypes.c_char_p)(
+        bind(ggml, "ggml_backend_load_all_from_path", None, ctypes.c_char_p)(
             str(lib_dir).encode())
-    reg_get = _sig(ggml, "ggml_backend_reg_get", _P, ctypes.c_size_t)
-    reg_name = _sig(ggml, "ggml_backend_reg_name", ctypes.c_char_p, _P)
+    reg_get = bind(ggml, "ggml_backend_reg_get", _P, ctypes.c_size_t)
+    reg_name = bind(ggml, "ggml_backend_reg_name", ctypes.c_char_p, _P)
     result["backends"] = [_s(reg_name(reg_get(i))) for i in range(reg_count())]
     result["devices"] = _devices(ggml, reg_name)
     llama = _load(lib_dir, "llama")
-    result["system_info"] = _s(_sig(llama, "llama_print_system_info", ctypes.c_char_p)())
+    result["system_info"] = _s(bind(llama, "llama_print_system_info", ctypes.c_char_p)())
     return result
 
 
-def _devices(ggml: ctypes.CDLL, reg_name: Any) -> list[dict[str, Any]]:
-    count = _sig(ggml, "ggml_backend_dev_count", ctypes.c_size_t)
-    get = _sig(ggml, "ggml_backend_dev_get", _P, ctypes.c_size_t)
-    name = _sig(ggml, "ggml_backend_dev_name", ctypes.c_char_p, _P)
-    desc = _sig(ggml, "ggml_backend_dev_description", ctypes.c_char_p, _P)
-    dtype = _sig(ggml, "ggml_backend_dev_type", ctypes.c_int, _P)
-    reg = _sig(ggml, "ggml_backend_dev_backend_reg", _P, _P)
-    size_p = ctypes.POINTER(ctypes.c_size_t)
-    memory = _sig(ggml, "ggml_backend_dev_memory", None, _P, size_p, size_p)
+@dataclass(frozen=True)
+class GgmlDevice:
+    """One entry of ggml's device list, as ggml reports it."""
+
+    handle: int  # ggml_backend_dev_t
+    name: str | None
+    description: str | None
+    type: int  # enum ggml_backend_dev_type (DEVICE_TYPES)
+    memory_free_bytes: int
+    memory_total_bytes: int
+
+
+def ggml_devices(ggml: ctypes.CDLL) -> list[GgmlDevice]:
+    """Every ggml backend device of the loaded libggml `ggml`, in ggml's order, with its
+    free and total memory now (the probe's list, and a worker's)."""
+    count = bind(ggml, "ggml_backend_dev_count", ctypes.c_size_t)
+    get = bind(ggml, "ggml_backend_dev_get", _P, ctypes.c_size_t)
+    name = bind(ggml, "ggml_backend_dev_name", ctypes.c_char_p, _P)
+    desc = bind(ggml, "ggml_backend_dev_description", ctypes.c_char_p, _P)
+    dtype = bind(ggml, "ggml_backend_dev_type", ctypes.c_int, _P)
     devices = []
     for i in range(count()):
         dev = get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        memory(dev, ctypes.byref(free), ctypes.byref(total))
-        devices.append({
-            "name": _s(name(dev)) or f"dev{i}", "description": _s(desc(dev)) or "",
-            "type": DEVICE_TYPES.get(dtype(dev), f"type{dtype(dev)}"),
-            "backend": _s(reg_name(reg(dev))) or "", "memory_free_bytes": free.value,
-            "memory_total_bytes": total.value,
-        })
+        free, total = device_memory(ggml, dev)
+        devices.append(GgmlDevice(int(dev), _s(name(dev)), _s(desc(dev)), dtype(dev),
+                                  free, total))
     return devices
+
+
+def device_memory(ggml: ctypes.CDLL, dev: int) -> tuple[int, int]:
+    """(free, total) bytes of the ggml device `dev` (a ggml_backend_dev_t) now."""
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    memory = bind(ggml, "ggml_backend_dev_memory", None, _P, size_p, size_p)
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def _devices(ggml: ctypes.CDLL, reg_name: Any) -> list[dict[str, Any]]:
+    reg = bind(ggml, "ggml_backend_dev_backend_reg", _P, _P)
+    return [{
+        "name": d.name or f"dev{i}", "description": d.description or "",
+        "type": DEVICE_TYPES.get(d.type, f"type{d.type}"),
+        "backend": _s(reg_name(reg(d.handle))) or "",
+        "memory_free_bytes": d.memory_free_bytes, "memory_total_bytes": d.memory_total_bytes,
+    } for i, d in enumerate(ggml_devices(ggml))]
 
 
 def main(argv: list[str]) -> int:
