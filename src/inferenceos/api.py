@@ -36,8 +36,8 @@ if TYPE_CHECKING:  # keep `import inferenceos` cheap: these load on first use
     from inferenceos.engine.chat_template import ChatMessage
     from inferenceos.engine.client import EngineClient
     from inferenceos.engine.engine import Generation
+    from inferenceos.engine.generation import GenerationMetrics
     from inferenceos.engine.sampling import SamplingParams
-    from inferenceos.engine.session import GenerationMetrics
     from inferenceos.media.item import MediaItem
     from inferenceos.model.spec import ModelSpec
     from inferenceos.plan.simulate import Prediction

@@ -15,6 +15,7 @@ import pytest
 
 import inferenceos.engine.messages as messages
 from inferenceos.engine.base import Generation, stream_event
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.messages import (
     Ask,
@@ -45,7 +46,7 @@ from inferenceos.engine.messages import (
 )
 from inferenceos.engine.migrate import LiveState
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadSettings
+from inferenceos.engine.session import LoadSettings
 from inferenceos.engine.worker import _dispatch
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 from inferenceos.media.item import MediaItem

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from inferenceos.engine.engine import Engine
+from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.scoring import lone_run_logits
-from inferenceos.engine.session import LoadedModel, LoadSettings, TokenEvent
+from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import UsageError
 
 SETTINGS = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)

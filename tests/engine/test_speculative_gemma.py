@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.messages import Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler, generate_one
 from inferenceos.engine.scoring import lone_run_logits
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel, LoadSettings
 
 pytestmark = pytest.mark.slow
 

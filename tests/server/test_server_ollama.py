@@ -86,7 +86,7 @@ def test_the_cached_part_of_a_prompt_is_counted_as_ollama_counts_it(server: Harn
 
 def test_nothing_cached_leaves_the_cached_count_out() -> None:
     """Ollama's omitempty: no prompt_eval_cached_count when the cache gave nothing."""
-    from inferenceos.engine.session import GenerationMetrics
+    from inferenceos.engine.generation import GenerationMetrics
     from inferenceos.server.generation import Done
     from inferenceos.server.ollama_routes import _timings
 

@@ -24,8 +24,9 @@ from inferenceos.cli.plan_opts import (
     ThreadsOpt,
     load_request,
 )
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.errors import UsageError
 
 if TYPE_CHECKING:  # gguf, numpy, jinja2 and Pillow load only when the command runs

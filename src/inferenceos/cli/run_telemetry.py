@@ -12,7 +12,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from inferenceos.engine.session import GenerationMetrics, LoadedModel
+from inferenceos.engine.generation import GenerationMetrics
+from inferenceos.engine.session import LoadedModel
 
 log = logging.getLogger("inferenceos.run")
 

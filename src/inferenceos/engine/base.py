@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import inferenceos.errors as errors
 from inferenceos.engine.chat_template import ChatMessage, render_chat
+from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.messages import (
     Failed,
     Finished,
@@ -29,7 +30,7 @@ from inferenceos.engine.messages import (
     TokenOut,
 )
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
+from inferenceos.engine.session import LoadSettings
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec
 

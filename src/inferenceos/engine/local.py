@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import inferenceos.errors as errors
 from inferenceos.engine.base import EngineBase, Events, Generation, per_slot
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.messages import (
     Event,
     Failed,
@@ -35,7 +36,7 @@ from inferenceos.engine.messages import (
     MediaSupport,
     StatsReport,
 )
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel, LoadSettings
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 

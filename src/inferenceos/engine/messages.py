@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
 
 import inferenceos.errors as errors
+from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadSettings, TokenEvent
+from inferenceos.engine.session import LoadSettings
 from inferenceos.media.item import MediaItem
 
 if TYPE_CHECKING:  # migrate imports the scheduler, which imports this module

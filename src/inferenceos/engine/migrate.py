@@ -34,10 +34,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.messages import Event
 from inferenceos.engine.running import Request, RunningSequence
 from inferenceos.engine.scheduler import Scheduler
-from inferenceos.engine.session import GenerationMetrics
 
 __all__ = ["LiveState", "SeqState", "export_live", "import_live", "live_need"]
 

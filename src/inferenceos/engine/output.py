@@ -13,10 +13,10 @@ import codecs
 import time
 from collections.abc import Callable
 
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.messages import Event, Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics
 from inferenceos.engine.stop import StopMatcher
 
 __all__ = ["Event", "Extra", "OutputStream", "snapshot"]

@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.kv_policies import KVPolicy
 from inferenceos.engine.output import OutputStream
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadedModel
+from inferenceos.engine.session import LoadedModel
 from inferenceos.engine.slots import Slot
 from inferenceos.engine.speculative import Drafter, DraftState
 from inferenceos.engine.step_plan import MediaSpan, SeqNeeds

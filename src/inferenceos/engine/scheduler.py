@@ -34,6 +34,7 @@ from typing import Any
 
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.executor import Executor, StepRows
+from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.kv_store import KVStore
@@ -43,7 +44,7 @@ from inferenceos.engine.output import Extra, snapshot
 from inferenceos.engine.running import NO_PROJECTOR, Request, RunningSequence, prompt_request
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
-from inferenceos.engine.session import GenerationMetrics, LoadedModel, TokenEvent, decode_failed
+from inferenceos.engine.session import LoadedModel, decode_failed
 from inferenceos.engine.slot_state import import_slot
 from inferenceos.engine.slots import Slot, SlotTable
 from inferenceos.engine.spec_decode import SpeculativeDecoder

@@ -16,11 +16,12 @@ import numpy as np
 from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.engine import Engine
+from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.kv_policies import KVPolicy
 from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS, log_partition
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.seq_cache import SeqCacheView
-from inferenceos.engine.session import LoadedModel, TokenEvent, decode_failed
+from inferenceos.engine.session import LoadedModel, decode_failed
 from inferenceos.errors import GenerationError
 
 

@@ -23,8 +23,8 @@ from fastapi import Request
 
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.client import EngineClient
+from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
 from inferenceos.registry.leases import Lease, ResidentModel

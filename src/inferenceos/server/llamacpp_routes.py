@@ -22,8 +22,8 @@ from typing import Any
 from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, Field
 
+from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.registry.catalog import ResolvedModel
 from inferenceos.server.errors import APIError, Dialect, route_class

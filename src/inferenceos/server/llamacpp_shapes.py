@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, TokenEvent
 from inferenceos.server.logprobs import FLOOR
 
 RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: "pick a random seed"

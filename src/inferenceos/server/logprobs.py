@@ -17,8 +17,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.logprobs import TokenLogprob
-from inferenceos.engine.session import TokenEvent
 from inferenceos.server.errors import APIError
 
 FLOOR = -9999.0  # what OpenAI reports for a token too unlikely to have a figure

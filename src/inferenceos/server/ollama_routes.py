@@ -19,8 +19,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import TokenEvent
 from inferenceos.errors import InferenceOSError
 from inferenceos.media.collect import check_text
 from inferenceos.media.item import MediaItem

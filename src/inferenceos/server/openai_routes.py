@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from inferenceos.engine.chat_template import ChatMessage
-from inferenceos.engine.session import TokenEvent
+from inferenceos.engine.generation import TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.hardware.llama_devices import package_version
 from inferenceos.server.errors import APIError, Dialect, route_class

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
-from inferenceos.engine.session import TokenEvent
+from inferenceos.engine.generation import TokenEvent
 from inferenceos.server.anthropic_thinking import Reasoning, ThinkingSplit, split_reasoning
 from inferenceos.server.generation import Done, Run
 from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, ToolFormat, parse_tool_calls

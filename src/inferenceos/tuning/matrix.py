@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.engine.engine import Engine
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import GenerationMetrics, LoadSettings
+from inferenceos.engine.session import LoadSettings
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.tuning.space import LLAMA_N_BATCH, LLAMA_N_UBATCH, physical_cores
 from inferenceos.tuning.trials import PROSE
