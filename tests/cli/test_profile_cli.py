@@ -36,7 +36,8 @@ def test_json_breaks_the_run_into_phases(profiled: tuple) -> None:
     phases = {p["phase"]: p for p in data["phases"]}
     assert {"load", "tokenize", "prefill", "decode", "sampling", "detokenize"} <= set(phases)
     assert data["prompt_tokens"] > 64
-    assert phases["prefill"]["steps"] == math.ceil(data["prompt_tokens"] / 32)
+    # `run`'s path: 32-token chunks, then the prompt's last token alone (step_plan.py)
+    assert phases["prefill"]["steps"] == math.ceil((data["prompt_tokens"] - 1) / 32) + 1
     assert phases["prefill"]["tokens"] == data["prompt_tokens"]
     n = data["completion_tokens"]
     assert 1 <= n <= 12
@@ -55,7 +56,7 @@ def test_html_report_is_self_contained_and_shows_the_phases(profiled: tuple) -> 
     for phase in ("load", "tokenize", "prefill", "decode", "sampling"):
         assert f'data-phase="{phase}"' in html  # a timeline rectangle per phase
     data = json.loads(profiled[1])
-    assert html.count('data-phase="prefill"') == math.ceil(data["prompt_tokens"] / 32)
+    assert html.count('data-phase="prefill"') == math.ceil((data["prompt_tokens"] - 1) / 32) + 1
     assert html.count('data-phase="decode"') == data["completion_tokens"] - 1
     # nothing fetched from the network: no scripts, stylesheets, fonts or images by URL
     assert not re.search(r"<(script|link|img|iframe)\b", html)

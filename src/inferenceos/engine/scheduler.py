@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import replace
 from typing import Any
@@ -52,8 +52,16 @@ from inferenceos.engine.step_plan import MediaWork, StepPlan, media_step, schedu
 from inferenceos.engine.thread_governor import ThreadGovernor
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 
-__all__ = ["Event", "Request", "RunningSequence", "Scheduler", "Slot", "generate_one",
-           "prompt_request"]
+__all__ = ["Event", "Request", "RunningSequence", "Scheduler", "Slot", "StepTrace",
+           "generate_one", "prompt_request"]
+
+# (phase, start, end, tokens): one timed step of the scheduler, for `inferenceos profile`
+# (tuning/profiler.py). phase is "prefill" (a batch carrying prompt or media rows),
+# "decode" (a batch of decode rows only) or "sampling" (one sampler call of a decode
+# path without drafts); start and end are time.perf_counter() readings; tokens is the
+# batch's token count (0 for sampling). Called right after the step, so the callback's
+# own time falls between timed steps.
+StepTrace = Callable[[str, float, float, int], None]
 
 
 class Scheduler:
@@ -75,6 +83,7 @@ class Scheduler:
         media: Any = None,
         adaptive_threads: bool = True,
         kv_store: KVStore | None = None,
+        trace: StepTrace | None = None,
     ) -> None:
         """`draft` names the default drafter ("ngram", "self", a plugin, or a .gguf draft
         model; None or "none": no speculative decoding), which requests may override;
@@ -88,8 +97,12 @@ class Scheduler:
         ThreadGovernor (thread_governor.py) lowers llama.cpp's threads while decode
         steps run far slower than they did (another program took a core). `kv_store`:
         the tiered KV cache (kv_store.py) a finished sequence's state goes to and a
-        prompt's longest cached prefix comes from; None: the context's slots only."""
+        prompt's longest cached prefix comes from; None: the context's slots only.
+        `trace`: told of every batch evaluation and sampler call (StepTrace); with one,
+        each evaluation ends with llama_synchronize so that asynchronous GPU work is
+        charged to the batch that queued it. None (`run`, `serve`): no synchronize."""
         self.probe = probe
+        self.trace = trace
         self.policy_options = policy_options or {}  # policy name → constructor options
         self.policy = self._policy(kv_policy)
         self.tracker = CellTracker(model.n_ctx) if probe is not None else None
@@ -307,10 +320,15 @@ class Scheduler:
         self._commit(plan)
         if self.probe is not None:
             self.probe.reset()
+        t0 = time.perf_counter()
         rc = self.executor.decode()
         if rc != 0:
             decode_failed(rc)  # a Ctrl-C: KeyboardInterrupt, which the caller cleans up
             return events + self.fail_all(f"llama_decode failed (code {rc})")
+        if self.trace is not None:
+            self._ll.llama_synchronize(self.model.ctx)  # GPU work ends inside the span
+            phase = "prefill" if plan.prefills or plan.media is not None else "decode"
+            self.trace(phase, t0, time.perf_counter(), plan.n_tokens)
         if self.governor is not None and not plan.prefills and plan.media is None:
             self._govern(plan.n_tokens)
         for p in (*plan.prefills, *([plan.media] if plan.media else [])):
@@ -442,7 +460,10 @@ class Scheduler:
         return events
 
     def _sample(self, seq: RunningSequence, row: int) -> list[Event]:
+        t0 = time.perf_counter()
         token = seq.sampler.sample(self.model.ctx, row)
+        if self.trace is not None:
+            self.trace("sampling", t0, time.perf_counter(), 0)
         events = seq.out.push(token, self._extra(seq, row, token))
         if seq.out.finished:
             self._release(seq)
@@ -485,7 +506,7 @@ def generate_one(
     lm: LoadedModel, prompt: list[int] | str, sampling: SamplingParams,
     draft: str | None = None, kv_policy: str = "none", probe: AttentionProbe | None = None,
     media: Any = None, items: Seq[Any] = (), state: tuple[Seq[int], bytes] | None = None,
-    adaptive_threads: bool = True,
+    adaptive_threads: bool = True, trace: StepTrace | None = None,
 ) -> Iterator[TokenEvent]:
     """Stream the completion of one `prompt` (token ids, or text to tokenize) on `lm`
     through a one-slot scheduler: the one decode path of a single sequence in process,
@@ -500,6 +521,7 @@ def generate_one(
     (thread_governor.py) for this run; `run` and the benchmarks that time a thread count
     turn it off, so that the threads `lm` was loaded with are the ones that decoded (and
     that a telemetry row records). Either way `lm` ends with the threads it started with.
+    `trace`: the Scheduler's hook (StepTrace) for `inferenceos profile`; None adds nothing.
 
     `lm.metrics` describes the run so far at every step, and the whole run once the
     iterator ends; closed early (Ctrl-C, a consumer that left) its stop_reason is
@@ -510,7 +532,7 @@ def generate_one(
     sched: Scheduler | None = None
     try:
         sched = Scheduler(lm, 1, lm.settings.n_batch, kv_policy, probe=probe, draft=draft,
-                          media=media, adaptive_threads=adaptive_threads)
+                          media=media, adaptive_threads=adaptive_threads, trace=trace)
         req = _one_request(lm, prompt, sampling, kv_policy, media, items)
         lm.metrics.prompt_tokens = len(req.prompt)
         if state is not None:

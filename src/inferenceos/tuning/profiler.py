@@ -1,20 +1,27 @@
 """One generation broken down by phase, for `inferenceos profile`.
 
-The run is timed from the outside around `LoadedModel`'s verbs, in the order a
-generation calls them: load (the llama.cpp library when this process has
-not loaded it yet, the model's weights, then the context),
-tokenize, prefill in n_batch chunks, then per token: sample, detokenize (the token's
-bytes), decode. The only reach inside is a subclass that times `_load_model` and
-`_new_context` separately (when the engine still has those steps; otherwise the load is
-one span). Every evaluation ends with `llama_synchronize`, so asynchronous GPU work is
-charged to the step that queued it, not to the next sampling call.
+The generation is `run`'s: it goes through `generate_one` (engine/scheduler.py), the
+one decode path of a single sequence, so end-of-generation, max_tokens (capped by the
+context left after the prompt) and UTF-8 are the scheduler's output processor's, not
+this module's. Its steps, in the order a generation takes them: load (the llama.cpp
+library when this process has not loaded it yet, the model's weights, then the
+context), tokenize, prefill in n_batch chunks (the prompt's last token in a chunk of
+its own, as engine/step_plan.py evaluates it), then per token: sample, detokenize (the
+token's bytes), decode.
+
+Load, tokenize and detokenize are timed from the outside around `LoadedModel`'s verbs:
+a subclass times `_load_model` and `_new_context` separately (when the engine still has
+those steps; otherwise the load is one span) and `piece`. Batch evaluations (prefill
+chunks, decode steps) and sampler calls happen inside the scheduler, which reports
+each through generate_one's `trace` hook (scheduler.StepTrace). With a trace, every
+evaluation ends with `llama_synchronize`, so asynchronous GPU work is charged to the
+step that queued it, not to the next sampling call.
 
 Times are seconds from the start of the load (`time.perf_counter()`).
 """
 
 from __future__ import annotations
 
-import codecs
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.engine.llama_lib import lib
-from inferenceos.engine.sampling import SamplerChain, SamplingParams
-from inferenceos.engine.session import LoadedModel, LoadSettings
-from inferenceos.errors import UsageError
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.scheduler import generate_one
+from inferenceos.engine.session import LoadedModel
+from inferenceos.plan.llama_params import LlamaParams
 
 # the phases in timeline order; the report draws one lane per phase
 PHASES = ("load", "tokenize", "prefill", "decode", "sampling", "detokenize")
@@ -63,7 +71,8 @@ class Profile:
 
     def summary(self) -> list[dict[str, Any]]:
         """Per phase: steps, total, mean and longest step, share of the run; last an
-        `other` row for the time between timed steps (Python around the verbs)."""
+        `other` row for the time between timed steps (the scheduler's planning and batch
+        filling, the output processor's UTF-8 and stop handling, Python around them)."""
         total = self.total_s or 1.0
         rows = []
         for phase in PHASES:
@@ -81,7 +90,7 @@ class Profile:
                 "tokens": sum(s.tokens for s in spans),
             })
         other = self.total_s - sum(s.duration_s for s in self.spans)
-        if other > 0:  # Python between the timed steps: the sampler setup, the loop itself
+        if other > 0:  # between the timed steps: scheduler and output processing, Python
             rows.append({"phase": "other", "steps": 0, "total_s": round(other, 6),
                          "mean_ms": 0.0, "max_ms": 0.0, "share": round(other / total, 4),
                          "tokens": 0})
@@ -113,11 +122,14 @@ class Profile:
 
 
 class _TimedModel(LoadedModel):
-    """LoadedModel whose load records a span for the weights and one for the context."""
+    """LoadedModel whose load records a span for the weights and one for the context,
+    and whose `piece` records a detokenize span per call (the output processor calls it
+    once per emitted token; never for the end-of-generation token, nor past max_tokens)."""
 
-    def __init__(self, path: Path, settings: LoadSettings, spans: list[Span],
+    def __init__(self, path: Path, settings: LlamaParams, spans: list[Span],
                  origin: float) -> None:
         self._spans, self._origin = spans, origin
+        self._pieces = 0  # detokenize spans so far, for their names
         super().__init__(path, settings)
 
     def _timed(self, name: str, fn: Any) -> Any:
@@ -133,63 +145,49 @@ class _TimedModel(LoadedModel):
     def _new_context(self) -> Any:
         return self._timed("context (KV cache, compute buffers)", super()._new_context)
 
+    def piece(self, token: int) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            return super().piece(token)
+        finally:
+            self._pieces += 1
+            self._spans.append(Span("detokenize", f"token {self._pieces}", t0 - self._origin,
+                                    time.perf_counter() - t0))
 
-def profile_run(path: Path, settings: LoadSettings, text: str,
+
+def profile_run(path: Path, settings: LlamaParams, text: str,
                 sampling: SamplingParams) -> Profile:
-    """Load `path` with `settings`, generate for the raw prompt `text`, and time every
-    step. Raises UsageError when the prompt is empty or does not fit the context."""
+    """Load `path` with `settings`, generate for the raw prompt `text` through
+    `generate_one` (without the thread governor, so the threads reported are the ones
+    that computed), and time every step. Raises UsageError when the prompt is empty or
+    does not fit the context (generate_one's checks)."""
     spans: list[Span] = []
     origin = time.perf_counter()
     lib()  # the first call loads the shared library and initialises its backends
     spans.append(Span("load", "llama.cpp library", 0.0, time.perf_counter() - origin))
-    hooks = hasattr(LoadedModel, "_load_model") and hasattr(LoadedModel, "_new_context")
     t0 = time.perf_counter()
-    lm = _TimedModel(path, settings, spans, origin) if hooks else LoadedModel(path, settings)
-    if len(spans) == 1:  # no hooks: one span for model and context
+    lm = _TimedModel(path, settings, spans, origin)
+    if len(spans) == 1:  # the engine has no load hooks: one span for model and context
         spans.append(Span("load", "model and context", t0 - origin, time.perf_counter() - t0))
-    ll = lib()
+    steps = dict.fromkeys(("prefill", "decode", "sampling"), 0)
 
-    def span(phase: str, name: str, start: float, tokens: int = 0) -> None:
-        spans.append(Span(phase, name, start - origin, time.perf_counter() - start, tokens))
+    def trace(phase: str, start: float, end: float, tokens: int) -> None:
+        """The scheduler's StepTrace: one span per evaluation or sampler call."""
+        steps[phase] += 1
+        k = steps[phase]
+        name = {"prefill": f"chunk {k}: {tokens} tokens", "decode": f"step {k}"}.get(
+            phase, f"token {k}")
+        spans.append(Span(phase, name, start - origin, end - start, tokens))
 
     with lm:
         t = time.perf_counter()
         tokens = lm.tokenize(text)
-        span("tokenize", f"{len(tokens)} tokens", t, len(tokens))
-        if not tokens:
-            raise UsageError("the prompt is empty")
-        if len(tokens) >= lm.n_ctx:
-            raise UsageError(f"the prompt has {len(tokens)} tokens; the context holds {lm.n_ctx}")
-        max_new = min(sampling.max_tokens, lm.n_ctx - len(tokens))
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        pieces: list[str] = []
-        lm.reset()
-        with SamplerChain(sampling, lm.vocab) as sampler:
-            step = lm.settings.n_batch
-            for i in range(0, len(tokens), step):
-                chunk = tokens[i : i + step]
-                t = time.perf_counter()
-                lm.prefill(chunk)
-                ll.llama_synchronize(lm.ctx)
-                span("prefill", f"chunk {i // step + 1}: {len(chunk)} tokens", t, len(chunk))
-            n = 0
-            while True:
-                t = time.perf_counter()
-                token = sampler.sample(lm.ctx)
-                span("sampling", f"token {n + 1}", t)
-                if (lm.is_eog(token) and not sampling.ignore_eos) or n >= max_new:
-                    break
-                t = time.perf_counter()
-                pieces.append(utf8.decode(lm.piece(token)))
-                span("detokenize", f"token {n + 1}", t)
-                n += 1
-                if n >= max_new:
-                    break
-                t = time.perf_counter()
-                lm.decode_one(token)
-                ll.llama_synchronize(lm.ctx)
-                span("decode", f"step {n}", t, 1)
-        pieces.append(utf8.decode(b"", final=True))
+        spans.append(Span("tokenize", f"{len(tokens)} tokens", t - origin,
+                          time.perf_counter() - t, len(tokens)))
+        # ids, not text: the tokenize span above is the only tokenization
+        pieces = [ev.text for ev in generate_one(lm, tokens, sampling,
+                                                 adaptive_threads=False, trace=trace)]
+        n = lm.metrics.completion_tokens
         s = lm.settings
     used = {k: getattr(s, k) for k in ("n_ctx", "n_batch", "n_ubatch", "n_threads",
                                        "n_threads_batch", "n_gpu_layers", "flash_attn",
