@@ -19,6 +19,7 @@ from inferenceos.server import (
     anthropic_routes,
     budget_routes,
     llamacpp_routes,
+    ollama_model_routes,
     ollama_routes,
     openai_routes,
     ops_routes,
@@ -36,9 +37,11 @@ from inferenceos.server.state import ServerState
 from inferenceos.version import __version__
 
 # every route the app serves, in the order they match; each router declares the
-# dialect of its errors (errors.route_class)
+# dialect of its errors (errors.route_class). Ollama's model routes follow its
+# generation routes, where they sat when one module held both (same OpenAPI order)
 ROUTERS: tuple[APIRouter, ...] = (
-    ops_routes.router, openai_routes.router, ollama_routes.router, openai_routes.bare_router,
+    ops_routes.router, openai_routes.router, ollama_routes.router, ollama_model_routes.router,
+    openai_routes.bare_router,
     llamacpp_routes.router, responses_routes.router, anthropic_routes.router,
     sessions_routes.router, budget_routes.router, ui_routes.router,
 )
