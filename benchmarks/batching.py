@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_record import bandwidth, finish, ram_gbps, record
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings, default_threads
+from inferenceos.engine.session import default_threads
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
+from inferenceos.plan.llama_params import LlamaParams
 from llama_tools import llama_tool
 from run_overhead import bench_tg
 
@@ -70,7 +71,7 @@ def alone(n: int, one: One) -> list[str]:
 
 
 def ours(engine: Engine, tokens: int, concurrency: int = 0,
-         settings: LoadSettings | None = None) -> One:
+         settings: LlamaParams | None = None) -> One:
     """Request i on `engine`; recorded in telemetry when `concurrency` is given."""
     sampling = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
@@ -136,7 +137,7 @@ def start_server(
     raise RuntimeError("llama-server did not become healthy")
 
 
-def lone_decode_tps(engine: Engine, tokens: int, settings: LoadSettings | None = None) -> float:
+def lone_decode_tps(engine: Engine, tokens: int, settings: LlamaParams | None = None) -> float:
     """One stream's decode t/s (decode only, as llama-bench's tg measures)."""
     lone = engine.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=tokens,
                                                       ignore_eos=True))
@@ -161,7 +162,7 @@ def main() -> None:
     threads = default_threads()
     print(f"model {model.name}, {args.tokens} tokens per stream, {threads} threads, "
           f"{args.rounds} alternating rounds")
-    settings = LoadSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=threads)
+    settings = LlamaParams(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=threads)
     bench_bin = llama_tool("llama-bench")
     single, bench, agg, s_agg = [], [], [], []
     ttfts: list[float] = []

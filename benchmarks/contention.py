@@ -31,9 +31,10 @@ sys.path[:0] = [str(ROOT / "src")]
 
 from inferenceos.engine.sampling import SamplingParams  # noqa: E402
 from inferenceos.engine.scheduler import generate_one  # noqa: E402
-from inferenceos.engine.session import LoadedModel, LoadSettings  # noqa: E402
+from inferenceos.engine.session import LoadedModel  # noqa: E402
 from inferenceos.hardware.cpu_load import sample_cpu_load  # noqa: E402
 from inferenceos.model.default_model import ensure_default_model  # noqa: E402
+from inferenceos.plan.llama_params import LlamaParams  # noqa: E402
 from inferenceos.plan.threads import explain_threads, pick_threads  # noqa: E402
 
 BUSY = "while True:\n    pass\n"
@@ -82,8 +83,8 @@ def midrun_tps(lm: LoadedModel, tokens: list[int], adaptive: bool, before: int, 
 def midrun(rounds: int) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     path = ensure_default_model()
-    lm = LoadedModel(path, LoadSettings(n_ctx=2048, n_batch=512, n_ubatch=512,
-                                        n_threads=len(cpus), flash_attn=1))
+    lm = LoadedModel(path, LlamaParams(n_ctx=2048, n_batch=512, n_ubatch=512,
+                                       n_threads=len(cpus), flash_attn=1))
     prompt = lm.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
     decode_tps(lm, prompt, 8)  # warm up
     ratios = []
@@ -127,8 +128,8 @@ def main() -> None:
             print("note: the pick equals all cores (the sensor saw no contention)")
         path = ensure_default_model()
         base = dict(n_ctx=1024, n_batch=512, n_ubatch=512, flash_attn=1)
-        ours = LoadedModel(path, LoadSettings(n_threads=pick, **base))
-        every = LoadedModel(path, LoadSettings(n_threads=cores, **base))
+        ours = LoadedModel(path, LlamaParams(n_threads=pick, **base))
+        every = LoadedModel(path, LlamaParams(n_threads=cores, **base))
         prompt = ours.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
         decode_tps(ours, prompt, 8)
         decode_tps(every, prompt, 8)  # warm up both

@@ -23,7 +23,7 @@ from inferenceos.engine import step_plan
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.local import LocalEngine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
+from inferenceos.plan.llama_params import LlamaParams
 
 QUESTIONS = [
     "What is the weather like in Berlin today? Use a tool if you need one.",
@@ -56,7 +56,7 @@ def _diverges(a: list[int], b: list[int]) -> int | None:
     return i
 
 
-def _batched(model: Path, settings: LoadSettings, prompt: str, n: int) -> list[int]:
+def _batched(model: Path, settings: LlamaParams, prompt: str, n: int) -> list[int]:
     """The reply to `prompt` while another request generates beside it."""
     with LocalEngine(model, settings, n_parallel=2) as eng:
         out: dict[str, list[int]] = {}
@@ -75,7 +75,7 @@ class ModeResult:
     ttft_ms: float  # the median cold TTFT
 
 
-def run_mode(model: Path, settings: LoadSettings, n: int) -> ModeResult:
+def run_mode(model: Path, settings: LlamaParams, n: int) -> ModeResult:
     cached: list[int | None] = []
     batched: list[int | None] = []
     ttft: list[float] = []
@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     args = ap.parse_args()
     model = args.model or ensure_packaged_model("qwen2.5-coder-0.5b-instruct")
-    settings = LoadSettings(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=args.threads)
+    settings = LlamaParams(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=args.threads)
     results = {}
     for mode, flag in (("baseline", False), ("separate", True)):
         step_plan.SEPARATE_LAST_TOKEN = flag

@@ -25,10 +25,11 @@ from pathlib import Path
 from inferenceos.engine.attention_probe import AttentionProbe
 from inferenceos.engine.kv_policies import HeavyHitterOracle, NoEviction, StreamingLLM
 from inferenceos.engine.scoring import budgeted_perplexity
-from inferenceos.engine.session import LoadedModel, LoadSettings, default_threads
+from inferenceos.engine.session import LoadedModel, default_threads
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
 from inferenceos.paths import cache_dir
+from inferenceos.plan.llama_params import LlamaParams
 
 TEXT = Path(__file__).resolve().parent / "data" / "declaration_of_independence.txt"
 
@@ -61,7 +62,7 @@ def attention_profile(model: Path, tokens: list[int]) -> list[str]:
     recent 20 % and the middle — what a KV policy keeps or drops."""
     spec = load_spec(model)
     probe = AttentionProbe(layer.index for layer in spec.layers)  # every layer this time
-    settings = LoadSettings(n_ctx=4096, n_batch=2048, n_ubatch=2048, flash_attn=0)
+    settings = LlamaParams(n_ctx=4096, n_batch=2048, n_ubatch=2048, flash_attn=0)
     with LoadedModel(model, settings, eval_callback=probe.callback) as lm:
         probe.reset()
         lm.prefill(tokens)  # a fresh cache: cell i holds position i in both caches
@@ -94,7 +95,7 @@ def main() -> None:
     spec = load_spec(model)
     watched = [ly.index for ly in spec.layers if args.global_window or not ly.is_swa]
     probe = AttentionProbe(watched)
-    settings = LoadSettings(n_ctx=4096, n_batch=512, flash_attn=0, n_threads=default_threads())
+    settings = LlamaParams(n_ctx=4096, n_batch=512, flash_attn=0, n_threads=default_threads())
     with LoadedModel(model, settings, eval_callback=probe.callback) as lm:
         tokens = lm.tokenize(TEXT.read_text())
         if args.tokens:

@@ -47,13 +47,14 @@ from inferenceos import telemetry  # noqa: E402
 from inferenceos.cli.simulate_cmd import simulate_model  # noqa: E402
 from inferenceos.engine.sampling import SamplingParams  # noqa: E402
 from inferenceos.engine.scheduler import generate_one  # noqa: E402
-from inferenceos.engine.session import LoadedModel, LoadSettings  # noqa: E402
+from inferenceos.engine.session import LoadedModel  # noqa: E402
 from inferenceos.hardware.cache import get_profile  # noqa: E402
 from inferenceos.hardware.llama_speed import measure_llama_speed  # noqa: E402
 from inferenceos.model.default_model import ensure_default_model  # noqa: E402
 from inferenceos.paths import cache_dir  # noqa: E402
 from inferenceos.plan.calibration import probe_calibration  # noqa: E402
 from inferenceos.plan.devices import local_machine  # noqa: E402
+from inferenceos.plan.llama_params import LlamaParams  # noqa: E402
 from inferenceos.plan.model_facts import load_model_facts  # noqa: E402
 from inferenceos.plan.simulate import Prediction, Workload  # noqa: E402
 from inferenceos.plan.simulate import predict as simulate_predict  # noqa: E402
@@ -81,7 +82,7 @@ class Runner:
     def __init__(self, path: Path, pred: Prediction, prompt: int, tokens: int) -> None:
         self.path, self.prompt_n, self.tokens = path, prompt, tokens
         ctx = pred.plan.ctx
-        self.settings = LoadSettings(
+        self.settings = LlamaParams(
             n_ctx=ctx.n_ctx, n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch,
             n_threads=pred.plan.threads, flash_attn=1 if ctx.flash_attn else 0,
         )

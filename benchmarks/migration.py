@@ -45,8 +45,8 @@ import inferenceos.engine.worker_swap as swap_mod
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scoring import greedy_agreement
-from inferenceos.engine.session import LoadSettings
 from inferenceos.model.default_model import ensure_default_model
+from inferenceos.plan.llama_params import LlamaParams
 
 CONVERSATION = " ".join(
     f"Turn {i}: the user asks about memory pressure on device {i % 3}, and the assistant "
@@ -86,7 +86,7 @@ def _gap(stamps: list[tuple[float, int]], t0: float, t1: float) -> float:
     return max(gaps, default=0.0)
 
 
-def _unshared(old: LoadSettings, new: LoadSettings, cores: int | None = None) -> None:
+def _unshared(old: LlamaParams, new: LlamaParams, cores: int | None = None) -> None:
     """No core sharing (--ab's other half): both workers on their full thread counts."""
     return None
 
@@ -100,8 +100,8 @@ def main() -> None:
                     help="make-before-break only; rounds alternate core sharing on / off")
     a = ap.parse_args()
     gemma = ensure_default_model()
-    hi = LoadSettings(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=a.threads)
-    lo = LoadSettings(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=a.threads)
+    hi = LlamaParams(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=a.threads)
+    lo = LlamaParams(n_ctx=1024, n_batch=256, n_ubatch=256, n_threads=a.threads)
     gen = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
 
     t0 = time.perf_counter()

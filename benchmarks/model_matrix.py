@@ -39,9 +39,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_record import ram_gbps
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
+from inferenceos.plan.llama_params import LlamaParams
 from llama_tools import llama_tool
 from run_overhead import PP_TOKENS, bench_pp, bench_tg, ours_pp, ours_tg
 from serve_load import free_port, run_server
@@ -125,7 +126,7 @@ def speculative(model: Path, draft: Path | None, args: argparse.Namespace
     servers = {k: start_server(binary, model, args.threads, v) for k, v in specs.items()}
     out: dict[str, Pair] = {}
     try:
-        with LoadedModel(model, LoadSettings(n_ctx=2048, n_threads=args.threads)) as lm:
+        with LoadedModel(model, LlamaParams(n_ctx=2048, n_threads=args.threads)) as lm:
             rep = lm.tokenize(TASKS["repetitive"])
             free = lm.tokenize(TASKS["free"])
             ours_once(lm, rep, 8, "ngram")  # warm-up

@@ -32,11 +32,11 @@ import numpy as np  # noqa: E402
 
 from inferenceos.engine.local import LocalEngine  # noqa: E402
 from inferenceos.engine.sampling import SamplingParams  # noqa: E402
-from inferenceos.engine.session import LoadSettings  # noqa: E402
 from inferenceos.media.item import MEDIA_MARKER, MediaItem  # noqa: E402
 from inferenceos.model.default_model import ensure_default_model  # noqa: E402
 from inferenceos.paths import cache_dir  # noqa: E402
 from inferenceos.plan.devices import local_machine  # noqa: E402
+from inferenceos.plan.llama_params import LlamaParams  # noqa: E402
 from inferenceos.plan.simulate import Workload, simulate  # noqa: E402
 from tiny_vlm import TinyProjector, write_tiny_mmproj  # noqa: E402
 
@@ -86,7 +86,7 @@ def main() -> int:
     gemma = ensure_default_model()
     mmproj, shape = projector(args.layers)
     n_img = shape.image_tokens
-    settings = LoadSettings(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=args.threads)
+    settings = LlamaParams(n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=args.threads)
     rows: dict[str, list[float]] = {"text": [], "image": [], "encode": []}
     n_text = 0
     with LocalEngine(gemma, settings, mmproj=mmproj, mmproj_gpu=False) as eng:

@@ -147,9 +147,10 @@ def measure_speed(path: Path, threads: int, prompt: int, n_gen: int = 48) -> tup
     """(prefill t/s, decode t/s) from LoadedModel, greedy, EOS ignored."""
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.scheduler import generate_one
-    from inferenceos.engine.session import LoadedModel, LoadSettings
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.llama_params import LlamaParams
 
-    settings = LoadSettings(
+    settings = LlamaParams(
         n_ctx=prompt + n_gen + 256, n_batch=512, n_ubatch=512, n_threads=threads, flash_attn=0
     )
     with LoadedModel(path, settings) as lm:

@@ -40,9 +40,10 @@ from bench_record import ram_gbps
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.self_draft import self_draft_path
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
+from inferenceos.plan.llama_params import LlamaParams
 from llama_tools import llama_tool
 
 PASSAGE = (
@@ -157,7 +158,7 @@ def main() -> None:
             except RuntimeError as exc:
                 print(f"skipping llama-server {name}: {exc}")
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    settings = LoadSettings(n_ctx=2048, n_threads=args.threads)
+    settings = LlamaParams(n_ctx=2048, n_threads=args.threads)
     try:
         with LoadedModel(model, settings) as lm:
             bytes_per_pass = load_spec(model).tensor_bytes  # weights read per step

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.row_shape import head_type, row_multiple
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.model.default_model import ensure_default_model
+from inferenceos.plan.llama_params import LlamaParams
 
 CONTEXT = 150  # cells already in the cache, as after a short prompt
 
@@ -50,7 +51,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     model = args.model or ensure_default_model()
-    settings = LoadSettings(n_ctx=2048, n_threads=args.threads)
+    settings = LlamaParams(n_ctx=2048, n_threads=args.threads)
     sizes = list(range(1, args.max_rows + 2))
     times: dict[int, list[float]] = {n: [] for n in sizes}
     with LoadedModel(model, settings) as lm:

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferenceos.engine.session import LoadSettings
 from inferenceos.plan.entry import LoadRequest
+from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.store import ModelStore
@@ -29,7 +29,7 @@ from inferenceos.server.runner import GracefulServer, make_server
 from inferenceos.server.settings import ServerSettings
 from inferenceos.server.state import ServerState
 
-TINY_SETTINGS = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+TINY_SETTINGS = LlamaParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
 # what the servers' managers plan tiny models with: small contexts, one thread
 TINY_REQUEST = LoadRequest(n_ctx=256, n_batch=64, threads=1)
 

@@ -405,7 +405,7 @@ def load(
 
     `n_ctx` (0: planned), `threads`, `batch`, `gpu_layers` (-1: all) and `backend`
     ("cpu", or a device such as "CUDA0") override the plan; `settings` (a
-    LoadSettings) replaces it altogether. `n_parallel` sequences can generate at once.
+    LlamaParams) replaces it altogether. `n_parallel` sequences can generate at once.
     `verbose` shows llama.cpp's log on stderr.
     """
     for label, value in (("n_ctx", n_ctx), ("threads", threads), ("batch", batch)):

@@ -90,9 +90,10 @@ def test_a_ctrl_c_inside_a_c_callback(marked: bool, tmp_path: Path) -> None:
 def test_a_long_prefill_stops_within_milliseconds_of_the_flag(tiny_wide: Path) -> None:
     """The flag set from another thread (as the watcher does on SIGINT) aborts a decode
     that is already running in C; the KV cache keeps no half-evaluated batch."""
-    from inferenceos.engine.session import LoadedModel, LoadSettings
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.llama_params import LlamaParams
 
-    settings = LoadSettings(n_ctx=4096, n_batch=4096, n_ubatch=512, n_threads=1)
+    settings = LlamaParams(n_ctx=4096, n_batch=4096, n_ubatch=512, n_threads=1)
     with LoadedModel(tiny_wide, settings) as lm:
         tokens = [lm.bos_token] + [5 + i % 200 for i in range(4000)]
         t0 = time.perf_counter()

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import LlamaParams
 
 
 def test_embeddings_survive_a_sleep_and_wake(tiny_llama: Path) -> None:
-    with LoadedModel(tiny_llama, LoadSettings(n_ctx=256, n_threads=1)) as lm:
+    with LoadedModel(tiny_llama, LlamaParams(n_ctx=256, n_threads=1)) as lm:
         before = lm.embed_many(["abc abc", [5, 6, 7]])
         lm.free_context()  # a warm model: both contexts gone, the weights kept
         assert lm._embedder._ctx is None

@@ -11,15 +11,15 @@ from inferenceos.engine.engine import Engine
 from inferenceos.engine.messages import Failed, Generate
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scoring import greedy_agreement
-from inferenceos.engine.session import LoadSettings
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import LlamaParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama: Path):
-    with Engine(tiny_llama, LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)) as e:
+    with Engine(tiny_llama, LlamaParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)) as e:
         yield e
 
 
@@ -77,7 +77,7 @@ def test_killed_worker_fails_in_flight_request_then_recovers(tiny_llama: Path) -
 
     from inferenceos.errors import WorkerDiedError
 
-    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    settings = LlamaParams(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
     with Engine(tiny_llama, settings, n_parallel=2, kv_policy="streaming") as e:
         endless = SamplingParams(temperature=0, max_tokens=10**7, ignore_eos=True)
         gen = e.generate("abc", endless)
@@ -95,7 +95,7 @@ def test_killed_worker_fails_in_flight_request_then_recovers(tiny_llama: Path) -
 def test_a_closed_engine_stays_closed(tiny_llama: Path) -> None:
     from inferenceos.errors import WorkerDiedError
 
-    e = Engine(tiny_llama, LoadSettings(n_ctx=128, n_threads=1), n_parallel=1)
+    e = Engine(tiny_llama, LlamaParams(n_ctx=128, n_threads=1), n_parallel=1)
     e.close()
     with pytest.raises(WorkerDiedError, match="closed"):
         e.stats()
@@ -106,7 +106,7 @@ def test_a_closed_engine_stays_closed(tiny_llama: Path) -> None:
 def test_full_queue_is_reported_as_busy(tiny_llama: Path) -> None:
     from inferenceos.errors import EngineBusyError
 
-    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    settings = LlamaParams(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
     with Engine(tiny_llama, settings, n_parallel=1, kv_policy="streaming", max_queue=1) as e:
         endless = SamplingParams(temperature=0, max_tokens=10**7, ignore_eos=True)
         running = e.generate("abc", endless)
@@ -119,7 +119,7 @@ def test_full_queue_is_reported_as_busy(tiny_llama: Path) -> None:
 
 
 def test_stats_and_per_request_policy_through_the_worker(tiny_llama: Path) -> None:
-    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    settings = LlamaParams(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
     with Engine(tiny_llama, settings, n_parallel=2) as e:
         st = e.stats()
         assert st["kv_capacity_cells"] == 2 * e.n_ctx and st["running"] == 0
@@ -136,7 +136,7 @@ def test_batched_embeddings_equal_one_by_one(tiny_llama: Path) -> None:
     from inferenceos.engine.session import LoadedModel
 
     texts = [f"text number {i} " + "ab " * i for i in range(11)]  # more than one batch
-    with LoadedModel(tiny_llama, LoadSettings(n_ctx=512, n_threads=1)) as lm:
+    with LoadedModel(tiny_llama, LlamaParams(n_ctx=512, n_threads=1)) as lm:
         together = lm.embed_many(texts)
         alone = [lm.embed(t) for t in texts]
     assert len(together) == 11
@@ -173,7 +173,7 @@ def test_eight_concurrent_outputs_are_lone_argmax_within_1e3(tiny_llama: Path) -
     kernels are batch-shape stable (about 5e-5 absolute), so 1e-3 is a strict test here."""
     prompts_text = ["abc", "hello there", "zz top", "a b c d e f", "the end", "x", "qq", "lo"]
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    settings = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    settings = LlamaParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
     with Engine(tiny_llama, settings, n_parallel=8) as engine:
         prompts = [engine.tokenize(p) for p in prompts_text]
         results: dict[int, list[int]] = {}

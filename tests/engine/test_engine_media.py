@@ -19,9 +19,9 @@ import pytest
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.local import LocalEngine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.errors import UsageError
 from inferenceos.media.item import MEDIA_MARKER, MediaItem
+from inferenceos.plan.llama_params import LlamaParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, logprobs=3)
 IMAGE_TOKENS = 16  # the tiny projector: (32 / 8) ** 2
@@ -38,7 +38,7 @@ PROMPT = f"look {MEDIA_MARKER} and say"
 @pytest.fixture(scope="module")
 def local(tiny_vlm_pair: tuple[Path, Path]) -> Iterator[LocalEngine]:
     model, mmproj = tiny_vlm_pair
-    eng = LocalEngine(model, LoadSettings(n_ctx=256, n_batch=64, n_threads=1), n_parallel=2,
+    eng = LocalEngine(model, LlamaParams(n_ctx=256, n_batch=64, n_threads=1), n_parallel=2,
                       mmproj=mmproj, mmproj_gpu=False)
     yield eng
     eng.close()
@@ -87,7 +87,7 @@ def test_bad_media_requests_are_clear_errors(local: LocalEngine, tiny_llama: Pat
         local.generate("no marker here", GREEDY, media=[image(1)])
     with pytest.raises(UsageError, match="audio"):
         local.generate(PROMPT, GREEDY, media=[MediaItem("audio", b"RIFF....WAVE")])
-    with (LocalEngine(tiny_llama, LoadSettings(n_ctx=128, n_threads=1)) as plain,
+    with (LocalEngine(tiny_llama, LlamaParams(n_ctx=128, n_threads=1)) as plain,
           pytest.raises(UsageError, match="projector")):
         plain.generate(PROMPT, GREEDY, media=[image(1)])
 
@@ -96,7 +96,7 @@ def test_worker_engine_interleaves_an_image_with_a_running_stream(
     tiny_vlm_pair: tuple[Path, Path],
 ) -> None:
     model, mmproj = tiny_vlm_pair
-    with Engine(model, LoadSettings(n_ctx=256, n_batch=64, n_threads=1), n_parallel=2,
+    with Engine(model, LlamaParams(n_ctx=256, n_batch=64, n_threads=1), n_parallel=2,
                 mmproj=mmproj, mmproj_gpu=False) as eng:
         lone, _ = run(eng, PROMPT, [image(7)])
         long = eng.generate("count: one two three", SamplingParams(temperature=0.0,
@@ -130,7 +130,7 @@ def test_audio_is_heard_through_an_audio_projector(tiny_dir: Path) -> None:
     from tiny_vlm import tiny_audio
 
     model, mmproj = tiny_audio(tiny_dir)
-    with LocalEngine(model, LoadSettings(n_ctx=512, n_batch=256, n_threads=1),
+    with LocalEngine(model, LlamaParams(n_ctx=512, n_batch=256, n_threads=1),
                      mmproj=mmproj, mmproj_gpu=False) as eng:
         assert eng.media_support == {"vision": False, "audio": True,
                                      "load_s": eng.media_support["load_s"]}
@@ -152,8 +152,8 @@ def test_an_unknown_encoder_device_is_a_clear_load_error(tiny_vlm_pair: tuple[Pa
 
     model, mmproj = tiny_vlm_pair
     with pytest.raises(ModelLoadError, match="no device named 'CUDA7'"):
-        LocalEngine(model, LoadSettings(n_ctx=128, n_threads=1), mmproj=mmproj,
+        LocalEngine(model, LlamaParams(n_ctx=128, n_threads=1), mmproj=mmproj,
                     mmproj_gpu=True, mmproj_device="CUDA7")
-    with LocalEngine(model, LoadSettings(n_ctx=128, n_threads=1), mmproj=mmproj,
+    with LocalEngine(model, LlamaParams(n_ctx=128, n_threads=1), mmproj=mmproj,
                      mmproj_gpu=True, mmproj_device="CPU") as eng:  # the plan's CPU
         assert eng.media_tokens(image(1)) == IMAGE_TOKENS

@@ -46,10 +46,10 @@ from inferenceos.engine.messages import (
 )
 from inferenceos.engine.migrate import LiveState
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.engine.worker import _dispatch
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 from inferenceos.media.item import MediaItem
+from inferenceos.plan.llama_params import LlamaParams
 
 IMAGE = MediaItem("image", bytes(12), nx=2, ny=2)
 
@@ -67,7 +67,7 @@ REQUESTS: list[ToWorker] = [
     ImportState((1, 2), b"\x00\x01", req_id=13),
     Sleep(req_id=14),
     Wake(req_id=15),
-    Resize(LoadSettings(n_ctx=512), 2, req_id=16),
+    Resize(LlamaParams(n_ctx=512), 2, req_id=16),
     LiveNeed(req_id=17),
     ExportLive(req_id=18),
     ImportLive(LiveState(), req_id=19),
@@ -100,7 +100,7 @@ def test_the_samples_cover_every_request_kind() -> None:
 def test_every_message_round_trips_through_pickle(msg: object) -> None:
     back = pickle.loads(pickle.dumps(msg))
     assert type(back) is type(msg)
-    if type(msg) in (ImportLive, Resize):  # LiveState / LoadSettings: compare by fields
+    if type(msg) in (ImportLive, Resize):  # LiveState / LlamaParams: compare by fields
         assert dataclasses.asdict(back) == dataclasses.asdict(msg)  # type: ignore[call-overload]
     else:
         assert back == msg
@@ -189,7 +189,7 @@ def test_a_stream_closed_after_a_progress_event_frees_its_slot(tiny_llama: Path)
     from inferenceos.engine.local import LocalEngine
 
     endless = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    with LocalEngine(tiny_llama, LoadSettings(n_ctx=256, n_batch=64, n_threads=1)) as engine:
+    with LocalEngine(tiny_llama, LlamaParams(n_ctx=256, n_batch=64, n_threads=1)) as engine:
         gen = engine.generate("abc", endless, progress=True)
         first = next(iter(gen))
         assert first.progress is not None

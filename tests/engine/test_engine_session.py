@@ -8,11 +8,12 @@ import pytest
 
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import ModelLoadError, UsageError
+from inferenceos.plan.llama_params import LlamaParams
 from tiny_models import write_tiny_model
 
-SMALL = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+SMALL = LlamaParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
 
 
 def generate_text(lm: LoadedModel, prompt: str, **sampling: object) -> tuple[list[int], str]:

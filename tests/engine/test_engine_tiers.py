@@ -9,11 +9,11 @@ import pytest
 
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import LlamaParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-SETTINGS = LoadSettings(n_ctx=128, n_batch=64, n_ubatch=64, n_threads=1)
+SETTINGS = LlamaParams(n_ctx=128, n_batch=64, n_ubatch=64, n_threads=1)
 
 
 def _tokens(engine: Engine, prompt: list[int]) -> list[int]:
@@ -49,7 +49,7 @@ def test_a_request_wakes_a_sleeping_worker(tiny_llama: Path) -> None:
 
 def test_sleep_frees_memory_in_the_worker(tiny_llama: Path) -> None:
     """A large context (KV + compute) is what sleep gives back."""
-    big = LoadSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=1, swa_full=True)
+    big = LlamaParams(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=1, swa_full=True)
     with Engine(tiny_llama, big, n_parallel=8) as engine:
         engine.generate("abc", GREEDY).text()
         hot = _rss_kib(engine.worker_pid)

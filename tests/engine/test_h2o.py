@@ -12,9 +12,10 @@ from inferenceos.engine.kv_policies import HeavyHitterOracle
 from inferenceos.engine.messages import TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
 from inferenceos.model.spec import load_spec
+from inferenceos.plan.llama_params import LlamaParams
 
 ENDLESS = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 
@@ -22,7 +23,7 @@ ENDLESS = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 def probed(path: Path, n_ctx: int = 128) -> tuple[LoadedModel, AttentionProbe]:
     spec = load_spec(path)
     probe = AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
-    settings = LoadSettings(n_ctx=n_ctx, n_batch=32, n_threads=1, flash_attn=0)
+    settings = LlamaParams(n_ctx=n_ctx, n_batch=32, n_threads=1, flash_attn=0)
     return LoadedModel(path, settings, eval_callback=probe.callback), probe
 
 
@@ -95,7 +96,7 @@ def test_heavy_hitters_survive_eviction() -> None:
 
 def test_h2o_without_a_probe_is_refused(tiny_llama: Path) -> None:
     with (
-        LoadedModel(tiny_llama, LoadSettings(n_ctx=128, n_threads=1)) as lm,
+        LoadedModel(tiny_llama, LlamaParams(n_ctx=128, n_threads=1)) as lm,
         pytest.raises(UsageError, match="needs attention probabilities"),
     ):
         Scheduler(lm, 1, 32, kv_policy="h2o")
@@ -105,7 +106,7 @@ def test_engine_refuses_h2o_with_flash_attention(tiny_llama: Path) -> None:
     from inferenceos.engine.engine import Engine
 
     with pytest.raises(UsageError, match="need flash attention off"):
-        Engine(tiny_llama, LoadSettings(n_ctx=128, flash_attn=1), n_parallel=1, kv_policy="h2o")
+        Engine(tiny_llama, LlamaParams(n_ctx=128, flash_attn=1), n_parallel=1, kv_policy="h2o")
 
 
 def test_budgeted_perplexity_full_budget_equals_full_cache(tiny_llama: Path) -> None:

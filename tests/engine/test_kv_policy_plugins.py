@@ -53,9 +53,10 @@ def test_plugin_policy_runs_in_the_scheduler(plugin_dir: Path, tiny_llama: Path)
     from inferenceos.engine.messages import TokenOut
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.scheduler import Request, Scheduler
-    from inferenceos.engine.session import LoadedModel, LoadSettings
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.llama_params import LlamaParams
 
-    with LoadedModel(tiny_llama, LoadSettings(n_ctx=128, n_batch=32, n_threads=1)) as lm:
+    with LoadedModel(tiny_llama, LlamaParams(n_ctx=128, n_batch=32, n_threads=1)) as lm:
         sched = Scheduler(lm, 1, 32, kv_policy="keepfirst")
         endless = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
         sched.submit(Request(1, lm.tokenize("abc"), endless))

@@ -8,12 +8,13 @@ import pytest
 
 from inferenceos.engine.llama_lib import log
 from inferenceos.engine.memory_report import parse_buffer_lines
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
+from inferenceos.plan.llama_params import LlamaParams
 
 
 def kv_bytes(path: Path, kv_type: str) -> int:
     mark = log().mark()
-    settings = LoadSettings(n_ctx=4096, type_k=kv_type, type_v=kv_type, flash_attn=1)
+    settings = LlamaParams(n_ctx=4096, type_k=kv_type, type_v=kv_type, flash_attn=1)
     with LoadedModel(path, settings):
         pass
     buffers = parse_buffer_lines(log().since(mark))

@@ -14,10 +14,10 @@ import pytest
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.kv_entry import SUFFIX, is_temporary
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
+from inferenceos.plan.llama_params import LlamaParams
 
 MiB = 1 << 20
-SETTINGS = LoadSettings(n_ctx=512, n_batch=64, n_threads=1)
+SETTINGS = LlamaParams(n_ctx=512, n_batch=64, n_threads=1)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 HISTORY = "hello abc " * 20  # ~200 tokens on the tiny byte vocabulary
 
@@ -151,7 +151,7 @@ def test_qwen_restored_turn_matches_the_uninterrupted_one(qwen05_path: Path,
                                                           tmp_path: Path) -> None:
     """Qwen2.5-Coder-0.5B-Instruct, greedy, one thread: the next turn after a restart
     reads exactly the tokens it reads when the model stayed hot."""
-    settings = LoadSettings(n_ctx=2048, n_threads=1)
+    settings = LlamaParams(n_ctx=2048, n_threads=1)
     greedy = SamplingParams(temperature=0, max_tokens=16)
     history = "Summarise: " + " ".join(f"line {i} says {i * 7 % 13}." for i in range(40))
 
@@ -179,7 +179,7 @@ def test_windowed_swa_layers_restore_whole_entries_only(tiny_swa: Path, tmp_path
     """With sliding-window layers that keep only their window (swa_full off), a state
     cannot be cut shorter: a prompt that extends an entry restores it whole, one that
     leaves it midway is prefilled; both answer as the uninterrupted conversation."""
-    settings = LoadSettings(n_ctx=512, n_batch=64, n_threads=1, swa_full=False)
+    settings = LlamaParams(n_ctx=512, n_batch=64, n_threads=1, swa_full=False)
 
     def make(root: Path | None) -> Engine:
         kw: dict[str, Any] = ({"kv_cache_ram": 64 * MiB, "kv_cache_disk": 0,

@@ -14,10 +14,11 @@ from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.scoring import lone_run_logits
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import LlamaParams
 
-SETTINGS = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+SETTINGS = LlamaParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
 
 
 def _log_softmax(row: np.ndarray) -> np.ndarray:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
+from inferenceos.plan.llama_params import LlamaParams
 
 LONG = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
-SETTINGS = LoadSettings(n_ctx=4096, n_batch=64, n_ubatch=64, n_threads=1)
+SETTINGS = LlamaParams(n_ctx=4096, n_batch=64, n_ubatch=64, n_threads=1)
 
 
 def _undisturbed(path: Path, prompt: str,
@@ -30,7 +30,7 @@ def test_a_stream_migrates_down_and_back_up_token_identically(tiny_wide: Path) -
         gen = engine.generate("ab cab", LONG)
         it = iter(gen)
         events = [next(it) for _ in range(5)]
-        down = engine.migrate(LoadSettings(n_ctx=3072, n_batch=32, n_ubatch=32, n_threads=1))
+        down = engine.migrate(LlamaParams(n_ctx=3072, n_batch=32, n_ubatch=32, n_threads=1))
         events += [next(it) for _ in range(5)]
         up = engine.migrate(SETTINGS, make_before_break=False)
         events += list(it)
@@ -129,8 +129,8 @@ def test_another_kv_type_reprefills_and_continues(tiny_wide: Path) -> None:
     want_tokens, _ = _undisturbed(tiny_wide, "hello", max_tokens=8)
     # the tiny model's heads (16 values) are too small for q8_0 blocks: f32 is another
     # KV type all the same, whose state bytes llama.cpp refuses for an f16 cache
-    q8 = LoadSettings(n_ctx=4096, n_batch=64, n_ubatch=64, n_threads=1, type_k="f32",
-                      type_v="f32")
+    q8 = LlamaParams(n_ctx=4096, n_batch=64, n_ubatch=64, n_threads=1, type_k="f32",
+                     type_v="f32")
     with Engine(tiny_wide, SETTINGS, n_parallel=2) as engine:
         gen = engine.generate("hello", LONG)
         it = iter(gen)
@@ -167,7 +167,7 @@ def test_parallel_and_queued_streams_all_survive(tiny_llama: Path) -> None:
             t.start()
         started.wait()
         # break before make: the export comes at once, with both slots busy and one queued
-        info = engine.migrate(LoadSettings(n_ctx=3500, n_batch=64, n_ubatch=64, n_threads=1),
+        info = engine.migrate(LlamaParams(n_ctx=3500, n_batch=64, n_ubatch=64, n_threads=1),
                               make_before_break=False)
         for t in threads:
             t.join(60)

@@ -11,8 +11,9 @@ from inferenceos.engine.drafters import NgramDrafter
 from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.engine.speculative import DraftAsk
+from inferenceos.plan.llama_params import LlamaParams
 from scheduler_helpers import drain
 
 AVX2 = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | LLAMAFILE = 1 | "
@@ -81,7 +82,7 @@ PROMPTS = ["a b c d e f g h a b c d e f g h a b c", "one two three one two three
 
 @pytest.fixture(scope="module")
 def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
-    s = LoadSettings(n_ctx=256 * 4, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=1)
+    s = LlamaParams(n_ctx=256 * 4, n_batch=64, n_ubatch=64, n_seq_max=4, n_threads=1)
     with LoadedModel(tiny_llama, s) as model:
         yield model
 

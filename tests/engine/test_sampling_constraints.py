@@ -10,13 +10,14 @@ import pytest
 
 from inferenceos.engine.sampling import SamplingParams, grammar_from_json_schema
 from inferenceos.engine.scheduler import generate_one
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import LlamaParams
 
 
 @pytest.fixture(scope="module")
 def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
-    with LoadedModel(tiny_llama, LoadSettings(n_ctx=512, n_batch=64, n_threads=1)) as m:
+    with LoadedModel(tiny_llama, LlamaParams(n_ctx=512, n_batch=64, n_threads=1)) as m:
         yield m
 
 

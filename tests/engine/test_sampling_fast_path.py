@@ -11,7 +11,8 @@ import pytest
 from inferenceos.engine.candidates import top_k_ids
 from inferenceos.engine.sampling import SamplingParams, _fast_path
 from inferenceos.engine.scheduler import generate_one
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
+from inferenceos.plan.llama_params import LlamaParams
 
 CHAINS = [
     SamplingParams(temperature=0),
@@ -42,13 +43,13 @@ def test_fast_paths_are_taken_only_for_plain_chains() -> None:
 
 @pytest.mark.parametrize("sampling", CHAINS, ids=["greedy", "default", "top5", "bigk"])
 def test_tiny_model_fast_equals_full_chain(tiny_llama: Path, sampling: SamplingParams) -> None:
-    with LoadedModel(tiny_llama, LoadSettings(n_ctx=256, n_threads=1)) as lm:
+    with LoadedModel(tiny_llama, LlamaParams(n_ctx=256, n_threads=1)) as lm:
         assert _tokens(lm, sampling, 60) == _tokens(lm, _slow(sampling), 60)
 
 
 @pytest.mark.slow
 def test_gemma_fast_equals_full_chain(gemma_path: Path) -> None:
-    with LoadedModel(gemma_path, LoadSettings(n_ctx=512)) as lm:
+    with LoadedModel(gemma_path, LlamaParams(n_ctx=512)) as lm:
         for sampling in CHAINS[:3]:
             assert _tokens(lm, sampling, 48) == _tokens(lm, _slow(sampling), 48)
 

@@ -10,8 +10,9 @@ import pytest
 from inferenceos.engine.messages import Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Event, Request, Scheduler
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import EngineBusyError, UsageError
+from inferenceos.plan.llama_params import LlamaParams
 
 N_SLOTS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
@@ -19,8 +20,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
 @pytest.fixture(scope="module")
 def lm(tiny_llama: Path) -> Iterator[LoadedModel]:
-    settings = LoadSettings(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64,
-                            n_seq_max=N_SLOTS, n_threads=1)
+    settings = LlamaParams(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64,
+                           n_seq_max=N_SLOTS, n_threads=1)
     with LoadedModel(tiny_llama, settings) as model:
         yield model
 
@@ -152,9 +153,9 @@ def test_more_requests_than_slots_all_complete(lm: LoadedModel) -> None:
 
 def test_quantized_v_cache_needs_flash_attention(tiny_llama: Path) -> None:
     with pytest.raises(UsageError, match="requires flash attention"):
-        LoadedModel(tiny_llama, LoadSettings(n_ctx=256, type_v="q8_0", flash_attn=0))
+        LoadedModel(tiny_llama, LlamaParams(n_ctx=256, type_v="q8_0", flash_attn=0))
     with pytest.raises(UsageError, match="unknown K cache type"):
-        LoadedModel(tiny_llama, LoadSettings(n_ctx=256, type_k="q3"))
+        LoadedModel(tiny_llama, LlamaParams(n_ctx=256, type_k="q3"))
 
 
 def test_prefill_chunks_shrink_to_the_step_time_target(lm: LoadedModel) -> None:

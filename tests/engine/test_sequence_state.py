@@ -8,10 +8,11 @@ import pytest
 
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import GenerationError
+from inferenceos.plan.llama_params import LlamaParams
 
-SETTINGS = LoadSettings(n_ctx=256, n_batch=64, n_threads=1)
+SETTINGS = LlamaParams(n_ctx=256, n_batch=64, n_threads=1)
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 

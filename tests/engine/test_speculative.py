@@ -18,7 +18,7 @@ from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
 from inferenceos.engine.scoring import lone_run_logits
 from inferenceos.engine.self_draft import kept_layers, swa_flags
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.engine.speculative import (
     DraftAsk,
     DraftState,
@@ -26,6 +26,7 @@ from inferenceos.engine.speculative import (
     target_distribution,
 )
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.plan.speculative import best_draft_length, expected_speedup
 from scheduler_helpers import drain
 
@@ -35,9 +36,9 @@ TEXTS = ["abc abc abc abc", "hello there hello there", "xyz", "a b c d a b c d",
          "quiet quiet", "zebra", "kk ll kk ll", "the end the end"]
 
 
-def settings() -> LoadSettings:
-    return LoadSettings(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64, n_seq_max=N_SLOTS,
-                        n_threads=1)
+def settings() -> LlamaParams:
+    return LlamaParams(n_ctx=256 * N_SLOTS, n_batch=64, n_ubatch=64, n_seq_max=N_SLOTS,
+                       n_threads=1)
 
 
 @pytest.fixture(scope="module")

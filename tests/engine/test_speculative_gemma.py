@@ -12,7 +12,8 @@ from inferenceos.engine.messages import Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler, generate_one
 from inferenceos.engine.scoring import lone_run_logits
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
+from inferenceos.plan.llama_params import LlamaParams
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ REL_TOL = 2e-2
 
 @pytest.fixture(scope="module")
 def gemma(gemma_path: Path) -> Iterator[LoadedModel]:
-    with LoadedModel(gemma_path, LoadSettings(n_ctx=1024, n_threads=2)) as lm:
+    with LoadedModel(gemma_path, LlamaParams(n_ctx=1024, n_threads=2)) as lm:
         yield lm
 
 

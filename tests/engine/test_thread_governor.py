@@ -90,10 +90,10 @@ def test_never_below_one_or_above_the_planned_count() -> None:
 def test_the_scheduler_applies_the_governors_count_to_the_context(tiny_llama: Path) -> None:
     from inferenceos.engine.local import LocalEngine
     from inferenceos.engine.sampling import SamplingParams
-    from inferenceos.engine.session import LoadSettings
+    from inferenceos.plan.llama_params import LlamaParams
 
-    with LocalEngine(tiny_llama, LoadSettings(n_ctx=256, n_threads=2,
-                                              n_threads_batch=2)) as eng:
+    with LocalEngine(tiny_llama, LlamaParams(n_ctx=256, n_threads=2,
+                                             n_threads_batch=2)) as eng:
         sched = eng._sched
         assert sched.governor is not None and sched.governor.max_threads == 2
         before = eng.generate("abc", SamplingParams(temperature=0, max_tokens=12)).text()

@@ -150,10 +150,11 @@ def test_the_streamer_counts_the_routers_picks_and_the_hit_ratio_follows_residen
     pages counted out, the picks that fell on it miss."""
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.scheduler import generate_one
-    from inferenceos.engine.session import LoadedModel, LoadSettings
+    from inferenceos.engine.session import LoadedModel
     from inferenceos.engine.weight_residency import WeightResidency
+    from inferenceos.plan.llama_params import LlamaParams
 
-    settings = replace(LoadSettings(), stream_resident_bytes=1, n_ctx=256)
+    settings = replace(LlamaParams(), stream_resident_bytes=1, n_ctx=256)
     with LoadedModel(tiny_moe, settings) as m:
         s = m._streamer
         assert s is not None and s.n_expert == 4
@@ -188,10 +189,11 @@ def test_the_streamer_counts_the_routers_picks_and_the_hit_ratio_follows_residen
 def test_a_dense_plain_load_reports_everything_resident_and_no_expert_figure(
     tiny_llama: Path,
 ) -> None:
-    from inferenceos.engine.session import LoadedModel, LoadSettings
+    from inferenceos.engine.session import LoadedModel
     from inferenceos.engine.weight_residency import WeightResidency
+    from inferenceos.plan.llama_params import LlamaParams
 
-    with LoadedModel(tiny_llama, replace(LoadSettings(), n_ctx=256)) as m:
+    with LoadedModel(tiny_llama, replace(LlamaParams(), n_ctx=256)) as m:
         assert m._streamer is None
         report = WeightResidency.of(m, None).report()
     assert report["streamed_bytes"] == 0 and report["resident_bytes"] > 0

@@ -9,15 +9,16 @@ import pytest
 from inferenceos.engine.llama_lib import log
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import ModelLoadError
+from inferenceos.plan.llama_params import LlamaParams
 
 EXPERTS = r"blk\.\d+\.ffn_(gate|up|down)_exps"
 
 
 def test_expert_override_is_applied_by_llama_cpp(tiny_moe: Path) -> None:
     mark = log().mark()
-    settings = LoadSettings(n_ctx=256, n_threads=1, tensor_buft_overrides=((EXPERTS, "CPU"),))
+    settings = LlamaParams(n_ctx=256, n_threads=1, tensor_buft_overrides=((EXPERTS, "CPU"),))
     with LoadedModel(tiny_moe, settings) as lm:
         four = SamplingParams(temperature=0, max_tokens=4)
         out = list(generate_one(lm, lm.tokenize("abc"), four))
@@ -27,7 +28,7 @@ def test_expert_override_is_applied_by_llama_cpp(tiny_moe: Path) -> None:
 
 
 def test_unknown_device_is_a_clear_error(tiny_moe: Path) -> None:
-    settings = LoadSettings(n_ctx=256, tensor_buft_overrides=((EXPERTS, "CUDA7"),))
+    settings = LlamaParams(n_ctx=256, tensor_buft_overrides=((EXPERTS, "CUDA7"),))
     with pytest.raises(ModelLoadError, match="no device named 'CUDA7'"):
         LoadedModel(tiny_moe, settings)
 
@@ -39,7 +40,7 @@ def test_unknown_device_is_a_clear_error(tiny_moe: Path) -> None:
     "machine where experts-on-CPU is the optimum (2026-12-02)"))
 def test_plan_overrides_survive_into_load_settings(tiny_moe: Path) -> None:
     """A GPU too small for the experts: the plan keeps them on the CPU, and the engine's
-    LoadSettings carries that (nothing of the plan is lost on the way to llama.cpp)."""
+    LlamaParams carries that (nothing of the plan is lost on the way to llama.cpp)."""
     from inferenceos.plan.devices import Overrides, apply_overrides, local_machine
     from inferenceos.plan.model_facts import load_model_facts
     from inferenceos.plan.simulate import plan_for_run

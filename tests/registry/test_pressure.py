@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ import pytest
 
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.hardware.pressure import DOWN, UP, Hysteresis, PressureSensor
 from inferenceos.plan.entry import LoadRequest
 from inferenceos.plan.llama_params import LlamaParams
@@ -270,8 +268,3 @@ def test_no_smaller_placement_is_an_event_not_an_error(tiny_llama: Path) -> None
         lease.release()
     finally:
         mgr.close()
-
-
-def test_settings_default_is_a_real_engine() -> None:
-    assert LoadSettings is LlamaParams
-    assert time.monotonic() > 0

@@ -198,9 +198,9 @@ def test_context_growth_counts_media_tokens(tiny_vlm_pair: tuple[Path, Path]) ->
     the server's growth rule must see their cells, not the markers' few bytes."""
     model, mmproj = tiny_vlm_pair
     from inferenceos.engine.local import LocalEngine
-    from inferenceos.engine.session import LoadSettings
+    from inferenceos.plan.llama_params import LlamaParams
 
-    eng = LocalEngine(model, LoadSettings(n_ctx=256, n_batch=64, n_threads=1),
+    eng = LocalEngine(model, LlamaParams(n_ctx=256, n_batch=64, n_threads=1),
                       mmproj=mmproj, mmproj_gpu=False)
     try:
         lease = SimpleNamespace(engine=eng, loaded=SimpleNamespace(

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from inferenceos.engine.engine import Engine
-from inferenceos.engine.session import LoadSettings
+from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.server.settings import ServerSettings
 from server_harness import Harness, start_server
 
@@ -43,7 +43,7 @@ class SlowEngine(Engine):
         return gen
 
 
-def _slow_factory(path: Path, settings: LoadSettings, slots: int) -> Engine:
+def _slow_factory(path: Path, settings: LlamaParams, slots: int) -> Engine:
     return SlowEngine(path, settings.per_sequence(), n_parallel=slots)
 
 

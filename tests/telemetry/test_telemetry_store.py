@@ -237,9 +237,9 @@ def test_the_engine_reports_llama_cpp_buffers_for_load_records(tiny_llama: Path)
     """What a server load hands to `recorder().load(memory=...)`: the worker's own
     llama.cpp buffer lines, per kind and buffer type."""
     from inferenceos.engine.engine import Engine
-    from inferenceos.engine.session import LoadSettings
+    from inferenceos.plan.llama_params import LlamaParams
 
-    settings = LoadSettings(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
+    settings = LlamaParams(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1)
     with Engine(tiny_llama, settings, n_parallel=2) as engine:
         buffers = engine.memory_buffers
     assert buffers["model:CPU_Mapped"] > 400_000 and buffers["KV:CPU"] > 0
@@ -253,10 +253,10 @@ def test_a_worker_death_is_recorded(tiny_llama: Path) -> None:
 
     from inferenceos.engine.engine import Engine
     from inferenceos.engine.sampling import SamplingParams
-    from inferenceos.engine.session import LoadSettings
     from inferenceos.errors import WorkerDiedError
+    from inferenceos.plan.llama_params import LlamaParams
 
-    settings = LoadSettings(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
+    settings = LlamaParams(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=1)
     greedy = SamplingParams(temperature=0, max_tokens=2)
     with Engine(tiny_llama, settings, n_parallel=1) as engine:
         os.kill(engine.worker_pid, signal.SIGKILL)

@@ -103,10 +103,10 @@ def test_a_refused_configuration_is_a_failed_trial(tiny_llama: Path) -> None:
 
 
 def test_apply_tuned_reads_the_stored_best(tiny_llama: Path) -> None:
-    from inferenceos.engine.session import LoadSettings
+    from inferenceos.plan.llama_params import LlamaParams
     from inferenceos.plan.tuned import apply_tuned
 
-    plan = LoadSettings(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2)
+    plan = LlamaParams(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2)
     assert apply_tuned(tiny_llama, plan) == (plan, "")  # nothing stored yet
     best = Knobs(n_threads=1, n_threads_batch=2, n_batch=512, n_ubatch=256, flash_attn=1)
     telemetry.recorder().best(tiny_llama, settings=best.to_json(),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inferenceos.engine.session import LoadSettings
+from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.plan.tuned import apply_best, describe
 from inferenceos.tuning import stopping
 from inferenceos.tuning.space import (
@@ -111,25 +111,25 @@ def _best(**kw: object) -> dict:
 
 
 def test_apply_best_moves_only_what_cannot_break_the_plan() -> None:
-    plan = LoadSettings(n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=4, n_threads_batch=4,
-                        flash_attn=1, n_gpu_layers=20)
+    plan = LlamaParams(n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=4, n_threads_batch=4,
+                       flash_attn=1, n_gpu_layers=20)
     got = apply_best(plan, _best())
     assert (got.n_threads, got.n_batch, got.n_ubatch) == (2, 1024, 256)
     assert (got.type_k, got.type_v, got.n_gpu_layers, got.n_ctx) == ("q8_0", "q8_0", 10, 4096)
 
 
 def test_apply_best_never_raises_threads_ubatch_or_gpu_layers() -> None:
-    plan = LoadSettings(n_batch=512, n_ubatch=128, n_threads=1, n_threads_batch=1,
-                        n_gpu_layers=5)
+    plan = LlamaParams(n_batch=512, n_ubatch=128, n_threads=1, n_threads_batch=1,
+                       n_gpu_layers=5)
     got = apply_best(plan, _best(n_threads=8, n_threads_batch=8, n_ubatch=512, n_gpu_layers=99))
     assert (got.n_threads, got.n_threads_batch, got.n_ubatch, got.n_gpu_layers) == (1, 1, 128, 5)
 
 
 def test_apply_best_keeps_a_quantized_cache_and_pinned_fields() -> None:
-    plan = LoadSettings(type_k="q4_0", type_v="q4_0", flash_attn=1, n_threads=4)
+    plan = LlamaParams(type_k="q4_0", type_v="q4_0", flash_attn=1, n_threads=4)
     got = apply_best(plan, _best(type_k="f16", type_v="f16", flash_attn=0))
     assert (got.type_k, got.type_v, got.flash_attn) == ("q4_0", "q4_0", 1)
-    pinned = apply_best(LoadSettings(n_threads=4, n_batch=64, n_ubatch=64), _best(),
+    pinned = apply_best(LlamaParams(n_threads=4, n_batch=64, n_ubatch=64), _best(),
                         pinned={"n_batch", "n_threads"})
     assert (pinned.n_threads, pinned.n_batch, pinned.n_ubatch) == (4, 64, 64)
 
@@ -281,9 +281,9 @@ def test_thread_counts_transfer_only_under_the_same_load() -> None:
     # pick must not hold the plan back once both cores are free again
     busy = _best(n_threads=1, n_threads_batch=1)
     busy["measured"]["free_threads"] = 1
-    idle_plan = LoadSettings(n_threads=2, n_threads_batch=2)
+    idle_plan = LlamaParams(n_threads=2, n_threads_batch=2)
     assert apply_best(idle_plan, busy).n_threads == 2
-    assert apply_best(LoadSettings(n_threads=1, n_threads_batch=1), busy).n_threads == 1
+    assert apply_best(LlamaParams(n_threads=1, n_threads_batch=1), busy).n_threads == 1
     idle = _best(n_threads=2, n_threads_batch=1)
     idle["measured"]["free_threads"] = 2
     got = apply_best(idle_plan, idle)
@@ -322,7 +322,7 @@ def test_describe_shows_the_values_the_plan_applies() -> None:
     thread counts (found with 2 CPUs free) were not applied with 1 free."""
     best = _best(n_threads=2, n_threads_batch=2)
     best["measured"]["free_threads"] = 2
-    plan = LoadSettings(n_batch=512, n_ubatch=512, n_threads=1, n_threads_batch=1)
+    plan = LlamaParams(n_batch=512, n_ubatch=512, n_threads=1, n_threads_batch=1)
     applied = apply_best(plan, best)
     assert applied.n_threads == 1
     text = describe(best, applied)

@@ -26,8 +26,9 @@ from inferenceos.cli.plan_opts import (
 )
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
+from inferenceos.plan.llama_params import LlamaParams
 
 if TYPE_CHECKING:  # gguf, numpy, jinja2 and Pillow load only when the command runs
     from inferenceos.media.item import MediaItem
@@ -48,7 +49,7 @@ def _read_prompt(prompt: str | None) -> str:
     raise UsageError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
 
 
-def _plan_settings(path: Path, req: LoadRequest) -> LoadSettings:
+def _plan_settings(path: Path, req: LoadRequest) -> LlamaParams:
     """Ask the planner how to load the model here now; print its plan line."""
     from inferenceos.plan.devices import local_machine
     from inferenceos.plan.here import plan_here

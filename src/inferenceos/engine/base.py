@@ -30,9 +30,9 @@ from inferenceos.engine.messages import (
     TokenOut,
 )
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec
+from inferenceos.plan.llama_params import LlamaParams
 
 _E = TypeVar("_E", bound="EngineBase")
 
@@ -101,7 +101,7 @@ def stream_event(ev: FromWorker, gen: Generation, load_s: float) -> TokenEvent |
     raise errors.GenerationError(f"the engine sent {type(ev).__name__} to a generation")
 
 
-def per_slot(settings: LoadSettings, n_parallel: int) -> LoadSettings:
+def per_slot(settings: LlamaParams, n_parallel: int) -> LlamaParams:
     """Settings for `n_parallel` sequences of `settings.n_ctx` cells each, in one shared
     KV pool (unified): with one stream per slot each sequence would attend over its own
     cells only (8 lockstep Gemma streams 10 % faster), but llama.cpp then splits a batch

@@ -25,9 +25,10 @@ import numpy as np
 
 from inferenceos.engine import plugins
 from inferenceos.engine.batch import TokenBatch
-from inferenceos.engine.session import LoadedModel, LoadSettings, decode_failed
+from inferenceos.engine.session import LoadedModel, decode_failed
 from inferenceos.engine.speculative import ENTRY_POINT_GROUP, DraftAsk
 from inferenceos.errors import GenerationError, ModelLoadError
+from inferenceos.plan.llama_params import LlamaParams
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class DraftSetup:
     """What a drafter may need to know about the engine it drafts for."""
 
     model_path: Path  # the target model
-    settings: LoadSettings  # the target context's (n_ctx: all slots together)
+    settings: LlamaParams  # the target context's (n_ctx: all slots together)
     n_slots: int
     n_vocab: int
     draft_path: Path | None = None  # a draft model file (ModelDrafter)

@@ -12,7 +12,7 @@
 - If the worker dies (a crash inside llama.cpp, OOM, a kill), every in-flight request
   ends with `WorkerDiedError` and the next call starts a fresh worker.
 
-`LoadSettings.n_ctx` is the context of one sequence; the worker's context holds
+`LlamaParams.n_ctx` is the context of one sequence; the worker's context holds
 `n_ctx * n_parallel` cells.
 
 This module is the facade only: the worker process and its pipe are
@@ -52,12 +52,12 @@ from inferenceos.engine.messages import (
     Wake,
     WorkerInfo,
 )
-from inferenceos.engine.session import LoadSettings
 from inferenceos.engine.worker import WorkerConfig, file_identity
 from inferenceos.engine.worker_client import CurrentWorker, WorkerClient
 from inferenceos.engine.worker_swap import MigrateInfo, migrate
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
+from inferenceos.plan.llama_params import LlamaParams
 
 if TYPE_CHECKING:
     from inferenceos.engine.client import EngineClient
@@ -75,7 +75,7 @@ class Engine(EngineBase):
     def __init__(
         self,
         path: str | Path,
-        settings: LoadSettings | None = None,
+        settings: LlamaParams | None = None,
         n_parallel: int = 4,
         kv_policy: str = "none",
         max_queue: int = 64,
@@ -98,7 +98,7 @@ class Engine(EngineBase):
         conversations' KV state across sleep, worker deaths and restarts; 0: none."""
         identity = file_identity(Path(path))  # before the read: a change after it shows
         self.spec: ModelSpec = load_spec(path)
-        total = per_slot(settings or LoadSettings(), n_parallel)
+        total = per_slot(settings or LlamaParams(), n_parallel)
         total.validate()
         cfg = WorkerConfig(self.spec.path, total, n_parallel, total.n_batch, kv_policy,
                            max_queue=max_queue, draft=draft,
@@ -264,7 +264,7 @@ class Engine(EngineBase):
     # -- live migration (engine.worker_swap; inside the workers, engine.migrate) -------
 
     @property
-    def settings(self) -> LoadSettings:
+    def settings(self) -> LlamaParams:
         """The worker's llama parameters (n_ctx counts every slot's cells)."""
         return self._cfg.settings
 
@@ -273,7 +273,7 @@ class Engine(EngineBase):
         return int(self._ask(LiveNeed()))
 
     def migrate(
-        self, settings: LoadSettings, n_parallel: int | None = None,
+        self, settings: LlamaParams, n_parallel: int | None = None,
         make_before_break: bool = True,
     ) -> MigrateInfo:
         """Move this engine to a new worker loaded with `settings` (n_ctx per sequence,

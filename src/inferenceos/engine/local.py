@@ -36,9 +36,10 @@ from inferenceos.engine.messages import (
     MediaSupport,
     StatsReport,
 )
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
+from inferenceos.plan.llama_params import LlamaParams
 
 if TYPE_CHECKING:
     from inferenceos.engine.client import EngineClient
@@ -50,7 +51,7 @@ class LocalEngine(EngineBase):
     def __init__(
         self,
         path: str | Path,
-        settings: LoadSettings | None = None,
+        settings: LlamaParams | None = None,
         n_parallel: int = 1,
         kv_policy: str = "none",
         max_queue: int = 64,
@@ -65,7 +66,7 @@ class LocalEngine(EngineBase):
         from inferenceos.engine.worker import policy_options
 
         self.spec: ModelSpec = load_spec(path)
-        total = per_slot(settings or LoadSettings(), n_parallel)
+        total = per_slot(settings or LlamaParams(), n_parallel)
         if kv_policy == "h2o":
             raise errors.UsageError("the h2o policy needs the worker engine (Engine)")
         self._lm = LoadedModel(self.spec.path, total)

@@ -29,8 +29,8 @@ import inferenceos.errors as errors
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.media.item import MediaItem
+from inferenceos.plan.llama_params import LlamaParams
 
 if TYPE_CHECKING:  # migrate imports the scheduler, which imports this module
     from inferenceos.engine.migrate import LiveState
@@ -269,7 +269,7 @@ class Resize(Ask[WorkerInfo]):
     """A new context of `settings` (n_ctx counts every slot's cells) and `n_slots` on
     the same weights, cached slots' KV carried over; only while idle."""
 
-    settings: LoadSettings
+    settings: LlamaParams
     n_slots: int
 
 

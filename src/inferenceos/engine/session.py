@@ -35,12 +35,8 @@ from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.errors import GenerationError, ModelLoadError
 from inferenceos.plan.llama_params import LlamaParams
 
-# The one llama-parameters record is owned by the planner (a leaf module): the engine
-# consumes it. `LoadSettings` is its historical name here.
-LoadSettings = LlamaParams
 
-
-def _watch_workers(s: LoadSettings) -> Any:
+def _watch_workers(s: LlamaParams) -> Any:
     """A LinkWatchdog over the RPC workers the model uses (None without any): a worker
     that stops answering ends this process instead of hanging a request."""
     if not s.devices:
@@ -77,7 +73,7 @@ def _load_interruptibly(ll: Any, path: bytes, params: Any) -> Any:
     return box[0]
 
 
-def _streamer(path: Path, s: LoadSettings, eval_callback: Any) -> Any:
+def _streamer(path: Path, s: LlamaParams, eval_callback: Any) -> Any:
     """The prefetch thread of a disk-bound load (engine/prefetch.py), or None: when
     nothing streams, and when the caller has its own cb_eval (llama.cpp takes one;
     the attention probe wins, and the kernel pages the weights alone)."""
@@ -100,12 +96,12 @@ class LoadedModel:
     """A llama.cpp model with one context. Not thread-safe; call `close()` when done."""
 
     def __init__(
-        self, path: Path, settings: LoadSettings | None = None, eval_callback: Any = None
+        self, path: Path, settings: LlamaParams | None = None, eval_callback: Any = None
     ) -> None:
         """Load `path` with `settings`; `eval_callback` (a ctypes cb_eval function, e.g.
         an AttentionProbe's) is handed to llama.cpp and must outlive the context."""
         self.path = Path(path)
-        self.settings = settings or LoadSettings()
+        self.settings = settings or LlamaParams()
         self.settings.validate()
         self._streamer = _streamer(self.path, self.settings, eval_callback)
         self._eval_callback = self._streamer.callback if self._streamer else eval_callback
@@ -288,7 +284,7 @@ class LoadedModel:
             self._ll.llama_free(self.ctx)
             self.ctx = None
 
-    def open_context(self, settings: LoadSettings | None = None) -> float:
+    def open_context(self, settings: LlamaParams | None = None) -> float:
         """A fresh context (with `settings`' context fields, if given) on the loaded
         weights, replacing any current one; returns the seconds it took."""
         t0 = time.perf_counter()

@@ -49,10 +49,11 @@ from inferenceos.engine.messages import (
     WorkerInfo,
     unknown,
 )
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.engine.weight_residency import WeightResidency
 from inferenceos.errors import InferenceOSError
 from inferenceos.model.spec import ModelSpec, load_spec
+from inferenceos.plan.llama_params import LlamaParams
 
 if TYPE_CHECKING:  # loaded on first use: the parent imports this module for WorkerConfig
     from inferenceos.engine.attention_probe import AttentionProbe
@@ -65,7 +66,7 @@ class WorkerConfig:
     """What the worker needs to start (picklable)."""
 
     path: Path
-    settings: LoadSettings
+    settings: LlamaParams
     n_slots: int = 4
     token_budget: int = 512
     kv_policy: str = "none"
@@ -163,7 +164,7 @@ def policy_options(spec: ModelSpec) -> dict[str, dict[str, Any]]:
 
 
 def _attention_setup(cfg: WorkerConfig,
-                     spec: ModelSpec) -> tuple[LoadSettings, AttentionProbe | None]:
+                     spec: ModelSpec) -> tuple[LlamaParams, AttentionProbe | None]:
     """For policies that read attention (h2o): a probe on the full-attention layers,
     flash attention off (llama.cpp has no attention probabilities with it on) and one
     shared KV pool (the probe maps one attention row per token to cells of one pool)."""
@@ -185,7 +186,7 @@ def _attention_setup(cfg: WorkerConfig,
 
 
 def _open_store(cfg: WorkerConfig, spec: ModelSpec,
-                settings: LoadSettings) -> KVStore | None:
+                settings: LlamaParams) -> KVStore | None:
     """The tiered KV store for this model and KV layout, or None when both budgets are
     0. Partial prefixes are restored only when every layer keeps all its cells."""
     if cfg.kv_cache_ram <= 0 and (cfg.kv_cache_disk <= 0 or cfg.kv_cache_dir is None):
@@ -278,7 +279,7 @@ class _Runtime:
             return [Result(msg.req_id, {**self.info(), "seconds": time.perf_counter() - t0})]
         return [Result(msg.req_id, self._resize(msg.settings, msg.n_slots, t0))]
 
-    def _resize(self, settings: LoadSettings, n_slots: int, t0: float) -> WorkerInfo:
+    def _resize(self, settings: LlamaParams, n_slots: int, t0: float) -> WorkerInfo:
         """A new context of `settings` (n_ctx counts all slots) on the same weights;
         each cached slot's KV state is carried over, so its conversation continues
         without prefilling again."""

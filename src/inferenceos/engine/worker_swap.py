@@ -35,9 +35,9 @@ from inferenceos.engine.messages import (
     SetThreads,
 )
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.engine.worker import WorkerConfig
 from inferenceos.engine.worker_client import CurrentWorker, Replies, WorkerClient
+from inferenceos.plan.llama_params import LlamaParams
 
 if TYPE_CHECKING:  # the scheduler's modules stay out of the parent process
     from inferenceos.engine.migrate import LiveState
@@ -60,7 +60,7 @@ class MigrateInfo(TypedDict):
 
 
 def migrate(
-    current: CurrentWorker, settings: LoadSettings, n_parallel: int | None = None,
+    current: CurrentWorker, settings: LlamaParams, n_parallel: int | None = None,
     make_before_break: bool = True,
 ) -> MigrateInfo:
     """Move `current`'s requests to a new worker loaded with `settings` (n_ctx per
@@ -179,7 +179,7 @@ def _restart(current: CurrentWorker, cfg: WorkerConfig,
             raise
 
 
-def _core_shares(old: LoadSettings, new: LoadSettings,
+def _core_shares(old: LlamaParams, new: LlamaParams,
                  cores: int | None = None) -> tuple[int, int] | None:
     """Threads for (the old worker, the new one) while the new one loads and warms up
     beside the generating one, or None when the cores hold both as they are.

@@ -112,7 +112,7 @@ def plan_for_run(
     """The plan `run` should load: preflight-checked, ubatch sized to the headroom.
 
     `swa_full` defaults to llama.cpp's own default (True) because the engine's
-    LoadSettings cannot yet ask for False; pass False once it can (SWA models then need
+    LlamaParams cannot yet ask for False; pass False once it can (SWA models then need
     far less KV). With `allow_kv_quantization` False the preflight never picks a
     quantized cache (for engines that cannot load one). Without `n_ctx` the context
     holds at least `need_tokens` (prompt + output). `mmproj`: a multimodal projector

@@ -28,8 +28,8 @@ from typing import Any
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.session import LoadSettings
 from inferenceos.errors import InferenceOSError, UsageError
+from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.tuning.space import LLAMA_N_BATCH, LLAMA_N_UBATCH, physical_cores
 from inferenceos.tuning.trials import PROSE
 
@@ -54,9 +54,9 @@ class Point:
         name = f"t{self.threads} b{self.n_batch} ctx{self.n_ctx} ×{self.concurrency}"
         return f"llama.cpp defaults ({name})" if self.baseline else name
 
-    def settings(self) -> LoadSettings:
-        return LoadSettings(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
-                            n_threads=self.threads, n_threads_batch=self.threads)
+    def settings(self) -> LlamaParams:
+        return LlamaParams(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                           n_threads=self.threads, n_threads_batch=self.threads)
 
     def to_json(self) -> dict[str, Any]:
         return {"threads": self.threads, "n_batch": self.n_batch, "n_ubatch": self.n_ubatch,

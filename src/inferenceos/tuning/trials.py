@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.engine.llama_lib import lib
-from inferenceos.engine.session import LoadedModel, LoadSettings
+from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import InferenceOSError
+from inferenceos.plan.llama_params import LlamaParams
 from inferenceos.tuning.space import Knobs
 
 DECODE_CHUNK = 16
@@ -86,12 +87,12 @@ class TrialResult:
         }
 
 
-def load_settings(knobs: Knobs, n_ctx: int) -> LoadSettings:
-    """The engine's LoadSettings for `knobs` (everything else at LoadSettings' defaults)."""
-    return LoadSettings(n_ctx=n_ctx, n_batch=knobs.n_batch, n_ubatch=knobs.n_ubatch,
-                        n_threads=knobs.n_threads, n_threads_batch=knobs.n_threads_batch,
-                        n_gpu_layers=knobs.n_gpu_layers, flash_attn=knobs.flash_attn,
-                        type_k=knobs.type_k, type_v=knobs.type_v)
+def load_settings(knobs: Knobs, n_ctx: int) -> LlamaParams:
+    """The engine's LlamaParams for `knobs` (everything else at LlamaParams' defaults)."""
+    return LlamaParams(n_ctx=n_ctx, n_batch=knobs.n_batch, n_ubatch=knobs.n_ubatch,
+                       n_threads=knobs.n_threads, n_threads_batch=knobs.n_threads_batch,
+                       n_gpu_layers=knobs.n_gpu_layers, flash_attn=knobs.flash_attn,
+                       type_k=knobs.type_k, type_v=knobs.type_v)
 
 
 def prompt_tokens(lm: LoadedModel, n: int) -> list[int]:
