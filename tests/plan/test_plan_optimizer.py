@@ -157,6 +157,29 @@ def test_gemma_with_two_loopback_workers_keeps_its_quality(gemma_path: Path) -> 
     assert any(d.startswith("RPC[") for d in plan.placement.dense)
 
 
+def test_gemma_at_the_issues_200_mib_keeps_quality_over_both_workers(gemma_path: Path) -> None:
+    """The issue's own case: --ram 200MiB and two workers offering 200 MiB. The ladder
+    gave q4_0 at context 2048 on one worker and streamed 46.7 MiB from disk; the
+    optimizer refused it outright, because it charged the CPU the page cache to stream
+    Gemma's 170 MiB tied head twice over even with the head on a worker, and stopped
+    the ubatch at 32 (the head's logits alone are 32 MiB there). Now: f16 at the full
+    context, both workers used, the head on the last one, and what stays on disk is
+    only rows of the token embedding, which the CPU reads by row."""
+    from inferenceos.plan.footprint import stream_room
+
+    facts = load_model_facts(gemma_path)
+    m = _m(_cpu(200 * MiB, 30.0), _rpc(1, 200 * MiB, here=True, gbps=30.0),
+           _rpc(2, 200 * MiB, here=True, gbps=30.0))
+    plan = plan_load(facts, m, LoadRequest())
+    assert plan.ctx.n_ctx == 4096 and plan.ctx.type_k == plan.ctx.type_v == "f16"
+    assert {"RPC[127.0.0.1:1]", "RPC[127.0.0.1:2]"} <= set(plan.placement.dense)
+    assert plan.placement.output_device.startswith("RPC[")
+    assert plan.placement.disk_bytes <= facts.tensor_bytes("token_embd.")
+    # the streaming room it leaves is the blocks' (a few MiB), not the head's
+    assert stream_room(facts, head_on_cpu=False) < 16 * MiB < stream_room(facts)
+    assert plan.memory.anonymous + stream_room(facts, False) <= 200 * MiB
+
+
 def test_the_kv_floor_is_kept_and_the_cost_of_quality_is_stated() -> None:
     facts = make_facts()  # ~3.8 GiB of weights, 128 KiB of f16 KV per token
     m = machine(ram=4.4 * GiB)

@@ -87,25 +87,30 @@ def estimate(
     )
 
 
-def stream_room(facts: ModelFacts) -> int:
+def stream_room(facts: ModelFacts, head_on_cpu: bool = True) -> int:
     """Memory a disk-bound plan needs besides its anonymous bytes: the page cache to
-    stream its largest layer through (`stream_window`) twice over, and the code a
-    decode runs. Twice, because reclaim cannot take the layer just computed at once:
-    its pages are still referenced and survive the first scan, so the kernel needs a
-    layer of slack to make room for the next. Measured on tests/tiny_q4.py (6.3 MiB
-    layers) under a real cgroup limit: with room for one layer and the code, 2 of 60
-    runs were OOM-killed mid-decode with 19 MB of page cache it could not reclaim;
-    with room for two, none of 40 (2026-12-03)."""
-    return 2 * stream_window(facts) + DECODE_CODE_PAGES
+    stream its largest layer through (`stream_window`, with `head_on_cpu` as there)
+    twice over, and the code a decode runs. Twice, because reclaim cannot take the
+    layer just computed at once: its pages are still referenced and survive the first
+    scan, so the kernel needs a layer of slack to make room for the next. Measured on
+    tests/tiny_q4.py (6.3 MiB layers) under a real cgroup limit: with room for one
+    layer and the code, 2 of 60 runs were OOM-killed mid-decode with 19 MB of page
+    cache it could not reclaim; with room for two, none of 40 (2026-12-03)."""
+    return 2 * stream_window(facts, head_on_cpu) + DECODE_CODE_PAGES
 
 
-def stream_window(facts: ModelFacts) -> int:
+def stream_window(facts: ModelFacts, head_on_cpu: bool = True) -> int:
     """Page cache a disk-bound decode needs at least: the largest block's weights (or
-    the output head's), all read within one step of the graph. The token embedding is
-    read by row, so it needs no window unless it doubles as the output head."""
-    by_rows = facts.has_output_tensor
+    the output head's, when `head_on_cpu`), all read within one step of the graph. The
+    token embedding is read by row, so it needs no window unless it doubles as the
+    output head on the CPU. With the head on an accelerator the tensors outside the
+    blocks need none: the head (tied or not) computes there, and the CPU reads the
+    embedding's rows (Gemma 3 270M: a 170 MiB tied head against 3.6 MiB blocks)."""
+    by_rows = facts.has_output_tensor or not head_on_cpu
     per_layer: dict[int, int] = {}
     for t in facts.tensors:
+        if t.layer < 0 and not head_on_cpu and not t.name.startswith("token_embd"):
+            continue  # the output head and its norm: on the accelerator
         if not (by_rows and t.name.startswith("token_embd")):
             per_layer[t.layer] = per_layer.get(t.layer, 0) + t.n_bytes
     return max(per_layer.values(), default=0)

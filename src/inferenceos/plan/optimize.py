@@ -6,9 +6,10 @@ below `kv_floor`) — form levels in a fixed order of preference:
 
     asked context, f16 → halved contexts down to the floor, f16 → q8_0 → q4_0 (≥ floor)
 
-For each level, from the best, every ubatch (the asked one halved down to 32: it only
-changes speed) gets its best placement over every device from `optimize_milp` (a MILP
-over the layers, experts, output head; exact for perf.py's cost), and the first level
+For each level, from the best, every ubatch (the asked one halved down to 32, or 8 with
+accelerators: it only changes speed) gets its best placement over every device from
+`optimize_milp` (a MILP over the layers, experts, output head; exact for perf.py's
+cost), and the first level
 with any placement that fits without leaving weights on disk wins; among its ubatches
 the lowest predicted workload time. Only when no level fits does the floor level leave
 weights on disk. So a level is given up only when no device or link could hold more,
@@ -40,7 +41,16 @@ from inferenceos.plan.plan import Change
 from inferenceos.units import format_bytes as fb
 
 KV_ORDER = ("f16", "q8_0", "q4_0")  # best first
+# The smallest ubatch tried: 32 on the CPU alone; 8 where there are accelerators. The
+# compute buffer of the device holding the output head grows with n_vocab x n_ubatch
+# logits (Gemma 3 270M: 32 MiB at 32): at 8, two 200 MiB workers hold Gemma's 170 MiB
+# head beside a layer, where at 32 the plan was refused. On the CPU alone the smaller
+# ubatches only led the search to plans with a thinner margin: under a real cgroup
+# limit (tests/engine/test_cgroup_limits.py, 1.2x the file) it then kept every weight
+# in RAM instead of streaming, and was OOM-killed (the memory model is not checked
+# that close to a limit).
 MIN_UBATCH = 32
+MIN_UBATCH_ACCELERATED = 8
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,8 @@ def _stream_room(c: Candidate, machine: Machine, facts: ModelFacts) -> bool:
     """A disk-bound plan keeps its anonymous bytes, one layer's page cache and the code
     a decode runs in RAM (preflight's check, asked here so the search never picks what
     it would refuse)."""
-    return c.memory.anonymous + stream_room(facts) <= machine.cpu.memory_bytes
+    room = stream_room(facts, head_on_cpu=c.placement.output_device == "CPU")
+    return c.memory.anonymous + room <= machine.cpu.memory_bytes
 
 
 # -- one context setting -------------------------------------------------------------
@@ -211,9 +222,16 @@ def kv_types_allowed(facts: ModelFacts, kv_floor: str, quantize: bool) -> tuple[
     return KV_ORDER[1 : KV_ORDER.index(kv_floor) + 1]
 
 
-def ubatches(ctx: ContextSettings) -> list[ContextSettings]:
+def min_ubatch(accelerated: bool) -> int:
+    """The smallest ubatch the optimizer tries (see MIN_UBATCH)."""
+    return MIN_UBATCH_ACCELERATED if accelerated else MIN_UBATCH
+
+
+def ubatches(ctx: ContextSettings, accelerated: bool = False) -> list[ContextSettings]:
+    """`ctx` and its ubatch halved down to `min_ubatch(accelerated)`."""
+    floor = min_ubatch(accelerated)
     out, n = [ctx], ctx.n_ubatch
-    while n // 2 >= MIN_UBATCH:
+    while n // 2 >= floor:
         n //= 2
         out.append(replace(ctx, n_ubatch=n))
     return out
@@ -231,7 +249,7 @@ def best_of_level(
     ubatch's optimum without any memory limit, no smaller ubatch can beat it."""
     best: Candidate | None = None
     bound: float | None = None
-    for ctx in ubatches(level):
+    for ctx in ubatches(level, bool(machine.accelerators)):
         if best is not None and bound is not None and best.objective_s <= bound * (1 + 1e-9):
             break
         c = solve_context(facts, machine, ctx, cal, threads, obj, allow_disk)

@@ -133,7 +133,7 @@ def _memory(m, facts, machine, ctx, p, cnt, u, h, s, on_dev, on_cpu, budgets, de
     _add(total, s, -1.0)
     m.row(total, hi=machine.cpu.memory_bytes - const)
     if m.ub[s] > 0:  # disk allowed
-        stream_room_rows(m, facts, machine, total, w, const, const_w, s)
+        stream_room_rows(m, facts, machine, total, w, const, const_w, s, h.values())
     cap = {j: -a for j, a in w.items()}
     _add(cap, s, 1.0)
     m.row(cap, hi=const_w)

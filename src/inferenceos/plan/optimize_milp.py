@@ -27,6 +27,7 @@ within its budget; the CPU's RAM minus s.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,18 +125,30 @@ def _add(row: dict[int, float], j: int, a: float) -> None:
 def stream_room_rows(
     m: _Model, facts: ModelFacts, machine: Machine, total: dict[int, float],
     weights: dict[int, float], const: float, const_w: float, s: int,
+    head_off: Iterable[int] = (),
 ) -> None:
     """A plan with weights on disk (`s` > 0) keeps, besides its weights, its anonymous
     bytes and the room to stream (footprint.stream_room) in RAM: optimize.fits's rule,
     stated here so that the solver's optimum is one fits accepts. `total` is the CPU's
     bytes (weights, with `s` taken off, and the rest), `weights` the CPU weights' part
-    of it and `const`/`const_w` their constants. A binary z says whether disk is used."""
+    of it and `const`/`const_w` their constants; `head_off` the binaries that put the
+    output head on an accelerator (the room is then the blocks' alone). A binary z says
+    whether disk is used; a continuous v <= z, Σ head_off is their AND, which the
+    solver raises to 1 when both are (it only loosens the row)."""
     z = m.var(0.0, 1.0)
     m.row({s: 1.0, z: -float(facts.spec.tensor_bytes)}, hi=0.0)
     anon = {j: a for j, a in total.items() if j != s}
     for j, a in weights.items():
         _add(anon, j, -a)
-    _add(anon, z, float(stream_room(facts)))
+    room = stream_room(facts)
+    _add(anon, z, float(room))
+    off = list(head_off)
+    saved = room - stream_room(facts, head_on_cpu=False)
+    if off and saved > 0:
+        v = m.var(integer=False)
+        m.row({v: 1.0, z: -1.0}, hi=0.0)
+        m.row({v: 1.0, **{j: -1.0 for j in off}}, hi=0.0)
+        _add(anon, v, -float(saved))
     m.row(anon, hi=machine.cpu.memory_bytes - (const - const_w))
 
 
@@ -266,7 +279,8 @@ class _Builder:
         _add(total, self.s, -1.0)
         m.row(total, hi=self.machine.cpu.memory_bytes - const)
         if self.allow_disk:
-            stream_room_rows(m, self.facts, self.machine, total, w, const, const_w, self.s)
+            stream_room_rows(m, self.facts, self.machine, total, w, const, const_w, self.s,
+                             self.h.values())
         # disk bytes only come out of the CPU's weights
         cap = {j: -a for j, a in w.items()}
         _add(cap, self.s, 1.0)

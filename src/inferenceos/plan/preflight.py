@@ -31,19 +31,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from inferenceos.errors import InferenceOSError
+from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import estimate, gpu_compute_reserve, stream_room
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize import Objective
+from inferenceos.plan.optimize import Objective, min_ubatch, optimize
 from inferenceos.plan.perf import Calibration
 from inferenceos.plan.placement import Placement, place
 from inferenceos.plan.plan import Change, Plan
 from inferenceos.units import format_bytes as fb
 
 MIN_CTX = 2048
-MIN_UBATCH = 32
+MIN_UBATCH = 32  # the ladder's (the optimizer's: optimize.ubatches)
 KV_FLOORS = ("f16", "q8_0", "q4_0")  # --kv-quality: the lowest KV precision accepted
 GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
 
@@ -132,14 +132,10 @@ def make_plan(
 
     Raises PlanRefused when nothing fits (not even with weights left on disk).
     """
-    from inferenceos.plan.optimize import optimize
-
     ctx.validate()
     if ctx.type_k in ("q8_0", "q4_0") or ctx.type_v in ("q8_0", "q4_0"):
         _check_quant_heads(facts, ctx)
     if kv_floor not in KV_FLOORS:
-        from inferenceos.errors import UsageError
-
         raise UsageError(f"unknown KV quality {kv_floor!r} (one of {', '.join(KV_FLOORS)})")
     floor = min(ctx.n_ctx, max(min(min_ctx, ctx.n_ctx), need_tokens))
     res = optimize(
@@ -161,7 +157,8 @@ def _refused(
     quantize_kv: bool,
 ) -> str:
     """The refusal message at the smallest settings the optimizer may use."""
-    small = replace(ctx, n_ctx=floor, n_ubatch=MIN_UBATCH, n_batch=max(MIN_UBATCH, 32))
+    least = min_ubatch(bool(machine.accelerators))
+    small = replace(ctx, n_ctx=floor, n_ubatch=least, n_batch=max(least, 32))
     if quantize_kv and not (facts.spec.key_length % 32 or facts.spec.value_length % 32):
         small = replace(small, type_k=kv_floor, type_v=kv_floor,
                         flash_attn=small.flash_attn or kv_floor != "f16")
@@ -267,20 +264,19 @@ def _refusal(
 
 
 def _check_stream_room(
-    facts: ModelFacts, machine: Machine, ctx: ContextSettings, est: MemoryEstimate
+    facts: ModelFacts, machine: Machine, ctx: ContextSettings, est: MemoryEstimate,
+    head_on_cpu: bool = True,
 ) -> None:
     """A disk-bound plan must hold its anonymous bytes and still leave the page cache
     room to stream a layer through and the code a decode runs (footprint.stream_room); a
     smaller limit is refused here, with the figures, rather than thrashing or
     OOM-killed under the kernel's limit."""
-    window = stream_room(facts)
+    window = stream_room(facts, head_on_cpu)
     if est.anonymous + window > machine.cpu.memory_bytes:
         raise PlanRefused(_refusal(facts, machine, est, est.anonymous, ctx, window))
 
 
 def _check_quant_heads(facts: ModelFacts, ctx: ContextSettings) -> None:
-    from inferenceos.errors import UsageError
-
     s = facts.spec
     if s.key_length % 32 or s.value_length % 32:
         raise UsageError(
@@ -300,7 +296,7 @@ def _finish(
     disk_bound: bool = False,
 ) -> Plan:
     if disk_bound:
-        _check_stream_room(facts, machine, ctx, est)
+        _check_stream_room(facts, machine, ctx, est, p.output_device == "CPU")
     n = facts.spec.block_count
     if machine.accelerators and p.gpu_layers < n:
         changes.append(
