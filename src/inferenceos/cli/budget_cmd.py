@@ -19,14 +19,13 @@ from inferenceos.cli.console import out, print_json, safe_text
 from inferenceos.cli.monitor_cmd import fetch, server_url
 from inferenceos.errors import UsageError
 from inferenceos.units import format_bytes as fb
+from inferenceos.units import parse_size
 
 LIFT = ("none", "null", "off", "unlimited")
 
 
 def parse_cap(text: str) -> int | None:
     """'4GiB' → bytes; 'none' → None (lift); UsageError otherwise."""
-    from inferenceos.units import parse_size
-
     if text.strip().lower() in LIFT:
         return None
     return parse_size(text)

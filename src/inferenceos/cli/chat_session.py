@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import inferenceos
 from inferenceos.errors import InferenceOSError, UsageError
 
 # /set KEY VALUE: the sampling options chat accepts, and their types
@@ -116,8 +117,6 @@ class LocalBackend:
     where = "in-process"
 
     def __init__(self, model: str, **load_options: Any) -> None:
-        import inferenceos
-
         self.model = inferenceos.load(model, **load_options)
         self.name = self.model.name
         self.has_template = self.model.has_chat_template

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from inferenceos.cli.cluster_opts import RpcOpt
+from inferenceos.cli.cluster_opts import RpcOpt, rpc_workers
 from inferenceos.cli.console import out, print_json
 from inferenceos.hardware import HardwareProfile, get_profile
 from inferenceos.units import format_bytes
@@ -122,7 +122,6 @@ def _print_verdict(p: HardwareProfile) -> None:
 
 def worker_probes(rpc: list[str] | None, refresh: bool) -> list[Any]:
     """Each `--rpc` (or cluster.rpc) worker asked now; the link measured once, cached."""
-    from inferenceos.cli.cluster_opts import rpc_workers
     from inferenceos.cluster.probe import probe_workers
     from inferenceos.endpoint import parse_endpoints
 

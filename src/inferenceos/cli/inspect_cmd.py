@@ -15,6 +15,7 @@ from rich.table import Table
 
 from inferenceos.cli.console import out, print_json, safe_text
 from inferenceos.cli.model_arg import resolve_model
+from inferenceos.errors import InferenceOSError
 from inferenceos.units import format_bytes, format_count
 
 if TYPE_CHECKING:  # gguf and numpy load only when the command runs: fast --help
@@ -58,7 +59,6 @@ def inspect(
 
 def _projector_beside(path: Path) -> ProjectorFacts | None:
     """The projector `run` and `serve` would load with this model (beside it), if any."""
-    from inferenceos.errors import InferenceOSError
     from inferenceos.model.projector import load_projector
     from inferenceos.model.projector_files import find_projector
 

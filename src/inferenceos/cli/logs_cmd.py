@@ -8,6 +8,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from inferenceos.cli.console import err
 from inferenceos.errors import UsageError
@@ -22,7 +23,6 @@ def _emit(line: str, floor: int) -> None:
     if level is not None and _RANK[level] < floor:
         return
     if sys.stdout.isatty() and level in _STYLE:
-        from rich.console import Console
         from rich.text import Text
 
         Console(highlight=False, soft_wrap=True).print(Text(line, style=_STYLE[level]))

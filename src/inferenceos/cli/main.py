@@ -20,6 +20,7 @@ import typer
 import typer.core
 import typer.main
 
+from inferenceos import __version__
 from inferenceos.cli.console import print_error, print_json
 from inferenceos.errors import InferenceOSError, Interrupted
 
@@ -131,8 +132,6 @@ def _command(name: str) -> Any:
 
 def _print_version(value: bool) -> None:
     if value:
-        from inferenceos import __version__
-
         typer.echo(f"inferenceos {__version__}")
         raise typer.Exit()
 

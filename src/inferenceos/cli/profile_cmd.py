@@ -11,6 +11,7 @@ import typer
 
 from inferenceos.cli.console import err, out, print_json
 from inferenceos.cli.model_arg import resolve_model
+from inferenceos.errors import UsageError
 
 DEFAULT_PROMPT_REPEATS = 4  # the built-in prose four times: ~200 tokens
 
@@ -57,7 +58,6 @@ def profile(
     """Profile one generation and write an HTML report with a timeline of its phases."""
     from inferenceos.engine.llama_lib import log
     from inferenceos.engine.sampling import SamplingParams
-    from inferenceos.errors import UsageError
     from inferenceos.model.spec import load_spec
     from inferenceos.tuning import records
     from inferenceos.tuning.html_report import write_report

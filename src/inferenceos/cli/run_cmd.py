@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from inferenceos import interrupt
 from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err, print_json
 from inferenceos.cli.model_arg import resolve_model
@@ -25,6 +27,7 @@ from inferenceos.cli.plan_opts import (
     load_request,
 )
 from inferenceos.engine.generation import GenerationMetrics
+from inferenceos.engine.llama_lib import log
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
@@ -111,8 +114,6 @@ def _media_inputs(model: str, images: list[Path] | None, audios: list[Path] | No
 
 def _encoder(lm: LoadedModel, projector: Path | None) -> Any:
     """A MediaEncoder on `lm` for `projector` (a context manager), or a null one."""
-    import contextlib
-
     from inferenceos.engine.media_encoder import open_encoder
 
     encoder = open_encoder(lm, projector, use_gpu=lm.settings.n_gpu_layers > 0)
@@ -202,8 +203,6 @@ def run(
     Without a prompt at a terminal, chat interactively instead (as `ollama run` does).
     Ctrl-C stops it at any moment: exit 130, with the footer once the model is loaded
     (`stop: interrupted`), one line before."""
-    from inferenceos import interrupt
-
     interrupt.install()
     if prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
         from inferenceos.cli.chat_cmd import start_chat
@@ -225,7 +224,6 @@ def run(
         ignore_eos=ignore_eos,
     )
     sampling.validate()
-    from inferenceos.engine.llama_lib import log
     from inferenceos.engine.scheduler import generate_one
     from inferenceos.media.files import with_markers
     from inferenceos.model.spec import load_spec

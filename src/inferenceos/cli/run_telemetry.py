@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from inferenceos.engine.generation import GenerationMetrics
+from inferenceos.engine.llama_lib import log as llama_log
 from inferenceos.engine.session import LoadedModel
 
 log = logging.getLogger("inferenceos.run")
@@ -21,7 +22,6 @@ log = logging.getLogger("inferenceos.run")
 def llama_buffers(mark: int = 0) -> dict[str, int]:
     """llama.cpp's buffer sizes (`"kind:buffer type" -> bytes`) from its log since
     `mark` (0: everything still held, which in a one-model process is its load)."""
-    from inferenceos.engine.llama_lib import log as llama_log
     from inferenceos.engine.memory_report import parse_buffer_lines
 
     return {f"{k}:{b}": v for (k, b), v in parse_buffer_lines(llama_log().since(mark)).items()}

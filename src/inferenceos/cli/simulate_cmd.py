@@ -7,16 +7,20 @@ overrides such as `--gpu-memory 4GiB --ram 32GiB` for a hypothetical machine.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from inferenceos.cli.cluster_opts import RpcOpt
-from inferenceos.cli.console import out, print_json
+from inferenceos.cli.cluster_opts import RpcOpt, rpc_workers
+from inferenceos.cli.console import err, out, print_json
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.cli.plan_opts import KvQualityOpt
+from inferenceos.errors import InferenceOSError, UsageError
+from inferenceos.plan.calibration import core_share
+from inferenceos.plan.calibration_load import load_calibration, recorded_workload, self_calibrate
 from inferenceos.plan.devices import (
     Machine,
     Overrides,
@@ -24,10 +28,13 @@ from inferenceos.plan.devices import (
     load_profile_file,
     local_machine,
     parse_size,
+    with_workers,
 )
 from inferenceos.plan.kv_outlook import KVCacheOutlook, kv_outlook
+from inferenceos.plan.model_facts import load_model_facts
+from inferenceos.plan.policy import choose
 from inferenceos.plan.preflight import PlanRefused
-from inferenceos.plan.simulate import Prediction, Workload
+from inferenceos.plan.simulate import Prediction, Workload, with_draft
 from inferenceos.plan.simulate import simulate as simulate_plan
 from inferenceos.units import format_bytes
 
@@ -58,9 +65,6 @@ def machine_from_options(
 ) -> Machine:
     """The Machine the options describe (shared by `simulate` and `placement`), with
     the devices of the `--rpc` workers (or the `cluster.rpc` setting's)."""
-    from inferenceos.cli.cluster_opts import rpc_workers
-    from inferenceos.plan.devices import with_workers
-
     base = load_profile_file(hardware) if hardware else local_machine()
     base = with_workers(base, rpc_workers(rpc))
     return apply_overrides(
@@ -177,7 +181,6 @@ def _kv_cache_outlook(pred: Prediction, ram: str | None, disk: str | None) -> KV
     (the flags, else the config keys, else serve's defaults) and the prompt's prefix."""
     from inferenceos.cli.serve_cmd import kv_cache_kw
     from inferenceos.config import load_config
-    from inferenceos.plan.model_facts import load_model_facts
 
     budgets = kv_cache_kw(ram, disk, load_config())
     facts = load_model_facts(Path(pred.plan.model_path))  # parsed once: read_gguf's cache
@@ -223,9 +226,6 @@ def simulate_model(
     includes what recorded runs taught and the threads follow the free cores. The
     projector is `mmproj`, else one found beside the model ('none': without)."""
     from inferenceos.model.projector_files import NONE, check_projector, find_projector
-    from inferenceos.plan.calibration_load import load_calibration, recorded_workload
-    from inferenceos.plan.model_facts import load_model_facts
-    from inferenceos.plan.policy import choose
 
     w = Workload(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n_ctx=ctx or None,
                  image_tokens=image_tokens)
@@ -238,9 +238,6 @@ def simulate_model(
     history = recorded_workload(facts) if policy.strip().lower() == "adaptive" else None
     choice = choose(policy, facts, history)
     if local:  # a data dir that never ran `hardware` measures itself, once
-        from inferenceos.cli.console import err
-        from inferenceos.plan.calibration_load import self_calibrate
-
         self_calibrate(lambda line: err.print(f"[dim]{line}[/]"))
     cal = load_calibration(machine, facts, threads) if local else None
     load = None
@@ -260,10 +257,6 @@ def simulate_model(
 def _busy_now(cal: Any, load: Any, threads: int) -> Any:
     """`cal` slowed by the cores other processes take now from a fixed thread count
     (with automatic threads the plan takes only the free cores instead)."""
-    from dataclasses import replace
-
-    from inferenceos.plan.calibration import core_share
-
     share = core_share(load, threads)
     if share >= 1.0:
         return cal
@@ -291,9 +284,6 @@ def _encoder_rows(p: Prediction) -> list[tuple[str, str]]:
 def _with_draft(pred: Prediction, draft: str, task: str | None, learned: bool) -> Prediction:
     """`pred` with `--draft`'s expected speedup (plan/simulate.with_draft); a draft model
     may be a path or a registry name."""
-    from inferenceos.errors import InferenceOSError, UsageError
-    from inferenceos.plan.simulate import with_draft
-
     name = draft.strip()
     if name.lower() in ("ngram", "self"):
         name = name.lower()

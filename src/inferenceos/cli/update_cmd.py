@@ -22,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
+import inferenceos
 from inferenceos.cli.console import out, print_json
 from inferenceos.config import load_config
 
@@ -34,8 +35,6 @@ def installed_version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         if package == DIST_NAME:  # running from a source tree
-            import inferenceos
-
             return inferenceos.__version__
         return None
 

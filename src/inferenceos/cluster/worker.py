@@ -30,6 +30,7 @@ from inferenceos.cluster.info import RemoteDevice, WorkerInfo, host_id, rpc_clie
 from inferenceos.endpoint import DEFAULT_PORT, INFO_PORT_OFFSET, is_loopback
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.hardware.openmp import bounded_spin
+from inferenceos.version import __version__
 
 REMOTE_WARNING = (
     "WARNING: the RPC port {addr} is reachable from other machines. llama.cpp's RPC "
@@ -110,8 +111,6 @@ def _ram_gbps() -> float | None:
 def describer(cfg: WorkerConfig, devices: list[ggml.LocalDevice], threads: int
               ) -> Callable[[], WorkerInfo]:
     """The INFO answer, read fresh each time (free memory changes)."""
-    from inferenceos.version import __version__
-
     ram_gbps = _ram_gbps()
     here = host_id()
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from inferenceos import interrupt
 from inferenceos.engine.llama_lib import library_dir
+from inferenceos.errors import GenerationError
 
 GGML_MAX_DIMS = 4
 PREFIX = b"kq_soft_max-"
@@ -131,8 +132,6 @@ class CellTracker:
         self.cells: dict[int, list[int]] = {}
 
     def observe(self, probe: AttentionProbe, rows: dict[int, list[int]]) -> None:
-        from inferenceos.errors import GenerationError
-
         seen = probe.attended
         for seq, seq_rows in rows.items():
             cells = self.cells.setdefault(seq, [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from inferenceos.engine.llama_lib import lib
@@ -63,8 +64,6 @@ class EmbdBatch:
     def fill(self, embd: Any, pos0: int, seq_id: int, logits_last: bool) -> list[int]:
         """Rows 0..len(embd)-1 ← `embd` (float32, shape (n, n_embd)) at positions
         pos0.., all in `seq_id`; logits for the last row only when asked."""
-        import ctypes
-
         import numpy as np
 
         n = int(embd.shape[0])

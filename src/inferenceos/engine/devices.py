@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 from inferenceos.engine.llama_lib import lib, library_dir
@@ -128,9 +134,6 @@ _abort_callback: Any = None
 
 
 def _note_path(pid: int) -> Any:
-    import tempfile
-    from pathlib import Path
-
     return Path(tempfile.gettempdir()) / f"inferenceos-abort-{pid}.txt"
 
 
@@ -139,8 +142,6 @@ def install_abort_note() -> None:
     global _abort_callback
     if _abort_callback is not None:
         return
-    import os
-
     base = ctypes.CDLL(str(_soname("ggml-base")))
     proto = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
     path = str(_note_path(os.getpid()))
@@ -152,8 +153,6 @@ def install_abort_note() -> None:
                 f.write(text)
         except OSError:
             pass
-        import sys
-
         sys.stderr.write(text + "\n")
 
     _abort_callback = proto(on_abort)
@@ -191,8 +190,6 @@ class LinkWatchdog:
     """
 
     def __init__(self, addresses: list[str], period_s: float = 2.0, misses: int = 3) -> None:
-        import threading
-
         from inferenceos.endpoint import parse_endpoint
 
         self._eps = [parse_endpoint(a) for a in addresses]
@@ -216,14 +213,9 @@ class LinkWatchdog:
                     self._abort(ep.address)
 
     def _abort(self, address: str) -> None:
-        import os
-
         waited = self._misses * self._period
         text = (f"RPC worker {address} unreachable: no answer for {waited:.0f} s "
                 "(lost power or network?)")
-        import contextlib
-        import sys
-
         with contextlib.suppress(OSError):
             _note_path(os.getpid()).write_text(text)
 

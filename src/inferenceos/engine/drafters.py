@@ -29,6 +29,7 @@ from inferenceos.engine.session import LoadedModel, decode_failed
 from inferenceos.engine.speculative import ENTRY_POINT_GROUP, DraftAsk
 from inferenceos.errors import GenerationError, ModelLoadError
 from inferenceos.plan.llama_params import LlamaParams
+from inferenceos.plan.speculative import model_draft_cost
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,6 @@ class ModelDrafter:
         path = Path(path or setup.draft_path or "")
         if not path.is_file():
             raise ModelLoadError(f"draft model {path} not found")
-        from inferenceos.plan.speculative import model_draft_cost
-
         self.cost_prior = cost if cost is not None else model_draft_cost(
             path.stat().st_size, Path(setup.model_path).stat().st_size)
         s = setup.settings

@@ -9,6 +9,7 @@ kept because llama.cpp reports facts nowhere else: buffer sizes, why a load fail
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections import deque
 from pathlib import Path
@@ -35,8 +36,6 @@ class LlamaLog:
 
     def write(self, level: int, text: str) -> None:
         """Append `text` (llama.cpp may send a line in several pieces)."""
-        import sys
-
         if self.echo:
             sys.stderr.write(text)
         with self._lock:

@@ -21,7 +21,10 @@ checked against.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,8 +102,6 @@ def rss_bytes() -> int:
             resident_pages = int(f.read().split()[1])
     except (OSError, ValueError, IndexError):
         return 0
-    import os
-
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -145,9 +146,6 @@ def measure_load(path: Path, settings: LlamaParams, dry_run: bool = False) -> Bu
 def _main() -> None:
     """`python -m inferenceos.engine.memory_report MODEL key=value...`: one measurement
     as JSON, in a fresh process so RSS growth is not blurred by earlier loads."""
-    import json
-    import sys
-
     args = sys.argv[1:]
     if not args:
         raise SystemExit("usage: python -m inferenceos.engine.memory_report MODEL [k=v ...]")

@@ -38,6 +38,8 @@ from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.messages import Event
 from inferenceos.engine.running import Request, RunningSequence
 from inferenceos.engine.scheduler import Scheduler
+from inferenceos.engine.slot_state import import_slot
+from inferenceos.errors import InferenceOSError, UsageError
 
 __all__ = ["LiveState", "SeqState", "export_live", "import_live", "live_need"]
 
@@ -102,8 +104,6 @@ def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
     """Detach every running and queued request from `sched` (no event is emitted for
     them: their streams continue wherever the state is imported) and copy out idle
     cached prefixes when `prefixes`."""
-    from inferenceos.errors import UsageError
-
     if any(r.media for r in [*sched.queue, *(s.req for s in sched.running)]):
         # their media chunks live in this worker's projector context (not picklable)
         raise UsageError("requests with images or audio in flight cannot migrate yet")
@@ -159,9 +159,6 @@ def import_live(sched: Scheduler, state: LiveState) -> dict[str, Any]:
     sched.queue.extend(state.queued)
     for tokens, data in state.prefixes:
         if len(tokens) < sched.n_ctx_slot and sched.tracker is None:
-            from inferenceos.engine.slot_state import import_slot
-            from inferenceos.errors import InferenceOSError
-
             # another KV type refuses the bytes: that prefix is prefilled again if asked
             with contextlib.suppress(InferenceOSError):
                 counts["prefixes"] += 1 if import_slot(sched, tokens, data) else 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from inferenceos.engine.drafters import free_guess
+from inferenceos.engine.drafters import DraftSetup, free_guess, make_drafter
 from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.running import Request, RunningSequence
 from inferenceos.engine.session import LoadedModel
@@ -109,8 +109,6 @@ class SpeculativeDecoder:
     def drafter(self, name: str) -> Drafter:
         """The drafter `name`, created on first use and shared by every slot."""
         if name not in self.drafters:
-            from inferenceos.engine.drafters import DraftSetup, make_drafter
-
             setup = DraftSetup(self.model.path, self.model.settings, self.n_slots,
                                self.model.n_vocab)
             self.drafters[name] = make_drafter(name, setup, **self.draft_options.get(name, {}))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,9 +49,9 @@ from inferenceos.engine.messages import (
     WorkerInfo,
     unknown,
 )
-from inferenceos.engine.session import LoadedModel
+from inferenceos.engine.session import LoadedModel, default_threads
 from inferenceos.engine.weight_residency import WeightResidency
-from inferenceos.errors import InferenceOSError
+from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.model.spec import ModelSpec, load_spec
 from inferenceos.plan.llama_params import LlamaParams
 
@@ -168,11 +168,8 @@ def _attention_setup(cfg: WorkerConfig,
     """For policies that read attention (h2o): a probe on the full-attention layers,
     flash attention off (llama.cpp has no attention probabilities with it on) and one
     shared KV pool (the probe maps one attention row per token to cells of one pool)."""
-    from dataclasses import replace
-
     from inferenceos.engine.attention_probe import AttentionProbe
     from inferenceos.engine.kv_policies import load_policy
-    from inferenceos.errors import UsageError
 
     if not getattr(load_policy(cfg.kv_policy), "needs_attention", False):
         return cfg.settings, None
@@ -260,8 +257,6 @@ class _Runtime:
 
     def lifecycle(self, msg: Sleep | Wake | Resize) -> list[FromWorker]:
         """Sleep / Wake / Resize (see the module docstring); only when idle."""
-        from inferenceos.errors import UsageError
-
         if self.sched is not None:
             self.sched.store_finished()  # finished replies' KV go to the store first
         if self.sched is not None and self.sched.has_work() and not isinstance(msg, Wake):
@@ -283,8 +278,6 @@ class _Runtime:
         """A new context of `settings` (n_ctx counts all slots) on the same weights;
         each cached slot's KV state is carried over, so its conversation continues
         without prefilling again."""
-        from dataclasses import replace
-
         from inferenceos.engine.slot_state import export_slot, import_slot
 
         sched = self.awake()
@@ -409,8 +402,6 @@ def _set_threads(rt: _Runtime, n: int | None) -> int:
     """Compute with `n` threads (prefill too), or the settings' own with None; returns
     the decode thread count now in force. A context-wide setting of llama.cpp's, taken
     at the next decode: no reload, no state lost."""
-    from inferenceos.engine.session import default_threads
-
     s = rt.lm.settings
     full = s.n_threads or default_threads()
     n_dec, n_batch = (full, s.n_threads_batch or full) if n is None else (n, n)

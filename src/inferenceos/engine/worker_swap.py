@@ -35,6 +35,7 @@ from inferenceos.engine.messages import (
     SetThreads,
 )
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.session import default_threads
 from inferenceos.engine.worker import WorkerConfig
 from inferenceos.engine.worker_client import CurrentWorker, Replies, WorkerClient
 from inferenceos.plan.llama_params import LlamaParams
@@ -191,8 +192,6 @@ def _core_shares(old: LlamaParams, new: LlamaParams,
     but one core, the new one loads and warms up on what is left, and each gets its
     own thread count back once the other is out of the way (`cores`: those this
     process may run on, by default)."""
-    from inferenceos.engine.session import default_threads
-
     cores = cores or default_threads()
     old_n, new_n = old.n_threads or cores, new.n_threads or cores
     if old_n + new_n <= cores:

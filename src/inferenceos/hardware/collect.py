@@ -24,6 +24,7 @@ from inferenceos.hardware.llama_devices import disagreements, probe_llama
 from inferenceos.hardware.memory import detect_memory
 from inferenceos.hardware.profile import Bandwidth, HardwareProfile
 from inferenceos.hardware.recommend import recommend
+from inferenceos.paths import cache_dir, data_dir
 
 if TYPE_CHECKING:
     from inferenceos.hardware.llama_speed import SpeedProbe
@@ -81,7 +82,6 @@ def _start_speed_probe(warnings: list[str]) -> SpeedProbe | None:
     """The llama.cpp speed probe's child, loading the built-in model when it is ready
     (else the stand-in) while the other probes run (llama_speed.SpeedProbe)."""
     from inferenceos.hardware.llama_speed import default_model_if_ready, start_llama_speed
-    from inferenceos.paths import cache_dir, data_dir
 
     return start_llama_speed(data_dir() / "hardware", warnings, model_dir=cache_dir() / "probe",
                              model=default_model_if_ready())

@@ -27,7 +27,12 @@ from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
 from inferenceos.plan.placement import place
-from inferenceos.telemetry.calibration import Learned, Observation
+from inferenceos.telemetry.calibration import (
+    MIN_DECODE_TOKENS,
+    MIN_PREFILL_TOKENS,
+    Learned,
+    Observation,
+)
 
 # Priors for what the probe cannot separate; see docs/plan.md "Self-calibration".
 PRIOR = Calibration(token_overhead_s=10e-6, ubatch_overhead_s=0.001)  # measured: see perf
@@ -221,8 +226,6 @@ def observation(
 ) -> Observation | None:
     """A recorded single-stream run as measured / modelled ratios (None: unusable).
     `memo` keeps modelled speeds across calls (recorded runs repeat their settings)."""
-    from inferenceos.telemetry.calibration import MIN_DECODE_TOKENS, MIN_PREFILL_TOKENS
-
     fresh = prompt_tokens - cached_tokens
     use_pre = bool(prefill_tps) and fresh >= MIN_PREFILL_TOKENS
     use_dec = bool(decode_tps) and output_tokens >= MIN_DECODE_TOKENS

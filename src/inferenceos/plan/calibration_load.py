@@ -18,25 +18,31 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import inferenceos.telemetry as telemetry
 from inferenceos.atomic import read_json, write_json_atomic
+from inferenceos.hardware.cache import get_profile, profile_path
 from inferenceos.paths import data_dir
 from inferenceos.plan.calibration import (
     core_share,
     observation,
+    probe_calibration,
     quant_family,
     run_context,
     with_learned,
 )
-from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import Machine, machine_from_profile_json
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration
 from inferenceos.plan.policy import RecordedWorkload
+from inferenceos.telemetry.calibration import fit_learned
 
 log = logging.getLogger("inferenceos.plan")
 MAX_RUNS = 500  # the newest recorded runs the fit reads
@@ -68,8 +74,6 @@ def self_calibrate(notice: Callable[[str], None]) -> Calibration | None:
     cached like `inferenceos hardware`'s) and say so in one line through `notice`.
     Returns the probe's calibration, or None when nothing was (or could be) done. A
     failed probe is not retried on every prediction: the marker records the attempt."""
-    import time
-
     if isinstance(read_json(stored_path(), None), dict) or probe_calibration_cached():
         return None
     marker = stored_path().parent / SELF_CALIBRATED
@@ -77,8 +81,6 @@ def self_calibrate(notice: Callable[[str], None]) -> Calibration | None:
         return None
     if os.environ.get(SELF_CALIBRATE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         return None
-    from inferenceos.hardware.cache import get_profile
-
     t = time.monotonic()
     try:
         get_profile(refresh=True)
@@ -104,8 +106,6 @@ def save_calibration(cal: Calibration) -> None:
 
 def probe_calibration_cached() -> Calibration | None:
     """The probe's calibration from the cached hardware profile, or None."""
-    from inferenceos.hardware.cache import profile_path
-
     p = profile_path()
     try:
         st = p.stat()
@@ -117,8 +117,6 @@ def probe_calibration_cached() -> Calibration | None:
 @lru_cache(maxsize=4)
 def _probe_cached(path: str, mtime_ns: int) -> Calibration | None:
     from inferenceos.hardware.cache import load_cached
-    from inferenceos.plan.calibration import probe_calibration
-    from inferenceos.plan.devices import machine_from_profile_json
 
     profile = load_cached()
     if profile is None or profile.llama_speed is None:
@@ -151,9 +149,6 @@ def load_calibration(
     machine: Machine, facts: ModelFacts, threads: int = 0, base: Calibration | None = None
 ) -> Calibration:
     """`base` (default `machine_calibration()`) corrected by recorded runs for `facts`."""
-    import inferenceos.telemetry as telemetry
-    from inferenceos.telemetry.calibration import fit_learned
-
     base = base or machine_calibration()
     rows = [r for r in telemetry.generations(machine="kind", limit=MAX_RUNS) if r.concurrency == 1]
     if not rows:
@@ -205,10 +200,6 @@ def load_calibration(
 
 def recorded_workload(facts: ModelFacts) -> RecordedWorkload:
     """This model's recorded requests on this kind of machine (for `adaptive`)."""
-    import statistics
-
-    import inferenceos.telemetry as telemetry
-
     try:
         rows = telemetry.generations(model=facts.spec.path, machine="kind", limit=MAX_RUNS)
     except Exception:  # no history is a valid answer

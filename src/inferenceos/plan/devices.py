@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -233,8 +233,6 @@ def _probe_json() -> dict[str, Any]:
     HardwareProfile if there is one, else the hardware package's cheap CPU/RAM probes,
     else /proc directly."""
     try:
-        from dataclasses import asdict
-
         from inferenceos.hardware.cache import load_cached
         from inferenceos.hardware.cpu import detect_cpu
         from inferenceos.hardware.memory import detect_memory

@@ -28,14 +28,18 @@ from pathlib import Path
 
 from inferenceos.errors import UsageError
 from inferenceos.hardware.cpu_load import CpuLoad
-from inferenceos.model.projector import ProjectorFacts
+from inferenceos.model.projector import ProjectorFacts, load_projector
 from inferenceos.plan.calibration_load import machine_calibration
-from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import Machine, Overrides, apply_overrides, with_workers
+from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize import Objective
 from inferenceos.plan.perf import Calibration
 from inferenceos.plan.plan import Change, Plan
-from inferenceos.plan.preflight import PlanRefused
+from inferenceos.plan.policy import POLICIES
+from inferenceos.plan.preflight import PlanRefused, make_plan
+from inferenceos.plan.projector import place_projector, with_projector
+from inferenceos.units import format_bytes as fb
 
 DEFAULT_CTX = 4096
 MAX_THREADS = 1024
@@ -89,8 +93,6 @@ class LoadRequest:
             raise UsageError(f"threads must be between 1 and {MAX_THREADS} (0: auto)")
         if self.gpu_layers is not None and self.gpu_layers < -1:
             raise UsageError("gpu layers must be >= 0 (-1: all)")
-        from inferenceos.plan.policy import POLICIES
-
         if self.policy.strip().lower() not in POLICIES:
             raise UsageError(f"unknown policy {self.policy!r} (one of {', '.join(POLICIES)})")
 
@@ -117,8 +119,6 @@ def _machine_for(machine: Machine, backend: str | None) -> tuple[Machine, list[C
 
 def _with_request_devices(machine: Machine, req: LoadRequest) -> Machine:
     """`machine` with the request's budget caps and its RPC workers' devices."""
-    from inferenceos.plan.devices import Overrides, apply_overrides, with_workers
-
     if req.ram is not None or req.gpu_memory is not None:
         machine = apply_overrides(machine, Overrides(ram=req.ram, gpu_memory=req.gpu_memory))
     return with_workers(machine, req.rpc) if req.rpc else machine
@@ -170,8 +170,6 @@ def plan_load(
 def _projector_facts(mmproj: str | Path | ProjectorFacts | None) -> ProjectorFacts | None:
     if mmproj is None or isinstance(mmproj, ProjectorFacts):
         return mmproj
-    from inferenceos.model.projector import load_projector
-
     return load_projector(mmproj)
 
 
@@ -184,10 +182,6 @@ def _with_projector(
     calibration: Calibration | None,
 ) -> Plan:
     """`plan` with the projector placed and charged (see the module contract)."""
-    from inferenceos.plan.devices import Overrides, apply_overrides
-    from inferenceos.plan.projector import place_projector, with_projector
-    from inferenceos.units import format_bytes as fb
-
     pp = place_projector(
         pf, machine, plan.memory, prefer=plan.accelerators, image_tokens=req.image_tokens,
         flash_attn=True,  # mtmd's default "auto" (see plan/projector.py)
@@ -222,9 +216,7 @@ def _plan_text(
     changes: list[Change],
 ) -> Plan:
     """The text model's plan on `machine` (already restricted to the request)."""
-    from inferenceos.plan.memory import ContextSettings
     from inferenceos.plan.microbatch import size_ubatch
-    from inferenceos.plan.preflight import make_plan
 
     changes = list(changes)
     changes += [Change("worker left out", why) for why in machine.lost]

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from inferenceos.plan.calibration_load import load_calibration, recorded_workload
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.entry import LoadRequest, plan_load
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration
-from inferenceos.plan.plan import Plan
+from inferenceos.plan.plan import Change, Plan
 from inferenceos.plan.policy import PolicyChoice, apply_to_plan, apply_to_request, choose
 
 
@@ -44,8 +45,6 @@ def plan_here(
     tuned: bool = True,
 ) -> HerePlan:
     """The plan for `facts` on this machine now (see the module doc)."""
-    from inferenceos.plan.calibration_load import load_calibration, recorded_workload
-
     req = req or LoadRequest()
     policy = policy or req.policy
     if sense_load and not req.threads and req.cpu_load is None:
@@ -65,7 +64,6 @@ def plan_here(
 def _with_tuned(plan: Plan, req: LoadRequest) -> Plan:
     """`optimize`'s stored best for this model applied (plan/tuned.py's rules); what
     the request set explicitly is never touched."""
-    from inferenceos.plan.plan import Change
     from inferenceos.plan.tuned import apply_tuned
 
     pinned = [name for name, asked in (

@@ -14,7 +14,7 @@ context parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferenceos.errors import UsageError
 
@@ -88,6 +88,4 @@ class LlamaParams:
 
     def per_sequence(self) -> LlamaParams:
         """These params with `n_ctx` per sequence (what `Engine` multiplies back)."""
-        from dataclasses import replace
-
         return replace(self, n_ctx=max(16, self.n_ctx // max(1, self.n_seq_max)))

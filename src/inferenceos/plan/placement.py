@@ -35,8 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferenceos.plan.devices import Device, Machine
-from inferenceos.plan.memory import ContextSettings, kv_layer_bytes
+from inferenceos.plan.memory import (
+    ContextSettings,
+    compute_terms,
+    kv_layer_bytes,
+    output_buffer_bytes,
+    process_overhead,
+)
 from inferenceos.plan.model_facts import ModelFacts, TensorFact
+from inferenceos.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -228,8 +235,6 @@ def _overflow_layers(
     """How many layers to offload when slow remote devices should only take what local
     RAM cannot hold: the fast accelerators' block, plus the fewest layers before it
     whose bytes cover the RAM overflow."""
-    from inferenceos.plan.memory import compute_terms, output_buffer_bytes, process_overhead
-
     fast_only = {k: (0 if k in slow else v) for k, v in gpu_free.items()}
     dense = ["CPU"] * len(parts)
     budgets = [_Budget(d.name, fast_only.get(d.name, 0)) for d in machine.accelerators]
@@ -356,6 +361,4 @@ def _notes(
 
 
 def _mib(n: float) -> str:
-    from inferenceos.units import format_bytes
-
     return format_bytes(n)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from inferenceos.errors import UsageError
 from inferenceos.plan.devices import Machine
+from inferenceos.plan.memory import compute_terms
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration, prefill_cost
 from inferenceos.plan.plan import Change, Plan
@@ -142,7 +143,6 @@ def apply_to_plan(
 ) -> Plan:
     """The plan's ubatch as the policy wants it, within the memory the plan leaves."""
     from inferenceos.plan.footprint import estimate
-    from inferenceos.plan.memory import compute_terms
 
     if not (choice.max_ubatch or choice.ubatch) or plan.disk_bound:
         return plan

@@ -13,14 +13,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from inferenceos.errors import UsageError
 from inferenceos.hardware.cpu_load import CpuLoad
+from inferenceos.model.projector import load_projector
+from inferenceos.plan import speculative as spec
 from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
 from inferenceos.plan.plan import Plan
-from inferenceos.plan.policy import PolicyChoice
-from inferenceos.plan.projector import EncoderTime
+from inferenceos.plan.policy import PolicyChoice, apply_to_plan, apply_to_request
+from inferenceos.plan.projector import EncoderTime, encoder_time
 from inferenceos.plan.speculative import DraftPrediction
 
 DEFAULT_CTX = 4096
@@ -151,7 +154,6 @@ def simulate(
     time in the TTFT of `workload.image_tokens`); `kv_quality` the lowest KV precision
     the plan may take; with `explain` the plan keeps the alternatives it rejected."""
     from inferenceos.plan.entry import LoadRequest, plan_load
-    from inferenceos.plan.policy import apply_to_plan, apply_to_request
 
     facts = load_model_facts(path)
     cal = calibration or machine_calibration()
@@ -216,9 +218,6 @@ def _encoder(plan: Plan, machine: Machine, w: Workload, cal: Calibration) -> Enc
     """The encoder time of the plan's projector for `w.image_tokens` (None without one)."""
     if plan.projector is None:
         return None
-    from inferenceos.model.projector import load_projector
-    from inferenceos.plan.projector import encoder_time
-
     pf = load_projector(plan.projector.path)
     return encoder_time(pf, plan.projector, machine, w.image_tokens, cal, plan.threads)
 
@@ -230,8 +229,6 @@ def with_draft(pred: Prediction, drafter: str, task: str | None = None,
     `learned` and no `task` is named, else the task's prior. A draft model's cost comes
     from its size against the model's; its weights are a peak-memory entry of their own
     (the engine loads it beside the model, with the model's placement)."""
-    from inferenceos.plan import speculative as spec
-
     facts = load_model_facts(pred.plan.model_path)
     target = facts.spec.tensor_bytes
     cost, peak = None, pred.peak_memory
@@ -243,8 +240,6 @@ def with_draft(pred: Prediction, drafter: str, task: str | None = None,
     elif kind == "self":
         cost = spec.self_draft_bytes(facts) / max(target, 1) + spec.VERIFY_ROW_COST
     elif kind != "ngram":
-        from inferenceos.errors import UsageError
-
         raise UsageError(f"unknown drafter {drafter!r} (use ngram, self or a .gguf path)")
     evidence = spec.learned_draft(facts.spec.path, drafter) if learned else None
     return replace(pred, draft=spec.predict_draft(drafter, task, cost, evidence),

@@ -25,19 +25,23 @@ Contract of `ModelManager`:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import inferenceos.telemetry as telemetry
 from inferenceos.engine.client import EngineClient
-from inferenceos.errors import InferenceOSError
+from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.entry import LoadRequest
 from inferenceos.plan.llama_params import LlamaParams
+from inferenceos.plan.model_facts import load_model_facts
 from inferenceos.plan.plan import Plan
+from inferenceos.plan.preflight import PlanRefused
 from inferenceos.registry import events
 from inferenceos.registry.budget import MemoryBudget
 from inferenceos.registry.catalog import ResolvedModel
@@ -66,7 +70,6 @@ def plan_model(model: ResolvedModel, req: LoadRequest, machine: Machine) -> Plan
     """The default planner: the one entry point for this machine now (free cores, the
     learned calibration, the policy, optimize's stored best), on the GGUF header."""
     from inferenceos.plan.here import plan_here
-    from inferenceos.plan.model_facts import load_model_facts
 
     return plan_here(load_model_facts(model.path), machine, req).plan
 
@@ -97,8 +100,6 @@ def recent_context(model: ResolvedModel) -> tuple[int, str] | None:
     output tokens over its last 200 generations here, with 25 % headroom, rounded up to
     a power of two (≥ 2048); None without history."""
     try:
-        import inferenceos.telemetry as telemetry
-
         rows = telemetry.generations(model.path, limit=200)
     except Exception:  # telemetry is advice: never a reason to fail a load
         return None
@@ -246,8 +247,6 @@ class ModelManager:
 
     def _plan(self, model: ResolvedModel, req: LoadRequest, exclude: str = "") -> Plan:
         """The plan for `model` on the memory our other models could give back."""
-        from inferenceos.plan.preflight import PlanRefused
-
         ours = used_by(m for m in self.loaded() if m.model.name != exclude)
         if model.mmproj is not None and req.mmproj is None:  # its encoder is charged too
             req = replace(req, mmproj=model.mmproj)
@@ -402,8 +401,6 @@ class ModelManager:
         counts it in `migrations_by[(reason, direction)]` and its sequence-state bytes in
         `migration_bytes[direction]` (direction None: `migration_direction`).
         UsageError when the model is not loaded or its engine cannot migrate."""
-        from inferenceos.errors import UsageError
-
         with self._load_lock:
             with self._lock:
                 lm = self._models.get(self._resolve(name).name)
@@ -584,27 +581,17 @@ def _record(kind: str, model: ResolvedModel, **detail: Any) -> None:
     """A telemetry event (and one in this process's recent events); recording never
     fails a load."""
     events.add(kind, model.name, **detail)
-    try:
-        import inferenceos.telemetry as telemetry
-
+    with contextlib.suppress(Exception):
         telemetry.recorder().event(kind, model.path, digest=model.digest or None,
                                    name=model.name, **detail)
-    except Exception:
-        pass
 
 
 def _record_load(model: ResolvedModel, load_s: float, plan: Plan, engine: EngineClient) -> None:
-    try:
-        from dataclasses import asdict
-
-        import inferenceos.telemetry as telemetry
-
+    with contextlib.suppress(Exception):  # recording never fails a load
         telemetry.recorder().load(model.path, source="server", load_s=load_s,
                                   digest=model.digest or None, name=model.name,
                                   memory=getattr(engine, "memory_buffers", None),
                                   settings=asdict(plan.params()), plan=plan.to_json())
-    except Exception:  # recording never fails a load
-        pass
 
 
 def migration_direction(before: Plan, after: Plan) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 from inferenceos.errors import InferenceOSError
 from inferenceos.hardware.pressure import DOWN, UP, Hysteresis, PressureSensor, Sample
-from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import Machine, with_workers
 from inferenceos.plan.plan import Plan
 from inferenceos.registry import events
 from inferenceos.registry.leases import HOT, ResidentModel
@@ -248,8 +248,6 @@ class PressureReactor:
     def _machine(self, lm: ResidentModel, dev: str, target: int, sample: Sample) -> Machine:
         """The machine `lm` is re-planned on: the budget's view (with RPC workers), each
         device's memory as sampled plus what `lm` holds there, `dev` held to `target`."""
-        from inferenceos.plan.devices import with_workers
-
         mgr = self.manager
         others = used_by(m for m in mgr.loaded() if m.model.name != lm.model.name)
         machine = mgr.budget.machine(others)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI
@@ -50,8 +51,6 @@ ROUTERS: tuple[APIRouter, ...] = (
 def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager) -> FastAPI:
     """An app serving `catalog`'s models through `manager`. The app owns the manager:
     its lifespan starts the keep-alive reaper and unloads every model at shutdown."""
-    import dataclasses
-
     if not settings.version:
         settings = dataclasses.replace(settings, version=__version__)
     from inferenceos import logs

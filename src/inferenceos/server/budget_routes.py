@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Query, Request
 from pydantic import BaseModel, Field
 
+from inferenceos.hardware.pressure import PressureSensor, Source, nvml_source, ram_source
 from inferenceos.registry import events
 from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.pressure import PressureReactor
@@ -45,7 +46,6 @@ def attach(app: FastAPI, manager: ModelManager) -> PressureReactor | None:
     """Start the pressure reactor for `manager` (None when `pressure.enabled` is off)."""
     from inferenceos.cluster.probe import rpc_source
     from inferenceos.config import load_config
-    from inferenceos.hardware.pressure import PressureSensor, Source, nvml_source, ram_source
 
     cfg = load_config()
     if not cfg.get("pressure.enabled"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,8 +24,6 @@ async def health_body(state: ServerState) -> dict[str, Any]:
                             "models_loaded": len(state.manager.loaded())}
     rpc = getattr(getattr(state.manager, "base", None), "rpc", ())
     if rpc:
-        import asyncio
-
         from inferenceos.cluster.probe import worker_states
 
         body["workers"] = await asyncio.to_thread(worker_states, rpc)

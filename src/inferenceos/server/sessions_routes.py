@@ -32,6 +32,7 @@ from fastapi import APIRouter, Request
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.slots import shared_prefix
 from inferenceos.errors import InferenceOSError
+from inferenceos.paths import data_dir
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
@@ -57,8 +58,6 @@ router = APIRouter(prefix="/v1", tags=["sessions"], responses={**ERROR_RESPONSES
 def _store(request: Request) -> SessionStore:
     store = getattr(request.app.state, "sessions", None)
     if store is None:
-        from inferenceos.paths import data_dir
-
         store = request.app.state.sessions = SessionStore(data_dir() / "sessions")
     return store
 

@@ -15,9 +15,13 @@ import hashlib
 import json
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from inferenceos.atomic import read_json
+from inferenceos.errors import InferenceOSError
+from inferenceos.paths import data_dir
 
 QUICK_ID_BYTES = 2 << 30  # 2 GiB
 _MIB = 1 << 20
@@ -80,7 +84,6 @@ def current_machine() -> Machine:
 
 def _models_dir() -> Path:
     from inferenceos.config import ConfigError, load_config
-    from inferenceos.paths import data_dir
 
     try:
         return load_config().models_dir
@@ -101,7 +104,6 @@ _BLOB_NAME = re.compile(r"^sha256-([0-9a-f]{64})$")
 
 
 def _digest(path: Path, size: int) -> str:
-    from inferenceos.atomic import read_json
     from inferenceos.model.digest import _cache_file, file_digest
 
     blob = _BLOB_NAME.match(path.name)
@@ -144,7 +146,6 @@ def model_info(path: Path | str, digest: str | None = None, name: str = "") -> M
         hit = _models.get(key)
     if hit is not None and (digest is None or hit.digest == digest):
         return hit if not name or hit.name == name else _renamed(hit, name)
-    from inferenceos.errors import InferenceOSError
     from inferenceos.model.spec import load_spec
 
     digest = digest or model_digest(path)
@@ -161,6 +162,4 @@ def model_info(path: Path | str, digest: str | None = None, name: str = "") -> M
 
 
 def _renamed(info: ModelInfo, name: str) -> ModelInfo:
-    from dataclasses import replace
-
     return replace(info, name=name)

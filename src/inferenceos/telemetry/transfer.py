@@ -20,6 +20,7 @@ from typing import Any
 from inferenceos.atomic import write_text_atomic
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.telemetry import db as dbmod
+from inferenceos.telemetry.recorder import recorder, set_recorder
 from inferenceos.telemetry.schema import SCHEMA_VERSION
 
 FORMAT = "inferenceos-telemetry"
@@ -155,8 +156,6 @@ def _facts(conn: sqlite3.Connection, table: str, rows: list[dict[str, Any]],
 
 def reset(path: Path | None = None) -> bool:
     """Delete the database (and its -wal / -shm files); False when there was none."""
-    from inferenceos.telemetry.recorder import recorder, set_recorder
-
     path = path or dbmod.db_path()
     if path == dbmod.db_path():
         recorder().flush(2.0)
@@ -176,7 +175,6 @@ def set_enabled(on: bool) -> None:
     """Store `telemetry.enabled` in the config file (the process-wide recorder follows
     from its next creation; this process's is switched now)."""
     from inferenceos.config import set_value
-    from inferenceos.telemetry.recorder import set_recorder
 
     set_value("telemetry.enabled", "true" if on else "false")
     set_recorder(None)
