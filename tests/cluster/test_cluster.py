@@ -141,18 +141,21 @@ def test_a_disk_bound_plan_over_a_worker_runs_load_after_load(
     from inferenceos.engine.engine import Engine
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.session import LoadedModel
-    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.devices import Device, Machine
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.model_facts import load_model_facts
 
-    # the last layer and the output head forced onto the worker (llama.cpp's
-    # n_gpu_layers 2): whether the cost model puts them there follows the link's measured
-    # round trip, which a busy machine changes. At context 256 the worker was left
-    # empty even so; at 2048 (cut to the training context, 512, with a smaller ubatch)
-    # it takes them.
-    plan = plan_load(load_model_facts(deep_model), local_machine(), LoadRequest(
-        n_ctx=2048, rpc=workers.addresses[:1], ram=RAM, gpu_layers=2))
-    assert plan.disk_bound and workers.names()[0] in plan.placement.dense, plan.changes
+    # the worker as a device with a fast link: whether the cost model puts a layer on
+    # the real worker follows its measured round trip, which a busy machine changes
+    # (plan_load probes it); here the placement is fixed, the load and decode are real
+    cpu = Device(name="CPU", kind="cpu", memory_bytes=RAM, bandwidth_gbps=20.0, threads=2,
+                 llama_name="CPU")
+    name = workers.names()[0]
+    remote = Device(name=name, kind="rpc", memory_bytes=WORKER_BYTES, bandwidth_gbps=20.0,
+                    threads=1, llama_name=name, rtt_s=1e-4, remote_kind="cpu", link_gbps=1.0)
+    plan = plan_load(load_model_facts(deep_model), Machine(devices=(cpu, remote), source="test"),
+                     LoadRequest(n_ctx=N_CTX))
+    assert plan.disk_bound and name in plan.placement.dense, plan.changes
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for _ in range(4):
         engine = Engine(deep_model, plan.params().per_sequence(), n_parallel=1)

@@ -15,6 +15,16 @@ from inferenceos.hardware.cgroup import memory_limit
 from inferenceos.hardware.profile import MemoryInfo
 from inferenceos.hardware.tools import read_text, run_tool
 
+# Memory a process charges to its cgroup after it has read its budget, whatever it
+# loads: the code pages a decode step executes (llama.cpp's CPU kernels, its graph code,
+# sqlite's and the C++ runtime's) and the heap's growth. Measured on tests/tiny_q4.py
+# (x86_64, AVX2) over an 8-token decode: +3.2 MiB of executable mappings, +1.5 MiB of
+# heap. Left out of an enforced limit's budget, plans the kernel had to OOM-kill were
+# accepted: disk-bound ones leaving one layer of page cache (2026-12-03), and an
+# all-in-RAM one at 1.25x the file, where the anonymous bytes were estimated within 1 %
+# (2026-12-04). Only an enforced limit reserves it: `--ram` is the planner's figure.
+DECODE_CODE_PAGES = 4 << 20
+
 
 def parse_meminfo(text: str) -> dict[str, int]:
     """/proc/meminfo as {key: bytes} ("kB" values scaled; counts such as
@@ -42,8 +52,8 @@ def detect_memory(proc: Path = Path("/proc"), sys_root: Path = Path("/sys"),
     available = mi.get("MemAvailable", mi.get("MemFree", 0) + mi.get("Cached", 0))
     limit, usage = memory_limit(sys_root)
     usable = available
-    if limit is not None:
-        usable = min(available, max(0, limit - (usage or 0)))
+    if limit is not None:  # what is left under the limit, less the decode's own pages
+        usable = min(available, max(0, limit - (usage or 0) - DECODE_CODE_PAGES))
     return MemoryInfo(
         total_bytes=total, available_bytes=available, usable_bytes=usable,
         swap_total_bytes=mi.get("SwapTotal", 0), swap_free_bytes=mi.get("SwapFree", 0),

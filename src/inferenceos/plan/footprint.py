@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.memory import (
-    DECODE_CODE_PAGES,
     ComputeTerms,
     ContextSettings,
     MemoryEstimate,
@@ -90,13 +89,14 @@ def estimate(
 def stream_room(facts: ModelFacts, head_on_cpu: bool = True) -> int:
     """Memory a disk-bound plan needs besides its anonymous bytes: the page cache to
     stream its largest layer through (`stream_window`, with `head_on_cpu` as there)
-    twice over, and the code a decode runs. Twice, because reclaim cannot take the
-    layer just computed at once: its pages are still referenced and survive the first
-    scan, so the kernel needs a layer of slack to make room for the next. Measured on
-    tests/tiny_q4.py (6.3 MiB layers) under a real cgroup limit: with room for one
-    layer and the code, 2 of 60 runs were OOM-killed mid-decode with 19 MB of page
-    cache it could not reclaim; with room for two, none of 40 (2026-12-03)."""
-    return 2 * stream_window(facts, head_on_cpu) + DECODE_CODE_PAGES
+    twice over. Twice, because reclaim cannot take the layer just computed at once: its
+    pages are still referenced and survive the first scan, so the kernel needs a layer
+    of slack to make room for the next. Measured on tests/tiny_q4.py (6.3 MiB layers)
+    under a real cgroup limit: with room for one layer and the decode's code pages, 2 of
+    60 runs were OOM-killed mid-decode with 19 MB of page cache it could not reclaim;
+    with room for two, none of 40 (2026-12-03). The code pages themselves are reserved
+    in an enforced limit's budget, for every plan (hardware.memory.DECODE_CODE_PAGES)."""
+    return 2 * stream_window(facts, head_on_cpu)
 
 
 def stream_window(facts: ModelFacts, head_on_cpu: bool = True) -> int:

@@ -372,14 +372,5 @@ def repack_bytes(cpu_tensors: Iterable[TensorFact], isa: tuple[str, ...]) -> int
     )
 
 
-# Code pages a decode step executes besides the weights: llama.cpp's CPU kernels, its
-# graph code, sqlite's and the C++ runtime's, faulted after the plan is made and so
-# not in the start-up charge the budget is measured after, plus the heap's growth.
-# Measured on tests/tiny_q4.py (x86_64, AVX2) over an 8-token decode: +3.2 MiB of
-# executable mappings, +1.5 MiB of heap. Under a cgroup limit leaving the anonymous
-# bytes and one layer but not these, the process was OOM-killed (2026-12-03).
-DECODE_CODE_PAGES = 4 * MIB
-
-
 def process_overhead(facts: ModelFacts) -> int:
     return OVERHEAD_FIXED + OVERHEAD_PER_VOCAB_TOKEN * facts.spec.vocab_size

@@ -154,8 +154,8 @@ def fits(c: Candidate, machine: Machine, facts: ModelFacts) -> bool:
 
 
 def _stream_room(c: Candidate, machine: Machine, facts: ModelFacts) -> bool:
-    """A disk-bound plan keeps its anonymous bytes, one layer's page cache and the code
-    a decode runs in RAM (preflight's check, asked here so the search never picks what
+    """A disk-bound plan keeps its anonymous bytes and the page cache to stream its
+    layers through in RAM (preflight's check, asked here so the search never picks what
     it would refuse)."""
     room = stream_room(facts, head_on_cpu=c.placement.output_device == "CPU")
     return c.memory.anonymous + room <= machine.cpu.memory_bytes

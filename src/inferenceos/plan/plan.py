@@ -11,7 +11,7 @@ from typing import Any
 
 from inferenceos.atomic import write_json_atomic
 from inferenceos.plan.llama_params import LlamaParams
-from inferenceos.plan.memory import DECODE_CODE_PAGES, ContextSettings, MemoryEstimate
+from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.placement import Placement
 from inferenceos.plan.projector import ProjectorPlan
 from inferenceos.units import format_bytes
@@ -115,12 +115,12 @@ class Plan:
 
     def _resident_bytes(self) -> int:
         """Page cache a disk-bound plan keeps its resident weights in (0: not disk-bound):
-        the engine streams the rest (engine/prefetch.py). The code a decode runs is
-        page cache too (memory.DECODE_CODE_PAGES): locked weights must leave it."""
+        the engine streams the rest (engine/prefetch.py). An enforced limit's budget
+        already leaves out the code a decode runs (hardware.memory.DECODE_CODE_PAGES),
+        so locked weights leave it its pages."""
         if not self.disk_bound:
             return 0
-        cache = self.memory.tiers(self.budgets.get("CPU", 0))["page cache"]
-        return max(1, cache - DECODE_CODE_PAGES)
+        return max(1, self.memory.tiers(self.budgets.get("CPU", 0))["page cache"])
 
     def llama_params(self) -> dict[str, Any]:
         """`params()` as JSON (what `simulate --json` and `placement` print)."""

@@ -251,7 +251,7 @@ def _refusal(
         window = w if fixed <= ram < fixed + w else 0
     acc = ", ".join(f"{d.name} {fb(d.memory_bytes)}" for d in machine.accelerators) or "no GPU"
     stream = (f", plus {fb(window)} of page cache to stream its largest layer (with a "
-              "layer of slack for reclaim) and run the library's code" if window else "")
+              "layer of slack for reclaim)" if window else "")
     return (
         f"{facts.spec.name} cannot run here: even at context {ctx.n_ctx}, ubatch "
         f"{ctx.n_ubatch}, with a "
@@ -268,9 +268,9 @@ def _check_stream_room(
     head_on_cpu: bool = True,
 ) -> None:
     """A disk-bound plan must hold its anonymous bytes and still leave the page cache
-    room to stream a layer through and the code a decode runs (footprint.stream_room); a
-    smaller limit is refused here, with the figures, rather than thrashing or
-    OOM-killed under the kernel's limit."""
+    room to stream a layer through (footprint.stream_room); a smaller limit is refused
+    here, with the figures, rather than thrashing or OOM-killed under the kernel's
+    limit."""
     window = stream_room(facts, head_on_cpu)
     if est.anonymous + window > machine.cpu.memory_bytes:
         raise PlanRefused(_refusal(facts, machine, est, est.anonymous, ctx, window))
