@@ -297,3 +297,44 @@ def test_a_frozen_worker_ends_the_stream_instead_of_hanging(
     finally:
         victim.send_signal(signal.SIGCONT)
         engine.close()
+
+
+def test_a_head_kept_on_the_cpu_stays_there(gemma_path: Path, tmp_path: Path) -> None:
+    """A plan with blocks on a worker and Gemma's 170 MiB tied head on the CPU: llama.cpp
+    offloads the output layer first (n_gpu_layers 1 moves only the head), so the plan
+    asks for k + 1 layers and pins the head to the CPU. It asked for k before, and the
+    worker got the head and k - 1 blocks: 216.9 MiB where 50.7 MiB were planned, on a
+    worker offering 120 MiB. The worker's buffer, as llama.cpp logs it, is the plan's."""
+    import re
+
+    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.devices import Device, Machine
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    port = free_port()
+    proc = spawn_worker(port, mem="120MiB", threads=1, log=tmp_path / "w.log")
+    name = f"RPC[127.0.0.1:{port}]"
+    try:
+        cpu = Device(name="CPU", kind="cpu", memory_bytes=300 << 20, bandwidth_gbps=20.0,
+                     threads=2, llama_name="CPU")
+        remote = Device(name=name, kind="rpc", memory_bytes=120 << 20, bandwidth_gbps=20.0,
+                        threads=1, llama_name=name, rtt_s=1e-4, remote_kind="cpu",
+                        link_gbps=5.0)
+        plan = plan_load(load_model_facts(gemma_path),
+                         Machine(devices=(cpu, remote), source="test"), LoadRequest(n_ctx=1024))
+        k = plan.placement.dense.count(name)
+        assert k > 0 and plan.placement.output_device == "CPU", plan.placement.dense
+        params = plan.params()
+        assert params.n_gpu_layers == k + 1 and params.tensor_buft_overrides
+        mark = log().mark()
+        with LoadedModel(gemma_path, params):
+            pass
+        lines = " ".join(line for line in log().since(mark) if "model buffer size" in line)
+        got = re.search(r"RPC\d*\[[^\]]+\] model buffer size =\s*([\d.]+) MiB", lines)
+        assert got, lines
+        planned = plan.memory.weights[name] / (1 << 20)
+        assert float(got.group(1)) == pytest.approx(planned, rel=0.01), lines
+    finally:
+        stop_worker(proc)

@@ -17,6 +17,9 @@ from inferenceos.plan.projector import ProjectorPlan
 from inferenceos.units import format_bytes
 
 EXPERT_TENSORS = r"ffn_(up|down|gate|gate_up)_exps"
+# the output head's matrix: output.weight, or for a tied head llama.cpp's duplicate of
+# token_embd.weight (the input embedding, on the CPU in any case)
+HEAD_TENSORS = r"^(output|token_embd)\.weight$"
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,18 @@ class Plan:
 
     @property
     def n_gpu_layers(self) -> int:
-        """llama.cpp offloads the last n_gpu_layers layers; one more means the output head."""
+        """llama.cpp's n_gpu_layers for the placement. llama.cpp offloads the output
+        layer first and then the last blocks (llama_model's load_tensors: i_gpu_start =
+        n_layer + 1 - n_gpu_layers; checked on a worker: 1 moves only the head, 2 the
+        head and the last block), so k offloaded blocks are always k + 1, and a head
+        the plan keeps on the CPU stays there by a tensor override
+        (`tensor_overrides`). Before, such a plan asked for k: llama.cpp then moved
+        the head and k - 1 blocks, not the k blocks planned (Gemma 3 270M: a 170 MiB
+        head where a 3.6 MiB block was budgeted)."""
         if self.gpu_layers_forced is not None:
             return self.gpu_layers_forced
-        out = 1 if self.placement.output_device != "CPU" else 0
-        return self.placement.gpu_layers + out
+        k = self.placement.gpu_layers
+        return k + 1 if k or self.placement.output_device != "CPU" else 0
 
     @property
     def tensor_split(self) -> list[float]:
@@ -87,12 +97,18 @@ class Plan:
     @property
     def tensor_overrides(self) -> list[tuple[str, str]]:
         """(regex, buffer type) pairs for llama.cpp's tensor_buft_overrides: routed
-        experts of offloaded layers that stay in RAM."""
+        experts of offloaded layers that stay in RAM, and the output head when it stays
+        on the CPU while blocks are offloaded (see `n_gpu_layers`; a tied head is
+        llama.cpp's duplicate of token_embd.weight, which the CPU holds anyway)."""
+        out: list[tuple[str, str]] = []
+        if self.gpu_layers_forced is None and self.placement.gpu_layers \
+                and self.placement.output_device == "CPU":
+            out.append((HEAD_TENSORS, "CPU"))
         layers = self.placement.cpu_expert_layers
-        if not layers:
-            return []
-        alt = "|".join(str(i) for i in layers)
-        return [(rf"blk\.({alt})\.{EXPERT_TENSORS}", "CPU")]
+        if layers:
+            alt = "|".join(str(i) for i in layers)
+            out.append((rf"blk\.({alt})\.{EXPERT_TENSORS}", "CPU"))
+        return out
 
     def params(self) -> LlamaParams:
         """The one llama-parameters record the engine loads this plan with."""
