@@ -338,3 +338,40 @@ def test_a_head_kept_on_the_cpu_stays_there(gemma_path: Path, tmp_path: Path) ->
         assert float(got.group(1)) == pytest.approx(planned, rel=0.01), lines
     finally:
         stop_worker(proc)
+
+
+def test_each_worker_holds_the_blocks_the_plan_gives_it(
+    deep_model: Path, workers: Workers
+) -> None:
+    """llama.cpp spreads the offloaded blocks and the output layer (k + 1 slots) by
+    cumulative tensor_split; fractions by block count (2 + 2 as 0.5/0.5) loaded 3 + 1.
+    The split is now chosen so that each worker's buffer, as llama.cpp logs it, is the
+    plan's (the placement fixed on injected links, as above)."""
+    import re
+
+    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.devices import Device, Machine
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    cpu = Device(name="CPU", kind="cpu", memory_bytes=RAM, bandwidth_gbps=20.0, threads=2,
+                 llama_name="CPU")
+    remote = [Device(name=n, kind="rpc", memory_bytes=WORKER_BYTES, bandwidth_gbps=20.0,
+                     threads=1, llama_name=n, rtt_s=1e-4, remote_kind="cpu", link_gbps=5.0)
+              for n in workers.names()]
+    plan = plan_load(load_model_facts(deep_model),
+                     Machine(devices=(cpu, *remote), source="test"), LoadRequest(n_ctx=N_CTX))
+    counts = [plan.placement.dense.count(n) for n in workers.names()]
+    assert all(counts), plan.placement.dense
+    mark = log().mark()
+    with LoadedModel(deep_model, plan.params()):
+        pass
+    lines = [line for line in log().since(mark) if "model buffer size" in line]
+    for name in workers.names():
+        address = name[len("RPC["):-1]
+        got = next((re.search(r"=\s*([\d.]+) MiB", line) for line in lines
+                    if f"[{address}]" in line), None)
+        assert got, lines
+        planned = plan.memory.weights[name] / (1 << 20)
+        assert float(got.group(1)) == pytest.approx(planned, abs=0.01), (name, lines)

@@ -84,10 +84,27 @@ class Plan:
 
     @property
     def tensor_split(self) -> list[float]:
-        """Fraction of offloaded layers per accelerator, in device order."""
+        """Per accelerator (device order), the fractions llama.cpp splits the offloaded
+        layers by, chosen so that its assignment is the plan's. llama.cpp spreads k
+        offloaded blocks and the output layer, k + 1 slots, by cumulative fraction:
+        slot j goes to the first device whose cumulative split exceeds j / (k + 1)
+        (llama_model's load_tensors). Fractions by block count alone (c / k) moved
+        blocks: 2 + 2 planned over two workers loaded as 3 + 1. Each boundary sits
+        half a slot below the plan's, the last device with blocks ends at 1 (so the
+        output slot is its own, as the placement's head must be)."""
         counts = [sum(1 for d in self.placement.dense if d == a) for a in self.accelerators]
-        total = sum(counts)
-        return [c / total for c in counts] if total else []
+        k = sum(counts)
+        if k == 0:  # only the head offloaded, or nothing
+            head = self.placement.output_device
+            return [1.0 if a == head else 0.0 for a in self.accelerators] \
+                if head in self.accelerators else []
+        last = max(i for i, c in enumerate(counts) if c)
+        cums: list[float] = []
+        run = 0
+        for i, c in enumerate(counts):
+            run += c
+            cums.append(1.0 if i >= last else (run - 0.5) / (k + 1))
+        return [b - a for a, b in zip([0.0, *cums[:-1]], cums, strict=True)]
 
     @property
     def main_gpu(self) -> int:
