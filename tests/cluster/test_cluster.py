@@ -375,3 +375,35 @@ def test_each_worker_holds_the_blocks_the_plan_gives_it(
         assert got, lines
         planned = plan.memory.weights[name] / (1 << 20)
         assert float(got.group(1)) == pytest.approx(planned, abs=0.01), (name, lines)
+
+
+@pytest.mark.parametrize("forced", [1, 3])
+def test_a_forced_layer_count_is_planned_as_llama_cpp_loads_it(
+    deep_model: Path, workers: Workers, forced: int
+) -> None:
+    """`--gpu-layers N` (Ollama's num_gpu) is llama.cpp's n_gpu_layers: the output layer
+    first, then the last N - 1 blocks. The plan kept the optimizer's placement and only
+    changed the parameter, so its figures described another load (N = 1 was shown as a
+    block on the worker; llama.cpp moved the head). Now the placement is redone: the
+    worker's buffer, as llama.cpp logs it, is the plan's."""
+    import re
+
+    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.devices import local_machine
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.model_facts import load_model_facts
+
+    name = workers.names()[0]
+    plan = plan_load(load_model_facts(deep_model), local_machine(), LoadRequest(
+        n_ctx=N_CTX, rpc=workers.addresses[:1], ram=RAM, gpu_layers=forced))
+    assert plan.placement.dense.count(name) == forced - 1
+    assert plan.placement.output_device == name and plan.params().n_gpu_layers == forced
+    mark = log().mark()
+    with LoadedModel(deep_model, plan.params()):
+        pass
+    lines = " ".join(line for line in log().since(mark) if "model buffer size" in line)
+    got = re.search(r"RPC\d*\[[^\]]+\] model buffer size =\s*([\d.]+) MiB", lines)
+    assert got, lines
+    assert float(got.group(1)) == pytest.approx(plan.memory.weights[name] / (1 << 20),
+                                                abs=0.01), lines

@@ -31,6 +31,7 @@ from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.model.projector import ProjectorFacts, load_projector
 from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine, Overrides, apply_overrides, with_workers
+from inferenceos.plan.forced import force_gpu_layers
 from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize import Objective
@@ -257,7 +258,7 @@ def _plan_text(
     if not req.use_mmap:
         plan = replace(plan, use_mmap=False)
     if req.gpu_layers is not None:
-        plan, ch = _force_gpu_layers(plan, facts, req.gpu_layers)
+        plan, ch = force_gpu_layers(plan, facts, machine, req.gpu_layers)
         changes.append(ch)
     return replace(plan, changes=(*changes, *plan.changes)) if changes else plan
 
@@ -277,13 +278,3 @@ def _objective(req: LoadRequest) -> Objective:
     out = req.need_tokens - req.prompt_tokens if req.need_tokens > req.prompt_tokens else 128
     return Objective(prompt_tokens=prompt + req.image_tokens, output_tokens=out)
 
-
-def _force_gpu_layers(plan: Plan, facts: ModelFacts, n: int) -> tuple[Plan, Change]:
-    """Override the offloaded layer count (llama.cpp's n_gpu_layers, Ollama's num_gpu)."""
-    total = facts.spec.block_count + 1  # the output head counts as one more
-    want = total if n < 0 else min(n, total)
-    had = plan.n_gpu_layers
-    forced = replace(plan, gpu_layers_forced=want)
-    return forced, Change(
-        f"{want} GPU layers (forced)", f"asked for; the planner would offload {had}"
-    )
