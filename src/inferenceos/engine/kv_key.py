@@ -10,7 +10,10 @@ of n tokens restores into any context with room for n, which is what lets resize
 restarts with another `n_ctx` reuse the entries. Placement (GPU layers) is left out
 too: a state computed on a GPU restores on the CPU, with that device's rounding.
 Prompts with media are never stored (their cells are keyed per request), so the
-projector does not enter the key.
+projector does not enter the key. RoPE settings (base, scale, YaRN) are not fields
+either: no rope parameter is passed to llama.cpp (LlamaParams has none; it reads them
+from the file, and `rope_scaling` only lets the planner ask for a longer context), so
+the file's digest covers them. A rope override, if one is ever passed, belongs here.
 """
 
 from __future__ import annotations
