@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src")]
 
 MiB = 1 << 20
-# (label, --ram, worker memory): the issue's two cases and one with smaller workers
+# (label, --ram, worker memory): the issue's three cases and one with smaller workers
 SCENARIOS = (
+    ("--ram 200MiB, workers 200+200 MiB", 200, 200),
     ("--ram 300MiB, workers 200+200 MiB", 300, 200),
     ("--ram 400MiB, workers 200+200 MiB", 400, 200),
     ("--ram 280MiB, workers 120+120 MiB", 280, 120),
@@ -59,7 +60,7 @@ def worker_pair(mem_mib: int, threads: int, logs: Path) -> Iterator[list[str]]:
 
 def plans(facts: Any, ram: int, addrs: list[str], threads: int, ladder: bool) -> Any:
     """The plan of one planner for `facts` with `ram` and the workers at `addrs`."""
-    from inferenceos.plan import preflight
+    from inferenceos.plan import entry, preflight
     from inferenceos.plan.devices import Overrides, apply_overrides, local_machine, with_workers
     from inferenceos.plan.entry import LoadRequest, plan_load
 
@@ -76,11 +77,13 @@ def plans(facts: Any, ram: int, addrs: list[str], threads: int, ladder: bool) ->
         return preflight.ladder_plan(facts, machine, ctx, threads, pinned_ctx, min_ctx,
                                      allow_mmap, quantize_kv)
 
-    preflight.make_plan = old
+    # entry.py binds make_plan at import: swap it there (swapping it in preflight
+    # alone, as before 1d13bbd moved entry's import to the top, now changes nothing)
+    entry.make_plan = old
     try:
         return plan_load(facts, machine, req)
     finally:
-        preflight.make_plan = real
+        entry.make_plan = real
 
 
 def _generate(lm: Any, tokens: list[int], n: int) -> tuple[float, float]:
