@@ -77,6 +77,23 @@ def test_required_tool_choice_forces_a_valid_call(client: openai.OpenAI) -> None
     _valid(WEATHER_PARAMS, calls[0].function.arguments)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_parallel_tool_calls_decides_how_many_calls_a_reply_holds(
+    client: openai.OpenAI, parallel: bool
+) -> None:
+    """`parallel_tool_calls` false: the forced grammar admits one call and the reply
+    ends there. True: it admits several, and the random model writes calls until
+    max_tokens cuts one; each whole call is returned, each valid, each with its id."""
+    r = client.chat.completions.create(**{**GREEDY, "max_tokens": 200}, tools=[WEATHER],
+                                       tool_choice="required", parallel_tool_calls=parallel)
+    calls = r.choices[0].message.tool_calls or []
+    assert len(calls) == 1 if not parallel else len(calls) >= 2, calls
+    assert len({c.id for c in calls}) == len(calls)
+    for c in calls:
+        _valid(WEATHER_PARAMS if c.function.name == "weather" else CLOCK_PARAMS,
+               c.function.arguments)
+
+
 def test_named_function_is_the_one_called(client: openai.OpenAI) -> None:
     choice = {"type": "function", "function": {"name": "clock"}}
     r = client.chat.completions.create(**GREEDY, tools=[WEATHER, CLOCK], tool_choice=choice)
