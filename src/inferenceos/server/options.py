@@ -119,6 +119,8 @@ def ollama_options(options: dict[str, Any] | None) -> tuple[SamplingParams, dict
     for key, field in _OLLAMA_LOAD.items():
         if opts.get(key) is not None:
             value = _number(key, opts[key], int)
+            if value == 0 and key == "num_thread":
+                continue  # Ollama's 0: the runtime decides (here: the plan's threads)
             if value <= 0 and key != "num_gpu":
                 raise UsageError(f"option {key} must be positive, got {value}")
             overrides[field] = value
