@@ -40,6 +40,7 @@ import numpy as np
 from inferenceos import interrupt
 from inferenceos.engine.model_header import model_header
 from inferenceos.model.spec import tensor_place
+from inferenceos.plan.llama_params import offloaded_blocks
 
 MADV_WILLNEED = 4
 MADV_COLD = 20  # Linux 5.4+; EINVAL before: drop-behind is then skipped
@@ -100,16 +101,13 @@ def _mapping_base(path: Path) -> int | None:
 
 
 def _cpu_blocks(blocks: list[int], offloaded: int) -> list[int]:
-    """The blocks that compute on the CPU, when `offloaded` layers (llama.cpp's
-    n_gpu_layers, the output layer counted) sit on other devices: the first
-    n_layer + 1 - offloaded (llama_model's i_gpu_start). Only these are streamed and
+    """The blocks that compute on the CPU when llama.cpp's n_gpu_layers is `offloaded`
+    (llama_params.offloaded_blocks: the last ones go). Only these are streamed and
     watched: a cb_eval that stops the graph at a node of an RPC device's split cuts that
     split into views, which llama.cpp's RPC backend cannot compute (GGML_ASSERT(buffer)
     in ggml-backend.cpp, or SIGSEGV, in most loads of a disk-bound CPU + RPC plan)."""
-    if offloaded <= 0:
-        return blocks
-    start = max(0, len(blocks) + 1 - offloaded)
-    return [i for i in blocks if i < start]
+    on_cpu = len(blocks) - offloaded_blocks(offloaded, len(blocks))
+    return [i for i in blocks if i < on_cpu]
 
 
 class LayerStreamer:

@@ -2,8 +2,7 @@
 will really make, so that the plan's memory and predictions describe that load.
 
 llama.cpp's n_gpu_layers = N offloads the output layer first and then the last N - 1
-blocks (llama_model's load_tensors: i_gpu_start = n_layer + 1 - N; checked on a worker:
-N = 1 moves only the head). Before, a forced count only changed the parameter: the
+blocks (llama_params.offloaded_blocks). Before, a forced count only changed the parameter: the
 plan kept the optimizer's placement and memory, so `--gpu-layers 1` on a 12-block
 model was shown as a block on the worker while llama.cpp moved the head instead.
 
@@ -20,6 +19,7 @@ from dataclasses import replace
 
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import estimate
+from inferenceos.plan.llama_params import offloaded_blocks
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.placement import build_placement, layer_parts
 from inferenceos.plan.plan import Change, Plan
@@ -37,7 +37,7 @@ def force_gpu_layers(
     weights = _shares(plan, machine)
     if not weights:  # nothing to offload to: llama.cpp keeps everything on the CPU
         return replace(plan, gpu_layers_forced=0), change
-    offloaded = max(0, want - 1)
+    offloaded = offloaded_blocks(want, blocks)
     dense = ["CPU"] * (blocks - offloaded) + _spread(offloaded, weights)
     head = (dense[-1] if offloaded else next(iter(weights))) if want else "CPU"
     experts = [_expert_home(plan, i, dev) for i, dev in enumerate(dense)]

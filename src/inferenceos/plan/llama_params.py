@@ -32,6 +32,21 @@ KV_CACHE_TYPES: dict[str, int] = {
 QUANTIZED_KV = frozenset({"q8_0", "q5_1", "q5_0", "q4_1", "q4_0"})
 
 
+def offloaded_blocks(n_gpu_layers: int, n_layer: int) -> int:
+    """The repeating blocks llama.cpp puts on the devices for `n_gpu_layers`. It counts
+    the output layer as one more and offloads it first, then the last blocks
+    (llama_model's load_tensors: i_gpu_start = n_layer + 1 - n_gpu_layers; checked on
+    an RPC worker: 1 moves only the head, 2 the head and the last block)."""
+    return max(0, min(n_layer, n_gpu_layers - 1))
+
+
+def gpu_layers_for(blocks: int, head_offloaded: bool) -> int:
+    """The n_gpu_layers that offloads `blocks` blocks (`offloaded_blocks`' inverse). The
+    output layer always goes with them: a head meant for the CPU then needs a tensor
+    override (plan.Plan.tensor_overrides)."""
+    return blocks + 1 if blocks or head_offloaded else 0
+
+
 @dataclass(frozen=True)
 class LlamaParams:
     """How to load a model and size its context.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.atomic import write_json_atomic
-from inferenceos.plan.llama_params import LlamaParams
+from inferenceos.plan.llama_params import LlamaParams, gpu_layers_for
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.placement import Placement
 from inferenceos.plan.projector import ProjectorPlan
@@ -69,18 +69,15 @@ class Plan:
 
     @property
     def n_gpu_layers(self) -> int:
-        """llama.cpp's n_gpu_layers for the placement. llama.cpp offloads the output
-        layer first and then the last blocks (llama_model's load_tensors: i_gpu_start =
-        n_layer + 1 - n_gpu_layers; checked on a worker: 1 moves only the head, 2 the
-        head and the last block), so k offloaded blocks are always k + 1, and a head
-        the plan keeps on the CPU stays there by a tensor override
-        (`tensor_overrides`). Before, such a plan asked for k: llama.cpp then moved
-        the head and k - 1 blocks, not the k blocks planned (Gemma 3 270M: a 170 MiB
-        head where a 3.6 MiB block was budgeted)."""
+        """llama.cpp's n_gpu_layers for the placement (llama_params.gpu_layers_for: k
+        offloaded blocks are k + 1, since llama.cpp offloads the output layer first; a
+        head the plan keeps on the CPU stays there by a tensor override,
+        `tensor_overrides`). Before, such a plan asked for k: llama.cpp then moved the
+        head and k - 1 blocks, not the k blocks planned (Gemma 3 270M: a 170 MiB head
+        where a 3.6 MiB block was budgeted)."""
         if self.gpu_layers_forced is not None:
             return self.gpu_layers_forced
-        k = self.placement.gpu_layers
-        return k + 1 if k or self.placement.output_device != "CPU" else 0
+        return gpu_layers_for(self.placement.gpu_layers, self.placement.output_device != "CPU")
 
     @property
     def tensor_split(self) -> list[float]:
