@@ -4,10 +4,13 @@ planner split the model over this machine and both."""
 
 from __future__ import annotations
 
+import re
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
+from inferenceos.plan.devices import Device, Machine
 
 # the "deeper" tiny model: 12 layers of ~1 MiB, 12.1 MB of weights. A worker offering
 # 3 MiB takes at most 2 layers (after its compute reserve); 10.5 MiB of RAM here holds at
@@ -48,3 +51,34 @@ class Workers:
     def close(self) -> None:
         for proc in self.procs.values():
             stop_worker(proc)
+
+
+# -- injected machines (the planner's view, links fixed) -----------------------------
+
+
+def injected_machine(ram: int, *remote: Device) -> Machine:
+    """This machine as the planner sees it: a 2-thread CPU with `ram`, and `remote`."""
+    cpu = Device(name="CPU", kind="cpu", memory_bytes=ram, bandwidth_gbps=20.0, threads=2,
+                 llama_name="CPU")
+    return Machine(devices=(cpu, *remote), source="test")
+
+
+def rpc_device(address: str, mem: int, kind: str = "cpu", rtt: float = 1e-4,
+               gbps: float = 20.0, link: float = 1.0) -> Device:
+    """A worker at `address` ("host:port") offering `mem`, on a link of `rtt` seconds
+    and `link` GB/s: fixed, where a probe would measure it (a busy machine moves it)."""
+    return Device(name=f"RPC[{address}]", kind="rpc", memory_bytes=mem, bandwidth_gbps=gbps,
+                  threads=2, llama_name=f"RPC[{address}]", rtt_s=rtt, remote_kind=kind,
+                  link_gbps=link, tflops=20.0 if kind == "gpu" else 0.0)
+
+
+def worker_buffer_mib(log_lines: Iterable[str], address: str) -> float:
+    """The model buffer llama.cpp logged for the worker at `address`, in MiB (its
+    "RPC0[host:port] model buffer size = X MiB" line); AssertionError without one."""
+    for line in log_lines:
+        found = re.search(rf"RPC\d*\[{re.escape(address)}\] model buffer size =\s*([\d.]+) MiB",
+                          line)
+        if found:
+            return float(found.group(1))
+    raise AssertionError(f"no model buffer logged for {address}")
+

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_cli
-from cluster_harness import RAM, RAM_ARG, WORKER_BYTES, Workers
+from cluster_harness import (
+    RAM,
+    RAM_ARG,
+    WORKER_BYTES,
+    Workers,
+    injected_machine,
+    rpc_device,
+    worker_buffer_mib,
+)
 from inferenceos.cluster.info import host_id
 from inferenceos.cluster.probe import probe_worker
 from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
@@ -141,20 +149,15 @@ def test_a_disk_bound_plan_over_a_worker_runs_load_after_load(
     from inferenceos.engine.engine import Engine
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.session import LoadedModel
-    from inferenceos.plan.devices import Device, Machine
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.model_facts import load_model_facts
 
-    # the worker as a device with a fast link: whether the cost model puts a layer on
+    # the worker as a device with a fixed link: whether the cost model puts a layer on
     # the real worker follows its measured round trip, which a busy machine changes
     # (plan_load probes it); here the placement is fixed, the load and decode are real
-    cpu = Device(name="CPU", kind="cpu", memory_bytes=RAM, bandwidth_gbps=20.0, threads=2,
-                 llama_name="CPU")
     name = workers.names()[0]
-    remote = Device(name=name, kind="rpc", memory_bytes=WORKER_BYTES, bandwidth_gbps=20.0,
-                    threads=1, llama_name=name, rtt_s=1e-4, remote_kind="cpu", link_gbps=1.0)
-    plan = plan_load(load_model_facts(deep_model), Machine(devices=(cpu, remote), source="test"),
-                     LoadRequest(n_ctx=N_CTX))
+    machine = injected_machine(RAM, rpc_device(workers.addresses[0], WORKER_BYTES))
+    plan = plan_load(load_model_facts(deep_model), machine, LoadRequest(n_ctx=N_CTX))
     assert plan.disk_bound and name in plan.placement.dense, plan.changes
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for _ in range(4):
@@ -305,25 +308,18 @@ def test_a_head_kept_on_the_cpu_stays_there(gemma_path: Path, tmp_path: Path) ->
     asks for k + 1 layers and pins the head to the CPU. It asked for k before, and the
     worker got the head and k - 1 blocks: 216.9 MiB where 50.7 MiB were planned, on a
     worker offering 120 MiB. The worker's buffer, as llama.cpp logs it, is the plan's."""
-    import re
-
     from inferenceos.engine.llama_lib import log
     from inferenceos.engine.session import LoadedModel
-    from inferenceos.plan.devices import Device, Machine
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.model_facts import load_model_facts
 
     port = free_port()
     proc = spawn_worker(port, mem="120MiB", threads=1, log=tmp_path / "w.log")
-    name = f"RPC[127.0.0.1:{port}]"
+    address = f"127.0.0.1:{port}"
+    name = f"RPC[{address}]"
     try:
-        cpu = Device(name="CPU", kind="cpu", memory_bytes=300 << 20, bandwidth_gbps=20.0,
-                     threads=2, llama_name="CPU")
-        remote = Device(name=name, kind="rpc", memory_bytes=120 << 20, bandwidth_gbps=20.0,
-                        threads=1, llama_name=name, rtt_s=1e-4, remote_kind="cpu",
-                        link_gbps=5.0)
-        plan = plan_load(load_model_facts(gemma_path),
-                         Machine(devices=(cpu, remote), source="test"), LoadRequest(n_ctx=1024))
+        machine = injected_machine(300 << 20, rpc_device(address, 120 << 20, link=5.0))
+        plan = plan_load(load_model_facts(gemma_path), machine, LoadRequest(n_ctx=1024))
         k = plan.placement.dense.count(name)
         assert k > 0 and plan.placement.output_device == "CPU", plan.placement.dense
         params = plan.params()
@@ -331,11 +327,8 @@ def test_a_head_kept_on_the_cpu_stays_there(gemma_path: Path, tmp_path: Path) ->
         mark = log().mark()
         with LoadedModel(gemma_path, params):
             pass
-        lines = " ".join(line for line in log().since(mark) if "model buffer size" in line)
-        got = re.search(r"RPC\d*\[[^\]]+\] model buffer size =\s*([\d.]+) MiB", lines)
-        assert got, lines
         planned = plan.memory.weights[name] / (1 << 20)
-        assert float(got.group(1)) == pytest.approx(planned, rel=0.01), lines
+        assert worker_buffer_mib(log().since(mark), address) == pytest.approx(planned, rel=0.01)
     finally:
         stop_worker(proc)
 
@@ -347,34 +340,23 @@ def test_each_worker_holds_the_blocks_the_plan_gives_it(
     cumulative tensor_split; fractions by block count (2 + 2 as 0.5/0.5) loaded 3 + 1.
     The split is now chosen so that each worker's buffer, as llama.cpp logs it, is the
     plan's (the placement fixed on injected links, as above)."""
-    import re
-
     from inferenceos.engine.llama_lib import log
     from inferenceos.engine.session import LoadedModel
-    from inferenceos.plan.devices import Device, Machine
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.model_facts import load_model_facts
 
-    cpu = Device(name="CPU", kind="cpu", memory_bytes=RAM, bandwidth_gbps=20.0, threads=2,
-                 llama_name="CPU")
-    remote = [Device(name=n, kind="rpc", memory_bytes=WORKER_BYTES, bandwidth_gbps=20.0,
-                     threads=1, llama_name=n, rtt_s=1e-4, remote_kind="cpu", link_gbps=5.0)
-              for n in workers.names()]
-    plan = plan_load(load_model_facts(deep_model),
-                     Machine(devices=(cpu, *remote), source="test"), LoadRequest(n_ctx=N_CTX))
+    machine = injected_machine(RAM, *(rpc_device(a, WORKER_BYTES, link=5.0)
+                                      for a in workers.addresses))
+    plan = plan_load(load_model_facts(deep_model), machine, LoadRequest(n_ctx=N_CTX))
     counts = [plan.placement.dense.count(n) for n in workers.names()]
     assert all(counts), plan.placement.dense
     mark = log().mark()
     with LoadedModel(deep_model, plan.params()):
         pass
-    lines = [line for line in log().since(mark) if "model buffer size" in line]
-    for name in workers.names():
-        address = name[len("RPC["):-1]
-        got = next((re.search(r"=\s*([\d.]+) MiB", line) for line in lines
-                    if f"[{address}]" in line), None)
-        assert got, lines
+    lines = log().since(mark)
+    for address, name in zip(workers.addresses, workers.names(), strict=True):
         planned = plan.memory.weights[name] / (1 << 20)
-        assert float(got.group(1)) == pytest.approx(planned, abs=0.01), (name, lines)
+        assert worker_buffer_mib(lines, address) == pytest.approx(planned, abs=0.01), name
 
 
 @pytest.mark.parametrize("forced", [1, 3])
@@ -386,8 +368,6 @@ def test_a_forced_layer_count_is_planned_as_llama_cpp_loads_it(
     changed the parameter, so its figures described another load (N = 1 was shown as a
     block on the worker; llama.cpp moved the head). Now the placement is redone: the
     worker's buffer, as llama.cpp logs it, is the plan's."""
-    import re
-
     from inferenceos.engine.llama_lib import log
     from inferenceos.engine.session import LoadedModel
     from inferenceos.plan.devices import local_machine
@@ -402,8 +382,6 @@ def test_a_forced_layer_count_is_planned_as_llama_cpp_loads_it(
     mark = log().mark()
     with LoadedModel(deep_model, plan.params()):
         pass
-    lines = " ".join(line for line in log().since(mark) if "model buffer size" in line)
-    got = re.search(r"RPC\d*\[[^\]]+\] model buffer size =\s*([\d.]+) MiB", lines)
-    assert got, lines
-    assert float(got.group(1)) == pytest.approx(plan.memory.weights[name] / (1 << 20),
-                                                abs=0.01), lines
+    planned = plan.memory.weights[name] / (1 << 20)
+    assert worker_buffer_mib(log().since(mark), workers.addresses[0]) == pytest.approx(
+        planned, abs=0.01)

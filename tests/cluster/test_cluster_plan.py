@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from inferenceos.plan.devices import Device, Machine
+from cluster_harness import injected_machine as _machine
+from cluster_harness import rpc_device as _rpc
 from inferenceos.plan.entry import LoadRequest, plan_load
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration, decode_cost
@@ -21,18 +22,6 @@ GB = 1 << 30
 def facts(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
     path: Path = write_tiny_model(tmp_path_factory.mktemp("plan") / "deep.gguf", "deep")
     return load_model_facts(path)
-
-
-def _machine(ram: int, *remote: Device) -> Machine:
-    cpu = Device(name="CPU", kind="cpu", memory_bytes=ram, bandwidth_gbps=20.0, threads=2,
-                 llama_name="CPU")
-    return Machine(devices=(cpu, *remote), source="test")
-
-
-def _rpc(name: str, mem: int, kind: str = "cpu", rtt: float = 1e-4, gbps: float = 20.0) -> Device:
-    return Device(name=f"RPC[{name}]", kind="rpc", memory_bytes=mem, bandwidth_gbps=gbps,
-                  threads=2, llama_name=f"RPC[{name}]", rtt_s=rtt, remote_kind=kind,
-                  link_gbps=1.0, tflops=20.0 if kind == "gpu" else 0.0)
 
 
 REQ = LoadRequest(n_ctx=256)
