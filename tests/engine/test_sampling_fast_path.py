@@ -54,6 +54,17 @@ def test_gemma_fast_equals_full_chain(gemma_path: Path) -> None:
             assert _tokens(lm, sampling, 48) == _tokens(lm, _slow(sampling), 48)
 
 
+def test_top_p_zero_keeps_only_the_most_likely_token(tiny_llama: Path) -> None:
+    """Ollama and OpenAI clients send top_p 0; llama.cpp's top-p keeps one token then
+    (min_keep 1), so any temperature and seed decode greedily, on both paths."""
+    hot = SamplingParams(temperature=1.5, top_k=40, top_p=0.0, min_p=0.0, seed=5)
+    hot.validate()  # refused before: "top-p must be in (0, 1]"
+    with LoadedModel(tiny_llama, LlamaParams(n_ctx=256, n_threads=1)) as lm:
+        greedy = _tokens(lm, SamplingParams(temperature=0), 40)
+        assert _tokens(lm, hot, 40) == greedy
+        assert _tokens(lm, _slow(hot), 40) == greedy
+
+
 def test_top_k_ids_is_a_superset_of_the_k_best() -> None:
     rng = np.random.default_rng(0)
     for scale in (0.01, 1.0, 30.0):  # flat, normal and very peaked rows

@@ -50,7 +50,9 @@ class SamplingParams:
         checks = [
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (self.top_k >= 0, f"top-k must be >= 0, got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top-p must be in (0, 1], got {self.top_p}"),
+            # top-p 0 keeps only the most likely token (llama.cpp keeps min_keep = 1), as
+            # Ollama and OpenAI pass it; it is not a refusal
+            (0 <= self.top_p <= 1, f"top-p must be in [0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min-p must be in [0, 1], got {self.min_p}"),
             (self.max_tokens >= 0, f"max-tokens must be >= 0, got {self.max_tokens}"),
             (self.repeat_penalty > 0, f"repeat penalty must be > 0, got {self.repeat_penalty}"),

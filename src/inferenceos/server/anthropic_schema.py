@@ -113,7 +113,7 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(..., ge=1)
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None

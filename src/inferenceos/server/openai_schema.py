@@ -87,7 +87,7 @@ class SamplingFields(BaseModel):
 
     model: str = Field("", max_length=200)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0, description="llama.cpp extension")
     min_p: float | None = Field(None, ge=0, le=1, description="llama.cpp extension")
     repeat_penalty: float | None = Field(None, gt=0, description="llama.cpp extension")

@@ -57,7 +57,7 @@ class ResponseRequest(BaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0, description="llama.cpp extension")
     min_p: float | None = Field(None, ge=0, le=1, description="llama.cpp extension")
     seed: int | None = Field(None, ge=0, lt=2**32 - 1, description="llama.cpp extension")
@@ -86,7 +86,7 @@ class SessionMessage(BaseModel):
     content: str = Field(..., min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=0, lt=2**32 - 1)
