@@ -53,7 +53,9 @@ TRANSCRIPT_STOP = "\nUser:"
 
 def resolve(model: str | Path = "") -> Path:
     """The .gguf file `model` means: "" (or "gemma3-270m" when not registered) → the
-    built-in model, an existing path → itself, else a registry name.
+    built-in model, an existing path → itself, a packaged model's name (e.g.
+    "qwen2.5-coder-0.5b-instruct", when not registered) → its assembled file, else a
+    registry name.
     ModelNotFoundError when it is none of these."""
     if not str(model):
         from inferenceos.model.default_model import ensure_default_model
@@ -67,6 +69,7 @@ def resolve(model: str | Path = "") -> Path:
     if path.suffix == ".gguf" or str(model).startswith((".", "/", "~")):
         raise ModelNotFoundError(f"no such model file: {path}")
     from inferenceos.model.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+    from inferenceos.model.packaged_models import ensure_packaged_model
     from inferenceos.registry.names import InvalidNameError, canonical
     from inferenceos.registry.store import ModelStore
 
@@ -77,12 +80,23 @@ def resolve(model: str | Path = "") -> Path:
         raise ModelNotFoundError(f"no model file or registry name {str(model)!r}") from None
     if entry is None and canonical(str(model)) == canonical(DEFAULT_MODEL_NAME):
         return ensure_default_model()  # the built-in model needs no pull
+    if entry is None and (packaged := _packaged_name(str(model))):
+        return ensure_packaged_model(packaged)  # digest-checked; says what to install
     if entry is None:  # a typo gets the registered names closest to it
         raise ModelNotFoundError(store.not_found(str(model)) or (
             f"model '{model}' not found: pass a .gguf path, or `inferenceos pull` it first"))
     if not entry.path.is_file():
         store.get(entry.name)  # says whether the file was moved, deleted or is missing
     return entry.path
+
+
+def _packaged_name(model: str) -> str | None:
+    """The packaged model (model/packaged_models.py) `model` names, if any."""
+    from inferenceos.model.packaged_models import PACKAGED_MODELS
+    from inferenceos.registry.names import canonical
+
+    key = canonical(model)
+    return next((n for n in PACKAGED_MODELS if canonical(n) == key), None)
 
 
 def resolve_projector(model: str | Path = "", mmproj: str | Path | None = None) -> Path | None:

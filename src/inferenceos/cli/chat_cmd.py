@@ -27,9 +27,11 @@ from inferenceos.cli.chat_session import (
     ServerBackend,
     probe_server,
 )
+from inferenceos.cli.console import err
 from inferenceos.cli.limits import check_threads
 from inferenceos.cli.plan_opts import MmprojOpt
 from inferenceos.errors import InferenceOSError, UsageError
+from inferenceos.model.default_model import CHAT_EXTRA_HINT, default_chat_model
 
 HELP = """\
 /set KEY VALUE   set a sampling option: {options}
@@ -125,6 +127,10 @@ def open_backend(model: str, url: str | None, api_key: str, local: bool,
             return ServerBackend(target, model, key)
         if url:
             raise InferenceOSError(f"no server answers at {url}")
+    if not model:
+        model = default_chat_model()
+        if not model:
+            err.print(f"note: {CHAT_EXTRA_HINT}")
     return LocalBackend(model, **load_options)
 
 
@@ -306,7 +312,8 @@ def _save_history() -> None:
 
 def chat(
     model: Annotated[str, typer.Argument(
-        help="Model name or .gguf path (default: the server's default, else built-in Gemma)")
+        help="Model name or .gguf path (default: the server's default, else "
+             "qwen2.5-coder-0.5b-instruct with the chat extra, else built-in Gemma)")
     ] = "",
     system: Annotated[str | None, typer.Option("--system", help="System message")] = None,
     theme: Annotated[str, typer.Option(

@@ -12,10 +12,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inferenceos.errors import ModelNotFoundError
-from inferenceos.model.packaged_models import assemble_parts
+from inferenceos.model.packaged_models import QWEN_05B, assemble_parts, packaged_model_available
 from inferenceos.paths import cache_dir
 
 DEFAULT_MODEL_NAME = "gemma3-270m"
+# `chat`'s default: the built-in Gemma is a base model (it continues text, it does not
+# follow instructions), so a chat with no model named uses Qwen2.5-Coder-0.5B-Instruct
+# when the `chat` extra (its six pinned part packages) is installed; the digest is
+# checked when it is assembled, before its first use
+CHAT_MODEL_NAME = QWEN_05B.name
+CHAT_EXTRA_HINT = ('the built-in Gemma 3 270M is a base model: it continues text rather than '
+                   'answering; pip install "inferenceos-runtime[chat]" makes '
+                   f'{CHAT_MODEL_NAME} the chat default')
+
+
+def default_chat_model() -> str:
+    """The model name `chat` uses when none is given: CHAT_MODEL_NAME when it can be had
+    without a download, else "" (the built-in model)."""
+    return CHAT_MODEL_NAME if packaged_model_available(QWEN_05B) else ""
 
 
 def default_model_path() -> Path:

@@ -120,6 +120,19 @@ def part_paths(model: PackagedModel) -> list[Path]:
     return [p for _, p in found]
 
 
+def packaged_model_available(model: PackagedModel) -> bool:
+    """Whether `model` can be had without installing anything: already assembled and
+    verified, or its part packages installed (the digest is checked when assembled)."""
+    target = packaged_model_path(model)
+    if _verified(target, marker_path(target), model.sha256):
+        return True
+    try:
+        part_paths(model)
+    except ModelNotFoundError:
+        return False
+    return True
+
+
 def packaged_model_path(model: PackagedModel, base: Path | None = None) -> Path:
     """Where `model` is assembled (it may not exist yet): `base` or the cache's models dir."""
     return (base if base is not None else cache_dir() / "models") / model.filename
