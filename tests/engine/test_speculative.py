@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from inferenceos.engine.scheduler import Request, Scheduler
 from inferenceos.engine.scoring import lone_run_logits
 from inferenceos.engine.self_draft import kept_layers, swa_flags
 from inferenceos.engine.session import LoadedModel
+from inferenceos.engine.spec_decode import ROW_COST, SpeculativeDecoder
 from inferenceos.engine.speculative import (
     DraftAsk,
     DraftState,
@@ -269,6 +270,50 @@ def test_drafting_measured_slower_than_plain_pauses() -> None:
     # two tokens in 15 ms (133 t/s): it pays, drafting goes on
     fast = _timed_steps(0.015, tokens=2)
     assert fast.want(12, room=100) > 0
+
+
+def test_a_drafter_that_always_proposes_is_timed_against_plain_steps() -> None:
+    """A draft model proposes at every step: no plain step would ever be timed, so
+    drafting that loses was never caught. After two drafted steps the sequence decodes
+    two plainly, and drafting measured slower then pauses."""
+    now = [0.0]
+    state = DraftState(drafter=None, k=4, k_max=8, clock=lambda: now[0])  # type: ignore[arg-type]
+    generated, kinds = 0, []
+    for _ in range(8):
+        k = state.want(generated, room=100)
+        kinds.append("draft" if k else "plain")
+        if k:  # 4 drafted, 2 accepted: 3 tokens in 60 ms (50 t/s)
+            state.update(4, 2, generated)
+            generated, now[0] = generated + 3, now[0] + 0.060
+        else:  # a plain step: 1 token in 10 ms (100 t/s)
+            generated, now[0] = generated + 1, now[0] + 0.010
+    assert kinds[:4] == ["draft", "draft", "plain", "plain"]
+    assert state.paused_until > 8 and kinds[4:] == ["plain"] * 4  # slower: paused
+
+
+def test_the_row_cost_is_measured_from_the_steps_shapes() -> None:
+    """One more verification row against a one-row step, from the recent steps
+    (Qwen2.5-Coder-1.5B's own figures, 2 threads); a long prefill is the fallback."""
+    def row(shapes: list[tuple[float, int]]) -> float:
+        dec = SpeculativeDecoder(None, 1, 256, deque(), step_shapes=deque(shapes))  # type: ignore[arg-type]
+        return dec.row_cost()
+
+    assert row([(0.08, 1), (0.28, 5)]) == pytest.approx(0.625)  # a 5-row verification
+    assert row([(3.383, 110), (0.079, 1)]) == pytest.approx(0.383, abs=1e-3)  # prefill only
+    assert row([(0.08, 1), (3.383, 110), (0.28, 5)]) == pytest.approx(0.625)  # small first
+    assert row([(0.08, 1)]) == ROW_COST and row([]) == ROW_COST
+
+
+def test_a_draft_model_that_cannot_pay_at_the_measured_row_cost_never_starts() -> None:
+    """Qwen2.5-Coder-0.5B drafting for the 1.5B: 0.44 of a step per draft token plus a
+    measured row of 0.6 cannot beat plain decoding even if 90 % were accepted, so the
+    sequence decodes plainly from the start (it ran at 0.69x plain before)."""
+    dear = DraftState(drafter=None, k=4, k_max=12)  # type: ignore[arg-type]
+    dear.learn_cost(0.44 + 0.6)
+    assert dear.want(0, room=100) == 0 and dear.want(40, room=100) == 0
+    cheap = DraftState(drafter=None, k=4, k_max=12)  # type: ignore[arg-type]
+    cheap.learn_cost(0.44 + 0.1)  # the same draft where rows are nearly free (a GPU)
+    assert cheap.want(0, room=100) == 4
 
 
 def test_self_on_a_model_it_cannot_speed_up_decodes_plainly(tiny_swa: Path) -> None:

@@ -1,7 +1,9 @@
 """The tiered KV cache through a real `inferenceos serve`: a conversation sent again
 after the server restarted is restored from the disk tier, and every dialect reports
 the restored prefix (OpenAI `usage.prompt_tokens_details.cached_tokens`, llama-server
-`timings.cache_n`, Ollama `prompt_eval_cached_count`), and /metrics counts the hit."""
+`timings.cache_n`, Ollama `prompt_eval_cached_count`), and /metrics counts the hit.
+Two servers on one data dir share its disk tier without corrupting it or exceeding its
+budget."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -86,3 +89,53 @@ def test_a_restarted_server_restores_the_conversation_in_every_dialect(
     assert kv["hits"] >= 3 and kv["generations"] >= 4, kv  # the restored /v1, /api, /completion
     assert kv["cached_tokens"] >= 2 * cached and kv["disk_entries"] >= 1, kv
     assert "reused a cached prefix" in run_cli("telemetry").stdout
+
+
+# 12 conversations: each turn's entry is ~the same size, and the budget holds about a
+# third of them, so the two servers' writers evict each other's files as they go
+CONVERSATIONS = [f"Conversation {i}: " + "hello abc " * 24 + f"about topic {i}"
+                 for i in range(12)]
+
+
+def _kv_files(home: Path) -> list[Path]:
+    return sorted((home / "data" / "kv-cache").rglob("*.kv"))
+
+
+@pytest.mark.slow
+def test_two_servers_on_one_data_dir_share_the_disk_tier_whole_and_within_budget(
+        tiny_llama: Path, isolated_home: Path) -> None:
+    # one entry of these conversations is ~52 KiB on the tiny model (measured)
+    budget = 200 << 10
+    args = (*ARGS[:-1], str(budget))
+    servers = [start_serve(str(tiny_llama), *args) for _ in range(2)]
+    jobs = [(servers[0][1], c) for c in CONVERSATIONS[:8]] + \
+           [(servers[1][1], c) for c in CONVERSATIONS[4:]]  # 4 written by both
+    try:
+        with ThreadPoolExecutor(4) as pool:  # both servers write at once
+            first = list(pool.map(lambda job: _chat(*job), jobs))
+        for _, base in servers:
+            httpx.get(base + "/health", timeout=30).raise_for_status()
+    finally:
+        errs = [_stop(proc) for proc, _ in servers]  # a stop flushes the writers
+    assert all("Traceback" not in e for e in errs)
+    files = _kv_files(isolated_home)
+    assert 2 <= len(files) < len(CONVERSATIONS)  # written, and evicted to fit
+    assert sum(f.stat().st_size for f in files) <= budget
+    listed = json.loads(run_cli("cache", "list", "--json").stdout)["kv-cache"]
+    assert sum(k["entries"] for k in listed["keys"].values()) == len(files)  # none torn
+    replies = {text: r["choices"][0]["message"]["content"]  # type: ignore[index]
+               for (_, text), r in zip(jobs, first, strict=True)}
+    proc, base = start_serve(str(tiny_llama), *args)  # a third server finds what is left
+    try:
+        hits = 0
+        for text in CONVERSATIONS:
+            again = _chat(base, text)
+            usage = again["usage"]  # type: ignore[index]
+            cached = usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
+            assert cached in (0, usage["prompt_tokens"] - 1)  # type: ignore[index]
+            hits += cached > 0
+            # restored or prefilled, the reply is the one the conversation first got
+            assert again["choices"][0]["message"]["content"] == replies[text]  # type: ignore[index]
+        assert hits >= 2
+    finally:
+        _stop(proc)

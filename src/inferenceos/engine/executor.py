@@ -42,6 +42,8 @@ class Executor:
         self._current: TokenBatch | EmbdBatch = self.batch
         self._non_causal = False
         self.step_times: collections.deque[float] = collections.deque(maxlen=32)
+        # (seconds, batch rows) of the recent steps: what one more row costs (spec_decode)
+        self.step_shapes: collections.deque[tuple[float, int]] = collections.deque(maxlen=32)
         self.s_per_token = 0.0  # moving average of a step's seconds per batched token
 
     def fill(self, plan: StepPlan) -> StepRows:
@@ -89,6 +91,7 @@ class Executor:
                 self._ll.llama_set_causal_attn(self._ctx, True)
         elapsed = time.perf_counter() - t0
         self.step_times.append(elapsed)
+        self.step_shapes.append((elapsed, self._current.n))
         per_token = elapsed / max(1, self._current.n)
         self.s_per_token = (
             per_token if not self.s_per_token else (0.8 * self.s_per_token + 0.2 * per_token)

@@ -133,7 +133,8 @@ class Scheduler:
         self._ll.llama_memory_clear(self.mem, True)
         self.spec_decode = SpeculativeDecoder(model, n_slots, self.n_ctx_slot,
                                               self.executor.step_times, draft,
-                                              draft_options, guesses=self.tracker is None)
+                                              draft_options, guesses=self.tracker is None,
+                                              step_shapes=self.executor.step_shapes)
 
     def footprint_bytes(self) -> int:
         """Memory the drafters hold (draft model weights and KV), for the planner."""

@@ -50,6 +50,8 @@ from inferenceos.errors import GenerationError, UsageError
 # by the output head (Gemma 3 270M, 2 threads: llama-server's 48-token n-gram drafts ran
 # 3.6x plain, about 0.25 of a step per row); plan.speculative.VERIFY_ROW_COST is the same
 ROW_COST = 0.25
+MAX_ROWS_TIMED = 16  # steps of more rows (long prefill chunks) are cheaper per row
+MIN_ROW_COST = 0.02  # rows on a GPU are nearly free, never quite
 
 # (sequence, its draft, the tokens its drafter was asked for: 0 for a free row's guess)
 Drafting = tuple[RunningSequence, list[int], int]
@@ -71,14 +73,18 @@ class SpeculativeDecoder:
     def __init__(self, model: LoadedModel, n_slots: int, n_ctx_slot: int,
                  step_times: collections.deque[float], draft: str | None = None,
                  draft_options: dict[str, dict[str, Any]] | None = None,
-                 guesses: bool = True) -> None:
+                 guesses: bool = True,
+                 step_shapes: collections.deque[tuple[float, int]] | None = None) -> None:
         """`draft` names the default drafter ("ngram", "self", a plugin, or a .gguf draft
         model; None or "none": none), which requests may override; `draft_options` maps
         a drafter name to its constructor options (e.g. p_min). `step_times`: the
         executor's recent step durations (a drafter's cost is measured against them).
         `guesses`: whether free rows may carry guesses (not under an attention-tracking
-        KV policy). A bad default drafter fails here, at load time."""
+        KV policy). `step_shapes`: the executor's recent (seconds, rows) steps, from
+        which the cost of one more verification row is measured (row_cost). A bad
+        default drafter fails here, at load time."""
         self.model = model
+        self.step_shapes = step_shapes if step_shapes is not None else collections.deque()
         self.n_slots, self.n_ctx_slot = n_slots, n_ctx_slot
         self.step_times = step_times
         self.guesses = guesses
@@ -179,6 +185,8 @@ class SpeculativeDecoder:
         done = seq.metrics.completion_tokens
         left = seq.req.sampling.max_tokens - done
         room = min(self.n_ctx_slot - seq.n_past - 1, left - 1)
+        if seq.spec.verifications == 0:  # before its own drafts are measured
+            seq.spec.learn_cost(self._cost_before_drafting(seq.spec.drafter))
         k, min_match = seq.spec.want(done, room), 0
         if k == 0:
             k, min_match = seq.spec.sure_ask(done, room)
@@ -239,13 +247,44 @@ class SpeculativeDecoder:
             short -= len(out[-1][1])
         return out
 
+    def row_cost(self) -> float:
+        """One more verification row against a one-row decode step, measured on this
+        model and machine: the recent steps of 2..MAX_ROWS_TIMED rows (a verification's
+        size; a short prompt's prefill counts) against the one-row steps, or without
+        those the longer prefill steps (cheaper per row: a lower bound, enough to see
+        that a drafter cannot pay); ROW_COST until a step of each kind was seen. On CPU
+        it is the model's: 0.25 is Gemma 3 270M's (its output head dominates),
+        Qwen2.5-Coder-1.5B's rows cost about 0.5 of a step (2 threads), which is what
+        made its 0.5B draft model lose there."""
+        ones = [t for t, n in self.step_shapes if n == 1]
+        many = ([(t, n) for t, n in self.step_shapes if 1 < n <= MAX_ROWS_TIMED]
+                or [(t, n) for t, n in self.step_shapes if n > MAX_ROWS_TIMED])
+        if not ones or not many:
+            return ROW_COST
+        one = statistics.median(ones)
+        extra = statistics.median((t - one) / (n - 1) for t, n in many)
+        return max(MIN_ROW_COST, extra / one) if one > 0 else ROW_COST
+
+    def _cost_before_drafting(self, drafter: Drafter) -> float | None:
+        """The cost of one draft token before this drafter's own drafts were timed: the
+        measured one when it drafted here before, else its prior with the measured row
+        cost in place of ROW_COST (None for a drafter without a prior)."""
+        if drafter.name in self.draft_cost:
+            return self.draft_cost[drafter.name]
+        prior = getattr(drafter, "cost_prior", None)
+        return None if prior is None else max(0.0, float(prior) - ROW_COST) + self.row_cost()
+
     def _measure_cost(self, drafter: Drafter, s_per_token: float) -> None:
         """Cost of one more draft token relative to a decode step: drafting it (measured)
-        plus verifying one more row (ROW_COST)."""
+        plus verifying one more row (row_cost, measured)."""
         if not self.step_times:
             return
-        step = statistics.median(self.step_times)
-        cost = ROW_COST + s_per_token / step if step > 0 else ROW_COST
+        # against a one-row step: a prompt's prefill among step_times made a draft token
+        # look nearly free (Qwen 1.5B: 0.59 of a step measured where 3.8 was true)
+        ones = [t for t, n in self.step_shapes if n == 1]
+        step = statistics.median(ones or self.step_times)
+        row = self.row_cost()
+        cost = row + s_per_token / step if step > 0 else row
         old = self.draft_cost.get(drafter.name)
         self.draft_cost[drafter.name] = cost if old is None else 0.8 * old + 0.2 * cost
 
