@@ -91,8 +91,8 @@ def test_a_restarted_server_restores_the_conversation_in_every_dialect(
     assert "reused a cached prefix" in run_cli("telemetry").stdout
 
 
-# 12 conversations: each turn's entry is ~the same size, and the budget holds about a
-# third of them, so the two servers' writers evict each other's files as they go
+# 12 conversations: each turn's entry is ~the same size, and the budget holds a few of
+# them, so the two servers' writers evict each other's files as they go
 CONVERSATIONS = [f"Conversation {i}: " + "hello abc " * 24 + f"about topic {i}"
                  for i in range(12)]
 
@@ -104,8 +104,9 @@ def _kv_files(home: Path) -> list[Path]:
 @pytest.mark.slow
 def test_two_servers_on_one_data_dir_share_the_disk_tier_whole_and_within_budget(
         tiny_llama: Path, isolated_home: Path) -> None:
-    # one entry of these conversations is ~52 KiB on the tiny model (measured)
-    budget = 200 << 10
+    # one entry of these conversations is ~88 KiB on the tiny model (measured): the
+    # budget keeps four of the 16 turns written
+    budget = 360 << 10
     args = (*ARGS[:-1], str(budget))
     servers = [start_serve(str(tiny_llama), *args) for _ in range(2)]
     jobs = [(servers[0][1], c) for c in CONVERSATIONS[:8]] + \
@@ -132,10 +133,12 @@ def test_two_servers_on_one_data_dir_share_the_disk_tier_whole_and_within_budget
             again = _chat(base, text)
             usage = again["usage"]  # type: ignore[index]
             cached = usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
-            assert cached in (0, usage["prompt_tokens"] - 1)  # type: ignore[index]
-            hits += cached > 0
+            # the longest cached prefix: a whole earlier turn, or only the part a
+            # surviving entry shares with it (the template and "Conversation ")
+            assert 0 <= cached <= usage["prompt_tokens"] - 1  # type: ignore[index]
+            hits += cached == usage["prompt_tokens"] - 1  # type: ignore[index]
             # restored or prefilled, the reply is the one the conversation first got
             assert again["choices"][0]["message"]["content"] == replies[text]  # type: ignore[index]
-        assert hits >= 2
+        assert hits >= 1  # its own turns evict the rest as it goes (value-ranked)
     finally:
         _stop(proc)
