@@ -54,7 +54,7 @@ def test_raw_skips_the_chat_template(tiny_llama: Path) -> None:
     [
         (["run", "/nonexistent/model.gguf", "-p", "x"], "model file not found"),
         (["run", "{tiny}", "-p", "x", "--temperature", "-1"], "temperature must be >= 0"),
-        (["run", "{tiny}", "-p", "x", "--top-p", "0"], "top-p must be in"),
+        (["run", "{tiny}", "-p", "x", "--top-p", "1.5"], "top-p must be in"),
         (["run", "{tiny}"], "no prompt"),
     ],
 )
