@@ -316,6 +316,29 @@ def test_a_draft_model_that_cannot_pay_at_the_measured_row_cost_never_starts() -
     assert cheap.want(0, room=100) == 4
 
 
+def test_a_draft_model_that_cannot_catch_up_with_the_prompt_in_time_does_not_start() -> None:
+    """Qwen 0.5B drafting for the 1.5B on a 110-token quoting prompt, 64 tokens asked:
+    the draft must first evaluate the prompt (~1.5 s at the measured row cost), which
+    even 90 % acceptance would not win back over 63 tokens (it ran at 0.78x plain)."""
+    from types import SimpleNamespace
+
+    class Behind:  # a draft model's two facts: what it has not seen, its relative size
+        size_ratio = 0.44
+
+        def behind(self, key: int, tokens: Sequence[int]) -> int:
+            return len(tokens)
+
+    shapes = deque([(3.383, 110), (0.079, 1)])  # the prompt, its last token alone
+    dec = SpeculativeDecoder(None, 1, 2048, deque(), step_shapes=shapes)  # type: ignore[arg-type]
+    seq = SimpleNamespace(spec=DraftState(drafter=Behind(), k=4, k_max=12),  # type: ignore[arg-type]
+                          slot=SimpleNamespace(index=0, cached=list(range(110))), pending=7)
+    cost = 0.44 + dec.row_cost()
+    assert not dec.catch_up_pays(seq, cost, left=63)  # type: ignore[arg-type]
+    assert dec.catch_up_pays(seq, cost, left=5000)  # a long reply could win it back
+    seq.slot.cached = [1, 2]  # a short prompt: little to catch up on
+    assert dec.catch_up_pays(seq, cost, left=63)  # type: ignore[arg-type]
+
+
 def test_self_on_a_model_it_cannot_speed_up_decodes_plainly(tiny_swa: Path) -> None:
     """The tiny model's layer-skipped copy reads nearly all its bytes: DraftState never
     starts drafting, so the draft context is never even caught up with the prompt."""

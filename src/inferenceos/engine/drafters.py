@@ -172,6 +172,9 @@ class ModelDrafter:
         path = Path(path or setup.draft_path or "")
         if not path.is_file():
             raise ModelLoadError(f"draft model {path} not found")
+        # the draft's weight bytes over the target's: what one of its tokens costs
+        # against one of the target's (decode and prefill are both weight-bound here)
+        self.size_ratio = path.stat().st_size / max(1, Path(setup.model_path).stat().st_size)
         self.cost_prior = cost if cost is not None else model_draft_cost(
             path.stat().st_size, Path(setup.model_path).stat().st_size)
         s = setup.settings
@@ -195,6 +198,17 @@ class ModelDrafter:
         self.footprint_bytes = path.stat().st_size + _kv_bytes(path, self.lm.n_ctx)
 
     # -- drafting ---------------------------------------------------------------------
+
+    def behind(self, key: int, tokens: Sequence[int]) -> int:
+        """How many of `tokens` the draft context of slot `key` has not evaluated: what
+        its next draft must catch up on first (a whole prompt, for a new sequence)."""
+        cached = self.cached.get(key, [])
+        n = 0
+        for x, t in zip(cached, tokens, strict=False):
+            if x != (t if t < self.cut else self.unk):
+                break
+            n += 1
+        return len(tokens) - n
 
     def _sync(self, a: DraftAsk) -> list[int]:
         """Make the draft's cells for slot a.key a prefix of a.tokens; returns the

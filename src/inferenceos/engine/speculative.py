@@ -216,6 +216,10 @@ class DraftState:
         if not can_pay(cost, self.k_max) and self.paused_until != NEVER:
             self.paused_until = NEVER
 
+    def stop(self) -> None:
+        """Decode plainly for the rest of the sequence."""
+        self.paused_until = NEVER
+
     def want(self, generated: int, room: int) -> int:
         """Draft tokens to ask for now (0: not drafting), at most `room`. Called once
         per step of the sequence: it also closes the timing of the previous step."""
