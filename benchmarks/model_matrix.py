@@ -144,6 +144,9 @@ def speculative(model: Path, draft: Path | None, args: argparse.Namespace
                     args.rounds, lambda: ours_once(lm, rep, args.tokens, d)["tps"],
                     lambda: server_once(servers["draft"][1], TASKS["repetitive"],
                                         args.tokens)["tps"])
+                out["draft model vs plain (quoting task)"] = rounds(
+                    args.rounds, lambda: ours_once(lm, rep, args.tokens, d)["tps"],
+                    lambda: ours_once(lm, rep, args.tokens, "none")["tps"])
                 out["draft model vs plain (free text)"] = rounds(
                     args.rounds, lambda: ours_once(lm, free, args.tokens, d)["tps"],
                     lambda: ours_once(lm, free, args.tokens, "none")["tps"])
