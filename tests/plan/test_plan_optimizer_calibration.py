@@ -5,6 +5,7 @@ machine's, and a data dir that never ran `hardware` calibrates itself once."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -118,3 +119,40 @@ def test_a_fresh_data_dir_calibrates_itself_once(
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0 and "calibrated this machine" not in second.output
     assert "basis:" in second.output
+
+
+@pytest.mark.slow
+def test_a_probe_timed_beside_busy_cpus_is_redone_once_quiet(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first-use probe that ran during a build measured the build: the next
+    prediction on a quiet machine probes again (one line), and records that it was
+    quiet; while the machine is still busy the probe there is stays."""
+    from typer.testing import CliRunner
+
+    from inferenceos.cli.main import app
+    from inferenceos.hardware import cpu_load
+    from inferenceos.hardware.cache import get_profile, load_cached, profile_path
+
+    monkeypatch.setenv("INFERENCEOS_SELF_CALIBRATE", "1")
+    usable = len(os.sched_getaffinity(0))
+
+    def load_of(busy: float) -> None:
+        monkeypatch.setattr(cpu_load, "sample_cpu_load", lambda window_s=0.1, proc=None:
+                            cpu_load.CpuLoad(usable_cpus=usable, busy_others=busy,
+                                             window_s=window_s))
+
+    load_of(1.5)  # a build on both cores while the probe runs
+    assert get_profile(refresh=True).profile.llama_speed.busy_others == 1.5  # type: ignore[union-attr]
+    args = ["simulate", str(tiny_llama), "--prompt-tokens", "64", "--output-tokens", "16"]
+    busy = CliRunner().invoke(app, args)  # still busy: the probe there is stays
+    assert busy.exit_code == 0 and "calibrated" not in busy.output, busy.output
+    load_of(0.0)
+    before = profile_path().stat().st_mtime_ns
+    quiet = CliRunner().invoke(app, args)
+    assert quiet.exit_code == 0, quiet.output
+    assert "re-calibrated this machine" in quiet.output and "1.5 busy CPUs" in quiet.output
+    assert profile_path().stat().st_mtime_ns != before
+    assert load_cached().llama_speed.busy_others == 0.0  # type: ignore[union-attr]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "calibrated" not in again.output

@@ -9,6 +9,7 @@ the speed probe times llama.cpp, alone too. Loading the probe model ahead took a
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import sys
 import time
@@ -63,8 +64,11 @@ def collect_profile(models_dir: Path, measure: bool = True) -> HardwareProfile:
 
                 # as many threads as are free now, as the planner will pick: a probe
                 # whose threads share a core with another program measures the contention
-                threads = free_threads(cpu.usable_threads, sample_cpu_load())
+                load = sample_cpu_load()
+                threads = free_threads(cpu.usable_threads, load)
                 speed, probe = probe.finish(threads), None
+                if speed is not None:
+                    speed = dataclasses.replace(speed, busy_others=round(load.busy_others, 2))
     finally:
         if probe is not None:  # something failed before it was timed: no orphan child
             probe.cancel()

@@ -163,6 +163,9 @@ class LlamaSpeed:
     seconds: float = 0.0
     probe: str = "synthetic"  # or "built-in model FILE" (see hardware/llama_speed.py)
     decode_s_1thread: float | None = None  # the same decode at one thread (threads > 1)
+    # CPUs that other processes kept busy when it was timed (cpu_load.CpuLoad): a probe
+    # beside a busy neighbour measures the contention, and is redone once it is quiet
+    busy_others: float = 0.0
 
     @property
     def decode_tps(self) -> float:
