@@ -140,3 +140,25 @@ def test_a_ctrl_c_while_the_cli_imports_is_one_line(module: str) -> None:
     assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1:] == ["error: interrupted"], r.stderr[-2000:]
+
+
+def test_a_ctrl_c_wrapped_by_a_class_definition_is_still_an_interrupt() -> None:
+    """Python before 3.12 wraps an exception raised in __set_name__ in a RuntimeError:
+    a Ctrl-C while a module defines such a class must still end as an interrupt."""
+    from inferenceos.cli.main import interrupted_inside
+
+    class Descriptor:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    try:
+        class Model:  # defined to raise
+            field = Descriptor()
+    except RuntimeError as exc:  # Python 3.11
+        assert interrupted_inside(exc)
+    except KeyboardInterrupt:  # Python 3.12 and later do not wrap it
+        pass
+    try:
+        raise RuntimeError("plain") from ValueError("cause")
+    except RuntimeError as exc:
+        assert not interrupted_inside(exc)
