@@ -172,11 +172,12 @@ class ModelDrafter:
         path = Path(path or setup.draft_path or "")
         if not path.is_file():
             raise ModelLoadError(f"draft model {path} not found")
+        draft_bytes, target_bytes = path.stat().st_size, Path(setup.model_path).stat().st_size
         # the draft's weight bytes over the target's: what one of its tokens costs
         # against one of the target's (decode and prefill are both weight-bound here)
-        self.size_ratio = path.stat().st_size / max(1, Path(setup.model_path).stat().st_size)
+        self.size_ratio = draft_bytes / max(1, target_bytes)
         self.cost_prior = cost if cost is not None else model_draft_cost(
-            path.stat().st_size, Path(setup.model_path).stat().st_size)
+            draft_bytes, target_bytes)
         s = setup.settings
         settings = replace(s, n_seq_max=setup.n_slots, kv_unified=True, tensor_buft_overrides=(),
                            tensor_split=(), type_k="f16", type_v="f16")
@@ -202,26 +203,30 @@ class ModelDrafter:
     def behind(self, key: int, tokens: Sequence[int]) -> int:
         """How many of `tokens` the draft context of slot `key` has not evaluated: what
         its next draft must catch up on first (a whole prompt, for a new sequence)."""
+        return len(tokens) - self._cached_prefix(key, self._mapped(tokens))
+
+    def _mapped(self, tokens: Sequence[int]) -> list[int]:
+        """`tokens` as the draft knows them (ids past its vocabulary as its unknown)."""
+        return [t if t < self.cut else self.unk for t in tokens]
+
+    def _cached_prefix(self, key: int, toks: list[int]) -> int:
+        """How many leading tokens of `toks` (mapped) slot `key`'s draft cells hold."""
         cached = self.cached.get(key, [])
+        if toks[: len(cached)] == cached:
+            return len(cached)
         n = 0
-        for x, t in zip(cached, tokens, strict=False):
-            if x != (t if t < self.cut else self.unk):
+        for x, y in zip(cached, toks, strict=False):
+            if x != y:
                 break
             n += 1
-        return len(tokens) - n
+        return n
 
     def _sync(self, a: DraftAsk) -> list[int]:
         """Make the draft's cells for slot a.key a prefix of a.tokens; returns the
         tokens still to feed (at least the last, whose logits give the first draft)."""
-        toks = [t if t < self.cut else self.unk for t in a.tokens]
+        toks = self._mapped(a.tokens)
         cached = self.cached.setdefault(a.key, [])
-        n = len(cached) if toks[: len(cached)] == cached else 0
-        if n == 0 and cached:
-            for x, y in zip(cached, toks, strict=False):
-                if x != y:
-                    break
-                n += 1
-        n = min(n, len(toks) - 1)
+        n = min(self._cached_prefix(a.key, toks), len(toks) - 1)
         if n < len(cached):
             self.lm._ll.llama_memory_seq_rm(self.mem, a.key, n, -1)
             del cached[n:]

@@ -186,7 +186,7 @@ class SpeculativeDecoder:
         done = seq.metrics.completion_tokens
         left = seq.req.sampling.max_tokens - done
         room = min(self.n_ctx_slot - seq.n_past - 1, left - 1)
-        if seq.spec.verifications == 0:  # before its own drafts are measured
+        if seq.spec.verifications == 0 and not seq.spec.stopped:  # not measured yet
             cost = self._cost_before_drafting(seq.spec.drafter)
             seq.spec.learn_cost(cost)
             if cost is not None and not self.catch_up_pays(seq, cost, left):
@@ -260,14 +260,19 @@ class SpeculativeDecoder:
         it is the model's: 0.25 is Gemma 3 270M's (its output head dominates),
         Qwen2.5-Coder-1.5B's rows cost about 0.5 of a step (2 threads), which is what
         made its 0.5B draft model lose there."""
-        ones = [t for t, n in self.step_shapes if n == 1]
+        one = self.one_row_s()
         many = ([(t, n) for t, n in self.step_shapes if 1 < n <= MAX_ROWS_TIMED]
                 or [(t, n) for t, n in self.step_shapes if n > MAX_ROWS_TIMED])
-        if not ones or not many:
+        if one is None or not many:
             return ROW_COST
-        one = statistics.median(ones)
         extra = statistics.median((t - one) / (n - 1) for t, n in many)
         return max(MIN_ROW_COST, extra / one) if one > 0 else ROW_COST
+
+    def one_row_s(self) -> float | None:
+        """The median of the recent one-row steps' seconds (a plain decode step of one
+        sequence), or None before there was one."""
+        ones = [t for t, n in self.step_shapes if n == 1]
+        return statistics.median(ones) if ones else None
 
     def catch_up_pays(self, seq: RunningSequence, cost: float, left: int) -> bool:
         """Whether drafting could win back what the drafter must evaluate before its
@@ -279,10 +284,9 @@ class SpeculativeDecoder:
         drafter = seq.spec.drafter
         behind = getattr(drafter, "behind", None)
         ratio = getattr(drafter, "size_ratio", None)
-        ones = [t for t, n in self.step_shapes if n == 1]
-        if behind is None or ratio is None or not ones:
+        one = self.one_row_s()
+        if behind is None or ratio is None or one is None:
             return True
-        one = statistics.median(ones)
         est = best_draft_length(OPTIMISTIC_ACCEPTANCE, cost, seq.spec.k_max)
         saving = left * one * (1.0 - 1.0 / est.speedup) if est.k else 0.0
         n = behind(seq.slot.index, [*seq.slot.cached, seq.pending])
@@ -304,8 +308,7 @@ class SpeculativeDecoder:
             return
         # against a one-row step: a prompt's prefill among step_times made a draft token
         # look nearly free (Qwen 1.5B: 0.59 of a step measured where 3.8 was true)
-        ones = [t for t, n in self.step_shapes if n == 1]
-        step = statistics.median(ones or self.step_times)
+        step = self.one_row_s() or statistics.median(self.step_times)
         row = self.row_cost()
         cost = row + s_per_token / step if step > 0 else row
         old = self.draft_cost.get(drafter.name)

@@ -204,7 +204,7 @@ class DraftState:
         if prior is not None and not self.cost:
             self.cost = float(prior)
         if self.cost and not can_pay(self.cost, self.k_max):
-            self.paused_until = NEVER
+            self.stop()
 
     def learn_cost(self, cost: float | None) -> None:
         """Before the sequence's first verification: the cost of a draft token as the
@@ -213,12 +213,17 @@ class DraftState:
         if cost is None or self.verifications:
             return
         self.cost = cost
-        if not can_pay(cost, self.k_max) and self.paused_until != NEVER:
-            self.paused_until = NEVER
+        if not can_pay(cost, self.k_max):
+            self.stop()
 
     def stop(self) -> None:
         """Decode plainly for the rest of the sequence."""
         self.paused_until = NEVER
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the sequence decodes plainly for good (`stop`)."""
+        return self.paused_until == NEVER
 
     def want(self, generated: int, room: int) -> int:
         """Draft tokens to ask for now (0: not drafting), at most `room`. Called once
@@ -248,7 +253,7 @@ class DraftState:
         ngram-simple, which only drafts after 12 matching tokens, ran it at 53.7 t/s
         with every draft accepted while ours, paused, decoded plainly at 32.1."""
         sure = int(getattr(self.drafter, "sure_match", 0))
-        if not sure or self.paused_until == NEVER or generated >= self.paused_until:
+        if not sure or self.stopped or generated >= self.paused_until:
             return 0, 0
         return max(0, min(self.k_max, room)), sure
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import inferenceos.telemetry as telemetry
 from inferenceos.atomic import read_json, write_json_atomic
-from inferenceos.hardware.cache import get_profile, profile_path
+from inferenceos.hardware import cpu_load
+from inferenceos.hardware.cache import get_profile, load_cached, profile_path
 from inferenceos.paths import data_dir
 from inferenceos.plan.calibration import (
     core_share,
@@ -82,19 +83,12 @@ def self_calibrate(notice: Callable[[str], None]) -> Calibration | None:
     if probe_calibration_cached():
         return _reprobe_if_busy(notice)
     marker = stored_path().parent / SELF_CALIBRATED
-    if marker.exists():
+    if marker.exists() or not _self_calibration_on():
         return None
-    if os.environ.get(SELF_CALIBRATE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
-        return None
-    t = time.monotonic()
-    try:
-        get_profile(refresh=True)
-    except Exception as exc:  # a prediction never fails for want of a calibration
-        log.warning("first-use calibration failed: %s", exc)
+    took, _ = _probe_now("first-use calibration")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(f"{time.time():.0f}\n")
     cal = probe_calibration_cached()
-    took = time.monotonic() - t
     if cal is not None:
         notice(f"calibrated this machine in {took:.1f} s for predictions (first use: the "
                "`inferenceos hardware` probe, now cached)")
@@ -110,26 +104,37 @@ def _reprobe_if_busy(notice: Callable[[str], None]) -> Calibration | None:
     from it is low for the quiet machine (Qwen 0.5B: -20 % decode, -28 % prefill, seen).
     Redo it once the machine is quiet (its new record says how busy it was then);
     while it is still busy, keep the one there is. Returns the new calibration, or None."""
-    from inferenceos.hardware import cpu_load
-    from inferenceos.hardware.cache import load_cached
-
     profile = load_cached()
     speed = profile.llama_speed if profile is not None else None
-    if speed is None or speed.busy_others < BUSY_PROBE_CPUS:
-        return None
-    if os.environ.get(SELF_CALIBRATE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+    if speed is None or speed.busy_others < BUSY_PROBE_CPUS or not _self_calibration_on():
         return None
     if cpu_load.sample_cpu_load().busy_others >= BUSY_PROBE_CPUS / 2:
         return None
+    took, ok = _probe_now("re-calibration")
+    if not ok:
+        return None
+    notice(f"re-calibrated this machine in {took:.1f} s: its probe had "
+           f"run beside {speed.busy_others:.1f} busy CPUs")
+    return probe_calibration_cached()
+
+
+def _self_calibration_on() -> bool:
+    """Whether predictions may run the probe themselves (SELF_CALIBRATE_ENV)."""
+    value = os.environ.get(SELF_CALIBRATE_ENV, "1").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
+def _probe_now(what: str) -> tuple[float, bool]:
+    """Run the `hardware` probe now (cached like `inferenceos hardware`'s): (seconds it
+    took, whether it succeeded). A failure is one warning naming `what`: a prediction
+    never fails for want of a calibration."""
     t = time.monotonic()
     try:
         get_profile(refresh=True)
-    except Exception as exc:  # a prediction never fails for want of a calibration
-        log.warning("re-calibration failed: %s", exc)
-        return None
-    notice(f"re-calibrated this machine in {time.monotonic() - t:.1f} s: its probe had "
-           f"run beside {speed.busy_others:.1f} busy CPUs")
-    return probe_calibration_cached()
+    except Exception as exc:
+        log.warning("%s failed: %s", what, exc)
+        return time.monotonic() - t, False
+    return time.monotonic() - t, True
 
 
 def save_calibration(cal: Calibration) -> None:
@@ -149,8 +154,6 @@ def probe_calibration_cached() -> Calibration | None:
 
 @lru_cache(maxsize=4)
 def _probe_cached(path: str, mtime_ns: int) -> Calibration | None:
-    from inferenceos.hardware.cache import load_cached
-
     profile = load_cached()
     if profile is None or profile.llama_speed is None:
         return None
