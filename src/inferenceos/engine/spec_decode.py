@@ -53,6 +53,11 @@ from inferenceos.plan.speculative import OPTIMISTIC_ACCEPTANCE, best_draft_lengt
 ROW_COST = 0.25
 MAX_ROWS_TIMED = 16  # steps of more rows (long prefill chunks) are cheaper per row
 MIN_ROW_COST = 0.02  # rows on a GPU are nearly free, never quite
+# one-row steps shorter than this are not timed for the row cost: on a tiny model a
+# step takes ~0.1 ms, and one preemption of a busy machine in the prompt's prefill step
+# made its rows look dearer than drafting could pay (n-gram never started: seen once in
+# the suite); real models' steps take 20-80 ms here
+MIN_TIMED_STEP_S = 0.002
 
 # (sequence, its draft, the tokens its drafter was asked for: 0 for a free row's guess)
 Drafting = tuple[RunningSequence, list[int], int]
@@ -263,7 +268,7 @@ class SpeculativeDecoder:
         one = self.one_row_s()
         many = ([(t, n) for t, n in self.step_shapes if 1 < n <= MAX_ROWS_TIMED]
                 or [(t, n) for t, n in self.step_shapes if n > MAX_ROWS_TIMED])
-        if one is None or not many:
+        if one is None or one < MIN_TIMED_STEP_S or not many:
             return ROW_COST
         extra = statistics.median((t - one) / (n - 1) for t, n in many)
         return max(MIN_ROW_COST, extra / one) if one > 0 else ROW_COST
