@@ -14,9 +14,11 @@ count), whether the greedy text equals the unlimited run's, our ratio against
 llama-server `--no-repack`, and simulate's predicted decode t/s against ours.
 
     .venv/bin/python benchmarks/larger_than_memory.py [--tokens 16] [--threads 2]
-        [--fractions 0.5,0.7,0.9] [--no-server]
+        [--fractions 0.5,0.7,0.9] [--no-server] [--rounds 1]
 
-Timings are noisy on a shared machine: each figure is one cold run.
+Timings are noisy on a shared machine: each figure is a cold run; with `--rounds N`
+ours and `--no-repack` alternate N times per limit and the ratio printed is the median
+of the rounds' own ratios.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import http.client
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -139,6 +142,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fractions", default="0.5,0.7,0.9")
     ap.add_argument("--no-server", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="paired rounds per limit (ours, then --no-repack): the median "
+                         "run of each side and the median of the rounds' ratios")
     a = ap.parse_args()
     if writable_cgroup() is None:
         print("no writable memory cgroup here (needs root and the memory controller)")
@@ -165,11 +171,16 @@ def main() -> int:
     rows = []
     for frac in [float(f) for f in a.fractions.split(",")]:
         limit = int(size * frac)
-        r = ours(model, limit, a.tokens, a.threads)
         sd = server(binary, model, limit, a.tokens, a.threads, []) if binary else None
-        sn = server(binary, model, limit, a.tokens, a.threads, ["--no-repack"]) if binary else None
+        pairs = []
+        for _ in range(max(1, a.rounds)):
+            r = ours(model, limit, a.tokens, a.threads)
+            sn = (server(binary, model, limit, a.tokens, a.threads, ["--no-repack"])
+                  if binary else None)
+            pairs.append((r, sn))
+        r, sn = _median(p[0] for p in pairs), _median(p[1] for p in pairs)
         rows.append((frac, limit, r, sd, sn))
-        _print_row(frac, limit, r, sd, sn, ref.get("text"))
+        _print_row(frac, limit, r, sd, sn, ref.get("text"), _paired_ratio(pairs))
     print(json.dumps({"reference": ref, "reference_server": ref_server,
                       "cases": [{"fraction": f, "limit": lim, "ours": r, "server": sd,
                                  "server_no_repack": sn} for f, lim, r, sd, sn in rows]},
@@ -177,11 +188,27 @@ def main() -> int:
     return 0
 
 
+def _median(runs: Any) -> Any:
+    """The run with the median decode speed (a killed or failed run counts as 0)."""
+    runs = [x for x in runs if x is not None]
+    if not runs:
+        return None
+    runs.sort(key=lambda x: x.get("decode_tps") or 0.0)
+    return runs[(len(runs) - 1) // 2]
+
+
+def _paired_ratio(pairs: list[tuple[dict[str, Any], dict[str, Any] | None]]) -> float | None:
+    """Median of the rounds' own ratios, ours / --no-repack (rounds share the machine's
+    state: the VM's disk and CPU speed drift by 2x over minutes here)."""
+    ratios = sorted(r["decode_tps"] / sn["decode_tps"] for r, sn in pairs
+                    if r.get("decode_tps") and sn and sn.get("decode_tps"))
+    return statistics.median(ratios) if ratios else None
+
+
 def _print_row(frac: float, limit: int, r: dict[str, Any], sd: dict[str, Any] | None,
-               sn: dict[str, Any] | None, ref_text: str | None) -> None:
-    ratio = ""
-    if "decode_tps" in r and sn and "decode_tps" in sn:
-        ratio = f", {r['decode_tps'] / sn['decode_tps']:.2f}x --no-repack"
+               sn: dict[str, Any] | None, ref_text: str | None,
+               paired: float | None) -> None:
+    ratio = "" if paired is None else f", {paired:.2f}x --no-repack"
     pred = ""
     if "predicted_decode_tps" in r and r.get("decode_tps"):
         p = r["predicted_decode_tps"]

@@ -272,3 +272,34 @@ def test_a_probe_started_ahead_waits_loaded_then_times_or_is_cancelled(
     failing = start_llama_speed(tmp_path / "hw", warnings, model=broken)
     assert failing is not None and not failing.wait_ready(30)  # it died loading
     assert failing.finish(2) is None and "speed probe failed" in warnings[-1]
+
+
+def test_runs_held_in_memory_teach_the_compute_not_the_disk(tiny_llama: Path) -> None:
+    """A recorded run that held its weights is modelled on a machine that holds them,
+    not under today's smaller limit; a run that streamed teaches nothing; and what is
+    learned never speeds up the disk. (Qwen 1.5B's unlimited runs, re-modelled under a
+    533 MiB cgroup as disk-bound, taught an 11.7x scale that predicted 16 t/s where 0.7
+    was measured.)"""
+    from inferenceos import telemetry
+    from inferenceos.plan.calibration import modelled_speeds, run_context
+    from inferenceos.plan.calibration_load import load_calibration
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.perf import DISK_PART, StepCost, _scaled
+
+    facts = load_model_facts(tiny_llama)
+    roomy, tight = machine(threads=2), machine(ram=facts.spec.tensor_bytes // 3, threads=2)
+    ctx = run_context(512, 512, 512, {"flash_attn": 1})
+    pre, dec = modelled_speeds(facts, roomy, machine_calibration(), ctx, 2, 64, 32)
+    rec = telemetry.recorder()
+    for streamed, share in ((0, 0.5),) * 6 + ((1 << 20, 0.01),) * 3:
+        rec.generation(tiny_llama, source="run",
+                       settings={"flash_attn": 1, "stream_resident_bytes": streamed},
+                       prompt_tokens=64, output_tokens=32, prefill_tps=pre * share,
+                       decode_tps=dec * share, threads=2, n_ctx=512, n_batch=512,
+                       n_ubatch=512, extra={"model_path": str(tiny_llama)})
+    assert rec.flush(timeout=30)
+    cal = load_calibration(tight, facts, threads=2)
+    assert cal.runs == 6 and 0.45 < cal.decode_scale < 0.6
+    cost = _scaled(StepCost({DISK_PART: 1.0, "CPU memory bandwidth": 1.0}, 0.5), 4.0)
+    assert cost.parts == {DISK_PART: 1.0, "CPU memory bandwidth": 0.25}
+    assert cost.overhead_s == 0.125

@@ -57,6 +57,7 @@ class Phase:
     n_past: int  # decode: tokens in the cache; prefill: unused
     weight: float  # seconds of this phase per second of objective (count / scale)
     decode: bool
+    scale: float = 1.0  # the learned speed scale `weight` divides by (not the disk's)
 
 
 def phases(
@@ -67,8 +68,9 @@ def phases(
     n_ub = max(1, -(-prompt // max(n_ubatch, 1)))
     mid = prompt + output // 2
     ms = 1e3  # the objective in milliseconds: coefficients near 1 keep HiGHS fast
-    dec = Phase(1, 1, mid + 1, mid, ms * max(output - 1, 1) / _scale(cal.decode_scale), True)
-    pre = Phase(prompt, n_ub, prompt, 0, ms / _scale(cal.prefill_scale), False)
+    d, p = _scale(cal.decode_scale), _scale(cal.prefill_scale)
+    dec = Phase(1, 1, mid + 1, mid, ms * max(output - 1, 1) / d, True, d)
+    pre = Phase(prompt, n_ub, prompt, 0, ms / p, False, p)
     return dec, pre
 
 
@@ -164,4 +166,5 @@ class Terms:
         return used * ph.weight, per_layer * ph.weight, head * ph.weight
 
     def disk_per_byte(self) -> float:
-        return self.ph.ubatches / (self.machine.disk_gbps * GB) * self.ph.weight
+        # the disk's time is not scaled by what recorded runs taught (perf._scaled)
+        return self.ph.ubatches / (self.machine.disk_gbps * GB) * self.ph.weight * self.ph.scale

@@ -256,13 +256,19 @@ def prefill_cost(
     return _scaled(StepCost(parts, cal.ubatch_overhead_s * n_ub), cal.prefill_scale)
 
 
+DISK_PART = "disk read (mmap)"
+
+
 def _scaled(cost: StepCost, speed_scale: float) -> StepCost:
     """`cost` for a machine `speed_scale` times faster than the roofline says (what
-    recorded runs taught: every part shrinks alike, so the bottleneck is unchanged)."""
+    recorded runs taught about its compute and memory). The disk read keeps its time:
+    it is the measured disk's, and runs that streamed are not learned from
+    (plan/calibration_load.py)."""
     if speed_scale == 1.0 or speed_scale <= 0:
         return cost
     k = 1.0 / speed_scale
-    return StepCost({n: v * k for n, v in cost.parts.items()}, cost.overhead_s * k)
+    return StepCost({n: v if n == DISK_PART else v * k for n, v in cost.parts.items()},
+                    cost.overhead_s * k)
 
 
 def _attn_width(facts: ModelFacts) -> int:
@@ -293,7 +299,7 @@ def _add_disk_and_links(
 ) -> None:
     if placement.disk_bytes > 0:
         # weights that do not fit in RAM are re-read from the file for every ubatch
-        parts["disk read (mmap)"] = placement.disk_bytes * ubatches / (machine.disk_gbps * GB)
+        parts[DISK_PART] = placement.disk_bytes * ubatches / (machine.disk_gbps * GB)
     remote = {d.name: d for d in machine.accelerators if d.is_remote}
     crossings = _local_crossings(placement, remote)
     if crossings:
