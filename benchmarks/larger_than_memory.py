@@ -48,7 +48,7 @@ def ours(model: Path, limit: int, tokens: int, threads: int) -> dict[str, Any]:
     """One cold run of the probe in a fresh cgroup; its JSON plus the cgroup's view."""
     drop_cache(model)
     argv = [sys.executable, str(PROBE), str(model), "--tokens", str(tokens),
-            "--prompt", PROMPT, "--threads", str(threads)]
+            "--prompt", PROMPT, "--threads", str(threads), "--record"]
     with MemoryCgroup(limit) as cg:
         t0 = time.perf_counter()
         run = cg.run(argv, timeout=1800)

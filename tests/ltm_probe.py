@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 
 def status_kib(key: str) -> int:
@@ -49,6 +50,19 @@ def mapped_kib(path: str) -> int:
     return total
 
 
+def _record(model: Path, metrics: Any, params: Any) -> None:
+    """One generation in the telemetry store, with the settings `run` records."""
+    from dataclasses import asdict
+
+    from inferenceos import telemetry
+
+    rec = telemetry.recorder()
+    rec.generation(model, source="benchmark:larger_than_memory", metrics=metrics.to_json(),
+                   settings=asdict(params), threads=params.n_threads, n_ctx=params.n_ctx,
+                   n_batch=params.n_batch, n_ubatch=params.n_ubatch)
+    rec.flush(timeout=30)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -60,6 +74,9 @@ def main() -> int:
     ap.add_argument("--repack", choices=("plan", "on", "off"), default="plan")
     ap.add_argument("--kv", default=None, help="pin the KV cache type (same numerics)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--record", action="store_true",
+                    help="record the run in the telemetry store, as `run` does (what "
+                         "later predictions learn the disk's streaming rate from)")
     ap.add_argument("--no-stream", action="store_true",
                     help="no prefetch thread (engine/prefetch.py): the kernel pages alone")
     ap.add_argument("--cap-above-start", type=int, default=0, metavar="BYTES",
@@ -113,6 +130,8 @@ def main() -> int:
         text = "".join(ev.text for ev in generate_one(m, tokens, sampling))
         fetched = read_bytes() - before
         metrics = m.metrics
+        if a.record:
+            _record(Path(a.model), metrics, params)
         out = {
             "ram_budget": ram,
             "cap": cap,

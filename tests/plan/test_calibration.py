@@ -303,3 +303,43 @@ def test_runs_held_in_memory_teach_the_compute_not_the_disk(tiny_llama: Path) ->
     cost = _scaled(StepCost({DISK_PART: 1.0, "CPU memory bandwidth": 1.0}, 0.5), 4.0)
     assert cost.parts == {DISK_PART: 1.0, "CPU memory bandwidth": 0.25}
     assert cost.overhead_s == 0.125
+
+
+def test_runs_that_streamed_teach_the_disks_streaming_rate(tiny_llama: Path) -> None:
+    """Runs that streamed their weights teach the rate they read them at, against the
+    disk's measured one: what simulate then charges a disk-bound plan's reads. (Qwen
+    1.5B under memory cgroups read at 0.62-0.73 GB/s where the profile's sequential
+    figure was 1.28: every prediction was 1.6x too fast.)"""
+    from inferenceos import telemetry
+    from inferenceos.plan.calibration import modelled_speeds, run_context
+    from inferenceos.plan.calibration_load import load_calibration
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.perf import DISK_PART
+    from inferenceos.plan.placement import place
+
+    facts = load_model_facts(tiny_llama)
+    roomy = machine(threads=2)  # disk_gbps 2.0
+    ctx = run_context(512, 512, 512, {"flash_attn": 1})
+    _, compute = modelled_speeds(facts, roomy, machine_calibration(), ctx, 2, 1, 32)
+    resident = facts.spec.tensor_bytes // 4
+    reading = (facts.spec.tensor_bytes - resident) / (0.5 * 2.0e9)  # half the disk's rate
+    rec = telemetry.recorder()
+    for _ in range(6):
+        rec.generation(tiny_llama, source="run",
+                       settings={"flash_attn": 1, "stream_resident_bytes": resident,
+                                 "n_gpu_layers": 0},
+                       prompt_tokens=4, output_tokens=32, decode_tps=1 / (1 / compute + reading),
+                       threads=2, n_ctx=512, n_batch=512, n_ubatch=512,
+                       extra={"model_path": str(tiny_llama)})
+    assert rec.flush(timeout=30)
+    tight = machine(ram=facts.spec.tensor_bytes // 3, threads=2)
+    cal = load_calibration(tight, facts, threads=2)
+    assert 0.4 < cal.disk_scale < 0.6 and "streamed" in cal.source
+    assert cal.decode_scale == 1.0  # the streamed runs taught the compute nothing
+    ctx2 = ContextSettings(n_ctx=512, n_ubatch=512, flash_attn=True)
+    from dataclasses import replace
+
+    pl = replace(place(facts, tight, ctx2, {}), disk_bytes=facts.spec.tensor_bytes // 2)
+    learned = decode_cost(facts, pl, tight, ctx2, 16, cal, 2).parts[DISK_PART]
+    measured_disk = decode_cost(facts, pl, tight, ctx2, 16, machine_calibration(), 2)
+    assert learned == pytest.approx(measured_disk.parts[DISK_PART] / cal.disk_scale)

@@ -253,6 +253,45 @@ def observation(
     )
 
 
+def disk_ratio(
+    facts: ModelFacts,
+    held: Machine,
+    cal: Calibration,
+    *,
+    ctx: ContextSettings,
+    threads: int,
+    resident_bytes: int,
+    output_tokens: int,
+    decode_tps: float | None,
+) -> float | None:
+    """A recorded run that streamed, as the rate it read its weights at against the
+    disk's measured one (`held.disk_gbps`), or None when it cannot tell: a decode step's
+    time less what the roofline (`cal`, on `held`, a machine that holds the weights)
+    gives its compute is the time it read the plan's disk tier in: every CPU weight
+    byte the page cache did not keep (`resident_bytes`, the run's page-cache tier).
+    Only CPU-only runs: with layers on a device the disk tier is not known here."""
+    disk = facts.spec.tensor_bytes - resident_bytes
+    if not decode_tps or output_tokens < MIN_DECODE_TOKENS or disk <= 0:
+        return None
+    try:
+        _, compute_tps = modelled_speeds(facts, held, cal, ctx, threads, 1, output_tokens)
+    except Exception:  # a run the planner cannot model teaches nothing
+        return None
+    reading = 1.0 / decode_tps - 1.0 / compute_tps
+    if reading <= 0.1 / decode_tps:  # compute-bound after all: the rate is not seen
+        return None
+    return disk / reading / (held.disk_gbps * 1e9)
+
+
+def with_disk(cal: Calibration, scale: float, runs: int) -> Calibration:
+    """`cal` with a learned disk streaming rate (unchanged when `runs` is 0)."""
+    if runs == 0:
+        return cal
+    return replace(cal, disk_scale=scale, source=f"{cal.source}; disk streaming rate "
+                   f"{scale:.2f}x the measured disk's, from {runs} run"
+                   f"{'s' * (runs != 1)} that streamed")
+
+
 def with_learned(cal: Calibration, learned: Learned | None) -> Calibration:
     """`cal` carrying `learned`'s scales (unchanged when nothing was learned)."""
     if learned is None or learned.runs == 0:

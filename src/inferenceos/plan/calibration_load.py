@@ -33,17 +33,19 @@ from inferenceos.hardware.cache import get_profile, load_cached, profile_path
 from inferenceos.paths import data_dir
 from inferenceos.plan.calibration import (
     core_share,
+    disk_ratio,
     observation,
     probe_calibration,
     quant_family,
     run_context,
+    with_disk,
     with_learned,
 )
 from inferenceos.plan.devices import Machine, machine_from_profile_json
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration
 from inferenceos.plan.policy import RecordedWorkload
-from inferenceos.telemetry.calibration import fit_learned
+from inferenceos.telemetry.calibration import fit_disk_scale, fit_learned
 
 log = logging.getLogger("inferenceos.plan")
 MAX_RUNS = 500  # the newest recorded runs the fit reads
@@ -184,7 +186,9 @@ def _facts_of(path: str | None) -> ModelFacts | None:
 def load_calibration(
     machine: Machine, facts: ModelFacts, threads: int = 0, base: Calibration | None = None
 ) -> Calibration:
-    """`base` (default `machine_calibration()`) corrected by recorded runs for `facts`."""
+    """`base` (default `machine_calibration()`) corrected by recorded runs for `facts`:
+    the speed scales from runs that held their weights in memory, the disk's streaming
+    rate from runs that streamed them."""
     base = base or machine_calibration()
     rows = [r for r in telemetry.generations(machine="kind", limit=MAX_RUNS) if r.concurrency == 1]
     if not rows:
@@ -193,48 +197,84 @@ def load_calibration(
         target = telemetry.model_info(facts.spec.path).digest
     except Exception:  # an unreadable target: nothing model-specific
         target = ""
+    find = _model_finder(rows, facts, target)
+    held = _weights_held(machine)
+    memo: dict[tuple[Any, ...], tuple[float, float]] = {}  # recorded runs repeat settings
+    obs = [o for r in rows if not _streamed(r.settings)
+           for o in [_held_observation(r, find(r), held, base, machine, memo)]
+           if o is not None]
+    cal = with_learned(base, fit_learned(obs, target, quant_family(facts), threads))
+    ratios = [x for r in rows if _streamed(r.settings)
+              for x in [_disk_ratio(r, find(r), held, base, obs, machine)] if x is not None]
+    return with_disk(cal, *fit_disk_scale(ratios))
+
+
+def _model_finder(rows: list[Any], facts: ModelFacts,
+                  target: str) -> Callable[[Any], ModelFacts | None]:
+    """A recorded run -> its model's facts (the target's own, else re-read from the path
+    the run or its load recorded; None when the file is gone)."""
     paths: dict[str, str] = {}
     if any(r.model_digest != target for r in rows):
         for ld in telemetry.loads(machine="kind", limit=MAX_RUNS):
             model_path = ld.plan.get("model") if isinstance(ld.plan, dict) else None
             if isinstance(model_path, str):
                 paths.setdefault(ld.model_digest, model_path)
-    obs = []
-    memo: dict[tuple[Any, ...], tuple[float, float]] = {}
-    held = _weights_held(machine)
-    for r in rows:
-        if _streamed(r.settings):
-            continue  # its speed was the disk's, which the scales must not learn
+
+    def find(r: Any) -> ModelFacts | None:
         if r.model_digest == target:
-            f: ModelFacts | None = facts
-        else:
-            hint = r.extra.get("model_path") if isinstance(r.extra, dict) else None
-            f = _facts_of(hint if isinstance(hint, str) else paths.get(r.model_digest))
-        if f is None:
-            continue
-        drafted = isinstance(r.extra, dict) and bool(r.extra.get("draft"))
-        o = observation(
-            f, held, base,
-            model=r.model_digest,
-            ctx=run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings),
-            threads=r.threads or machine.cpu.threads,
-            prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
-            cached_tokens=r.cached_tokens,
-            prefill_tps=r.prefill_tps, memo=memo,
-            # a drafted run's decode is not the model's plain speed (plan/speculative.py)
-            decode_tps=None if drafted else r.decode_tps,
-        )
-        if o is not None:  # as if the machine had been quiet (plan.calibration.core_share)
-            contention = r.extra.get("contention") if isinstance(r.extra, dict) else None
-            share = core_share(contention, r.threads or machine.cpu.threads)
-            if share < 1.0:
-                o = replace(
-                    o, decode_ratio=None if o.decode_ratio is None else o.decode_ratio / share,
-                    prefill_ratio=None if o.prefill_ratio is None else o.prefill_ratio / share,
-                )
-            obs.append(o)
-    learned = fit_learned(obs, target, quant_family(facts), threads)
-    return with_learned(base, learned)
+            return facts
+        hint = r.extra.get("model_path") if isinstance(r.extra, dict) else None
+        return _facts_of(hint if isinstance(hint, str) else paths.get(r.model_digest))
+
+    return find
+
+
+def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
+                      machine: Machine, memo: dict[tuple[Any, ...], tuple[float, float]]
+                      ) -> Any:
+    """A run that held its weights as measured / modelled ratios, as if the machine had
+    been quiet (plan.calibration.core_share); None when it cannot teach."""
+    if f is None:
+        return None
+    drafted = isinstance(r.extra, dict) and bool(r.extra.get("draft"))
+    o = observation(
+        f, held, base,
+        model=r.model_digest,
+        ctx=run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings),
+        threads=r.threads or machine.cpu.threads,
+        prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
+        cached_tokens=r.cached_tokens,
+        prefill_tps=r.prefill_tps, memo=memo,
+        # a drafted run's decode is not the model's plain speed (plan/speculative.py)
+        decode_tps=None if drafted else r.decode_tps,
+    )
+    if o is None:
+        return None
+    contention = r.extra.get("contention") if isinstance(r.extra, dict) else None
+    share = core_share(contention, r.threads or machine.cpu.threads)
+    if share >= 1.0:
+        return o
+    return replace(
+        o, decode_ratio=None if o.decode_ratio is None else o.decode_ratio / share,
+        prefill_ratio=None if o.prefill_ratio is None else o.prefill_ratio / share,
+    )
+
+
+def _disk_ratio(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
+                obs: list[Any], machine: Machine) -> float | None:
+    """A run that streamed: its streaming rate against the measured disk's
+    (plan.calibration.disk_ratio), its compute priced by what its model's runs taught.
+    CPU-only runs only."""
+    if f is None or int(r.settings.get("n_gpu_layers") or 0) != 0:
+        return None
+    cal = with_learned(base, fit_learned(obs, r.model_digest, quant_family(f),
+                                         r.threads or 0))
+    return disk_ratio(
+        f, held, cal, ctx=run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings),
+        threads=r.threads or machine.cpu.threads,
+        resident_bytes=int(r.settings.get("stream_resident_bytes") or 0),
+        output_tokens=r.output_tokens, decode_tps=r.decode_tps,
+    )
 
 
 def _streamed(settings: Any) -> bool:

@@ -166,5 +166,7 @@ class Terms:
         return used * ph.weight, per_layer * ph.weight, head * ph.weight
 
     def disk_per_byte(self) -> float:
-        # the disk's time is not scaled by what recorded runs taught (perf._scaled)
-        return self.ph.ubatches / (self.machine.disk_gbps * GB) * self.ph.weight * self.ph.scale
+        # the disk's time is not scaled by the compute's learned speed (perf._scaled),
+        # but by its own streaming rate (Calibration.disk_scale)
+        rate = self.machine.disk_gbps * _scale(self.cal.disk_scale) * GB
+        return self.ph.ubatches / rate * self.ph.weight * self.ph.scale

@@ -54,7 +54,10 @@ class Calibration:
     makes a deep model of small matrices slower than its bytes say.
 
     What history taught (`telemetry/calibration.py`): `decode_scale` / `prefill_scale`
-    multiply the roofline's speeds (1 = the roofline as is); `basis` is "modelled" (no
+    multiply the roofline's speeds (1 = the roofline as is); `disk_scale` multiplies the
+    disk's measured rate for weights streamed through the mapping (learned from runs
+    that streamed: under a memory limit they read slower than a sequential read, and
+    this VM's disk drifts 2-4x); `basis` is "modelled" (no
     recorded run used) or "learned"; `runs` how many recorded runs the scales rest on;
     `confidence` in [0, 1] how much to trust the figures (see docs/plan.md).
     """
@@ -69,6 +72,7 @@ class Calibration:
     source: str = "uncalibrated"
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
+    disk_scale: float = 1.0
     basis: str = "modelled"
     runs: int = 0
     confidence: float = 0.1
@@ -215,7 +219,8 @@ def decode_cost(
         name, t = _device_time(dev, load.bytes_read + kv_read, flops, cal, threads, gemm=False,
                                kernel_weight=k)
         parts[name] = parts.get(name, 0.0) + t
-    _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1)
+    _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1,
+                        disk_scale=cal.disk_scale)
     overhead = cal.token_overhead_s + cal.layer_overhead_s * facts.spec.block_count
     return _scaled(StepCost(parts, overhead), cal.decode_scale)
 
@@ -251,7 +256,8 @@ def prefill_cost(
                                kernel_weight=weight)
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(
-        parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub, n_kv=n_tokens
+        parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub, n_kv=n_tokens,
+        disk_scale=cal.disk_scale,
     )
     return _scaled(StepCost(parts, cal.ubatch_overhead_s * n_ub), cal.prefill_scale)
 
@@ -296,10 +302,12 @@ def _add_disk_and_links(
     tokens: int,
     ubatches: int = 1,
     n_kv: int = 0,
+    disk_scale: float = 1.0,
 ) -> None:
     if placement.disk_bytes > 0:
         # weights that do not fit in RAM are re-read from the file for every ubatch
-        parts[DISK_PART] = placement.disk_bytes * ubatches / (machine.disk_gbps * GB)
+        rate = machine.disk_gbps * (disk_scale if disk_scale > 0 else 1.0) * GB
+        parts[DISK_PART] = placement.disk_bytes * ubatches / rate
     remote = {d.name: d for d in machine.accelerators if d.is_remote}
     crossings = _local_crossings(placement, remote)
     if crossings:

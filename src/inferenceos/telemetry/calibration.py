@@ -131,3 +131,16 @@ def fit_learned(
         scope=d_scope,
         confidence=round(min(max(confidence, 0.0), 1.0), 2),
     )
+
+
+def fit_disk_scale(ratios: Sequence[float]) -> tuple[float, int]:
+    """(scale, runs): how fast runs that streamed read their weights against the disk's
+    measured rate (`ratios`, oldest first, each measured / measured-disk rate), shrunk
+    towards 1 by `PRIOR_RUNS` and weighted by recency like the speed scales; (1.0, 0)
+    without a usable ratio."""
+    n = len(ratios)
+    pairs = _robust([(math.log(r), 0.5 ** ((n - 1 - i) / HALF_LIFE_RUNS))
+                     for i, r in enumerate(ratios) if r > 0])
+    if not pairs:
+        return 1.0, 0
+    return math.exp(_shrunk(pairs, 0.0)), len(pairs)
