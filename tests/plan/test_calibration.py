@@ -102,6 +102,28 @@ def test_probe_model_header_copy_is_sparse(tmp_path: Path) -> None:
     assert after.tensor_bytes == before.tensor_bytes and "q8_0" in quant_family(after.quant_types)
 
 
+def test_the_probe_models_vocabulary_is_packed_as_gguf_would(tmp_path: Path) -> None:
+    """The stand-in's 3 x 131k vocabulary values are packed in one go (gguf packs them one
+    by one, 1.2 s of the write): read back by gguf's own reader they are the tokens,
+    scores and types the probe means, in order."""
+    from gguf import GGUFReader
+
+    from inferenceos.hardware.llama_speed import write_probe_model
+
+    shape = {"n_vocab": 1000, "n_layer": 1, "n_embd": 256, "n_ff": 256, "n_head": 4,
+             "n_head_kv": 1}
+    r = GGUFReader(write_probe_model(tmp_path / "probe.gguf", shape))
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    scores = r.fields["tokenizer.ggml.scores"].contents()
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    assert len(tokens) == len(scores) == len(types) == 1000
+    assert tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[3] == "<0x00>"
+    assert tokens[-1] == f"<pad{1000 - 3 - 256 - 28 - 1}>"
+    assert scores[:4] == [0.0, 0.0, 0.0, -1000.0] and scores[-1] == pytest.approx(-1e9)
+    assert types[:4] == [2, 3, 3, 6] and types[-1] == 5  # unknown, control, byte, unused
+    assert r.fields["llama.block_count"].contents() == 1
+
+
 def test_a_fresh_profile_carries_the_calibration() -> None:
     from inferenceos.hardware.cache import get_profile
     from inferenceos.paths import cache_dir
