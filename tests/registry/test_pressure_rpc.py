@@ -28,7 +28,7 @@ from tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.skipif(not has_rpc(), reason="llama.cpp was built without RPC")
 
-LONG = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
+LONG = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)  # outlives two re-plans
 
 
 @pytest.fixture(scope="module")
