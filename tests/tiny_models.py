@@ -46,6 +46,8 @@ SHAPES = {
     "llama": TinyShape(),
     "moe": TinyShape(n_expert=4, n_expert_used=2),
     "swa": TinyShape(arch="gemma3", n_layer=4, sliding_window=32, swa_pattern=2),
+    # rotate-half rope and q/k/v biases (tests/upcycle_moe.py's source architecture)
+    "qwen2": TinyShape(arch="qwen2"),
     # enough layers (of ~1 MiB) to split over several devices (tests/test_cluster*.py)
     "deep": TinyShape(n_layer=6, n_embd=128, n_head=4, n_head_kv=2, n_ff=512),
     # twice as deep (12.1 MB): a disk-bound plan's streaming room (two layers and the
@@ -120,6 +122,10 @@ def _add_layer(w: GGUFWriter, s: TinyShape, i: int, rng: np.random.Generator) ->
     t("attn_v", s.n_head_kv * head_dim, s.n_embd)
     t("attn_output", s.n_embd, s.n_head * head_dim)
     norm("ffn_norm", s.n_embd)
+    if s.arch == "qwen2":
+        for name, n in (("attn_q", s.n_head), ("attn_k", s.n_head_kv), ("attn_v", s.n_head_kv)):
+            w.add_tensor(f"blk.{i}.{name}.bias",
+                         (rng.standard_normal(n * head_dim) * 0.1).astype(np.float32))
     if s.arch == "gemma3":
         norm("attn_q_norm", head_dim)
         norm("attn_k_norm", head_dim)
@@ -140,7 +146,7 @@ def write_tiny_model(
     path: Path, kind: str = "llama", seed: int = 0, chat_template: str | None = CHATML_TEMPLATE,
     letters_only: bool = False,
 ) -> Path:
-    """Write a tiny model of `kind` ('llama', 'moe' or 'swa') to `path` and return it.
+    """Write a tiny model of `kind` (a key of SHAPES) to `path` and return it.
 
     `letters_only`: the output rows of every token but the letters are zero, so greedy
     decoding writes readable letters (a logit of 0 loses to the best of 28 random ones)
