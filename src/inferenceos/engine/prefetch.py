@@ -5,12 +5,15 @@ faults them in one read-around window at a time, synchronously, on the compute
 threads, and evicts by recency: every token reads the layers in the same order, the
 pattern least-recently-used eviction handles worst. `LayerStreamer` replaces that with
 the plan's choice:
-- the resident set: the first layers whose bytes fit in the page cache the plan
-  leaves (`resident_bytes`) less the prefetch window and 5 % slack, read once at
-  start and locked (mlock; where RLIMIT_MEMLOCK refuses, only advised);
+- the resident set, by tensor role: what every token reads whole (the output head,
+  the norms), then the first layers, as far as the page cache the plan leaves
+  (`resident_bytes`) less the prefetch window and 5 % slack holds them, read once at
+  start and locked (mlock; where RLIMIT_MEMLOCK refuses, only advised); an untied
+  token embedding is left to the kernel (a token reads one row of it);
 - the streamed layers: when layer i starts computing (a cb_eval on its `attn_norm-i`
-  node), a prefetch thread asks the kernel to read layers i+1 .. i+ahead
-  (MADV_WILLNEED on llama.cpp's own mapping of the file: asynchronous, large reads),
+  node), a prefetch thread asks the kernel to read layers i+1 .. i+ahead (and the
+  head after the last layer, when it is not resident; MADV_WILLNEED on llama.cpp's
+  own mapping of the file: asynchronous, large reads),
   and marks the streamed layer i-1 cold (MADV_COLD), so reclaim takes streamed pages
   before resident ones.
 Where the mapping cannot be found (no /proc, not mmap'd) it degrades to

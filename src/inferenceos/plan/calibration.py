@@ -253,29 +253,33 @@ def observation(
     )
 
 
+def modelled_compute_tps(facts: ModelFacts, held: Machine, cal: Calibration,
+                         ctx: ContextSettings, threads: int, output_tokens: int) -> float | None:
+    """The decode speed the roofline (`cal`) gives a model whose weights `held` holds
+    (None when the planner cannot model the run)."""
+    try:
+        return modelled_speeds(facts, held, cal, ctx, threads, 1, output_tokens)[1]
+    except Exception:  # a run the planner cannot model teaches nothing
+        return None
+
+
 def disk_ratio(
     facts: ModelFacts,
     held: Machine,
-    cal: Calibration,
     *,
-    ctx: ContextSettings,
-    threads: int,
+    compute_tps: float | None,
     resident_bytes: int,
     output_tokens: int,
     decode_tps: float | None,
 ) -> float | None:
     """A recorded run that streamed, as the rate it read its weights at against the
     disk's measured one (`held.disk_gbps`), or None when it cannot tell: a decode step's
-    time less what the roofline (`cal`, on `held`, a machine that holds the weights)
-    gives its compute is the time it read the plan's disk tier in: every CPU weight
+    time less its compute's (`compute_tps`, `modelled_compute_tps` on a machine that
+    holds the weights) is the time it read the plan's disk tier in: every CPU weight
     byte the page cache did not keep (`resident_bytes`, the run's page-cache tier).
     Only CPU-only runs: with layers on a device the disk tier is not known here."""
     disk = facts.spec.tensor_bytes - resident_bytes
-    if not decode_tps or output_tokens < MIN_DECODE_TOKENS or disk <= 0:
-        return None
-    try:
-        _, compute_tps = modelled_speeds(facts, held, cal, ctx, threads, 1, output_tokens)
-    except Exception:  # a run the planner cannot model teaches nothing
+    if not decode_tps or not compute_tps or output_tokens < MIN_DECODE_TOKENS or disk <= 0:
         return None
     reading = 1.0 / decode_tps - 1.0 / compute_tps
     if reading <= 0.1 / decode_tps:  # compute-bound after all: the rate is not seen

@@ -34,6 +34,7 @@ from inferenceos.paths import data_dir
 from inferenceos.plan.calibration import (
     core_share,
     disk_ratio,
+    modelled_compute_tps,
     observation,
     probe_calibration,
     quant_family,
@@ -204,8 +205,10 @@ def load_calibration(
            for o in [_held_observation(r, find(r), held, base, machine, memo)]
            if o is not None]
     cal = with_learned(base, fit_learned(obs, target, quant_family(facts), threads))
+    seen: dict[Any, Any] = {}  # per model: its learned calibration; per setting: compute
     ratios = [x for r in rows if _streamed(r.settings)
-              for x in [_disk_ratio(r, find(r), held, base, obs, machine)] if x is not None]
+              for x in [_disk_ratio(r, find(r), held, base, obs, machine, seen)]
+              if x is not None]
     return with_disk(cal, *fit_disk_scale(ratios))
 
 
@@ -261,17 +264,24 @@ def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibra
 
 
 def _disk_ratio(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
-                obs: list[Any], machine: Machine) -> float | None:
+                obs: list[Any], machine: Machine, seen: dict[Any, Any]) -> float | None:
     """A run that streamed: its streaming rate against the measured disk's
-    (plan.calibration.disk_ratio), its compute priced by what its model's runs taught.
-    CPU-only runs only."""
+    (plan.calibration.disk_ratio), its compute priced by what its model's runs taught
+    (`seen` keeps each model's fit and each setting's modelled compute: recorded runs
+    repeat them). CPU-only runs only."""
     if f is None or int(r.settings.get("n_gpu_layers") or 0) != 0:
         return None
-    cal = with_learned(base, fit_learned(obs, r.model_digest, quant_family(f),
-                                         r.threads or 0))
+    threads = r.threads or machine.cpu.threads
+    if r.model_digest not in seen:
+        seen[r.model_digest] = with_learned(
+            base, fit_learned(obs, r.model_digest, quant_family(f), r.threads or 0))
+    ctx = run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings)
+    key = (r.model_digest, ctx, threads, r.output_tokens)
+    if key not in seen:
+        seen[key] = modelled_compute_tps(f, held, seen[r.model_digest], ctx, threads,
+                                         r.output_tokens)
     return disk_ratio(
-        f, held, cal, ctx=run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings),
-        threads=r.threads or machine.cpu.threads,
+        f, held, compute_tps=seen[key],
         resident_bytes=int(r.settings.get("stream_resident_bytes") or 0),
         output_tokens=r.output_tokens, decode_tps=r.decode_tps,
     )
