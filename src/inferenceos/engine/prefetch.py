@@ -64,17 +64,20 @@ HEAD = -1  # the tensors outside the blocks that every token reads whole
 ROWS = -2  # the token embedding when the model has its own output head: read by row
 
 
-def layer_spans(path: Path) -> dict[int, list[Span]]:
+def layer_spans(path: Path, skip_experts: bool = False) -> dict[int, list[Span]]:
     """File byte ranges of each block's tensors, adjacent tensors merged. Outside the
     blocks (they sit at both ends of a typical file): `HEAD`, what every token reads
     whole (the output head, the norms, an embedding tied to the head), and `ROWS`, an
-    untied token embedding, of which a token reads one row (Qwen2.5 1.5B: 125 MiB)."""
+    untied token embedding, of which a token reads one row (Qwen2.5 1.5B: 125 MiB).
+    `skip_experts`: without the routed experts' tensors (a block's dense part)."""
     g = model_header(path)
     n = int(next((v for k, v in g.metadata.items() if k.endswith(".block_count")), 0))
     untied = any(t.name == "output.weight" for t in g.tensors)
     spans: dict[int, list[Span]] = {}
     for t in sorted(g.tensors, key=lambda t: t.offset):
-        layer, _ = tensor_place(t.name, n)
+        layer, role = tensor_place(t.name, n)
+        if skip_experts and role == "expert":
+            continue
         if layer < 0 and untied and t.name.startswith("token_embd"):
             layer = ROWS
         lo, hi = t.offset, t.offset + t.n_bytes
@@ -84,6 +87,24 @@ def layer_spans(path: Path) -> dict[int, list[Span]]:
         else:
             own.append(Span(lo, hi))
     return spans
+
+
+def expert_ranges(path: Path, n_expert: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(layer, expert) -> file byte ranges of that expert's slices of the layer's
+    `*_exps` tensors (the expert is a tensor's slowest dimension: its bytes are one
+    contiguous n_bytes / n_expert slice)."""
+    g = model_header(path)
+    n = int(next((v for k, v in g.metadata.items() if k.endswith(".block_count")), 0))
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for t in g.tensors:
+        layer, role = tensor_place(t.name, n)
+        if role != "expert" or not t.shape or t.shape[-1] != n_expert:
+            continue
+        size = t.n_bytes // n_expert
+        for e in range(n_expert):
+            lo = t.offset + e * size
+            out.setdefault((layer, e), []).append((lo, lo + size))
+    return out
 
 
 def expert_count(path: Path) -> int:
@@ -136,6 +157,13 @@ class LayerStreamer:
     ) -> None:
         self.path = Path(path)
         self.spans = layer_spans(self.path)
+        self.n_expert = expert_count(self.path)
+        # with routed experts, a layer read ahead is its dense part; its experts are
+        # read when the router has picked them (`_fetch_experts`)
+        self._ahead_spans = layer_spans(self.path, skip_experts=True) if self.n_expert \
+            else self.spans
+        self._experts = expert_ranges(self.path, self.n_expert) if self.n_expert else {}
+        self.expert_fetches = 0  # picked experts asked for (a figure for tests)
         self.blocks = _cpu_blocks(sorted(i for i in self.spans if i >= 0), offloaded)
         self.ahead = self._fit_ahead(resident_bytes, ahead)
         self.resident = self._choose_resident(resident_bytes)
@@ -148,7 +176,6 @@ class LayerStreamer:
         self.prefetched = 0  # layer reads asked for (a figure for tests and reports)
         self.locked = 0  # resident bytes mlock'ed
         self._watched = frozenset(self.blocks)
-        self.n_expert = expert_count(self.path)
         self._picks: dict[int, np.ndarray] = {}  # layer -> picks per expert, since taken
         from llama_cpp.llama_cpp import ggml_backend_sched_eval_callback
 
@@ -218,16 +245,29 @@ class LayerStreamer:
                 done += s.end - start
         return done
 
-    def _advise(self, layer: int, advice: int) -> None:
-        page = mmap.PAGESIZE
-        for s in self.spans.get(layer, ()):
-            start = s.start // page * page
-            if self._base is None:
-                if advice == MADV_WILLNEED:
-                    os.posix_fadvise(self._fd, start, s.end - start, os.POSIX_FADV_WILLNEED)
-                continue
-            self._libc.madvise(ctypes.c_void_p(self._base + start),
-                               ctypes.c_size_t(s.end - start), advice)
+    def _advise(self, layer: int, advice: int,
+                spans: dict[int, list[Span]] | None = None) -> None:
+        for s in (self.spans if spans is None else spans).get(layer, ()):
+            self._advise_range(s.start, s.end, advice)
+
+    def _advise_range(self, lo: int, hi: int, advice: int) -> None:
+        start = lo // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._base is None:
+            if advice == MADV_WILLNEED:
+                os.posix_fadvise(self._fd, start, hi - start, os.POSIX_FADV_WILLNEED)
+            return
+        self._libc.madvise(ctypes.c_void_p(self._base + start), ctypes.c_size_t(hi - start),
+                           advice)
+
+    def _fetch_experts(self, layer: int, experts: np.ndarray) -> None:
+        """Ask for the slices of the experts the router just picked in a streamed layer:
+        read ahead, the layer brought only its dense part."""
+        if layer in self.resident:
+            return
+        for e in experts.tolist():
+            for lo, hi in self._experts.get((layer, int(e)), ()):
+                self._advise_range(lo, hi, MADV_WILLNEED)
+            self.expert_fetches += 1
 
     def resident_in_core(self) -> float:
         """Share of the resident set's pages in memory now (mincore on the mapping);
@@ -287,6 +327,7 @@ class LayerStreamer:
                   buf.ctypes.data, 0, span)
         ids = np.lib.stride_tricks.as_strided(buf, (rows, used), (stride, 4))
         ids = ids[(ids >= 0) & (ids < self.n_expert)]
+        self._fetch_experts(layer, np.unique(ids))
         counts = np.bincount(ids, minlength=self.n_expert)
         picks = self._picks  # one dict throughout: a take_picks meanwhile loses these
         have = picks.get(layer)  # counts, it never counts them twice
@@ -336,7 +377,7 @@ class LayerStreamer:
             for k in range(1, self.ahead + 1):
                 nxt = ring[(at + k) % n]
                 if nxt not in self.resident:
-                    self._advise(nxt, MADV_WILLNEED)
+                    self._advise(nxt, MADV_WILLNEED, self._ahead_spans)
                     self.prefetched += 1
             prev = ring[(at - 1) % n]
             if prev not in self.resident:

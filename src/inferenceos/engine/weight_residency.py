@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inferenceos.engine.messages import WeightStats
-from inferenceos.engine.model_header import model_header
-from inferenceos.model.spec import tensor_place
+from inferenceos.engine.prefetch import expert_ranges
 
 if TYPE_CHECKING:
     from inferenceos.engine.prefetch import LayerStreamer
@@ -85,24 +84,6 @@ def process_io() -> tuple[int, int]:
     except OSError:
         pass
     return faults, 0
-
-
-def expert_ranges(path: Path, n_expert: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """(layer, expert) -> file byte ranges of that expert's slices of the layer's
-    `*_exps` tensors (the expert is a tensor's slowest dimension: its bytes are one
-    contiguous n_bytes / n_expert slice)."""
-    g = model_header(path)
-    n = int(next((v for k, v in g.metadata.items() if k.endswith(".block_count")), 0))
-    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for t in g.tensors:
-        layer, role = tensor_place(t.name, n)
-        if role != "expert" or not t.shape or t.shape[-1] != n_expert:
-            continue
-        size = t.n_bytes // n_expert
-        for e in range(n_expert):
-            lo = t.offset + e * size
-            out.setdefault((layer, e), []).append((lo, lo + size))
-    return out
 
 
 class _Core:
