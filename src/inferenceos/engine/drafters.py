@@ -26,6 +26,7 @@ import numpy as np
 from inferenceos.engine import plugins
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.session import LoadedModel, decode_failed
+from inferenceos.engine.slots import shared_prefix
 from inferenceos.engine.speculative import ENTRY_POINT_GROUP, DraftAsk
 from inferenceos.errors import GenerationError, ModelLoadError
 from inferenceos.plan.llama_params import LlamaParams
@@ -211,15 +212,7 @@ class ModelDrafter:
 
     def _cached_prefix(self, key: int, toks: list[int]) -> int:
         """How many leading tokens of `toks` (mapped) slot `key`'s draft cells hold."""
-        cached = self.cached.get(key, [])
-        if toks[: len(cached)] == cached:
-            return len(cached)
-        n = 0
-        for x, y in zip(cached, toks, strict=False):
-            if x != y:
-                break
-            n += 1
-        return n
+        return shared_prefix(self.cached.get(key, []), toks)
 
     def _sync(self, a: DraftAsk) -> list[int]:
         """Make the draft's cells for slot a.key a prefix of a.tokens; returns the

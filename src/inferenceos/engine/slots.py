@@ -46,6 +46,8 @@ class Slot:
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens `a` and `b` have in common."""
+    if len(a) <= len(b) and list(b[: len(a)]) == list(a):  # the common case, at C speed
+        return len(a)
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
