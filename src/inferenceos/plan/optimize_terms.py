@@ -33,6 +33,7 @@ from inferenceos.plan.perf import (
     Calibration,
     _attn_width,
     _kv_span,
+    disk_rate,
     gemm_weight,
     gemv_weight,
 )
@@ -168,5 +169,5 @@ class Terms:
     def disk_per_byte(self) -> float:
         # the disk's time is not scaled by the compute's learned speed (perf._scaled),
         # but by its own streaming rate (Calibration.disk_scale)
-        rate = self.machine.disk_gbps * _scale(self.cal.disk_scale) * GB
+        rate = disk_rate(self.machine, self.cal)
         return self.ph.ubatches / rate * self.ph.weight * self.ph.scale

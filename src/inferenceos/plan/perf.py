@@ -220,7 +220,7 @@ def decode_cost(
                                kernel_weight=k)
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1,
-                        disk_scale=cal.disk_scale)
+                        disk_rate=disk_rate(machine, cal))
     overhead = cal.token_overhead_s + cal.layer_overhead_s * facts.spec.block_count
     return _scaled(StepCost(parts, overhead), cal.decode_scale)
 
@@ -257,12 +257,18 @@ def prefill_cost(
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(
         parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub, n_kv=n_tokens,
-        disk_scale=cal.disk_scale,
+        disk_rate=disk_rate(machine, cal),
     )
     return _scaled(StepCost(parts, cal.ubatch_overhead_s * n_ub), cal.prefill_scale)
 
 
 DISK_PART = "disk read (mmap)"
+
+
+def disk_rate(machine: Machine, cal: Calibration) -> float:
+    """Bytes per second weights streamed from the file are read at: the measured disk's
+    rate times what runs that streamed taught (`Calibration.disk_scale`)."""
+    return machine.disk_gbps * (cal.disk_scale if cal.disk_scale > 0 else 1.0) * GB
 
 
 def _scaled(cost: StepCost, speed_scale: float) -> StepCost:
@@ -300,14 +306,14 @@ def _add_disk_and_links(
     machine: Machine,
     facts: ModelFacts,
     tokens: int,
+    *,
+    disk_rate: float,
     ubatches: int = 1,
     n_kv: int = 0,
-    disk_scale: float = 1.0,
 ) -> None:
     if placement.disk_bytes > 0:
         # weights that do not fit in RAM are re-read from the file for every ubatch
-        rate = machine.disk_gbps * (disk_scale if disk_scale > 0 else 1.0) * GB
-        parts[DISK_PART] = placement.disk_bytes * ubatches / rate
+        parts[DISK_PART] = placement.disk_bytes * ubatches / disk_rate
     remote = {d.name: d for d in machine.accelerators if d.is_remote}
     crossings = _local_crossings(placement, remote)
     if crossings:

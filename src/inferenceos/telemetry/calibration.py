@@ -69,6 +69,11 @@ class Learned:
         return f"learned from {self.runs} recorded run{'s' * (self.runs != 1)} of {where}"
 
 
+def _recency(i: int, n: int) -> float:
+    """The weight of the i-th of n runs (oldest first): it halves every HALF_LIFE_RUNS."""
+    return 0.5 ** ((n - 1 - i) / HALF_LIFE_RUNS)
+
+
 def _robust(values: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """(log ratio, weight) pairs without those far from the median."""
     if len(values) < 3:
@@ -95,7 +100,7 @@ def _phase(
             r = o.decode_ratio if decode else o.prefill_ratio
             if r is not None and r > 0:
                 w = 1.0 if not threads or o.threads == threads else OTHER_THREADS_WEIGHT
-                w *= 0.5 ** ((n - 1 - i) / HALF_LIFE_RUNS)
+                w *= _recency(i, n)
                 out.append((math.log(r), w))
         return _robust(out)
 
@@ -139,8 +144,7 @@ def fit_disk_scale(ratios: Sequence[float]) -> tuple[float, int]:
     towards 1 by `PRIOR_RUNS` and weighted by recency like the speed scales; (1.0, 0)
     without a usable ratio."""
     n = len(ratios)
-    pairs = _robust([(math.log(r), 0.5 ** ((n - 1 - i) / HALF_LIFE_RUNS))
-                     for i, r in enumerate(ratios) if r > 0])
+    pairs = _robust([(math.log(r), _recency(i, n)) for i, r in enumerate(ratios) if r > 0])
     if not pairs:
         return 1.0, 0
     return math.exp(_shrunk(pairs, 0.0)), len(pairs)
