@@ -9,8 +9,10 @@ process is checked against these figures under a cgroup in test_cgroup_limits.py
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,16 @@ AVX2 = ("avx2", "fma", "f16c")
 @pytest.fixture(scope="module")
 def q4_facts(tmp_path_factory: pytest.TempPathFactory) -> ModelFacts:
     return load_model_facts(write_q4_model(tmp_path_factory.mktemp("q4") / "tiny-q4.gguf"))
+
+
+def prefetched_soon(streamer: Any, timeout: float = 5.0) -> int:
+    """The streamer's read-ahead count once its thread has acted on the last layer that
+    started: it runs beside the decode, and on a busy machine it may not have been
+    scheduled yet when a short generation ends (0 seen once in a full suite)."""
+    deadline = time.monotonic() + timeout
+    while streamer.prefetched == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return int(streamer.prefetched)
 
 
 def plan_with(facts: ModelFacts, ram: int) -> Plan:
@@ -164,7 +176,7 @@ def test_a_disk_plan_streams_through_llama_cpps_own_mapping(q4_facts: ModelFacts
         resident = sum(sum(x.end - x.start for x in s.spans[i]) for i in s.resident)
         assert resident <= params.stream_resident_bytes and 0 < len(s.resident) < 9
         list(generate_one(m, m.tokenize("abc"), SamplingParams(temperature=0, max_tokens=4)))
-        assert s.prefetched > 0
+        assert prefetched_soon(s) > 0
     assert plan_with(q4_facts, 4096 * MIB).params().stream_resident_bytes == 0
 
 
@@ -234,4 +246,4 @@ def test_a_streamed_moe_layer_is_read_ahead_without_its_experts(tmp_path: Path) 
         assert _bytes(dense[0]) + experts == _bytes(spans[0])  # all but the experts
         list(generate_one(m, m.tokenize("abc"), SamplingParams(temperature=0, max_tokens=8)))
         # 2 picked of 4 per layer and token: at most 2 experts asked for per layer a step
-        assert 0 < s.expert_fetches <= 2 * 2 * (8 + 1) and s.prefetched > 0
+        assert 0 < s.expert_fetches <= 2 * 2 * (8 + 1) and prefetched_soon(s) > 0
