@@ -73,8 +73,9 @@ def test_tls_serve_answers_the_openai_client(tiny_llama: Path, tmp_path: Path) -
         _, err = proc.communicate(timeout=30)
     assert f"https://127.0.0.1:{port}" in err and "Traceback" not in err
     # the openai client's idle keep-alive connection is still open: its TLS close used
-    # to hold the exit for uvicorn's whole graceful timeout (grace 10 s + 5: 15.5 s)
-    assert time.monotonic() - stopping < 8, time.monotonic() - stopping
+    # to hold the exit for uvicorn's whole graceful timeout (grace 10 s + 5: 15.5 s);
+    # 3.8 s now when quiet, 8.5 s once in a fresh clone's full suite on 2 busy cores
+    assert time.monotonic() - stopping < 12, time.monotonic() - stopping
 
 
 @pytest.mark.parametrize("which", ["cert-only", "missing-file", "not-pem"])
