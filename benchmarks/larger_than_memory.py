@@ -44,11 +44,13 @@ PROMPT = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
 UNLIMITED = 64 << 30
 
 
-def ours(model: Path, limit: int, tokens: int, threads: int) -> dict[str, Any]:
-    """One cold run of the probe in a fresh cgroup; its JSON plus the cgroup's view."""
+def ours(model: Path, limit: int, tokens: int, threads: int,
+         extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One cold run of the probe in a fresh cgroup; its JSON plus the cgroup's view.
+    `extra`: more probe options (tests/ltm_probe.py)."""
     drop_cache(model)
     argv = [sys.executable, str(PROBE), str(model), "--tokens", str(tokens),
-            "--prompt", PROMPT, "--threads", str(threads), "--record"]
+            "--prompt", PROMPT, "--threads", str(threads), "--record", *extra]
     with MemoryCgroup(limit) as cg:
         t0 = time.perf_counter()
         run = cg.run(argv, timeout=1800)

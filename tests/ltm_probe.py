@@ -50,6 +50,21 @@ def mapped_kib(path: str) -> int:
     return total
 
 
+def expert_figures(streamer: Any) -> dict[str, Any]:
+    """A routed model's heat figures: whether stored heat was read, how often the
+    resident set changed, the experts resident, and the share of the run's router
+    picks (prefill's included) that fell on resident experts."""
+    if streamer is None or not streamer.n_expert:
+        return {}
+    seen = streamer._seen
+    total = sum(float(v.sum()) for v in seen.values())
+    hits = sum(float(seen[u[0]][u[1]]) for u in streamer.resident
+               if isinstance(u, tuple) and u[0] in seen)
+    return {"heat_stored": streamer._stored is not None, "rechosen": streamer.rechosen,
+            "resident_experts": sum(isinstance(u, tuple) for u in streamer.resident),
+            "expert_hit": hits / total if total else None}
+
+
 def _record(model: Path, metrics: Any, params: Any) -> None:
     """One generation in the telemetry store, with the settings `run` records."""
     from dataclasses import asdict
@@ -81,6 +96,9 @@ def main() -> int:
                     help="no prefetch thread (engine/prefetch.py): the kernel pages alone")
     ap.add_argument("--cap-above-start", type=int, default=0, metavar="BYTES",
                     help="after start-up, limit this process's cgroup to its charge + BYTES")
+    ap.add_argument("--no-heat", action="store_true",
+                    help="experts resident in file order: no stored heat read, no re-choice "
+                         "from the picks (the control of benchmarks/expert_heat.py)")
     a = ap.parse_args()
 
     from inferenceos.engine.llama_lib import lib
@@ -117,6 +135,11 @@ def main() -> int:
     ram = machine.cpu.memory_bytes
     if a.no_stream:
         params = replace(params, stream_resident_bytes=0)
+    if a.no_heat:
+        from inferenceos.engine import prefetch, session
+
+        session._heat_store = lambda _path: (None, None)  # type: ignore[assignment]
+        prefetch.RECHOOSE_TOKENS = 1 << 62
     t0 = time.perf_counter()
     with LoadedModel(Path(a.model), params) as m:
         load_s = time.perf_counter() - t0
@@ -158,6 +181,7 @@ def main() -> int:
             "resident_layers": len(streamer.resident) if streamer else 0,
             "locked": streamer.locked if streamer else 0,
             "resident_in_core": streamer.resident_in_core() if streamer else 0.0,
+            **expert_figures(streamer),
         }
     print(json.dumps(out))
     return 0

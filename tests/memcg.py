@@ -242,7 +242,10 @@ def cold_copy(src: Path, dst: Path) -> Path:
     """A private copy of `src` with none of its pages cached. Page cache is charged to
     the cgroup that first read a page: a model other processes have read stays cached,
     charged elsewhere, and would never be read from disk under our limit."""
-    if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+    # a rebuilt source of the same size (the upcycled MoE with another router) is
+    # newer than its copy
+    if (not dst.exists() or dst.stat().st_size != src.stat().st_size
+            or dst.stat().st_mtime < src.stat().st_mtime):
         tmp = dst.with_suffix(".part")
         shutil.copyfile(src, tmp)
         os.replace(tmp, dst)

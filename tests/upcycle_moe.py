@@ -6,7 +6,9 @@ norms; its feed-forward network becomes `--experts` copies of itself, each with 
 perturbations, behind a router over the hidden state that picks `--used` of them per
 token. The text stays coherent (each expert is nearly the dense FFN and the picked
 experts' weights are normalised to sum to 1) and the routing depends on the tokens
-(the router is a fixed random projection of the hidden state).
+(the router is a fixed random projection of the hidden state). With `--skew` the
+routers also lean towards the low experts (skew_router), so some experts are hot and
+some cold, as in trained MoEs: what a resident set chosen by heat can use.
 
 How, in llama.cpp's terms: the file is written as a Mixtral-style `llama` model
 (`llama.expert_count`, `ffn_gate_inp`, `ffn_{gate,up,down}_exps`; llama.cpp's
@@ -19,7 +21,8 @@ permute as byte rows); an expert's perturbation scales each block's fp16 scale (
 min) by 1 + N(0, `--noise`), which scales that block's weights.
 
     .venv/bin/python tests/upcycle_moe.py [--experts 4] [--used 2] [--noise 0.05]
-        [--seed 0] [--out FILE]   # default: <cache>/models/qwen2.5-coder-0.5b-moe4.gguf
+        [--seed 0] [--skew 1.5] [--out FILE]
+    # default out: <cache>/models/qwen2.5-coder-0.5b-moe4.gguf
 """
 
 from __future__ import annotations
@@ -127,8 +130,9 @@ def _add_experts(writer: Any, layer: int, ffn: dict[str, Any], experts: int, noi
 
 
 def upcycle(src: Path, dst: Path, experts: int = 4, used: int = 2, noise: float = 0.05,
-            seed: int = 0) -> Path:
-    """Write the upcycled MoE of the dense GGUF `src` to `dst` (atomically); returns it."""
+            seed: int = 0, skew: float = 0.0) -> Path:
+    """Write the upcycled MoE of the dense GGUF `src` to `dst` (atomically), its routers
+    leaning by `skew` (skew_router; 0: none); returns it."""
     from gguf import GGUFReader, GGUFWriter
 
     reader = GGUFReader(src)
@@ -157,8 +161,100 @@ def upcycle(src: Path, dst: Path, experts: int = 4, used: int = 2, noise: float 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    if skew:
+        mean = np.mean(list(skew_router(tmp, skew).values()), axis=0)
+        print("picks per token by expert (probe text): " + " ".join(f"{x:.2f}" for x in mean))
     tmp.replace(dst)
     return dst
+
+
+# text the router's input is sampled on: prose, code and a list, as a chat model sees
+PROBE_TEXT = (
+    "The committee met on Tuesday to discuss the budget for next year. Several members "
+    "argued that the library needed new windows, while others wanted more books.\n"
+    "def merge(a, b):\n    out = []\n    while a and b:\n        out.append(a.pop(0) if "
+    "a[0] < b[0] else b.pop(0))\n    return out + a + b\n"
+    "Shopping list: eggs, flour, two lemons, olive oil, coffee beans, rice.\n"
+    "Q: What is the capital of France? A: Paris. Q: How many legs does a spider have?"
+)
+
+
+class _RouterInputs:
+    """cb_eval that keeps each layer's `ffn_norm-i` output: the router's input
+    (llama.cpp's llm_build_llama feeds it to build_moe_ffn), [n_embd, n_tokens] f32."""
+
+    def __init__(self) -> None:
+        from llama_cpp.llama_cpp import ggml_backend_sched_eval_callback
+
+        from inferenceos.engine.attention_probe import GGMLTensor, _tensor_get
+
+        self._tensor, self._get = GGMLTensor, _tensor_get()
+        self.rows: dict[int, list[np.ndarray]] = {}
+        self.callback = ggml_backend_sched_eval_callback(self._on_tensor)
+
+    def _on_tensor(self, addr: int, ask: bool, _user: Any) -> bool:
+        import ctypes
+
+        ptr = ctypes.cast(addr, ctypes.POINTER(self._tensor))
+        t = ptr.contents
+        layer = t.name[len(b"ffn_norm-"):]  # not its views ("ffn_norm-0 (reshaped)")
+        if not t.name.startswith(b"ffn_norm-") or not layer.isdigit() or t.type != 0:
+            return False
+        if ask:
+            return True
+        width, n = int(t.ne[0]), int(t.ne[1])
+        data = np.empty(width * n, np.float32)
+        self._get(ptr, data.ctypes.data, 0, data.nbytes)
+        self.rows.setdefault(int(layer), []).append(data.reshape(n, width))
+        return True
+
+
+def skew_router(path: Path, skew: float, text: str = PROBE_TEXT) -> dict[int, np.ndarray]:
+    """Give the routers of the upcycled model at `path` a lean, in place: expert e's row
+    loses its component along mu and gains `skew * z_e * sigma / |mu|^2 * mu`, where mu
+    is the layer's mean router input over `text` (measured by running the model), sigma
+    the spread of its random logits across those tokens and z_e evenly spaced from +1
+    to -1. A token's logit for expert e is then its random, token-dependent part plus
+    about skew * z_e * sigma (its input's projection on mu is near |mu|^2), so the low
+    experts are picked most while the random part still routes by token: a workload with
+    hot and cold experts, which a resident set by heat can use (issue 30). Returns each
+    layer's share of picks per expert on `text` after the change (numpy top-k)."""
+    from gguf import GGUFReader
+
+    from inferenceos.engine.sampling import SamplingParams
+    from inferenceos.engine.scheduler import generate_one
+    from inferenceos.engine.session import LoadedModel
+    from inferenceos.plan.llama_params import LlamaParams
+
+    probe = _RouterInputs()
+    with LoadedModel(path, LlamaParams(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2),
+                     eval_callback=probe.callback) as m:
+        list(generate_one(m, m.tokenize(text), SamplingParams(temperature=0, max_tokens=1)))
+    reader = GGUFReader(path, "r+")
+    used = int(reader.fields["llama.expert_used_count"].contents())
+    shares: dict[int, np.ndarray] = {}
+    for t in reader.tensors:
+        if not t.name.endswith("ffn_gate_inp.weight"):
+            continue
+        layer = int(t.name.split(".")[1])
+        if layer not in probe.rows:
+            raise RuntimeError(f"no router input seen for layer {layer}: {sorted(probe.rows)}")
+        x = np.concatenate(probe.rows[layer])  # [tokens, width]
+        router = t.data  # [experts, width], a writable view of the file
+        mu = x.mean(axis=0)
+        unit = mu / float(mu @ mu)  # x @ unit is 1 on average
+        # each row's own lean along mu goes (a random row's happens to favour some
+        # experts by a constant, large where the inputs share a large mean) ...
+        router -= np.outer(router @ mu, unit).astype(np.float32)
+        sigma = float(((x - mu) @ router.T).std())
+        # ... and the chosen one comes in: the logits' spread across tokens times z_e
+        z = np.linspace(1.0, -1.0, router.shape[0])
+        router += np.outer(skew * sigma * z, mu).astype(np.float32) * np.float32(
+            1.0 / float(mu @ mu))
+        top = np.argsort(-(x @ router.T), axis=1)[:, :used]
+        shares[layer] = np.bincount(top.ravel(), minlength=router.shape[0]) / len(x)
+    reader.data.flush()
+    return shares
 
 
 def main() -> int:
@@ -167,6 +263,8 @@ def main() -> int:
     ap.add_argument("--used", type=int, default=2)
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skew", type=float, default=1.5,
+                    help="the routers' lean towards the low experts (0: none)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     from inferenceos.model.packaged_models import ensure_packaged_model
@@ -174,7 +272,7 @@ def main() -> int:
 
     src = Path(ensure_packaged_model("qwen2.5-coder-0.5b-instruct"))
     out = a.out or cache_dir() / "models" / f"qwen2.5-coder-0.5b-moe{a.experts}.gguf"
-    upcycle(src, out, a.experts, a.used, a.noise, a.seed)
+    upcycle(src, out, a.experts, a.used, a.noise, a.seed, a.skew)
     print(f"{out}: {out.stat().st_size / 2**20:.0f} MiB, {a.experts} experts, {a.used} used")
     return 0
 

@@ -82,6 +82,28 @@ def test_perturbed_experts_are_routed_by_token(dense: Path, tmp_path: Path) -> N
     assert all(p.sum() > 0 for p in seen) and not np.array_equal(seen[0], seen[1])
 
 
+def test_a_skewed_router_makes_hot_and_cold_experts_that_still_follow_the_tokens(
+        dense: Path, tmp_path: Path) -> None:
+    """`skew` leans each router towards the low experts along the mean of its input:
+    llama.cpp's own picks (counted by the streamer) then favour expert 0 over expert 3
+    by far, and still differ between prompts."""
+    moe = upcycle(dense, tmp_path / "skewed.gguf", experts=4, used=2, noise=0.05, seed=1,
+                  skew=1.5)
+    with LoadedModel(moe, LlamaParams(n_ctx=256, n_threads=1,
+                                      stream_resident_bytes=1 << 30)) as m:
+        s = m._streamer
+        assert s is not None
+        seen = []
+        for prompt in ("abc abc abc", "zzz yyy xxx"):
+            s.take_picks()
+            list(generate_one(m, m.tokenize(prompt), GREEDY))
+            seen.append(sum(s.take_picks().values()))
+    total = seen[0] + seen[1]
+    assert total[0] == total.max() and total[0] > 2 * total[3] and total[3] == total.min()
+    shares = [p / p.sum() for p in seen]
+    assert np.abs(shares[0] - shares[1]).max() > 0.02  # the prompts route differently
+
+
 def test_an_architecture_it_cannot_upcycle_is_refused(tmp_path: Path) -> None:
     swa = write_tiny_model(tmp_path / "gemma.gguf", "swa")
     with pytest.raises(ValueError, match="gemma3"):

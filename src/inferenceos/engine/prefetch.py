@@ -5,11 +5,12 @@ faults them in one read-around window at a time, synchronously, on the compute
 threads, and evicts by recency: every token reads the layers in the same order, the
 pattern least-recently-used eviction handles worst. `LayerStreamer` replaces that with
 the plan's choice:
-- the resident set, by tensor role: what every token reads whole (the output head,
-  the norms), then the first layers, as far as the page cache the plan leaves
-  (`resident_bytes`) less the prefetch window and 5 % slack holds them, read once at
-  start and locked (mlock; where RLIMIT_MEMLOCK refuses, only advised); an untied
-  token embedding is left to the kernel (a token reads one row of it);
+- the resident set (engine/resident_choice.py): the units of weights (output head and
+  norms, blocks, on a routed model each block's dense part and each expert apart:
+  engine/weight_layout.py) a token reads most per byte, as far as the page cache the
+  plan leaves (`resident_bytes`) less the prefetch window and 5 % slack holds them,
+  read once at start and locked (mlock; where RLIMIT_MEMLOCK refuses, only advised);
+  an untied token embedding is left to the kernel (a token reads one row of it);
 - the streamed layers: when layer i starts computing (a cb_eval on its `attn_norm-i`
   node), a prefetch thread asks the kernel to read layers i+1 .. i+ahead (and the
   head after the last layer, when it is not resident; MADV_WILLNEED on llama.cpp's
@@ -21,9 +22,15 @@ posix_fadvise(WILLNEED) on its own descriptor and no drop-behind.
 
 On a model with routed experts the same cb_eval also watches the router's choice
 (`ffn_moe_topk-i`, llama.cpp's `build_moe_ffn`: int32 expert ids, [n_expert_used,
-n_tokens] in ggml order, a strided view) and counts the picks per layer and expert;
-`take_picks()` hands them to engine/weight_residency.py, which reports the share that
-fell on experts in memory.
+n_tokens] in ggml order, a strided view): a streamed layer is read ahead without its
+experts and the picked ones are asked for as soon as the router has picked them; the
+picks are counted per layer and expert. They are the experts' heat: the stored heat
+(`heat_source`, telemetry/expert_heat.py) and the picks since the load together
+choose which experts are resident, chosen again every `RECHOOSE_TOKENS` tokens on the
+prefetch thread (unlocking what cooled, locking what warmed), and the new picks go
+to `heat_sink` every `RECORD_TOKENS` tokens and at close. `take_picks()` hands the
+picks to engine/weight_residency.py, which reports the share that fell on experts in
+memory.
 """
 
 from __future__ import annotations
@@ -34,87 +41,43 @@ import ctypes.util
 import mmap
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from inferenceos import interrupt
-from inferenceos.engine.model_header import model_header
-from inferenceos.model.spec import tensor_place
+from inferenceos.engine.resident_choice import choose_resident, worth_swapping
+from inferenceos.engine.weight_layout import (
+    HEAD,
+    ROWS,
+    Span,
+    Unit,
+    expert_count,
+    experts_used,
+    layer_spans,
+    span_bytes,
+    weight_units,
+)
 from inferenceos.plan.llama_params import offloaded_blocks
+from inferenceos.telemetry.expert_heat import Heat, odds
 
 MADV_WILLNEED = 4
 MADV_COLD = 20  # Linux 5.4+; EINVAL before: drop-behind is then skipped
 PREFIX = b"attn_norm-"
 TOPK = b"ffn_moe_topk-"  # the router's chosen expert ids (llama-graph.cpp, build_moe_ffn)
 GGML_TYPE_I32 = 26
+READ_CHUNK = 1 << 20  # one read of a picked expert (the readers' buffers: 4 x 1 MiB)
+READERS = 4  # threads reading a layer's picked experts at once
+RECHOOSE_TOKENS = 32  # tokens between two looks at the heat
+RECORD_TOKENS = 512  # tokens between two writes of the picks to the heat store
 
+HeatSource = Callable[[], Heat | None]
+HeatSink = Callable[[dict[int, np.ndarray], float], None]
 
-@dataclass(frozen=True)
-class Span:
-    """A byte range of the file: [start, end)."""
-
-    start: int
-    end: int
-
-
-HEAD = -1  # the tensors outside the blocks that every token reads whole
-ROWS = -2  # the token embedding when the model has its own output head: read by row
-
-
-def layer_spans(path: Path, skip_experts: bool = False) -> dict[int, list[Span]]:
-    """File byte ranges of each block's tensors, adjacent tensors merged. Outside the
-    blocks (they sit at both ends of a typical file): `HEAD`, what every token reads
-    whole (the output head, the norms, an embedding tied to the head), and `ROWS`, an
-    untied token embedding, of which a token reads one row (Qwen2.5 1.5B: 125 MiB).
-    `skip_experts`: without the routed experts' tensors (a block's dense part)."""
-    g = model_header(path)
-    n = int(next((v for k, v in g.metadata.items() if k.endswith(".block_count")), 0))
-    untied = any(t.name == "output.weight" for t in g.tensors)
-    spans: dict[int, list[Span]] = {}
-    for t in sorted(g.tensors, key=lambda t: t.offset):
-        layer, role = tensor_place(t.name, n)
-        if skip_experts and role == "expert":
-            continue
-        if layer < 0 and untied and t.name.startswith("token_embd"):
-            layer = ROWS
-        lo, hi = t.offset, t.offset + t.n_bytes
-        own = spans.setdefault(layer, [])
-        if own and lo - own[-1].end < 4096:  # the alignment gap between neighbours
-            own[-1] = Span(own[-1].start, hi)
-        else:
-            own.append(Span(lo, hi))
-    return spans
-
-
-def expert_ranges(path: Path, n_expert: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
-    """(layer, expert) -> file byte ranges of that expert's slices of the layer's
-    `*_exps` tensors (the expert is a tensor's slowest dimension: its bytes are one
-    contiguous n_bytes / n_expert slice)."""
-    g = model_header(path)
-    n = int(next((v for k, v in g.metadata.items() if k.endswith(".block_count")), 0))
-    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for t in g.tensors:
-        layer, role = tensor_place(t.name, n)
-        if role != "expert" or not t.shape or t.shape[-1] != n_expert:
-            continue
-        size = t.n_bytes // n_expert
-        for e in range(n_expert):
-            lo = t.offset + e * size
-            out.setdefault((layer, e), []).append((lo, lo + size))
-    return out
-
-
-def expert_count(path: Path) -> int:
-    """Routed experts per layer (`<arch>.expert_count`), 0 for a dense model."""
-    meta = model_header(path).metadata
-    return int(next((v for k, v in meta.items() if k.endswith(".expert_count")), 0) or 0)
-
-
-def _bytes(spans: list[Span]) -> int:
-    return sum(s.end - s.start for s in spans)
+__all__ = ["HEAD", "ROWS", "LayerStreamer", "Span", "layer_spans", "span_bytes"]
 
 
 def _mapping_base(path: Path) -> int | None:
@@ -149,29 +112,46 @@ class LayerStreamer:
     `callback` is the ctypes cb_eval to hand llama.cpp (keep this object alive with the
     context); `attach()` after the load finds the mapping and reads the resident set.
     `offloaded`: the plan's n_gpu_layers where it names devices (their layers are
-    neither streamed nor watched).
+    neither streamed nor watched). `heat_source` / `heat_sink`: where a routed model's
+    expert heat is read from (on the prefetch thread, before the first re-choice) and
+    its new picks go (module doc); None: the picks since the load alone.
     """
 
     def __init__(
-        self, path: Path, resident_bytes: int, ahead: int = 2, offloaded: int = 0
+        self, path: Path, resident_bytes: int, ahead: int = 2, offloaded: int = 0,
+        heat_source: HeatSource | None = None, heat_sink: HeatSink | None = None,
     ) -> None:
         self.path = Path(path)
-        self.spans = layer_spans(self.path)
+        self.spans = layer_spans(self.path)  # whole blocks: what a read-ahead may hold
+        self.units: dict[Unit, list[Span]] = weight_units(self.path)
         self.n_expert = expert_count(self.path)
-        # with routed experts, a layer read ahead is its dense part; its experts are
-        # read when the router has picked them (`_fetch_experts`)
-        self._ahead_spans = layer_spans(self.path, skip_experts=True) if self.n_expert \
-            else self.spans
-        self._experts = expert_ranges(self.path, self.n_expert) if self.n_expert else {}
+        self.prior = experts_used(self.path) / self.n_expert if self.n_expert else 0.0
         self.expert_fetches = 0  # picked experts asked for (a figure for tests)
         self.blocks = _cpu_blocks(sorted(i for i in self.spans if i >= 0), offloaded)
         self.ahead = self._fit_ahead(resident_bytes, ahead)
-        self.resident = self._choose_resident(resident_bytes)
+        self.room = self._room(resident_bytes)
+        self._heat_source, self._heat_sink = heat_source, heat_sink
+        self._stored: Heat | None = None
+        moe = sorted({u[0] for u in self.units if isinstance(u, tuple)} & set(self.blocks))
+        self._first_moe = moe[0] if moe else None
+        self._seen = {layer: np.zeros(self.n_expert) for layer in moe}  # since the load
+        self._seen_tokens = 0.0
+        self._unrecorded: dict[int, np.ndarray] = {}
+        self._unrecorded_tokens = 0.0
+        self._chosen_at = 0.0  # _seen_tokens at the last re-choice
+        self.resident = choose_resident(self.units, self.blocks, self.room, self.heat())
+        self.rechosen = 0  # times the heat changed the resident set
         self._libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
         self._base: int | None = None
+        self._attached = threading.Event()
         self._fd = os.open(self.path, os.O_RDONLY)
+        with contextlib.suppress(OSError):  # exact reads of picked experts (_fetch_experts)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="expert-read")
+        self._buffers = threading.local()
         self._want: int | None = None
         self._cv = threading.Condition()
+        self._lock_units = threading.Lock()  # attach and a re-choice never interleave
         self._closed = False
         self.prefetched = 0  # layer reads asked for (a figure for tests and reports)
         self.locked = 0  # resident bytes mlock'ed
@@ -186,68 +166,145 @@ class LayerStreamer:
         self.callback = ggml_backend_sched_eval_callback(interrupt.callback(self._on_tensor))
         self._thread = threading.Thread(target=self._run, name="layer-prefetch", daemon=True)
         self._thread.start()
+        if self._seen and heat_source is not None:
+            threading.Thread(target=self._load_heat, name="expert-heat", daemon=True).start()
 
     def _fit_ahead(self, budget: int, ahead: int) -> int:
         """Layers to read ahead: at most `ahead`, and no more than the page cache holds
         beside the layer computing. A read-ahead with no room evicts the layer being
         computed, which then faults back in: at a budget of one layer, 2 ahead took a
         decode to 0.4 tok/s and thrashed for minutes where the kernel alone did not."""
-        largest = max((_bytes(self.spans[i]) for i in self.blocks), default=0)
-        if largest == 0:
+        largest = max((span_bytes(self.spans[i]) for i in self.blocks), default=0)
+        ahead_bytes = max((self._read_ahead_bytes(i) for i in self.blocks), default=0)
+        if largest == 0 or ahead_bytes == 0:
             return max(0, ahead)
-        return max(0, min(ahead, budget // largest - 1))
+        return max(0, min(ahead, (budget - largest) // ahead_bytes))
 
-    def _choose_resident(self, budget: int) -> frozenset[int]:
-        """By role: the tensors every token reads whole (`HEAD`: output head, norms),
-        then the first blocks, as far as `budget` less the prefetch window holds them.
-        An untied embedding (`ROWS`) is never resident nor streamed: a token faults in
-        its one row. Locking it whole cost Qwen 1.5B its head and every block under 50 %
-        of its size (307 MiB of head and embedding against 271 MiB of room): the whole
-        file, 1078 MiB, was read at every token."""
-        sizes = {i: _bytes(s) for i, s in self.spans.items()}
-        window = (self.ahead + 1) * max((sizes[i] for i in self.blocks), default=0)
-        # locked pages are never reclaimed: keep 5 % of the budget as slack besides the
-        # window (the plan's anonymous figure ran up to 7-12 % low on Qwen's vocabulary)
-        left = budget - window - budget // 20
-        chosen: set[int] = set()
-        for i in [HEAD, *self.blocks]:
-            if sizes.get(i, 0) <= left:
-                chosen.add(i)
-                left -= sizes.get(i, 0)
-            else:
-                break
-        return frozenset(chosen)
+    def _read_ahead_bytes(self, layer: int) -> int:
+        """What a layer read ahead holds: the block whole, or on a routed model its
+        dense part and the experts one token picks (the largest ones: a prompt's
+        batch picks more, but only in the layer computing)."""
+        if not self.n_expert:
+            return span_bytes(self.spans.get(layer, []))
+        experts = sorted((span_bytes(s) for u, s in self.units.items()
+                          if isinstance(u, tuple) and u[0] == layer), reverse=True)
+        used = round(self.prior * self.n_expert)
+        return span_bytes(self.units.get(layer, [])) + sum(experts[:used])
+
+    def _room(self, budget: int) -> int:
+        """What the resident set may hold: `budget` less the prefetch window (the layer
+        computing, whole, and those read ahead: _read_ahead_bytes) and 5 % slack.
+        Locked pages are never reclaimed: the slack covers the plan's anonymous figure,
+        which ran up to 7-12 % low on Qwen's vocabulary. (Locking an untied embedding
+        whole cost Qwen 1.5B its head and every block under 50 % of its size: 1078 MiB
+        read at every token.)"""
+        window = (max((span_bytes(self.spans[i]) for i in self.blocks), default=0)
+                  + self.ahead * max((self._read_ahead_bytes(i) for i in self.blocks),
+                                     default=0))
+        return budget - window - budget // 20
+
+    # -- heat ------------------------------------------------------------------------------
+
+    def heat(self) -> dict[tuple[int, int], float]:
+        """(layer, expert) -> the chance a token picks it: the stored heat and the picks
+        since the load together (telemetry/expert_heat.odds); {} for a dense model."""
+        if not self._seen:
+            return {}
+        stored_picks, stored_tokens = self._stored or ({}, 0.0)
+        out: dict[tuple[int, int], float] = {}
+        for layer, seen in self._seen.items():
+            have = stored_picks.get(layer)
+            picks = seen + have if have is not None and have.shape == seen.shape else seen
+            p = odds(({layer: picks}, stored_tokens + self._seen_tokens), layer,
+                     self.n_expert, self.prior)
+            out.update({(layer, e): float(x) for e, x in enumerate(p)})
+        return out
+
+    def _rechoose(self) -> None:
+        """Choose the resident set again from the heat; swap in the new one when it
+        saves enough reads (resident_choice.worth_swapping): unlock and cool what
+        leaves before what comes is read and locked, so the two never both hold room."""
+        heat = self.heat()
+        self._chosen_at = self._seen_tokens
+        new = choose_resident(self.units, self.blocks, self.room, heat)
+        with self._lock_units:
+            old = self.resident
+            if self._closed or not worth_swapping(self.units, old, new, heat, skip=(ROWS,)):
+                return
+            for unit in old - new:
+                self.locked -= self._unlock(unit)
+                self._advise(unit, MADV_COLD)
+            self.resident = new
+            for unit in sorted(new - old, key=str):
+                self._advise(unit, MADV_WILLNEED)
+                self.locked += self._lock(unit)
+            self.rechosen += 1
+
+    def _load_heat(self) -> None:
+        """The heat thread: read the stored heat (a model's digest may take seconds to
+        compute the first time, and the store may be busy: neither on the decode's
+        path nor the prefetch's), then, once attached, choose the resident set by it."""
+        if self._heat_source is None:
+            return
+        with contextlib.suppress(Exception):
+            self._stored = self._heat_source()
+        while not self._attached.wait(0.2):
+            if self._closed:
+                return
+        if self._stored is not None and not self._closed:
+            self._rechoose()
+
+    def _record(self) -> None:
+        """Hand the picks not yet recorded to the heat sink (errors never reach the
+        decode: heat only orders residency)."""
+        picks, tokens = self._unrecorded, self._unrecorded_tokens
+        self._unrecorded, self._unrecorded_tokens = {}, 0.0
+        if self._heat_sink is not None and tokens > 0:
+            with contextlib.suppress(Exception):
+                self._heat_sink(picks, tokens)
+
+    # -- memory ----------------------------------------------------------------------------
 
     def attach(self) -> None:
         """Find llama.cpp's mapping and ask for the resident set once. The kernel's
         fault read-around stays on: turning it off (MADV_RANDOM) cut the bytes read per
         token 3x on tests/tiny_q4.py under a 90 MiB cgroup but made decode 3x slower,
-        every fault the prefetch had not covered becoming a 4 KiB synchronous read."""
-        self._base = _mapping_base(self.path)
-        for i in sorted(self.resident):
-            self._advise(i, MADV_WILLNEED)
-        if self._base is not None:
-            self.locked = sum(self._lock(i) for i in sorted(self.resident))
+        every fault the prefetch had not covered becoming a 4 KiB synchronous read (on
+        the upcycled MoE under 40 %, off for the streamed experts only: 0.26 t/s
+        against 0.86; under a tight limit the kernel drops a WILLNEED's reads rather
+        than reclaim for them)."""
+        with self._lock_units:
+            self._base = _mapping_base(self.path)
+            for unit in sorted(self.resident, key=str):
+                self._advise(unit, MADV_WILLNEED)
+            if self._base is not None:
+                self.locked = sum(self._lock(u) for u in sorted(self.resident, key=str))
+        self._attached.set()
 
-    def _lock(self, layer: int) -> int:
-        """mlock the layer's mapped pages, so reclaim cannot take them: without it the
+    def _pages(self, unit: Unit) -> list[tuple[int, int]]:
+        """The unit's spans as (address, length) in the mapping, page-aligned."""
+        page, base = mmap.PAGESIZE, self._base
+        if base is None:
+            return []
+        return [(base + s.start // page * page, s.end - s.start // page * page)
+                for s in self.units.get(unit, ())]
+
+    def _lock(self, unit: Unit) -> int:
+        """mlock the unit's mapped pages, so reclaim cannot take them: without it the
         kernel's LRU evicted the resident layers too and every token read the whole
         model (Qwen 1.5B under 70 % of its size: 898 MiB/token read; under 90 % with
         555 MiB locked: 537 MiB/token, the streamed part). Returns the bytes locked, 0
         where RLIMIT_MEMLOCK refuses (then the pages are only advised)."""
-        page, done, base = mmap.PAGESIZE, 0, self._base
-        if base is None:
-            return 0
-        for s in self.spans.get(layer, ()):
-            start = s.start // page * page
-            if self._libc.mlock(ctypes.c_void_p(base + start),
-                                ctypes.c_size_t(s.end - start)) == 0:
-                done += s.end - start
-        return done
+        return sum(n for addr, n in self._pages(unit)
+                   if self._libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(n)) == 0)
 
-    def _advise(self, layer: int, advice: int,
-                spans: dict[int, list[Span]] | None = None) -> None:
-        for s in (self.spans if spans is None else spans).get(layer, ()):
+    def _unlock(self, unit: Unit) -> int:
+        """munlock the unit's pages; returns the bytes unlocked."""
+        return sum(n for addr, n in self._pages(unit)
+                   if self._libc.munlock(ctypes.c_void_p(addr), ctypes.c_size_t(n)) == 0)
+
+    def _advise(self, unit: Unit, advice: int) -> None:
+        for s in self.units.get(unit, ()):
             self._advise_range(s.start, s.end, advice)
 
     def _advise_range(self, lo: int, hi: int, advice: int) -> None:
@@ -260,29 +317,65 @@ class LayerStreamer:
                            advice)
 
     def _fetch_experts(self, layer: int, experts: np.ndarray) -> None:
-        """Ask for the slices of the experts the router just picked in a streamed layer:
-        read ahead, the layer brought only its dense part."""
-        if layer in self.resident:
-            return
+        """Read the slices of the experts the router just picked in a layer that are not
+        resident (read ahead, a layer brings only its dense part), exactly and at once,
+        before the graph goes on: `READERS` threads `pread` them into the page cache in
+        `READ_CHUNK` pieces through our own descriptor, which has no read-ahead
+        (POSIX_FADV_RANDOM), so the compute then finds them cached and never faults.
+        A fault would read the kernel's read-around window (8 MiB here) around it,
+        wider than an expert's slice (~3 MiB on the upcycled Qwen MoE): the unpicked
+        neighbours too, ~983 of its 1087 MiB per token under 40 % of its size. An
+        asynchronous ask (MADV_WILLNEED) does not do: under a tight limit the kernel
+        drops its reads rather than reclaim for them."""
+        resident = self.resident
+        chunks: list[tuple[int, int]] = []
         for e in experts.tolist():
-            for lo, hi in self._experts.get((layer, int(e)), ()):
-                self._advise_range(lo, hi, MADV_WILLNEED)
+            unit = (layer, int(e))
+            if unit in resident or unit not in self.units:
+                continue
+            for s in self.units[unit]:
+                chunks += [(lo, min(lo + READ_CHUNK, s.end))
+                           for lo in range(s.start, s.end, READ_CHUNK)]
             self.expert_fetches += 1
+        if chunks:
+            list(self._readers.map(self._read_range, chunks))
+
+    def _read_range(self, span: tuple[int, int]) -> None:
+        """pread [lo, hi) of the file into this reader thread's buffer (and so into
+        the page cache); errors leave it to the fault that follows."""
+        lo, hi = span
+        buf = getattr(self._buffers, "buf", None)
+        if buf is None:
+            buf = self._buffers.buf = memoryview(bytearray(READ_CHUNK))
+        with contextlib.suppress(OSError):
+            while lo < hi:
+                got = os.preadv(self._fd, [buf[: hi - lo]], lo)
+                if got <= 0:
+                    return
+                lo += got
+
+    def _cool(self, layer: int) -> None:
+        """Mark what of `layer` is streamed (its dense part or whole, its experts not
+        resident) cold: reclaim takes it before the resident set."""
+        resident = self.resident
+        if layer not in resident:
+            self._advise(layer, MADV_COLD)
+        for e in range(self.n_expert if layer >= 0 else 0):
+            if (layer, e) not in resident:
+                self._advise((layer, e), MADV_COLD)
 
     def resident_in_core(self) -> float:
         """Share of the resident set's pages in memory now (mincore on the mapping);
         1.0 when nothing is resident, 0.0 when the mapping is unknown."""
-        base, page = self._base, mmap.PAGESIZE
-        if base is None:
+        if self._base is None:
             return 0.0
-        have = total = 0
-        for layer in self.resident:
-            for s in self.spans.get(layer, ()):
-                start = s.start // page * page
-                n = (s.end - start + page - 1) // page
+        page, have, total = mmap.PAGESIZE, 0, 0
+        for unit in self.resident:
+            for addr, length in self._pages(unit):
+                n = (length + page - 1) // page
                 vec = (ctypes.c_ubyte * n)()
-                if self._libc.mincore(ctypes.c_void_p(base + start),
-                                      ctypes.c_size_t(s.end - start), vec) != 0:
+                if self._libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(length),
+                                      vec) != 0:
                     return 0.0
                 have += sum(b & 1 for b in vec)
                 total += n
@@ -291,22 +384,24 @@ class LayerStreamer:
     @property
     def resident_bytes(self) -> int:
         """File bytes of the resident set (what `attach` reads and locks)."""
-        return sum(_bytes(self.spans.get(i, [])) for i in self.resident)
+        return sum(span_bytes(self.units.get(u, [])) for u in self.resident)
 
     @property
     def streamed_bytes(self) -> int:
-        """File bytes of the layers read back while decoding (all the others but the
+        """File bytes of the units read back while decoding (all the others but the
         embedding's rows)."""
-        return sum(_bytes(s) for i, s in self.spans.items()
-                   if i not in self.resident and i != ROWS)
+        return sum(span_bytes(s) for u, s in self.units.items()
+                   if u not in self.resident and u != ROWS)
 
     @property
     def ring(self) -> list[int]:
         """The order a token reads its streamed groups in: the blocks, then the head
         when it is not resident (prefetched while the last blocks compute, rather than
         faulted in 128 KiB at a time once the graph reaches it)."""
-        head = [HEAD] if HEAD in self.spans and HEAD not in self.resident else []
+        head = [HEAD] if HEAD in self.units and HEAD not in self.resident else []
         return [*self.blocks, *head]
+
+    # -- the router's picks ----------------------------------------------------------------
 
     def take_picks(self) -> dict[int, np.ndarray]:
         """The router's picks since the last call: layer -> count per expert."""
@@ -332,6 +427,13 @@ class LayerStreamer:
         picks = self._picks  # one dict throughout: a take_picks meanwhile loses these
         have = picks.get(layer)  # counts, it never counts them twice
         picks[layer] = counts if have is None else have + counts
+        if layer in self._seen:
+            self._seen[layer] += counts
+            kept = self._unrecorded.get(layer)
+            self._unrecorded[layer] = counts if kept is None else kept + counts
+        if layer == self._first_moe:  # a token passes every layer: count it once
+            self._seen_tokens += rows
+            self._unrecorded_tokens += rows
 
     def _on_tensor(self, addr: int, ask: bool, _user: int) -> bool:
         name = ctypes.cast(addr, ctypes.POINTER(self._tensor)).contents.name
@@ -357,10 +459,13 @@ class LayerStreamer:
             self._cv.notify()
         return True
 
+    # -- the prefetch thread ---------------------------------------------------------------
+
     def _run(self) -> None:
         """The prefetch thread: for each layer that starts, read the next `ahead`
         streamed groups of the `ring` (wrapping to the next token's first ones) and
-        cool the one before it."""
+        cool the one before it; every RECHOOSE_TOKENS tokens the heat may change the
+        resident set."""
         ring = self.ring
         n = len(ring)
         where = {layer: k for k, layer in enumerate(ring)}
@@ -377,17 +482,23 @@ class LayerStreamer:
             for k in range(1, self.ahead + 1):
                 nxt = ring[(at + k) % n]
                 if nxt not in self.resident:
-                    self._advise(nxt, MADV_WILLNEED, self._ahead_spans)
+                    self._advise(nxt, MADV_WILLNEED)
                     self.prefetched += 1
-            prev = ring[(at - 1) % n]
-            if prev not in self.resident:
-                self._advise(prev, MADV_COLD)
+            self._cool(ring[(at - 1) % n])
+            if self._seen and self._seen_tokens - self._chosen_at >= RECHOOSE_TOKENS:
+                self._rechoose()
+            if self._unrecorded_tokens >= RECORD_TOKENS:
+                self._record()
 
     def close(self) -> None:
         with self._cv:
             self._closed = True
             self._cv.notify()
         self._thread.join(timeout=2)
+        with self._lock_units:  # a re-choice under way ends before the mapping may go
+            pass
+        self._record()
+        self._readers.shutdown(wait=True)
         os.close(self._fd)
 
     def __enter__(self) -> LayerStreamer:

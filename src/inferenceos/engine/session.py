@@ -81,8 +81,28 @@ def _streamer(path: Path, s: LlamaParams, eval_callback: Any) -> Any:
         return None
     from inferenceos.engine.prefetch import LayerStreamer
 
+    source, sink = _heat_store(path)
     return LayerStreamer(path, s.stream_resident_bytes,
-                         offloaded=s.n_gpu_layers if s.devices else 0)
+                         offloaded=s.n_gpu_layers if s.devices else 0,
+                         heat_source=source, heat_sink=sink)
+
+
+def _heat_store(path: Path) -> tuple[Any, Any]:
+    """The telemetry store's expert heat for `path` (telemetry/expert_heat.py): a reader
+    and a writer, each called on the streamer's thread. Keyed by the file's digest, so a
+    renamed or registry copy shares it; the writer is the process's recorder (off when
+    telemetry is)."""
+    from inferenceos.telemetry.expert_heat import read_heat
+    from inferenceos.telemetry.identity import model_digest
+    from inferenceos.telemetry.recorder import recorder
+
+    def source() -> Any:
+        return read_heat(model_digest(path))
+
+    def sink(picks: dict[int, Any], tokens: float) -> None:
+        recorder().expert_heat(path, picks, tokens)
+
+    return source, sink
 
 
 def decode_failed(rc: int) -> None:
@@ -313,15 +333,17 @@ class LoadedModel:
             self._watchdog.stop()
             self._watchdog = None
         self._embedder.close()
+        # the streamer's threads stop before the mapping they advise and lock goes (its
+        # callback object stays alive with self._eval_callback, for the context's sake)
+        if getattr(self, "_streamer", None) is not None:
+            self._streamer.close()
         if self.ctx is not None:
             self._ll.llama_free(self.ctx)
             self.ctx = None
         if self.model is not None:
             self._ll.llama_model_free(self.model)
             self.model = None
-        if getattr(self, "_streamer", None) is not None:
-            self._streamer.close()
-            self._streamer = None
+        self._streamer = None
 
     def __enter__(self) -> LoadedModel:
         return self

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inferenceos.engine.messages import WeightStats
-from inferenceos.engine.prefetch import expert_ranges
+from inferenceos.engine.weight_layout import expert_ranges
 
 if TYPE_CHECKING:
     from inferenceos.engine.prefetch import LayerStreamer
@@ -157,7 +157,7 @@ class WeightResidency:
         if streamer is not None:
             return cls(lm.path, streamer.resident_bytes, streamer.streamed_bytes, streamer)
         if tensor_bytes is None:
-            from inferenceos.engine.prefetch import layer_spans
+            from inferenceos.engine.weight_layout import layer_spans
 
             tensor_bytes = sum(s.end - s.start for spans in layer_spans(lm.path).values()
                                for s in spans)

@@ -25,7 +25,7 @@ from inferenceos.hardware.profile import LlamaSpeed
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
+from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost, streamed_bytes
 from inferenceos.plan.placement import place
 from inferenceos.telemetry.calibration import (
     MIN_DECODE_TOKENS,
@@ -271,14 +271,17 @@ def disk_ratio(
     resident_bytes: int,
     output_tokens: int,
     decode_tps: float | None,
+    expert_odds: tuple[float, ...] = (),
 ) -> float | None:
     """A recorded run that streamed, as the rate it read its weights at against the
     disk's measured one (`held.disk_gbps`), or None when it cannot tell: a decode step's
     time less its compute's (`compute_tps`, `modelled_compute_tps` on a machine that
     holds the weights) is the time it read the plan's disk tier in: every CPU weight
-    byte the page cache did not keep (`resident_bytes`, the run's page-cache tier).
+    byte the page cache did not keep (`resident_bytes`, the run's page-cache tier),
+    of which a token reads the experts it picks (perf.streamed_bytes: what simulate
+    charges, so the rate learned is the one it applies).
     Only CPU-only runs: with layers on a device the disk tier is not known here."""
-    disk = facts.spec.tensor_bytes - resident_bytes
+    disk = streamed_bytes(facts.spec.tensor_bytes - resident_bytes, facts, 1, expert_odds)
     if not decode_tps or not compute_tps or output_tokens < MIN_DECODE_TOKENS or disk <= 0:
         return None
     reading = 1.0 / decode_tps - 1.0 / compute_tps

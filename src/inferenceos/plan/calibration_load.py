@@ -47,6 +47,7 @@ from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.perf import Calibration
 from inferenceos.plan.policy import RecordedWorkload
 from inferenceos.telemetry.calibration import fit_disk_scale, fit_learned
+from inferenceos.telemetry.expert_heat import coldest_first, read_heat
 
 log = logging.getLogger("inferenceos.plan")
 MAX_RUNS = 500  # the newest recorded runs the fit reads
@@ -192,12 +193,14 @@ def load_calibration(
     rate from runs that streamed them."""
     base = base or machine_calibration()
     rows = [r for r in telemetry.generations(machine="kind", limit=MAX_RUNS) if r.concurrency == 1]
-    if not rows:
+    if not rows and not facts.spec.is_moe:
         return base
     try:
         target = telemetry.model_info(facts.spec.path).digest
     except Exception:  # an unreadable target: nothing model-specific
         target = ""
+    if not rows:  # a routed model's heat is recorded by any streamed load
+        return replace(base, expert_odds=_expert_odds(facts, target))
     find = _model_finder(rows, facts, target)
     held = _weights_held(machine)
     memo: dict[tuple[Any, ...], tuple[float, float]] = {}  # recorded runs repeat settings
@@ -206,10 +209,25 @@ def load_calibration(
            if o is not None]
     cal = with_learned(base, fit_learned(obs, target, quant_family(facts), threads))
     seen: dict[Any, Any] = {}  # per model: its learned calibration; per setting: compute
+    odds = _expert_odds(facts, target)
     ratios = [x for r in rows if _streamed(r.settings)
-              for x in [_disk_ratio(r, find(r), held, base, obs, machine, seen)]
+              for x in [_disk_ratio(r, find(r), held, base, obs, machine, seen,
+                                    odds if r.model_digest == target else ())]
               if x is not None]
-    return with_disk(cal, *fit_disk_scale(ratios))
+    return replace(with_disk(cal, *fit_disk_scale(ratios)), expert_odds=odds)
+
+
+def _expert_odds(facts: ModelFacts, digest: str) -> tuple[float, ...]:
+    """A routed model's recorded expert heat, coldest first (perf.streamed_bytes), or ()
+    when it is dense or none was recorded."""
+    s = facts.spec
+    if not s.is_moe or not digest:
+        return ()
+    heat = read_heat(digest)
+    if heat is None:
+        return ()
+    layers = [layer.index for layer in s.layers if layer.expert_bytes]
+    return coldest_first(heat, layers, s.expert_count, s.expert_used_count / s.expert_count)
 
 
 def _model_finder(rows: list[Any], facts: ModelFacts,
@@ -264,7 +282,8 @@ def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibra
 
 
 def _disk_ratio(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
-                obs: list[Any], machine: Machine, seen: dict[Any, Any]) -> float | None:
+                obs: list[Any], machine: Machine, seen: dict[Any, Any],
+                odds: tuple[float, ...] = ()) -> float | None:
     """A run that streamed: its streaming rate against the measured disk's
     (plan.calibration.disk_ratio), its compute priced by what its model's runs taught
     (`seen` keeps each model's fit and each setting's modelled compute: recorded runs
@@ -283,7 +302,7 @@ def _disk_ratio(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
     return disk_ratio(
         f, held, compute_tps=seen[key],
         resident_bytes=int(r.settings.get("stream_resident_bytes") or 0),
-        output_tokens=r.output_tokens, decode_tps=r.decode_tps,
+        output_tokens=r.output_tokens, decode_tps=r.decode_tps, expert_odds=odds,
     )
 
 

@@ -57,7 +57,10 @@ class Calibration:
     multiply the roofline's speeds (1 = the roofline as is); `disk_scale` multiplies the
     disk's measured rate for weights streamed through the mapping (learned from runs
     that streamed: under a memory limit they read slower than a sequential read, and
-    this VM's disk drifts 2-4x); `basis` is "modelled" (no
+    this VM's disk drifts 2-4x); `expert_odds`, for a routed model whose picks were
+    recorded (telemetry/expert_heat.py), the chance a token picks each expert, coldest
+    first (what a disk tier of experts holds: the streamer keeps the hot ones);
+    `basis` is "modelled" (no
     recorded run used) or "learned"; `runs` how many recorded runs the scales rest on;
     `confidence` in [0, 1] how much to trust the figures (see docs/plan.md).
     """
@@ -73,6 +76,7 @@ class Calibration:
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
     disk_scale: float = 1.0
+    expert_odds: tuple[float, ...] = ()
     basis: str = "modelled"
     runs: int = 0
     confidence: float = 0.1
@@ -220,7 +224,7 @@ def decode_cost(
                                kernel_weight=k)
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1,
-                        disk_rate=disk_rate(machine, cal))
+                        disk_rate=disk_rate(machine, cal), expert_odds=cal.expert_odds)
     overhead = cal.token_overhead_s + cal.layer_overhead_s * facts.spec.block_count
     return _scaled(StepCost(parts, overhead), cal.decode_scale)
 
@@ -257,7 +261,7 @@ def prefill_cost(
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(
         parts, placement, machine, facts, tokens=n_tokens, ubatches=n_ub, n_kv=n_tokens,
-        disk_rate=disk_rate(machine, cal),
+        disk_rate=disk_rate(machine, cal), expert_odds=cal.expert_odds,
     )
     return _scaled(StepCost(parts, cal.ubatch_overhead_s * n_ub), cal.prefill_scale)
 
@@ -269,6 +273,37 @@ def disk_rate(machine: Machine, cal: Calibration) -> float:
     """Bytes per second weights streamed from the file are read at: the measured disk's
     rate times what runs that streamed taught (`Calibration.disk_scale`)."""
     return machine.disk_gbps * (cal.disk_scale if cal.disk_scale > 0 else 1.0) * GB
+
+
+def streamed_bytes(disk_bytes: int, facts: ModelFacts, tokens: float,
+                   odds: tuple[float, ...] = ()) -> float:
+    """Bytes of the `disk_bytes` left in the file that a ubatch of `tokens` tokens
+    reads. On a dense model all of them. With routed experts the streamer keeps every
+    layer's dense part before any expert and the hottest experts first
+    (engine/resident_choice.py), so the disk tier is the coldest experts, and a ubatch
+    reads an expert only when one of its tokens picks it: 1 - (1 - p)^tokens of it, p
+    its heat (`odds`, coldest first: Calibration.expert_odds) or, unrecorded,
+    used/experts (decode reads half the streamed experts of a 2-of-4 MoE; a prompt's
+    ubatch nearly all). The picked experts are read exactly (engine/prefetch.py), so
+    this is what the disk delivers."""
+    s = facts.spec
+    if not s.is_moe or disk_bytes <= 0 or s.expert_count <= 0:
+        return float(disk_bytes)
+    total = sum(layer.expert_bytes for layer in s.layers)
+    experts = min(disk_bytes, total)
+    n = max(1.0, tokens)
+    if not odds:
+        return (disk_bytes - experts) + experts * (
+            1.0 - (1.0 - s.expert_used_count / s.expert_count) ** n)
+    size = total / len(odds)  # the experts of one model are alike in size
+    read, left = 0.0, float(experts)
+    for p in odds:
+        take = min(left, size)
+        read += take * (1.0 - (1.0 - min(1.0, p)) ** n)
+        left -= take
+        if left <= 0:
+            break
+    return (disk_bytes - experts) + read
 
 
 def _scaled(cost: StepCost, speed_scale: float) -> StepCost:
@@ -308,12 +343,15 @@ def _add_disk_and_links(
     tokens: int,
     *,
     disk_rate: float,
+    expert_odds: tuple[float, ...] = (),
     ubatches: int = 1,
     n_kv: int = 0,
 ) -> None:
     if placement.disk_bytes > 0:
         # weights that do not fit in RAM are re-read from the file for every ubatch
-        parts[DISK_PART] = placement.disk_bytes * ubatches / disk_rate
+        per_ubatch = streamed_bytes(placement.disk_bytes, facts, tokens / max(1, ubatches),
+                                    expert_odds)
+        parts[DISK_PART] = per_ubatch * ubatches / disk_rate
     remote = {d.name: d for d in machine.accelerators if d.is_remote}
     crossings = _local_crossings(placement, remote)
     if crossings:

@@ -235,6 +235,23 @@ class Recorder:
                    measured=_json(dict(measured)))
         self._submit(_Job(_insert("best_settings", row, replace=True), model, digest, name))
 
+    def expert_heat(self, model: ModelRef, picks: Mapping[int, Any], tokens: float,
+                    digest: str | None = None) -> None:
+        """Add a streamed MoE run's router picks (layer -> picks per expert) over
+        `tokens` tokens to the model's heat (telemetry/expert_heat.py)."""
+        if not self.enabled or tokens <= 0:
+            return
+        from inferenceos.telemetry.expert_heat import write_heat
+
+        copied = {int(k): list(map(float, v)) for k, v in picks.items()}
+
+        def write(conn: sqlite3.Connection, _machine: int, model_id: int | None) -> None:
+            if model_id is None:
+                raise ValueError("an expert_heat record needs a model")
+            write_heat(conn, model_id, copied, tokens)  # type: ignore[arg-type]
+
+        self._submit(_Job(write, model, digest))
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every job queued so far is written (or lost); False on timeout."""
         if not self.enabled or self._thread is None or self._pid != os.getpid():

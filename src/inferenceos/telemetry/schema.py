@@ -111,6 +111,18 @@ MIGRATIONS: tuple[str, ...] = (
     );
     ALTER TABLE generations ADD COLUMN extra TEXT NOT NULL DEFAULT '{}';
     """,
+    # 3: which routed experts a model's tokens picked (the workload's, not a machine's:
+    # no machine_id), decayed by tokens (telemetry/expert_heat.py)
+    """
+    CREATE TABLE expert_heat (
+        model_id INTEGER NOT NULL REFERENCES models(id),
+        layer INTEGER NOT NULL,
+        picks TEXT NOT NULL DEFAULT '[]',   -- JSON: decayed picks per expert
+        tokens REAL NOT NULL DEFAULT 0,     -- decayed tokens routed through the layer
+        ts REAL NOT NULL,
+        PRIMARY KEY (model_id, layer)
+    );
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
