@@ -131,10 +131,11 @@ def test_stored_heat_chooses_the_resident_experts_and_a_run_adds_its_picks(moe: 
     with LoadedModel(moe, params) as m:
         s = m._streamer
         assert s is not None
-        assert wait_for(lambda: s.rechosen == 1)
-        assert {u for u in s.resident if isinstance(u, tuple)} == {(0, 3), (1, 3), (0, 2),
-                                                                   (1, 2)}
-        assert s.locked == 0 or s.locked >= s.resident_bytes  # locked when allowed
+        hot_set = {(0, 3), (1, 3), (0, 2), (1, 2)}
+        # chosen before the resident set was read (or, had the store been slow, swapped)
+        assert wait_for(lambda: {u for u in s.resident if isinstance(u, tuple)} == hot_set)
+        assert wait_for(lambda: s.locked >= s.resident_bytes)  # locked, root may
+        assert s.resident_in_core() == 1.0
         out = list(generate_one(m, m.tokenize("hello"), SamplingParams(temperature=0,
                                                                        max_tokens=6)))
         assert out
@@ -164,12 +165,13 @@ def test_the_picks_since_the_load_rechoose_the_resident_experts(
     with LoadedModel(moe, params) as m:
         s = m._streamer
         assert s is not None
-        assert wait_for(lambda: s.rechosen == 1)
-        assert {u for u in s.resident if isinstance(u, tuple)} == {(0, 0), (1, 0)}
+        assert wait_for(lambda: {u for u in s.resident if isinstance(u, tuple)} == {
+            (0, 0), (1, 0)})
+        before = s.rechosen
         list(generate_one(m, m.tokenize("the quick brown fox"),
                           SamplingParams(temperature=0, max_tokens=3 * prefetch.RECHOOSE_TOKENS,
                                          ignore_eos=True)))
-        assert wait_for(lambda: s.rechosen >= 2)
+        assert wait_for(lambda: s.rechosen > before)
         heat = s.heat()
         experts = {u for u in s.resident if isinstance(u, tuple)}
         hottest = {max(((layer, e) for e in range(4)), key=lambda u: heat[u])

@@ -243,15 +243,24 @@ class LayerStreamer:
     def _load_heat(self) -> None:
         """The heat thread: read the stored heat (a model's digest may take seconds to
         compute the first time, and the store may be busy: neither on the decode's
-        path nor the prefetch's), then, once attached, choose the resident set by it."""
+        path nor the prefetch's) and choose the resident set by it: before `attach`
+        when it comes in time (the load takes a second or more), else by a swap. A
+        swap costs a read of the new set while decoding: on the upcycled MoE under 60 %
+        of its size, 14 experts (130 MiB) swapped at the start of every run made it
+        0.91x the file-order set over 16 tokens, despite a hit ratio of 0.28 against
+        0.17."""
         if self._heat_source is None:
             return
         with contextlib.suppress(Exception):
             self._stored = self._heat_source()
-        while not self._attached.wait(0.2):
-            if self._closed:
+        if self._stored is None:
+            return
+        with self._lock_units:
+            if not self._attached.is_set():  # in time: attach reads and locks this set
+                self.resident = choose_resident(self.units, self.blocks, self.room,
+                                                self.heat())
                 return
-        if self._stored is not None and not self._closed:
+        if not self._closed:  # late: swap (the old set was read and locked already)
             self._rechoose()
 
     def _record(self) -> None:
@@ -279,7 +288,7 @@ class LayerStreamer:
                 self._advise(unit, MADV_WILLNEED)
             if self._base is not None:
                 self.locked = sum(self._lock(u) for u in sorted(self.resident, key=str))
-        self._attached.set()
+            self._attached.set()
 
     def _pages(self, unit: Unit) -> list[tuple[int, int]]:
         """The unit's spans as (address, length) in the mapping, page-aligned."""
