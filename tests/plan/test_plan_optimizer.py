@@ -112,8 +112,13 @@ def test_the_milp_finds_the_best_listed_placement(
     assert checked >= 4  # most machines fit: the comparison is not vacuous
 
 
-def test_a_uniform_model_is_solved_by_counts_with_the_same_answer() -> None:
-    """The per-count MILP (identical layers) agrees with the listing on a 6-layer MoE."""
+@pytest.mark.parametrize("heat", [False, True])
+def test_a_uniform_model_is_solved_by_counts_with_the_same_answer(heat: bool) -> None:
+    """The per-count MILP (identical layers) agrees with the listing on a 6-layer MoE,
+    with the experts' picks uniform and with recorded heat (the disk's cost per byte
+    then rises as hotter experts go to disk: convex segments, perf.streamed_bytes)."""
+    from dataclasses import replace
+
     from inferenceos.plan.optimize_counts import uniform
     from inferenceos.plan.placement import layer_parts
 
@@ -121,9 +126,11 @@ def test_a_uniform_model_is_solved_by_counts_with_the_same_answer() -> None:
                        n_vocab=4000, n_expert=4, n_used=2)
     ctx = ContextSettings(n_ctx=1024, n_ubatch=64, n_batch=64, flash_attn=True)
     assert uniform(layer_parts(facts, ctx))
+    cal = replace(CAL, expert_odds=(0.02,) * 5 + (0.3,) * 5 + (0.7,) * 5 + (0.98,) * 5
+                  ) if heat else CAL
     for m in _machines(facts, ctx):
-        want = best_exhaustive(facts, m, ctx, CAL, 2, OBJ, allow_disk=True)
-        got = solve_context(facts, m, ctx, CAL, 2, OBJ, allow_disk=True)
+        want = best_exhaustive(facts, m, ctx, cal, 2, OBJ, allow_disk=True)
+        got = solve_context(facts, m, ctx, cal, 2, OBJ, allow_disk=True)
         assert (got is None) == (want is None)
         if want is not None and got is not None:
             assert got.objective_s == pytest.approx(want.objective_s, rel=1e-6)

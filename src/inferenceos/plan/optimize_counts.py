@@ -24,7 +24,13 @@ from inferenceos.plan.memory import (
     process_overhead,
 )
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_milp import _add, _Model, device_budgets, stream_room_rows
+from inferenceos.plan.optimize_milp import (
+    _add,
+    _Model,
+    device_budgets,
+    disk_cost,
+    stream_room_rows,
+)
 from inferenceos.plan.optimize_terms import Terms
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
@@ -82,7 +88,7 @@ def best_placement_counts(
     _memory(m, facts, machine, ctx, p, cnt, u, h, s, on_dev, on_cpu, budgets, devs, moe)
     for t in terms:
         _time(m, t, p, cnt, h, devs, on_dev, on_cpu, moe)
-        m.c[s] += t.disk_per_byte()
+    disk_cost(m, s, terms)
     _links(m, terms, cnt, u, h, ex, local, devs)
     sol = m.solve(time_limit)
     if sol is None:

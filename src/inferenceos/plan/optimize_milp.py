@@ -118,6 +118,21 @@ class _Model:
         return res.x if res.x is not None and res.status in (0, 1) else None
 
 
+def disk_cost(m: _Model, s: int, terms: tuple[Terms, ...] | list[Terms]) -> None:
+    """The objective's disk term: `s` (bytes left on disk) split into the phases' common
+    segments (Terms.disk_segments: the same bytes in every phase, each phase its own
+    cost per byte), each a bounded continuous variable costing the phases' sum."""
+    if not terms or m.ub[s] <= 0:
+        return
+    per_phase = [t.disk_segments() for t in terms]
+    parts = {s: 1.0}
+    for k, (size, _) in enumerate(per_phase[0]):
+        cost = sum(segs[k][1] for segs in per_phase)
+        v = m.var(0.0, min(size, m.ub[s]), cost=cost, integer=False)
+        parts[v] = -1.0
+    m.row(parts, lo=0.0, hi=0.0)
+
+
 def _add(row: dict[int, float], j: int, a: float) -> None:
     row[j] = row.get(j, 0.0) + a
 
@@ -198,6 +213,7 @@ class _Builder:
         self._memory()
         for t in self.terms:
             self._time(t)
+        disk_cost(self.m, self.s, self.terms)
         self._links()
 
     def _assignment(self) -> None:
@@ -319,7 +335,6 @@ class _Builder:
                 r = {j: -a for j, a in row.items()}
                 _add(r, tv, 1.0)
                 m.row(r, lo=c)
-        m.c[self.s] += t.disk_per_byte()
 
     def _links(self) -> None:
         m, x, n, k = self.m, self.x, self.n, self.k

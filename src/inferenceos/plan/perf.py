@@ -30,6 +30,7 @@ from inferenceos.plan.devices import Device, Machine
 from inferenceos.plan.memory import ContextSettings, kv_bytes_per_token
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.placement import Placement, output_head
+from inferenceos.telemetry.calibration import DISK_SCALE_PRIOR
 
 GB = 1e9
 GPU_BW_EFFICIENCY = 0.8  # assumption until GPU runs are calibrated (no GPU here)
@@ -57,12 +58,12 @@ class Calibration:
     multiply the roofline's speeds (1 = the roofline as is); `disk_scale` multiplies the
     disk's measured rate for weights streamed through the mapping (learned from runs
     that streamed: under a memory limit they read slower than a sequential read, and
-    this VM's disk drifts 2-4x); `expert_odds`, for a routed model whose picks were
-    recorded (telemetry/expert_heat.py), the chance a token picks each expert, coldest
-    first (what a disk tier of experts holds: the streamer keeps the hot ones);
-    `basis` is "modelled" (no
-    recorded run used) or "learned"; `runs` how many recorded runs the scales rest on;
-    `confidence` in [0, 1] how much to trust the figures (see docs/plan.md).
+    this VM's disk drifts 2-4x; `DISK_SCALE_PRIOR` before any such run);
+    `expert_odds`, for a routed model whose picks were recorded
+    (telemetry/expert_heat.py), the chance a token picks each expert, coldest first
+    (what a disk tier of experts holds: the streamer keeps the hot ones); `basis` is
+    "modelled" (no recorded run used) or "learned"; `runs` how many recorded runs the scales
+    rest on; `confidence` in [0, 1] how much to trust the figures (see docs/plan.md).
     """
 
     cpu_bw_efficiency: float = 0.7
@@ -75,7 +76,7 @@ class Calibration:
     source: str = "uncalibrated"
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
-    disk_scale: float = 1.0
+    disk_scale: float = DISK_SCALE_PRIOR
     expert_odds: tuple[float, ...] = ()
     basis: str = "modelled"
     runs: int = 0
