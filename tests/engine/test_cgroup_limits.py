@@ -96,22 +96,26 @@ def test_disk_plan_under_a_real_limit_streams_and_is_not_killed(
     assert out["text"] == reference["text"]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the plan's page-cache tier is not yet what the process holds: at 0.6x the file the "
-    "process mapped 23.2-24.2 MiB of the model against a planned 17.6-17.8 MiB, and took "
-    "11.5 MiB of anonymous memory against a planned 13.9 (2026-12-03; within the "
-    "tolerance in 3 of 5 runs of the suite's file). The kernel gives the model what the "
-    "plan over-counts and what it reclaims of the pages charged at start-up: safe (no "
-    "OOM, same text: the test above), but the tiers differ"))
 def test_what_the_process_holds_under_the_limit_is_the_plans_tiers(
     streaming_run: tuple[int, CgroupRun, dict[str, Any] | None],
 ) -> None:
+    """Anonymous memory is the plan's anonymous tier (within the overhead fit's
+    tolerance). The model's mapping fills the page-cache tier, and only the room the
+    plan reserved that the process did not take besides: the anonymous bytes planned
+    but not used, and the decode's code pages (hardware.memory.DECODE_CODE_PAGES), which
+    in a suite whose other processes touched the libraries first are charged to them.
+    (Compared with the tier alone the mapping was 23.2-24.2 MiB against 17.6-17.8
+    planned: 2.4 MiB of unused anonymous plan and the 4 MiB code reserve.)"""
+    from inferenceos.hardware.memory import DECODE_CODE_PAGES
+
     _, run, out = streaming_run
     assert run.returncode == 0 and out is not None, run.stderr[-2000:]
     tiers = out["tiers"]
     anon = out["anon"] - out["base_anon"]
     assert 0.5 * tiers["anonymous"] <= anon <= 1.15 * tiers["anonymous"] + 4 * MIB, out
-    assert out["model_rss"] <= tiers["page cache"] + 2 * MIB, out
+    unused = max(0, tiers["anonymous"] - anon) + DECODE_CODE_PAGES
+    assert 0.8 * tiers["page cache"] <= out["model_rss"], out  # the tier is used
+    assert out["model_rss"] <= tiers["page cache"] + unused + 2 * MIB, out
 
 
 def test_the_resident_set_stays_resident_while_the_rest_streams(
