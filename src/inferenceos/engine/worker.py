@@ -295,9 +295,19 @@ class _Runtime:
         return {**self.info(), "carried": carried, "seconds": time.perf_counter() - t0}
 
 
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    """SIGTERM in the worker: exit as after a Shutdown (Python runs the handler
+    between bytecodes, so a llama_decode in progress finishes its step first)."""
+    raise SystemExit(128 + signum)
+
+
 def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     """Process entry point: load, report ready, then serve until shutdown or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # a SIGTERM to the whole process group (systemd's stop, `timeout`, a container's
+    # stop) reaches the worker beside its parent: leave through the cleanup below (the
+    # KV store's disk writes, the streamer's last heat record), not mid-air
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         rt = _Runtime(cfg)
     except InferenceOSError as exc:
