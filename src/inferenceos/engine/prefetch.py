@@ -75,7 +75,7 @@ RECHOOSE_TOKENS = 32  # tokens between two looks at the heat
 RECORD_TOKENS = 512  # tokens between two writes of the picks to the heat store
 
 HeatSource = Callable[[], Heat | None]
-HeatSink = Callable[[dict[int, np.ndarray], float], None]
+HeatSink = Callable[[dict[int, np.ndarray], dict[int, float]], None]  # picks, tokens
 
 __all__ = ["HEAD", "ROWS", "LayerStreamer", "Span", "layer_spans", "span_bytes"]
 
@@ -135,9 +135,10 @@ class LayerStreamer:
         moe = sorted({u[0] for u in self.units if isinstance(u, tuple)} & set(self.blocks))
         self._first_moe = moe[0] if moe else None
         self._seen = {layer: np.zeros(self.n_expert) for layer in moe}  # since the load
-        self._seen_tokens = 0.0
+        self._seen_tokens = 0.0  # tokens through the first routed layer (the cadence)
+        self._layer_tokens = {layer: 0.0 for layer in moe}  # rows each layer routed
         self._unrecorded: dict[int, np.ndarray] = {}
-        self._unrecorded_tokens = 0.0
+        self._unrecorded_tokens: dict[int, float] = {}
         self._chosen_at = 0.0  # _seen_tokens at the last re-choice
         self.resident = choose_resident(self.units, self.blocks, self.room, self.heat())
         self.rechosen = 0  # times the heat changed the resident set
@@ -210,13 +211,14 @@ class LayerStreamer:
         since the load together (telemetry/expert_heat.odds); {} for a dense model."""
         if not self._seen:
             return {}
-        stored_picks, stored_tokens = self._stored or ({}, 0.0)
+        stored_picks, stored_tokens = self._stored or ({}, {})
         out: dict[tuple[int, int], float] = {}
         for layer, seen in self._seen.items():
             have = stored_picks.get(layer)
-            picks = seen + have if have is not None and have.shape == seen.shape else seen
-            p = odds(({layer: picks}, stored_tokens + self._seen_tokens), layer,
-                     self.n_expert, self.prior)
+            picks, tokens = seen, self._layer_tokens[layer]
+            if have is not None and have.shape == seen.shape:
+                picks, tokens = seen + have, tokens + stored_tokens.get(layer, 0.0)
+            p = odds(({layer: picks}, {layer: tokens}), layer, self.n_expert, self.prior)
             out.update({(layer, e): float(x) for e, x in enumerate(p)})
         return out
 
@@ -267,8 +269,8 @@ class LayerStreamer:
         """Hand the picks not yet recorded to the heat sink (errors never reach the
         decode: heat only orders residency)."""
         picks, tokens = self._unrecorded, self._unrecorded_tokens
-        self._unrecorded, self._unrecorded_tokens = {}, 0.0
-        if self._heat_sink is not None and tokens > 0:
+        self._unrecorded, self._unrecorded_tokens = {}, {}
+        if self._heat_sink is not None and picks:
             with contextlib.suppress(Exception):
                 self._heat_sink(picks, tokens)
 
@@ -437,12 +439,15 @@ class LayerStreamer:
         have = picks.get(layer)  # counts, it never counts them twice
         picks[layer] = counts if have is None else have + counts
         if layer in self._seen:
+            # per layer: a prompt's last layer routes only the rows it outputs
+            # (llama.cpp's inp_out_ids), so its picks are over fewer tokens
             self._seen[layer] += counts
+            self._layer_tokens[layer] += rows
             kept = self._unrecorded.get(layer)
             self._unrecorded[layer] = counts if kept is None else kept + counts
+            self._unrecorded_tokens[layer] = self._unrecorded_tokens.get(layer, 0.0) + rows
         if layer == self._first_moe:  # a token passes every layer: count it once
             self._seen_tokens += rows
-            self._unrecorded_tokens += rows
 
     def _on_tensor(self, addr: int, ask: bool, _user: int) -> bool:
         name = ctypes.cast(addr, ctypes.POINTER(self._tensor)).contents.name
@@ -496,7 +501,7 @@ class LayerStreamer:
             self._cool(ring[(at - 1) % n])
             if self._seen and self._seen_tokens - self._chosen_at >= RECHOOSE_TOKENS:
                 self._rechoose()
-            if self._unrecorded_tokens >= RECORD_TOKENS:
+            if self._unrecorded_tokens.get(self._first_moe or 0, 0.0) >= RECORD_TOKENS:
                 self._record()
 
     def close(self) -> None:

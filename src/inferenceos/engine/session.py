@@ -99,7 +99,7 @@ def _heat_store(path: Path) -> tuple[Any, Any]:
     def source() -> Any:
         return read_heat(model_digest(path))
 
-    def sink(picks: dict[int, Any], tokens: float) -> None:
+    def sink(picks: dict[int, Any], tokens: dict[int, float]) -> None:
         recorder().expert_heat(path, picks, tokens)
 
     return source, sink

@@ -17,6 +17,7 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,27 +26,30 @@ from inferenceos.telemetry.queries import _query
 
 HALF_LIFE_TOKENS = 20_000.0
 
-Heat = tuple[dict[int, np.ndarray], float]  # layer -> picks per expert, tokens
+# layer -> picks per expert, layer -> tokens routed through it
+Heat = tuple[dict[int, np.ndarray], dict[int, float]]
 
 
-def write_heat(conn: sqlite3.Connection, model_id: int, picks: Mapping[int, np.ndarray],
-               tokens: float, now: float | None = None) -> None:
-    """Add `picks` (layer -> picks per expert) over `tokens` new tokens to the model's
-    stored heat, decaying what was stored (module doc). Layers whose expert count
-    changed start again."""
-    if tokens <= 0:
-        return
-    keep = 0.5 ** (tokens / HALF_LIFE_TOKENS)
+def write_heat(conn: sqlite3.Connection, model_id: int, picks: Mapping[int, Any],
+               tokens: float | Mapping[int, float], now: float | None = None) -> None:
+    """Add `picks` (layer -> picks per expert) over `tokens` new tokens (one count for
+    every layer, or per layer: a prompt's last layer routes only the rows it outputs,
+    llama.cpp's `inp_out_ids`) to the model's stored heat, decaying what was stored
+    (module doc). Layers whose expert count changed start again."""
     now = time.time() if now is None else now
     for layer, counts in picks.items():
+        n = float(tokens.get(layer, 0.0) if isinstance(tokens, Mapping) else tokens)
+        if n <= 0:
+            continue
+        keep = 0.5 ** (n / HALF_LIFE_TOKENS)
         new = np.asarray(counts, dtype=float)
         row = conn.execute("SELECT picks, tokens FROM expert_heat WHERE model_id = ? AND "
                            "layer = ?", (model_id, int(layer))).fetchone()
         old = np.asarray(json.loads(row[0]), dtype=float) if row else None
         if old is not None and old.shape == new.shape:
-            new, total = old * keep + new, float(row[1]) * keep + tokens
+            new, total = old * keep + new, float(row[1]) * keep + n
         else:
-            total = float(tokens)
+            total = n
         conn.execute(
             "INSERT INTO expert_heat (model_id, layer, picks, tokens, ts) VALUES (?,?,?,?,?)"
             " ON CONFLICT(model_id, layer) DO UPDATE SET picks = excluded.picks,"
@@ -55,18 +59,18 @@ def write_heat(conn: sqlite3.Connection, model_id: int, picks: Mapping[int, np.n
 
 def read_heat(digest: str, path: Path | None = None) -> Heat | None:
     """The stored heat of the model with `digest`: (layer -> decayed picks per expert,
-    the largest decayed token count of its layers), or None when nothing is stored or
-    the store cannot be read (a warning, never an error: heat only orders residency)."""
+    layer -> decayed tokens), or None when nothing is stored or the store cannot be
+    read (a warning, never an error: heat only orders residency)."""
     rows = _query("SELECT h.layer, h.picks, h.tokens FROM expert_heat h JOIN models m ON "
                   "m.id = h.model_id WHERE m.digest = ?", (digest,), path or dbmod.db_path())
     if not rows:
         return None
     picks = {int(r["layer"]): np.asarray(json.loads(r["picks"]), dtype=float) for r in rows}
-    return picks, max(float(r["tokens"]) for r in rows)
+    return picks, {int(r["layer"]): float(r["tokens"]) for r in rows}
 
 
 def odds(heat: Heat, layer: int, n_expert: int, prior: float) -> np.ndarray:
-    """The chance a token picks each expert of `layer`: stored picks over tokens, drawn
+    """The chance a token picks each expert of `layer`: its picks over its tokens, drawn
     towards `prior` (experts used / experts) by a few pseudo-tokens so a layer seen
     little is not taken for a skewed one."""
     picks, tokens = heat
@@ -74,7 +78,7 @@ def odds(heat: Heat, layer: int, n_expert: int, prior: float) -> np.ndarray:
     if counts is None or counts.shape != (n_expert,):
         return np.full(n_expert, prior)
     pseudo = 16.0
-    return (counts + prior * pseudo) / (tokens + pseudo)
+    return (counts + prior * pseudo) / (tokens.get(layer, 0.0) + pseudo)
 
 
 def coldest_first(heat: Heat, layers: list[int], n_expert: int, prior: float

@@ -235,20 +235,23 @@ class Recorder:
                    measured=_json(dict(measured)))
         self._submit(_Job(_insert("best_settings", row, replace=True), model, digest, name))
 
-    def expert_heat(self, model: ModelRef, picks: Mapping[int, Any], tokens: float,
-                    digest: str | None = None) -> None:
+    def expert_heat(self, model: ModelRef, picks: Mapping[int, Any],
+                    tokens: float | Mapping[int, float], digest: str | None = None) -> None:
         """Add a streamed MoE run's router picks (layer -> picks per expert) over
-        `tokens` tokens to the model's heat (telemetry/expert_heat.py)."""
-        if not self.enabled or tokens <= 0:
+        `tokens` tokens (every layer's, or per layer) to the model's heat
+        (telemetry/expert_heat.py)."""
+        if not self.enabled or not picks:
             return
         from inferenceos.telemetry.expert_heat import write_heat
 
         copied = {int(k): list(map(float, v)) for k, v in picks.items()}
+        counts = ({int(k): float(v) for k, v in tokens.items()}
+                  if isinstance(tokens, Mapping) else float(tokens))
 
         def write(conn: sqlite3.Connection, _machine: int, model_id: int | None) -> None:
             if model_id is None:
                 raise ValueError("an expert_heat record needs a model")
-            write_heat(conn, model_id, copied, tokens)  # type: ignore[arg-type]
+            write_heat(conn, model_id, copied, counts)
 
         self._submit(_Job(write, model, digest))
 
