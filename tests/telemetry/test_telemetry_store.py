@@ -109,12 +109,18 @@ def test_recording_is_off_the_token_path(tiny_llama: Path) -> None:
     rec = telemetry.recorder()
     _record_one(rec, tiny_llama)
     rec.flush(30)
-    t0 = time.perf_counter()
+    took = []
     for _ in range(200):
+        t0 = time.perf_counter()
         _record_one(rec, tiny_llama)
-    per_call = (time.perf_counter() - t0) / 200
+        took.append(time.perf_counter() - t0)
+    # the median call: a write done in the caller's thread costs milliseconds every
+    # time, while a queued one is tens of microseconds unless the writer thread holds
+    # the GIL (up to its 5 ms switch interval: the mean was 3.1 ms once on a busy
+    # machine in a full suite)
+    per_call = sorted(took)[len(took) // 2]
     assert rec.flush(60)
-    assert per_call < 0.002, f"{per_call * 1e6:.0f} us per record call"
+    assert per_call < 0.002, f"{per_call * 1e6:.0f} us per record call (median)"
     assert len(telemetry.generations()) == 201
 
 
