@@ -62,7 +62,7 @@ from inferenceos.engine.weight_layout import (
     weight_units,
 )
 from inferenceos.plan.llama_params import offloaded_blocks
-from inferenceos.telemetry.expert_heat import Heat, odds
+from inferenceos.telemetry.expert_heat import Heat, layer_odds
 
 MADV_WILLNEED = 4
 MADV_COLD = 20  # Linux 5.4+; EINVAL before: drop-behind is then skipped
@@ -125,9 +125,14 @@ class LayerStreamer:
         self.spans = layer_spans(self.path)  # whole blocks: what a read-ahead may hold
         self.units: dict[Unit, list[Span]] = weight_units(self.path)
         self.n_expert = expert_count(self.path)
-        self.prior = experts_used(self.path) / self.n_expert if self.n_expert else 0.0
+        self.n_used = experts_used(self.path)
+        self.prior = self.n_used / self.n_expert if self.n_expert else 0.0
         self.expert_fetches = 0  # picked experts asked for (a figure for tests)
         self.blocks = _cpu_blocks(sorted(i for i in self.spans if i >= 0), offloaded)
+        # the prefetch window's parts: the largest block whole (the layer computing) and
+        # the largest read-ahead of a layer (_read_ahead_bytes)
+        self._block_max = max((span_bytes(self.spans[i]) for i in self.blocks), default=0)
+        self._ahead_max = max((self._read_ahead_bytes(i) for i in self.blocks), default=0)
         self.ahead = self._fit_ahead(resident_bytes, ahead)
         self.room = self._room(resident_bytes)
         self._heat_source, self._heat_sink = heat_source, heat_sink
@@ -135,11 +140,11 @@ class LayerStreamer:
         moe = sorted({u[0] for u in self.units if isinstance(u, tuple)} & set(self.blocks))
         self._first_moe = moe[0] if moe else None
         self._seen = {layer: np.zeros(self.n_expert) for layer in moe}  # since the load
-        self._seen_tokens = 0.0  # tokens through the first routed layer (the cadence)
         self._layer_tokens = {layer: 0.0 for layer in moe}  # rows each layer routed
-        self._unrecorded: dict[int, np.ndarray] = {}
-        self._unrecorded_tokens: dict[int, float] = {}
-        self._chosen_at = 0.0  # _seen_tokens at the last re-choice
+        # what _record handed to the sink so far (the next record is the difference)
+        self._recorded = ({layer: np.zeros(self.n_expert) for layer in moe},
+                          {layer: 0.0 for layer in moe})
+        self._chosen_at = 0.0  # _tokens_seen() at the last re-choice
         self.resident = choose_resident(self.units, self.blocks, self.room, self.heat())
         self.rechosen = 0  # times the heat changed the resident set
         self._libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -175,11 +180,9 @@ class LayerStreamer:
         beside the layer computing. A read-ahead with no room evicts the layer being
         computed, which then faults back in: at a budget of one layer, 2 ahead took a
         decode to 0.4 tok/s and thrashed for minutes where the kernel alone did not."""
-        largest = max((span_bytes(self.spans[i]) for i in self.blocks), default=0)
-        ahead_bytes = max((self._read_ahead_bytes(i) for i in self.blocks), default=0)
-        if largest == 0 or ahead_bytes == 0:
+        if self._block_max == 0 or self._ahead_max == 0:
             return max(0, ahead)
-        return max(0, min(ahead, (budget - largest) // ahead_bytes))
+        return max(0, min(ahead, (budget - self._block_max) // self._ahead_max))
 
     def _read_ahead_bytes(self, layer: int) -> int:
         """What a layer read ahead holds: the block whole, or on a routed model its
@@ -189,8 +192,7 @@ class LayerStreamer:
             return span_bytes(self.spans.get(layer, []))
         experts = sorted((span_bytes(s) for u, s in self.units.items()
                           if isinstance(u, tuple) and u[0] == layer), reverse=True)
-        used = round(self.prior * self.n_expert)
-        return span_bytes(self.units.get(layer, [])) + sum(experts[:used])
+        return span_bytes(self.units.get(layer, [])) + sum(experts[: self.n_used])
 
     def _room(self, budget: int) -> int:
         """What the resident set may hold: `budget` less the prefetch window (the layer
@@ -199,9 +201,7 @@ class LayerStreamer:
         which ran up to 7-12 % low on Qwen's vocabulary. (Locking an untied embedding
         whole cost Qwen 1.5B its head and every block under 50 % of its size: 1078 MiB
         read at every token.)"""
-        window = (max((span_bytes(self.spans[i]) for i in self.blocks), default=0)
-                  + self.ahead * max((self._read_ahead_bytes(i) for i in self.blocks),
-                                     default=0))
+        window = self._block_max + self.ahead * self._ahead_max
         return budget - window - budget // 20
 
     # -- heat ------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ class LayerStreamer:
             picks, tokens = seen, self._layer_tokens[layer]
             if have is not None and have.shape == seen.shape:
                 picks, tokens = seen + have, tokens + stored_tokens.get(layer, 0.0)
-            p = odds(({layer: picks}, {layer: tokens}), layer, self.n_expert, self.prior)
+            p = layer_odds(picks, tokens, self.prior)
             out.update({(layer, e): float(x) for e, x in enumerate(p)})
         return out
 
@@ -227,7 +227,7 @@ class LayerStreamer:
         saves enough reads (resident_choice.worth_swapping): unlock and cool what
         leaves before what comes is read and locked, so the two never both hold room."""
         heat = self.heat()
-        self._chosen_at = self._seen_tokens
+        self._chosen_at = self._tokens_seen()
         new = choose_resident(self.units, self.blocks, self.room, heat)
         with self._lock_units:
             old = self.resident
@@ -268,11 +268,21 @@ class LayerStreamer:
     def _record(self) -> None:
         """Hand the picks not yet recorded to the heat sink (errors never reach the
         decode: heat only orders residency)."""
-        picks, tokens = self._unrecorded, self._unrecorded_tokens
-        self._unrecorded, self._unrecorded_tokens = {}, {}
-        if self._heat_sink is not None and picks:
+        seen = {layer: counts.copy() for layer, counts in self._seen.items()}
+        tokens = dict(self._layer_tokens)
+        done_picks, done_tokens = self._recorded
+        self._recorded = seen, tokens
+        new = {layer: tokens[layer] - done_tokens[layer] for layer in tokens}
+        if self._heat_sink is not None and any(n > 0 for n in new.values()):
             with contextlib.suppress(Exception):
-                self._heat_sink(picks, tokens)
+                self._heat_sink({layer: seen[layer] - done_picks[layer] for layer in seen},
+                                new)
+
+    def _tokens_seen(self) -> float:
+        """Tokens through the first routed layer since the load (every token passes
+        it): the clock of re-choices and records."""
+        return self._layer_tokens.get(self._first_moe, 0.0) if self._first_moe is not None \
+            else 0.0
 
     # -- memory ----------------------------------------------------------------------------
 
@@ -443,11 +453,6 @@ class LayerStreamer:
             # (llama.cpp's inp_out_ids), so its picks are over fewer tokens
             self._seen[layer] += counts
             self._layer_tokens[layer] += rows
-            kept = self._unrecorded.get(layer)
-            self._unrecorded[layer] = counts if kept is None else kept + counts
-            self._unrecorded_tokens[layer] = self._unrecorded_tokens.get(layer, 0.0) + rows
-        if layer == self._first_moe:  # a token passes every layer: count it once
-            self._seen_tokens += rows
 
     def _on_tensor(self, addr: int, ask: bool, _user: int) -> bool:
         name = ctypes.cast(addr, ctypes.POINTER(self._tensor)).contents.name
@@ -499,9 +504,10 @@ class LayerStreamer:
                     self._advise(nxt, MADV_WILLNEED)
                     self.prefetched += 1
             self._cool(ring[(at - 1) % n])
-            if self._seen and self._seen_tokens - self._chosen_at >= RECHOOSE_TOKENS:
+            seen = self._tokens_seen()
+            if self._seen and seen - self._chosen_at >= RECHOOSE_TOKENS:
                 self._rechoose()
-            if self._unrecorded_tokens.get(self._first_moe or 0, 0.0) >= RECORD_TOKENS:
+            if seen - self._recorded[1].get(self._first_moe or 0, 0.0) >= RECORD_TOKENS:
                 self._record()
 
     def close(self) -> None:

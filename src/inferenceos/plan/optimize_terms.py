@@ -34,8 +34,10 @@ from inferenceos.plan.perf import (
     _attn_width,
     _kv_span,
     disk_rate,
+    disk_tier,
     gemm_weight,
     gemv_weight,
+    read_share,
 )
 from inferenceos.plan.placement import LayerParts, output_head, routed_fraction
 
@@ -174,25 +176,11 @@ class Terms:
 
     def disk_segments(self) -> list[tuple[float, float]]:
         """perf.streamed_bytes as a convex piecewise-linear cost of the disk bytes:
-        (bytes, seconds per byte) segments in the order the disk tier fills. A dense
-        model: one segment, every byte read. With routed experts: the experts first,
-        coldest first (Calibration.expert_odds, else all at used/experts; equal odds
-        merged), each byte read with the chance a ubatch's tokens pick its expert, then
-        the dense bytes at full cost. The costs rise from segment to segment, so a
-        minimisation fills them in order and the sum is exact."""
+        (bytes, seconds per byte) segments in the order the disk tier fills
+        (perf.disk_tier), each byte at its read share for this phase's ubatch. The
+        costs rise from segment to segment, so a minimisation fills them in order and
+        the sum is exact."""
         per = self.disk_per_byte()
-        s = self.facts.spec
-        if not s.is_moe or s.expert_count <= 0:
-            return [(float("inf"), per)]
-        total = float(sum(layer.expert_bytes for layer in s.layers))
-        odds = self.cal.expert_odds or (s.expert_used_count / s.expert_count,)
-        size = total / len(odds)
-        tokens = max(1.0, self.ph.tokens / max(1, self.ph.ubatches))
-        groups: list[tuple[float, float]] = []  # (bytes, odds): the same in every phase
-        for p in odds:
-            if groups and groups[-1][1] == p:
-                groups[-1] = (groups[-1][0] + size, p)
-            else:
-                groups.append((size, p))
-        return [*((b, per * (1.0 - (1.0 - min(1.0, p)) ** tokens)) for b, p in groups),
-                (float("inf"), per)]
+        tokens = self.ph.tokens / max(1, self.ph.ubatches)
+        return [(size, per * read_share(p, tokens))
+                for size, p in disk_tier(self.facts, self.cal.expert_odds)]

@@ -276,35 +276,49 @@ def disk_rate(machine: Machine, cal: Calibration) -> float:
     return machine.disk_gbps * (cal.disk_scale if cal.disk_scale > 0 else 1.0) * GB
 
 
+def disk_tier(facts: ModelFacts, odds: tuple[float, ...] = ()) -> list[tuple[float, float]]:
+    """The disk tier in the order it fills, as (bytes, chance a token reads them)
+    segments. On a dense model one segment, every byte read. With routed experts the
+    streamer keeps every layer's dense part before any expert and the hottest experts
+    first (engine/resident_choice.py), so the tier is the coldest experts first, each
+    at its heat (`odds`, coldest first: Calibration.expert_odds; unrecorded, all at
+    used/experts; equal odds merged), then the dense bytes, read whole."""
+    s = facts.spec
+    if not s.is_moe or s.expert_count <= 0:
+        return [(float("inf"), 1.0)]
+    total = float(sum(layer.expert_bytes for layer in s.layers))
+    odds = odds or (s.expert_used_count / s.expert_count,)
+    size = total / len(odds)  # the experts of one model are alike in size
+    groups: list[tuple[float, float]] = []
+    for p in odds:
+        if groups and groups[-1][1] == p:
+            groups[-1] = (groups[-1][0] + size, p)
+        else:
+            groups.append((size, p))
+    return [*groups, (float("inf"), 1.0)]
+
+
+def read_share(p: float, tokens: float) -> float:
+    """The share of a unit that a ubatch of `tokens` tokens reads, each reading it with
+    chance `p`: 1 - (1 - p)^tokens (decode: p; a prompt's ubatch: nearly 1)."""
+    return 1.0 - (1.0 - min(1.0, p)) ** max(1.0, tokens)
+
+
 def streamed_bytes(disk_bytes: int, facts: ModelFacts, tokens: float,
                    odds: tuple[float, ...] = ()) -> float:
     """Bytes of the `disk_bytes` left in the file that a ubatch of `tokens` tokens
-    reads. On a dense model all of them. With routed experts the streamer keeps every
-    layer's dense part before any expert and the hottest experts first
-    (engine/resident_choice.py), so the disk tier is the coldest experts, and a ubatch
-    reads an expert only when one of its tokens picks it: 1 - (1 - p)^tokens of it, p
-    its heat (`odds`, coldest first: Calibration.expert_odds) or, unrecorded,
-    used/experts (decode reads half the streamed experts of a 2-of-4 MoE; a prompt's
-    ubatch nearly all). The picked experts are read exactly (engine/prefetch.py), so
-    this is what the disk delivers."""
-    s = facts.spec
-    if not s.is_moe or disk_bytes <= 0 or s.expert_count <= 0:
-        return float(disk_bytes)
-    total = sum(layer.expert_bytes for layer in s.layers)
-    experts = min(disk_bytes, total)
-    n = max(1.0, tokens)
-    if not odds:
-        return (disk_bytes - experts) + experts * (
-            1.0 - (1.0 - s.expert_used_count / s.expert_count) ** n)
-    size = total / len(odds)  # the experts of one model are alike in size
-    read, left = 0.0, float(experts)
-    for p in odds:
-        take = min(left, size)
-        read += take * (1.0 - (1.0 - min(1.0, p)) ** n)
-        left -= take
+    reads: the disk tier (`disk_tier`) filled in order, each segment at its read share.
+    On a dense model all of them; a 2-of-4 MoE's decode reads half its streamed
+    experts. The picked experts are read exactly (engine/prefetch.py), so this is what
+    the disk delivers."""
+    read, left = 0.0, float(disk_bytes)
+    for size, p in disk_tier(facts, odds):
         if left <= 0:
             break
-    return (disk_bytes - experts) + read
+        take = min(left, size)
+        read += take * read_share(p, tokens)
+        left -= take
+    return read
 
 
 def _scaled(cost: StepCost, speed_scale: float) -> StepCost:

@@ -77,8 +77,14 @@ def odds(heat: Heat, layer: int, n_expert: int, prior: float) -> np.ndarray:
     counts = picks.get(layer)
     if counts is None or counts.shape != (n_expert,):
         return np.full(n_expert, prior)
+    return layer_odds(counts, tokens.get(layer, 0.0), prior)
+
+
+def layer_odds(picks: np.ndarray, tokens: float, prior: float) -> np.ndarray:
+    """One layer's picks per expert over its `tokens`, drawn towards `prior` by 16
+    pseudo-tokens (`odds`)."""
     pseudo = 16.0
-    return (counts + prior * pseudo) / (tokens.get(layer, 0.0) + pseudo)
+    return (picks + prior * pseudo) / (tokens + pseudo)
 
 
 def coldest_first(heat: Heat, layers: list[int], n_expert: int, prior: float
