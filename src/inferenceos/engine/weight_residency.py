@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inferenceos.engine.messages import WeightStats
-from inferenceos.engine.weight_layout import expert_ranges
 
 if TYPE_CHECKING:
     from inferenceos.engine.prefetch import LayerStreamer
@@ -144,8 +143,10 @@ class WeightResidency:
         self._start = process_io()
         self._window = (0, *self._start)  # (tokens, faults, read bytes) at its start
         self._per_token: tuple[float, float] | None = None
-        n_expert = streamer.n_expert if streamer is not None else 0
-        self._experts = expert_ranges(self.path, n_expert) if n_expert else {}
+        # the streamer's own expert units (no second walk over the file's header)
+        self._experts = {u: [(sp.start, sp.end) for sp in spans]
+                         for u, spans in (streamer.units.items() if streamer else ())
+                         if isinstance(u, tuple)}
         self._hit: float | None = None
 
     @classmethod
