@@ -38,7 +38,7 @@ from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.kv_store import KVStore
-from inferenceos.engine.kv_tiers import park_bytes, restore_into, store_slot
+from inferenceos.engine.kv_tiers import PendingStores, park_bytes, restore_into, store_slot
 from inferenceos.engine.messages import Event, Failed, Finished, Progress, TokenOut
 from inferenceos.engine.output import Extra, snapshot
 from inferenceos.engine.running import NO_PROJECTOR, Request, RunningSequence, prompt_request
@@ -114,7 +114,7 @@ class Scheduler:
             raise UsageError(f"this model's KV cache cannot shift positions: no {kv_policy} policy")
         self.n_ctx_slot = model.n_ctx // n_slots
         self.kv_store = kv_store if self.tracker is None else None  # h2o: no restores
-        self._to_store: list[Slot] = []  # finished slots whose state goes to the store
+        self._to_store = PendingStores()  # finished slots whose state goes to the store
         self.table = SlotTable(self._ll, self.mem, n_slots, self.n_ctx_slot, slot_policy,
                                self.tracker, self._park_bytes,
                                model.restore_sequence)
@@ -233,7 +233,14 @@ class Scheduler:
         return []
 
     def has_work(self) -> bool:
-        return bool(self.queue or self.running or self._to_store)
+        """Whether `step` has something to do now (a finished turn's store only once
+        it is due: see kv_tiers.PendingStores)."""
+        return bool(self.queue or self.running or self._to_store.due_in() == 0.0)
+
+    def store_due_in(self) -> float | None:
+        """Seconds until a finished turn's store is due (the idle loop's wait); None
+        when none waits."""
+        return self._to_store.due_in()
 
     def stats(self) -> dict[str, Any]:
         """KV usage and fragmentation per slot and for the cache, queue state (for `ps`,
@@ -264,10 +271,12 @@ class Scheduler:
     def store_finished(self) -> None:
         """Put the states of the slots that finished since the last step into the store
         (before anything can reuse or park them)."""
-        slots, self._to_store = self._to_store, []
+        for slot in self._to_store.take_all():
+            self._store(slot)
+
+    def _store(self, slot: Slot) -> None:
         if self.kv_store is not None:
-            for slot in slots:
-                store_slot(self, self.kv_store, slot)
+            store_slot(self, self.kv_store, slot)
 
     def _park_bytes(self, index: int) -> bytes:
         return park_bytes(self, self.kv_store, index)
@@ -287,6 +296,8 @@ class Scheduler:
                 return
             slot, reuse = picked
             req = self.queue.popleft()
+            if self._to_store.claim(slot) and reuse < len(slot.cached):
+                self._store(slot)  # before its cells past `reuse` are dropped
             reuse = self._restore(slot, req.prompt, reuse)
             span = next((m for m in req.spans if m.start < reuse < m.end), None)
             if span is not None and span.atomic:  # never half an atomic chunk
@@ -303,8 +314,8 @@ class Scheduler:
     def step(self) -> list[Event]:
         """Admit what fits, evaluate one batch, sample, and return the events."""
         events: list[Event] = []
+        self._admit(events)  # first: a returning turn claims its slot, not stored
         self.store_finished()
-        self._admit(events)
         self._make_room(events)
         if not self.running:
             return events
@@ -487,7 +498,7 @@ class Scheduler:
         cached = seq.slot.cached
         if (self.kv_store is not None and not seq.kv_edited
                 and len(cached) >= self.kv_store.min_tokens and min(cached) >= 0):
-            self._to_store.append(seq.slot)  # saved at the next step: the reply is not held
+            self._to_store.add(seq.slot)  # stored later: the reply is not held
 
     def fail_all(self, message: str) -> list[Failed]:
         """End every running sequence with an error and clear its cache."""

@@ -301,6 +301,12 @@ def _exit_on_sigterm(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _idle_wait(rt: _Runtime) -> float | None:
+    """How long the idle loop may block on the pipe: until the scheduler's next finished
+    turn is due for the store, else for good (None)."""
+    return rt.sched.store_due_in() if rt.sched is not None else None
+
+
 def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     """Process entry point: load, report ready, then serve until shutdown or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -317,15 +323,16 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     try:
         while True:
             busy = rt.sched is not None and rt.sched.has_work()
-            # block when idle; when busy, take what has arrived and go on stepping
-            while conn.poll(0 if busy else None):
+            # block when idle (until a finished turn's store is due); when busy, take
+            # what has arrived and go on stepping
+            while conn.poll(0 if busy else _idle_wait(rt)):
                 events = _dispatch(conn.recv(), rt)
                 if events is None:
                     return
                 if events:
                     conn.send(events)
                 busy = rt.sched is not None and rt.sched.has_work()
-            if busy and rt.sched is not None:
+            if rt.sched is not None and rt.sched.has_work():
                 events = _step(rt.sched)
                 if events:
                     rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
