@@ -280,8 +280,10 @@ class LoadedModel:
         """
         ll = self._ll
         ll.llama_memory_seq_rm(ll.llama_get_memory(self.ctx), seq_id, -1, -1)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if int(ll.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) == 0:
+        # llama.cpp reads the bytes object's own buffer (const): no copy of what can be
+        # 100+ MB (a 4,000-token state of a 1.5B model), ~25 ms saved per restore
+        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        if int(ll.llama_state_seq_set_data(self.ctx, src, len(data), seq_id)) == 0:
             raise GenerationError("llama.cpp refused the sequence state")
 
     # -- embeddings --------------------------------------------------------------------
