@@ -1,15 +1,51 @@
-"""Server-side sessions (/v1/sessions): kept on disk, KV state restored on the next turn."""
+"""Server-side sessions (/v1/sessions): kept on disk, KV state restored on the next turn.
+
+Each test runs twice: over the tiered KV cache (what `serve` turns on: the session is
+a thin layer, the cache holds its state) and without it (the session's own state.bin)."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from server_harness import Harness, serving
+from inferenceos.registry.manager import engine_factory
+from server_harness import Harness, start_server
 
 GREEDY = {"max_tokens": 6, "temperature": 0}
+MiB = 1 << 20
+
+
+@pytest.fixture(params=["tiers", "own-state"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture()
+def serving(mode: str) -> Any:
+    """server_harness.serving, with the tiered KV cache under the data dir in "tiers"."""
+
+    @contextlib.contextmanager
+    def serve(models: dict[str, Path], root: Path) -> Iterator[Harness]:
+        kw: dict[str, Any] = {}
+        if mode == "tiers":
+            kw = {"manager_kw": {"factory": engine_factory(
+                kv_cache_ram=16 * MiB, kv_cache_disk=256 * MiB,
+                kv_cache_dir=root / "home" / "data" / "kv-cache")}}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("INFERENCEOS_HOME", str(root / "home"))
+            h = start_server(models, root, **kw)
+            try:
+                yield h
+            finally:
+                h.stop()
+
+    return serve
 
 
 def _turn(h: Harness, sid: str, text: str) -> dict:
@@ -19,7 +55,8 @@ def _turn(h: Harness, sid: str, text: str) -> dict:
     return r.json()
 
 
-def test_create_list_get_delete(tiny_llama: Path, tmp_path: Path) -> None:
+def test_create_list_get_delete(serving: Any, mode: str,
+                                tiny_llama: Path, tmp_path: Path) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         r = httpx.post(h.v1 + "/sessions", json={"model": "tiny", "system": "be brief",
                                                  "metadata": {"user": "ann"}})
@@ -37,14 +74,24 @@ def test_create_list_get_delete(tiny_llama: Path, tmp_path: Path) -> None:
         assert got["messages"] == [{"role": "user", "content": "hello"},
                                    {"role": "assistant", "content": reply["message"]["content"]}]
         assert got["saved_tokens"] > 0
-        assert (tmp_path / "home" / "data" / "sessions" / s["id"] / "state.bin").stat().st_size
+        own = tmp_path / "home" / "data" / "sessions" / s["id"] / "state.bin"
+        if mode == "tiers":  # one copy of the state: the cache's (written once idle)
+            assert not own.exists()
+            cache = tmp_path / "home" / "data" / "kv-cache"
+            deadline = time.monotonic() + 30
+            while not list(cache.rglob("*.kv")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert list(cache.rglob("*.kv"))
+        else:
+            assert own.stat().st_size
         d = httpx.delete(f"{h.v1}/sessions/{s['id']}").json()
         assert d == {"id": s["id"], "object": "session.deleted", "deleted": True}
         assert httpx.get(f"{h.v1}/sessions/{s['id']}").status_code == 404
         assert not (tmp_path / "home" / "data" / "sessions" / s["id"]).exists()
 
 
-def test_bad_ids_and_models_are_clear_errors(tiny_llama: Path, tmp_path: Path) -> None:
+def test_bad_ids_and_models_are_clear_errors(serving: Any,
+                                             tiny_llama: Path, tmp_path: Path) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         assert httpx.get(f"{h.v1}/sessions/..%2F..%2Fetc").status_code == 404
         for sid in ("sess_nope", "..x", "sess_" + "0" * 24):
@@ -58,7 +105,7 @@ def test_bad_ids_and_models_are_clear_errors(tiny_llama: Path, tmp_path: Path) -
                           json={"content": ""}).status_code == 400
 
 
-def test_state_survives_a_restart_and_skips_the_prefill(tiny_llama: Path,
+def test_state_survives_a_restart_and_skips_the_prefill(serving: Any, tiny_llama: Path,
                                                         tmp_path: Path) -> None:
     """After a restart, the next turn restores the saved KV state: only the new
     message is evaluated."""
@@ -76,7 +123,8 @@ def test_state_survives_a_restart_and_skips_the_prefill(tiny_llama: Path,
     assert len(history["messages"]) == 6
 
 
-def test_resume_restores_before_the_next_message(tiny_llama: Path, tmp_path: Path) -> None:
+def test_resume_restores_before_the_next_message(serving: Any,
+                                                 tiny_llama: Path, tmp_path: Path) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         sid = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
         _turn(h, sid, "abc")
@@ -87,7 +135,7 @@ def test_resume_restores_before_the_next_message(tiny_llama: Path, tmp_path: Pat
         assert nxt["usage"]["cached_tokens"] >= r["restored_tokens"]
 
 
-def test_a_state_from_another_model_is_not_restored(tiny_llama: Path, tiny_moe: Path,
+def test_a_state_from_another_model_is_not_restored(serving: Any, tiny_llama: Path, tiny_moe: Path,
                                                     tmp_path: Path) -> None:
     """The digest check: the same session name served by another file prefills again
     (and still answers)."""
@@ -99,7 +147,7 @@ def test_a_state_from_another_model_is_not_restored(tiny_llama: Path, tiny_moe: 
     assert r["timings"]["restored_tokens"] == 0
 
 
-def test_streamed_turn(tiny_llama: Path, tmp_path: Path) -> None:
+def test_streamed_turn(serving: Any, tiny_llama: Path, tmp_path: Path) -> None:
     import json
 
     with serving({"tiny": tiny_llama}, tmp_path) as h:
@@ -117,12 +165,12 @@ def test_streamed_turn(tiny_llama: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sid", ["sess_" + "a" * 24])
-def test_delete_unknown_is_404(tiny_llama: Path, tmp_path: Path, sid: str) -> None:
+def test_delete_unknown_is_404(serving: Any, tiny_llama: Path, tmp_path: Path, sid: str) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
         assert httpx.delete(f"{h.v1}/sessions/{sid}").status_code == 404
 
 
-def test_one_turn_at_a_time(tiny_llama: Path, tmp_path: Path,
+def test_one_turn_at_a_time(serving: Any, tiny_llama: Path, tmp_path: Path,
                             monkeypatch: pytest.MonkeyPatch) -> None:
     """While a turn holds the session (its lock taken here, as a running turn takes
     it), another message or a delete is a 409 at once, not a wait."""
@@ -144,7 +192,8 @@ def test_one_turn_at_a_time(tiny_llama: Path, tmp_path: Path,
         assert _turn(h, sid, "next")["message"]["role"] == "assistant"
 
 
-def test_interleaved_sessions_restore_from_disk(tiny_llama: Path, tmp_path: Path) -> None:
+def test_interleaved_sessions_restore_from_disk(serving: Any,
+                                                tiny_llama: Path, tmp_path: Path) -> None:
     """One slot, two sessions taking turns: each turn finds the slot holding the other
     conversation and restores its own from disk."""
     with serving({"tiny": tiny_llama}, tmp_path) as h:

@@ -71,6 +71,13 @@ class EngineClient(Protocol):
 
     def import_state(self, tokens: Sequence[int], data: bytes) -> int: ...
 
+    @property
+    def kv_tiers(self) -> bool:
+        """Whether finished conversations go to the tiered KV cache (kv_tiers.py)."""
+        ...
+
+    def prefetch(self, tokens: Sequence[int]) -> int: ...
+
     def generate(
         self,
         prompt: str | list[int],

@@ -44,6 +44,7 @@ from inferenceos.engine.messages import (
     LiveNeed,
     MediaSupport,
     MediaTokens,
+    Prefetch,
     Resize,
     Sleep,
     Stats,
@@ -190,6 +191,17 @@ class Engine(EngineBase):
         """Restore an `export_state` result into an idle slot so a prompt starting with
         `tokens` skips their prefill; returns the tokens now cached (0: no idle slot)."""
         return int(self._ask(ImportState(tuple(tokens), data)))
+
+    @property
+    def kv_tiers(self) -> bool:
+        """Whether this engine keeps finished conversations in the tiered KV cache."""
+        cfg = self._cfg
+        return cfg.kv_cache_ram > 0 or (cfg.kv_cache_disk > 0 and cfg.kv_cache_dir is not None)
+
+    def prefetch(self, tokens: Sequence[int]) -> int:
+        """Bring the tiered KV cache's longest prefix of `tokens` into an idle slot now
+        (a session's resume); returns how many of `tokens` an idle slot then holds."""
+        return int(self._ask(Prefetch(tuple(tokens))))
 
     # -- tiers: sleep (warm), wake (hot), resize ----------------------------------------
 

@@ -156,6 +156,17 @@ class LocalEngine(EngineBase):
             self._model()
             return import_slot(self._sched, list(tokens), data)
 
+    @property
+    def kv_tiers(self) -> bool:
+        """As `Engine.kv_tiers`."""
+        return self._sched.kv_store is not None
+
+    def prefetch(self, tokens: Sequence[int]) -> int:
+        """As `Engine.prefetch`."""
+        with self._lock:
+            self._model()
+            return self._sched.prefetch(list(tokens))
+
     # -- generation ------------------------------------------------------------------------
 
     def _start(self, msg: Generate, cancel: threading.Event | None) -> Generation:

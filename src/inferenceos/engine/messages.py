@@ -255,6 +255,14 @@ class ImportState(Ask[int]):
 
 
 @dataclass(frozen=True)
+class Prefetch(Ask[int]):
+    """Bring the tiered KV cache's longest prefix of `tokens` into an idle slot now;
+    answers the tokens of it an idle slot holds."""
+
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Sleep(Ask[WorkerInfo]):
     """Free the context, keep the weights (a warm model); only while idle."""
 

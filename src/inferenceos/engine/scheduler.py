@@ -274,6 +274,19 @@ class Scheduler:
         for slot in self._to_store.take_all():
             self._store(slot)
 
+    def prefetch(self, tokens: list[int]) -> int:
+        """Put the store's longest prefix of `tokens` into an idle slot now, unless an
+        idle slot holds more of them already; returns how many of `tokens` an idle slot
+        holds afterwards (0: every slot busy, or nothing cached). The slot stays idle
+        and holds the whole entry: the next prompt starting with `tokens` reuses it."""
+        self.store_finished()  # a restore may replace a finished turn's cells
+        picked = self.table.pick(tokens)
+        if picked is None:
+            return 0
+        slot, reuse = picked
+        # lookup() leaves a prompt's last token out (it is always evaluated): all count
+        return min(self._restore(slot, [*tokens, 0], reuse), len(tokens))
+
     def _store(self, slot: Slot) -> None:
         if self.kv_store is not None:
             store_slot(self, self.kv_store, slot)

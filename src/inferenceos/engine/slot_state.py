@@ -52,6 +52,7 @@ def import_slot(sched: Any, tokens: list[int], data: bytes) -> int:
     if not tokens or len(tokens) >= sched.n_ctx_slot or not all(
             0 <= t < n_vocab for t in tokens):
         raise UsageError(f"a saved state must hold 1..{sched.n_ctx_slot - 1} valid tokens")
+    sched.store_finished()  # a finished turn's cells may be the ones replaced
     free = [s for s in sched.slots if not s.busy]
     if not free:
         return 0

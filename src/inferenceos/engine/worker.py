@@ -35,6 +35,7 @@ from inferenceos.engine.messages import (
     LiveNeed,
     MediaSupport,
     MediaTokens,
+    Prefetch,
     Ready,
     Resize,
     Result,
@@ -145,6 +146,8 @@ def _handle(msg: ToWorker, lm: LoadedModel, sched: Scheduler) -> list[FromWorker
                 result = (export_slot(sched, list(msg.tokens)) if isinstance(msg, ExportState)
                           else import_slot(sched, list(msg.tokens), msg.data))
                 return [Result(rid, result)]
+            case Prefetch():  # sessions over the tiered cache: resume
+                return [Result(rid, sched.prefetch(list(msg.tokens)))]
     except InferenceOSError as exc:
         return [Failed.of(rid, exc)]
     except Exception as exc:  # a bug must cost one request, not every client's

@@ -134,6 +134,10 @@ class SessionStore:
         except OSError:
             return None
 
+    def drop_state(self, s: Session) -> None:
+        """Remove the session's own KV bytes (the tiered cache holds its state)."""
+        (self._dir(s.id) / "state.bin").unlink(missing_ok=True)
+
     def delete(self, sid: str) -> None:
         folder = self._dir(sid)
         if not (folder / "session.json").is_file():

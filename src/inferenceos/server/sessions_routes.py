@@ -17,6 +17,13 @@ again (the reply's `usage.cached_tokens` says how many tokens were reused).
 A state is only restored into the model file it came from (digest checked) and only
 when the conversation's tokens still start with the ones it holds; otherwise the
 history is simply prefilled again. Turns of one session are serialised.
+
+Where the engine keeps the tiered KV cache (`serve`'s default, engine/kv_tiers.py), a
+session is a thin layer over it: its folder holds the conversation only; each turn's
+KV state is the cache's entry (stored at the turn's end, restored by any request whose
+prompt starts with it, under the cache's budgets and eviction), and `resume` brings
+that entry into an idle slot (`Engine.prefetch`). Without the cache, the session keeps
+its own `state.bin`, exported after every turn and imported before the next.
 """
 
 from __future__ import annotations
@@ -129,15 +136,18 @@ def _chat(s: Session, user: str | None = None) -> list[ChatMessage]:
 
 
 def _restore(state: ServerState, store: SessionStore, s: Session,
-             tokens: list[int] | None) -> tuple[list[int], int]:
+             tokens: list[int] | None) -> tuple[list[int], int | None]:
     """(the prompt's token ids, how many of them the restored state holds): load the
     model, render and tokenize the conversation, and put the saved state into an idle
     slot when it still matches (blocking: call in a thread). Without `tokens` the
-    prompt is the history alone (resume)."""
+    prompt is the history alone (resume). None: the tiered KV cache restores it when
+    the prompt is admitted (its `cached_tokens` say how much)."""
     with state.manager.acquire(s.model) as lease:
         engine = lease.engine
         prompt = tokens if tokens is not None else engine.tokenize(
             engine.chat_prompt(_chat(s)) if s.messages or s.system else "")
+        if engine.kv_tiers:  # the cache restores it (resume: now)
+            return prompt, (engine.prefetch(prompt) if tokens is None and prompt else None)
         data = store.state(s)
         saved = s.state_tokens
         importer = getattr(engine, "import_state", None)
@@ -153,8 +163,14 @@ def _restore(state: ServerState, store: SessionStore, s: Session,
 
 def _save_state(state: ServerState, store: SessionStore, s: Session,
                 tokens: list[int]) -> None:
-    """Export the KV cells holding `tokens` and write them with the session."""
+    """Export the KV cells holding `tokens` and write them with the session (with the
+    tiered cache: the conversation only; the cache holds the state)."""
     with state.manager.acquire(s.model) as lease:
+        if lease.engine.kv_tiers:
+            s.state_tokens, s.model_digest = list(tokens), lease.loaded.model.digest
+            store.save(s)
+            store.drop_state(s)  # one written before the cache was on: stale now
+            return
         exporter = getattr(lease.engine, "export_state", None)
         got = exporter(tokens) if exporter is not None else None
         digest = lease.loaded.model.digest
@@ -176,7 +192,7 @@ async def resume_session(session_id: str, request: Request) -> Any:
     t0 = time.perf_counter()
     with _turn(store, session_id):
         prompt, restored = await call_in_thread(lambda: _restore(state, store, s, None))
-    return {"id": s.id, "object": "session.resumed", "restored_tokens": restored,
+    return {"id": s.id, "object": "session.resumed", "restored_tokens": restored or 0,
             "history_tokens": len(prompt), "seconds": round(time.perf_counter() - t0, 4)}
 
 
@@ -201,7 +217,7 @@ async def session_message(session_id: str, body: SessionMessage, request: Reques
         sampling = request_sampling(body, stop=stops(body.stop),
                                     max_tokens=body.max_tokens or UNLIMITED)
 
-        def prepare() -> tuple[list[int], int]:
+        def prepare() -> tuple[list[int], int | None]:
             with state.manager.acquire(s.model) as lease:
                 text = lease.engine.chat_prompt(_chat(s, body.content))
                 tokens = lease.engine.tokenize(text)
@@ -221,6 +237,8 @@ async def session_message(session_id: str, body: SessionMessage, request: Reques
         ids = done.prompt_ids + done.output_ids
         await call_in_thread(lambda: _save_state(state, store, s, ids))
         g = done.metrics
+        # over the tiered cache, what it restored is the request's cached prefix
+        n_restored = g.cached_tokens if restored is None else restored
         return {"id": s.id, "object": "session.message", "model": s.model,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": "length" if g.stop_reason == "length" else "stop",
@@ -228,7 +246,7 @@ async def session_message(session_id: str, body: SessionMessage, request: Reques
                           "completion_tokens": g.completion_tokens,
                           "total_tokens": g.prompt_tokens + g.completion_tokens,
                           "cached_tokens": g.cached_tokens},
-                "timings": {"restored_tokens": restored, "ttft_s": round(g.ttft_s, 4),
+                "timings": {"restored_tokens": n_restored, "ttft_s": round(g.ttft_s, 4),
                             "total_s": round(time.perf_counter() - t0, 4)}}
 
     if body.stream:
