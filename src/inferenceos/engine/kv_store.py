@@ -259,14 +259,41 @@ class KVStore:
         self._fit_ram()
         return e
 
+    def branch_point(self, prompt: list[int]) -> int:
+        """Where `prompt[:-1]` and an entry go on differently after a common prefix:
+        the longest such prefix, when it holds `min_tokens` or more and no entry holds
+        exactly it; else 0. Conversations that share a system prompt (few-shot
+        examples, tool definitions) part there, so an entry of that prefix serves all
+        of them: on windowed-attention models, where only whole entries restore, it is
+        the only way they share it."""
+        p = np.asarray(prompt[:-1], dtype=np.int32)
+        best = 0
+        with self._lock:
+            for e in self.entries.values():
+                n = min(e.n_tokens, p.size)
+                if n <= best:
+                    continue
+                diff = np.flatnonzero(e.tokens[:n] != p[:n])
+                if diff.size and int(diff[0]) > best:  # both go on, differently
+                    best = int(diff[0])
+            if best < self.min_tokens or entry_id(self.key, p[:best]) in self.entries:
+                return 0
+        return best
+
     def _supersede(self, arr: np.ndarray) -> None:
+        """Forget the entries `arr` extends (earlier turns of its conversation), except
+        a prefix that another entry extends too: a shared one (see branch_point)."""
         for old in list(self.entries.values()):
             n = old.n_tokens
-            if n < arr.size and np.array_equal(old.tokens, arr[:n]) and not old.writing:
-                self.entries.pop(old.id)
-                if old.disk is not None:
-                    with contextlib.suppress(OSError):
-                        old.disk.path.unlink()
+            if n >= arr.size or not np.array_equal(old.tokens, arr[:n]) or old.writing:
+                continue
+            if any(o is not old and o.n_tokens > n and np.array_equal(o.tokens[:n], old.tokens)
+                   for o in self.entries.values()):
+                continue
+            self.entries.pop(old.id)
+            if old.disk is not None:
+                with contextlib.suppress(OSError):
+                    old.disk.path.unlink()
 
     def _fit_ram(self) -> None:
         """Drop the least valuable RAM copies until RAM is within budget; an entry not

@@ -83,6 +83,35 @@ def store_slot(sched: Any, store: KVStore, slot: Slot) -> None:
     store.put(list(slot.cached), data, len(slot.cached) * s_per_token)
 
 
+def set_checkpoint(sched: Any, store: KVStore, seq: Any) -> None:
+    """Give the newly admitted `seq` its prompt's branch point (KVStore.branch_point) as
+    its checkpoint: the prefill stops there once and the state of that shared prefix
+    is stored; at once when its cells end there already (restored or reused)."""
+    c = store.branch_point(seq.req.prompt)
+    if c and c >= seq.n_prefilled:
+        seq.checkpoint = c
+        if c == seq.n_prefilled:
+            store_checkpoint(sched, store, seq)
+
+
+def store_checkpoints(sched: Any, store: KVStore, prefills: Any) -> None:
+    """After a step: store the state of each sequence whose prefill reached its
+    checkpoint in it (`prefills`: the step's PrefillWork)."""
+    for p in prefills:
+        seq = sched._seq_at(p.key)
+        if seq.checkpoint and seq.n_prefilled == seq.checkpoint:
+            store_checkpoint(sched, store, seq)
+
+
+def store_checkpoint(sched: Any, store: KVStore, seq: Any) -> None:
+    """Store the state of `seq`'s cells, which hold exactly its checkpoint's prefix."""
+    n, seq.checkpoint = seq.checkpoint, 0
+    if seq.kv_edited or len(seq.slot.cached) != n:
+        return
+    data = sched.model.save_sequence(seq.slot.index)
+    store.put(list(seq.req.prompt[:n]), data, n * (sched.s_per_token or DEFAULT_S_PER_TOKEN))
+
+
 def restore_into(sched: Any, store: KVStore, slot: Slot, prompt: list[int], reuse: int) -> int:
     """Prompt tokens the idle `slot` holds after restoring the store's longest prefix
     of `prompt`, when it beats the slot's own `reuse`; else `reuse` unchanged. Counts

@@ -106,6 +106,9 @@ class RunningSequence:
         # verifying a sampled draft draws from this (the sampler's seed: a seed replays)
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
         self.kv_edited = False  # a KV policy moved cells: they are no prefill's state
+        # a prompt length whose state goes to the tiered store when the prefill reaches
+        # it: where this prompt leaves a prefix other conversations share (kv_tiers.py)
+        self.checkpoint = 0
         if drafter is not None:
             self.out.metrics.draft = drafter.name
 
@@ -123,4 +126,4 @@ class RunningSequence:
 
     def needs(self) -> SeqNeeds:
         return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
-                        self.pending, self.draft, self.media)
+                        self.pending, self.draft, self.media, self.checkpoint)

@@ -38,7 +38,14 @@ from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.kv_policies import KVPolicy, load_policy
 from inferenceos.engine.kv_stats import cache_stats, slot_stats
 from inferenceos.engine.kv_store import KVStore
-from inferenceos.engine.kv_tiers import PendingStores, park_bytes, restore_into, store_slot
+from inferenceos.engine.kv_tiers import (
+    PendingStores,
+    park_bytes,
+    restore_into,
+    set_checkpoint,
+    store_checkpoints,
+    store_slot,
+)
 from inferenceos.engine.messages import Event, Failed, Finished, Progress, TokenOut
 from inferenceos.engine.output import Extra, snapshot
 from inferenceos.engine.running import NO_PROJECTOR, Request, RunningSequence, prompt_request
@@ -319,6 +326,8 @@ class Scheduler:
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
             self.running.append(RunningSequence(req, slot, reuse, self.model, policy,
                                                 self.spec_decode.draft_for(req)))
+            if self.kv_store is not None and not req.media:
+                set_checkpoint(self, self.kv_store, self.running[-1])
             if req.progress:  # before any prompt work: processed == cached
                 events.append(self._progress(self.running[-1]))
 
@@ -360,6 +369,8 @@ class Scheduler:
             seq = self._seq_at(p.key)
             if seq.req.progress:
                 events.append(self._progress(seq))
+        if self.kv_store is not None:  # prefixes other conversations share
+            store_checkpoints(self, self.kv_store, plan.prefills)
         if self.tracker is not None and self.probe is not None:
             try:
                 self.tracker.observe(self.probe, rows.by_slot)

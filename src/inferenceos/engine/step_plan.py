@@ -47,6 +47,7 @@ class SeqNeeds:
     pending: int | None = None  # sampled, emitted, not yet evaluated
     draft: tuple[int, ...] = ()  # proposed tokens that follow `pending`
     media: tuple[MediaSpan, ...] = ()  # the prompt's media runs, in order
+    checkpoint: int = 0  # a prefill chunk ends here (its state is stored): 0, none
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int,
         if s.n_prefilled >= len(s.prompt) or _span_at(s, s.n_prefilled) is not None:
             continue  # done, or waiting for a media step
         end = _text_end(s, min(len(s.prompt), s.n_prefilled + left))
+        if s.n_prefilled < s.checkpoint < end:
+            end = s.checkpoint  # the state at the checkpoint is copied after this step
         if (SEPARATE_LAST_TOKEN and end == len(s.prompt) and end - s.n_prefilled > 1
                 and _span_at(s, end - 1) is None):
             end -= 1  # the last prompt token in a step of its own (module doc, 2.)
