@@ -146,6 +146,24 @@ def test_a_resize_keeps_the_conversation(tiny_llama: Path, tmp_path: Path,
     assert out == expected and cached >= len(first)
 
 
+def test_a_resize_leaves_the_conversation_in_the_disk_tier(
+        tiny_llama: Path, tmp_path: Path, conversation: tuple[list[int], ...]) -> None:
+    """The resize carries the slot in the context and its entry is in the store: a
+    worker that dies after the resize still finds the conversation on disk."""
+    first, second, expected = conversation
+    with engine(tiny_llama, tmp_path / "kv") as e:
+        turn(e, first)
+        e.resize(1024)
+        flushed(e)
+        os.kill(e.worker_pid, 9)
+        deadline = time.monotonic() + 10
+        while e.worker_alive and time.monotonic() < deadline:  # until the engine saw it
+            time.sleep(0.01)
+        out, cached = turn(e, second)
+        s = kv_stats(e)
+    assert out == expected and cached >= len(first) and s["hits_disk"] == 1
+
+
 @pytest.mark.slow
 def test_qwen_restored_turn_matches_the_uninterrupted_one(qwen05_path: Path,
                                                           tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from inferenceos.errors import GenerationError, UsageError
 def export_slot(sched: Any, tokens: list[int]) -> tuple[list[int], bytes] | None:
     """(tokens held, state bytes) of the idle slot sharing the longest prefix with
     `tokens`, trimmed to that prefix; None when no idle slot shares any."""
+    sched.store_finished()  # the trim may drop a finished turn's cells: stored first
     best, n = None, 0
     for slot in sched.slots:
         if not slot.busy and (c := shared_prefix(slot.cached, tokens)) > n:
