@@ -86,7 +86,12 @@ def store_slot(sched: Any, store: KVStore, slot: Slot) -> None:
 def set_checkpoint(sched: Any, store: KVStore, seq: Any) -> None:
     """Give the newly admitted `seq` its prompt's branch point (KVStore.branch_point) as
     its checkpoint: the prefill stops there once and the state of that shared prefix
-    is stored; at once when its cells end there already (restored or reused)."""
+    is stored; at once when its cells end there already (restored or reused). Only
+    where whole entries alone restore (windowed attention): elsewhere any entry
+    holding the prefix restores it partially, and the copy would sit on the request's
+    time to first token for nothing (~50 ms for 4,000 tokens of Qwen 0.5B)."""
+    if store.partial:
+        return
     c = store.branch_point(seq.req.prompt)
     if c and c >= seq.n_prefilled:
         seq.checkpoint = c
