@@ -30,6 +30,7 @@ from inferenceos.engine.messages import (
     ImportState,
     LiveNeed,
     MediaTokens,
+    Prefetch,
     Progress,
     Ready,
     Resize,
@@ -72,6 +73,7 @@ REQUESTS: list[ToWorker] = [
     ExportLive(req_id=18),
     ImportLive(LiveState(), req_id=19),
     SetThreads(None, req_id=20),
+    Prefetch((1, 2, 3), req_id=21),
 ]
 
 LOGPROB = TokenLogprob(5, b"x", -0.5, 3.0)
