@@ -49,6 +49,15 @@ def flushed(e: Engine) -> dict[str, int]:
     raise AssertionError("disk writes never finished")
 
 
+def kill_worker(e: Engine) -> None:
+    """SIGKILL the engine's worker and wait until the engine has seen it die (its next
+    request then starts a fresh worker instead of meeting the dead one)."""
+    os.kill(e.worker_pid, 9)
+    deadline = time.monotonic() + 10
+    while e.worker_alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def entry_files(root: Path) -> list[Path]:
     return [p for p in root.rglob(f"*{SUFFIX}") if not is_temporary(p.name)]
 
@@ -85,8 +94,7 @@ def test_a_killed_worker_and_a_restart_find_the_disk_tier(
     with engine(tiny_llama, root) as e:
         turn(e, first)
         flushed(e)
-        os.kill(e.worker_pid, 9)
-        time.sleep(0.2)
+        kill_worker(e)
         out, cached = turn(e, second)  # a fresh worker: RAM tier gone, disk tier there
         s = kv_stats(e)
     assert out == expected and cached >= len(first)
@@ -155,10 +163,7 @@ def test_a_resize_leaves_the_conversation_in_the_disk_tier(
         turn(e, first)
         e.resize(1024)
         flushed(e)
-        os.kill(e.worker_pid, 9)
-        deadline = time.monotonic() + 10
-        while e.worker_alive and time.monotonic() < deadline:  # until the engine saw it
-            time.sleep(0.01)
+        kill_worker(e)
         out, cached = turn(e, second)
         s = kv_stats(e)
     assert out == expected and cached >= len(first) and s["hits_disk"] == 1
