@@ -5,9 +5,7 @@ a thin layer, the cache holds its state) and without it (the session's own state
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,8 @@ import httpx
 import pytest
 
 from inferenceos.registry.manager import engine_factory
-from server_harness import Harness, start_server
+from server_harness import Harness
+from server_harness import serving as harness_serving
 
 GREEDY = {"max_tokens": 6, "temperature": 0}
 MiB = 1 << 20
@@ -30,20 +29,13 @@ def mode(request: pytest.FixtureRequest) -> str:
 def serving(mode: str) -> Any:
     """server_harness.serving, with the tiered KV cache under the data dir in "tiers"."""
 
-    @contextlib.contextmanager
-    def serve(models: dict[str, Path], root: Path) -> Iterator[Harness]:
+    def serve(models: dict[str, Path], root: Path) -> Any:
         kw: dict[str, Any] = {}
         if mode == "tiers":
             kw = {"manager_kw": {"factory": engine_factory(
                 kv_cache_ram=16 * MiB, kv_cache_disk=256 * MiB,
                 kv_cache_dir=root / "home" / "data" / "kv-cache")}}
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("INFERENCEOS_HOME", str(root / "home"))
-            h = start_server(models, root, **kw)
-            try:
-                yield h
-            finally:
-                h.stop()
+        return harness_serving(models, root, **kw)
 
     return serve
 
