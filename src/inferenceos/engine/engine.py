@@ -195,8 +195,7 @@ class Engine(EngineBase):
     @property
     def kv_tiers(self) -> bool:
         """Whether this engine keeps finished conversations in the tiered KV cache."""
-        cfg = self._cfg
-        return cfg.kv_cache_ram > 0 or (cfg.kv_cache_disk > 0 and cfg.kv_cache_dir is not None)
+        return self._cfg.keeps_kv_cache
 
     def prefetch(self, tokens: Sequence[int]) -> int:
         """Bring the tiered KV cache's longest prefix of `tokens` into an idle slot now

@@ -175,8 +175,7 @@ class KVStore:
                 n = min(e.n_tokens, p.size)
                 if n <= at_least + self.min_gain - 1 or (best is not None and n <= best.n):
                     continue
-                diff = np.flatnonzero(e.tokens[:n] != p[:n])
-                common = n if diff.size == 0 else int(diff[0])
+                common = _shared(e.tokens, p, n)
                 if common < e.n_tokens and not self.partial:
                     continue
                 if common >= at_least + self.min_gain and (best is None or common > best.n):
@@ -273,9 +272,9 @@ class KVStore:
                 n = min(e.n_tokens, p.size)
                 if n <= best:
                     continue
-                diff = np.flatnonzero(e.tokens[:n] != p[:n])
-                if diff.size and int(diff[0]) > best:  # both go on, differently
-                    best = int(diff[0])
+                common = _shared(e.tokens, p, n)
+                if best < common < n:  # both go on, differently
+                    best = common
             if best < self.min_tokens or entry_id(self.key, p[:best]) in self.entries:
                 return 0
         return best
@@ -484,6 +483,12 @@ class KVStore:
             self._queue.put(None)
             self._writer.join(1.0)
             self._writer = None
+
+
+def _shared(a: np.ndarray, b: np.ndarray, n: int) -> int:
+    """How many of the first `n` tokens `a` and `b` share (n: all of them)."""
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return n if diff.size == 0 else int(diff[0])
 
 
 def _yield_cores() -> None:

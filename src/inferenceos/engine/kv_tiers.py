@@ -48,9 +48,6 @@ class PendingStores:
     def __init__(self) -> None:
         self._at: dict[int, tuple[Slot, float]] = {}
 
-    def __bool__(self) -> bool:
-        return bool(self._at)
-
     def add(self, slot: Slot) -> None:
         self._at[slot.index] = (slot, time.monotonic())
 

@@ -90,6 +90,11 @@ class WorkerConfig:
     spec: ModelSpec | None = None
     spec_of: tuple[int, int, int] | None = None
 
+    @property
+    def keeps_kv_cache(self) -> bool:
+        """Whether any tier of the tiered KV cache has a budget (and a place)."""
+        return self.kv_cache_ram > 0 or (self.kv_cache_disk > 0 and self.kv_cache_dir is not None)
+
 
 def file_identity(path: Path) -> tuple[int, int, int] | None:
     """(inode, size, modification time in ns) of `path`; None when it cannot be read."""
@@ -189,7 +194,7 @@ def _open_store(cfg: WorkerConfig, spec: ModelSpec,
                 settings: LlamaParams) -> KVStore | None:
     """The tiered KV store for this model and KV layout, or None when both budgets are
     0. Partial prefixes are restored only when every layer keeps all its cells."""
-    if cfg.kv_cache_ram <= 0 and (cfg.kv_cache_disk <= 0 or cfg.kv_cache_dir is None):
+    if not cfg.keeps_kv_cache:
         return None
     from inferenceos.engine.kv_key import model_key
     from inferenceos.engine.kv_store import KVStore
