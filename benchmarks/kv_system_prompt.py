@@ -22,21 +22,18 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from inferenceos.engine.chat_template import ChatMessage
-from inferenceos.engine.sampling import SamplingParams
 from inferenceos.plan.entry import LoadRequest
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager, engine_factory
 from inferenceos.registry.store import ModelStore
+from kv_tiers import CACHE, DATA, ask
 
-DATA = Path(__file__).resolve().parent / "data" / "declaration_of_independence.txt"
-CACHE = Path.home() / ".cache" / "inferenceos-test"
 MODELS = [CACHE / "gemma-3-270m-q4_k_m.gguf", CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"]
 QUESTIONS = ["Who wrote this?", "Name one grievance.", "Quote the first line.",
              "Which king is meant?", "Summarise it.", "What year is it from?"]
@@ -50,17 +47,6 @@ def system_prompt(tokenize: Any, n_tokens: int) -> str:
         text += " ".join(words[i: i + 60]) + "\n"
         i += 60
     return text
-
-
-def first_token_s(mgr: ModelManager, name: str, prompt: str) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    with mgr.acquire(name) as lease:
-        gen = lease.engine.generate(prompt, SamplingParams(temperature=0, max_tokens=2))
-        ttft = 0.0
-        for ev in gen:
-            if ev.token >= 0 and not ttft:
-                ttft = time.perf_counter() - t0
-        return ttft, gen.metrics.cached_tokens
 
 
 def run(model: Path, tiers: bool, args: argparse.Namespace) -> list[tuple[float, int]]:
@@ -81,8 +67,9 @@ def run(model: Path, tiers: bool, args: argparse.Namespace) -> list[tuple[float,
                            for q in QUESTIONS[: args.conversations]]
             out = []
             for i, p in enumerate(prompts):
-                first_token_s(mgr, name, f"Unrelated request {i}: say hello.")  # takes the slot
-                out.append(first_token_s(mgr, name, p))
+                ask(mgr, name, f"Unrelated request {i}: say hello.", n=2)  # takes the slot
+                t = ask(mgr, name, p, n=2)
+                out.append((t.ttft, t.cached))
             return out
         finally:
             mgr.close()
