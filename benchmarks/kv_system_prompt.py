@@ -57,7 +57,8 @@ def run(model: Path, tiers: bool, args: argparse.Namespace) -> list[tuple[float,
         kv: dict[str, Any] = ({"kv_cache_ram": 512 * MiB, "kv_cache_disk": 4 << 30,
                                "kv_cache_dir": Path(home) / "kv-cache"} if tiers else {})
         mgr = ModelManager(catalog.resolve, factory=engine_factory(**kv), context_hint=None,
-                           base=LoadRequest(n_ctx=args.system + 512, threads=args.threads))
+                           base=LoadRequest(n_ctx=args.system + 512, threads=args.threads,
+                                             cached_turns=tiers))  # as serve plans
         try:
             with mgr.acquire(name) as lease:
                 eng = lease.engine

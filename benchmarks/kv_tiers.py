@@ -329,7 +329,8 @@ def main() -> None:
         from llama_tools import llama_tool
 
         binary = llama_tool("llama-server")
-    base = LoadRequest(n_ctx=args.history + 1024, threads=args.threads)
+    # as `serve` plans a model whose turns its KV cache keeps (plan/flash_attn.py)
+    base = LoadRequest(n_ctx=args.history + 1024, threads=args.threads, cached_turns=True)
     ours: dict[str, list[Timing]] = {c: [] for c in CASES}
     refs: dict[str, list[Timing]] = {c: [] for c in CASES}
     theirs: dict[str, list[Timing]] = {c: [] for c in LS_CASES}

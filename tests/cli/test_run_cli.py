@@ -42,6 +42,15 @@ def test_prompt_from_stdin_equals_prompt_flag(tiny_llama: Path) -> None:
     assert json.loads(piped.stdout)["text"] == json.loads(flagged.stdout)["text"]
 
 
+@pytest.mark.parametrize(("flag", "shown"), [("on", "enabled"), ("off", "disabled")])
+def test_flash_attn_flag_reaches_llama_cpp(tiny_llama: Path, flag: str, shown: str) -> None:
+    """--flash-attn is what llama.cpp loads (its own log line, with -v)."""
+    r = run_cli("run", str(tiny_llama), "-p", "abc", "-n", "1", "-v", "--flash-attn", flag)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "flash_attn" in ln and "=" in ln]
+    assert lines and lines[0].split("=")[-1].strip() == shown, lines
+
+
 def test_raw_skips_the_chat_template(tiny_llama: Path) -> None:
     base = ("run", str(tiny_llama), "-p", "abc", "--json", "--temperature", "0", "-n", "1")
     templated = json.loads(run_cli(*base).stdout)["metrics"]["prompt_tokens"]
@@ -56,6 +65,8 @@ def test_raw_skips_the_chat_template(tiny_llama: Path) -> None:
         (["run", "{tiny}", "-p", "x", "--temperature", "-1"], "temperature must be >= 0"),
         (["run", "{tiny}", "-p", "x", "--top-p", "1.5"], "top-p must be in"),
         (["run", "{tiny}"], "no prompt"),
+        (["run", "{tiny}", "-p", "x", "--kv-policy", "h2o", "--flash-attn", "on"],
+         "reads attention probabilities"),
     ],
 )
 def test_bad_input_gives_one_line_error(tiny_llama: Path, args: list[str], message: str) -> None:

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import httpx
+import pytest
 
 from cli_helpers import run_cli, start_serve
 
@@ -26,6 +27,24 @@ def test_serve_process_answers_and_stops_on_sigterm(tiny_llama: Path) -> None:
     # uvicorn shuts down gracefully, then re-raises the signal: the usual exit status
     assert proc.returncode in (0, -signal.SIGTERM), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("kv_cache", "fa"), [((), "off"), (("--kv-cache-ram", "0",
+                                                           "--kv-cache-disk", "0"), "on")])
+def test_serve_plans_flash_attention_by_its_kv_cache(tiny_llama: Path, kv_cache: tuple[str, ...],
+                                                    fa: str) -> None:
+    """On the CPU, a server whose KV cache keeps conversations plans without flash
+    attention (plan/flash_attn.py); without that cache, with it (llama.cpp's auto)."""
+    proc, base = start_serve(str(tiny_llama), "--ctx", "256", "--threads", "1",
+                             "--backend", "cpu", *kv_cache)
+    try:
+        r = httpx.post(base + "/api/generate", timeout=30, json={
+            "prompt": "hi", "stream": False, "options": {"num_predict": 1}})
+        assert r.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert f"flash-attn {fa} " in err, err
 
 
 def test_serve_on_a_busy_port_is_one_clear_line(tiny_llama: Path) -> None:

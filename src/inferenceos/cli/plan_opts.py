@@ -42,6 +42,31 @@ KvQualityOpt = Annotated[str | None, typer.Option(
     "--kv-quality", callback=_check_kv_quality,
     help="Lowest KV cache precision the plan may lower to when memory is short: f16, "
     "q8_0, q4_0 (default: the config's plan.kv_quality, q4_0)")]
+def _check_flash_attn(value: str) -> str:
+    v = value.strip().lower()
+    if v not in ("on", "off", "auto"):
+        raise typer.BadParameter(f"{value!r}: one of on, off, auto")
+    return v
+
+
+FlashAttnOpt = Annotated[str, typer.Option(
+    "--flash-attn", callback=_check_flash_attn,
+    help="Flash attention: on, off, auto (the plan's choice: on, except off for served "
+    "conversations on the CPU alone)")]
+
+
+def flash_attn_choice(value: str, reads_attention: bool = False) -> bool | None:
+    """--flash-attn as LoadRequest.flash_attn (None: auto). A KV policy that reads
+    attention probabilities (H2O) needs it off: UsageError when it was asked on."""
+    from inferenceos.errors import UsageError
+
+    asked = {"on": True, "off": False}.get(value.strip().lower())
+    if reads_attention and asked:
+        raise UsageError("this KV policy reads attention probabilities, which llama.cpp "
+                         "has only without flash attention: drop --flash-attn on")
+    return False if reads_attention else asked
+
+
 DraftOpt = Annotated[str | None, typer.Option(
     "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")]
 MmprojOpt = Annotated[str | None, typer.Option(

@@ -19,11 +19,13 @@ from inferenceos.cli.plan_opts import (
     CacheTypeKOpt,
     CacheTypeVOpt,
     DraftOpt,
+    FlashAttnOpt,
     GpuLayersOpt,
     KvQualityOpt,
     MmprojOpt,
     PolicyOpt,
     ThreadsOpt,
+    flash_attn_choice,
     load_request,
 )
 from inferenceos.engine.generation import GenerationMetrics
@@ -177,6 +179,7 @@ def run(
     backend: BackendOpt = None,
     cache_type_k: CacheTypeKOpt = None,
     cache_type_v: CacheTypeVOpt = None,
+    flash_attn: FlashAttnOpt = "auto",
     policy: PolicyOpt = "balanced",
     kv_quality: KvQualityOpt = None,
     kv_policy: Annotated[str, typer.Option(
@@ -241,8 +244,8 @@ def run(
         image_tokens=n_media, kv_quality=kv_quality,
     )
     probe = _policy_probe(spec, kv_policy)
-    if probe is not None:  # H2O reads attention, which exists only without flash attention
-        req = replace(req, flash_attn=False)
+    # H2O reads attention, which exists only without flash attention
+    req = replace(req, flash_attn=flash_attn_choice(flash_attn, probe is not None))
     with LoadedModel(spec.path, _plan_settings(spec.path, req),
                      eval_callback=probe.callback if probe else None) as lm, \
             _encoder(lm, projector.path if projector else None) as encoder:

@@ -17,10 +17,12 @@ from inferenceos.cli.plan_opts import (
     CacheTypeKOpt,
     CacheTypeVOpt,
     DraftOpt,
+    FlashAttnOpt,
     GpuLayersOpt,
     MmprojOpt,
     PolicyOpt,
     ThreadsOpt,
+    flash_attn_choice,
     load_request,
 )
 
@@ -218,6 +220,7 @@ def serve(
     backend: BackendOpt = None,
     cache_type_k: CacheTypeKOpt = None,
     cache_type_v: CacheTypeVOpt = None,
+    flash_attn: FlashAttnOpt = "auto",
     policy: PolicyOpt = "balanced",
     kv_policy: Annotated[str, typer.Option(
         "--kv-policy", help="KV cache eviction: none, streaming, h2o (requests may pick)")
@@ -281,20 +284,22 @@ def serve(
     catalog = Catalog(ModelStore(cfg.models_dir))
     settings = dataclasses.replace(settings,
                                    default_model=_default_model(model, catalog, mmproj))
+    kv_cache = kv_cache_kw(kv_cache_ram, kv_cache_disk, cfg,
+                           parse_size(memory_budget) if memory_budget else None)
     base = load_request(
         ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
         ram=ram, gpu_memory=gpu_memory,
-        flash_attn=False if _reads_attention(kv_policy) else None,
+        flash_attn=flash_attn_choice(flash_attn, _reads_attention(kv_policy)),
+        # returning turns restore their history from the KV cache (plan/flash_attn.py)
+        cached_turns=kv_cache["kv_cache_ram"] > 0 or kv_cache["kv_cache_disk"] > 0,
     )
     base.validate()
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
     manager_pins = [catalog.resolve(p).name for p in pinned]
     manager = ModelManager(
         catalog.resolve, factory=engine_factory(
-            queue, draft=draft, kv_policy=kv_policy,
-            **kv_cache_kw(kv_cache_ram, kv_cache_disk, cfg,
-                          parse_size(memory_budget) if memory_budget else None)),
+            queue, draft=draft, kv_policy=kv_policy, **kv_cache),
         budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
         base=base, slots=parallel, keep_alive_s=keep_alive,
         max_loaded=max_models or None, pinned=manager_pins,

@@ -31,6 +31,7 @@ from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.model.projector import ProjectorFacts, load_projector
 from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine, Overrides, apply_overrides, with_workers
+from inferenceos.plan.flash_attn import off_by_default, prefer_without
 from inferenceos.plan.forced import force_gpu_layers
 from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.model_facts import ModelFacts
@@ -59,7 +60,10 @@ class LoadRequest:
     n_batch: int = 0
     type_k: str | None = None
     type_v: str | None = None
-    flash_attn: bool | None = None
+    flash_attn: bool | None = None  # None: the planner's choice (plan/flash_attn.py)
+    # prompts mostly arrive as a few new tokens after a history the KV cache holds
+    # (`serve` with its tiered cache): on the CPU alone that plans without flash attention
+    cached_turns: bool = False
     gpu_layers: int | None = None  # force llama.cpp's n_gpu_layers (Ollama's num_gpu)
     backend: str | None = None  # "auto", "cpu", or an accelerator (CUDA0, GPU0, Metal...)
     need_tokens: int = 0  # prompt + output the context should hold (one sequence)
@@ -223,6 +227,8 @@ def _plan_text(
     changes += [Change("worker left out", why) for why in machine.lost]
     n, pinned, ctx_changes = _context(facts, req)
     changes += ctx_changes
+    fa_off = req.flash_attn is None and off_by_default(
+        machine, req.cached_turns, req.type_v or "f16")
     ctx = ContextSettings(
         n_ctx=n * req.n_seq,
         n_seq=req.n_seq,
@@ -230,8 +236,9 @@ def _plan_text(
         type_v=req.type_v or "f16",
         # on by default, as llama.cpp's own "auto" resolves on its CPU, CUDA and Metal
         # backends: 2 % faster decode for Gemma 3 270M on 2 threads here (paired
-        # rounds), and a quantized V cache needs it anyway
-        flash_attn=True if req.flash_attn is None else req.flash_attn,
+        # rounds), and a quantized V cache needs it anyway; off first for cached turns
+        # on the CPU alone (plan/flash_attn.py)
+        flash_attn=(not fa_off) if req.flash_attn is None else req.flash_attn,
         swa_full=req.swa_full or req.n_seq > 1,
         kv_unified=req.n_seq > 1,  # the engine's sequences share one pool of cells
     )
@@ -244,12 +251,16 @@ def _plan_text(
             why = fewer_threads_reason(req.cpu_load) or "fewer free cores"
             changes.append(Change(f"threads {machine.cpu.threads} → {threads}", why))
     cal = calibration or machine_calibration()
-    plan = make_plan(
-        facts, machine, ctx, threads=threads, pinned_ctx=pinned,
-        quantize_kv=req.type_k is None and req.type_v is None,
-        kv_floor=_kv_floor(req), need_tokens=req.need_tokens + req.image_tokens,
-        calibration=cal, objective=_objective(req), explain=req.explain,
-    )
+
+    def optimize(c: ContextSettings) -> Plan:
+        return make_plan(
+            facts, machine, c, threads=threads, pinned_ctx=pinned,
+            quantize_kv=req.type_k is None and req.type_v is None,
+            kv_floor=_kv_floor(req), need_tokens=req.need_tokens + req.image_tokens,
+            calibration=cal, objective=_objective(req), explain=req.explain,
+        )
+
+    plan = prefer_without(optimize, ctx) if fa_off else optimize(ctx)
     plan = size_ubatch(facts, machine, plan, cal)
     if req.n_batch:
         ctx = replace(plan.ctx, n_batch=req.n_batch, n_ubatch=min(req.n_batch, plan.ctx.n_ubatch))
