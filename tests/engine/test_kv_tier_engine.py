@@ -154,10 +154,54 @@ def test_a_resize_keeps_the_conversation(tiny_llama: Path, tmp_path: Path,
     assert out == expected and cached >= len(first)
 
 
+def test_a_resize_goes_through_the_store(tiny_llama: Path, tmp_path: Path,
+                                         conversation: tuple[list[int], ...]) -> None:
+    """A resize that keeps the KV layout carries no slot state in the context: the idle
+    conversation is an entry of the store, and the next turn restores it from the RAM
+    tier (a store hit), where a carried slot would have been a hot hit."""
+    first, second, expected = conversation
+    with engine(tiny_llama, tmp_path / "kv") as e:
+        turn(e, first)
+        info = e.resize(1024)
+        out, cached = turn(e, second)
+        s = kv_stats(e)
+    assert info["carried"] == 1  # one conversation kept (in the store)
+    assert out == expected and cached >= len(first)
+    assert s["hits_ram"] == 1 and s["hits_hot"] == 0
+
+
+def test_a_migration_moves_idle_conversations_through_the_store(
+        tiny_llama: Path, tmp_path: Path, conversation: tuple[list[int], ...]) -> None:
+    """A live migration to a new worker with the same KV layout sends no idle prefix
+    down the pipe: the old worker stores it (and writes it before it exits), the new
+    one restores it from the disk tier."""
+    first, second, expected = conversation
+    with engine(tiny_llama, tmp_path / "kv") as e:
+        turn(e, first)
+        info = e.migrate(SETTINGS)
+        out, cached = turn(e, second)
+        s = kv_stats(e)
+    assert info["prefixes"] == 0 and info["kv_bytes"] == 0  # nothing through the pipe
+    assert out == expected and cached >= len(first) and s["hits_disk"] == 1
+
+
+def test_a_ram_only_store_still_carries_idle_prefixes_across_a_migration(
+        tiny_llama: Path, tmp_path: Path, conversation: tuple[list[int], ...]) -> None:
+    """Without a disk tier the old worker's entries die with it: the idle prefix goes
+    down the pipe as before, and the next turn still reuses it."""
+    first, second, expected = conversation
+    with engine(tiny_llama, tmp_path / "kv", disk=0) as e:
+        turn(e, first)
+        info = e.migrate(SETTINGS)
+        out, cached = turn(e, second)
+    assert info["prefixes"] == 1 and info["kv_bytes"] > 0
+    assert out == expected and cached >= len(first)
+
+
 def test_a_resize_leaves_the_conversation_in_the_disk_tier(
         tiny_llama: Path, tmp_path: Path, conversation: tuple[list[int], ...]) -> None:
-    """The resize carries the slot in the context and its entry is in the store: a
-    worker that dies after the resize still finds the conversation on disk."""
+    """The resize keeps the conversation as a store entry, written to disk: a worker
+    that dies after the resize still finds it there."""
     first, second, expected = conversation
     with engine(tiny_llama, tmp_path / "kv") as e:
         turn(e, first)

@@ -80,6 +80,24 @@ def store_slot(sched: Any, store: KVStore, slot: Slot) -> None:
     store.put(list(slot.cached), data, len(slot.cached) * s_per_token)
 
 
+def store_idle(sched: Any, store: KVStore, durable: bool = False) -> list[Slot]:
+    """Put every idle cached slot's state into `store` (finished turns still waiting
+    first): what a resize or a migration hands over through the store instead of
+    carrying it. Returns the idle cached slots the store does not now hold (too short,
+    no tier with room, or with `durable`, an entry in RAM only, which dies with this
+    worker): the caller carries those itself."""
+    sched.store_finished()
+    left = []
+    for slot in sched.slots:
+        if slot.busy or not slot.cached:
+            continue
+        store_slot(sched, store, slot)
+        e = store.entries.get(entry_id(store.key, np.asarray(slot.cached, dtype=np.int32)))
+        if e is None or (durable and e.disk is None and not e.writing):
+            left.append(slot)
+    return left
+
+
 def set_checkpoint(sched: Any, store: KVStore, seq: Any) -> None:
     """Give the newly admitted `seq` its prompt's branch point (KVStore.branch_point) as
     its checkpoint: the prefill stops there once and the state of that shared prefix

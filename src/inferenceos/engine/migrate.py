@@ -7,7 +7,10 @@ cells' bytes (`llama_state_seq_get_data`), how much of the prompt is prefilled, 
 token sampled but not yet evaluated (`pending`), and the output processor's state (the
 UTF-8 decoder's held bytes, stop-string hold-back, metrics and clocks). Queued requests
 move as they are; idle cached prefixes (prefix reuse, server sessions) move with
-`slot_state`.
+`slot_state`, or, where the worker keeps a tiered KV cache with a disk tier, as its
+entries: the old worker stores them (and finishes writing them as it exits), the new
+one restores them from disk when a prompt asks (the same entries as every other
+transition's).
 
 On import the sequence resumes exactly where it stopped: the KV bytes go into a free
 slot, the sampler chain is rebuilt and re-accepts the generated tokens (grammar and
@@ -35,10 +38,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferenceos.engine.generation import GenerationMetrics
+from inferenceos.engine.kv_store import KVStore
+from inferenceos.engine.kv_tiers import store_idle
 from inferenceos.engine.messages import Event
 from inferenceos.engine.running import Request, RunningSequence
 from inferenceos.engine.scheduler import Scheduler
 from inferenceos.engine.slot_state import import_slot
+from inferenceos.engine.slots import Slot
 from inferenceos.errors import InferenceOSError, UsageError
 
 __all__ = ["LiveState", "SeqState", "export_live", "import_live", "live_need"]
@@ -100,16 +106,20 @@ def live_need(sched: Scheduler) -> int:
     return min(need, sched.n_ctx_slot)
 
 
-def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
+def export_live(sched: Scheduler, prefixes: bool = True,
+                store: KVStore | None = None) -> LiveState:
     """Detach every running and queued request from `sched` (no event is emitted for
     them: their streams continue wherever the state is imported) and copy out idle
-    cached prefixes when `prefixes`."""
+    cached prefixes when `prefixes`. With `store` (a tiered KV cache with a disk tier,
+    which the importing worker reads too), idle prefixes become its entries instead
+    and only those it could not take are copied out (kv_tiers.store_idle)."""
     if any(r.media for r in [*sched.queue, *(s.req for s in sched.running)]):
         # their media chunks live in this worker's projector context (not picklable)
         raise UsageError("requests with images or audio in flight cannot migrate yet")
     state = LiveState()
     if prefixes:  # before the running ones are detached: their released slots are not idle prefixes
-        state.prefixes = _idle_prefixes(sched)
+        left = store_idle(sched, store, durable=True) if store is not None else None
+        state.prefixes = _idle_prefixes(sched, left)
     for seq in list(sched.running):
         sched.table.unpark(seq.slot)
         kv = sched.model.save_sequence(seq.slot.index) if seq.slot.cached else None
@@ -132,11 +142,13 @@ def export_live(sched: Scheduler, prefixes: bool = True) -> LiveState:
     return state
 
 
-def _idle_prefixes(sched: Scheduler) -> list[tuple[list[int], bytes]]:
-    """Each idle slot's cached prefix, as it is (slot_state.export_slot would pick the
-    slot sharing the longest prefix, and trim another one down to a shorter one)."""
+def _idle_prefixes(sched: Scheduler,
+                   only: list[Slot] | None = None) -> list[tuple[list[int], bytes]]:
+    """Each idle slot's cached prefix (of the slots in `only`, when given), as it is
+    (slot_state.export_slot would pick the slot sharing the longest prefix, and trim
+    another one down to a shorter one)."""
     out = []
-    for slot in sched.slots:
+    for slot in sched.slots if only is None else only:
         if not slot.busy and slot.cached:
             sched.table.unpark(slot)
             out.append((list(slot.cached), sched.model.save_sequence(slot.index)))

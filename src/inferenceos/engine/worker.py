@@ -196,12 +196,18 @@ def _open_store(cfg: WorkerConfig, spec: ModelSpec,
     0. Partial prefixes are restored only when every layer keeps all its cells."""
     if not cfg.keeps_kv_cache:
         return None
-    from inferenceos.engine.kv_key import model_key
     from inferenceos.engine.kv_store import KVStore
 
     windowed = any(layer.is_swa for layer in spec.layers) and not settings.swa_full
-    return KVStore(model_key(cfg.path, settings), cfg.kv_cache_dir, cfg.kv_cache_ram,
+    return KVStore(_store_key(cfg, settings), cfg.kv_cache_dir, cfg.kv_cache_ram,
                    cfg.kv_cache_disk, partial=not windowed)
+
+
+def _store_key(cfg: WorkerConfig, settings: LlamaParams) -> str:
+    """The KV cache key of this model loaded with `settings` (engine/kv_key.py)."""
+    from inferenceos.engine.kv_key import model_key
+
+    return model_key(cfg.path, settings)
 
 
 def _step(sched: Scheduler) -> list[FromWorker]:
@@ -284,19 +290,30 @@ class _Runtime:
 
     def _resize(self, settings: LlamaParams, n_slots: int, t0: float) -> WorkerInfo:
         """A new context of `settings` (n_ctx counts all slots) on the same weights;
-        each cached slot's KV state is carried over, so its conversation continues
-        without prefilling again."""
+        each cached slot's conversation continues without prefilling again. Where the
+        tiered KV cache is kept and its key stays (the KV layout is unchanged), the
+        slots go through it: they become entries, restored when a prompt asks. Else
+        (or for a slot the store cannot take) the state is carried into the new
+        context; a store whose key changed is reopened under the new one."""
+        from inferenceos.engine.kv_tiers import store_idle
         from inferenceos.engine.slot_state import export_slot, import_slot
 
         sched = self.awake()
-        saved = [export_slot(sched, list(slot.cached)) for slot in sched.slots if slot.cached]
+        effective = (replace(settings, flash_attn=self.lm.settings.flash_attn)
+                     if self.probe else settings)
+        store, cached = self.kv_store, [s for s in sched.slots if s.cached]
+        same_key = store is not None and _store_key(self.cfg, effective) == store.key
+        left = store_idle(sched, store) if same_key and store is not None else cached
+        saved = [export_slot(sched, list(slot.cached)) for slot in left]
         sched.close()
         self.sched = None
         self.cfg = replace(self.cfg, settings=settings, n_slots=n_slots)
-        self.lm.open_context(replace(settings, flash_attn=self.lm.settings.flash_attn)
-                             if self.probe else settings)
+        self.lm.open_context(effective)
+        if store is not None and not same_key:
+            store.close()
+            self.kv_store = _open_store(self.cfg, self.spec, effective)
         self.sched = self._scheduler()
-        carried = 0
+        carried = len(cached) - len(left)
         for item in saved:
             if item is not None and len(item[0]) < self.sched.n_ctx_slot:
                 carried += 1 if import_slot(self.sched, item[0], item[1]) else 0
@@ -411,9 +428,10 @@ def _migrate(msg: ExportLive | ImportLive | LiveNeed | SetThreads,
                 return [Result(rid, _set_threads(rt, msg.n))]
             case LiveNeed():
                 return [Result(rid, live_need(rt.sched) if rt.sched is not None else 0)]
-            case ExportLive():
-                return [Result(rid, export_live(rt.sched) if rt.sched is not None
-                               else LiveState())]
+            case ExportLive():  # idle prefixes through a store the next worker reads
+                store = rt.kv_store if rt.kv_store is not None and rt.kv_store.dir else None
+                return [Result(rid, export_live(rt.sched, store=store)
+                               if rt.sched is not None else LiveState())]
         result = import_live(rt.awake(), msg.state)
         events: list[FromWorker] = result.pop("events")
         return [*events, Result(rid, result)]
