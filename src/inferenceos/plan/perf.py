@@ -216,6 +216,8 @@ def decode_cost(
     for dev in machine.devices:
         load = placement.decode_load(dev.name)
         kv_read = kv_tok * load.layers * _kv_span(facts, ctx, n_past)
+        if dev.computes_like_cpu:
+            kv_read *= _cpu_kv_reads(facts)
         flops = 2.0 * load.active_params + 4.0 * load.layers * _attn_width(facts) * n_past
         if load.bytes_read + kv_read <= 0:
             continue
@@ -337,6 +339,19 @@ def _attn_width(facts: ModelFacts) -> int:
     """FLOP width of attention per cached token per layer: n_head·(d_k + d_v)/2."""
     s = facts.spec
     return max(s.head_count, 1) * (s.key_length + s.value_length) // 2
+
+
+def _cpu_kv_reads(facts: ModelFacts) -> float:
+    """How many times a CPU decode step goes through each cached K/V row: once per query
+    head (n_head / n_head_kv with grouped-query attention). llama.cpp's CPU attention
+    walks the cache per query head, not once per group, so a step's cost grows with
+    depth as if the cache were that many times larger. Measured (llama-bench, 2
+    threads, tg64 at depth 0 and 512): Gemma 3 270M +2.0 ms per token (4 query heads
+    per KV head), Qwen2.5-Coder-0.5B +1.7 ms (7), 1.5B +3.5-5.4 ms (6): the cache's
+    bytes times the ratio at the calibrated rate predict +1.5, +1.8 and +3.5 ms, the
+    cache's bytes alone a seventh to a quarter of that."""
+    s = facts.spec
+    return max(s.head_count, 1) / max(s.head_count_kv or s.head_count, 1)
 
 
 def _kv_span(facts: ModelFacts, ctx: ContextSettings, n_past: int) -> float:
