@@ -132,9 +132,14 @@ TYPE_COST = {
 # The same for prefill's matrix-matrix kernels, per parameter (1-thread CPU time of a
 # 64-token ubatch over the same one-type probes): k-quants and q4_0 have fast paths,
 # q4_1 / q5_1 do not. Gemma 3 270M's q5_0 body costs ~1.07x the stand-in probe's mix.
+# Q4_0, Q4_K, Q5_0 and Q6_K re-measured where prefill runs (2026-12-05): 512-token
+# ubatches at 2 threads, Qwen2.5-Coder-1.5B requantized to each type alone
+# (llama_model_quantize, pure), llama-bench pp512 against its Q8_0: 77.9 t/s for q8_0,
+# 98.7 q4_0, 63.6 q5_0, 97.6 q4_K, 132.3 q6_K. The 64-token figures had q4_0 and q4_K
+# 1.4-1.7x too fast, which put the Q4_K_M 1.5B's predicted prefill 29-31 % high.
 GEMM_TYPE_COST = {
-    "Q8_0": 1.0, "Q4_0": 0.47, "Q4_1": 2.11, "Q5_0": 1.24, "Q5_1": 2.34, "Q2_K": 0.73,
-    "Q3_K": 0.48, "Q4_K": 0.57, "Q5_K": 0.4, "Q6_K": 0.49, "F16": 0.75, "BF16": 0.51,
+    "Q8_0": 1.0, "Q4_0": 0.79, "Q4_1": 2.11, "Q5_0": 1.22, "Q5_1": 2.34, "Q2_K": 0.73,
+    "Q3_K": 0.48, "Q4_K": 0.80, "Q5_K": 0.4, "Q6_K": 0.59, "F16": 0.75, "BF16": 0.51,
     "F32": 0.75,
 }
 BYTES_PER_PARAM = {
