@@ -20,6 +20,15 @@ def test_served_conversations_on_the_cpu_plan_without_it() -> None:
     assert plan.params().flash_attn == 0  # what the engine loads
 
 
+def test_without_it_the_cpu_ubatch_is_at_most_256() -> None:
+    """K·Q of a whole ubatch goes through memory without flash attention: the plan
+    halves the ubatch it would take with it (microbatch.MAX_UBATCH_WITHOUT_FA)."""
+    on = plan_load(FACTS, machine(), LoadRequest(n_ctx=4096))
+    off = plan_load(FACTS, machine(), LoadRequest(n_ctx=4096, cached_turns=True))
+    assert on.ctx.n_ubatch == 512 and off.ctx.n_ubatch == 256
+    assert off.ctx.n_batch == 512  # one llama_decode still takes 512 tokens
+
+
 def test_it_stays_on_with_an_accelerator_or_a_quantized_v_cache() -> None:
     assert _fa(LoadRequest(n_ctx=4096, cached_turns=True), gpus=(8 * GiB,)) is True
     assert _fa(LoadRequest(n_ctx=4096, cached_turns=True, type_k="q8_0",

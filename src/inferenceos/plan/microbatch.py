@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 CANDIDATES = (32, 64, 128, 256, 512, 1024, 2048)
 MIN_GAIN = 0.05
 DEFAULT_BATCH = 512
+# Without flash attention on the CPU, each layer writes, soft-maxes and reads back the
+# K·Q scores of the whole ubatch (n_kv × ubatch × heads × 4 B: 57 MB for Qwen 0.5B at
+# 2,000 cells and 512 tokens, past a 32 MB L3). Halving the ubatch kept them closer:
+# `run --flash-attn off`, 4,130-token prompt, 2 threads, 2 rounds (2026-12-05): Qwen
+# 0.5B 143.6 t/s at 512, 154.7 at 256, 149 at 128 (158.4 with flash attention at 512);
+# the 1.5B 73.2 at 512, 75.3 at 256; a 520-token prompt no slower at 256 (0.5B 214 /
+# 225, Gemma 3 270M 631 / 639). The cost model has no cache term, so this is a cap.
+MAX_UBATCH_WITHOUT_FA = 256
 
 
 def choose_ubatch(
@@ -73,7 +81,8 @@ def size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibratio
         c = prefill_cost(facts, plan.placement, machine, plan.ctx, n_ub, n_ub, cal, plan.threads)
         return n_ub / c.seconds
 
-    ctx = choose_ubatch(facts, plan.ctx, headroom, tps)
+    cap = 512 if plan.ctx.flash_attn or plan.accelerators else MAX_UBATCH_WITHOUT_FA
+    ctx = choose_ubatch(facts, plan.ctx, headroom, tps, max_ubatch=cap)
     if ctx == plan.ctx:
         return plan
     memory = estimate(facts, plan.placement, machine, ctx)
