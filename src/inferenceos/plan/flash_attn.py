@@ -7,8 +7,10 @@ that are a few new tokens over a deep cached history. There llama.cpp's CPU flas
 attention computes each new row 30-70 % slower than the plain K·Q path (llama-bench
 `pp11 @ d4096`, 2 threads: Qwen2.5-Coder-0.5B 46.4 t/s with it, 66.8 without; the 1.5B
 20.0 against 34.3; Gemma 3 270M 217 against 296), while a long prompt from nothing
-prefills 5-8 % faster with it (`pp4096`: 148 against 137 t/s on the 0.5B) and decode
-is within noise either way at depth. So on a CPU-only machine, with an f16 V cache,
+prefills 5-8 % faster with it (`pp4096`: 148 against 137 t/s on the 0.5B; 2 % after
+microbatch.MAX_UBATCH_WITHOUT_FA) and decode is within the noise for Qwen at depth, ~5 %
+slower without it for Gemma. So on a CPU-only machine, with a V cache that is not
+quantized,
 `cached_turns` plans without it (docs/plan.md, "Flash attention").
 
 Without flash attention the compute buffer holds K·Q for a whole ubatch (n_kv × ubatch ×
