@@ -22,7 +22,7 @@ from inferenceos.cli.simulate_cmd import (
     RamBwOpt,
     RamOpt,
     ThreadsOpt,
-    options_machine,
+    machine_from_options,
     simulate_model,
 )
 from inferenceos.plan.plan import Plan
@@ -52,10 +52,8 @@ def placement(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
 ) -> None:
     """Show which device holds each layer and its experts, and each device's budget."""
-    local = not (hardware or gpu_memory or ram or ram_bandwidth or gpu_bandwidth)
-    machine = options_machine(
-        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc,
-        local=local,
+    machine = machine_from_options(
+        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
     )
     pred = simulate_model(model, machine, 512, 128, ctx, "f16", threads,
                           kv_quality=kv_quality, explain=explain)

@@ -64,7 +64,14 @@ def machine_from_options(
     rpc: list[str] | None = None,
 ) -> Machine:
     """The Machine the options describe (shared by `simulate` and `placement`), with
-    the devices of the `--rpc` workers (or the `cluster.rpc` setting's)."""
+    the devices of the `--rpc` workers (or the `cluster.rpc` setting's). When they
+    describe this machine as it is (`this_machine`), a data dir that never measured it
+    calibrates itself first (once, one line on stderr). First: the probe measures the
+    RAM bandwidth its calibration is fitted against, and a machine read before it
+    assumed 20 GB/s instead (Qwen 0.5B's first prediction was 19.5 t/s decode against
+    61.5 from the same calibration a second later)."""
+    if this_machine(hardware, gpu_memory, ram, ram_bandwidth, gpu_bandwidth):
+        self_calibrate(lambda line: err.print(f"[dim]{line}[/]"))
     base = load_profile_file(hardware) if hardware else local_machine()
     base = with_workers(base, rpc_workers(rpc))
     return apply_overrides(
@@ -80,15 +87,11 @@ def machine_from_options(
     )
 
 
-def options_machine(*options: Any, local: bool) -> Machine:
-    """`machine_from_options(*options)`; for this machine as it is (`local`), a data dir
-    that never measured it calibrates itself first (once, one line on stderr). First:
-    the probe measures the RAM bandwidth its calibration is fitted against, and a
-    machine read before it assumed 20 GB/s instead (Qwen 0.5B's first prediction was
-    19.5 t/s decode against 61.5 from the same calibration a second later)."""
-    if local:
-        self_calibrate(lambda line: err.print(f"[dim]{line}[/]"))
-    return machine_from_options(*options)
+def this_machine(hardware: str | None, gpu_memory: list[str] | None, ram: str | None,
+                 ram_bandwidth: float | None, gpu_bandwidth: float | None) -> bool:
+    """Whether the options describe this machine as it is (no profile file, no
+    hypothetical memory or rates): its calibration and recorded runs apply."""
+    return not (hardware or gpu_memory or ram or ram_bandwidth or gpu_bandwidth)
 
 
 def simulate(
@@ -149,10 +152,9 @@ def simulate(
     ] = False,
 ) -> None:
     """Predict memory, speed and the bottleneck of running MODEL, without loading it."""
-    local = not (hardware or gpu_memory or ram or ram_bandwidth or gpu_bandwidth)
-    machine = options_machine(
-        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc,
-        local=local,
+    local = this_machine(hardware, gpu_memory, ram, ram_bandwidth, gpu_bandwidth)
+    machine = machine_from_options(
+        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
     )
     try:
         pred = simulate_model(

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from inferenceos.engine.kv_store import KVStore, entry_id
+from inferenceos.engine.kv_store import Entry, KVStore, entry_id
 from inferenceos.engine.slots import Slot
 from inferenceos.errors import GenerationError
 
@@ -68,16 +68,17 @@ class PendingStores:
         return slots
 
 
-def store_slot(sched: Any, store: KVStore, slot: Slot) -> None:
+def store_slot(sched: Any, store: KVStore, slot: Slot) -> Entry | None:
     """Put the state of the idle `slot`'s cached tokens into `store` (its parked bytes
-    when it is parked: the same state, already copied out)."""
+    when it is parked: the same state, already copied out); the entry `KVStore.put`
+    returned (None: it took nothing; a RAM-only one may be evicted again at once)."""
     if slot.busy or len(slot.cached) < store.min_tokens:
-        return
+        return None
     data = sched.table.parked.get(slot.index)
     if data is None:
         data = sched.model.save_sequence(slot.index)
     s_per_token = sched.s_per_token or DEFAULT_S_PER_TOKEN
-    store.put(list(slot.cached), data, len(slot.cached) * s_per_token)
+    return store.put(list(slot.cached), data, len(slot.cached) * s_per_token)
 
 
 def store_idle(sched: Any, store: KVStore, durable: bool = False) -> list[Slot]:
@@ -91,9 +92,9 @@ def store_idle(sched: Any, store: KVStore, durable: bool = False) -> list[Slot]:
     for slot in sched.slots:
         if slot.busy or not slot.cached:
             continue
-        store_slot(sched, store, slot)
-        e = store.entries.get(entry_id(store.key, np.asarray(slot.cached, dtype=np.int32)))
-        if e is None or (durable and e.disk is None and not e.writing):
+        e = store_slot(sched, store, slot)
+        gone = e is None or store.entries.get(e.id) is not e  # (evicted again to fit RAM)
+        if gone or (durable and e is not None and e.disk is None and not e.writing):
             left.append(slot)
     return left
 

@@ -10,8 +10,7 @@ attention computes each new row 30-70 % slower than the plain K·Q path (llama-b
 prefills 5-8 % faster with it (`pp4096`: 148 against 137 t/s on the 0.5B; 2 % after
 microbatch.MAX_UBATCH_WITHOUT_FA) and decode is within the noise for Qwen at depth, ~5 %
 slower without it for Gemma. So on a CPU-only machine, with a V cache that is not
-quantized,
-`cached_turns` plans without it (docs/plan.md, "Flash attention").
+quantized, `cached_turns` plans without it (docs/plan.md, "Flash attention").
 
 Without flash attention the compute buffer holds K·Q for a whole ubatch (n_kv × ubatch ×
 heads × 4 B: plan/memory.py charges it). A plan never gives up quality for that: when
@@ -33,8 +32,8 @@ from inferenceos.plan.preflight import PlanRefused
 
 def off_by_default(machine: Machine, cached_turns: bool, type_v: str) -> bool:
     """True when a plan with no asked flash attention should first try without it: a
-    CPU-only machine (no GPU, no RPC worker), turns over a cached history, an f16 V
-    cache (a quantized one needs flash attention)."""
+    CPU-only machine (no GPU, no RPC worker), turns over a cached history, a V cache
+    that is not quantized (a quantized one needs flash attention)."""
     return cached_turns and not machine.accelerators and type_v not in QUANTIZED_KV
 
 
