@@ -10,6 +10,9 @@ import pytest
 
 from inferenceos.hardware.profile import LlamaSpeed
 from inferenceos.plan.calibration import (
+    PRIOR,
+    RAM_EFFICIENCY,
+    STAND_IN_DECODE_SLOWER,
     observation,
     probe_calibration,
     quant_family,
@@ -22,9 +25,11 @@ from inferenceos.telemetry.calibration import Observation, fit_learned
 from plan_factories import machine, make_facts
 
 
-def _speed(decode_s: float = 0.32, prefill_s: float = 0.5) -> LlamaSpeed:
+def _speed(decode_s: float = 0.32, prefill_s: float = 0.5,
+           probe: str = "built-in model probe.gguf") -> LlamaSpeed:
+    """A probe record; by default from a real model (the measurement is its own)."""
     return LlamaSpeed("probe.gguf", threads=2, prompt_tokens=256, prefill_s=prefill_s,
-                      decode_tokens=32, decode_s=decode_s)
+                      decode_tokens=32, decode_s=decode_s, probe=probe)
 
 
 def test_probe_fit_reproduces_the_probe_measurement() -> None:
@@ -229,7 +234,7 @@ def test_the_probe_fit_transfers_by_size_and_by_tensor_types() -> None:
     ratio = read(deep) / read(probe)
     assert per_token(deep) / base == pytest.approx(ratio, rel=0.05)
     # the same bytes in q5_0, whose kernels are slower per byte, take longer
-    assert per_token(_typed(probe, {"Q5_0": 1.0})) / base == pytest.approx(1.52, rel=0.05)
+    assert per_token(_typed(probe, {"Q5_0": 1.0})) / base == pytest.approx(1.70, rel=0.05)
 
 
 def test_a_probe_at_two_thread_counts_separates_kernels_from_memory() -> None:
@@ -245,21 +250,40 @@ def test_a_probe_at_two_thread_counts_separates_kernels_from_memory() -> None:
         mt = replace(m, devices=(replace(m.cpu, threads=threads),))
         return decode_cost(facts, place(facts, mt, ctx, {}), mt, ctx, 268, cal, threads).seconds
 
-    def speed(t2: float, t1: float) -> LlamaSpeed:
+    def speed(t2: float, t1: float, probe: str = "built-in model p.gguf") -> LlamaSpeed:
         return LlamaSpeed("p.gguf", threads=2, prompt_tokens=256, prefill_s=0.5,
-                          decode_tokens=24, decode_s=24 * t2, decode_s_1thread=24 * t1)
+                          decode_tokens=24, decode_s=24 * t2, decode_s_1thread=24 * t1,
+                          probe=probe)
 
-    # a second thread gained nothing: memory-bound, so four threads gain nothing either
+    # a second thread gained 1.1x on a probe far from the RAM's bandwidth: the kernels
+    # scale by 2 ** 0.14, and four threads are promised 4 ** 0.14 (1.2x), not nothing
     flat = probe_calibration(speed(0.010, 0.011), facts, m)
+    assert flat.cpu_bw_efficiency == RAM_EFFICIENCY
+    assert flat.decode_thread_scaling == pytest.approx(math.log2(1.1), abs=0.02)
     assert at(flat, 2) == pytest.approx(0.010, rel=0.02)
     assert at(flat, 1) == pytest.approx(0.011, rel=0.02)
-    assert at(flat, 4) == pytest.approx(0.010, rel=0.02)
-    # it halved the time: the kernels were the limit, and one thread takes twice as long
+    assert at(flat, 4) == pytest.approx(0.011 / 1.1**2, rel=0.03)
+    # it halved the time: linear, and four threads halve it again (memory is far)
     scaled = probe_calibration(speed(0.005, 0.010), facts, m)
+    assert scaled.decode_thread_scaling == pytest.approx(1.0)
     assert at(scaled, 2) == pytest.approx(0.005, rel=0.02)
     assert at(scaled, 1) == pytest.approx(0.010, rel=0.02)
-    # memory is only known to be at least that fast: more threads are not promised more
-    assert at(scaled, 4) == pytest.approx(0.005, rel=0.02)
+    assert at(scaled, 4) == pytest.approx(0.0025, rel=0.03)
+    # two threads read faster than RAM_EFFICIENCY of the bandwidth allows: memory is
+    # faster than assumed, and the fit says how much (never past the measured rate)
+    t2 = at(replace(PRIOR, cpu_bw_efficiency=0.9, gemv_gbps_per_thread=1e3), 2)
+    fast = probe_calibration(speed(t2, 1.6 * t2), facts, m)
+    assert fast.decode_thread_scaling == 1.0
+    assert fast.cpu_bw_efficiency == pytest.approx(0.9, rel=0.02)
+    assert at(fast, 2) == pytest.approx(t2, rel=0.02)
+    faster = probe_calibration(speed(t2 / 2, 1.6 * t2), facts, m)
+    assert faster.cpu_bw_efficiency == 1.0
+    # the synthetic stand-in decodes faster than a real model of its shapes: the fit
+    # promises the real model's speed, by the measured factors
+    stand_in = probe_calibration(speed(0.010, 0.011, probe="synthetic"), facts, m)
+    slow_one, slow_many = STAND_IN_DECODE_SLOWER
+    assert at(stand_in, 1) == pytest.approx(0.011 * slow_one, rel=0.02)
+    assert at(stand_in, 2) == pytest.approx(0.010 * slow_many, rel=0.02)
 
 
 def test_the_probe_can_time_a_real_model_where_it_lies(tiny_llama: Path, tmp_path: Path) -> None:

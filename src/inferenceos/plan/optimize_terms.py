@@ -33,6 +33,7 @@ from inferenceos.plan.perf import (
     Calibration,
     _attn_width,
     _kv_span,
+    cpu_threads_rate,
     disk_rate,
     disk_tier,
     gemm_weight,
@@ -107,9 +108,7 @@ class Terms:
         cal = self.cal
         if dev.computes_like_cpu:
             threads = 0 if dev.is_remote else self.threads
-            n = max(1, min(threads or dev.threads, dev.threads if dev.threads > 0 else threads))
-            per = cal.gemv_gbps_per_thread if self.ph.decode else cal.gemm_gflops_per_thread
-            rate = per * GB * n**cal.thread_scaling
+            rate = cpu_threads_rate(dev, cal, threads, gemm=not self.ph.decode)
             return dev.bandwidth_gbps * GB * cal.cpu_bw_efficiency, rate, True
         return dev.bandwidth_gbps * GB * GPU_BW_EFFICIENCY, max(dev.tflops, 1e-3) * 1e12, False
 

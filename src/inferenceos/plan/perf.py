@@ -47,7 +47,11 @@ class Calibration:
     its FLOPs — paired runs here took 3.1x longer per token for Gemma 3 270M than for
     the probe model, its bytes ratio (3.1), not its FLOPs ratio (2.8);
     `gemm_gflops_per_thread`: the matrix-matrix rate per thread (prefill);
-    `thread_scaling`: exponent of the speedup with threads (1 = linear);
+    `thread_scaling`: exponent of prefill's speedup with threads (1 = linear);
+    `decode_thread_scaling`: the same for decode's matrix-vector kernels, fitted by the
+    llama.cpp probe (calibration.py): two threads here gain 1.5-1.8x, not 2x, on models
+    whose bytes are far from filling the RAM's bandwidth (q8_0 Qwen2.5-Coder-1.5B: 98.6
+    ms per token at one thread, 56.9 at two, 29 GB/s where q4_K streams 38 GB/s);
     `token_overhead_s`: fixed cost per decode step; `ubatch_overhead_s` per prefill ubatch;
     `layer_overhead_s`: fixed cost per layer per decode step (launching its ~20-30 small
     graph nodes): 24-layer and 6-layer models of negligible weight bytes took 14 µs more
@@ -70,6 +74,7 @@ class Calibration:
     gemv_gbps_per_thread: float = 15.0
     gemm_gflops_per_thread: float = 200.0
     thread_scaling: float = 1.0
+    decode_thread_scaling: float = 1.0
     token_overhead_s: float = 0.002
     ubatch_overhead_s: float = 0.002
     layer_overhead_s: float = 14e-6
@@ -117,14 +122,18 @@ class StepCost:
         return name if value >= self.overhead_s else "per-step overhead"
 
 
-# Seconds per weight byte of llama.cpp's CPU matrix-vector kernels, relative to q8_0
-# (1-thread CPU time per token of six-layer probes whose matrices are all of one type,
-# same shapes, AVX-512 Zen 5 here; docs/plan.md): the bit-unpacking types cost more per
-# byte. Gemma 3 270M's Q4_K_M body is mostly q5_0, so bytes alone made its Q8_0
-# requantization look 14 % slower than it runs. Types not measured count as q8_0.
+# Seconds per weight byte of llama.cpp's CPU matrix-vector kernels, relative to q8_0.
+# Q4_0, Q4_K, Q5_0 and Q6_K measured at real shapes (2026-12-05): Qwen2.5-Coder-1.5B
+# requantized to each type alone (llama_model_quantize, pure), llama-bench tg32 at one
+# thread (the kernels' own rate; two threads approach the RAM's): q8_0 98.6 ms per token
+# for 1640 MB of matrices, q4_0 44.7 for 868, q4_K 39.0 for 868, q5_0 108.5 for 1061,
+# q6_K 51.0 for 1266. q4_0 and q4_K are repacked for the CPU at load (interleaved rows),
+# q5_0 is not. The earlier figures (1-thread six-layer probes of 256-wide matrices) had
+# q4_K and q6_K 1.5x dearer, which put the Q4_K_M 1.5B's first-use decode 31-37 % low.
+# The other types are from those probes; types not measured count as q8_0.
 TYPE_COST = {
-    "Q8_0": 1.0, "Q4_0": 1.19, "Q4_1": 1.6, "Q5_0": 1.52, "Q5_1": 1.49, "Q2_K": 1.8,
-    "Q3_K": 2.08, "Q4_K": 1.13, "Q5_K": 1.38, "Q6_K": 1.04, "F16": 0.84, "BF16": 0.74,
+    "Q8_0": 1.0, "Q4_0": 0.86, "Q4_1": 1.6, "Q5_0": 1.70, "Q5_1": 1.49, "Q2_K": 1.8,
+    "Q3_K": 2.08, "Q4_K": 0.75, "Q5_K": 1.38, "Q6_K": 0.67, "F16": 0.84, "BF16": 0.74,
     "F32": 0.84,
 }
 
@@ -172,9 +181,13 @@ def gemv_weight(facts: ModelFacts) -> float:
     return sum(b * TYPE_COST.get(t.upper(), 1.0) for t, b in types.items()) / total
 
 
-def _cpu_threads_rate(dev: Device, per_thread: float, cal: Calibration, threads: int) -> float:
+def cpu_threads_rate(dev: Device, cal: Calibration, threads: int, gemm: bool) -> float:
+    """Bytes/s (decode) or FLOP/s (prefill) of `threads` CPU threads on `dev` (0: all of
+    the device's): the per-thread rate times threads ** the phase's scaling exponent."""
     n = max(1, min(threads or dev.threads, dev.threads if dev.threads > 0 else threads))
-    return per_thread * GB * n**cal.thread_scaling
+    if gemm:
+        return cal.gemm_gflops_per_thread * GB * n**cal.thread_scaling
+    return cal.gemv_gbps_per_thread * GB * n**cal.decode_thread_scaling
 
 
 def _device_time(
@@ -188,10 +201,10 @@ def _device_time(
         threads = 0 if dev.is_remote else threads
         bw = dev.bandwidth_gbps * GB * cal.cpu_bw_efficiency
         if gemm:
-            rate = _cpu_threads_rate(dev, cal.gemm_gflops_per_thread, cal, threads)
+            rate = cpu_threads_rate(dev, cal, threads, gemm=True)
             t_comp = flops * kernel_weight / rate
         else:  # per-thread streaming of the weights (see Calibration)
-            rate = _cpu_threads_rate(dev, cal.gemv_gbps_per_thread, cal, threads)
+            rate = cpu_threads_rate(dev, cal, threads, gemm=False)
             t_comp = bytes_read * kernel_weight / rate
     else:
         bw = dev.bandwidth_gbps * GB * GPU_BW_EFFICIENCY
