@@ -355,6 +355,14 @@ def with_learned(cal: Calibration, learned: Learned | None) -> Calibration:
 
 
 MIN_FREE_CORES = 0.25  # a run never counts as having had less than a quarter core
+# Below this core share a run cannot tell the quiet machine's speed, and the fit leaves
+# it out. llama.cpp's threads meet at a barrier after every operation, so a thread
+# sharing its core holds all of them back, by far more than the share: Gemma 3 270M at
+# two threads beside one CPU-burning process on this 2-core host (share 0.5) decoded
+# 3.2x and prefilled 2.5x slower than quiet (benchmarks/busy_history.py, 2026-12-05),
+# and 4-14x in an earlier session under heavier load. Divided by its share, such a run
+# predicted the quiet machine 40 % slow. Milder contention is corrected by the share.
+TEACHING_SHARE = 0.75
 
 
 def core_share(contention: Any, threads: int) -> float:
@@ -363,7 +371,8 @@ def core_share(contention: Any, threads: int) -> float:
     "usable_cpus"}, or a `hardware.cpu_load.CpuLoad`): free cores / threads, at most 1.
     1.0 when nothing is known. The assumption: llama.cpp's threads slow down in
     proportion to the cores they lose (decode here was compute-bound per thread: 14.4
-    of 30 GB/s at 2 threads), so a run's measured speed / share is the quiet speed."""
+    of 30 GB/s at 2 threads), so a run's measured speed / share is the quiet speed;
+    it holds for a small loss only (`TEACHING_SHARE`)."""
     if contention is None:
         return 1.0
     if isinstance(contention, dict):

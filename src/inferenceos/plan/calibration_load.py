@@ -32,6 +32,7 @@ from inferenceos.hardware import cpu_load
 from inferenceos.hardware.cache import get_profile, load_cached, profile_path
 from inferenceos.paths import data_dir
 from inferenceos.plan.calibration import (
+    TEACHING_SHARE,
     core_share,
     disk_ratio,
     modelled_compute_tps,
@@ -254,7 +255,8 @@ def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibra
                       machine: Machine, memo: dict[tuple[Any, ...], tuple[float, float]]
                       ) -> Any:
     """A run that held its weights as measured / modelled ratios, as if the machine had
-    been quiet (plan.calibration.core_share); None when it cannot teach."""
+    been quiet (plan.calibration.core_share); None when it cannot teach (its model is
+    gone, or it had less than `TEACHING_SHARE` of its threads' cores)."""
     if f is None:
         return None
     drafted = isinstance(r.extra, dict) and bool(r.extra.get("draft"))
@@ -275,6 +277,8 @@ def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibra
     share = core_share(contention, r.threads or machine.cpu.threads)
     if share >= 1.0:
         return o
+    if share < TEACHING_SHARE:
+        return None
     return replace(
         o, decode_ratio=None if o.decode_ratio is None else o.decode_ratio / share,
         prefill_ratio=None if o.prefill_ratio is None else o.prefill_ratio / share,
