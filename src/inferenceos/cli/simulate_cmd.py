@@ -19,7 +19,7 @@ from inferenceos.cli.console import err, out, print_json
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.cli.plan_opts import KvQualityOpt
 from inferenceos.errors import InferenceOSError, UsageError
-from inferenceos.plan.calibration import core_share
+from inferenceos.plan.calibration import contended_speed, core_share
 from inferenceos.plan.calibration_load import load_calibration, recorded_workload, self_calibrate
 from inferenceos.plan.devices import (
     Machine,
@@ -267,15 +267,17 @@ def simulate_model(
 
 
 def _busy_now(cal: Any, load: Any, threads: int) -> Any:
-    """`cal` slowed by the cores other processes take now from a fixed thread count
-    (with automatic threads the plan takes only the free cores instead)."""
+    """`cal` slowed by the cores other processes take now from a fixed thread count,
+    as llama.cpp's barriers lose more than the cores (plan.calibration.contended_speed;
+    with automatic threads the plan takes only the free cores instead)."""
     share = core_share(load, threads)
     if share >= 1.0:
         return cal
-    return replace(cal, decode_scale=cal.decode_scale * share,
-                   prefill_scale=cal.prefill_scale * share,
-                   source=f"{cal.source}; x{share:.2f}: other processes busy on "
-                   f"{load.busy_others:.1f} of {load.usable_cpus} CPUs now")
+    pre, dec = contended_speed(share)
+    return replace(cal, decode_scale=cal.decode_scale * dec,
+                   prefill_scale=cal.prefill_scale * pre,
+                   source=f"{cal.source}; x{dec:.2f} decode, x{pre:.2f} prefill: other "
+                   f"processes busy on {load.busy_others:.1f} of {load.usable_cpus} CPUs now")
 
 
 def _encoder_rows(p: Prediction) -> list[tuple[str, str]]:

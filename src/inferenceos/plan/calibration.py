@@ -355,14 +355,28 @@ def with_learned(cal: Calibration, learned: Learned | None) -> Calibration:
 
 
 MIN_FREE_CORES = 0.25  # a run never counts as having had less than a quarter core
-# Below this core share a run cannot tell the quiet machine's speed, and the fit leaves
-# it out. llama.cpp's threads meet at a barrier after every operation, so a thread
-# sharing its core holds all of them back, by far more than the share: Gemma 3 270M at
-# two threads beside one CPU-burning process on this 2-core host (share 0.5) decoded
-# 3.2x and prefilled 2.5x slower than quiet (benchmarks/busy_history.py, 2026-12-05),
-# and 4-14x in an earlier session under heavier load. Divided by its share, such a run
-# predicted the quiet machine 40 % slow. Milder contention is corrected by the share.
-TEACHING_SHARE = 0.75
+# llama.cpp's threads meet at a barrier after every operation, so a thread sharing its
+# core holds all of them back, by far more than the cores lost. Gemma 3 270M at two
+# threads on this 2-core host beside a process that burned a duty cycle of a core
+# (2026-12-05, two rounds, medians of three runs; quiet: 75 t/s decode, 670 prefill):
+#   core share   0.86   0.75   0.60   0.50
+#   decode       0.85   0.49   0.34   0.20   of the quiet speed
+#   prefill      0.81   0.61   0.57   0.41
+# share ** 2.2 and share ** 1.3 are the least-squares fits (on logs); a small model has
+# the most barriers per second, so a larger one loses less. Below `TEACHING_SHARE` a
+# run cannot tell the quiet machine's speed, and the fit leaves it out (divided by its
+# share, a share-0.5 run predicted the quiet machine 40 % slow); above, the loss is
+# near the share, which corrects it.
+TEACHING_SHARE = 0.9
+CONTENDED_EXPONENT = (1.3, 2.2)  # (prefill, decode)
+
+
+def contended_speed(share: float) -> tuple[float, float]:
+    """(prefill, decode) speed beside other processes as fractions of the quiet speed,
+    for a run that gets `share` of its threads' cores (`core_share`), as measured
+    (`CONTENDED_EXPONENT`). 1.0 when nothing is taken."""
+    s = min(max(share, MIN_FREE_CORES), 1.0)
+    return s ** CONTENDED_EXPONENT[0], s ** CONTENDED_EXPONENT[1]
 
 
 def core_share(contention: Any, threads: int) -> float:
@@ -372,7 +386,7 @@ def core_share(contention: Any, threads: int) -> float:
     1.0 when nothing is known. The assumption: llama.cpp's threads slow down in
     proportion to the cores they lose (decode here was compute-bound per thread: 14.4
     of 30 GB/s at 2 threads), so a run's measured speed / share is the quiet speed;
-    it holds for a small loss only (`TEACHING_SHARE`)."""
+    it holds for a small loss only (`TEACHING_SHARE`; a larger one: `contended_speed`)."""
     if contention is None:
         return 1.0
     if isinstance(contention, dict):
