@@ -77,7 +77,7 @@ def test_runs_beside_a_busy_process_are_left_out_or_corrected(tiny_llama: Path) 
     cal = load_calibration(m, facts, threads=2)
     assert cal.basis == "modelled" and cal.decode_scale == 1.0  # (taught: 0.48 or 0.24)
     mild = {**BUSY, "busy_others": 0.16}
-    assert core_share(mild, 2) == pytest.approx(0.92) and 0.92 >= TEACHING_SHARE
+    assert core_share(mild, 2) == pytest.approx(0.92) and TEACHING_SHARE <= 0.92
     _record(tiny_llama, dec * quiet * 0.92, pre * quiet * 0.92, mild)
     cal = load_calibration(m, facts, threads=2)
     assert cal.basis == "learned" and cal.runs == 3
