@@ -112,6 +112,55 @@ def test_the_milp_finds_the_best_listed_placement(
     assert checked >= 4  # most machines fit: the comparison is not vacuous
 
 
+@pytest.mark.parametrize("kind", ["moe", "swa"])
+def test_the_linear_terms_add_up_to_perf_on_every_device(
+    tiny: dict[str, ModelFacts], kind: str
+) -> None:
+    """optimize_terms' contract, term by term: for placements with layers, experts and
+    the head on the CPU, a GPU and a CPU worker, each device's summed terms (the max of
+    memory and compute) are perf.py's time for it, decode and prefill. (The CPU's KV
+    reads per query head were once in perf and not in the terms: the MILP then chose
+    plans perf judged worse, seen only when the constants moved.)"""
+    from inferenceos.plan.optimize_terms import Terms, phases
+    from inferenceos.plan.perf import decode_cost, prefill_cost
+    from inferenceos.plan.placement import build_placement, layer_parts
+
+    facts = tiny[kind]
+    ctx = ContextSettings(n_ctx=512, n_ubatch=64, n_batch=64, flash_attn=True, swa_full=False)
+    m = _m(_cpu(64 * GiB), _gpu("GPU0", 1 * GiB), _rpc(1, 1 * GiB))
+    parts = layer_parts(facts, ctx)
+    n, names = len(parts), [d.name for d in m.devices]
+    dec, pre = phases(OBJ.prompt_tokens, OBJ.output_tokens, ctx.n_ubatch, CAL)
+    checked = 0
+    for split in range(n + 1):
+        dense = [names[0]] * split + [names[1 + i % 2] for i in range(n - split)]
+        experts: list[str | None] = [
+            None if not q.expert_bytes else ("CPU" if q.index % 2 else dense[q.index])
+            for q in parts]
+        for head in names:
+            pl = build_placement(facts, parts, dense, experts, head)
+            for ph in (dec, pre):
+                t = Terms(facts, m, ctx, parts, CAL, 2, ph)
+                cost = (decode_cost(facts, pl, m, ctx, ph.n_past, CAL, 2) if ph.decode else
+                        prefill_cost(facts, pl, m, ctx, ph.tokens, ctx.n_ubatch, CAL, 2))
+                for dev in m.devices:
+                    mem = comp = 0.0
+                    for q in parts:
+                        if dense[q.index] == dev.name:
+                            w = t.dense(dev, q)
+                            mem, comp = mem + w.mem, comp + w.comp
+                        if q.expert_bytes and experts[q.index] == dev.name:
+                            w = t.experts(dev, q)
+                            mem, comp = mem + w.mem, comp + w.comp
+                    if head == dev.name:
+                        w = t.head(dev)
+                        mem, comp = mem + w.mem, comp + w.comp
+                    want = sum(v for k, v in cost.parts.items() if k.startswith(dev.name + " "))
+                    assert max(mem, comp) / ph.weight == pytest.approx(want, rel=1e-9)
+                    checked += 1
+    assert checked > 20
+
+
 @pytest.mark.parametrize("heat", [False, True])
 def test_a_uniform_model_is_solved_by_counts_with_the_same_answer(heat: bool) -> None:
     """The per-count MILP (identical layers) agrees with the listing on a 6-layer MoE,

@@ -25,7 +25,7 @@ from inferenceos.hardware.profile import LlamaSpeed
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost, streamed_bytes
+from inferenceos.plan.perf import GB, Calibration, decode_cost, prefill_cost, streamed_bytes
 from inferenceos.plan.placement import place
 from inferenceos.telemetry.calibration import (
     MIN_DECODE_TOKENS,
@@ -77,7 +77,11 @@ UNBOUNDED_BW = 1e3  # a RAM efficiency that makes memory never the limit (in a f
 # bytes, not the kernels, hold it back: Qwen2.5-Coder-1.5B requantized to q4_K alone
 # streamed 868 MB in 23.0 ms per token at two threads here (37.7 GB/s of 61.4, 0.61),
 # q6_K 1266 MB in 36.9 ms (0.56). A probe of ~220 MB on a few threads never gets there,
-# so the fit takes it as known.
+# so the fit takes it as known: at least, for memory is never slower than the probe
+# itself streamed (its bytes per token over its time). Why the floor: this 2-vCPU VM's
+# two-thread bandwidth test read 36-69 GB/s in calls a second apart (2026-12-05, phases
+# of seconds), and at 37 the 1.5B was predicted at 23.6 t/s decode where it ran 30.6
+# (33.6 GB/s): the probe's own ~30 GB/s bounds that.
 RAM_EFFICIENCY = 0.6
 
 
@@ -98,13 +102,14 @@ def _bisect(f: Any, lo: float, hi: float, target: float) -> float:
 
 def _fit_two_points(
     prior: Calibration, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
-    n_past: int, threads: int, t_n: float, t_1: float,
+    n_past: int, threads: int, t_n: float, t_1: float, streamed_gbps: float = 0.0,
 ) -> Calibration:
     """Decode measured at `threads` (`t_n` s per token) and at one thread (`t_1`):
 
     - one thread is taken as the kernels' own rate (memory unbounded): it sets
       `gemv_gbps_per_thread`;
-    - with memory at `RAM_EFFICIENCY` of the measured bandwidth, `threads` threads
+    - with memory at `RAM_EFFICIENCY` of the measured bandwidth (or at what the probe
+      streamed, `streamed_gbps`, when that is more), `threads` threads
       speed the kernels up by threads ** `decode_thread_scaling`, the exponent that
       makes the roofline's `threads`-thread time `t_n`;
     - when even linear scaling at that memory rate is slower than `t_n`, memory is
@@ -125,9 +130,11 @@ def _fit_two_points(
         return decode_cost(facts, pl1, m1, ctx, n_past, c, 1).seconds
 
     gemv = prior.gemv_gbps_per_thread * _solve(one, t_1)
-    fitted = replace(prior, gemv_gbps_per_thread=gemv, cpu_bw_efficiency=RAM_EFFICIENCY)
+    bw = mn.cpu.bandwidth_gbps
+    floor = min(max(RAM_EFFICIENCY, streamed_gbps / bw if bw > 0 else 0.0), 1.0)
+    fitted = replace(prior, gemv_gbps_per_thread=gemv, cpu_bw_efficiency=floor)
 
-    def many(scaling: float, eff: float = RAM_EFFICIENCY) -> float:
+    def many(scaling: float, eff: float = floor) -> float:
         c = replace(fitted, decode_thread_scaling=scaling, cpu_bw_efficiency=eff)
         return decode_cost(facts, pln, mn, ctx, n_past, c, threads).seconds
 
@@ -170,7 +177,9 @@ def probe_calibration(
     fixed = prior.token_overhead_s + prior.layer_overhead_s * facts.spec.block_count
     t_dec1 = (speed.decode_s_1thread or 0) / max(speed.decode_tokens, 1) * one
     if t_dec > fixed and t_dec1 > fixed and speed.threads > 1:
-        cal = _fit_two_points(prior, facts, machine, ctx, n_past, speed.threads, t_dec, t_dec1)
+        streamed = pl.decode_load(m.cpu.name).bytes_read / (t_dec / many) / GB
+        cal = _fit_two_points(prior, facts, machine, ctx, n_past, speed.threads, t_dec, t_dec1,
+                              streamed)
     elif t_dec > fixed:
 
         def dec(k: float) -> float:

@@ -32,12 +32,15 @@ from inferenceos.plan.perf import (
     RPC_MESSAGES_PER_SPLIT,
     Calibration,
     _attn_width,
+    _cpu_kv_reads,
     _kv_span,
     cpu_threads_rate,
     disk_rate,
     disk_tier,
     gemm_weight,
     gemv_weight,
+    prefill_arch_work,
+    prefill_row_factor,
     read_share,
 )
 from inferenceos.plan.placement import LayerParts, output_head, routed_fraction
@@ -99,6 +102,8 @@ class Terms:
         self.kv_tok = kv_bytes_per_token(facts, ctx) / n
         self.span = _kv_span(facts, ctx, ph.n_past)
         self.attn = _attn_width(facts)
+        self.kv_reads = _cpu_kv_reads(facts)
+        self.rows, self.arch = prefill_row_factor(facts), prefill_arch_work(facts)
 
     # -- per device rates ------------------------------------------------------------
 
@@ -129,15 +134,23 @@ class Terms:
         ph = self.ph
         if ph.decode:
             kv = self.kv_tok * self.span
+            if dev.computes_like_cpu:  # the CPU walks the cache per query head (perf)
+                kv *= self.kv_reads
             flops = 2.0 * p.dense_params + 4.0 * self.attn * ph.n_past
             return self._work(dev, p.dense_bytes, kv, flops)
-        flops = ph.tokens * (2.0 * p.dense_params + 4.0 * self.attn * ph.tokens / 2)
+        params, per_layer = float(p.dense_params), 4.0 * self.attn * ph.tokens / 2
+        if dev.computes_like_cpu:  # as perf.prefill_cost
+            params, per_layer = params * self.rows, per_layer + self.arch
+        flops = ph.tokens * (2.0 * params + per_layer)
         return self._work(dev, p.dense_bytes, 0.0, flops)
 
     def experts(self, dev: Device, p: LayerParts) -> Work:
         b, params = p.expert_bytes * self.frac, p.expert_params * self.frac
-        mult = 1 if self.ph.decode else self.ph.tokens
-        return self._work(dev, b, 0.0, 2.0 * params * mult)
+        if self.ph.decode:
+            return self._work(dev, b, 0.0, 2.0 * params)
+        if dev.computes_like_cpu:  # as perf.prefill_cost
+            params *= self.rows
+        return self._work(dev, b, 0.0, 2.0 * params * self.ph.tokens)
 
     def head(self, dev: Device) -> Work:
         return self._work(dev, self.head_bytes, 0.0, 2.0 * self.head_params)

@@ -172,6 +172,50 @@ def gemm_weight(facts: ModelFacts) -> float:
     return num / den if den > 0 else 1.0
 
 
+# A CPU matrix-matrix product costs per output element besides its multiply-adds:
+# each (row, token) dot product of llama.cpp's quantized kernels has a fixed part. In
+# FLOP-equivalents per output row per token, fitted with the FLOPs' rate to llama-bench
+# pp64 and pp512 at one thread of eleven llama-, qwen2- and gemma3-shaped pure-q8_0
+# models, n_embd 512-2048 (2026-12-05: 747-816, 5.4-5.9 ns at 138 GFLOP/s): the FLOPs
+# alone were 12 % rms off, from -16 % (n_embd 512) to +18 % (2048); with it 5.5 %.
+# It is why a narrow model (Gemma 3 270M, 640 wide) prefills slower per FLOP than
+# the probe it was predicted from.
+GEMM_ROW_FLOPS = 750.0
+# Per layer, token and embedding element, what an architecture computes besides the
+# products and the attention that a llama does not (gemma3: four norms where llama has
+# two, q/k norms, GELU): gemma3-shaped stand-ins took 0-17 % longer than llama ones of
+# the same shapes at n_embd 640, 1-5 % at 2048 (two rounds); with the row term, the fit
+# gave 2436 FLOP-equivalents. Architectures not measured count as llama.
+ARCH_LAYER_FLOPS_PER_EMBD = {"gemma3": 2400.0}
+
+
+def prefill_row_factor(facts: ModelFacts) -> float:
+    """What a CPU prefill's weight products cost per multiply-add, with
+    `GEMM_ROW_FLOPS` per output row: 1 + that / (2 x the inputs per row), over the
+    layers' weights as a token uses them (a routed tensor: the experts used of those it
+    stacks). Per parameter, so it follows the weights to whichever device runs them."""
+    s = facts.spec
+    share = s.expert_used_count / s.expert_count if s.expert_count > 0 else 1.0
+    rows = params = 0.0
+    for t in facts.tensors:
+        if t.layer < 0 or t.n_dims < 2:
+            continue
+        if t.n_dims > 2:  # rows per expert, elements of all of them
+            rows += t.rows * max(s.expert_used_count, 1)
+            params += t.n_elements * share
+        else:
+            rows += t.rows
+            params += t.n_elements
+    return 1.0 + GEMM_ROW_FLOPS * rows / (2.0 * params) if params > 0 else 1.0
+
+
+def prefill_arch_work(facts: ModelFacts) -> float:
+    """FLOP-equivalents per token and layer the architecture computes on a CPU besides
+    products and attention (`ARCH_LAYER_FLOPS_PER_EMBD`; 0 for a llama)."""
+    s = facts.spec
+    return ARCH_LAYER_FLOPS_PER_EMBD.get(s.architecture, 0.0) * s.embedding_length
+
+
 def gemv_weight(facts: ModelFacts) -> float:
     """The byte-weighted `TYPE_COST` of the model's tensors (1.0: as q8_0)."""
     types = facts.spec.quant_types
@@ -267,6 +311,7 @@ def prefill_cost(
     # (Gemma 3 270M: 168M of its 268M parameters are the 262k-row head)
     _, head_params = output_head(facts)
     weight = gemm_weight(facts)
+    rows, arch = prefill_row_factor(facts), prefill_arch_work(facts)
     for dev in machine.devices:
         load = placement.decode_load(dev.name)
         if load.bytes_read <= 0:
@@ -274,9 +319,10 @@ def prefill_cost(
         head = head_params if dev.name == placement.output_device else 0
         body = max(load.active_params - head, 0.0)
         # attention: each token attends to n_tokens/2 earlier ones on average
-        flops = 2.0 * head + n_tokens * (
-            2.0 * body + 4.0 * load.layers * _attn_width(facts) * n_tokens / 2
-        )
+        per_layer = 4.0 * _attn_width(facts) * n_tokens / 2
+        if dev.computes_like_cpu:  # the CPU kernels' work besides the multiply-adds
+            body, per_layer = body * rows, per_layer + arch
+        flops = 2.0 * head + n_tokens * (2.0 * body + load.layers * per_layer)
         name, t = _device_time(dev, load.bytes_read * n_ub, flops, cal, threads, gemm=True,
                                kernel_weight=weight)
         parts[name] = parts.get(name, 0.0) + t
