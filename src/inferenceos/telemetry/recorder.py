@@ -171,6 +171,10 @@ class Recorder:
             row["threads"] = _usable_cores()
         row.update(fields)
         extra = dict(extra or {})
+        # where the model was, so the fit can re-read its header when another model is
+        # predicted (plan/calibration_load: a run teaches every model on this machine)
+        if isinstance(model, Path) or digest is None or os.path.isfile(model):
+            extra.setdefault("model_path", os.path.abspath(model))
         if metrics and metrics.get("draft"):
             for key in _DRAFT_FIELDS:
                 if key in metrics:
