@@ -299,22 +299,22 @@ def test_a_probe_at_two_thread_counts_separates_kernels_from_memory() -> None:
     assert at(scaled, 4) == pytest.approx(0.0025, rel=0.03)
     # two threads read faster than RAM_EFFICIENCY of the bandwidth allows: memory is
     # faster than assumed, and the fit says how much (never past the measured rate)
-    t2 = at(replace(PRIOR, cpu_bw_efficiency=0.9, gemv_gbps_per_thread=1e3), 2)
+    t2 = at(replace(PRIOR, cpu_bw_efficiency=0.97, gemv_gbps_per_thread=1e3), 2)
     fast = probe_calibration(speed(t2, 1.6 * t2), facts, m)
     assert fast.decode_thread_scaling == 1.0
-    assert fast.cpu_bw_efficiency == pytest.approx(0.9, rel=0.02)
+    assert fast.cpu_bw_efficiency == pytest.approx(0.97, rel=0.02)
     assert at(fast, 2) == pytest.approx(t2, rel=0.02)
     faster = probe_calibration(speed(t2 / 2, 1.6 * t2), facts, m)
     assert faster.cpu_bw_efficiency == 1.0
     # the bandwidth test read low (it swung 36-69 GB/s a second apart here): memory is
     # still at least as fast as the stand-in itself streamed its weights, though a
     # real model of its shapes takes longer (STAND_IN_DECODE_SLOWER: the kernels)
-    slow_ram = replace(m, devices=(replace(m.cpu, bandwidth_gbps=6.0),))
+    slow_ram = replace(m, devices=(replace(m.cpu, bandwidth_gbps=5.5),))
     pl = place(facts, replace(slow_ram, devices=(replace(slow_ram.cpu, threads=2),)), ctx, {})
     proven = pl.decode_load("CPU").bytes_read / 0.010 / 1e9
-    assert proven > RAM_EFFICIENCY * 6.0
+    assert 5.5 > proven > RAM_EFFICIENCY * 5.5
     floor = probe_calibration(speed(0.010, 0.011, probe="synthetic"), facts, slow_ram)
-    assert floor.cpu_bw_efficiency >= proven / 6.0 * 0.999  # (from the real model's: /1.2)
+    assert floor.cpu_bw_efficiency >= proven / 5.5 * 0.999  # (from the real model's: /1.2)
     # the synthetic stand-in decodes faster than a real model of its shapes: the fit
     # promises the real model's speed, by the measured factors
     stand_in = probe_calibration(speed(0.010, 0.011, probe="synthetic"), facts, m)

@@ -74,15 +74,19 @@ def _solve(f: Any, target: float) -> float:
 
 UNBOUNDED_BW = 1e3  # a RAM efficiency that makes memory never the limit (in a fit)
 # The share of the measured RAM read bandwidth that decode reaches when the weights'
-# bytes, not the kernels, hold it back: Qwen2.5-Coder-1.5B requantized to q4_K alone
-# streamed 868 MB in 23.0 ms per token at two threads here (37.7 GB/s of 61.4, 0.61),
-# q6_K 1266 MB in 36.9 ms (0.56). A probe of ~220 MB on a few threads never gets there,
-# so the fit takes it as known: at least, for memory is never slower than the probe
-# itself streamed (its bytes per token over its time). Why the floor: this 2-vCPU VM's
-# two-thread bandwidth test read 36-69 GB/s in calls a second apart (2026-12-05, phases
-# of seconds), and at 37 the 1.5B was predicted at 23.6 t/s decode where it ran 30.6
-# (33.6 GB/s): the probe's own ~30 GB/s bounds that.
-RAM_EFFICIENCY = 0.6
+# bytes, not the kernels, hold it back. This 2-vCPU VM's two-thread bandwidth test reads
+# in two states that last seconds (2026-12-05): ~37 GB/s, each thread at ~19, and
+# ~60-69, each at ~33 (calls a second apart: 38.8, 48.4, 36.6, 35.9, 37.9, 66.0, 60.7,
+# 60.0). Qwen2.5-Coder-1.5B Q4_K_M decoded at 27.6-30.6 t/s both days (~31-34 GB/s;
+# its q4_K-only requantization 37.7 GB/s on a day the test read 61.4), so llama.cpp's
+# two threads were held back by their kernels, not by the state the test saw. At 0.6
+# the first-use decode predictions followed the test: 1.5B +4 % when it read 62, −20 %
+# when it read 37. At 0.9 memory binds only when the test reads the slow state, and
+# then near what the model streamed (1.5B: +0.7 % and −6.3 % at first use). A probe of
+# ~220 MB on a few threads never gets near, so the fit takes it as known: at least, for
+# memory is never slower than the probe itself streamed (its bytes per token over its
+# time).
+RAM_EFFICIENCY = 0.9
 
 
 def _bisect(f: Any, lo: float, hi: float, target: float) -> float:
