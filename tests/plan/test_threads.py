@@ -91,6 +91,31 @@ def test_the_planner_takes_the_free_cores_and_says_why() -> None:
     assert idle.threads == 8 and not any("threads" in c.what for c in idle.changes)
 
 
+def test_the_cost_model_decides_the_threads_where_the_rule_is_unsure() -> None:
+    """0.4 of 2 CPUs busy: the rule counts 1.6 free CPUs as one. Whether a second thread
+    on the shared core pays is the cost model's call: with kernels that scale linearly
+    it does (2 x 0.8^2.2 > 1) and the plan says by how much; with kernels that gain
+    little from a second thread (threads^0.3) it does not, and the rule's count stays."""
+    from dataclasses import replace
+
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.perf import Calibration
+    from plan_factories import machine, make_facts
+
+    busy = CpuLoad(usable_cpus=2, busy_others=0.4, window_s=0.1)
+    assert pick_threads(2, busy) == 1
+    facts, m = make_facts(n_layer=8, n_embd=1024, n_ff=4096), machine(threads=2)
+    linear = replace(Calibration(), decode_thread_scaling=1.0, thread_scaling=1.0)
+    plan = plan_load(facts, m, LoadRequest(cpu_load=busy), calibration=linear)
+    assert plan.threads == 2
+    said = [c.why for c in plan.changes if c.what.startswith("threads")]
+    assert len(said) == 1 and said[0].startswith("not 1: predicted 1.")  # no "2 → 1"
+    flat = replace(Calibration(), decode_thread_scaling=0.3, thread_scaling=0.3)
+    plan = plan_load(facts, m, LoadRequest(cpu_load=busy), calibration=flat)
+    assert plan.threads == 1
+    assert any(c.what == "threads 2 → 1" for c in plan.changes)
+
+
 def _llama_worker(ready) -> None:  # type: ignore[no-untyped-def]
     import llama_cpp.llama_cpp  # noqa: F401 - maps libllama, as an engine worker does
 

@@ -41,6 +41,7 @@ from inferenceos.plan.plan import Change, Plan
 from inferenceos.plan.policy import POLICIES
 from inferenceos.plan.preflight import PlanRefused, make_plan
 from inferenceos.plan.projector import place_projector, with_projector
+from inferenceos.plan.thread_choice import choose_threads
 from inferenceos.units import format_bytes as fb
 
 DEFAULT_CTX = 4096
@@ -261,6 +262,19 @@ def _plan_text(
         )
 
     plan = prefer_without(optimize, ctx) if fa_off else optimize(ctx)
+    if not req.threads and req.cpu_load is not None:
+        pick = choose_threads(facts, plan.placement, machine, plan.ctx, cal, req.cpu_load,
+                              _objective(req), rule=threads)
+        if pick.threads != threads:  # the cost model overrules the free-core rule
+            changes = [c for c in changes if not c.what.startswith("threads ")]
+            cores = machine.cpu.threads
+            what = f"threads {cores} → {pick.threads}" if pick.threads < cores else (
+                f"threads {cores}")
+            changes.append(Change(what, (
+                f"not {threads}: predicted {pick.gain_over(threads):.2f}x faster for this "
+                f"workload beside {req.cpu_load.busy_others:.1f} busy CPUs")))
+            threads = pick.threads
+            plan = prefer_without(optimize, ctx) if fa_off else optimize(ctx)
     plan = size_ubatch(facts, machine, plan, cal)
     if req.n_batch:
         ctx = replace(plan.ctx, n_batch=req.n_batch, n_ubatch=min(req.n_batch, plan.ctx.n_ubatch))
