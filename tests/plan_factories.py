@@ -51,6 +51,8 @@ def make_facts(
 ) -> ModelFacts:
     """A llama-shaped model (MoE when n_expert > 0), all weights Q4_0."""
     d = n_embd // n_head
+    # ggml shapes (ne0 = inputs, ne1 = output rows): gate and up n_embd -> n_ff, down back
+    ffn = (("gate", (n_embd, n_ff)), ("up", (n_embd, n_ff)), ("down", (n_ff, n_embd)))
     tensors = [_tensor("token_embd.weight", -1, "token_embd", (n_embd, n_vocab))]
     for i in range(n_layer):
         tensors += [
@@ -63,15 +65,12 @@ def make_facts(
             tensors += [
                 _tensor(f"blk.{i}.ffn_gate_inp.weight", i, "ffn", (n_embd, n_expert)),
                 *(
-                    _tensor(f"blk.{i}.ffn_{k}_exps.weight", i, "expert", (n_embd, n_ff, n_expert))
-                    for k in ("gate", "up", "down")
+                    _tensor(f"blk.{i}.ffn_{k}_exps.weight", i, "expert", (*shape, n_expert))
+                    for k, shape in ffn
                 ),
             ]
         else:
-            tensors += [
-                _tensor(f"blk.{i}.ffn_{k}.weight", i, "ffn", (n_embd, n_ff))
-                for k in ("gate", "up", "down")
-            ]
+            tensors += [_tensor(f"blk.{i}.ffn_{k}.weight", i, "ffn", shape) for k, shape in ffn]
     tensors.append(_tensor("output.weight", -1, "output", (n_embd, n_vocab)))
     layers = tuple(
         LayerSpec(

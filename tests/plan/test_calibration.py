@@ -214,12 +214,11 @@ def test_kernel_weights_follow_the_tensor_types() -> None:
 
 
 def _shaped(n_embd: int, n_ff: int, n_head: int, n_head_kv: int, arch: str = "llama"):  # type: ignore[no-untyped-def]
-    """One layer of a llama (or `arch`) of these widths, ffn_down n_ff -> n_embd."""
+    """One layer of a llama (or `arch`) of these widths."""
     from dataclasses import replace
 
     f = make_facts(n_layer=1, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv)
-    tensors = tuple(replace(t, rows=n_embd) if "ffn_down" in t.name else t for t in f.tensors)
-    return replace(f, tensors=tensors, spec=replace(f.spec, architecture=arch))
+    return replace(f, spec=replace(f.spec, architecture=arch))
 
 
 def test_prefill_costs_per_output_row_and_per_gemma3_layer() -> None:
