@@ -261,7 +261,10 @@ def _plan_text(
             calibration=cal, objective=_objective(req), explain=req.explain,
         )
 
-    plan = prefer_without(optimize, ctx) if fa_off else optimize(ctx)
+    def solve() -> Plan:  # at the current `threads`
+        return prefer_without(optimize, ctx) if fa_off else optimize(ctx)
+
+    plan = solve()
     if not req.threads and req.cpu_load is not None:
         pick = choose_threads(facts, plan.placement, machine, plan.ctx, cal, req.cpu_load,
                               _objective(req), rule=threads)
@@ -274,7 +277,7 @@ def _plan_text(
                 f"not {threads}: predicted {pick.gain_over(threads):.2f}x faster for this "
                 f"workload beside {req.cpu_load.busy_others:.1f} busy CPUs")))
             threads = pick.threads
-            plan = prefer_without(optimize, ctx) if fa_off else optimize(ctx)
+            plan = solve()
     plan = size_ubatch(facts, machine, plan, cal)
     if req.n_batch:
         ctx = replace(plan.ctx, n_batch=req.n_batch, n_ubatch=min(req.n_batch, plan.ctx.n_ubatch))

@@ -60,6 +60,21 @@ class Objective:
     prompt_tokens: int = 512
     output_tokens: int = 128
 
+    def seconds(self, prefill_s: float, decode_s: float) -> float:
+        """The request's time: its prompt once, then a token per decode step after the
+        first (which the prompt's evaluation gives)."""
+        return prefill_s + max(self.output_tokens - 1, 1) * decode_s
+
+    def costs(self, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
+              placement: Placement, cal: Calibration, threads: int) -> tuple[float, float]:
+        """(prefill, decode) seconds by perf.py for this workload: the prompt in
+        `ctx`'s ubatches, a decode step at the output's middle."""
+        pre = prefill_cost(facts, placement, machine, ctx, self.prompt_tokens, ctx.n_ubatch,
+                           cal, threads)
+        mid = self.prompt_tokens + self.output_tokens // 2
+        return pre.seconds, decode_cost(facts, placement, machine, ctx, mid, cal,
+                                        threads).seconds
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -129,12 +144,8 @@ def evaluate(
 ) -> Candidate:
     """`placement` judged by perf.py for `obj` (as simulate.predict evaluates a plan)."""
     mem = estimate(facts, placement, machine, ctx)
-    pre = prefill_cost(facts, placement, machine, ctx, obj.prompt_tokens, ctx.n_ubatch, cal,
-                       threads)
-    mid = obj.prompt_tokens + obj.output_tokens // 2
-    dec = decode_cost(facts, placement, machine, ctx, mid, cal, threads)
-    total = pre.seconds + max(obj.output_tokens - 1, 1) * dec.seconds
-    return Candidate(ctx, placement, mem, dec.seconds, pre.seconds, total, obj.prompt_tokens)
+    pre, dec = obj.costs(facts, machine, ctx, placement, cal, threads)
+    return Candidate(ctx, placement, mem, dec, pre, obj.seconds(pre, dec), obj.prompt_tokens)
 
 
 def fits(c: Candidate, machine: Machine, facts: ModelFacts) -> bool:

@@ -21,7 +21,7 @@ from inferenceos.plan.devices import Machine
 from inferenceos.plan.memory import ContextSettings
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize import Objective
-from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
+from inferenceos.plan.perf import Calibration
 from inferenceos.plan.placement import Placement
 
 TIE = 0.02  # the rule's count stands within 2 % of the fastest (the model's resolution)
@@ -45,13 +45,9 @@ def workload_seconds(
 ) -> float:
     """Predicted seconds of `obj` (prefill, then decode at the output's middle) at
     `threads`, beside `load`."""
-    share = core_share(load, threads)
-    pre_speed, dec_speed = contended_speed(share) if share < 1.0 else (1.0, 1.0)
-    pre = prefill_cost(facts, placement, machine, ctx, obj.prompt_tokens, ctx.n_ubatch, cal,
-                       threads).seconds
-    mid = obj.prompt_tokens + obj.output_tokens // 2
-    dec = decode_cost(facts, placement, machine, ctx, mid, cal, threads).seconds
-    return pre / pre_speed + max(obj.output_tokens - 1, 1) * dec / dec_speed
+    pre, dec = obj.costs(facts, machine, ctx, placement, cal, threads)
+    pre_speed, dec_speed = contended_speed(core_share(load, threads))
+    return obj.seconds(pre / pre_speed, dec / dec_speed)
 
 
 def choose_threads(
@@ -68,4 +64,3 @@ def choose_threads(
     if seconds[rule] <= seconds[best] * (1.0 + TIE):
         best = rule
     return ThreadChoice(best, seconds)
-
