@@ -107,6 +107,10 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "Lowest KV cache precision a plan may lower to: f16, q8_0 or q4_0",
             lambda v: None if v.strip().lower() in ("f16", "q8_0", "q4_0")
             else "must be f16, q8_0 or q4_0"),
+    Setting("plan.draft", str, "auto",
+            "Speculative drafter when run and serve name none: auto (the plan chooses "
+            "from what each drafter gave the model before), none, ngram, self or a "
+            "draft .gguf", lambda v: None if v.strip() else "must not be empty"),
     Setting("models.dir", str, "", "Where models are stored (empty: <data dir>/models)"),
     Setting("hardware.measure_bandwidth", bool, True,
             "Measure RAM and disk bandwidth when profiling the machine"),

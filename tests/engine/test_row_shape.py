@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferenceos.engine.drafters import NgramDrafter
+from inferenceos.engine.ngram import NgramDrafter
 from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler

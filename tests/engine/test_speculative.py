@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 from inferenceos.engine.candidates import sample_from
-from inferenceos.engine.drafters import NgramDrafter, ngram_lookup
 from inferenceos.engine.llama_lib import lib
+from inferenceos.engine.ngram import NgramDrafter, ngram_lookup
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
 from inferenceos.engine.scoring import lone_run_logits
@@ -200,7 +201,7 @@ def test_ngram_lookup_continues_the_latest_earlier_occurrence() -> None:
 
 
 def test_ngram_drafts_as_long_as_the_match_earns() -> None:
-    from inferenceos.engine.drafters import NgramDrafter, draft_cap, ngram_match
+    from inferenceos.engine.ngram import NgramDrafter, draft_cap, ngram_match
 
     passage = list(range(100, 160))
     copying = [*passage, 7, 8, *passage[:12]]  # the passage is being copied: 12 agree
@@ -468,3 +469,28 @@ def test_speedup_model() -> None:
     assert best_draft_length(0.0, 0.1).k == 0  # drafting never pays: plain decoding
     est = best_draft_length(0.9, 0.05)
     assert est.k > 4 and est.speedup > 2 and est.tokens_per_step > 3
+
+
+def test_a_planned_default_drafter_leaves_seeded_sampling_plain(lm: LoadedModel) -> None:
+    """`--draft auto` hands the engine "auto:ngram" (plan.speculative.PLANNED): greedy and
+    unseeded sampled requests draft, a seeded sampled one decodes plainly so that its
+    seed gives the same text as without the plan's drafter; a request that names the
+    drafter itself still drafts. Every plain one records its n-gram replay instead."""
+    sched = create_scheduler(lm, draft="auto:ngram")
+    assert sched.spec_decode.default_draft == "ngram" and sched.spec_decode.planned
+    prompt = lm.tokenize("abc abc abc abc abc abc")
+    sampled = SamplingParams(temperature=0.7, top_k=20, max_tokens=32, ignore_eos=True)
+    seeded = replace(sampled, seed=7)
+    sched.submit(Request(0, prompt, GREEDY))
+    sched.submit(Request(1, prompt, sampled))
+    sched.submit(Request(2, prompt, seeded))
+    sched.submit(Request(3, prompt, seeded, draft="ngram"))
+    tokens, done = drain(sched)
+    assert [done[i]["draft"] for i in range(4)] == ["ngram", "ngram", "", "ngram"]
+    assert done[2]["ngram_replay"] is not None and done[0]["ngram_replay"] is None
+    sched.close()
+    plain = create_scheduler(lm)  # no drafter at all: the seed's own text
+    plain.submit(Request(0, prompt, seeded))
+    again, _ = drain(plain)
+    plain.close()
+    assert again[0] == tokens[2]

@@ -249,7 +249,7 @@ def test_served_model_gets_the_same_plan_as_run_with_an_injected_gpu(
         tiny_llama: Path, quiet_cpus: None) -> None:
     """On a machine with a GPU (an injected profile), the server plans a model exactly
     as `run` does: same llama parameters, layers offloaded."""
-    from inferenceos.cli.run_cmd import _plan_settings
+    from inferenceos.cli.run_cmd import _plan_here
     from inferenceos.registry.catalog import Catalog
     from inferenceos.registry.store import ModelStore
 
@@ -261,7 +261,7 @@ def test_served_model_gets_the_same_plan_as_run_with_an_injected_gpu(
     served = mgr.plan_for(name).params()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("inferenceos.plan.devices.local_machine", lambda: gpu_machine)
-        ran = _plan_settings(tiny_llama, LoadRequest(need_tokens=100))
+        ran = _plan_here(tiny_llama, LoadRequest(need_tokens=100)).params()
     assert served == ran
     assert served.n_gpu_layers > 0 and served.devices == ("GPU0",)
 

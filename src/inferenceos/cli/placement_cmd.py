@@ -68,6 +68,7 @@ def placement(
         out.print(f"[dim]changed: {ch}[/]")
     if explain:
         _alternatives(pred.decode_tps, pred.prefill_tps, plan)
+        _drafters(pred.decode_tps, plan)
 
 
 def _alternatives(decode_tps: float, prefill_tps: float, plan: Plan) -> None:
@@ -83,6 +84,24 @@ def _alternatives(decode_tps: float, prefill_tps: float, plan: Plan) -> None:
         t.add_row("", a["label"], f"{a['decode_tps']:.1f}", f"{a['prefill_tps']:.0f}", mem)
     if not plan.alternatives:
         t.add_row("", "(no other plan fits)", "", "", "")
+    out.print(t)
+
+
+def _drafters(decode_tps: float, plan: Plan) -> None:
+    """Each speculative drafter as the plan priced it (plan/draft_choice.py)."""
+    d = plan.draft
+    if d is None:
+        return
+    t = Table(title=f"Drafters: {d.line()}", title_justify="left")
+    for col in ("", "drafter", "decode t/s", "speedup", "per draft token", "memory",
+                "from"):
+        t.add_column(col)
+    for o in d.options:
+        mark = "chosen" if o.drafter == (d.drafter or "none") else (
+            "" if o.fits else "no room")
+        t.add_row(mark, o.label, f"{decode_tps * o.speedup:.1f}", f"{o.speedup:.2f}x",
+                  f"{o.cost:.2f} step" if o.drafter != "none" else "",
+                  format_bytes(o.memory) if o.memory else "", o.basis)
     out.print(t)
 
 

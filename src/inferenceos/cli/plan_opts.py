@@ -68,10 +68,18 @@ def flash_attn_choice(value: str, reads_attention: bool = False) -> bool | None:
 
 
 DraftOpt = Annotated[str | None, typer.Option(
-    "--draft", help="Speculative decoding: ngram, self, or a draft model .gguf")]
+    "--draft", help="Speculative decoding: auto (the plan chooses from what each drafter "
+    "gave this model before), ngram, self, a draft model .gguf, or none")]
 MmprojOpt = Annotated[str | None, typer.Option(
     "--mmproj", help="Multimodal projector .gguf (default: the one beside the model or "
     "recorded with it; 'none': text only)")]
+
+
+def draft_choice(draft: str | None) -> str:
+    """`--draft` as given, else the config's `plan.draft` (default auto)."""
+    from inferenceos.config import load_config
+
+    return (draft or str(load_config().get("plan.draft") or "auto")).strip()
 
 
 def load_request(

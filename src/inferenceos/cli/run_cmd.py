@@ -25,6 +25,7 @@ from inferenceos.cli.plan_opts import (
     MmprojOpt,
     PolicyOpt,
     ThreadsOpt,
+    draft_choice,
     flash_attn_choice,
     load_request,
 )
@@ -33,13 +34,13 @@ from inferenceos.engine.llama_lib import log
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
-from inferenceos.plan.llama_params import LlamaParams
 
 if TYPE_CHECKING:  # gguf, numpy, jinja2 and Pillow load only when the command runs
     from inferenceos.media.item import MediaItem
     from inferenceos.model.projector import ProjectorFacts
     from inferenceos.model.spec import ModelSpec
     from inferenceos.plan.entry import LoadRequest
+    from inferenceos.plan.plan import Plan
 
 DEFAULT_CTX = 4096
 
@@ -54,7 +55,7 @@ def _read_prompt(prompt: str | None) -> str:
     raise UsageError("no prompt: pass --prompt TEXT or pipe the prompt on stdin")
 
 
-def _plan_settings(path: Path, req: LoadRequest) -> LlamaParams:
+def _plan_here(path: Path, req: LoadRequest) -> Plan:
     """Ask the planner how to load the model here now; print its plan line."""
     from inferenceos.plan.devices import local_machine
     from inferenceos.plan.here import plan_here
@@ -64,7 +65,7 @@ def _plan_settings(path: Path, req: LoadRequest) -> LlamaParams:
     err.print(plan.summary(), style="dim", markup=False)
     for change in plan.changes:
         err.print(f"  {change}", style="dim", markup=False)
-    return plan.params()
+    return plan
 
 
 def _prompt_text(
@@ -241,19 +242,20 @@ def run(
         ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
         cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
         ram=ram, gpu_memory=gpu_memory, n_batch=batch, need_tokens=need, mmproj=projector,
-        image_tokens=n_media, kv_quality=kv_quality,
+        image_tokens=n_media, kv_quality=kv_quality, draft=draft_choice(draft),
     )
     probe = _policy_probe(spec, kv_policy)
     # H2O reads attention, which exists only without flash attention
     req = replace(req, flash_attn=flash_attn_choice(flash_attn, probe is not None))
-    with LoadedModel(spec.path, _plan_settings(spec.path, req),
+    plan = _plan_here(spec.path, req)
+    with LoadedModel(spec.path, plan.params(),
                      eval_callback=probe.callback if probe else None) as lm, \
             _encoder(lm, projector.path if projector else None) as encoder:
         prompt_text = _prompt_text(spec, lm, text, system, raw, template)
         # the one decode path (the scheduler's), whatever the options: run and serve
         # stop, count and time a generation alike. With the threads it was given: the
         # telemetry row below records them as the ones that decoded.
-        events = generate_one(lm, prompt_text, sampling, draft, kv_policy, probe,
+        events = generate_one(lm, prompt_text, sampling, plan.engine_draft, kv_policy, probe,
                               media=encoder, items=items, adaptive_threads=False)
         pieces: list[str] = []
         interrupted = False

@@ -22,6 +22,7 @@ from inferenceos.cli.plan_opts import (
     MmprojOpt,
     PolicyOpt,
     ThreadsOpt,
+    draft_choice,
     flash_attn_choice,
     load_request,
 )
@@ -293,13 +294,14 @@ def serve(
         flash_attn=flash_attn_choice(flash_attn, _reads_attention(kv_policy)),
         # returning turns restore their history from the KV cache (plan/flash_attn.py)
         cached_turns=kv_cache["kv_cache_ram"] > 0 or kv_cache["kv_cache_disk"] > 0,
+        draft=draft_choice(draft),
     )
     base.validate()
     pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
     manager_pins = [catalog.resolve(p).name for p in pinned]
     manager = ModelManager(
         catalog.resolve, factory=engine_factory(
-            queue, draft=draft, kv_policy=kv_policy, **kv_cache),
+            queue, kv_policy=kv_policy, **kv_cache),
         budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
         base=base, slots=parallel, keep_alive_s=keep_alive,
         max_loaded=max_models or None, pinned=manager_pins,

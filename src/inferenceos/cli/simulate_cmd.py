@@ -17,7 +17,7 @@ from rich.table import Table
 from inferenceos.cli.cluster_opts import RpcOpt, rpc_workers
 from inferenceos.cli.console import err, out, print_json
 from inferenceos.cli.model_arg import resolve_model
-from inferenceos.cli.plan_opts import KvQualityOpt
+from inferenceos.cli.plan_opts import KvQualityOpt, draft_choice
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.plan.calibration import contended_speed, core_share
 from inferenceos.plan.calibration_load import load_calibration, recorded_workload, self_calibrate
@@ -263,6 +263,8 @@ def simulate_model(
         path, machine, w, threads=threads, type_k=cache_type, type_v=cache_type,
         calibration=cal, policy=choice, cpu_load=None if threads else load, mmproj=projector,
         kv_quality=kv_quality, explain=explain,
+        # on this machine, the drafter `run` would take (what its runs taught)
+        draft=draft_choice(None) if local else None,
     )
 
 

@@ -37,6 +37,9 @@ class GenerationMetrics:
     draft_tokens: int = 0
     draft_accepted: int = 0
     decode_steps: int = 0
+    # what the ngram drafter would have recorded on this generation (draft_tokens,
+    # draft_accepted, decode_steps: engine.ngram_replay), when it did not draft with it
+    ngram_replay: dict[str, int] | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -66,6 +69,7 @@ class GenerationMetrics:
             "decode_steps": self.decode_steps,
             "acceptance_rate": round(self.acceptance_rate, 4),
             "tokens_per_step": round(self.tokens_per_step, 3),
+            "ngram_replay": self.ngram_replay,
         }
 
     @classmethod

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.messages import Event, Finished, TokenOut
+from inferenceos.engine.ngram_replay import replay_ngram
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.stop import StopMatcher
 
@@ -44,7 +45,10 @@ class OutputStream:
         arrival: float,
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
+        prompt: Sequence[int] | None = None,
     ) -> None:
+        """`prompt`: the prompt's tokens, given when the finished generation should
+        replay n-gram drafting on its tokens (`GenerationMetrics.ngram_replay`)."""
         self.req_id = req_id
         self.sampling = sampling
         self.metrics = GenerationMetrics(prompt_tokens=prompt_tokens, cached_tokens=reused)
@@ -55,6 +59,8 @@ class OutputStream:
         self._t_start = time.perf_counter()
         self._t_first = 0.0
         self._steps = 0
+        self._prompt = prompt
+        self._tokens: list[int] = []  # the chosen tokens, for the replay
         self.finished = False
 
     def push(self, token: int, extra: Extra = ()) -> list[Event]:
@@ -78,6 +84,7 @@ class OutputStream:
         if m.completion_tokens >= sp.max_tokens:
             return self.finish("length")
         m.completion_tokens += 1
+        self._tokens.append(token)
         text = self._stops.feed(self._utf8.decode(self._piece(token)))
         events: list[Event] = [TokenOut(self.req_id, token, text, *extra)]
         if self._stops.stopped:
@@ -90,6 +97,9 @@ class OutputStream:
         """End the stream: flush held-back text, then Finished with the metrics."""
         self.metrics.stop_reason = reason
         self.finished = True
+        if self._prompt is not None and self.metrics.draft != "ngram":
+            replayed = replay_ngram(self._prompt, self._tokens)
+            self.metrics.ngram_replay = replayed.to_json() if replayed else None
         tail = self._stops.feed(self._utf8.decode(b"", final=True)) + self._stops.flush()
         events: list[Event] = [TokenOut(self.req_id, -1, tail)] if tail else []
         return [*events, self.done()]

@@ -95,7 +95,7 @@ class RunningSequence:
         self.n_prefilled = reused  # prompt tokens already in the KV cache
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
-                                model.piece, model.is_eog)
+                                model.piece, model.is_eog, prompt=req.prompt)
         self.spec = (DraftState(drafter, k=getattr(drafter, "k_start", 4),
                                 k_max=getattr(drafter, "k_max", 12))
                      if drafter is not None else None)

@@ -8,7 +8,7 @@ calls
   drafter (one `propose` call per drafter, so a draft model batches the step's asks),
   and the drafts are shaped so that the step's logit rows are a multiple of the CPU
   kernels' tile (row_shape.py), with guessed free rows for greedy sequences that are not
-  drafting (`drafters.free_guess`). It sets each sequence's `draft` (and `guessed`);
+  drafting (`ngram.free_guess`). It sets each sequence's `draft` (and `guessed`);
 - `verify(seq, rows)` after the decode, for a sequence whose draft rode in the batch:
   the accepted prefix plus the one token the first unaccepted row gives (the rules are
   speculative.py's), as a `Verdict` the scheduler emits and cuts the slot's cells by.
@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from inferenceos.engine.drafters import DraftSetup, free_guess, make_drafter
+from inferenceos.engine.drafters import DraftSetup, make_drafter
+from inferenceos.engine.ngram import free_guess
 from inferenceos.engine.row_shape import head_type, row_multiple, shape_drafts
 from inferenceos.engine.running import Request, RunningSequence
 from inferenceos.engine.session import LoadedModel
@@ -44,7 +45,7 @@ from inferenceos.engine.speculative import (
     target_distribution,
 )
 from inferenceos.errors import GenerationError, UsageError
-from inferenceos.plan.speculative import OPTIMISTIC_ACCEPTANCE, best_draft_length
+from inferenceos.plan.speculative import OPTIMISTIC_ACCEPTANCE, PLANNED, best_draft_length
 
 # what verifying one more row costs against a one-token decode step: the batched rows
 # share the weight reads but not the compute, dominated on small-vocabulary-heavy models
@@ -97,6 +98,11 @@ class SpeculativeDecoder:
         self.drafters: dict[str, Drafter] = {}
         self.draft_cost: dict[str, float] = {}  # drafter name → relative cost per token
         self.draft_options = draft_options or {}
+        # a plan's own choice (`--draft auto`, plan.speculative.PLANNED) drafts for every
+        # request but a seeded sampled one, whose seed must replay (draft_name)
+        self.planned = bool(draft and draft.startswith(PLANNED))
+        if draft and self.planned:
+            draft = draft[len(PLANNED):]
         self.default_draft = draft if draft not in (None, *NO_DRAFT) else None
         if self.default_draft is not None:
             self.drafter(self.default_draft)
@@ -127,10 +133,15 @@ class SpeculativeDecoder:
         return self.drafters[name]
 
     def draft_name(self, req: Request) -> str | None:
-        """The request's drafter: its own choice, its sampling's, else the default."""
+        """The request's drafter: its own choice, its sampling's, else the default (not
+        a planned default for a seeded sampled request: drafted, it would draw another
+        sample than the seed gives plainly)."""
         for name in (req.draft, req.sampling.draft):
             if name is not None:
                 return name
+        sp = req.sampling
+        if self.planned and sp.temperature != 0 and sp.seed is not None:
+            return None
         return self.default_draft
 
     def draft_for(self, req: Request) -> Drafter | None:

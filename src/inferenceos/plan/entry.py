@@ -29,6 +29,7 @@ from pathlib import Path
 from inferenceos.errors import UsageError
 from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.model.projector import ProjectorFacts, load_projector
+from inferenceos.plan import draft_choice
 from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine, Overrides, apply_overrides, with_workers
 from inferenceos.plan.flash_attn import off_by_default, prefer_without
@@ -88,6 +89,11 @@ class LoadRequest:
     # `plan.kv_quality`, else q4_0) and whether to keep the rejected alternatives
     kv_quality: str | None = None
     explain: bool = False
+    # speculative decoding (plan/draft_choice.py): None decodes plainly, "auto" lets the
+    # plan choose, anything else (ngram, self, a draft .gguf) is kept and priced;
+    # `draft_models` are more draft model files auto may choose from
+    draft: str | None = None
+    draft_models: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """UsageError for values no plan can honour (negative, absurd)."""
@@ -170,7 +176,36 @@ def plan_load(
     pf = _projector_facts(req.mmproj)
     machine, changes = _machine_for(_with_request_devices(machine, req), req.backend)
     plan = _plan_text(facts, machine, req, calibration, changes)
-    return plan if pf is None else _with_projector(plan, pf, facts, machine, req, calibration)
+    if pf is not None:
+        plan = _with_projector(plan, pf, facts, machine, req, calibration)
+    return plan if req.draft is None else _with_draft(plan, facts, machine, req, calibration)
+
+
+def _with_draft(plan: Plan, facts: ModelFacts, machine: Machine, req: LoadRequest,
+                calibration: Calibration | None) -> Plan:
+    """`plan` with its drafter decided (plan/draft_choice.py): the candidates priced at
+    this plan's predicted prefill and decode, within the RAM it leaves."""
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.speculative import learned_draft
+
+    asked = req.draft.strip() if req.draft else draft_choice.NONE
+    asked = asked.lower() if asked.lower() in (draft_choice.AUTO, draft_choice.NONE) else asked
+    cal = calibration or machine_calibration()
+    w = _objective(req)
+    prefill_s, decode_s = w.costs(facts, machine, plan.ctx, plan.placement, cal, plan.threads)
+    c_row = draft_choice.row_cost(prefill_s / max(w.prompt_tokens, 1), decode_s)
+    ram_left = plan.budgets.get("CPU", 0) - plan.memory.by_device.get("CPU", 0)
+    named = () if asked in (draft_choice.AUTO, draft_choice.NONE) else (asked,)
+    options = draft_choice.price_drafters(
+        facts, ("ngram", "self", *req.draft_models, *named), c_row,
+        plan.ctx.n_ctx // max(plan.ctx.n_seq, 1), ram_left, load_model_facts,
+        lambda model, name: learned_draft(model, name))
+    chosen = draft_choice.choose_draft(options, asked, _policy(req))
+    return replace(plan, draft=chosen)
+
+
+def _policy(req: LoadRequest) -> str:
+    return req.policy.strip().lower()
 
 
 def _projector_facts(mmproj: str | Path | ProjectorFacts | None) -> ProjectorFacts | None:

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.atomic import write_json_atomic
+from inferenceos.plan.draft_choice import DraftPlan
 from inferenceos.plan.llama_params import LlamaParams, gpu_layers_for
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.placement import Placement
 from inferenceos.plan.projector import ProjectorPlan
+from inferenceos.plan.speculative import PLANNED
 from inferenceos.units import format_bytes
 
 EXPERT_TENSORS = r"ffn_(up|down|gate|gate_up)_exps"
@@ -64,6 +66,18 @@ class Plan:
     # the best plans the optimizer rejected (plan/optimize.py `Candidate.to_json`), each
     # with its settings, predicted t/s and memory; filled only when asked to explain
     alternatives: tuple[dict[str, Any], ...] = ()
+    # the speculative drafter (plan/draft_choice.py); None: the request did not ask
+    draft: DraftPlan | None = None
+
+    @property
+    def engine_draft(self) -> str | None:
+        """The engine's default drafter for this plan: None decodes plainly; an auto
+        choice carries plan.speculative's PLANNED prefix (a seeded sampled request
+        then decodes plainly, so its seed replays)."""
+        d = self.draft
+        if d is None or d.drafter is None:
+            return None
+        return f"{PLANNED}{d.drafter}" if d.asked == "auto" else d.drafter
 
     # -- llama.cpp parameters ------------------------------------------------------------
 
@@ -189,6 +203,8 @@ class Plan:
         if self.projector is not None:
             pp = self.projector
             flags += f" · projector {pp.kind} on {pp.device} ({format_bytes(pp.bytes)})"
+        if self.draft is not None and (self.draft.drafter or self.draft.asked == "auto"):
+            flags += f" · {self.draft.line()}"
         fa = {-1: "auto", 0: "off", 1: "on"}.get(p.flash_attn, str(p.flash_attn))
         t, tb = p.n_threads, p.n_threads_batch
         threads = f"{t} thread{'s' if t != 1 else ''}" + (
@@ -213,6 +229,7 @@ class Plan:
             "placement": self.placement.to_json(),
             "projector": self.projector.to_json() if self.projector is not None else None,
             "alternatives": list(self.alternatives),
+            "draft": self.draft.to_json() if self.draft is not None else None,
         }
 
     def save(self, path: str | Path) -> None:

@@ -147,12 +147,15 @@ def simulate(
     mmproj: str | Path | None = None,
     kv_quality: str | None = None,
     explain: bool = False,
+    draft: str | None = None,
 ) -> Prediction:
     """Plan and predict for `path` on `machine` (metadata only). `policy` (plan/policy.py)
     changes the objective; `cpu_load` makes the thread count load-aware; `mmproj` a
     multimodal projector loaded beside the model (its memory in the plan, its encoder
     time in the TTFT of `workload.image_tokens`); `kv_quality` the lowest KV precision
-    the plan may take; with `explain` the plan keeps the alternatives it rejected."""
+    the plan may take; with `explain` the plan keeps the alternatives it rejected;
+    `draft` is the plan's drafter request (LoadRequest.draft: auto lets it choose). The
+    predicted decode is plain decoding's (`with_draft` adds a drafter's)."""
     from inferenceos.plan.entry import LoadRequest, plan_load
 
     facts = load_model_facts(path)
@@ -164,7 +167,7 @@ def simulate(
         need_tokens=workload.prompt_tokens + workload.output_tokens,
         prompt_tokens=workload.prompt_tokens, cpu_load=cpu_load,
         mmproj=mmproj, image_tokens=workload.image_tokens, kv_quality=kv_quality,
-        explain=explain,
+        explain=explain, draft=draft,
     )
     if policy is not None:
         req = apply_to_request(policy, req, facts)

@@ -22,6 +22,7 @@ task mix; `--task` picks a prior instead.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ VERIFY_ROW_COST = 0.25
 # not pay even at this rate skips drafting from the start
 OPTIMISTIC_ACCEPTANCE = 0.9
 TASKS = ("copy", "free")  # output that quotes its prompt (edits, RAG, code), or free text
+# the engine's default drafter as a plan chose it by itself (`--draft auto`): the prefix
+# tells the engine that a seeded sampled request decodes plainly (its seed replays, as
+# the user asked; a drafter the user named drafts it too)
+PLANNED = "auto:"
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -132,6 +137,24 @@ class DraftEvidence:
     draft_accepted: int
     decode_steps: int
     output_tokens: int
+    replayed: int = 0  # of `runs`: plain runs whose tokens were replayed (ngram only)
+    # the drafter's measured speedup: the median decode t/s of the runs that really
+    # drafted with it over that of the model's plain runs (None: not both recorded)
+    measured: float | None = None
+
+    @property
+    def basis(self) -> str:
+        """'learned from 3 runs', '... (2 replayed)', or '... measured 0.94x'."""
+        text = f"learned from {self.runs} run{'s' * (self.runs != 1)}"
+        text += f" ({self.replayed} replayed)" if self.replayed else ""
+        return text + (f", measured {self.measured:.2f}x" if self.measured else "")
+
+    def speedup(self, cost: float) -> float:
+        """Decode speed over plain decoding: as measured where the drafter really ran
+        beside plain runs, else its counters priced at `cost` per draft token."""
+        if self.measured is not None:
+            return self.measured
+        return self.tokens_per_step / (1.0 + cost * self.drafts_per_step)
 
     @property
     def acceptance(self) -> float:
@@ -146,23 +169,51 @@ class DraftEvidence:
         return self.draft_tokens / self.decode_steps
 
 
+def _counters(x: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The draft counters one telemetry `extra` holds for drafter `kind`: its own when it
+    drafted with that kind, else (for 'ngram') the replay of n-gram drafting on its
+    tokens (engine.ngram_replay); None without either."""
+    if drafter_kind(str(x.get("draft") or "")) == kind:
+        return x
+    replay = x.get("ngram_replay")
+    if kind == "ngram" and isinstance(replay, dict):
+        return {**replay, "replayed": True}
+    return None
+
+
 def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEvidence | None:
     """Sum the draft counters of the telemetry `extra` dicts recorded with `drafter`
-    (its kind: a draft model file counts as 'model'); None without any."""
-    runs = tokens = accepted = steps = out = 0
+    (its kind: a draft model file counts as 'model'; for 'ngram' also the replays of
+    plain runs); None without any. Dicts that carry `decode_tps` also give the measured
+    speedup (`DraftEvidence.measured`)."""
+    runs = tokens = accepted = steps = out = replayed = 0
     kind = drafter_kind(drafter)
+    drafted_tps: list[float] = []
+    plain_tps: list[float] = []
     for x in extras:
-        if not isinstance(x, dict) or drafter_kind(str(x.get("draft") or "")) != kind:
+        if not isinstance(x, dict):
+            continue
+        tps = x.get("decode_tps")
+        if isinstance(tps, int | float) and tps > 0:
+            own = drafter_kind(str(x.get("draft") or "")) == kind
+            (drafted_tps if own else plain_tps if not x.get("draft") else []).append(tps)
+        c = _counters(x, kind)
+        if c is None:
             continue
         try:
-            n, a, s = int(x["draft_tokens"]), int(x["draft_accepted"]), int(x["decode_steps"])
+            n, a, s = int(c["draft_tokens"]), int(c["draft_accepted"]), int(c["decode_steps"])
         except (KeyError, TypeError, ValueError):
             continue
         if s <= 0 or not 0 <= a <= n:
             continue
         runs, tokens, accepted, steps = runs + 1, tokens + n, accepted + a, steps + s
+        replayed += bool(c.get("replayed"))
         out += int(x.get("output_tokens") or 0)
-    return DraftEvidence(runs, tokens, accepted, steps, out) if runs else None
+    if not runs:
+        return None
+    measured = (statistics.median(drafted_tps) / statistics.median(plain_tps)
+                if drafted_tps and plain_tps else None)
+    return DraftEvidence(runs, tokens, accepted, steps, out, replayed, measured)
 
 
 def learned_draft(model: str | Path, drafter: str, limit: int = 200) -> DraftEvidence | None:
@@ -174,7 +225,8 @@ def learned_draft(model: str | Path, drafter: str, limit: int = 200) -> DraftEvi
         rows = telemetry.generations(model=Path(model), machine="kind", limit=limit)
     except Exception:  # no history is a valid answer
         return None
-    return pool_evidence(({**r.extra, "output_tokens": r.output_tokens} for r in rows
+    return pool_evidence(({**r.extra, "output_tokens": r.output_tokens,
+                           "decode_tps": r.decode_tps} for r in rows
                           if isinstance(r.extra, dict)), drafter)
 
 
@@ -212,9 +264,8 @@ def predict_draft(drafter: str, task: str | None, cost: float | None = None,
     prior = PRIORS.get((kind, task or "free"), DraftPrior(0.5, VERIFY_ROW_COST, 12))
     c = prior.cost if cost is None else cost
     if evidence is not None and task is None:
-        speedup = evidence.tokens_per_step / (1.0 + c * evidence.drafts_per_step)
-        return DraftPrediction(drafter, "recorded", f"learned from {evidence.runs} run"
-                               f"{'s' * (evidence.runs != 1)}", evidence.acceptance, c,
+        speedup = evidence.speedup(c)
+        return DraftPrediction(drafter, "recorded", evidence.basis, evidence.acceptance, c,
                                evidence.drafts_per_step, evidence.tokens_per_step,
                                speedup)
     est = best_draft_length(prior.acceptance, c, prior.k_max)

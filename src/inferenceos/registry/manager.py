@@ -62,7 +62,7 @@ class NoRoomError(ModelBusyError):
 
 
 Planner = Callable[[ResolvedModel, LoadRequest, Machine], Plan]
-EngineFactory = Callable[..., EngineClient]  # (path, LlamaParams, slots, **media keywords)
+EngineFactory = Callable[..., EngineClient]  # (path, LlamaParams, slots, **plan keywords)
 ContextHint = Callable[[ResolvedModel], "tuple[int, str] | None"]
 
 
@@ -75,24 +75,28 @@ def plan_model(model: ResolvedModel, req: LoadRequest, machine: Machine) -> Plan
 
 
 def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
-    """Engines in worker processes that batch `slots` sequences, queue `max_queue`; a
-    model with a projector gets it as keyword arguments (mmproj, mmproj_gpu)."""
-    def factory(path: Path, params: LlamaParams, slots: int, **media: Any) -> EngineClient:
+    """Engines in worker processes that batch `slots` sequences, queue `max_queue`; the
+    plan's projector (mmproj, mmproj_gpu) and drafter come as keyword arguments."""
+    def factory(path: Path, params: LlamaParams, slots: int, **planned: Any) -> EngineClient:
         from inferenceos.engine.engine import Engine
 
         return Engine(path, params.per_sequence(), n_parallel=slots, max_queue=max_queue,
-                      **engine_kw, **media)
+                      **engine_kw, **planned)
     # host RAM each engine's KV cache tier may hold (engine/kv_store.py): the manager
     # charges it beside the model's own, in both tiers (it lives in the worker)
     factory.kv_cache_ram = int(engine_kw.get("kv_cache_ram", 0) or 0)  # type: ignore[attr-defined]
     return factory
 
 
-def _media_kw(plan: Plan) -> dict[str, Any]:
-    """The engine's projector arguments from the plan (none for a text-only model)."""
+def _engine_kw(plan: Plan) -> dict[str, Any]:
+    """The engine's arguments from the plan besides its parameters: the projector's (a
+    multimodal model) and the drafter (plan/draft_choice.py; none: plain decoding)."""
     p = plan.projector
-    return {} if p is None else {"mmproj": Path(p.path), "mmproj_gpu": p.use_gpu,
-                                 "mmproj_device": p.llama_name}
+    kw: dict[str, Any] = {} if p is None else {
+        "mmproj": Path(p.path), "mmproj_gpu": p.use_gpu, "mmproj_device": p.llama_name}
+    if plan.engine_draft is not None:
+        kw["draft"] = plan.engine_draft
+    return kw
 
 
 def recent_context(model: ResolvedModel) -> tuple[int, str] | None:
@@ -263,7 +267,7 @@ class ModelManager:
         need["CPU"] = need.get("CPU", 0) + kv_ram
         self._make_room(model.name, need)
         t0 = time.perf_counter()
-        engine = self._factory(model.path, plan.params(), self.slots, **_media_kw(plan))
+        engine = self._factory(model.path, plan.params(), self.slots, **_engine_kw(plan))
         now = self._clock()
         lm = ResidentModel(
             model, engine, plan, self.slots, now,

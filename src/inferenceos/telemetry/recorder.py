@@ -179,6 +179,10 @@ class Recorder:
             for key in _DRAFT_FIELDS:
                 if key in metrics:
                     extra.setdefault(key, metrics[key])
+        if metrics and isinstance(metrics.get("ngram_replay"), Mapping):
+            # what n-gram drafting would have done here: how the planner learns that it
+            # pays for a model that never drafted (plan/draft_choice.py)
+            extra.setdefault("ngram_replay", dict(metrics["ngram_replay"]))
         row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
                    source=self.source_override or source,
                    concurrency=int(concurrency), settings=_json(dict(settings or {})),

@@ -1,0 +1,79 @@
+"""What n-gram drafting would have done on a generation that did not use it.
+
+The planner chooses a drafter from what each one gave this model before
+(plan/draft_choice.py). A drafter that never ran would never be chosen, so every plain
+generation replays the `ngram` drafter on its own tokens when it ends: the same
+`NgramDrafter` and per-sequence `DraftState` the scheduler uses, asked at each step
+what it would draft, its draft compared with the tokens the model really chose. The
+counts (draft tokens, accepted, verification steps) are what greedy verification would
+have recorded; a sampled generation's acceptance is that of its own sample, close to
+but not the speculative-sampling rule's. Timing is left out (the drafter's measured
+pause rule needs real steps): the replay counts, the planner prices them.
+
+Bounded: at most `MAX_OUTPUT` output tokens are replayed (a lookup scans the whole
+sequence), and media placeholders (negative ids) end nothing but match nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inferenceos.engine.ngram import NgramDrafter
+from inferenceos.engine.speculative import DraftAsk, DraftState
+
+MAX_OUTPUT = 1024  # output tokens replayed (each step scans the sequence: ~30 us per 1k)
+MIN_OUTPUT = 8  # shorter replies say nothing about a drafter
+
+
+@dataclass(frozen=True)
+class ReplayedDraft:
+    """The counters a drafted run records (GenerationMetrics' draft fields)."""
+
+    draft_tokens: int
+    draft_accepted: int
+    decode_steps: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"draft_tokens": self.draft_tokens, "draft_accepted": self.draft_accepted,
+                "decode_steps": self.decode_steps}
+
+
+def _accepted(draft: Sequence[int], actual: Sequence[int]) -> int:
+    """How many leading draft tokens equal the tokens that really followed."""
+    n = 0
+    for d, a in zip(draft, actual, strict=False):
+        if d != a:
+            break
+        n += 1
+    return n
+
+
+def replay_ngram(prompt: Sequence[int], output: Sequence[int]) -> ReplayedDraft | None:
+    """Replay n-gram drafting over `output` (the generated tokens, in order) after
+    `prompt`; None for an output shorter than MIN_OUTPUT. The first output token comes
+    from the prompt's prefill (no draft); each later step drafts what the drafter and the
+    sequence's DraftState would ask for, accepts the prefix equal to `output`, and
+    emits one token more (the correction, or the token after a fully accepted draft)."""
+    output = list(output[:MAX_OUTPUT])
+    if len(output) < MIN_OUTPUT:
+        return None
+    drafter = NgramDrafter()
+    state = DraftState(drafter, k=drafter.k_start, k_max=drafter.k_max, clock=lambda: 0.0)
+    seq = [*prompt, output[0]]
+    done, tokens, accepted, steps = 1, 0, 0, 0
+    while done < len(output):
+        room = len(output) - done - 1  # the step's own token is not a draft
+        k, min_match = state.want(done, room), 0
+        if k == 0:
+            k, min_match = state.sure_ask(done, room)
+        draft = drafter.propose([DraftAsk(0, seq, k, min_match)])[0][:k] if k > 0 else []
+        n_acc = _accepted(draft, output[done:])
+        if draft:
+            tokens, accepted = tokens + len(draft), accepted + n_acc
+            state.update(len(draft), n_acc, done)
+        steps += 1
+        new = output[done:done + n_acc + 1]
+        seq += new
+        done += len(new)
+    return ReplayedDraft(tokens, accepted, steps)

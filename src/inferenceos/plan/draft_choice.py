@@ -1,0 +1,177 @@
+"""The drafter as a plan decision: which speculative drafter, if any, decodes fastest.
+
+`--draft auto` (LoadRequest.draft) leaves the choice to the plan. Every candidate
+(`ngram`, `self`, draft model files the caller names) is priced with the speculative
+model of plan/speculative.py:
+
+- **cost per draft token** c = the drafter's own work (a draft model's weight bytes over
+  the target's, as its decode is memory-bound; nothing for n-gram lookup) plus one
+  verification row. The row is priced by the cost model, not a constant: one more row
+  in a decode step costs what a prompt token costs in prefill, so c_row = predicted
+  prefill seconds per token / predicted decode seconds per step (Gemma 3 270M on 2 CPU
+  threads: 0.18; Qwen2.5-Coder-1.5B: 0.52; the engine measured 0.15-0.25 and ~0.6);
+- **acceptance**: what this model's recorded runs measured with the drafter (for n-gram
+  also the replays of plain runs, engine/ngram_replay.py), else the free-text prior;
+- **measured beats modelled**: once the drafter really ran beside plain runs of the
+  model, its speedup is their measured decode t/s ratio (medians), whatever the counters
+  say. Replays count acceptance, not time: on Qwen2.5-Coder-0.5B returning an edited
+  function they promised 1.19x where drafting measured 0.85x, so one losing run is
+  enough to turn auto back to plain decoding;
+- **memory**: a draft model holds its weights and an f16 KV cache of the target's
+  context in RAM; one that does not fit in what the plan leaves of the RAM budget is
+  not a candidate.
+
+Only a drafter priced from this model's own runs is chosen (a prior never promises what
+free text may not give; the options table shows the priors beside). The fastest
+predicted decode wins when it beats plain decoding by `MARGIN` (the
+engine's own rule pauses a drafter that stops paying, so a small predicted gain is not
+worth a drafter's load time and memory); otherwise the plan decodes plainly. Under the
+`capacity` policy only drafters that hold no memory compete. A drafter the user names is
+kept as asked and priced beside the rest, so the plan line says what it should give.
+Pure: telemetry is read through `evidence` (default plan.speculative.learned_draft).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from inferenceos.plan import speculative as spec
+from inferenceos.plan.model_facts import ModelFacts
+
+AUTO = "auto"
+NONE = "none"
+MARGIN = 1.10  # predicted speedup a drafter must reach to be chosen over plain decoding
+MIN_ROW_COST, MAX_ROW_COST = 0.02, 2.0  # a row on a GPU is nearly free, never quite
+SELF_KEEP = 0.83  # the share of blocks a self-draft keeps (engine/self_draft.py)
+
+Evidence = Callable[[str, str], "spec.DraftEvidence | None"]
+
+
+@dataclass(frozen=True)
+class DraftOption:
+    """One drafter priced for this plan."""
+
+    drafter: str  # "none", "ngram", "self" or a draft model path
+    speedup: float  # predicted decode speed over plain decoding
+    basis: str  # "learned from 3 runs (2 replayed)", "prior for free text", ...
+    cost: float  # c: one draft token against a plain decode step
+    memory: int  # bytes the drafter holds (draft weights and KV)
+    fits: bool = True
+    learned: bool = False  # priced from this model's recorded (or replayed) runs
+
+    @property
+    def label(self) -> str:
+        return self.drafter if self.drafter in (NONE, "ngram", "self") else Path(
+            self.drafter).name
+
+    def to_json(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "speedup": round(self.speedup, 3),
+                "basis": self.basis, "cost": round(self.cost, 3), "memory": self.memory,
+                "fits": self.fits, "learned": self.learned}
+
+
+PLAIN = DraftOption(NONE, 1.0, "plain decoding", 0.0, 0)
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """The plan's drafter: `drafter` None decodes plainly. `asked` is what the request
+    said (auto, or the user's drafter); `options` every candidate as priced."""
+
+    drafter: str | None
+    speedup: float
+    basis: str
+    asked: str
+    options: tuple[DraftOption, ...] = ()
+
+    def line(self) -> str:
+        """The plan line's part: 'draft ngram (1.42x, learned from 3 runs)'."""
+        if self.drafter is None:
+            best = max((o for o in self.options if o.learned and o.fits),
+                       key=lambda o: o.speedup, default=None)
+            why = (f"best {best.label} {best.speedup:.2f}x, {best.basis}" if best else
+                   "no drafted or replayed runs of this model yet")
+            return f"no drafter (auto: {why})"
+        who = "yours" if self.asked != AUTO else "auto"
+        name = self.drafter if self.drafter in ("ngram", "self") else Path(self.drafter).name
+        return f"draft {name} ({who}: {self.speedup:.2f}x, {self.basis})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"drafter": self.drafter, "asked": self.asked,
+                "speedup": round(self.speedup, 3), "basis": self.basis,
+                "options": [o.to_json() for o in self.options]}
+
+
+def row_cost(prefill_s_per_token: float, decode_s: float) -> float:
+    """One more verification row against a plain decode step (module docstring)."""
+    if decode_s <= 0 or prefill_s_per_token <= 0:
+        return spec.VERIFY_ROW_COST
+    return min(MAX_ROW_COST, max(MIN_ROW_COST, prefill_s_per_token / decode_s))
+
+
+def kv_bytes_f16(facts: ModelFacts, n_ctx: int, keep: float = 1.0) -> int:
+    """An f16 KV cache of `n_ctx` cells over `keep` of the model's layers (every layer at
+    full size: an upper bound, as engine/drafters.py sizes a draft context)."""
+    s = facts.spec
+    per_cell = sum(layer.head_count_kv for layer in s.layers) * (s.key_length + s.value_length)
+    return int(per_cell * 2 * n_ctx * keep)
+
+
+def _priced(name: str, c: float, memory: int, evidence: spec.DraftEvidence | None) -> DraftOption:
+    """`name` at cost `c`: from its recorded runs when there are some, else the prior."""
+    if evidence is not None:
+        return DraftOption(name, evidence.speedup(c), evidence.basis, c, memory, learned=True)
+    kind = spec.drafter_kind(name)
+    prior = spec.PRIORS.get((kind, "free"), spec.DraftPrior(0.5, c, 12))
+    est = spec.best_draft_length(prior.acceptance, c, prior.k_max)
+    return DraftOption(name, est.speedup, "prior for free text", c, memory)
+
+
+def price_drafters(
+    facts: ModelFacts,
+    candidates: Sequence[str],
+    c_row: float,
+    n_ctx: int,
+    ram_left: int,
+    draft_facts: Callable[[str], ModelFacts],
+    evidence: Evidence | None = None,
+) -> list[DraftOption]:
+    """Every candidate priced (module docstring); `draft_facts` reads a draft model's
+    header, `evidence(model, drafter)` its recorded runs (None: the priors only)."""
+    model = str(facts.spec.path)
+    target = max(facts.spec.tensor_bytes, 1)
+    out = [PLAIN]
+    for name in dict.fromkeys(candidates):  # once each, in order
+        kind = spec.drafter_kind(name)
+        if kind == "ngram":
+            c, memory = c_row, 0
+        elif kind == "self":
+            own = spec.self_draft_bytes(facts, SELF_KEEP)
+            c, memory = own / target + c_row, own + kv_bytes_f16(facts, n_ctx, SELF_KEEP)
+        else:
+            df = draft_facts(name)
+            c = df.spec.tensor_bytes / target + c_row
+            memory = df.spec.tensor_bytes + kv_bytes_f16(df, n_ctx)
+        option = _priced(name, c, memory, evidence(model, name) if evidence else None)
+        out.append(option if memory <= ram_left else replace(option, fits=False))
+    return out
+
+
+def choose_draft(options: Sequence[DraftOption], asked: str, policy: str) -> DraftPlan:
+    """The plan's drafter among priced `options` for a request that `asked` for
+    auto or for one drafter (kept as asked)."""
+    opts = tuple(options)
+    if asked != AUTO:
+        mine = next((o for o in opts if o.drafter == asked), None)
+        if mine is None or asked == NONE:
+            return DraftPlan(None, 1.0, "asked for", asked, opts)
+        return DraftPlan(asked, mine.speedup, mine.basis, asked, opts)
+    usable = [o for o in opts if o.fits and o.learned and o.drafter != NONE
+              and (policy != "capacity" or o.memory == 0)]
+    best = max(usable, key=lambda o: o.speedup, default=None)
+    if best is None or best.speedup < MARGIN:
+        return DraftPlan(None, 1.0, "plain decoding", AUTO, opts)
+    return DraftPlan(best.drafter, best.speedup, best.basis, AUTO, opts)

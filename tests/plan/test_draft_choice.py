@@ -1,0 +1,127 @@
+"""The drafter as a plan decision (plan/draft_choice.py): priced by the cost model and
+what this model's runs measured, chosen only from evidence, within the RAM left."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from inferenceos.plan import draft_choice as dc
+from inferenceos.plan.speculative import DraftEvidence, pool_evidence
+from plan_factories import make_facts
+
+TARGET = make_facts(n_layer=8, n_embd=1024, n_ff=2816, n_vocab=32000, name="target")
+DRAFT = make_facts(n_layer=4, n_embd=512, n_ff=1024, n_vocab=32000, name="draft")
+
+
+def _evidence(table: dict[str, DraftEvidence]) -> dc.Evidence:
+    return lambda model, name: table.get(dc.spec.drafter_kind(name))
+
+
+# a copying workload: 3 tokens per verification step for 2.5 drafts each
+COPYING = DraftEvidence(runs=3, draft_tokens=250, draft_accepted=200, decode_steps=100,
+                        output_tokens=300, replayed=3)
+# free text: drafts at a few bigram matches, a third accepted
+FREE = DraftEvidence(runs=3, draft_tokens=30, draft_accepted=10, decode_steps=290,
+                     output_tokens=300, replayed=3)
+
+
+def _price(evidence: dict[str, DraftEvidence], ram_left: int = 1 << 40,
+           candidates: tuple[str, ...] = ("ngram", "self"), c_row: float = 0.2,
+           ) -> list[dc.DraftOption]:
+    return dc.price_drafters(TARGET, candidates, c_row, 4096, ram_left,
+                             lambda path: DRAFT, _evidence(evidence))
+
+
+def test_without_any_run_of_the_model_auto_decodes_plainly() -> None:
+    """Priors are shown, never acted on: even a prior that would pay (a GPU's nearly free
+    verification row) does not choose a drafter without this model's runs."""
+    options = _price({}, c_row=dc.MIN_ROW_COST)
+    assert any(o.drafter == "ngram" and o.speedup > dc.MARGIN for o in options)
+    plan = dc.choose_draft(options, dc.AUTO, "balanced")
+    assert plan.drafter is None
+    assert "no drafted or replayed runs" in plan.line()
+
+
+def test_ngram_is_chosen_where_its_runs_say_it_pays_and_not_on_free_text() -> None:
+    copying = dc.choose_draft(_price({"ngram": COPYING}), dc.AUTO, "balanced")
+    assert copying.drafter == "ngram"
+    # 3 tokens per step for 1 + 0.2 x 2.5 steps of work
+    assert copying.speedup == pytest.approx(3.0 / 1.5)
+    assert "draft ngram (auto: 2.00x, learned from 3 runs (3 replayed))" in copying.line()
+    free = dc.choose_draft(_price({"ngram": FREE}), dc.AUTO, "balanced")
+    assert free.drafter is None and "best ngram 1.01x" in free.line()
+
+
+def test_the_row_cost_decides_whether_the_same_acceptance_pays() -> None:
+    """A verification row costs what a prompt token costs: cheap beside a slow decode
+    (memory-bound), dear where prefill is barely faster than decode."""
+    assert dc.row_cost(prefill_s_per_token=0.004, decode_s=0.02) == pytest.approx(0.2)
+    assert dc.row_cost(0.0, 0.02) == dc.spec.VERIFY_ROW_COST  # nothing predicted
+    assert dc.row_cost(1.0, 0.01) == dc.MAX_ROW_COST
+    cheap = dc.choose_draft(_price({"ngram": COPYING}, c_row=0.2), dc.AUTO, "balanced")
+    dear = dc.choose_draft(_price({"ngram": COPYING}, c_row=1.0), dc.AUTO, "balanced")
+    assert cheap.drafter == "ngram" and dear.drafter is None  # 3 / (1 + 2.5) < 1
+
+
+def test_a_draft_model_is_chosen_only_when_it_fits_in_the_ram_left() -> None:
+    evidence = {"model": DraftEvidence(3, 400, 360, 100, 460)}
+    options = _price(evidence, candidates=("ngram", "draft.gguf"))
+    model = next(o for o in options if o.drafter == "draft.gguf")
+    assert model.memory == DRAFT.spec.tensor_bytes + dc.kv_bytes_f16(DRAFT, 4096)
+    assert dc.choose_draft(options, dc.AUTO, "balanced").drafter == "draft.gguf"
+    tight = _price(evidence, ram_left=model.memory - 1, candidates=("ngram", "draft.gguf"))
+    assert not next(o for o in tight if o.drafter == "draft.gguf").fits
+    assert dc.choose_draft(tight, dc.AUTO, "balanced").drafter is None
+    # capacity keeps its memory for contexts: only drafters that hold none compete
+    assert dc.choose_draft(options, dc.AUTO, "capacity").drafter is None
+
+
+def test_a_drafter_the_user_names_is_kept_and_priced() -> None:
+    options = _price({"ngram": FREE})
+    mine = dc.choose_draft(options, "ngram", "balanced")
+    assert mine.drafter == "ngram" and mine.asked == "ngram"
+    assert "draft ngram (yours: 1.01x" in mine.line()
+    assert dc.choose_draft(options, dc.NONE, "balanced").drafter is None
+
+
+def test_replayed_plain_runs_teach_ngram_only() -> None:
+    """A plain run's replay (engine/ngram_replay.py) counts for ngram, not for a draft
+    model; a run that drafted with ngram counts as itself."""
+    replay = {"draft_tokens": 10, "draft_accepted": 8, "decode_steps": 20}
+    extras = [{"ngram_replay": replay, "output_tokens": 29},
+              {"draft": "ngram", "draft_tokens": 6, "draft_accepted": 3, "decode_steps": 9,
+               "ngram_replay": {"draft_tokens": 99, "draft_accepted": 99, "decode_steps": 1}}]
+    ev = pool_evidence(extras, "ngram")
+    assert ev is not None
+    assert (ev.runs, ev.replayed, ev.draft_tokens, ev.draft_accepted) == (2, 1, 16, 11)
+    assert pool_evidence(extras, "small.gguf") is None
+
+
+def test_plan_json_and_line_carry_the_choice() -> None:
+    from inferenceos.plan.speculative import PLANNED
+
+    chosen = dc.choose_draft(_price({"ngram": COPYING}), dc.AUTO, "balanced")
+    j = chosen.to_json()
+    assert j["drafter"] == "ngram" and j["asked"] == "auto"
+    assert [o["drafter"] for o in j["options"]] == ["none", "ngram", "self"]
+    assert PLANNED == "auto:"  # the engine's spelling of a planned default
+    assert replace(chosen, asked="ngram").line().startswith("draft ngram (yours")
+
+
+def test_once_the_drafter_really_ran_its_measured_speed_decides() -> None:
+    """Replays promise acceptance, not time: a drafted run that measured slower than
+    the model's plain runs turns auto back to plain decoding at the next plan."""
+    replay = {"draft_tokens": 160, "draft_accepted": 70, "decode_steps": 89}
+    plain = [{"ngram_replay": replay, "decode_tps": tps} for tps in (45.6, 45.5, 44.9)]
+    promised = pool_evidence(plain, "ngram")
+    assert promised is not None and promised.measured is None
+    assert promised.speedup(0.25) > dc.MARGIN  # what the replays alone say
+    drafted = {"draft": "ngram", "draft_tokens": 229, "draft_accepted": 58,
+               "decode_steps": 101, "decode_tps": 42.9}
+    ev = pool_evidence([*plain, drafted], "ngram")
+    assert ev is not None and ev.measured == pytest.approx(42.9 / 45.5)
+    assert ev.basis == "learned from 4 runs (3 replayed), measured 0.94x"
+    options = _price({"ngram": ev})
+    assert dc.choose_draft(options, dc.AUTO, "balanced").drafter is None
