@@ -69,7 +69,7 @@ def fresh_env(probe: str) -> dict[str, str]:
 
 def run(path: Path, env: dict[str, str]) -> dict[str, float]:
     cmd = [CLI, "run", str(path), "--prompt", PROMPT, "--raw", "--max-tokens", str(OUT),
-           "--ignore-eos", "--temperature", "0", "--json"]
+           "--ignore-eos", "--temperature", "0", "--json", "--draft", "none"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out[out.index("{"):])["metrics"]
 

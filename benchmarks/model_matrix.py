@@ -92,7 +92,8 @@ def streams(model: Path, args: argparse.Namespace) -> Pair:
     ctx = 1024
     env = dict(os.environ, INFERENCEOS_HOME=tempfile.mkdtemp(prefix="ios-matrix-"))
     ours_cmd = [sys.executable, "-m", "inferenceos", "serve", str(model), "--parallel", "4",
-                "--ctx", str(ctx), "--threads", str(args.threads), "--port", "{port}"]
+                "--ctx", str(ctx), "--threads", str(args.threads), "--port", "{port}",
+                "--draft", "none"]
     theirs_cmd = [str(llama_tool("llama-server")), "-m", str(model), "-np", "4", "-c",
                   str(ctx * 4), "-t", str(args.threads), "--host", "127.0.0.1",
                   "--port", "{port}"]

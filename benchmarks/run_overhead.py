@@ -111,6 +111,8 @@ def ours_tg(model: Path, tokens: int, threads: int, greedy: bool) -> float:
         "--json",
         "--seed",
         "1",
+        "--draft",  # plain decode against llama-bench's tg
+        "none",
     ]
     if greedy:
         args += ["--temperature", "0"]

@@ -234,7 +234,7 @@ def _prompt(n_words: int) -> str:
 
 def step_run(ctx: Ctx, step: Step) -> None:
     args = ["run", str(ctx.model), "--raw", "-p", _prompt(400), "-n", "128", "--ignore-eos",
-            "--temperature", "0", "--json", "--ctx", "4096"]
+            "--temperature", "0", "--json", "--ctx", "4096", "--draft", "none"]
     if not ctx.dry:
         args += ["--gpu-layers", "-1"]
     r = cli(ctx, args, 180, ctx.env, "run")
