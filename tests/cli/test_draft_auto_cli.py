@@ -63,3 +63,41 @@ def test_auto_learns_ngram_from_a_plain_reply_that_quotes_its_prompt(qwen05_path
     assert _copied(second["text"]) == _copied(first["text"]) != ""
     none, plan3 = _run(qwen05_path, "--draft", "none")
     assert none["metrics"]["draft"] == "" and "draft" not in plan3.split("·")[-1]
+
+
+@pytest.mark.slow
+def test_serve_loads_the_drafter_its_plan_chose(qwen05_path: Path) -> None:
+    """After one plain `run` that quoted its prompt, `serve` plans the model with ngram
+    (its plan line says so) and greedy chat requests draft through the real `openai`
+    client (/metrics counts the drafted tokens); a seeded sampled request does not."""
+    import signal
+
+    import httpx
+    import openai
+
+    from cli_helpers import start_serve
+
+    _run(qwen05_path)  # the history: one plain reply and its replay
+    proc, base = start_serve(str(qwen05_path), "--ctx", "2048", "--any-model")
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0,
+                               timeout=300)
+        ask = {"model": "any", "messages": [{"role": "user", "content": COPY}],
+               "max_tokens": 160}
+        greedy = client.chat.completions.create(**ask, temperature=0)
+        assert "debug = true" in (greedy.choices[0].message.content or "")
+        drafted = _draft_tokens(httpx.get(base + "/metrics").text)
+        assert drafted > 50
+        client.chat.completions.create(**ask, temperature=0.7, seed=3)
+        assert _draft_tokens(httpx.get(base + "/metrics").text) == drafted
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert "draft ngram (auto: " in err
+
+
+def _draft_tokens(metrics: str) -> float:
+    """The ngram drafter's draft tokens in a Prometheus exposition."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("inferenceos:spec_decode_num_draft_tokens_total")
+               and 'drafter="ngram"' in line)
