@@ -125,3 +125,10 @@ def test_once_the_drafter_really_ran_its_measured_speed_decides() -> None:
     assert ev.basis == "learned from 4 runs (3 replayed), measured 0.94x"
     options = _price({"ngram": ev})
     assert dc.choose_draft(options, dc.AUTO, "balanced").drafter is None
+
+
+def test_a_plugin_drafter_is_listed_unpriced_and_left_to_the_engine() -> None:
+    options = _price({}, candidates=("ngram", "my-plugin"))
+    plugin = next(o for o in options if o.drafter == "my-plugin")
+    assert (plugin.speedup, plugin.memory, plugin.learned) == (1.0, 0, False)
+    assert dc.choose_draft(options, "my-plugin", "balanced").drafter == "my-plugin"

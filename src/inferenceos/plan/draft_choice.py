@@ -151,6 +151,9 @@ def price_drafters(
         elif kind == "self":
             own = spec.self_draft_bytes(facts, SELF_KEEP)
             c, memory = own / target + c_row, own + kv_bytes_f16(facts, n_ctx, SELF_KEEP)
+        elif kind != "model":  # a plugin drafter: the engine checks it, nothing prices it
+            out.append(DraftOption(name, 1.0, "a plugin drafter: not priced", 0.0, 0))
+            continue
         else:
             df = draft_facts(name)
             c = df.spec.tensor_bytes / target + c_row

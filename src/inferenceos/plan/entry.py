@@ -90,10 +90,9 @@ class LoadRequest:
     kv_quality: str | None = None
     explain: bool = False
     # speculative decoding (plan/draft_choice.py): None decodes plainly, "auto" lets the
-    # plan choose, anything else (ngram, self, a draft .gguf) is kept and priced;
-    # `draft_models` are more draft model files auto may choose from
+    # plan choose (ngram or self), anything else (ngram, self, a draft .gguf) is kept
+    # and priced beside them
     draft: str | None = None
-    draft_models: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """UsageError for values no plan can honour (negative, absurd)."""
@@ -197,7 +196,7 @@ def _with_draft(plan: Plan, facts: ModelFacts, machine: Machine, req: LoadReques
     ram_left = plan.budgets.get("CPU", 0) - plan.memory.by_device.get("CPU", 0)
     named = () if asked in (draft_choice.AUTO, draft_choice.NONE) else (asked,)
     options = draft_choice.price_drafters(
-        facts, ("ngram", "self", *req.draft_models, *named), c_row,
+        facts, ("ngram", "self", *named), c_row,
         plan.ctx.n_ctx // max(plan.ctx.n_seq, 1), ram_left, load_model_facts,
         lambda model, name: learned_draft(model, name))
     chosen = draft_choice.choose_draft(options, asked, _policy(req))
