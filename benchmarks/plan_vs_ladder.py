@@ -13,8 +13,13 @@ On this machine a `--ram` cap is not enforced by the OS: a "disk-bound" plan sti
 its weights from the page cache, so the ladder's disk-bound plans measure faster here
 than they would under a real limit (the ratios understate the optimizer's gain there).
 
+With `--delay-ms D` every worker is reached through benchmarks/cluster.py's delay relay
+(replies held back D ms: a round trip + D, as `cluster.py --netem D --delay-by relay`),
+so both planners meet the link latency of cluster.py's scenarios; the optimizer sees it
+in the workers' measured round trip, the ladder does not price links.
+
     PYTHONPATH=src .venv/bin/python benchmarks/plan_vs_ladder.py [--rounds 3]
-        [--model PATH] [--threads 1] [--prompt-tokens 64] [--gen-tokens 32]
+        [--model PATH] [--threads 1] [--prompt-tokens 64] [--gen-tokens 32] [--delay-ms D]
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,18 +49,31 @@ SCENARIOS = (
 
 
 @contextlib.contextmanager
-def worker_pair(mem_mib: int, threads: int, logs: Path) -> Iterator[list[str]]:
+def worker_pair(mem_mib: int, threads: int, logs: Path,
+                delay_ms: float = 0.0) -> Iterator[list[str]]:
+    """Two workers with `mem_mib` each; with `delay_ms`, their addresses are relays
+    (cluster.py's) that hold each reply back that long."""
     from inferenceos.cluster.spawn import free_port, spawn_worker, stop_worker
 
-    procs, addrs = [], []
+    procs, relays, addrs = [], [], []
     try:
         for _ in range(2):
             port = free_port()
             procs.append(spawn_worker(port, mem=f"{mem_mib}MiB", threads=threads,
                                       log=logs / f"worker-{port}.log"))
+            if delay_ms > 0:
+                local = free_port()
+                for off in (0, 1):  # the RPC port and the info port beside it
+                    relays.append(subprocess.Popen(
+                        [sys.executable, str(ROOT / "benchmarks" / "cluster.py"), "--_relay",
+                         f"{local + off}:127.0.0.1:{port + off}:{delay_ms}"]))
+                time.sleep(0.5)
+                port = local
             addrs.append(f"127.0.0.1:{port}")
         yield addrs
     finally:
+        for r in relays:
+            r.kill()
         for p in procs:
             stop_worker(p)
 
@@ -107,7 +127,8 @@ def run(label: str, model: Path, ram: int, mem: int, args: argparse.Namespace,
     from inferenceos.plan.model_facts import load_model_facts
 
     facts = load_model_facts(model)
-    with worker_pair(mem, args.threads, logs) as a, worker_pair(mem, args.threads, logs) as b:
+    with worker_pair(mem, args.threads, logs, args.delay_ms) as a, \
+            worker_pair(mem, args.threads, logs, args.delay_ms) as b:
         opt = plans(facts, ram, a, args.threads, ladder=False)
         lad = plans(facts, ram, b, args.threads, ladder=True)
         print(f"\n{label}\n  optimizer: {opt.summary()}\n  ladder:    {lad.summary()}")
@@ -142,6 +163,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=32)
+    ap.add_argument("--delay-ms", type=float, default=0.0,
+                    help="hold every worker reply back this long (cluster.py's relay)")
     args = ap.parse_args()
     model = args.model or ensure_default_model()
     rows = []
@@ -159,6 +182,7 @@ def main() -> None:
               f"{r['ratio']:>5.2f}x")
     load = Path("/proc/loadavg").read_text().split()[0]
     print(f"load average {load}; {args.rounds} alternating rounds, {args.threads} thread(s);"
+          f" worker replies delayed {args.delay_ms:g} ms;"
           " --ram is not enforced by the OS here: disk-bound plans read the page cache")
 
 
