@@ -21,21 +21,11 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+from first_use import CLI, models  # the installed CLI; the three models, assembled
 
-from inferenceos.model.default_model import ensure_default_model  # noqa: E402
-from inferenceos.model.packaged_models import (  # noqa: E402
-    QWEN_05B,
-    QWEN_15B,
-    ensure_packaged_model,
-)
-
-CLI = str(Path(sys.executable).parent / "inferenceos")
 FUNCTION = "\n".join([
     "def summarize(values, weights, scale):",
     "    total = 0",
@@ -67,12 +57,6 @@ TASKS = {
             "function:\n\n" + FUNCTION + "\n",
     "free": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
-
-
-def models(names: list[str]) -> dict[str, Path]:
-    found = {"gemma": ensure_default_model, "qwen05": lambda: ensure_packaged_model(QWEN_05B),
-             "qwen15": lambda: ensure_packaged_model(QWEN_15B)}
-    return {n: found[n]() for n in names}
 
 
 def run(path: Path, prompt: str, env: dict[str, str], draft: str | None,
@@ -120,7 +104,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=160)
     args = ap.parse_args()
-    for name, path in models(args.models).items():
+    found = models()
+    for name, path in ((n, found[n]) for n in args.models):
         for task in args.tasks:
             r = case(path, task, args)
             if "short" in r:

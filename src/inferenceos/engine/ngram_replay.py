@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferenceos.engine.ngram import NgramDrafter
+from inferenceos.engine.slots import shared_prefix
 from inferenceos.engine.speculative import DraftAsk, DraftState
 
 MAX_OUTPUT = 1024  # output tokens replayed (each step scans the sequence: ~30 us per 1k)
@@ -37,16 +38,6 @@ class ReplayedDraft:
     def to_json(self) -> dict[str, int]:
         return {"draft_tokens": self.draft_tokens, "draft_accepted": self.draft_accepted,
                 "decode_steps": self.decode_steps}
-
-
-def _accepted(draft: Sequence[int], actual: Sequence[int]) -> int:
-    """How many leading draft tokens equal the tokens that really followed."""
-    n = 0
-    for d, a in zip(draft, actual, strict=False):
-        if d != a:
-            break
-        n += 1
-    return n
 
 
 def replay_ngram(prompt: Sequence[int], output: Sequence[int]) -> ReplayedDraft | None:
@@ -68,7 +59,7 @@ def replay_ngram(prompt: Sequence[int], output: Sequence[int]) -> ReplayedDraft 
         if k == 0:
             k, min_match = state.sure_ask(done, room)
         draft = drafter.propose([DraftAsk(0, seq, k, min_match)])[0][:k] if k > 0 else []
-        n_acc = _accepted(draft, output[done:])
+        n_acc = shared_prefix(draft, output[done:])  # greedy verification's rule
         if draft:
             tokens, accepted = tokens + len(draft), accepted + n_acc
             state.update(len(draft), n_acc, done)
