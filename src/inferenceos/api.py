@@ -383,6 +383,14 @@ def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
     the engines take); `n_ctx`, `threads`, `batch`: 0 = the plan's choice. The
     full-size sliding-window cache is kept: prefix reuse (follow-up turns, saved
     sessions) needs every cell of the history."""
+    return _plan(path, n_ctx, threads, batch, n_parallel, need_tokens, gpu_layers, backend,
+                 mmproj).params().per_sequence()
+
+
+def _plan(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0, n_parallel: int = 1,
+          need_tokens: int = 0, gpu_layers: int | None = None, backend: str | None = None,
+          mmproj: Path | None = None, draft: str | None = None) -> Any:
+    """The plan `load_settings` and `load` take (`draft`: LoadRequest.draft)."""
     from inferenceos.plan.devices import local_machine
     from inferenceos.plan.entry import LoadRequest
     from inferenceos.plan.here import plan_here
@@ -390,10 +398,9 @@ def load_settings(path: Path, n_ctx: int = 0, threads: int = 0, batch: int = 0,
 
     req = LoadRequest(n_ctx=n_ctx, n_seq=n_parallel, threads=threads, n_batch=batch,
                       need_tokens=need_tokens, swa_full=True, gpu_layers=gpu_layers,
-                      backend=backend, mmproj=mmproj)
+                      backend=backend, mmproj=mmproj, draft=draft)
     req.validate()
-    plan = plan_here(load_model_facts(path), local_machine(), req).plan
-    return plan.params().per_sequence()
+    return plan_here(load_model_facts(path), local_machine(), req).plan
 
 
 def load(
@@ -410,6 +417,7 @@ def load(
     settings: Any = None,
     verbose: bool = False,
     mmproj: str | Path | None = None,
+    draft: str | None = None,
 ) -> Model:
     """Load `model` (registry name, .gguf path, or "" for the built-in model).
 
@@ -420,7 +428,9 @@ def load(
     `n_ctx` (0: planned), `threads`, `batch`, `gpu_layers` (-1: all) and `backend`
     ("cpu", or a device such as "CUDA0") override the plan; `settings` (a
     LlamaParams) replaces it altogether. `n_parallel` sequences can generate at once.
-    `verbose` shows llama.cpp's log on stderr.
+    `verbose` shows llama.cpp's log on stderr. `draft`: speculative decoding's drafter
+    (None: none; "auto": the plan chooses from this model's recorded runs, as `run`
+    does by default; "ngram", "self" or a draft .gguf).
     """
     for label, value in (("n_ctx", n_ctx), ("threads", threads), ("batch", batch)):
         if value < 0:
@@ -434,11 +444,14 @@ def load(
     path = resolve(model)
     projector = resolve_projector(model, mmproj)
     log().echo = verbose
-    chosen = settings or load_settings(path, n_ctx, threads, batch, n_parallel,
-                                       gpu_layers=gpu_layers, backend=backend,
-                                       mmproj=projector)
+    if settings is None:
+        plan = _plan(path, n_ctx, threads, batch, n_parallel, gpu_layers=gpu_layers,
+                     backend=backend, mmproj=projector, draft=draft)
+        chosen, drafter = plan.params().per_sequence(), plan.engine_draft
+    else:  # the caller's parameters: nothing planned, a named drafter as asked
+        chosen, drafter = settings, None if draft in (None, "auto", "none") else draft
     kw: dict[str, Any] = {"n_parallel": n_parallel, "kv_policy": kv_policy, "mmproj": projector,
-                          "mmproj_gpu": chosen.n_gpu_layers > 0}
+                          "mmproj_gpu": chosen.n_gpu_layers > 0, "draft": drafter}
     if isolated:
         from inferenceos.engine.engine import Engine
 

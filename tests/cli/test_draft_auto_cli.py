@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import inferenceos
 from cli_helpers import run_cli
 
 COPY = """Copy this configuration file exactly, line by line, and add the line \
@@ -52,6 +53,15 @@ def test_auto_learns_ngram_from_a_plain_reply_that_quotes_its_prompt(qwen05_path
     assert "no drafter (auto: no drafted or replayed runs of this model yet)" in plan1
     m1 = first["metrics"]
     assert m1["draft"] == "" and m1["ngram_replay"]["draft_accepted"] > 80
+    # the Python API (and `chat`, which loads through it) plans the same drafter; it
+    # records no telemetry, so the CLI's second run below still learns from the replay
+    with inferenceos.load(qwen05_path, draft="auto") as model:
+        reply = model.chat([{"role": "user", "content": COPY}], temperature=0,
+                           max_tokens=200)
+    assert reply.metrics.draft == "ngram" and reply.metrics.draft_accepted > 50
+    with inferenceos.load(qwen05_path) as model:  # the API's default: no drafter
+        assert model.chat([{"role": "user", "content": "Hi"}], temperature=0,
+                          max_tokens=4).metrics.draft == ""
     second, plan2 = _run(qwen05_path)
     assert "draft ngram (auto: " in plan2 and "learned from 1 run (1 replayed)" in plan2
     m2 = second["metrics"]

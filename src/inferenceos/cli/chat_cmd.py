@@ -29,7 +29,7 @@ from inferenceos.cli.chat_session import (
 )
 from inferenceos.cli.console import err
 from inferenceos.cli.limits import check_threads
-from inferenceos.cli.plan_opts import MmprojOpt
+from inferenceos.cli.plan_opts import MmprojOpt, draft_choice
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.model.default_model import CHAT_EXTRA_HINT, default_chat_model
 
@@ -355,7 +355,9 @@ def start_chat(model: str, *, system: str | None = None, theme: str = "auto",
     `load`: more `inferenceos.load` options; its `mmproj` is `model`'s projector (a
     model opened by /switch finds its own)."""
     chosen = pick_theme(theme, sys.stdout.isatty())
-    load_options = {"n_ctx": ctx, "threads": threads, "verbose": verbose, **(load or {})}
+    # the drafter as `run` takes it (config plan.draft, default auto: the plan's choice)
+    load_options = {"n_ctx": ctx, "threads": threads, "verbose": verbose,
+                    "draft": draft_choice(None), **(load or {})}
     mmproj = load_options.pop("mmproj", None)
 
     def open_model(name: str) -> Backend:
