@@ -86,16 +86,20 @@ def test_a_drafter_the_user_names_is_kept_and_priced() -> None:
     assert dc.choose_draft(options, dc.NONE, "balanced").drafter is None
 
 
-def test_replayed_plain_runs_teach_ngram_only() -> None:
-    """A plain run's replay (engine/ngram_replay.py) counts for ngram, not for a draft
-    model; a run that drafted with ngram counts as itself."""
+def test_replays_are_ngrams_one_measure_and_teach_ngram_only() -> None:
+    """For ngram every run counts in its replay's measure (engine/ngram_replay.py), the
+    drafted ones too, whose replays are kept apart for the measured correction; a run
+    recorded before replays existed counts with its own counters. A draft model learns
+    nothing from replays."""
     replay = {"draft_tokens": 10, "draft_accepted": 8, "decode_steps": 20}
     extras = [{"ngram_replay": replay, "output_tokens": 29},
               {"draft": "ngram", "draft_tokens": 6, "draft_accepted": 3, "decode_steps": 9,
-               "ngram_replay": {"draft_tokens": 99, "draft_accepted": 99, "decode_steps": 1}}]
+               "ngram_replay": {"draft_tokens": 12, "draft_accepted": 9, "decode_steps": 3}},
+              {"draft": "ngram", "draft_tokens": 5, "draft_accepted": 4, "decode_steps": 2}]
     ev = pool_evidence(extras, "ngram")
     assert ev is not None
-    assert (ev.runs, ev.replayed, ev.draft_tokens, ev.draft_accepted) == (2, 1, 16, 11)
+    assert (ev.runs, ev.replayed, ev.draft_tokens, ev.draft_accepted) == (3, 1, 27, 21)
+    assert ev.drafted == (17, 13, 5)
     assert pool_evidence(extras, "small.gguf") is None
 
 
@@ -110,21 +114,31 @@ def test_plan_json_and_line_carry_the_choice() -> None:
     assert replace(chosen, asked="ngram").line().startswith("draft ngram (yours")
 
 
-def test_once_the_drafter_really_ran_its_measured_speed_decides() -> None:
+def test_once_the_drafter_really_ran_its_measured_speed_corrects_the_replays() -> None:
     """Replays promise acceptance, not time: a drafted run that measured slower than
-    the model's plain runs turns auto back to plain decoding at the next plan."""
+    the model's plain runs turns auto back to plain decoding at the next plan; the
+    correction (measured / what its own counters priced) stays with the evidence, so a
+    later workload whose replays promise much more is drafted again."""
     replay = {"draft_tokens": 160, "draft_accepted": 70, "decode_steps": 89}
     plain = [{"ngram_replay": replay, "decode_tps": tps} for tps in (45.6, 45.5, 44.9)]
     promised = pool_evidence(plain, "ngram")
     assert promised is not None and promised.measured is None
-    assert promised.speedup(0.25) > dc.MARGIN  # what the replays alone say
+    assert promised.speedup(0.2) > dc.MARGIN  # what the replays alone say
     drafted = {"draft": "ngram", "draft_tokens": 229, "draft_accepted": 58,
                "decode_steps": 101, "decode_tps": 42.9}
     ev = pool_evidence([*plain, drafted], "ngram")
     assert ev is not None and ev.measured == pytest.approx(42.9 / 45.5)
+    assert ev.drafted == (229, 58, 101)
     assert ev.basis == "learned from 4 runs (3 replayed), measured 0.94x"
-    options = _price({"ngram": ev})
-    assert dc.choose_draft(options, dc.AUTO, "balanced").drafter is None
+    # drafted alone, the answer is the measurement itself
+    alone = pool_evidence([drafted, *({"decode_tps": t} for t in (45.6, 45.5))], "ngram")
+    assert alone is not None and alone.speedup(0.2) == pytest.approx(42.9 / 45.55)
+    assert dc.choose_draft(_price({"ngram": ev}), dc.AUTO, "balanced").drafter is None
+    copying = {"draft_tokens": 119, "draft_accepted": 111, "decode_steps": 49}
+    later = pool_evidence([*plain, drafted, *({"ngram_replay": copying, "decode_tps": 45.0}
+                                              for _ in range(6))], "ngram")
+    assert later is not None
+    assert dc.choose_draft(_price({"ngram": later}), dc.AUTO, "balanced").drafter == "ngram"
 
 
 def test_a_plugin_drafter_is_listed_unpriced_and_left_to_the_engine() -> None:

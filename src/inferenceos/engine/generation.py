@@ -37,8 +37,8 @@ class GenerationMetrics:
     draft_tokens: int = 0
     draft_accepted: int = 0
     decode_steps: int = 0
-    # what the ngram drafter would have recorded on this generation (draft_tokens,
-    # draft_accepted, decode_steps: engine.ngram_replay), when it did not draft with it
+    # what the ngram drafter would have recorded on this generation replayed on its
+    # tokens (draft_tokens, draft_accepted, decode_steps: engine.ngram_replay)
     ngram_replay: dict[str, int] | None = None
 
     @property

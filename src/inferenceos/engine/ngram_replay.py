@@ -1,14 +1,16 @@
-"""What n-gram drafting would have done on a generation that did not use it.
+"""What n-gram drafting would have done on a generation, replayed on its tokens.
 
 The planner chooses a drafter from what each one gave this model before
-(plan/draft_choice.py). A drafter that never ran would never be chosen, so every plain
+(plan/draft_choice.py). A drafter that never ran would never be chosen, so every
 generation replays the `ngram` drafter on its own tokens when it ends: the same
 `NgramDrafter` and per-sequence `DraftState` the scheduler uses, asked at each step
 what it would draft, its draft compared with the tokens the model really chose. The
 counts (draft tokens, accepted, verification steps) are what greedy verification would
 have recorded; a sampled generation's acceptance is that of its own sample, close to
 but not the speculative-sampling rule's. Timing is left out (the drafter's measured
-pause rule needs real steps): the replay counts, the planner prices them.
+pause rule needs real steps): the replay counts, the planner prices them. A run that
+did draft is replayed too, so that its measured speed can be set against the replay's
+promise in the same measure (plan/speculative.DraftEvidence.speedup).
 
 Bounded: at most `MAX_OUTPUT` output tokens are replayed (a lookup scans the whole
 sequence), and media placeholders (negative ids) end nothing but match nothing.

@@ -97,7 +97,7 @@ class OutputStream:
         """End the stream: flush held-back text, then Finished with the metrics."""
         self.metrics.stop_reason = reason
         self.finished = True
-        if self._prompt is not None and self.metrics.draft != "ngram":
+        if self._prompt is not None:  # drafted or not: one measure for every run
             replayed = replay_ngram(self._prompt, self._tokens)
             self.metrics.ngram_replay = replayed.to_json() if replayed else None
         tail = self._stops.feed(self._utf8.decode(b"", final=True)) + self._stops.flush()

@@ -13,10 +13,11 @@ model of plan/speculative.py:
 - **acceptance**: what this model's recorded runs measured with the drafter (for n-gram
   also the replays of plain runs, engine/ngram_replay.py), else the free-text prior;
 - **measured beats modelled**: once the drafter really ran beside plain runs of the
-  model, its speedup is their measured decode t/s ratio (medians), whatever the counters
-  say. Replays count acceptance, not time: on Qwen2.5-Coder-0.5B returning an edited
-  function they promised 1.19x where drafting measured 0.85x, so one losing run is
-  enough to turn auto back to plain decoding;
+  model, the price is corrected by what those runs measured against what their own
+  counters priced (plan/speculative.DraftEvidence.speedup). Replays count acceptance,
+  not time: on Qwen2.5-Coder-0.5B returning an edited function they promised 1.19x where
+  drafting measured 0.85x, so one losing run turns auto back to plain decoding, and
+  only replays that promise clearly more bring it back;
 - **memory**: a draft model holds its weights and an f16 KV cache of the target's
   context in RAM; one that does not fit in what the plan leaves of the RAM budget is
   not a candidate.

@@ -128,6 +128,13 @@ def self_draft_bytes(facts: Any, keep: float = 0.83) -> int:
     return int(facts.spec.tensor_bytes - layer * (1.0 - keep))
 
 
+def counted_speedup(draft_tokens: int, accepted: int, steps: int, cost: float) -> float:
+    """Tokens per verification step over the step's work, 1 + cost x drafts per step."""
+    if steps <= 0:
+        return 1.0
+    return (steps + accepted) / steps / (1.0 + cost * draft_tokens / steps)
+
+
 @dataclass(frozen=True)
 class DraftEvidence:
     """Drafted generations of one model with one drafter, pooled."""
@@ -141,6 +148,9 @@ class DraftEvidence:
     # the drafter's measured speedup: the median decode t/s of the runs that really
     # drafted with it over that of the model's plain runs (None: not both recorded)
     measured: float | None = None
+    # (draft tokens, accepted, verification steps) of the runs that really drafted, in
+    # the pooled counters' measure (for ngram their replays, as for the plain runs)
+    drafted: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def basis(self) -> str:
@@ -150,11 +160,15 @@ class DraftEvidence:
         return text + (f", measured {self.measured:.2f}x" if self.measured else "")
 
     def speedup(self, cost: float) -> float:
-        """Decode speed over plain decoding: as measured where the drafter really ran
-        beside plain runs, else its counters priced at `cost` per draft token."""
-        if self.measured is not None:
-            return self.measured
-        return self.tokens_per_step / (1.0 + cost * self.drafts_per_step)
+        """Decode speed over plain decoding: the pooled counters priced at `cost` per
+        draft token, corrected by what the drafted runs measured against what their
+        own counters priced (the correction is 1 until the drafter really ran beside
+        plain runs; with no replays the answer is the measured ratio itself)."""
+        pooled = counted_speedup(self.draft_tokens, self.draft_accepted, self.decode_steps,
+                                 cost)
+        if self.measured is None or self.drafted[2] <= 0:
+            return pooled
+        return pooled * self.measured / counted_speedup(*self.drafted, cost)
 
     @property
     def acceptance(self) -> float:
@@ -170,15 +184,16 @@ class DraftEvidence:
 
 
 def _counters(x: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    """The draft counters one telemetry `extra` holds for drafter `kind`: its own when it
-    drafted with that kind, else (for 'ngram') the replay of n-gram drafting on its
-    tokens (engine.ngram_replay); None without either."""
-    if drafter_kind(str(x.get("draft") or "")) == kind:
-        return x
+    """The draft counters one telemetry `extra` holds for drafter `kind`. For 'ngram'
+    the replay of n-gram drafting on the run's tokens (engine.ngram_replay) when it has
+    one, drafted or not: one measure for every run, so that the drafted runs' measured
+    speed corrects exactly the replays' bias; else its own counters when it drafted with
+    `kind`; None without either. `replayed` marks a plain run's replay."""
+    own = drafter_kind(str(x.get("draft") or "")) == kind
     replay = x.get("ngram_replay")
     if kind == "ngram" and isinstance(replay, dict):
-        return {**replay, "replayed": True}
-    return None
+        return {**replay, "replayed": not own}
+    return x if own else None
 
 
 def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEvidence | None:
@@ -190,6 +205,7 @@ def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEviden
     kind = drafter_kind(drafter)
     drafted_tps: list[float] = []
     plain_tps: list[float] = []
+    drafted = (0, 0, 0)
     for x in extras:
         if not isinstance(x, dict):
             continue
@@ -208,12 +224,14 @@ def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEviden
             continue
         runs, tokens, accepted, steps = runs + 1, tokens + n, accepted + a, steps + s
         replayed += bool(c.get("replayed"))
+        if drafter_kind(str(x.get("draft") or "")) == kind:
+            drafted = (drafted[0] + n, drafted[1] + a, drafted[2] + s)
         out += int(x.get("output_tokens") or 0)
     if not runs:
         return None
     measured = (statistics.median(drafted_tps) / statistics.median(plain_tps)
                 if drafted_tps and plain_tps else None)
-    return DraftEvidence(runs, tokens, accepted, steps, out, replayed, measured)
+    return DraftEvidence(runs, tokens, accepted, steps, out, replayed, measured, drafted)
 
 
 def learned_draft(model: str | Path, drafter: str, limit: int = 200) -> DraftEvidence | None:
