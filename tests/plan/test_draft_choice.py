@@ -54,6 +54,16 @@ def test_ngram_is_chosen_where_its_runs_say_it_pays_and_not_on_free_text() -> No
     assert free.drafter is None and "best ngram 1.01x" in free.line()
 
 
+def test_too_short_a_history_does_not_draft() -> None:
+    """One sampled 64-token reply is too little to go on, however well it replayed."""
+    short = replace(COPYING, runs=1, replayed=1, output_tokens=dc.MIN_EVIDENCE_TOKENS - 1)
+    plan = dc.choose_draft(_price({"ngram": short}), dc.AUTO, "balanced")
+    assert plan.drafter is None
+    assert f"{dc.MIN_EVIDENCE_TOKENS - 1} of {dc.MIN_EVIDENCE_TOKENS} tokens seen" in plan.line()
+    enough = replace(short, output_tokens=dc.MIN_EVIDENCE_TOKENS)
+    assert dc.choose_draft(_price({"ngram": enough}), dc.AUTO, "balanced").drafter == "ngram"
+
+
 def test_the_row_cost_decides_whether_the_same_acceptance_pays() -> None:
     """A verification row costs what a prompt token costs: cheap beside a slow decode
     (memory-bound), dear where prefill is barely faster than decode."""
@@ -120,7 +130,8 @@ def test_once_the_drafter_really_ran_its_measured_speed_corrects_the_replays() -
     correction (measured / what its own counters priced) stays with the evidence, so a
     later workload whose replays promise much more is drafted again."""
     replay = {"draft_tokens": 160, "draft_accepted": 70, "decode_steps": 89}
-    plain = [{"ngram_replay": replay, "decode_tps": tps} for tps in (45.6, 45.5, 44.9)]
+    plain = [{"ngram_replay": replay, "decode_tps": tps, "output_tokens": 160}
+             for tps in (45.6, 45.5, 44.9)]
     promised = pool_evidence(plain, "ngram")
     assert promised is not None and promised.measured is None
     assert promised.speedup(0.2) > dc.MARGIN  # what the replays alone say
@@ -135,8 +146,9 @@ def test_once_the_drafter_really_ran_its_measured_speed_corrects_the_replays() -
     assert alone is not None and alone.speedup(0.2) == pytest.approx(42.9 / 45.55)
     assert dc.choose_draft(_price({"ngram": ev}), dc.AUTO, "balanced").drafter is None
     copying = {"draft_tokens": 119, "draft_accepted": 111, "decode_steps": 49}
-    later = pool_evidence([*plain, drafted, *({"ngram_replay": copying, "decode_tps": 45.0}
-                                              for _ in range(6))], "ngram")
+    later = pool_evidence([*plain, drafted, *({"ngram_replay": copying, "decode_tps": 45.0,
+                                               "output_tokens": 160} for _ in range(6))],
+                          "ngram")
     assert later is not None
     assert dc.choose_draft(_price({"ngram": later}), dc.AUTO, "balanced").drafter == "ngram"
 

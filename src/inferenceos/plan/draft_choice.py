@@ -22,8 +22,9 @@ model of plan/speculative.py:
   context in RAM; one that does not fit in what the plan leaves of the RAM budget is
   not a candidate.
 
-Only a drafter priced from this model's own runs is chosen (a prior never promises what
-free text may not give; the options table shows the priors beside). The fastest
+Only a drafter priced from this model's own runs is chosen, from `MIN_EVIDENCE_TOKENS`
+output tokens of them on (a prior never promises what free text may not give; the
+options table shows the priors beside). The fastest
 predicted decode wins when it beats plain decoding by `MARGIN` (the
 engine's own rule pauses a drafter that stops paying, so a small predicted gain is not
 worth a drafter's load time and memory); otherwise the plan decodes plainly. Under the
@@ -45,6 +46,9 @@ from inferenceos.plan.model_facts import ModelFacts
 AUTO = "auto"
 NONE = "none"
 MARGIN = 1.10  # predicted speedup a drafter must reach to be chosen over plain decoding
+# output tokens of evidence (pooled runs) before auto drafts: one sampled 64-token reply
+# of Gemma 3 270M (`make run`) promised a gain its next sample did not give (0.82x)
+MIN_EVIDENCE_TOKENS = 128
 MIN_ROW_COST, MAX_ROW_COST = 0.02, 2.0  # a row on a GPU is nearly free, never quite
 SELF_KEEP = 0.83  # the share of blocks a self-draft keeps (engine/self_draft.py)
 
@@ -62,6 +66,7 @@ class DraftOption:
     memory: int  # bytes the drafter holds (draft weights and KV)
     fits: bool = True
     learned: bool = False  # priced from this model's recorded (or replayed) runs
+    evidence_tokens: int = 0  # output tokens of those runs
 
     @property
     def label(self) -> str:
@@ -71,7 +76,8 @@ class DraftOption:
     def to_json(self) -> dict[str, Any]:
         return {"drafter": self.drafter, "speedup": round(self.speedup, 3),
                 "basis": self.basis, "cost": round(self.cost, 3), "memory": self.memory,
-                "fits": self.fits, "learned": self.learned}
+                "fits": self.fits, "learned": self.learned,
+                "evidence_tokens": self.evidence_tokens}
 
 
 PLAIN = DraftOption(NONE, 1.0, "plain decoding", 0.0, 0)
@@ -95,6 +101,8 @@ class DraftPlan:
                        key=lambda o: o.speedup, default=None)
             why = (f"best {best.label} {best.speedup:.2f}x, {best.basis}" if best else
                    "no drafted or replayed runs of this model yet")
+            if best and best.evidence_tokens < MIN_EVIDENCE_TOKENS:
+                why += f"; {best.evidence_tokens} of {MIN_EVIDENCE_TOKENS} tokens seen"
             return f"no drafter (auto: {why})"
         who = "yours" if self.asked != AUTO else "auto"
         name = self.drafter if self.drafter in ("ngram", "self") else Path(self.drafter).name
@@ -124,7 +132,8 @@ def kv_bytes_f16(facts: ModelFacts, n_ctx: int, keep: float = 1.0) -> int:
 def _priced(name: str, c: float, memory: int, evidence: spec.DraftEvidence | None) -> DraftOption:
     """`name` at cost `c`: from its recorded runs when there are some, else the prior."""
     if evidence is not None:
-        return DraftOption(name, evidence.speedup(c), evidence.basis, c, memory, learned=True)
+        return DraftOption(name, evidence.speedup(c), evidence.basis, c, memory, learned=True,
+                           evidence_tokens=evidence.output_tokens)
     kind = spec.drafter_kind(name)
     prior = spec.PRIORS.get((kind, "free"), spec.DraftPrior(0.5, c, 12))
     est = spec.best_draft_length(prior.acceptance, c, prior.k_max)
@@ -174,6 +183,7 @@ def choose_draft(options: Sequence[DraftOption], asked: str, policy: str) -> Dra
             return DraftPlan(None, 1.0, "asked for", asked, opts)
         return DraftPlan(asked, mine.speedup, mine.basis, asked, opts)
     usable = [o for o in opts if o.fits and o.learned and o.drafter != NONE
+              and o.evidence_tokens >= MIN_EVIDENCE_TOKENS
               and (policy != "capacity" or o.memory == 0)]
     best = max(usable, key=lambda o: o.speedup, default=None)
     if best is None or best.speedup < MARGIN:
