@@ -133,9 +133,8 @@ def test_a_fresh_data_dir_calibrates_itself_once(
     from typer.testing import CliRunner
 
     from inferenceos.cli.main import app
-    from inferenceos.plan.calibration_load import probe_calibration_cached
-
     from inferenceos.plan import calibration_load
+    from inferenceos.plan.calibration_load import probe_calibration_cached
 
     monkeypatch.setenv("INFERENCEOS_SELF_CALIBRATE", "1")
     # a probe timed beside busy CPUs is redone at a quiet moment (_reprobe_if_busy, its
