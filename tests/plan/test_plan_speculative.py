@@ -116,3 +116,26 @@ def test_simulate_draft_on_the_command_line(tiny_llama: Path, quiet_cpus: None) 
     assert res.exit_code != 0 and "unknown drafter 'bogus'" in str(res.exception)
     res = runner.invoke(app, [*base, "--draft", "ngram", "--task", "poetry"])
     assert res.exit_code != 0 and "unknown task 'poetry'" in str(res.exception)
+
+
+def test_simulate_draft_auto_predicts_the_plans_own_choice(tiny_llama: Path,
+                                                           quiet_cpus: None) -> None:
+    """`simulate --draft auto` shows the drafter the plan chose by itself, priced as the
+    plan priced it (its verification row from the cost model, not the prior's 0.25):
+    nothing without history, ngram after copying runs."""
+    base = ["simulate", str(tiny_llama), "--prompt-tokens", "64", "--output-tokens", "64",
+            "--draft", "auto", "--json"]
+    first = json.loads(runner.invoke(app, base).stdout)
+    assert first["speculative"] is None and first["plan"]["draft"]["drafter"] is None
+    rec = telemetry.recorder()
+    for _ in range(3):  # copying runs: 4 drafts a step, nearly all accepted
+        rec.generation(tiny_llama, source="run", settings={"n_threads": 2},
+                       metrics=_drafted_metrics("ngram", 80, 76, 20))
+    assert rec.flush()
+    res = runner.invoke(app, base)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    plan, s = data["plan"]["draft"], data["speculative"]
+    assert plan["drafter"] == "ngram" and plan["asked"] == "auto"
+    assert s["drafter"] == "ngram" and s["speedup"] == pytest.approx(plan["speedup"], rel=1e-3)
+    assert s["cost"] == pytest.approx(plan["options"][1]["cost"], rel=1e-3)

@@ -132,7 +132,8 @@ def simulate(
     draft: Annotated[
         str | None,
         typer.Option("--draft", help="Also predict decode with speculative decoding: "
-                     "ngram, self or a draft model (PATH.gguf or name)"),
+                     "ngram, self, a draft model (PATH.gguf or name), or auto (the "
+                     "drafter the plan chose, if any)"),
     ] = None,
     task: Annotated[
         str | None,
@@ -162,6 +163,8 @@ def simulate(
             policy=policy, local=local, image_tokens=image_tokens, mmproj=mmproj,
             kv_quality=kv_quality, explain=as_json,
         )
+        if draft and draft.strip().lower() == "auto":  # what the plan chose by itself
+            draft = pred.plan.draft.drafter if pred.plan.draft is not None else None
         if draft:
             pred = _with_draft(pred, draft, task, learned=local)
     except PlanRefused as exc:

@@ -94,6 +94,10 @@ class DraftPlan:
     asked: str
     options: tuple[DraftOption, ...] = ()
 
+    def option(self, drafter: str) -> DraftOption | None:
+        """How `drafter` was priced for this plan (None: it was not a candidate)."""
+        return next((o for o in self.options if o.drafter == drafter), None)
+
     def line(self) -> str:
         """The plan line's part: 'draft ngram (1.42x, learned from 3 runs)'."""
         if self.drafter is None:

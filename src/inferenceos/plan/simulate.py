@@ -229,9 +229,11 @@ def with_draft(pred: Prediction, drafter: str, task: str | None = None,
                learned: bool = True) -> Prediction:
     """`pred` with the speedup `drafter` ('ngram', 'self' or a draft .gguf) should give
     (plan/speculative.py): learned from the model's recorded drafted runs when
-    `learned` and no `task` is named, else the task's prior. A draft model's cost comes
-    from its size against the model's; its weights are a peak-memory entry of their own
-    (the engine loads it beside the model, with the model's placement)."""
+    `learned` and no `task` is named, else the task's prior. The cost of a draft token
+    is the plan's where it priced the drafter (plan/draft_choice.py), else a draft
+    model's size against the model's plus the prior row. A draft model's weights are a
+    peak-memory entry of their own (the engine loads it beside the model, with the
+    model's placement)."""
     facts = load_model_facts(pred.plan.model_path)
     target = facts.spec.tensor_bytes
     cost, peak = None, pred.peak_memory
@@ -244,6 +246,9 @@ def with_draft(pred: Prediction, drafter: str, task: str | None = None,
         cost = spec.self_draft_bytes(facts) / max(target, 1) + spec.VERIFY_ROW_COST
     elif kind != "ngram":
         raise UsageError(f"unknown drafter {drafter!r} (use ngram, self or a .gguf path)")
+    priced = pred.plan.draft.option(drafter) if pred.plan.draft is not None else None
+    if priced is not None:  # the plan's own price: its verification row, not the prior's
+        cost = priced.cost
     evidence = spec.learned_draft(facts.spec.path, drafter) if learned else None
     return replace(pred, draft=spec.predict_draft(drafter, task, cost, evidence),
                    peak_memory=peak)
