@@ -494,3 +494,15 @@ def test_a_planned_default_drafter_leaves_seeded_sampling_plain(lm: LoadedModel)
     again, _ = drain(plain)
     plain.close()
     assert again[0] == tokens[2]
+
+
+def test_a_reply_that_could_not_draft_records_no_replay(lm: LoadedModel) -> None:
+    """Penalties (or a grammar, a logit bias, media) keep a request from drafting, so its
+    reply says nothing about what drafting would give: no replay is recorded."""
+    sched = create_scheduler(lm)
+    prompt = lm.tokenize("abc abc abc abc abc abc")
+    sched.submit(Request(0, prompt, GREEDY))
+    sched.submit(Request(1, prompt, replace(GREEDY, repeat_penalty=1.1)))
+    _, done = drain(sched)
+    sched.close()
+    assert done[0]["ngram_replay"] is not None and done[1]["ngram_replay"] is None

@@ -99,8 +99,8 @@ def test_a_drafter_the_user_names_is_kept_and_priced() -> None:
 def test_replays_are_ngrams_one_measure_and_teach_ngram_only() -> None:
     """For ngram every run counts in its replay's measure (engine/ngram_replay.py), the
     drafted ones too, whose replays are kept apart for the measured correction; a run
-    recorded before replays existed counts with its own counters. A draft model learns
-    nothing from replays."""
+    without a replay (interrupted, or recorded before replays) is left out, its counters
+    being another measure. A draft model learns nothing from replays."""
     replay = {"draft_tokens": 10, "draft_accepted": 8, "decode_steps": 20}
     extras = [{"ngram_replay": replay, "output_tokens": 29},
               {"draft": "ngram", "draft_tokens": 6, "draft_accepted": 3, "decode_steps": 9,
@@ -108,8 +108,8 @@ def test_replays_are_ngrams_one_measure_and_teach_ngram_only() -> None:
               {"draft": "ngram", "draft_tokens": 5, "draft_accepted": 4, "decode_steps": 2}]
     ev = pool_evidence(extras, "ngram")
     assert ev is not None
-    assert (ev.runs, ev.replayed, ev.draft_tokens, ev.draft_accepted) == (3, 1, 27, 21)
-    assert ev.drafted == (17, 13, 5)
+    assert (ev.runs, ev.replayed, ev.draft_tokens, ev.draft_accepted) == (2, 1, 22, 17)
+    assert ev.drafted == (12, 9, 3)
     assert pool_evidence(extras, "small.gguf") is None
 
 
@@ -136,7 +136,9 @@ def test_once_the_drafter_really_ran_its_measured_speed_corrects_the_replays() -
     assert promised is not None and promised.measured is None
     assert promised.speedup(0.2) > dc.MARGIN  # what the replays alone say
     drafted = {"draft": "ngram", "draft_tokens": 229, "draft_accepted": 58,
-               "decode_steps": 101, "decode_tps": 42.9}
+               "decode_steps": 101, "decode_tps": 42.9, "output_tokens": 160,
+               "ngram_replay": {"draft_tokens": 229, "draft_accepted": 58,
+                                "decode_steps": 101}}
     ev = pool_evidence([*plain, drafted], "ngram")
     assert ev is not None and ev.measured == pytest.approx(42.9 / 45.5)
     assert ev.drafted == (229, 58, 101)
@@ -158,3 +160,39 @@ def test_a_plugin_drafter_is_listed_unpriced_and_left_to_the_engine() -> None:
     plugin = next(o for o in options if o.drafter == "my-plugin")
     assert (plugin.speedup, plugin.memory, plugin.learned) == (1.0, 0, False)
     assert dc.choose_draft(options, "my-plugin", "balanced").drafter == "my-plugin"
+
+
+def test_a_plan_streaming_from_disk_still_drafts_with_what_holds_no_memory() -> None:
+    """No RAM left (weights streamed from disk) rules out a draft model or a self-draft,
+    never n-gram lookup, which holds nothing."""
+    options = _price({"ngram": COPYING, "self": COPYING}, ram_left=-(1 << 20))
+    fits = {o.drafter: o.fits for o in options}
+    assert fits["ngram"] and not fits["self"]
+    assert dc.choose_draft(options, dc.AUTO, "balanced").drafter == "ngram"
+    only_self = dc.choose_draft(_price({"self": COPYING}, ram_left=0), dc.AUTO, "balanced")
+    assert only_self.drafter is None and "of RAM the plan has not got" in only_self.line()
+
+
+def test_speeds_compare_one_stream_with_one_stream() -> None:
+    """A drafted run served beside other streams is not set against single-stream plain
+    runs (nor the reverse): its t/s measures the batch, not the drafter."""
+    replay = {"draft_tokens": 50, "draft_accepted": 40, "decode_steps": 60}
+    rows = [{"ngram_replay": replay, "decode_tps": 45.0, "concurrency": 1},
+            {"ngram_replay": replay, "draft": "ngram", "decode_tps": 20.0, "concurrency": 4}]
+    ev = pool_evidence(rows, "ngram")
+    assert ev is not None and ev.runs == 2 and ev.measured is None
+    rows.append({"ngram_replay": replay, "draft": "ngram", "decode_tps": 70.0,
+                 "concurrency": 1})
+    ev = pool_evidence(rows, "ngram")
+    assert ev is not None and ev.measured == pytest.approx(70.0 / 45.0)
+
+
+def test_a_draft_file_the_plan_cannot_read_is_left_to_the_engine() -> None:
+    def unreadable(path: str) -> dc.ModelFacts:
+        raise FileNotFoundError(f"{path}: no such file")
+
+    options = dc.price_drafters(TARGET, ("ngram", "gone.gguf"), 0.2, 4096, 1 << 40,
+                                unreadable, _evidence({}))
+    gone = next(o for o in options if o.drafter == "gone.gguf")
+    assert gone.basis.startswith("not priced: gone.gguf: no such file")
+    assert dc.choose_draft(options, "gone.gguf", "balanced").drafter == "gone.gguf"

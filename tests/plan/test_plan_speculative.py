@@ -19,10 +19,12 @@ runner = CliRunner()
 
 
 def _drafted_metrics(draft: str, tokens: int, accepted: int, steps: int) -> dict[str, object]:
+    """A run's metrics; its n-gram replay counted what its drafting did (for ngram the
+    plan reads only replays: engine/ngram_replay.py)."""
+    counters = {"draft_tokens": tokens, "draft_accepted": accepted, "decode_steps": steps}
     return {"prompt_tokens": 40, "prompt_tps": 500.0, "ttft_s": 0.08,
             "completion_tokens": steps + accepted, "decode_tps": 400.0, "stop_reason": "length",
-            "draft": draft, "draft_tokens": tokens, "draft_accepted": accepted,
-            "decode_steps": steps}
+            "draft": draft, **counters, "ngram_replay": counters}
 
 
 def test_priors_promise_a_gain_only_where_one_is_possible() -> None:
@@ -42,13 +44,20 @@ def test_priors_promise_a_gain_only_where_one_is_possible() -> None:
         spec.predict_draft("ngram", "poetry")
 
 
+def _replayed(tokens: int, accepted: int, steps: int) -> dict[str, object]:
+    c = {"draft_tokens": tokens, "draft_accepted": accepted, "decode_steps": steps}
+    return {"draft": "ngram", **c, "ngram_replay": c}
+
+
 def test_evidence_pools_the_runs_of_one_drafter_kind() -> None:
     extras = [
-        {"draft": "ngram", "draft_tokens": 40, "draft_accepted": 30, "decode_steps": 10},
-        {"draft": "ngram", "draft_tokens": 10, "draft_accepted": 0, "decode_steps": 10},
+        _replayed(40, 30, 10),
+        _replayed(10, 0, 10),
+        {"draft": "ngram", "draft_tokens": 7, "draft_accepted": 7, "decode_steps": 1},  # no
+        # replay (interrupted, or recorded before replays): not in ngram's measure
         {"draft": "self", "draft_tokens": 99, "draft_accepted": 1, "decode_steps": 9},
         {"draft": "/m/other.gguf", "draft_tokens": 8, "draft_accepted": 8, "decode_steps": 2},
-        {"draft": "ngram", "draft_tokens": 5, "draft_accepted": 9, "decode_steps": 1},  # bad
+        _replayed(5, 9, 1),  # bad
         {},  # a plain run
     ]
     ev = spec.pool_evidence(extras, "ngram")

@@ -214,7 +214,8 @@ def run(
         start_chat(model, system=system, ctx=ctx, threads=threads, verbose=verbose,
                    options={"temperature": temperature, "top_k": top_k, "top_p": top_p,
                             "min_p": min_p, "seed": seed, "max_tokens": max_tokens},
-                   load={"mmproj": mmproj, "gpu_layers": gpu_layers, "backend": backend})
+                   load={"mmproj": mmproj, "gpu_layers": gpu_layers, "backend": backend,
+                         "draft": draft_choice(draft)})
         return
     text = _read_prompt(prompt)
     sampling = SamplingParams(

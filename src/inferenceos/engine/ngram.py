@@ -2,7 +2,9 @@
 
 A leaf (numpy and the drafter protocol's `DraftAsk` only), so the output processor can
 replay what this drafter would have drafted on a finished generation (ngram_replay.py)
-without loading anything. `drafters.py` re-exports these names for the engine.
+without loading anything. `drafters.py` registers `NgramDrafter`; import the match
+helpers (`ngram_match`, `ngram_lookup`, `continuation`, `free_guess`, `draft_cap`)
+from here.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from inferenceos.engine.output import OutputStream
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.session import LoadedModel
 from inferenceos.engine.slots import Slot
-from inferenceos.engine.speculative import Drafter, DraftState
+from inferenceos.engine.speculative import Drafter, DraftState, can_draft
 from inferenceos.engine.step_plan import MediaSpan, SeqNeeds
 from inferenceos.errors import UsageError
 
@@ -95,7 +95,9 @@ class RunningSequence:
         self.n_prefilled = reused  # prompt tokens already in the KV cache
         self.pending: int | None = None  # sampled, emitted, not yet evaluated
         self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
-                                model.piece, model.is_eog, prompt=req.prompt)
+                                model.piece, model.is_eog,
+                                # only a reply that could have drafted teaches drafting
+                                prompt=req.prompt if _could_draft(req) else None)
         self.spec = (DraftState(drafter, k=getattr(drafter, "k_start", 4),
                                 k_max=getattr(drafter, "k_max", 12))
                      if drafter is not None else None)
@@ -127,3 +129,9 @@ class RunningSequence:
     def needs(self) -> SeqNeeds:
         return SeqNeeds(self.slot.index, self.n_past, self.req.prompt, self.n_prefilled,
                         self.pending, self.draft, self.media, self.checkpoint)
+
+
+def _could_draft(req: Request) -> bool:
+    """Whether n-gram drafting could have run on this request: its sampling can be
+    verified (speculative.can_draft) and it holds no media (the scheduler drafts none)."""
+    return can_draft(req.sampling) and not req.spans

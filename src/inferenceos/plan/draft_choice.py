@@ -42,6 +42,7 @@ from typing import Any
 
 from inferenceos.plan import speculative as spec
 from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.units import format_bytes
 
 AUTO = "auto"
 NONE = "none"
@@ -101,11 +102,13 @@ class DraftPlan:
     def line(self) -> str:
         """The plan line's part: 'draft ngram (1.42x, learned from 3 runs)'."""
         if self.drafter is None:
-            best = max((o for o in self.options if o.learned and o.fits),
+            best = max((o for o in self.options if o.learned),
                        key=lambda o: o.speedup, default=None)
             why = (f"best {best.label} {best.speedup:.2f}x, {best.basis}" if best else
                    "no drafted or replayed runs of this model yet")
-            if best and best.evidence_tokens < MIN_EVIDENCE_TOKENS:
+            if best and not best.fits:
+                why += f"; it needs {format_bytes(best.memory)} of RAM the plan has not got"
+            elif best and best.evidence_tokens < MIN_EVIDENCE_TOKENS:
                 why += f"; {best.evidence_tokens} of {MIN_EVIDENCE_TOKENS} tokens seen"
             return f"no drafter (auto: {why})"
         who = "yours" if self.asked != AUTO else "auto"
@@ -169,11 +172,16 @@ def price_drafters(
             out.append(DraftOption(name, 1.0, "a plugin drafter: not priced", 0.0, 0))
             continue
         else:
-            df = draft_facts(name)
+            try:
+                df = draft_facts(name)
+            except Exception as exc:  # the engine says what is wrong with it at load
+                out.append(DraftOption(name, 1.0, f"not priced: {exc}", 0.0, 0))
+                continue
             c = df.spec.tensor_bytes / target + c_row
             memory = df.spec.tensor_bytes + kv_bytes_f16(df, n_ctx)
         option = _priced(name, c, memory, evidence(model, name) if evidence else None)
-        out.append(option if memory <= ram_left else replace(option, fits=False))
+        # a drafter that holds nothing fits even a plan that streams weights from disk
+        out.append(option if memory == 0 or memory <= ram_left else replace(option, fits=False))
     return out
 
 

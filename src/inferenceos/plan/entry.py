@@ -197,7 +197,8 @@ def _with_draft(plan: Plan, facts: ModelFacts, machine: Machine, req: LoadReques
     named = () if asked in (draft_choice.AUTO, draft_choice.NONE) else (asked,)
     options = draft_choice.price_drafters(
         facts, ("ngram", "self", *named), c_row,
-        plan.ctx.n_ctx // max(plan.ctx.n_seq, 1), ram_left, load_model_facts, learned_draft)
+        plan.ctx.n_ctx, ram_left, load_model_facts, learned_draft)  # a draft context
+    # holds every slot's cells, as the target's (engine/drafters.ModelDrafter)
     chosen = draft_choice.choose_draft(options, asked, _policy(req))
     return replace(plan, draft=chosen)
 

@@ -185,14 +185,15 @@ class DraftEvidence:
 
 def _counters(x: dict[str, Any], kind: str) -> dict[str, Any] | None:
     """The draft counters one telemetry `extra` holds for drafter `kind`. For 'ngram'
-    the replay of n-gram drafting on the run's tokens (engine.ngram_replay) when it has
-    one, drafted or not: one measure for every run, so that the drafted runs' measured
-    speed corrects exactly the replays' bias; else its own counters when it drafted with
-    `kind`; None without either. `replayed` marks a plain run's replay."""
+    only the replay of n-gram drafting on the run's tokens (engine.ngram_replay),
+    drafted or not: one measure for every run, so that the drafted runs' measured speed
+    corrects exactly the replays' bias (a run without one, interrupted or older, is left
+    out). For another kind its own counters when it drafted with it. None otherwise.
+    `replayed` marks a plain run's replay."""
     own = drafter_kind(str(x.get("draft") or "")) == kind
-    replay = x.get("ngram_replay")
-    if kind == "ngram" and isinstance(replay, dict):
-        return {**replay, "replayed": not own}
+    if kind == "ngram":
+        replay = x.get("ngram_replay")
+        return {**replay, "replayed": not own} if isinstance(replay, dict) else None
     return x if own else None
 
 
@@ -209,11 +210,16 @@ def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEviden
     for x in extras:
         if not isinstance(x, dict):
             continue
-        tps = x.get("decode_tps")
-        if isinstance(tps, int | float) and tps > 0:
-            own = drafter_kind(str(x.get("draft") or "")) == kind
-            (drafted_tps if own else plain_tps if not x.get("draft") else []).append(tps)
         c = _counters(x, kind)
+        own = drafter_kind(str(x.get("draft") or "")) == kind
+        tps = x.get("decode_tps")
+        # speeds compare like with like: one stream at a time, a drafted run only with
+        # the counters it is pooled by
+        if isinstance(tps, int | float) and tps > 0 and (x.get("concurrency") or 1) <= 1:
+            if own and c is not None:
+                drafted_tps.append(tps)
+            elif not x.get("draft"):
+                plain_tps.append(tps)
         if c is None:
             continue
         try:
@@ -224,7 +230,7 @@ def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEviden
             continue
         runs, tokens, accepted, steps = runs + 1, tokens + n, accepted + a, steps + s
         replayed += bool(c.get("replayed"))
-        if drafter_kind(str(x.get("draft") or "")) == kind:
+        if own:
             drafted = (drafted[0] + n, drafted[1] + a, drafted[2] + s)
         out += int(x.get("output_tokens") or 0)
     if not runs:
@@ -244,7 +250,8 @@ def learned_draft(model: str | Path, drafter: str, limit: int = 200) -> DraftEvi
     except Exception:  # no history is a valid answer
         return None
     return pool_evidence(({**r.extra, "output_tokens": r.output_tokens,
-                           "decode_tps": r.decode_tps} for r in rows
+                           "decode_tps": r.decode_tps, "concurrency": r.concurrency}
+                          for r in rows
                           if isinstance(r.extra, dict)), drafter)
 
 
