@@ -196,3 +196,20 @@ def test_a_draft_file_the_plan_cannot_read_is_left_to_the_engine() -> None:
     gone = next(o for o in options if o.drafter == "gone.gguf")
     assert gone.basis.startswith("not priced: gone.gguf: no such file")
     assert dc.choose_draft(options, "gone.gguf", "balanced").drafter == "gone.gguf"
+
+
+def test_a_plan_prices_a_draft_context_over_every_slot() -> None:
+    """The drafter's KV cache holds every slot's cells, as the target's does
+    (engine/drafters.ModelDrafter): four slots of 4096 cost four times one."""
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from plan_factories import machine
+
+    facts = make_facts(n_layer=8, n_embd=1024, n_ff=2816, name="target")
+    one = plan_load(facts, machine(), LoadRequest(n_ctx=4096, draft="self"))
+    four = plan_load(facts, machine(), LoadRequest(n_ctx=4096, n_seq=4, draft="self"))
+    assert one.draft is not None and four.draft is not None
+    own = dc.spec.self_draft_bytes(facts, dc.SELF_KEEP)
+    a, b = one.draft.option("self"), four.draft.option("self")
+    assert a is not None and b is not None
+    assert a.memory == own + dc.kv_bytes_f16(facts, 4096, dc.SELF_KEEP)
+    assert b.memory - own == pytest.approx(4 * (a.memory - own), abs=4)  # int rounding
