@@ -79,7 +79,7 @@ def test_a_draft_model_is_chosen_only_when_it_fits_in_the_ram_left() -> None:
     evidence = {"model": DraftEvidence(3, 400, 360, 100, 460)}
     options = _price(evidence, candidates=("ngram", "draft.gguf"))
     model = next(o for o in options if o.drafter == "draft.gguf")
-    assert model.memory == DRAFT.spec.tensor_bytes + dc.kv_bytes_f16(DRAFT, 4096)
+    assert model.memory == DRAFT.spec.tensor_bytes + dc.spec.draft_kv_bytes(DRAFT.spec, 4096)
     assert dc.choose_draft(options, dc.AUTO, "balanced").drafter == "draft.gguf"
     tight = _price(evidence, ram_left=model.memory - 1, candidates=("ngram", "draft.gguf"))
     assert not next(o for o in tight if o.drafter == "draft.gguf").fits
@@ -211,5 +211,5 @@ def test_a_plan_prices_a_draft_context_over_every_slot() -> None:
     own = dc.spec.self_draft_bytes(facts, dc.SELF_KEEP)
     a, b = one.draft.option("self"), four.draft.option("self")
     assert a is not None and b is not None
-    assert a.memory == own + dc.kv_bytes_f16(facts, 4096, dc.SELF_KEEP)
+    assert a.memory == own + dc.spec.draft_kv_bytes(facts.spec, 4096, dc.SELF_KEEP)
     assert b.memory - own == pytest.approx(4 * (a.memory - own), abs=4)  # int rounding

@@ -31,7 +31,7 @@ from inferenceos.engine.slots import shared_prefix
 from inferenceos.engine.speculative import ENTRY_POINT_GROUP, DraftAsk
 from inferenceos.errors import GenerationError, ModelLoadError
 from inferenceos.plan.llama_params import LlamaParams
-from inferenceos.plan.speculative import model_draft_cost
+from inferenceos.plan.speculative import draft_kv_bytes, model_draft_cost
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,6 @@ class DraftSetup:
     n_slots: int
     n_vocab: int
     draft_path: Path | None = None  # a draft model file (ModelDrafter)
-
-
-def _kv_bytes(path: Path, n_ctx: int) -> int:
-    """f16 KV bytes of `path` at n_ctx cells (every layer full size: an upper bound)."""
-    from inferenceos.model.spec import load_spec
-
-    spec = load_spec(path)
-    per_cell = sum(layer.head_count_kv for layer in spec.layers) * (
-        spec.key_length + spec.value_length) * 2
-    return per_cell * n_ctx
 
 
 class ModelDrafter:
@@ -92,7 +82,11 @@ class ModelDrafter:
         self.mem = self.lm._ll.llama_get_memory(self.lm.ctx)
         self.batch = TokenBatch(s.n_batch, setup.n_slots)
         self.cached: dict[int, list[int]] = {}
-        self.footprint_bytes = path.stat().st_size + _kv_bytes(path, self.lm.n_ctx)
+        from inferenceos.model.spec import load_spec
+
+        # weights, and an f16 KV cache over every layer (the planner prices the same)
+        kv = draft_kv_bytes(load_spec(path), self.lm.n_ctx)
+        self.footprint_bytes = path.stat().st_size + kv
 
     # -- drafting ---------------------------------------------------------------------
 

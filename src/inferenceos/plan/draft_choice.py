@@ -128,14 +128,6 @@ def row_cost(prefill_s_per_token: float, decode_s: float) -> float:
     return min(MAX_ROW_COST, max(MIN_ROW_COST, prefill_s_per_token / decode_s))
 
 
-def kv_bytes_f16(facts: ModelFacts, n_ctx: int, keep: float = 1.0) -> int:
-    """An f16 KV cache of `n_ctx` cells over `keep` of the model's layers (every layer at
-    full size: an upper bound, as engine/drafters.py sizes a draft context)."""
-    s = facts.spec
-    per_cell = sum(layer.head_count_kv for layer in s.layers) * (s.key_length + s.value_length)
-    return int(per_cell * 2 * n_ctx * keep)
-
-
 def _priced(name: str, c: float, memory: int, evidence: spec.DraftEvidence | None) -> DraftOption:
     """`name` at cost `c`: from its recorded runs when there are some, else the prior."""
     if evidence is not None:
@@ -167,7 +159,8 @@ def price_drafters(
             c, memory = c_row, 0
         elif kind == "self":
             own = spec.self_draft_bytes(facts, SELF_KEEP)
-            c, memory = own / target + c_row, own + kv_bytes_f16(facts, n_ctx, SELF_KEEP)
+            c = own / target + c_row
+            memory = own + spec.draft_kv_bytes(facts.spec, n_ctx, SELF_KEEP)
         elif kind != "model":  # a plugin drafter: the engine checks it, nothing prices it
             out.append(DraftOption(name, 1.0, "a plugin drafter: not priced", 0.0, 0))
             continue
@@ -178,7 +171,7 @@ def price_drafters(
                 out.append(DraftOption(name, 1.0, f"not priced: {exc}", 0.0, 0))
                 continue
             c = df.spec.tensor_bytes / target + c_row
-            memory = df.spec.tensor_bytes + kv_bytes_f16(df, n_ctx)
+            memory = df.spec.tensor_bytes + spec.draft_kv_bytes(df.spec, n_ctx)
         option = _priced(name, c, memory, evidence(model, name) if evidence else None)
         # a drafter that holds nothing fits even a plan that streams weights from disk
         out.append(option if memory == 0 or memory <= ram_left else replace(option, fits=False))

@@ -199,12 +199,8 @@ def _with_draft(plan: Plan, facts: ModelFacts, machine: Machine, req: LoadReques
         facts, ("ngram", "self", *named), c_row,
         plan.ctx.n_ctx, ram_left, load_model_facts, learned_draft)  # a draft context
     # holds every slot's cells, as the target's (engine/drafters.ModelDrafter)
-    chosen = draft_choice.choose_draft(options, asked, _policy(req))
+    chosen = draft_choice.choose_draft(options, asked, req.policy.strip().lower())
     return replace(plan, draft=chosen)
-
-
-def _policy(req: LoadRequest) -> str:
-    return req.policy.strip().lower()
 
 
 def _projector_facts(mmproj: str | Path | ProjectorFacts | None) -> ProjectorFacts | None:

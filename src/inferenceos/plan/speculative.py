@@ -128,6 +128,15 @@ def self_draft_bytes(facts: Any, keep: float = 0.83) -> int:
     return int(facts.spec.tensor_bytes - layer * (1.0 - keep))
 
 
+def draft_kv_bytes(spec: Any, n_ctx: int, keep: float = 1.0) -> int:
+    """A draft context's f16 KV cache: `n_ctx` cells over `keep` of the model's layers
+    (a ModelSpec's), every layer at full size (an upper bound). What the engine charges
+    a draft model (engine/drafters.ModelDrafter) and the plan prices it at."""
+    per_cell = sum(layer.head_count_kv for layer in spec.layers) * (
+        spec.key_length + spec.value_length) * 2
+    return int(per_cell * n_ctx * keep)
+
+
 def counted_speedup(draft_tokens: int, accepted: int, steps: int, cost: float) -> float:
     """Tokens per verification step over the step's work, 1 + cost x drafts per step."""
     if steps <= 0:
@@ -183,14 +192,13 @@ class DraftEvidence:
         return self.draft_tokens / self.decode_steps
 
 
-def _counters(x: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    """The draft counters one telemetry `extra` holds for drafter `kind`. For 'ngram'
-    only the replay of n-gram drafting on the run's tokens (engine.ngram_replay),
-    drafted or not: one measure for every run, so that the drafted runs' measured speed
-    corrects exactly the replays' bias (a run without one, interrupted or older, is left
-    out). For another kind its own counters when it drafted with it. None otherwise.
-    `replayed` marks a plain run's replay."""
-    own = drafter_kind(str(x.get("draft") or "")) == kind
+def _counters(x: dict[str, Any], kind: str, own: bool) -> dict[str, Any] | None:
+    """The draft counters one telemetry `extra` holds for drafter `kind` (`own`: the
+    run drafted with it). For 'ngram' only the replay of n-gram drafting on the run's
+    tokens (engine.ngram_replay), drafted or not: one measure for every run, so that
+    the drafted runs' measured speed corrects exactly the replays' bias (a run without
+    one, interrupted or older, is left out). For another kind its own counters when it
+    drafted with it. None otherwise. `replayed` marks a plain run's replay."""
     if kind == "ngram":
         replay = x.get("ngram_replay")
         return {**replay, "replayed": not own} if isinstance(replay, dict) else None
@@ -210,8 +218,8 @@ def pool_evidence(extras: Iterable[dict[str, Any]], drafter: str) -> DraftEviden
     for x in extras:
         if not isinstance(x, dict):
             continue
-        c = _counters(x, kind)
         own = drafter_kind(str(x.get("draft") or "")) == kind
+        c = _counters(x, kind, own)
         tps = x.get("decode_tps")
         # speeds compare like with like: one stream at a time, a drafted run only with
         # the counters it is pooled by
