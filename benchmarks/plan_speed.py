@@ -2,7 +2,8 @@
 (preflight.ladder_plan), same run, same machine, on synthetic models (no file I/O).
 
 Cases: a 100-layer MoE over 4 GPUs (the issue's < 100 ms target), a 32-layer dense
-model on one GPU with a RAM cap, Gemma-shaped (18 layers, 262k vocabulary) with two
+model on one GPU with a RAM cap, the same with Q4_K_M's unlike layers over two GPUs
+(the per-layer program), Gemma-shaped (18 layers, 262k vocabulary) with two
 RPC workers and a RAM cap, and CPU only. Each case is planned `--rounds` times,
 alternating the two planners; the medians and the ratio optimizer / ladder are printed.
 On a shared machine the absolute times move with the neighbours; the ratio less.
@@ -26,7 +27,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 from inferenceos.plan.devices import Device, Machine  # noqa: E402
 from inferenceos.plan.memory import ContextSettings  # noqa: E402
 from inferenceos.plan.preflight import ladder_plan, make_plan  # noqa: E402
-from plan_factories import GiB, machine, make_facts  # noqa: E402
+from plan_factories import GiB, heavier_ffn, machine, make_facts  # noqa: E402
 
 TARGET_S = 0.100
 MiB = 1 << 20
@@ -49,6 +50,8 @@ def cases() -> list[tuple[str, Any, Machine]]:
     return [
         ("100-layer MoE, 4 GPUs", moe, machine(ram=32 * GiB, gpus=(4 * GiB,) * 4)),
         ("32-layer dense, 1 GPU, RAM cap", dense, machine(ram=3 * GiB, gpus=(2 * GiB,))),
+        # Q4_K_M's unlike layers: the per-layer program, with its FFN-group counts
+        ("32-layer Q4_K_M-like, 2 GPUs", heavier_ffn(dense), machine(gpus=(1 * GiB, 2 * GiB))),
         ("Gemma-shaped, 2 RPC workers", gemma, rpc),
         ("32-layer dense, CPU only", dense, machine(ram=64 * GiB)),
     ]

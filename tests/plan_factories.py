@@ -113,6 +113,24 @@ def make_facts(
     return ModelFacts(spec=spec, tensors=tuple(tensors))
 
 
+def heavier_ffn(facts: ModelFacts, layers: set[int] | None = None) -> ModelFacts:
+    """`facts` with the ffn_down of some layers at Q6_K's bytes (1.46x Q4_0's), as
+    llama.cpp's Q4_K_M gives them (its use_more_bits: the first and last eighth and
+    every third layer between): layers no longer alike, so the optimizer's per-layer
+    program plans them. `layers`: which ones (default: Q4_K_M's)."""
+    from dataclasses import replace
+
+    n = facts.spec.block_count
+    if layers is None:
+        layers = {i for i in range(n)
+                  if i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2}
+    tensors = tuple(
+        replace(t, n_bytes=round(t.n_bytes * 1.46))
+        if t.layer in layers and t.name.endswith("ffn_down.weight") else t
+        for t in facts.tensors)
+    return replace(facts, tensors=tensors)
+
+
 def moe_facts() -> ModelFacts:
     """Mixtral-8x7B-shaped, ~25 GiB at Q4_0."""
     return make_facts(n_expert=8, n_used=2, name="synthetic-moe")

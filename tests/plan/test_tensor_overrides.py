@@ -70,3 +70,27 @@ def test_sizing_the_ubatch_after_the_optimizer_keeps_the_gpu_within_budget(
     for dev, used in plan.memory.by_device.items():
         if dev != "CPU":
             assert used <= budgets[dev], (dev, used, budgets[dev], plan.summary())
+
+
+@pytest.mark.parametrize("kind", ["llama", "moe"])
+def test_the_ffn_override_moves_the_ffn_group_in_llama_cpp(tmp_path: Path, kind: str) -> None:
+    """plan.FFN_TENSORS for layer 1, as the plan writes it: llama.cpp (std::regex, with
+    its lookaheads) overrides exactly that layer's FFN group tensors: gate/up/down of
+    a dense layer, the router of a MoE one; never a norm or an expert."""
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.placement import FFN_ROLE
+    from inferenceos.plan.plan import FFN_TENSORS
+    from tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m.gguf", kind)
+    want = {t.name for t in load_model_facts(path).tensors if t.layer == 1 and t.role == FFN_ROLE}
+    mark = log().mark()
+    settings = LlamaParams(n_ctx=256, n_threads=1,
+                           tensor_buft_overrides=((rf"blk\.(1)\.{FFN_TENSORS}", "CPU"),))
+    with LoadedModel(path, settings) as lm:
+        out = list(generate_one(lm, lm.tokenize("abc"),
+                                SamplingParams(temperature=0, max_tokens=2)))
+    assert len(out) == 2
+    moved = {ln.split("tensor ")[1].split(" ")[0] for ln in log().since(mark)
+             if "buffer type overridden to CPU" in ln}
+    assert moved == want and len(want) == (3 if kind == "llama" else 1)

@@ -113,13 +113,19 @@ def _layer_map(plan: Plan) -> None:
     p = plan.placement
     devs = [d for d in plan.budgets if d != "CPU"]
     has_experts = any(e is not None for e in p.experts)
+    split = bool(p.ffn)  # some layer's FFN group runs away from its attention
     t = Table(title="Layers", title_justify="left")
     t.add_column("layer", justify="right")
-    t.add_column("dense (attention + FFN + KV)")
+    t.add_column("attention + KV" if split else "dense (attention + FFN + KV)")
+    if split:
+        t.add_column("FFN")
     if has_experts:
         t.add_column("routed experts")
     for i, (d, e) in enumerate(zip(p.dense, p.experts, strict=True)):
         row = [str(i), f"[{_colour(d, devs)}]{'█' * 6} {d}[/]"]
+        if split:
+            f = p.ffn_device(i)
+            row.append(f"[{_colour(f, devs)}]{'▓' * 6} {f}[/]")
         if has_experts:
             row.append(f"[{_colour(e, devs)}]{'▒' * 6} {e}[/]" if e else "")
         t.add_row(*row)

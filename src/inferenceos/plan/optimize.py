@@ -25,6 +25,7 @@ against each device's budget with `footprint.estimate`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,7 +34,7 @@ from inferenceos.plan.footprint import estimate, stream_room
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_counts import best_placement_counts, uniform
-from inferenceos.plan.optimize_milp import best_placement, device_budgets
+from inferenceos.plan.optimize_milp import BYTES_MARGIN, best_placement, device_budgets
 from inferenceos.plan.optimize_terms import Terms, phases
 from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
 from inferenceos.plan.placement import Placement, build_placement, layer_parts
@@ -104,8 +105,9 @@ class Candidate:
             where[d] = where.get(d, 0) + 1
         layers = " + ".join(f"{n} on {d}" for d, n in where.items())
         disk = f", {fb(p.disk_bytes)} on disk" if p.disk_bytes else ""
+        ffn = f" (FFN of {len(p.cpu_ffn_layers)} in RAM)" if p.cpu_ffn_layers else ""
         return (f"ctx {c.n_ctx}, KV {c.type_k}/{c.type_v}, ubatch {c.n_ubatch}: "
-                f"layers {layers}, head on {p.output_device}{disk}")
+                f"layers {layers}{ffn}, head on {p.output_device}{disk}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +122,7 @@ class Candidate:
             "disk_bytes": self.placement.disk_bytes,
             "memory_by_device": dict(self.memory.by_device),
             "layers": list(self.placement.dense),
+            "ffn_in_ram": list(self.placement.cpu_ffn_layers),
             "output_device": self.placement.output_device,
         }
 
@@ -190,14 +193,28 @@ def solve_context(
             p = replace(p, disk_bytes=over)
             c = evaluate(facts, machine, ctx, p, cal, threads, obj)
         return c if fits(c, machine, facts) else None
+    solver = best_placement_counts if uniform(parts) else best_placement
+    return solve_with(solver, facts, machine, ctx, cal, threads, obj, allow_disk)
+
+
+def solve_with(
+    solver: Callable[..., Placement | None], facts: ModelFacts, machine: Machine,
+    ctx: ContextSettings, cal: Calibration, threads: int, obj: Objective, allow_disk: bool,
+) -> Candidate | None:
+    """`solver`'s (a MILP's) placement for `ctx`, judged by perf.py and re-checked
+    against every budget; solved again with a margin (optimize_milp.BYTES_MARGIN) when
+    its answer is a few bytes over one, within the solver's tolerance."""
+    parts = layer_parts(facts, ctx)
     dec, pre = phases(obj.prompt_tokens, obj.output_tokens, ctx.n_ubatch, cal)
     terms = tuple(Terms(facts, machine, ctx, parts, cal, threads, ph) for ph in (dec, pre))
-    solver = best_placement_counts if uniform(parts) else best_placement
-    found = solver(facts, machine, ctx, parts, terms, allow_disk)
-    if found is None:
-        return None
-    c = evaluate(facts, machine, ctx, found, cal, threads, obj)
-    return c if fits(c, machine, facts) else None
+    for margin in (0.0, BYTES_MARGIN):
+        found = solver(facts, machine, ctx, parts, terms, allow_disk, margin=margin)
+        if found is None:
+            return None
+        c = evaluate(facts, machine, ctx, found, cal, threads, obj)
+        if fits(c, machine, facts):
+            return c
+    return None
 
 
 # -- the levels -----------------------------------------------------------------------

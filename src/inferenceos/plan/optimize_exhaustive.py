@@ -2,8 +2,9 @@
 MILP is tested against (tests/plan/test_plan_optimizer.py) on models small enough to list.
 
 The space (as `optimize_milp` defines it): contiguous blocks of layers in device order,
-the CPU's first; each layer on a local accelerator keeps its routed experts there or in
-RAM (on an RPC device they follow the layer); the head on the CPU or on the device of
+the CPU's first; each layer on a local accelerator keeps its FFN group and routed
+experts there, its experts alone in RAM, or both in RAM (on an RPC device they follow
+the layer); the head on the CPU or on the device of
 the last layer; the fewest weight bytes on disk that let the CPU's RAM hold the rest
 (more only costs time), when disk is allowed.
 """
@@ -33,25 +34,37 @@ def _blocks(n: int, k: int) -> Iterator[tuple[int, ...]]:
 
 def placements(
     facts: ModelFacts, machine: Machine, parts: list[LayerParts]
-) -> Iterator[tuple[list[str], list[str | None], str]]:
-    """(dense, experts, head) for every placement of the space, disk not yet decided."""
+) -> Iterator[tuple[list[str], list[str], list[str | None], str]]:
+    """(dense, ffn, experts, head) for every placement of the space, disk not yet
+    decided."""
     devs = list(machine.devices)
+    by_name = {d.name: d for d in devs}
     n = len(parts)
     for counts in _blocks(n, len(devs)):
         dense = [d.name for d, c in zip(devs, counts, strict=True) for _ in range(c)]
-        by_name = {d.name: d for d in devs}
-        free = [i for i in range(n) if parts[i].expert_bytes and dense[i] != "CPU"
-                and not by_name[dense[i]].is_remote]
+        free = [i for i in range(n) if dense[i] != "CPU" and not by_name[dense[i]].is_remote
+                and (parts[i].ffn_bytes or parts[i].expert_bytes)]
         heads = ["CPU"] + ([dense[-1]] if n and dense[-1] != "CPU" else [])
-        for choice in itertools.product((True, False), repeat=len(free)):
+        for choice in itertools.product(*(_sides(parts[i]) for i in free)):
+            ffn = list(dense)
             experts: list[str | None] = [
-                None if not p.expert_bytes else dense[i] if dense[i] != "CPU" else "CPU"
-                for i, p in enumerate(parts)
-            ]
-            for i, keep in zip(free, choice, strict=True):
-                experts[i] = dense[i] if keep else "CPU"
+                None if not p.expert_bytes else dense[i] for i, p in enumerate(parts)]
+            for i, (keep_ffn, keep_experts) in zip(free, choice, strict=True):
+                ffn[i] = dense[i] if keep_ffn else "CPU"
+                if parts[i].expert_bytes:
+                    experts[i] = dense[i] if keep_experts else "CPU"
             for head in heads:
-                yield dense, experts, head
+                yield dense, ffn, experts, head
+
+
+def _sides(p: LayerParts) -> list[tuple[bool, bool]]:
+    """(FFN group kept, experts kept) with the layer on a local accelerator: experts
+    only beside their FFN group; a group of no bytes is not a choice."""
+    if not p.ffn_bytes:
+        return [(True, True), (True, False)]
+    if not p.expert_bytes:
+        return [(True, True), (False, False)]
+    return [(True, True), (True, False), (False, False)]
 
 
 def best_exhaustive(
@@ -62,10 +75,10 @@ def best_exhaustive(
     Raises ValueError past MAX_PLACEMENTS."""
     parts = layer_parts(facts, ctx)
     best: Candidate | None = None
-    for count, (dense, experts, head) in enumerate(placements(facts, machine, parts)):
+    for count, (dense, ffn, experts, head) in enumerate(placements(facts, machine, parts)):
         if count > MAX_PLACEMENTS:
             raise ValueError(f"more than {MAX_PLACEMENTS} placements: too big to enumerate")
-        p = build_placement(facts, parts, dense, experts, head)
+        p = build_placement(facts, parts, dense, experts, head, ffn=ffn)
         c = _with_disk(facts, machine, ctx, p, cal, threads, obj, allow_disk)
         if c is not None and (best is None or c.objective_s < best.objective_s):
             best = c

@@ -2,11 +2,17 @@
 
 Decisions (devices in machine order: the CPU, then the accelerators, RPC devices first,
 as llama.cpp numbers them):
-- x[d,i] ∈ {0,1}: layer i's dense part (and its KV) on device d, one device per layer;
-  blocks are contiguous in device order (llama.cpp's n_gpu_layers + tensor_split):
-  the cumulative Σ_{d'≤d} x[d',i] never rises with i;
-- e[d,i] ∈ {0,1}: layer i's routed experts on local accelerator d (e ≤ x), else in
-  RAM (tensor_buft_overrides); on an RPC device experts follow their layer (perf.py
+- x[d,i] ∈ {0,1}: layer i (its attention, norms and KV) on device d, one device per
+  layer; blocks are contiguous in device order (llama.cpp's n_gpu_layers +
+  tensor_split): the cumulative Σ_{d'≤d} x[d',i] never rises with i;
+- F[d,c] ∈ {0..|c|}: of the layers of class c (alike layers: the same bytes,
+  parameters and KV, `alike_key`) on local accelerator d, how many keep their FFN
+  group (placement.FFN_ROLE: the dense FFN, or a MoE's router and shared experts)
+  there (F ≤ Σ_{i∈c} x[d,i]); the others keep it in RAM (a tensor_buft_override,
+  llama.cpp's `-ot` of blk.N.ffn_* to the CPU). Which layers of the block they are
+  changes no cost, so a count per class, not a binary per layer (see `_Builder`);
+- E[d,c] ∈ {0..|c|}: as F, of those the layers keeping their routed experts on d too
+  (E ≤ F); on an RPC device the FFN group and the experts follow their layer (perf.py
   has no cost for a remote layer's detour to the CPU, so it is not offered);
 - h[d] ∈ {0,1}: the output head on accelerator d, which must hold the last layer;
 - s ≥ 0: weight bytes left in the file (mmap), bounded by the CPU's weights; zero
@@ -15,8 +21,9 @@ as llama.cpp numbers them):
 Objective: the workload's predicted seconds, prefill + (output − 1) × decode, as
 perf.py computes them (`optimize_terms.Terms`): per device and phase an epigraph
 variable t ≥ memory seconds, t ≥ compute seconds; local crossings (a block boundary
-between two local devices, the head back to the CPU, experts in RAM of an offloaded
-layer), one RPC visit per used remote device, disk reads. Memory: per device the bytes
+between two local devices, the head back to the CPU, there and back for an offloaded
+layer whose FFN group or experts are in RAM: 2·(Σx − E), or 2·(Σx − F) without
+experts), one RPC visit per used remote device, disk reads. Memory: per device the bytes
 `footprint.estimate` charges (weights, KV, compute buffer with/without layers and head)
 within its budget; the CPU's RAM minus s.
 
@@ -27,7 +34,7 @@ within its budget; the CPU's RAM minus s.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +52,12 @@ from inferenceos.plan.optimize_terms import Terms
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
 GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
+# The solver's tolerances (1e-7 on rows scaled to a largest coefficient of 1, 1e-6 on
+# integrality) let an optimum sit a few bytes over a budget it fills to the byte, which
+# footprint.estimate then refuses: a GPU sized for exactly four layers of a 7B-shaped
+# model got them one byte over, and the context had no plan. Such an answer is solved
+# again with its memory rows this share of their coefficients (and 4 KiB) lower.
+BYTES_MARGIN = 2e-6
 # HiGHS's primal heuristics find nothing branch-and-bound does not find at once on
 # these small programs, and cost most of its time: off, 122 -> 47 ms median for the
 # 100-layer MoE over 4 GPUs (same optimum; a loaded 2-core machine, load average ~8)
@@ -74,6 +87,7 @@ class _Model:
     rows: list[dict[int, float]] = field(default_factory=list)
     lo: list[float] = field(default_factory=list)
     hi: list[float] = field(default_factory=list)
+    margin: float = 0.0  # kept free in every memory row (bytes_row)
 
     def var(self, lb: float = 0.0, ub: float = 1.0, cost: float = 0.0, integer: bool = True) -> int:
         self.lb.append(lb)
@@ -86,6 +100,14 @@ class _Model:
         self.rows.append(coefs)
         self.lo.append(lo)
         self.hi.append(hi)
+
+    def bytes_row(self, coefs: dict[int, float], hi: float) -> None:
+        """A memory row, coefs · vars ≤ hi bytes, kept `margin` (a share of its
+        coefficients' sum, and 4 KiB) below `hi` when the program is built with one
+        (see `BYTES_MARGIN`)."""
+        if self.margin:
+            hi -= self.margin * sum(abs(a) for a in coefs.values()) + 4096
+        self.row(coefs, hi=hi)
 
     def solve(self, time_limit: float) -> np.ndarray | None:
         # rows mix bytes (1e9) and seconds (1e-3): each row and the objective are scaled
@@ -137,6 +159,24 @@ def _add(row: dict[int, float], j: int, a: float) -> None:
     row[j] = row.get(j, 0.0) + a
 
 
+def _off(
+    on: Callable[[int, int], dict[int, float]], k: int, c: int, size: int
+) -> tuple[dict[int, float], float]:
+    """(coefficients, constant) of 'layers of class c (of `size`) with the group in
+    RAM': size − Σ_{d>0} on(d, c)."""
+    row: dict[int, float] = {}
+    for d in range(1, k):
+        for j, a in on(d, c).items():
+            _add(row, j, -a)
+    return row, float(size)
+
+
+def alike_key(p: LayerParts) -> tuple[int, ...]:
+    """What makes two layers interchangeable for the cost model and the budgets."""
+    return (p.dense_bytes, p.expert_bytes, p.dense_params, p.expert_params, p.kv_bytes,
+            p.ffn_bytes, p.ffn_params)
+
+
 def stream_room_rows(
     m: _Model, facts: ModelFacts, machine: Machine, total: dict[int, float],
     weights: dict[int, float], const: float, const_w: float, s: int,
@@ -164,7 +204,7 @@ def stream_room_rows(
         m.row({v: 1.0, z: -1.0}, hi=0.0)
         m.row({v: 1.0, **{j: -1.0 for j in off}}, hi=0.0)
         _add(anon, v, -float(saved))
-    m.row(anon, hi=machine.cpu.memory_bytes - (const - const_w))
+    m.bytes_row(anon, machine.cpu.memory_bytes - (const - const_w))
 
 
 class _Builder:
@@ -173,40 +213,67 @@ class _Builder:
     def __init__(
         self, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
         parts: list[LayerParts], terms: tuple[Terms, ...], allow_disk: bool,
+        margin: float = 0.0,
     ) -> None:
         self.facts, self.machine, self.ctx, self.parts = facts, machine, ctx, parts
         self.terms, self.allow_disk = terms, allow_disk
-        self.m = _Model()
+        self.m = _Model(margin=margin)
         self.devs = list(machine.devices)
         self.budgets = device_budgets(machine)
         n, k = len(parts), len(self.devs)
         self.n, self.k = n, k
         self.x = [[self.m.var() for _ in range(n)] for _ in range(k)]
         self.local = [not d.is_remote for d in self.devs]
-        self.e: dict[tuple[int, int], int] = {
-            (d, i): self.m.var()
+        # alike layers (the same bytes, parameters and KV) form a class; what a device
+        # keeps of a class (FFN groups, experts) is one count, not a binary per layer:
+        # which layers of its block keep them changes no cost, and per-layer binaries
+        # let branch-and-bound visit every way (Qwen2.5-Coder-1.5B over two GPUs:
+        # 150-400 ms a program, against 8 without the FFN group)
+        keys: dict[tuple[int, ...], int] = {}
+        self.cls = [keys.setdefault(alike_key(p), len(keys)) for p in parts]
+        self.members = [[i for i in range(n) if self.cls[i] == c] for c in range(len(keys))]
+        rep = [parts[mem[0]] for mem in self.members]
+        self.rep = rep
+        self.f: dict[tuple[int, int], int] = {
+            (d, c): self.m.var(0.0, float(len(self.members[c])))
             for d in range(1, k) if self.local[d]
-            for i in range(n) if parts[i].expert_bytes
+            for c in range(len(rep)) if rep[c].ffn_bytes
+        }
+        self.e: dict[tuple[int, int], int] = {
+            (d, c): self.m.var(0.0, float(len(self.members[c])))
+            for d in range(1, k) if self.local[d]
+            for c in range(len(rep)) if rep[c].expert_bytes
         }
         self.h = {d: self.m.var() for d in range(1, k)}
         self.u = [self.m.var(integer=False) for _ in range(k)]
         self.s = self.m.var(0.0, float(facts.spec.tensor_bytes) if allow_disk else 0.0,
                             integer=False)
 
-    def expert_on(self, d: int, i: int) -> dict[int, float]:
-        """Linear form of 'layer i's experts are on device d' (d > 0)."""
-        if self.local[d]:
-            j = self.e.get((d, i))
-            return {j: 1.0} if j is not None else {}
-        return {self.x[d][i]: 1.0}
+    def on_device(self, d: int) -> Callable[[int], dict[int, float]]:
+        """Class c's layers on device d (d ≥ 0), a linear form: Σ_{i∈c} x[d,i]."""
+        return lambda c: {self.x[d][i]: 1.0 for i in self.members[c]}
 
-    def expert_on_cpu(self, i: int) -> tuple[dict[int, float], float]:
-        """(coefficients, constant) of 'layer i's experts are in RAM'."""
-        row: dict[int, float] = {}
-        for d in range(1, self.k):
-            for j, a in self.expert_on(d, i).items():
-                _add(row, j, -a)
-        return row, 1.0
+    def expert_on(self, d: int, c: int) -> dict[int, float]:
+        """Linear form of 'layers of class c with their experts on device d' (d > 0)."""
+        if self.local[d]:
+            j = self.e.get((d, c))
+            return {j: 1.0} if j is not None else {}
+        return self.on_device(d)(c)
+
+    def ffn_on(self, d: int, c: int) -> dict[int, float]:
+        """Linear form of 'layers of class c with their FFN group on device d' (d > 0):
+        F[d,c], or the class's layers on d where the group cannot move (a worker; no
+        FFN bytes)."""
+        j = self.f.get((d, c))
+        return {j: 1.0} if j is not None else self.on_device(d)(c)
+
+    def expert_on_cpu(self, c: int) -> tuple[dict[int, float], float]:
+        """(coefficients, constant) of 'layers of class c with their experts in RAM'."""
+        return _off(self.expert_on, self.k, c, len(self.members[c]))
+
+    def ffn_on_cpu(self, c: int) -> tuple[dict[int, float], float]:
+        """(coefficients, constant) of 'layers of class c with their FFN group in RAM'."""
+        return _off(self.ffn_on, self.k, c, len(self.members[c]))
 
     def build(self) -> None:
         self._assignment()
@@ -227,8 +294,11 @@ class _Builder:
                     _add(row, x[dd][i], 1.0)
                     _add(row, x[dd][i + 1], -1.0)
                 m.row(row, 0.0)
-        for (d, i), j in self.e.items():
-            m.row({j: 1.0, x[d][i]: -1.0}, hi=0.0)
+        for (d, c), j in self.f.items():  # kept by layers of the class on the device
+            m.row({j: 1.0, **{v: -a for v, a in self.on_device(d)(c).items()}}, hi=0.0)
+        for (d, c), j in self.e.items():  # experts go with their FFN group's router
+            up = {self.f[(d, c)]: 1.0} if (d, c) in self.f else self.on_device(d)(c)
+            m.row({j: 1.0, **{v: -a for v, a in up.items()}}, hi=0.0)
         for d, j in self.h.items():
             m.row({j: 1.0, x[d][n - 1]: -1.0}, hi=0.0)
         if self.h:
@@ -251,12 +321,15 @@ class _Builder:
         for d in range(1, self.k):
             row: dict[int, float] = {}
             for i, p in enumerate(parts):
-                _add(row, self.x[d][i], p.dense_bytes + p.kv_bytes)
-                for j, a in self.expert_on(d, i).items():
+                _add(row, self.x[d][i], p.attention_bytes + p.kv_bytes)
+            for c, p in enumerate(self.rep):
+                for j, a in self.ffn_on(d, c).items():
+                    _add(row, j, a * p.ffn_bytes)
+                for j, a in self.expert_on(d, c).items():
                     _add(row, j, a * p.expert_bytes)
             _add(row, self.h[d], head_bytes + (both - lp))
             _add(row, self.u[d], lp)
-            m.row(row, hi=self.budgets[self.devs[d].name])
+            m.bytes_row(row, self.budgets[self.devs[d].name])
         self._cpu_memory(lp, out, both, head_bytes)
 
     def _cpu_memory(self, lp: int, out: int, both: int, head_bytes: int) -> None:
@@ -271,12 +344,14 @@ class _Builder:
         for j in self.h.values():
             _add(w, j, -(head_bytes - (embd if tied else 0)))
         for i, p in enumerate(parts):
-            _add(w, self.x[0][i], p.dense_bytes)
-            if p.expert_bytes:
-                row, c = self.expert_on_cpu(i)
-                for j, a in row.items():
-                    _add(w, j, a * p.expert_bytes)
-                const_w += c * p.expert_bytes
+            _add(w, self.x[0][i], p.attention_bytes)
+        for cl, p in enumerate(self.rep):
+            for size, (row, c) in ((p.ffn_bytes, self.ffn_on_cpu(cl)),
+                                   (p.expert_bytes, self.expert_on_cpu(cl))):
+                if size:
+                    for j, a in row.items():
+                        _add(w, j, a * size)
+                    const_w += c * size
         total = dict(w)
         const = const_w + output_buffer_bytes(facts, ctx) + process_overhead(facts)
         for i, p in enumerate(parts):
@@ -293,14 +368,14 @@ class _Builder:
                 _add(total, j, -out)
             _add(total, both_used, -(lp + out - both))
         _add(total, self.s, -1.0)
-        m.row(total, hi=self.machine.cpu.memory_bytes - const)
+        m.bytes_row(total, self.machine.cpu.memory_bytes - const)
         if self.allow_disk:
             stream_room_rows(m, self.facts, self.machine, total, w, const, const_w, self.s,
                              self.h.values())
         # disk bytes only come out of the CPU's weights
         cap = {j: -a for j, a in w.items()}
         _add(cap, self.s, 1.0)
-        m.row(cap, hi=const_w)
+        m.bytes_row(cap, const_w)
 
     def _time(self, t: Terms) -> None:
         m, parts = self.m, self.parts
@@ -309,18 +384,22 @@ class _Builder:
             comp: dict[int, float] = {}
             cm = cc = 0.0  # constant parts (experts on the CPU: 1 − Σ on accelerators)
             for i, p in enumerate(parts):
-                wk = t.dense(dev, p)
+                wk = t.attention(dev, p)
                 _add(mem, self.x[d][i], wk.mem)
                 _add(comp, self.x[d][i], wk.comp)
-                if not p.expert_bytes:
-                    continue
-                we = t.experts(dev, p)
-                row, c = self.expert_on_cpu(i) if d == 0 else (self.expert_on(d, i), 0.0)
-                for j, a in row.items():
-                    _add(mem, j, a * we.mem)
-                    _add(comp, j, a * we.comp)
-                cm += c * we.mem
-                cc += c * we.comp
+            for cl, p in enumerate(self.rep):
+                groups = ((t.ffn, self.ffn_on_cpu, self.ffn_on, p.ffn_bytes),
+                          (t.experts, self.expert_on_cpu, self.expert_on, p.expert_bytes))
+                for work, on_cpu, on_dev, size in groups:
+                    if not size:
+                        continue
+                    we = work(dev, p)
+                    row, c = on_cpu(cl) if d == 0 else (on_dev(d, cl), 0.0)
+                    for j, a in row.items():
+                        _add(mem, j, a * we.mem)
+                        _add(comp, j, a * we.comp)
+                    cm += c * we.mem
+                    cc += c * we.comp
             wh = t.head(dev)
             if d == 0:
                 cm, cc = cm + wh.mem, cc + wh.comp
@@ -362,8 +441,12 @@ class _Builder:
             for d2 in range(d + 1, k):
                 _add(row, u[d2], 1.0)
             m.row(row, lo=0.0)
-        for (d, i), j in self.e.items():  # experts in RAM of an offloaded local layer
-            m.c[x[d][i]] += 2 * cross
+        # there and back for an offloaded local layer whose FFN side is in RAM: per class
+        # and device 2(Σx − E) where it has experts (E ≤ F: a layer keeping its experts
+        # keeps its FFN group), else 2(Σx − F); the merge keeps E where there are both
+        for (d, c), j in {**self.f, **self.e}.items():
+            for i in self.members[c]:
+                m.c[x[d][i]] += 2 * cross
             m.c[j] -= 2 * cross
         for d in range(1, k):
             if self.local[d]:
@@ -375,20 +458,28 @@ class _Builder:
                 for i in range(n):
                     m.c[x[d][i]] += per_layer
 
-    def decode(self, sol: np.ndarray) -> tuple[list[str], list[str | None], str, int]:
+    def decode(
+        self, sol: np.ndarray
+    ) -> tuple[list[str], list[str | None], str, int, list[str]]:
         names = [d.name for d in self.devs]
         dense = [names[max(range(self.k), key=lambda d: sol[self.x[d][i]])] for i in range(self.n)]
-        experts: list[str | None] = []
-        for i, p in enumerate(self.parts):
-            if not p.expert_bytes:
-                experts.append(None)
-                continue
-            d = names.index(dense[i])
-            on = d > 0 and sum(sol[j] * a for j, a in self.expert_on(d, i).items()) > 0.5
-            experts.append(dense[i] if on else "CPU")
+        ffn: list[str] = list(dense)
+        experts: list[str | None] = [
+            (dense[i] if names.index(dense[i]) > 0 else "CPU") if p.expert_bytes else None
+            for i, p in enumerate(self.parts)]
+        for d in range(1, self.k):
+            for c, mem in enumerate(self.members):
+                # of the class's layers on d, the last F keep their FFN group, the last
+                # E (≤ F) their experts too
+                on = [i for i in mem if dense[i] == names[d]]
+                for grp, out in ((self.f, ffn), (self.e, experts)):
+                    if (d, c) in grp:
+                        keep = round(sol[grp[(d, c)]])
+                        for i in on[: len(on) - keep]:
+                            out[i] = "CPU"
         head = next((names[d] for d, j in self.h.items() if sol[j] > 0.5), "CPU")
         disk = int(np.ceil(sol[self.s] - 1e-6)) if self.allow_disk else 0
-        return dense, experts, head, max(disk, 0)
+        return dense, experts, head, max(disk, 0), ffn
 
 
 def best_placement(
@@ -399,13 +490,15 @@ def best_placement(
     terms: tuple[Terms, ...],
     allow_disk: bool = False,
     time_limit: float = 10.0,
+    margin: float = 0.0,
 ) -> Placement | None:
     """The placement minimising the summed `terms` under every device's budget, or None
-    when none fits (see the module docstring for the formulation)."""
-    b = _Builder(facts, machine, ctx, parts, terms, allow_disk)
+    when none fits (see the module docstring for the formulation); `margin`: see
+    BYTES_MARGIN."""
+    b = _Builder(facts, machine, ctx, parts, terms, allow_disk, margin)
     b.build()
     sol = b.m.solve(time_limit)
     if sol is None:
         return None
-    dense, experts, head, disk = b.decode(sol)
-    return build_placement(facts, parts, dense, experts, head, disk)
+    dense, experts, head, disk, ffn = b.decode(sol)
+    return build_placement(facts, parts, dense, experts, head, disk, ffn)

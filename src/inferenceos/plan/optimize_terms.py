@@ -4,11 +4,11 @@ For one `ContextSettings` the roofline in `perf.py` is, per device, the max of t
 (memory time, compute time) over what the device holds, plus link and disk terms that
 depend only on which devices are used, where the blocks meet and how many weight bytes
 stay on disk. This module computes, for every decision the optimizer can take (layer i's
-dense part on device d, its routed experts on d, the output head on d), the seconds it
-adds to each of those sums, for decode (one token at the workload's middle context) and
-for prefill (the workload's prompt). `optimize_milp.py` turns them into a MILP;
-`optimize_exhaustive.py` never uses them (it asks perf.py itself), which is what makes
-the equality tests a check of this translation.
+attention and KV on device d, its FFN group on d, its routed experts on d, the output
+head on d), the seconds it adds to each of those sums, for decode (one token at the
+workload's middle context) and for prefill (the workload's prompt). `optimize_milp.py`
+turns them into a MILP; `optimize_exhaustive.py` never uses them (it asks perf.py
+itself), which is what makes the equality tests a check of this translation.
 
 Contract: for any placement in the optimizer's space, summing these terms as
 `optimize_milp` does gives `perf.decode_cost(...).seconds` and `perf.prefill_cost(...)
@@ -52,6 +52,9 @@ class Work:
 
     mem: float
     comp: float
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.mem + other.mem, self.comp + other.comp)
 
 
 @dataclass(frozen=True)
@@ -131,18 +134,33 @@ class Terms:
     # -- items -----------------------------------------------------------------------
 
     def dense(self, dev: Device, p: LayerParts) -> Work:
+        """Layer `p` whole on `dev` but its routed experts: `attention` + `ffn`."""
+        return self.attention(dev, p) + self.ffn(dev, p)
+
+    def attention(self, dev: Device, p: LayerParts) -> Work:
+        """What stays with the layer: its attention weights, norms, KV cache reads and
+        the per-layer work (attention's FLOPs, the architecture's extra)."""
         ph = self.ph
         if ph.decode:
             kv = self.kv_tok * self.span
             if dev.computes_like_cpu:  # the CPU walks the cache per query head (perf)
                 kv *= self.kv_reads
-            flops = 2.0 * p.dense_params + 4.0 * self.attn * ph.n_past
-            return self._work(dev, p.dense_bytes, kv, flops)
-        params, per_layer = float(p.dense_params), 4.0 * self.attn * ph.tokens / 2
+            flops = 2.0 * p.attention_params + 4.0 * self.attn * ph.n_past
+            return self._work(dev, p.attention_bytes, kv, flops)
+        params, per_layer = float(p.attention_params), 4.0 * self.attn * ph.tokens / 2
         if dev.computes_like_cpu:  # as perf.prefill_cost
             params, per_layer = params * self.rows, per_layer + self.arch
         flops = ph.tokens * (2.0 * params + per_layer)
-        return self._work(dev, p.dense_bytes, 0.0, flops)
+        return self._work(dev, p.attention_bytes, 0.0, flops)
+
+    def ffn(self, dev: Device, p: LayerParts) -> Work:
+        """The layer's FFN group (placement.FFN_ROLE) on `dev`."""
+        params = float(p.ffn_params)
+        if self.ph.decode:
+            return self._work(dev, p.ffn_bytes, 0.0, 2.0 * params)
+        if dev.computes_like_cpu:  # as perf.prefill_cost
+            params *= self.rows
+        return self._work(dev, p.ffn_bytes, 0.0, 2.0 * params * self.ph.tokens)
 
     def experts(self, dev: Device, p: LayerParts) -> Work:
         b, params = p.expert_bytes * self.frac, p.expert_params * self.frac

@@ -490,12 +490,11 @@ def _local_crossings(placement: Placement, remote: dict[str, Device]) -> int:
     """Activation crossings between local devices (the RPC ones are costed apart)."""
     if not remote:
         return placement.crossings
-    pairs = zip(placement.dense, placement.experts, strict=True)
-    experts = 2 * sum(1 for d, e in pairs if e is not None and e != d and d not in remote)
+    detours = 2 * sum(1 for i in placement.detours if placement.dense[i] not in remote)
     seq = [*placement.dense, placement.output_device]  # as `Placement.crossings` counts
     hops = sum(1 for a, b in itertools.pairwise(seq)
                if a != b and a not in remote and b not in remote)
-    return hops + experts
+    return hops + detours
 
 
 def _rpc_link_time(

@@ -45,10 +45,18 @@ from inferenceos.plan.memory import (
 from inferenceos.plan.model_facts import ModelFacts, TensorFact
 from inferenceos.units import format_bytes
 
+# The tensors of a layer that form its FFN group (model.spec's byte bucket "ffn": the
+# dense FFN, a MoE's router and shared experts; not its norms or routed experts)
+FFN_ROLE = "ffn"
+
 
 @dataclass(frozen=True)
 class LayerParts:
-    """One layer's bytes and parameter counts, dense part and routed experts apart."""
+    """One layer's bytes and parameter counts, dense part and routed experts apart.
+
+    `dense_*` is everything of the layer but its routed experts; `ffn_*` the part of it
+    that can run away from the layer's attention (`FFN_ROLE` tensors: the dense FFN, or
+    a MoE's router and shared experts), which is why it is counted in `dense_*` too."""
 
     index: int
     dense_bytes: int
@@ -56,6 +64,17 @@ class LayerParts:
     dense_params: int
     expert_params: int
     kv_bytes: int
+    ffn_bytes: int = 0
+    ffn_params: int = 0
+
+    @property
+    def attention_bytes(self) -> int:
+        """The dense part that stays with the layer: attention, norms (not its KV)."""
+        return self.dense_bytes - self.ffn_bytes
+
+    @property
+    def attention_params(self) -> int:
+        return self.dense_params - self.ffn_params
 
 
 @dataclass(frozen=True)
@@ -71,8 +90,10 @@ class DeviceLoad:
 
 @dataclass(frozen=True)
 class Placement:
-    """Device per layer (`dense`), per layer's experts (`experts`, None without MoE) and
-    for the output head; `disk_bytes` are CPU weights left to stream from the file."""
+    """Device per layer (`dense`: its attention, norms and KV), per layer's routed
+    experts (`experts`, None without MoE), per layer's FFN group (`ffn`: empty when
+    every one is with its layer; see `LayerParts`) and for the output head;
+    `disk_bytes` are CPU weights left to stream from the file."""
 
     dense: tuple[str, ...]
     experts: tuple[str | None, ...]
@@ -80,27 +101,45 @@ class Placement:
     loads: dict[str, DeviceLoad]
     disk_bytes: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ffn: tuple[str, ...] = ()
 
     def decode_load(self, device: str) -> DeviceLoad:
         return self.loads.get(device, DeviceLoad())
+
+    def ffn_device(self, layer: int) -> str:
+        """The device running layer `layer`'s FFN group."""
+        return self.ffn[layer] if self.ffn else self.dense[layer]
 
     def device_of(self, t: TensorFact) -> str:
         """The device holding weight `t` (a tied output head also has a copy on
         `output_device`; token_embd itself always stays on the CPU)."""
         if t.layer >= 0:
-            return (self.experts[t.layer] or "CPU") if t.role == "expert" else self.dense[t.layer]
+            if t.role == "expert":
+                return self.experts[t.layer] or "CPU"
+            return self.ffn_device(t.layer) if t.role == FFN_ROLE else self.dense[t.layer]
         if t.name.startswith(("output.", "output_norm.")):
             return self.output_device
         return "CPU"
 
     @property
+    def detours(self) -> tuple[int, ...]:
+        """Layers whose FFN side (FFN group or routed experts) runs on another device
+        than their attention: the activations go there and back (two crossings; the
+        group and the experts are next to each other in the graph, one trip for both)."""
+        out = []
+        for i, (d, e) in enumerate(zip(self.dense, self.experts, strict=True)):
+            if self.ffn_device(i) != d or (e is not None and e != d):
+                out.append(i)
+        return tuple(out)
+
+    @property
     def crossings(self) -> int:
         """Activation transfers between devices per evaluated token (CPU→GPU block,
-        block→block, and back for the output head or CPU-side experts)."""
+        block→block, back for the output head, and there and back for a `detours`
+        layer)."""
         seq = [*self.dense, self.output_device]
         n = sum(1 for a, b in itertools.pairwise(seq) if a != b)
-        pairs = zip(self.dense, self.experts, strict=True)
-        return n + 2 * sum(1 for d, e in pairs if e is not None and e != d)
+        return n + 2 * len(self.detours)
 
     @property
     def gpu_layers(self) -> int:
@@ -111,10 +150,16 @@ class Placement:
         pairs = enumerate(zip(self.dense, self.experts, strict=True))
         return tuple(i for i, (d, e) in pairs if e == "CPU" and d != "CPU")
 
+    @property
+    def cpu_ffn_layers(self) -> tuple[int, ...]:
+        """Offloaded layers whose FFN group stays in RAM."""
+        return tuple(i for i, d in enumerate(self.dense)
+                     if d != "CPU" and self.ffn_device(i) == "CPU")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "layers": [
-                {"layer": i, "dense": d, "experts": e}
+                {"layer": i, "dense": d, "ffn": self.ffn_device(i), "experts": e}
                 for i, (d, e) in enumerate(zip(self.dense, self.experts, strict=True))
             ],
             "output_device": self.output_device,
@@ -128,6 +173,7 @@ def layer_parts(facts: ModelFacts, ctx: ContextSettings) -> list[LayerParts]:
     """Per-layer bytes and parameters from the tensor table."""
     n = facts.spec.block_count
     db, eb, dp, ep = [0] * n, [0] * n, [0] * n, [0] * n
+    fb, fp = [0] * n, [0] * n
     for t in facts.tensors:
         if t.layer < 0:
             continue
@@ -137,8 +183,12 @@ def layer_parts(facts: ModelFacts, ctx: ContextSettings) -> list[LayerParts]:
         else:
             db[t.layer] += t.n_bytes
             dp[t.layer] += t.n_elements
+            if t.role == FFN_ROLE:
+                fb[t.layer] += t.n_bytes
+                fp[t.layer] += t.n_elements
     return [
-        LayerParts(i, db[i], eb[i], dp[i], ep[i], kv_layer_bytes(facts, i, ctx)) for i in range(n)
+        LayerParts(i, db[i], eb[i], dp[i], ep[i], kv_layer_bytes(facts, i, ctx), fb[i], fp[i])
+        for i in range(n)
     ]
 
 
@@ -208,13 +258,16 @@ def build_placement(
     experts: list[str | None],
     output_device: str,
     disk_bytes: int = 0,
+    ffn: list[str] | None = None,
 ) -> Placement:
     """The Placement of explicit decisions (the optimizer's): loads per device and the
-    notes, as `place` computes them."""
+    notes, as `place` computes them. `ffn` None: every FFN group with its layer."""
     head_bytes, head_params = output_head(facts)
-    loads = _loads(facts, parts, dense, experts, output_device, head_bytes, head_params)
-    notes = _notes(facts, parts, dense, experts)
-    return Placement(tuple(dense), tuple(experts), output_device, loads, disk_bytes, tuple(notes))
+    split = ffn if ffn is not None and list(ffn) != list(dense) else None
+    loads = _loads(facts, parts, dense, experts, output_device, head_bytes, head_params, split)
+    notes = _notes(facts, parts, dense, experts, split)
+    return Placement(tuple(dense), tuple(experts), output_device, loads, disk_bytes,
+                     tuple(notes), tuple(split or ()))
 
 
 def _no_faster_than_cpu(dev: Device, machine: Machine) -> bool:
@@ -293,6 +346,7 @@ def _loads(
     output_device: str,
     head_bytes: int,
     head_params: int,
+    ffn: list[str] | None = None,
 ) -> dict[str, DeviceLoad]:
     acc: dict[str, dict[str, float]] = {}
 
@@ -305,14 +359,14 @@ def _loads(
 
     frac = routed_fraction(facts)
     for p in parts:
-        add(
-            dense[p.index],
-            weights=p.dense_bytes,
-            kv=p.kv_bytes,
-            bytes_read=p.dense_bytes,
-            active_params=p.dense_params,
-            layers=1,
-        )
+        away = ffn is not None and ffn[p.index] != dense[p.index]
+        own_b = p.attention_bytes if away else p.dense_bytes
+        own_p = p.attention_params if away else p.dense_params
+        add(dense[p.index], weights=own_b, kv=p.kv_bytes, bytes_read=own_b,
+            active_params=own_p, layers=1)
+        if away and ffn is not None:
+            add(ffn[p.index], weights=p.ffn_bytes, bytes_read=p.ffn_bytes,
+                active_params=p.ffn_params)
         if p.expert_bytes:
             add(
                 experts[p.index] or "CPU",
@@ -342,9 +396,18 @@ def _loads(
 
 
 def _notes(
-    facts: ModelFacts, parts: list[LayerParts], dense: list[str], experts: list[str | None]
+    facts: ModelFacts, parts: list[LayerParts], dense: list[str], experts: list[str | None],
+    ffn: list[str] | None = None,
 ) -> list[str]:
     notes = []
+    cpu_ffn = [p.index for p in parts
+               if ffn is not None and ffn[p.index] == "CPU" and dense[p.index] != "CPU"]
+    if cpu_ffn:
+        moved = sum(parts[i].ffn_bytes for i in cpu_ffn)
+        notes.append(
+            f"FFN of {len(cpu_ffn)} offloaded layer(s) kept in RAM ({_mib(moved)}): their "
+            "attention and KV cache are worth more per byte of accelerator memory"
+        )
     cpu_exp = [
         p.index
         for p in parts

@@ -19,6 +19,10 @@ from inferenceos.plan.speculative import PLANNED
 from inferenceos.units import format_bytes
 
 EXPERT_TENSORS = r"ffn_(up|down|gate|gate_up)_exps"
+# a layer's FFN group (placement.FFN_ROLE, as model.spec's _role buckets it): `ffn_*`
+# tensors but its norms and routed experts. llama.cpp matches with std::regex_search
+# (ECMAScript), which has lookahead
+FFN_TENSORS = r"ffn_(?!.*norm)(?!.*_exps)"
 # the output head's matrix: output.weight, or for a tied head llama.cpp's duplicate of
 # token_embd.weight (the input embedding, on the CPU in any case)
 HEAD_TENSORS = r"^(output|token_embd)\.weight$"
@@ -124,18 +128,20 @@ class Plan:
 
     @property
     def tensor_overrides(self) -> list[tuple[str, str]]:
-        """(regex, buffer type) pairs for llama.cpp's tensor_buft_overrides: routed
-        experts of offloaded layers that stay in RAM, and the output head when it stays
-        on the CPU while blocks are offloaded (see `n_gpu_layers`; a tied head is
-        llama.cpp's duplicate of token_embd.weight, which the CPU holds anyway)."""
+        """(regex, buffer type) pairs for llama.cpp's tensor_buft_overrides: the FFN
+        groups and routed experts of offloaded layers that stay in RAM, and the output
+        head when it stays on the CPU while blocks are offloaded (see `n_gpu_layers`; a
+        tied head is llama.cpp's duplicate of token_embd.weight, which the CPU holds
+        anyway)."""
         out: list[tuple[str, str]] = []
         if self.gpu_layers_forced is None and self.placement.gpu_layers \
                 and self.placement.output_device == "CPU":
             out.append((HEAD_TENSORS, "CPU"))
-        layers = self.placement.cpu_expert_layers
-        if layers:
-            alt = "|".join(str(i) for i in layers)
-            out.append((rf"blk\.({alt})\.{EXPERT_TENSORS}", "CPU"))
+        for layers, group in ((self.placement.cpu_ffn_layers, FFN_TENSORS),
+                              (self.placement.cpu_expert_layers, EXPERT_TENSORS)):
+            if layers:
+                alt = "|".join(str(i) for i in layers)
+                out.append((rf"blk\.({alt})\.{group}", "CPU"))
         return out
 
     def params(self) -> LlamaParams:
@@ -194,7 +200,7 @@ class Plan:
         c, p = self.ctx, self.params()
         where = (
             f"{self.placement.gpu_layers}/{len(self.placement.dense)} layers on "
-            f"{', '.join(self.accelerators)}"
+            f"{', '.join(self.accelerators)}{self._ffn_note()}"
             if self.placement.gpu_layers
             else "CPU only"
         )
@@ -213,6 +219,10 @@ class Plan:
             f"plan: ctx {c.n_ctx} · KV {p.type_k}/{p.type_v} · flash-attn {fa} · "
             f"ubatch {p.n_ubatch} · {where} · {threads} · {mem}{flags}"
         )
+
+    def _ffn_note(self) -> str:
+        n = len(self.placement.cpu_ffn_layers)
+        return f" (FFN of {n} in RAM)" if n else ""
 
     def to_json(self) -> dict[str, Any]:
         return {
