@@ -170,3 +170,31 @@ def test_the_ffn_pattern_names_exactly_the_ffn_group(tmp_path: Path, kind: str) 
     for t in facts.tensors:
         assert bool(re.search(FFN_TENSORS, t.name)) == (t.role == FFN_ROLE), t.name
     assert any(t.role == FFN_ROLE for t in facts.tensors)
+
+
+def test_placement_and_simulate_show_the_ffn_in_ram(tmp_path: Path) -> None:
+    """The command line a user reads: `placement` draws an FFN column and says what
+    was kept in RAM and why; `simulate --json` carries each layer's FFN device and the
+    tensor override llama.cpp will get."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from inferenceos.cli.main import app
+    from plan_factories import write_sparse_gguf
+
+    model = str(write_sparse_gguf(tmp_path / "m.gguf", make_facts(n_layer=6)))
+    args = [model, "--gpu-memory", "600MiB", "--ctx", "4096"]
+    run = CliRunner().invoke
+    shown = run(app, ["placement", *args])
+    assert shown.exit_code == 0, shown.output
+    assert "attention + KV" in shown.stdout and "FFN" in shown.stdout
+    assert "offloaded layer(s) in RAM" in shown.stdout
+    q = run(app, ["simulate", *args, "--json"])
+    assert q.exit_code == 0, q.output
+    plan = json.loads(q.stdout)["plan"]
+    split = [la["layer"] for la in plan["placement"]["layers"]
+             if la["dense"] == "GPU0" and la["ffn"] == "CPU"]
+    assert split, plan["placement"]["layers"]
+    alt = "|".join(str(i) for i in split)
+    assert rf"blk\.({alt})\.{FFN_TENSORS}=CPU" in plan["llama_params"]["tensor_buft_overrides"]

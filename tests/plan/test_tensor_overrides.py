@@ -33,23 +33,23 @@ def test_unknown_device_is_a_clear_error(tiny_moe: Path) -> None:
         LoadedModel(tiny_moe, settings)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "since the optimizer (88888eb) this GPU size no longer gives a plan with experts on "
-    "the CPU: it keeps them on the GPU at a smaller ubatch (3.8 MiB at ubatch 256), and "
-    "smaller GPUs give CPU-only plans on an uncalibrated data dir; the case needs a "
-    "machine where experts-on-CPU is the optimum (2026-12-02)"))
-def test_plan_overrides_survive_into_load_settings(tiny_moe: Path) -> None:
-    """A GPU too small for the experts: the plan keeps them on the CPU, and the engine's
-    LlamaParams carries that (nothing of the plan is lost on the way to llama.cpp)."""
-    from inferenceos.plan.devices import Overrides, apply_overrides, local_machine
-    from inferenceos.plan.model_facts import load_model_facts
-    from inferenceos.plan.simulate import plan_for_run
+def test_plan_overrides_survive_into_load_settings() -> None:
+    """A GPU too small for a Mixtral-shaped model's experts (4 layers, 2 GiB): the
+    plan keeps some in RAM, and the engine's LlamaParams carries that override (nothing
+    of the plan is lost on the way to llama.cpp). The tiny MoE file no longer gives
+    such a plan: its experts are so small the optimizer keeps them on the GPU."""
+    from inferenceos.plan.memory import ContextSettings
+    from inferenceos.plan.preflight import make_plan
+    from plan_factories import GiB, machine, make_facts
 
-    machine = apply_overrides(local_machine(), Overrides(gpu_memory=(6_500_000,)))
-    plan = plan_for_run(load_model_facts(tiny_moe), machine, flash_attn=False)  # sized for it
-    settings = plan.params()
-    assert plan.tensor_overrides, plan.summary()
-    assert settings.tensor_buft_overrides == tuple(plan.tensor_overrides)
+    facts = make_facts(n_layer=4, n_expert=8, n_used=2)
+    plan = make_plan(facts, machine(ram=64 * GiB, gpus=(2 * GiB,)),
+                     ContextSettings(n_ctx=4096, flash_attn=True))
+    layers = plan.placement.cpu_expert_layers
+    assert layers and plan.placement.gpu_layers == 4, plan.summary()
+    alt = "|".join(str(i) for i in layers)
+    assert (rf"blk\.({alt})\.ffn_(up|down|gate|gate_up)_exps", "CPU") in plan.tensor_overrides
+    assert plan.params().tensor_buft_overrides == tuple(plan.tensor_overrides)
 
 
 @pytest.mark.parametrize("gpu_bytes", [6_000_000, 5_000_000])

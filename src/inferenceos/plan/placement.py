@@ -100,7 +100,8 @@ class Placement:
     output_device: str
     loads: dict[str, DeviceLoad]
     disk_bytes: int = 0
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    # (what, why) of each placement choice a user may not expect (the plan's "changed")
+    notes: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     ffn: tuple[str, ...] = ()
 
     def decode_load(self, device: str) -> DeviceLoad:
@@ -165,7 +166,7 @@ class Placement:
             "output_device": self.output_device,
             "disk_bytes": self.disk_bytes,
             "loads": {k: v.__dict__ for k, v in self.loads.items()},
-            "notes": list(self.notes),
+            "notes": [{"what": w, "why": y} for w, y in self.notes],
         }
 
 
@@ -398,16 +399,16 @@ def _loads(
 def _notes(
     facts: ModelFacts, parts: list[LayerParts], dense: list[str], experts: list[str | None],
     ffn: list[str] | None = None,
-) -> list[str]:
+) -> list[tuple[str, str]]:
     notes = []
     cpu_ffn = [p.index for p in parts
                if ffn is not None and ffn[p.index] == "CPU" and dense[p.index] != "CPU"]
     if cpu_ffn:
         moved = sum(parts[i].ffn_bytes for i in cpu_ffn)
-        notes.append(
-            f"FFN of {len(cpu_ffn)} offloaded layer(s) kept in RAM ({_mib(moved)}): their "
-            "attention and KV cache are worth more per byte of accelerator memory"
-        )
+        notes.append((
+            f"FFN of {len(cpu_ffn)} offloaded layer(s) in RAM ({_mib(moved)})",
+            "their attention and KV cache are worth more per byte of accelerator memory",
+        ))
     cpu_exp = [
         p.index
         for p in parts
@@ -415,11 +416,12 @@ def _notes(
     ]
     if cpu_exp:
         moved = sum(parts[i].expert_bytes for i in cpu_exp)
-        notes.append(
-            f"experts of {len(cpu_exp)} GPU layer(s) kept on the CPU first ({_mib(moved)}): a "
-            f"token reads only {facts.spec.expert_used_count} of {facts.spec.expert_count} "
-            "experts, so accelerator memory is worth more to dense layers"
-        )
+        notes.append((
+            f"experts of {len(cpu_exp)} GPU layer(s) on the CPU ({_mib(moved)})",
+            f"a token reads only {facts.spec.expert_used_count} of "
+            f"{facts.spec.expert_count} experts, so accelerator memory is worth more to "
+            "dense layers",
+        ))
     return notes
 
 

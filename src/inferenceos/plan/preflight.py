@@ -305,8 +305,7 @@ def _finish(
                 "the fastest split the cost model finds within every device's memory",
             )
         )
-    for note in p.notes:
-        changes.append(Change("experts to CPU", note))
+    changes.extend(Change(what, why) for what, why in p.notes)
     used = tuple(a.name for a in machine.accelerators if a.name in p.dense)
     return Plan(
         model_path=str(facts.spec.path),
