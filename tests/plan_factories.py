@@ -113,20 +113,21 @@ def make_facts(
     return ModelFacts(spec=spec, tensors=tuple(tensors))
 
 
-def heavier_ffn(facts: ModelFacts, layers: set[int] | None = None) -> ModelFacts:
-    """`facts` with the ffn_down of some layers at Q6_K's bytes (1.46x Q4_0's), as
-    llama.cpp's Q4_K_M gives them (its use_more_bits: the first and last eighth and
-    every third layer between): layers no longer alike, so the optimizer's per-layer
-    program plans them. `layers`: which ones (default: Q4_K_M's)."""
+def q4_k_m_like(facts: ModelFacts, layers: set[int] | None = None) -> ModelFacts:
+    """`facts` with the ffn_down (of a MoE: ffn_down_exps) of some layers at Q6_K's
+    bytes (1.46x Q4_0's), as llama.cpp's Q4_K_M makes them (its use_more_bits: the
+    first and last eighth and every third layer between): layers no longer alike, as
+    in a real Q4_K_M file. `layers`: which ones (default: Q4_K_M's)."""
     from dataclasses import replace
 
     n = facts.spec.block_count
     if layers is None:
         layers = {i for i in range(n)
                   if i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2}
+    name = "ffn_down_exps.weight" if facts.spec.expert_count else "ffn_down.weight"
     tensors = tuple(
         replace(t, n_bytes=round(t.n_bytes * 1.46))
-        if t.layer in layers and t.name.endswith("ffn_down.weight") else t
+        if t.layer in layers and t.name.endswith(name) else t
         for t in facts.tensors)
     return replace(facts, tensors=tensors)
 

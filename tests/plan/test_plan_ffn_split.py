@@ -28,7 +28,7 @@ from inferenceos.plan.perf import Calibration
 from inferenceos.plan.placement import FFN_ROLE, build_placement, layer_parts
 from inferenceos.plan.plan import FFN_TENSORS
 from inferenceos.plan.preflight import make_plan
-from plan_factories import GiB, heavier_ffn, machine, make_facts
+from plan_factories import GiB, machine, make_facts, q4_k_m_like
 from tiny_models import SHAPES, write_tiny_model
 
 CAL = Calibration()
@@ -89,7 +89,7 @@ def test_the_per_layer_milp_matches_the_listing_on_unlike_layers() -> None:
     costs, and keeps some FFN in RAM where that is best."""
     from inferenceos.plan.optimize_counts import uniform
 
-    facts = heavier_ffn(make_facts(n_layer=6), {0, 5})
+    facts = q4_k_m_like(make_facts(n_layer=6), {0, 5})
     assert not uniform(layer_parts(facts, CTX))
     split = 0
     for gpus in ((0.8,), (1.6,), (2.4,), (4.0,), (0.9, 1.4)):

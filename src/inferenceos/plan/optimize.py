@@ -8,8 +8,10 @@ below `kv_floor`) — form levels in a fixed order of preference:
 
 For each level, from the best, every ubatch (the asked one halved down to 32, or 8 with
 accelerators: it only changes speed) gets its best placement over every device from
-`optimize_milp` (a MILP over the layers, experts, output head; exact for perf.py's
-cost), and the first level
+`optimize_counts` (a MILP over counts of alike layers per device — their attention, FFN
+groups, experts — and the output head, with a branch and bound over block boundaries
+where layers differ; `optimize_milp`'s per-layer program when that runs long; exact for
+perf.py's cost), and the first level
 with any placement that fits without leaving weights on disk wins; among its ubatches
 the lowest predicted workload time. Only when no level fits does the floor level leave
 weights on disk. So a level is given up only when no device or link could hold more,
@@ -33,7 +35,7 @@ from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import estimate, stream_room
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_counts import best_placement_counts, uniform
+from inferenceos.plan.optimize_counts import SearchTooLong, best_placement_counts
 from inferenceos.plan.optimize_milp import BYTES_MARGIN, best_placement, device_budgets
 from inferenceos.plan.optimize_terms import Terms, phases
 from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
@@ -193,8 +195,11 @@ def solve_context(
             p = replace(p, disk_bytes=over)
             c = evaluate(facts, machine, ctx, p, cal, threads, obj)
         return c if fits(c, machine, facts) else None
-    solver = best_placement_counts if uniform(parts) else best_placement
-    return solve_with(solver, facts, machine, ctx, cal, threads, obj, allow_disk)
+    try:
+        return solve_with(best_placement_counts, facts, machine, ctx, cal, threads, obj,
+                          allow_disk)
+    except SearchTooLong:  # the boundaries of many unlike layers: the per-layer program
+        return solve_with(best_placement, facts, machine, ctx, cal, threads, obj, allow_disk)
 
 
 def solve_with(

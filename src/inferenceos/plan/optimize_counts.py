@@ -1,20 +1,34 @@
-"""The placement MILP when every layer is alike: counts per device instead of x[d,i].
+"""The placement program over counts of alike layers, contiguity by branch and bound.
 
-When all layers have the same bytes, parameters and KV (most dense and MoE models
-without sliding windows), a contiguous placement is fully described by how many layers
-each device takes (blocks follow in device order), how many of those keep their FFN
-group and how many their routed experts on the device (experts only with their FFN
-group), and where the head is. The per-layer program of
-`optimize_milp` is then full of symmetric solutions (any layer could be the one whose
-experts move) that HiGHS explores one by one: 100 layers over 4 GPUs ran into its time
-limit. This formulation has ~5 integer variables per device and the same optimum: the
-costs and memory of `optimize_milp` are linear in the per-layer decisions, and identical
-layers make them linear in the counts with the same coefficients.
+Alike layers (`optimize_milp.alike_key`: the same bytes, parameters and KV) are
+interchangeable for every cost and budget of `optimize_milp`'s program, which is linear
+in the per-layer decisions with the same coefficients for each. A placement is then
+described by counts: N[d,c] layers of class c on device d, of those F[d,c] keeping
+their FFN group and E[d,c] ≤ F[d,c] their routed experts on a local accelerator, the
+head's device and the bytes left on disk.
+
+With one class (most dense and MoE models) any counts are a contiguous placement:
+blocks follow in device order. With several (Q4_K_M's heavier layers, sliding-window
+layers) not every count vector is one: device d's block starts at layer
+b_d = Σ_{d'<d} Σ_c N[d',c], and exactly P_c(b_d) layers of class c lie before it
+(P_c: the class's prefix count). The program without that condition is a relaxation;
+`best_placement_counts` searches over the boundaries by branch and bound. A node bounds
+some b_d to [lo, hi] (with P_c(lo) ≤ S_{d,c} ≤ P_c(hi), S_{d,c} = Σ_{d'<d} N[d',c]); a
+relaxed optimum whose every boundary is realizable is a placement of the node; else the
+first unrealizable boundary, at b, splits the node three ways: below b, exactly b
+(S_{d,·} = P(b)), above b. Nodes are searched best bound first and pruned by the best
+placement found, so the answer is the optimum.
+
+Why counts: the per-layer program has the same LP bound but branches on single layers'
+binaries. On a 100-layer MoE over 4 GPUs it took 1.0 s where the counts took 11 ms
+(alike layers), and 3-10 s where Q4_K_M's mix made two classes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +44,7 @@ from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_milp import (
     _add,
     _Model,
+    alike_key,
     device_budgets,
     disk_cost,
     stream_room_rows,
@@ -37,12 +52,305 @@ from inferenceos.plan.optimize_milp import (
 from inferenceos.plan.optimize_terms import Terms, Work
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
+GAP = 1e-7  # a node within this share of the best placement found cannot beat it
+MAX_NODES = 200  # past this many programs the search gives way (optimize.solve_context)
+
+Bounds = dict[int, tuple[int, int]]  # device -> [lo, hi] of its block's first layer
+
 
 def uniform(parts: list[LayerParts]) -> bool:
-    """Whether every layer has the same bytes, parameters and KV."""
-    key = [(p.dense_bytes, p.expert_bytes, p.dense_params, p.expert_params, p.kv_bytes,
-            p.ffn_bytes, p.ffn_params) for p in parts]
-    return len(set(key)) <= 1
+    """Whether every layer has the same bytes, parameters and KV (one class)."""
+    return len({alike_key(p) for p in parts}) <= 1
+
+
+@dataclass
+class _Vars:
+    """The variables of one node's program."""
+
+    m: _Model
+    cnt: list[list[int]]  # [device][class]
+    u: list[int]
+    fc: dict[tuple[int, int], int]  # (device, class): layers keeping their FFN group
+    ex: dict[tuple[int, int], int]  # (device, class): layers keeping their experts
+    h: dict[int, int]
+    s: int
+
+
+class _Counts:
+    """The count program of one (facts, machine, ctx, terms), built per node."""
+
+    def __init__(
+        self, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
+        parts: list[LayerParts], terms: tuple[Terms, ...], allow_disk: bool, margin: float,
+    ) -> None:
+        self.facts, self.machine, self.ctx, self.parts = facts, machine, ctx, parts
+        self.terms, self.allow_disk, self.margin = terms, allow_disk, margin
+        self.devs = list(machine.devices)
+        self.local = [not d.is_remote for d in self.devs]
+        self.budgets = device_budgets(machine)
+        keys: dict[tuple[int, ...], int] = {}
+        self.cls = [keys.setdefault(alike_key(p), len(keys)) for p in parts]
+        self.n_cls = len(keys)
+        self.rep = [parts[self.cls.index(c)] for c in range(self.n_cls)]
+        self.size = [self.cls.count(c) for c in range(self.n_cls)]
+        # prefix[c][b]: layers of class c among the first b
+        self.prefix = [list(itertools.accumulate((int(x == c) for x in self.cls), initial=0))
+                       for c in range(self.n_cls)]
+
+    # -- the program ---------------------------------------------------------------------
+
+    def build(self, bounds: Bounds) -> _Vars:
+        m = _Model(margin=self.margin)
+        k, n = len(self.devs), len(self.parts)
+        cnt = [[m.var(0, self.size[c] if d == 0 or self.budgets[self.devs[d].name] > 0
+                      else 0) for c in range(self.n_cls)] for d in range(k)]
+        acc = [(d, c) for d in range(1, k) if self.local[d] for c in range(self.n_cls)]
+        v = _Vars(
+            m, cnt, [m.var() for _ in range(k)],
+            {(d, c): m.var(0, self.size[c]) for d, c in acc if self.rep[c].ffn_bytes},
+            {(d, c): m.var(0, self.size[c]) for d, c in acc if self.rep[c].expert_bytes},
+            {d: m.var() for d in range(1, k)},
+            m.var(0.0, float(self.facts.spec.tensor_bytes) if self.allow_disk else 0.0,
+                  integer=False))
+        for c in range(self.n_cls):
+            m.row({cnt[d][c]: 1.0 for d in range(k)}, self.size[c], self.size[c])
+        for d in range(k):
+            m.row({**dict.fromkeys(cnt[d], 1.0), v.u[d]: -float(n)}, hi=0.0)
+            m.row({**dict.fromkeys(cnt[d], 1.0), v.u[d]: -1.0}, lo=0.0)
+        for (d, c), j in v.fc.items():
+            m.row({j: 1.0, cnt[d][c]: -1.0}, hi=0.0)
+        for (d, c), j in v.ex.items():  # experts only beside their FFN group's router
+            m.row({j: 1.0, v.fc.get((d, c), cnt[d][c]): -1.0}, hi=0.0)
+        for d, j in v.h.items():  # the head on the last used device (the last layer's)
+            m.row({j: 1.0, v.u[d]: -1.0}, hi=0.0)
+            for d2 in range(d + 1, k):
+                m.row({j: 1.0, v.u[d2]: 1.0}, hi=1.0)
+        if v.h:
+            m.row(dict.fromkeys(v.h.values(), 1.0), hi=1.0)
+        self._bounds(v, bounds)
+        self._memory(v)
+        for t in self.terms:
+            self._time(v, t)
+        disk_cost(m, v.s, self.terms)
+        self._links(v)
+        return v
+
+    def _bounds(self, v: _Vars, bounds: Bounds) -> None:
+        """Device d's block starts at b_d within [lo, hi] (all layers where the node
+        does not say), and its prefix counts S_{d,c} lie in the convex hull of the
+        points (b, P_c(b)) for b in [lo, hi]: every realizable placement of the node
+        satisfies the hull's facets, and they keep the relaxation close to one (a
+        Q4_K_M mix has every third layer heavier: S ≈ b / 3)."""
+        if self.n_cls == 1:
+            return  # any counts are a placement
+        for d in range(1, len(self.devs)):
+            lo, hi = bounds.get(d, (0, len(self.parts)))
+            b = {v.cnt[d2][c]: 1.0 for d2 in range(d) for c in range(self.n_cls)}
+            v.m.row(b, float(lo), float(hi))
+            for c in range(self.n_cls):
+                pts = [(x, self.prefix[c][x]) for x in range(lo, hi + 1)]
+                for a0, a1, sign in _hull_facets(pts):
+                    # sign · (S − a0 − a1·b) ≥ 0
+                    row = {v.cnt[d2][c]: sign for d2 in range(d)}
+                    for j in b:
+                        _add(row, j, -sign * a1)
+                    v.m.row(row, lo=sign * a0)
+
+    def ffn_on(self, v: _Vars, d: int, c: int) -> dict[int, float]:
+        """Layers of class c with their FFN group on device d > 0."""
+        j = v.fc.get((d, c))
+        return {j: 1.0} if j is not None else {v.cnt[d][c]: 1.0}
+
+    def expert_on(self, v: _Vars, d: int, c: int) -> dict[int, float]:
+        """Layers of class c with their experts on device d > 0."""
+        if self.local[d]:
+            j = v.ex.get((d, c))
+            return {j: 1.0} if j is not None else {}
+        return {v.cnt[d][c]: 1.0}
+
+    def groups(self, v: _Vars, c: int) -> list[tuple[str, dict[int, dict[int, float]], int]]:
+        """(group, device -> its linear form, bytes) of class c's movable groups; the
+        CPU's form (d = 0) is the class's size less the accelerators'."""
+        p, k = self.rep[c], len(self.devs)
+        out = []
+        for name, on, size in (("ffn", self.ffn_on, p.ffn_bytes),
+                               ("experts", self.expert_on, p.expert_bytes)):
+            if not size:
+                continue
+            forms = {d: on(v, d, c) for d in range(1, k)}
+            cpu: dict[int, float] = {}
+            for form in forms.values():
+                for j, a in form.items():
+                    _add(cpu, j, -a)
+            forms[0] = cpu  # + self.size[c], the constant
+            out.append((name, forms, size))
+        return out
+
+    def _memory(self, v: _Vars) -> None:
+        facts, ctx, m = self.facts, self.ctx, v.m
+        terms = compute_terms(facts, ctx)
+        lp, out = device_compute(terms, True, False), device_compute(terms, False, True)
+        both = device_compute(terms, True, True)
+        head, _ = output_head(facts)
+        for d in range(1, len(self.devs)):
+            row: dict[int, float] = {}
+            for c, p in enumerate(self.rep):
+                _add(row, v.cnt[d][c], float(p.attention_bytes + p.kv_bytes))
+                for _, forms, size in self.groups(v, c):
+                    for j, a in forms[d].items():
+                        _add(row, j, a * size)
+            _add(row, v.h[d], head + (both - lp))
+            _add(row, v.u[d], lp)
+            m.bytes_row(row, self.budgets[self.devs[d].name])
+        self._cpu_memory(v, lp, out, both, head)
+
+    def _cpu_memory(self, v: _Vars, lp: int, out: int, both: int, head: int) -> None:
+        facts, m = self.facts, v.m
+        embd = facts.tensor_bytes("token_embd.")
+        tied = not facts.has_output_tensor
+        nonlayer = sum(t.n_bytes for t in facts.tensors if t.layer < 0)
+        other = max(nonlayer - embd - head + (embd if tied else 0), 0)
+        own_head = head - (embd if tied else 0)
+        w: dict[int, float] = {}
+        const_w = float(other + embd + own_head)
+        for j in v.h.values():
+            _add(w, j, -own_head)
+        for c, p in enumerate(self.rep):
+            _add(w, v.cnt[0][c], float(p.attention_bytes))
+            for _, forms, size in self.groups(v, c):
+                for j, a in forms[0].items():
+                    _add(w, j, a * size)
+                const_w += self.size[c] * size
+        total = dict(w)
+        for c, p in enumerate(self.rep):
+            _add(total, v.cnt[0][c], float(p.kv_bytes))
+        const = const_w + output_buffer_bytes(facts, self.ctx) + process_overhead(facts)
+        if len(self.devs) == 1:
+            const += both
+        else:  # u0·LP + h0·OUT − both_used·(LP + OUT − BOTH), both_used ≤ u0, h0
+            bu = m.var(integer=False)
+            m.row({bu: 1.0, v.u[0]: -1.0}, hi=0.0)
+            m.row({bu: 1.0, **dict.fromkeys(v.h.values(), 1.0)}, hi=1.0)
+            _add(total, v.u[0], lp)
+            const += out
+            for j in v.h.values():
+                _add(total, j, -out)
+            _add(total, bu, -(lp + out - both))
+        _add(total, v.s, -1.0)
+        m.bytes_row(total, self.machine.cpu.memory_bytes - const)
+        if self.allow_disk:
+            stream_room_rows(m, facts, self.machine, total, w, const, const_w, v.s,
+                             v.h.values())
+        cap = {j: -a for j, a in w.items()}  # disk bytes only come out of CPU weights
+        _add(cap, v.s, 1.0)
+        m.bytes_row(cap, const_w)
+
+    def _time(self, v: _Vars, t: Terms) -> None:
+        works = {"ffn": t.ffn, "experts": t.experts}
+        for d, dev in enumerate(self.devs):
+            mem: dict[int, float] = {}
+            comp: dict[int, float] = {}
+            cm = cc = 0.0  # constants: the groups in RAM are the class size less the rest
+            for c, p in enumerate(self.rep):
+                wk = t.attention(dev, p)
+                _add(mem, v.cnt[d][c], wk.mem)
+                _add(comp, v.cnt[d][c], wk.comp)
+                for name, forms, _ in self.groups(v, c):
+                    we: Work = works[name](dev, p)
+                    for j, a in forms[d].items():
+                        _add(mem, j, a * we.mem)
+                        _add(comp, j, a * we.comp)
+                    if d == 0:
+                        cm, cc = cm + self.size[c] * we.mem, cc + self.size[c] * we.comp
+            self._head_time(v, t, d, dev, mem, comp)
+            if d == 0:
+                wh = t.head(dev)
+                cm, cc = cm + wh.mem, cc + wh.comp
+            tv = v.m.var(0.0, np.inf, cost=1.0, integer=False)
+            for row, const in ((mem, cm), (comp, cc)):
+                r = {j: -a for j, a in row.items()}
+                _add(r, tv, 1.0)
+                v.m.row(r, lo=const)
+
+    def _head_time(self, v: _Vars, t: Terms, d: int, dev: Device,
+                   mem: dict[int, float], comp: dict[int, float]) -> None:
+        """The head's work on `dev`: on an accelerator h[d]; on the CPU 1 − Σ h (the
+        constant is the caller's)."""
+        wh = t.head(dev)
+        if d == 0:
+            for j in v.h.values():
+                _add(mem, j, -wh.mem)
+                _add(comp, j, -wh.comp)
+        else:
+            _add(mem, v.h[d], wh.mem)
+            _add(comp, v.h[d], wh.comp)
+
+    def _links(self, v: _Vars) -> None:
+        m, k, u = v.m, len(self.devs), v.u
+        cross = sum(t.crossing() for t in self.terms)
+        for d in range(k):
+            for d2 in range(d + 1, k):
+                if self.local[d] and self.local[d2]:
+                    a = m.var(0.0, np.inf, cost=cross, integer=False)
+                    row = {a: 1.0, u[d]: -1.0, u[d2]: -1.0}
+                    for j in range(d + 1, d2):
+                        _add(row, u[j], 1.0)
+                    m.row(row, lo=-1.0)
+        for d in range(1, k):
+            if not self.local[d]:
+                for t in self.terms:
+                    used, per_layer, head = t.rpc(self.devs[d])
+                    m.c[u[d]] += used
+                    m.c[v.h[d]] += head
+                    for j in v.cnt[d]:
+                        m.c[j] += per_layer
+                continue
+            oh = m.var(0.0, np.inf, cost=cross, integer=False)
+            row = {oh: 1.0, u[d]: -1.0, **dict.fromkeys(v.h.values(), 1.0)}
+            for d2 in range(d + 1, k):
+                _add(row, u[d2], 1.0)
+            m.row(row, lo=0.0)
+        # an offloaded layer whose FFN side is in RAM crosses there and back: 2(N − E)
+        # where the class has experts (E ≤ F), else 2(N − F); the merge keeps E
+        for (d, c), j in {**v.fc, **v.ex}.items():
+            m.c[v.cnt[d][c]] += 2 * cross
+            m.c[j] -= 2 * cross
+
+    # -- a node's answer -----------------------------------------------------------------
+
+    def counts(self, v: _Vars, sol: np.ndarray) -> list[list[int]]:
+        return [[round(sol[j]) for j in row] for row in v.cnt]
+
+    def unrealizable(self, cnt: list[list[int]]) -> tuple[int, int] | None:
+        """(device, its block's first layer) of the first boundary no contiguous
+        placement has with these counts; None when every one is realizable."""
+        before = [0] * self.n_cls
+        for d in range(1, len(self.devs)):
+            before = [b + x for b, x in zip(before, cnt[d - 1], strict=True)]
+            start = sum(before)
+            if any(before[c] != self.prefix[c][start] for c in range(self.n_cls)):
+                return d, start
+        return None
+
+    def decode(self, v: _Vars, sol: np.ndarray) -> Placement:
+        """The placement of a realizable answer: blocks in device order; of a block's
+        layers of class c the last F keep their FFN group, the last E their experts."""
+        cnt, names = self.counts(v, sol), [d.name for d in self.devs]
+        n = len(self.parts)
+        dense = [names[d] for d in range(len(self.devs)) for _ in range(sum(cnt[d]))]
+        ffn = list(dense)
+        experts: list[str | None] = [
+            dense[i] if p.expert_bytes else None for i, p in enumerate(self.parts)]
+        for d in range(1, len(self.devs)):
+            for c in range(self.n_cls):
+                on = [i for i in range(n) if dense[i] == names[d] and self.cls[i] == c]
+                for grp, out in ((v.fc, ffn), (v.ex, experts)):
+                    if (d, c) in grp:
+                        for i in on[: len(on) - round(sol[grp[(d, c)]])]:
+                            out[i] = "CPU"
+        head = next((names[d] for d, j in v.h.items() if sol[j] > 0.5), "CPU")
+        disk = max(0, int(np.ceil(sol[v.s] - 1e-6))) if self.allow_disk else 0
+        return build_placement(self.facts, self.parts, dense, experts, head, disk, ffn)
 
 
 def best_placement_counts(
@@ -55,202 +363,58 @@ def best_placement_counts(
     time_limit: float = 10.0,
     margin: float = 0.0,
 ) -> Placement | None:
-    """`optimize_milp.best_placement` for `uniform(parts)` models (None: nothing fits)."""
-    devs, n, p = list(machine.devices), len(parts), parts[0]
-    k, m = len(devs), _Model(margin=margin)
-    budgets = device_budgets(machine)
-    local = [not d.is_remote for d in devs]
-    cnt = [m.var(0, n if d == 0 or budgets[devs[d].name] > 0 else 0) for d in range(k)]
-    u = [m.var() for _ in range(k)]
-    moe = p.expert_bytes > 0
-    ex = {d: m.var(0, n) for d in range(1, k) if local[d] and moe}
-    fc = {d: m.var(0, n) for d in range(1, k) if local[d] and p.ffn_bytes}
-    h = {d: m.var() for d in range(1, k)}
-    s = m.var(0.0, float(facts.spec.tensor_bytes) if allow_disk else 0.0, integer=False)
-    m.row(dict.fromkeys(cnt, 1.0), n, n)
-    for d in range(k):
-        m.row({cnt[d]: 1.0, u[d]: -float(n)}, hi=0.0)
-        m.row({cnt[d]: 1.0, u[d]: -1.0}, lo=0.0)
-    for d, j in fc.items():
-        m.row({j: 1.0, cnt[d]: -1.0}, hi=0.0)
-    for d, j in ex.items():  # experts only on a device with their layer's FFN group
-        m.row({j: 1.0, fc.get(d, cnt[d]): -1.0}, hi=0.0)
-    for d, j in h.items():
-        m.row({j: 1.0, u[d]: -1.0}, hi=0.0)
-        for d2 in range(d + 1, k):
-            m.row({j: 1.0, u[d2]: 1.0}, hi=1.0)
-    if h:
-        m.row(dict.fromkeys(h.values(), 1.0), hi=1.0)
-
-    def on_dev(d: int) -> dict[int, float]:  # layers whose experts are on device d > 0
-        return ({ex[d]: 1.0} if d in ex else {}) if local[d] else {cnt[d]: 1.0}
-
-    def ffn_dev(d: int) -> dict[int, float]:  # layers whose FFN group is on device d > 0
-        return {fc[d]: 1.0} if d in fc else {cnt[d]: 1.0}
-
-    groups = [(t_ffn, ffn_dev, _in_ram(ffn_dev, k, n), p.ffn_bytes)]
-    if moe:
-        groups.append((t_experts, on_dev, _in_ram(on_dev, k, n), p.expert_bytes))
-    _memory(m, facts, machine, ctx, p, cnt, u, h, s, groups, budgets, devs)
-    for t in terms:
-        _time(m, t, p, cnt, h, devs, groups)
-    disk_cost(m, s, terms)
-    _links(m, terms, cnt, u, h, {**fc, **ex}, local, devs)
-    sol = m.solve(time_limit)
-    if sol is None:
-        return None
-    return _decode(facts, parts, devs, sol, cnt, ex, fc, h, s, local, allow_disk)
-
-
-def t_ffn(t: Terms, dev: Device, p: LayerParts) -> Work:
-    return t.ffn(dev, p)
-
-
-def t_experts(t: Terms, dev: Device, p: LayerParts) -> Work:
-    return t.experts(dev, p)
-
-
-def _in_ram(
-    on_dev: Callable[[int], dict[int, float]], k: int, n: int
-) -> Callable[[], tuple[dict[int, float], float]]:
-    """(coefficients, constant) of 'layers whose group is in RAM': n − Σ_{d>0} on_dev(d)."""
-    def on_cpu() -> tuple[dict[int, float], float]:
-        row: dict[int, float] = {}
-        for d in range(1, k):
-            for j, a in on_dev(d).items():
-                _add(row, j, -a)
-        return row, float(n)
-    return on_cpu
-
-
-def _memory(m, facts, machine, ctx, p, cnt, u, h, s, groups, budgets, devs):  # type: ignore[no-untyped-def]
-    terms = compute_terms(facts, ctx)
-    lp, out = device_compute(terms, True, False), device_compute(terms, False, True)
-    both = device_compute(terms, True, True)
-    head, _ = output_head(facts)
-    for d in range(1, len(devs)):
-        row = {cnt[d]: float(p.attention_bytes + p.kv_bytes)}
-        for _, on_dev, _, size in groups:
-            for j, a in on_dev(d).items():
-                _add(row, j, a * size)
-        _add(row, h[d], head + (both - lp))
-        _add(row, u[d], lp)
-        m.bytes_row(row, budgets[devs[d].name])
-    embd = facts.tensor_bytes("token_embd.")
-    tied = not facts.has_output_tensor
-    nonlayer = sum(t.n_bytes for t in facts.tensors if t.layer < 0)
-    other = max(nonlayer - embd - head + (embd if tied else 0), 0)
-    own_head = head - (embd if tied else 0)
-    w: dict[int, float] = {cnt[0]: float(p.attention_bytes)}
-    const_w = float(other + embd + own_head)
-    for j in h.values():
-        _add(w, j, -own_head)
-    for _, _, on_cpu, size in groups:
-        row, c = on_cpu()
-        for j, a in row.items():
-            _add(w, j, a * size)
-        const_w += c * size
-    total = dict(w)
-    _add(total, cnt[0], p.kv_bytes)
-    const = const_w + output_buffer_bytes(facts, ctx) + process_overhead(facts)
-    if len(devs) == 1:
-        const += both
-    else:
-        bu = m.var(integer=False)
-        m.row({bu: 1.0, u[0]: -1.0}, hi=0.0)
-        m.row({bu: 1.0, **dict.fromkeys(h.values(), 1.0)}, hi=1.0)
-        _add(total, u[0], lp)
-        const += out
-        for j in h.values():
-            _add(total, j, -out)
-        _add(total, bu, -(lp + out - both))
-    _add(total, s, -1.0)
-    m.bytes_row(total, machine.cpu.memory_bytes - const)
-    if m.ub[s] > 0:  # disk allowed
-        stream_room_rows(m, facts, machine, total, w, const, const_w, s, h.values())
-    cap = {j: -a for j, a in w.items()}
-    _add(cap, s, 1.0)
-    m.bytes_row(cap, const_w)
-
-
-def _time(m, t, p, cnt, h, devs, groups):  # type: ignore[no-untyped-def]
-    for d, dev in enumerate(devs):
-        wk, wh = t.attention(dev, p), t.head(dev)
-        mem, comp = {cnt[d]: wk.mem}, {cnt[d]: wk.comp}
-        cm = cc = 0.0
-        for work, on_dev, on_cpu, size in groups:
-            if not size:
-                continue
-            we = work(t, dev, p)
-            row, c = on_cpu() if d == 0 else (on_dev(d), 0.0)
-            for j, a in row.items():
-                _add(mem, j, a * we.mem)
-                _add(comp, j, a * we.comp)
-            cm, cc = cm + c * we.mem, cc + c * we.comp
-        if d == 0:
-            cm, cc = cm + wh.mem, cc + wh.comp
-            for j in h.values():
-                _add(mem, j, -wh.mem)
-                _add(comp, j, -wh.comp)
-        else:
-            _add(mem, h[d], wh.mem)
-            _add(comp, h[d], wh.comp)
-        tv = m.var(0.0, np.inf, cost=1.0, integer=False)
-        for row, c in ((mem, cm), (comp, cc)):
-            r = {j: -a for j, a in row.items()}
-            _add(r, tv, 1.0)
-            m.row(r, lo=c)
-
-
-def _links(m, terms, cnt, u, h, kept, local, devs):  # type: ignore[no-untyped-def]
-    """`kept`: per local accelerator, the count of its layers whose FFN side is all on
-    it (experts' count on a MoE, else the FFN group's): the others cross twice."""
-    k = len(devs)
-    cross = sum(t.crossing() for t in terms)
-    for d in range(k):
-        for d2 in range(d + 1, k):
-            if local[d] and local[d2]:
-                a = m.var(0.0, np.inf, cost=cross, integer=False)
-                row = {a: 1.0, u[d]: -1.0, u[d2]: -1.0}
-                for j in range(d + 1, d2):
-                    _add(row, u[j], 1.0)
-                m.row(row, lo=-1.0)
-    for d in range(1, k):
-        if not local[d]:
-            for t in terms:
-                used, per_layer, head = t.rpc(devs[d])
-                m.c[u[d]] += used
-                m.c[h[d]] += head
-                m.c[cnt[d]] += per_layer
+    """`optimize_milp.best_placement`'s optimum, over counts (see the module docstring).
+    None: nothing fits. Raises `SearchTooLong` past MAX_NODES programs."""
+    prog = _Counts(facts, machine, ctx, parts, terms, allow_disk, margin)
+    best: tuple[float, Placement] | None = None
+    queue: list[tuple[float, int, Bounds]] = [(-np.inf, 0, {})]
+    order = itertools.count(1)
+    for _ in range(MAX_NODES):
+        if not queue:
+            return best[1] if best else None
+        bound, _, bounds = heapq.heappop(queue)
+        if best is not None and bound >= best[0] * (1 - GAP):
+            return best[1]  # best first: no node left can beat it
+        v = prog.build(bounds)
+        sol = v.m.solve(time_limit)
+        if sol is None:
             continue
-        oh = m.var(0.0, np.inf, cost=cross, integer=False)
-        row = {oh: 1.0, u[d]: -1.0, **dict.fromkeys(h.values(), 1.0)}
-        for d2 in range(d + 1, k):
-            _add(row, u[d2], 1.0)
-        m.row(row, lo=0.0)
-        if d in kept:  # an offloaded layer whose FFN side is in RAM crosses twice
-            m.c[cnt[d]] += 2 * cross
-            m.c[kept[d]] -= 2 * cross
+        obj = float(np.dot(v.m.c, sol))
+        if best is not None and obj >= best[0] * (1 - GAP):
+            continue
+        split = prog.unrealizable(prog.counts(v, sol))
+        if split is None:
+            best = (obj, prog.decode(v, sol))
+            continue
+        d, at = split
+        lo, hi = bounds.get(d, (0, len(parts)))
+        # the hull of [lo, at] passes through (at, P(at)): this answer is in neither
+        for part in ((lo, at), (at + 1, hi)):
+            if part[0] <= part[1]:
+                heapq.heappush(queue, (obj, next(order), {**bounds, d: part}))
+    raise SearchTooLong(f"more than {MAX_NODES} programs")
 
 
-def _decode(facts, parts, devs, sol, cnt, ex, fc, h, s, local, allow_disk):  # type: ignore[no-untyped-def]
-    dense: list[str] = []
-    experts: list[str | None] = []
-    ffn: list[str] = []
-    moe = parts[0].expert_bytes > 0
-    for d, dev in enumerate(devs):
-        c = round(sol[cnt[d]])
-        keep = round(sol[ex[d]]) if d in ex else (c if d > 0 and not local[d] else 0)
-        keep_f = round(sol[fc[d]]) if d in fc else c
-        for j in range(c):
-            # the block's last `keep_f` layers keep their FFN group on the device, the
-            # last `keep` (<= keep_f) their experts too
-            dense.append(dev.name)
-            ffn.append(dev.name if j >= c - keep_f else "CPU")
-            if moe:
-                experts.append(dev.name if d > 0 and j >= c - keep else "CPU")
-            else:
-                experts.append(None)
-    head = next((devs[d].name for d, j in h.items() if sol[j] > 0.5), "CPU")
-    disk = max(0, int(np.ceil(sol[s] - 1e-6))) if allow_disk else 0
-    return build_placement(facts, parts, dense, experts, head, disk, ffn)
+def _hull_facets(pts: list[tuple[int, int]]) -> list[tuple[float, float, float]]:
+    """The facets of the convex hull of `pts` (x rising, y a step function of it), as
+    (a0, a1, sign): sign · (y − a0 − a1·x) ≥ 0 (sign 1: a lower facet, -1: an upper)."""
+    out: list[tuple[float, float, float]] = []
+    for sign in (1.0, -1.0):
+        chain: list[tuple[int, int]] = []
+        for p in pts:  # Andrew's monotone chain: the lower hull (sign 1) or the upper
+            while len(chain) >= 2 and sign * _cross(chain[-2], chain[-1], p) <= 0:
+                chain.pop()
+            chain.append(p)
+        for (x0, y0), (x1, y1) in itertools.pairwise(chain):
+            slope = (y1 - y0) / (x1 - x0)
+            out.append((y0 - slope * x0, slope, sign))
+    return out
+
+
+def _cross(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+class SearchTooLong(RuntimeError):
+    """The boundary search ran past its node budget (the caller takes the per-layer
+    program instead)."""

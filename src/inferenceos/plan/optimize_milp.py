@@ -28,7 +28,10 @@ experts), one RPC visit per used remote device, disk reads. Memory: per device t
 within its budget; the CPU's RAM minus s.
 
 `best_placement` returns None when nothing fits. The caller re-checks the answer with
-`footprint.estimate` and perf.py (the single judge).
+`footprint.estimate` and perf.py (the single judge). The planner solves the same
+program over counts of alike layers first (`optimize_counts`, faster by 10-100x); this
+per-layer form is its fallback when the counts' boundary search runs long, and a
+second formulation the tests hold it to.
 """
 
 from __future__ import annotations
