@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -364,19 +365,24 @@ def best_placement_counts(
     margin: float = 0.0,
 ) -> Placement | None:
     """`optimize_milp.best_placement`'s optimum, over counts (see the module docstring).
-    None: nothing fits. Raises `SearchTooLong` past MAX_NODES programs."""
+    None: nothing fits. Raises `SearchTooLong` past MAX_NODES programs or `time_limit`
+    seconds in all."""
     prog = _Counts(facts, machine, ctx, parts, terms, allow_disk, margin)
     best: tuple[float, Placement] | None = None
     queue: list[tuple[float, int, Bounds]] = [(-np.inf, 0, {})]
     order = itertools.count(1)
+    deadline = time.monotonic() + time_limit
     for _ in range(MAX_NODES):
         if not queue:
             return best[1] if best else None
         bound, _, bounds = heapq.heappop(queue)
         if best is not None and bound >= best[0] * (1 - GAP):
             return best[1]  # best first: no node left can beat it
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
         v = prog.build(bounds)
-        sol = v.m.solve(time_limit)
+        sol = v.m.solve(left)
         if sol is None:
             continue
         obj = float(np.dot(v.m.c, sol))
@@ -392,7 +398,7 @@ def best_placement_counts(
         for part in ((lo, at), (at + 1, hi)):
             if part[0] <= part[1]:
                 heapq.heappush(queue, (obj, next(order), {**bounds, d: part}))
-    raise SearchTooLong(f"more than {MAX_NODES} programs")
+    raise SearchTooLong(f"more than {MAX_NODES} programs or {time_limit:g} s")
 
 
 def _hull_facets(pts: list[tuple[int, int]]) -> list[tuple[float, float, float]]:
