@@ -385,3 +385,40 @@ def test_a_forced_layer_count_is_planned_as_llama_cpp_loads_it(
     planned = plan.memory.weights[name] / (1 << 20)
     assert worker_buffer_mib(log().since(mark), workers.addresses[0]) == pytest.approx(
         planned, abs=0.01)
+
+
+def test_an_ffn_group_kept_in_ram_is_where_llama_cpp_puts_it(
+    deep_model: Path, workers: Workers
+) -> None:
+    """A placement with some offloaded layers' FFN group in RAM (the optimizer offers it
+    on local GPUs, none here; llama.cpp takes the plan's tensor override the same way
+    for any backend): the worker's buffer, as llama.cpp logs it, is the plan's, less
+    those FFN groups, and the split model computes the local greedy tokens."""
+    from dataclasses import replace
+
+    from inferenceos.engine.llama_lib import log
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.footprint import estimate
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.placement import build_placement, layer_parts
+
+    facts = load_model_facts(deep_model)
+    machine = injected_machine(RAM, *(rpc_device(a, WORKER_BYTES, link=5.0)
+                                      for a in workers.addresses))
+    plan = plan_load(facts, machine, LoadRequest(n_ctx=N_CTX))
+    p, parts = plan.placement, layer_parts(facts, plan.ctx)
+    away = [i for i, d in enumerate(p.dense) if d != "CPU"][::2]
+    ffn = ["CPU" if i in away else d for i, d in enumerate(p.dense)]
+    split = build_placement(facts, parts, list(p.dense), list(p.experts), p.output_device,
+                            ffn=ffn)
+    plan = replace(plan, placement=split, memory=estimate(facts, split, machine, plan.ctx))
+    assert split.cpu_ffn_layers == tuple(away) and plan.tensor_overrides
+    mark = log().mark()
+    tokens = _greedy(deep_model, plan.params())
+    lines = log().since(mark)
+    moved = sum(parts[i].ffn_bytes for i in away)
+    for address, name in zip(workers.addresses, workers.names(), strict=True):
+        planned = plan.memory.weights.get(name, 0) / (1 << 20)
+        assert worker_buffer_mib(lines, address) == pytest.approx(planned, abs=0.01), name
+    assert moved > 0 and sum(1 for ln in lines if "overridden to CPU" in ln) >= 3 * len(away)
+    assert tokens == _greedy(deep_model, _plan(deep_model, (), ram=None).params())
