@@ -33,22 +33,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferenceos.plan.devices import Device, Machine
+from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import device_compute
 from inferenceos.plan.memory import (
     ContextSettings,
     compute_terms,
-    output_buffer_bytes,
-    process_overhead,
 )
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_milp import (
     _add,
     _Model,
     alike_key,
+    cpu_memory_rows,
     device_budgets,
     disk_cost,
-    stream_room_rows,
+    epigraph,
+    head_work,
 )
 from inferenceos.plan.optimize_terms import Terms, Work
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
@@ -190,8 +190,7 @@ class _Counts:
     def _memory(self, v: _Vars) -> None:
         facts, ctx, m = self.facts, self.ctx, v.m
         terms = compute_terms(facts, ctx)
-        lp, out = device_compute(terms, True, False), device_compute(terms, False, True)
-        both = device_compute(terms, True, True)
+        lp, both = device_compute(terms, True, False), device_compute(terms, True, True)
         head, _ = output_head(facts)
         for d in range(1, len(self.devs)):
             row: dict[int, float] = {}
@@ -203,48 +202,21 @@ class _Counts:
             _add(row, v.h[d], head + (both - lp))
             _add(row, v.u[d], lp)
             m.bytes_row(row, self.budgets[self.devs[d].name])
-        self._cpu_memory(v, lp, out, both, head)
+        self._cpu_memory(v)
 
-    def _cpu_memory(self, v: _Vars, lp: int, out: int, both: int, head: int) -> None:
-        facts, m = self.facts, v.m
-        embd = facts.tensor_bytes("token_embd.")
-        tied = not facts.has_output_tensor
-        nonlayer = sum(t.n_bytes for t in facts.tensors if t.layer < 0)
-        other = max(nonlayer - embd - head + (embd if tied else 0), 0)
-        own_head = head - (embd if tied else 0)
+    def _cpu_memory(self, v: _Vars) -> None:
+        """The CPU's rows (`optimize_milp.cpu_memory_rows`) over the counts."""
         w: dict[int, float] = {}
-        const_w = float(other + embd + own_head)
-        for j in v.h.values():
-            _add(w, j, -own_head)
+        const_w = 0.0
         for c, p in enumerate(self.rep):
             _add(w, v.cnt[0][c], float(p.attention_bytes))
             for _, forms, size in self.groups(v, c):
                 for j, a in forms[0].items():
                     _add(w, j, a * size)
                 const_w += self.size[c] * size
-        total = dict(w)
-        for c, p in enumerate(self.rep):
-            _add(total, v.cnt[0][c], float(p.kv_bytes))
-        const = const_w + output_buffer_bytes(facts, self.ctx) + process_overhead(facts)
-        if len(self.devs) == 1:
-            const += both
-        else:  # u0·LP + h0·OUT − both_used·(LP + OUT − BOTH), both_used ≤ u0, h0
-            bu = m.var(integer=False)
-            m.row({bu: 1.0, v.u[0]: -1.0}, hi=0.0)
-            m.row({bu: 1.0, **dict.fromkeys(v.h.values(), 1.0)}, hi=1.0)
-            _add(total, v.u[0], lp)
-            const += out
-            for j in v.h.values():
-                _add(total, j, -out)
-            _add(total, bu, -(lp + out - both))
-        _add(total, v.s, -1.0)
-        m.bytes_row(total, self.machine.cpu.memory_bytes - const)
-        if self.allow_disk:
-            stream_room_rows(m, facts, self.machine, total, w, const, const_w, v.s,
-                             v.h.values())
-        cap = {j: -a for j, a in w.items()}  # disk bytes only come out of CPU weights
-        _add(cap, v.s, 1.0)
-        m.bytes_row(cap, const_w)
+        kv = {v.cnt[0][c]: float(p.kv_bytes) for c, p in enumerate(self.rep)}
+        cpu_memory_rows(v.m, self.facts, self.machine, self.ctx, w, const_w, kv, v.u[0],
+                        list(v.h.values()), v.s, self.allow_disk)
 
     def _time(self, v: _Vars, t: Terms) -> None:
         works = {"ffn": t.ffn, "experts": t.experts}
@@ -263,28 +235,8 @@ class _Counts:
                         _add(comp, j, a * we.comp)
                     if d == 0:
                         cm, cc = cm + self.size[c] * we.mem, cc + self.size[c] * we.comp
-            self._head_time(v, t, d, dev, mem, comp)
-            if d == 0:
-                wh = t.head(dev)
-                cm, cc = cm + wh.mem, cc + wh.comp
-            tv = v.m.var(0.0, np.inf, cost=1.0, integer=False)
-            for row, const in ((mem, cm), (comp, cc)):
-                r = {j: -a for j, a in row.items()}
-                _add(r, tv, 1.0)
-                v.m.row(r, lo=const)
-
-    def _head_time(self, v: _Vars, t: Terms, d: int, dev: Device,
-                   mem: dict[int, float], comp: dict[int, float]) -> None:
-        """The head's work on `dev`: on an accelerator h[d]; on the CPU 1 − Σ h (the
-        constant is the caller's)."""
-        wh = t.head(dev)
-        if d == 0:
-            for j in v.h.values():
-                _add(mem, j, -wh.mem)
-                _add(comp, j, -wh.comp)
-        else:
-            _add(mem, v.h[d], wh.mem)
-            _add(comp, v.h[d], wh.comp)
+            hm, hc = head_work(t.head(dev), v.h, d, mem, comp)
+            epigraph(v.m, mem, comp, cm + hm, cc + hc)
 
     def _links(self, v: _Vars) -> None:
         m, k, u = v.m, len(self.devs), v.u

@@ -51,7 +51,7 @@ from inferenceos.plan.memory import (
     process_overhead,
 )
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_terms import Terms
+from inferenceos.plan.optimize_terms import Terms, Work
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
 GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
@@ -210,6 +210,82 @@ def stream_room_rows(
     m.bytes_row(anon, machine.cpu.memory_bytes - (const - const_w))
 
 
+def head_work(
+    wh: Work, heads: dict[int, int], d: int, mem: dict[int, float], comp: dict[int, float]
+) -> tuple[float, float]:
+    """The output head's work `wh` on device d into its (memory, compute) rows: h[d] on
+    an accelerator; on the CPU 1 − Σ h, whose constant part is returned."""
+    if d:
+        _add(mem, heads[d], wh.mem)
+        _add(comp, heads[d], wh.comp)
+        return 0.0, 0.0
+    for j in heads.values():
+        _add(mem, j, -wh.mem)
+        _add(comp, j, -wh.comp)
+    return wh.mem, wh.comp
+
+
+def epigraph(
+    m: _Model, mem: dict[int, float], comp: dict[int, float], cm: float, cc: float
+) -> None:
+    """One device's time in the objective: t ≥ memory seconds, t ≥ compute seconds
+    (perf.py's roofline is the max of the two), each a linear form plus a constant."""
+    tv = m.var(0.0, np.inf, cost=1.0, integer=False)
+    for row, c in ((mem, cm), (comp, cc)):
+        r = {j: -a for j, a in row.items()}
+        _add(r, tv, 1.0)
+        m.row(r, lo=c)
+
+
+def cpu_memory_rows(
+    m: _Model, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
+    w: dict[int, float], const_w: float, kv: dict[int, float], u0: int, heads: list[int],
+    s: int, allow_disk: bool,
+) -> None:
+    """The CPU's memory rows of a placement program: `w` + `const_w` its layers' weights
+    (linear, and their constant part), `kv` its KV's coefficients, `u0` whether it holds
+    a layer, `heads` the binaries putting the output head on an accelerator, `s` the
+    bytes left on disk. Adds what `footprint.estimate` charges besides: the tensors
+    outside the blocks, the head when on the CPU (1 − Σ heads), the compute buffer with
+    or without layers and head, the logits, the overhead; within RAM less `s`, with the
+    streaming room when disk is allowed, and `s` only out of the CPU's weights."""
+    terms = compute_terms(facts, ctx)
+    lp, out = device_compute(terms, True, False), device_compute(terms, False, True)
+    both = device_compute(terms, True, True)
+    head, _ = output_head(facts)
+    embd = facts.tensor_bytes("token_embd.")
+    tied = not facts.has_output_tensor
+    nonlayer = sum(t.n_bytes for t in facts.tensors if t.layer < 0)
+    other = max(nonlayer - embd - head + (embd if tied else 0), 0)
+    own_head = head - (embd if tied else 0)  # a tied head's matrix is token_embd's
+    w = dict(w)
+    const_w += float(other + embd + own_head)
+    for j in heads:
+        _add(w, j, -own_head)
+    total = dict(w)
+    for j, a in kv.items():
+        _add(total, j, a)
+    const = const_w + output_buffer_bytes(facts, ctx) + process_overhead(facts)
+    if not machine.accelerators:
+        const += both
+    else:  # u0·LP + h0·OUT − both_used·(LP + OUT − BOTH), both_used ≤ u0, h0
+        both_used = m.var(integer=False)
+        m.row({both_used: 1.0, u0: -1.0}, hi=0.0)
+        m.row({both_used: 1.0, **dict.fromkeys(heads, 1.0)}, hi=1.0)
+        _add(total, u0, lp)
+        const += out
+        for j in heads:
+            _add(total, j, -out)
+        _add(total, both_used, -(lp + out - both))
+    _add(total, s, -1.0)
+    m.bytes_row(total, machine.cpu.memory_bytes - const)
+    if allow_disk:
+        stream_room_rows(m, facts, machine, total, w, const, const_w, s, heads)
+    cap = {j: -a for j, a in w.items()}  # disk bytes only come out of the CPU's weights
+    _add(cap, s, 1.0)
+    m.bytes_row(cap, const_w)
+
+
 class _Builder:
     """The MILP of one (facts, machine, ctx) and two phases' terms."""
 
@@ -318,7 +394,6 @@ class _Builder:
         facts, ctx, parts, m = self.facts, self.ctx, self.parts, self.m
         terms = compute_terms(facts, ctx)
         lp = device_compute(terms, True, False)
-        out = device_compute(terms, False, True)
         both = device_compute(terms, True, True)
         head_bytes, _ = output_head(facts)
         for d in range(1, self.k):
@@ -333,20 +408,14 @@ class _Builder:
             _add(row, self.h[d], head_bytes + (both - lp))
             _add(row, self.u[d], lp)
             m.bytes_row(row, self.budgets[self.devs[d].name])
-        self._cpu_memory(lp, out, both, head_bytes)
+        self._cpu_memory()
 
-    def _cpu_memory(self, lp: int, out: int, both: int, head_bytes: int) -> None:
-        facts, ctx, parts, m = self.facts, self.ctx, self.parts, self.m
-        embd = facts.tensor_bytes("token_embd.")
-        tied = not facts.has_output_tensor
-        nonlayer = sum(t.n_bytes for t in facts.tensors if t.layer < 0)
-        other = max(nonlayer - embd - head_bytes + (embd if tied else 0), 0)
-        # weights: CPU layers, experts in RAM, the head when on the CPU (h0 = 1 − Σh)
+    def _cpu_memory(self) -> None:
+        """The CPU's rows (`cpu_memory_rows`): its layers' attention, the FFN groups and
+        experts in RAM, its layers' KV."""
         w: dict[int, float] = {}
-        const_w = float(other + embd + head_bytes - (embd if tied else 0))
-        for j in self.h.values():
-            _add(w, j, -(head_bytes - (embd if tied else 0)))
-        for i, p in enumerate(parts):
+        const_w = 0.0
+        for i, p in enumerate(self.parts):
             _add(w, self.x[0][i], p.attention_bytes)
         for cl, p in enumerate(self.rep):
             for size, (row, c) in ((p.ffn_bytes, self.ffn_on_cpu(cl)),
@@ -355,30 +424,9 @@ class _Builder:
                     for j, a in row.items():
                         _add(w, j, a * size)
                     const_w += c * size
-        total = dict(w)
-        const = const_w + output_buffer_bytes(facts, ctx) + process_overhead(facts)
-        for i, p in enumerate(parts):
-            _add(total, self.x[0][i], p.kv_bytes)
-        if not self.machine.accelerators:
-            const += both
-        else:  # u0·LP + h0·OUT − both_used·(LP + OUT − BOTH), both_used ≤ u0, h0
-            both_used = m.var(integer=False)
-            m.row({both_used: 1.0, self.u[0]: -1.0}, hi=0.0)
-            m.row({both_used: 1.0, **{j: 1.0 for j in self.h.values()}}, hi=1.0)
-            _add(total, self.u[0], lp)
-            const += out
-            for j in self.h.values():
-                _add(total, j, -out)
-            _add(total, both_used, -(lp + out - both))
-        _add(total, self.s, -1.0)
-        m.bytes_row(total, self.machine.cpu.memory_bytes - const)
-        if self.allow_disk:
-            stream_room_rows(m, self.facts, self.machine, total, w, const, const_w, self.s,
-                             self.h.values())
-        # disk bytes only come out of the CPU's weights
-        cap = {j: -a for j, a in w.items()}
-        _add(cap, self.s, 1.0)
-        m.bytes_row(cap, const_w)
+        kv = {self.x[0][i]: float(p.kv_bytes) for i, p in enumerate(self.parts)}
+        cpu_memory_rows(self.m, self.facts, self.machine, self.ctx, w, const_w, kv,
+                        self.u[0], list(self.h.values()), self.s, self.allow_disk)
 
     def _time(self, t: Terms) -> None:
         m, parts = self.m, self.parts
@@ -403,20 +451,8 @@ class _Builder:
                         _add(comp, j, a * we.comp)
                     cm += c * we.mem
                     cc += c * we.comp
-            wh = t.head(dev)
-            if d == 0:
-                cm, cc = cm + wh.mem, cc + wh.comp
-                for j in self.h.values():
-                    _add(mem, j, -wh.mem)
-                    _add(comp, j, -wh.comp)
-            else:
-                _add(mem, self.h[d], wh.mem)
-                _add(comp, self.h[d], wh.comp)
-            tv = m.var(0.0, np.inf, cost=1.0, integer=False)
-            for row, c in ((mem, cm), (comp, cc)):
-                r = {j: -a for j, a in row.items()}
-                _add(r, tv, 1.0)
-                m.row(r, lo=c)
+            hm, hc = head_work(t.head(dev), self.h, d, mem, comp)
+            epigraph(m, mem, comp, cm + hm, cc + hc)
 
     def _links(self) -> None:
         m, x, n, k = self.m, self.x, self.n, self.k
