@@ -101,8 +101,9 @@ class _Counts:
     # -- the program ---------------------------------------------------------------------
 
     def build(self, bounds: Bounds) -> _Vars:
+        """The program of the node `bounds` (see the module docstring)."""
         m = _Model(margin=self.margin)
-        k, n = len(self.devs), len(self.parts)
+        k = len(self.devs)
         cnt = [[m.var(0, self.size[c] if d == 0 or self.budgets[self.devs[d].name] > 0
                       else 0) for c in range(self.n_cls)] for d in range(k)]
         acc = [(d, c) for d in range(1, k) if self.local[d] for c in range(self.n_cls)]
@@ -113,6 +114,19 @@ class _Counts:
             {d: m.var() for d in range(1, k)},
             m.var(0.0, float(self.facts.spec.tensor_bytes) if self.allow_disk else 0.0,
                   integer=False))
+        self._assignment(v)
+        self._bounds(v, bounds)
+        self._memory(v)
+        for t in self.terms:
+            self._time(v, t)
+        disk_cost(m, v.s, self.terms)
+        self._links(v)
+        return v
+
+    def _assignment(self, v: _Vars) -> None:
+        """Every layer of a class somewhere; u[d] whether d holds one; what a device
+        keeps of a class within what it holds; the head on the last used device."""
+        m, cnt, k, n = v.m, v.cnt, len(self.devs), len(self.parts)
         for c in range(self.n_cls):
             m.row({cnt[d][c]: 1.0 for d in range(k)}, self.size[c], self.size[c])
         for d in range(k):
@@ -122,19 +136,12 @@ class _Counts:
             m.row({j: 1.0, cnt[d][c]: -1.0}, hi=0.0)
         for (d, c), j in v.ex.items():  # experts only beside their FFN group's router
             m.row({j: 1.0, v.fc.get((d, c), cnt[d][c]): -1.0}, hi=0.0)
-        for d, j in v.h.items():  # the head on the last used device (the last layer's)
+        for d, j in v.h.items():  # the last used device holds the last layer
             m.row({j: 1.0, v.u[d]: -1.0}, hi=0.0)
             for d2 in range(d + 1, k):
                 m.row({j: 1.0, v.u[d2]: 1.0}, hi=1.0)
         if v.h:
             m.row(dict.fromkeys(v.h.values(), 1.0), hi=1.0)
-        self._bounds(v, bounds)
-        self._memory(v)
-        for t in self.terms:
-            self._time(v, t)
-        disk_cost(m, v.s, self.terms)
-        self._links(v)
-        return v
 
     def _bounds(self, v: _Vars, bounds: Bounds) -> None:
         """Device d's block starts at b_d within [lo, hi] (all layers where the node
