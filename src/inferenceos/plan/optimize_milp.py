@@ -91,6 +91,8 @@ class _Model:
     lo: list[float] = field(default_factory=list)
     hi: list[float] = field(default_factory=list)
     margin: float = 0.0  # kept free in every memory row (bytes_row)
+    presolve: bool = True  # HiGHS's presolve (see optimize_counts.QUICK_S)
+    proven: bool = False  # the last solve's answer is optimal (not cut by its time limit)
 
     def var(self, lb: float = 0.0, ub: float = 1.0, cost: float = 0.0, integer: bool = True) -> int:
         self.lb.append(lb)
@@ -138,8 +140,10 @@ class _Model:
                 c, integrality=np.array(self.integ),
                 bounds=Bounds(np.array(self.lb), np.array(self.ub)),
                 constraints=[LinearConstraint(a, lo, hi)],
-                options={"time_limit": time_limit, "mip_rel_gap": 1e-7, **HIGHS_OPTIONS},
+                options={"time_limit": time_limit, "mip_rel_gap": 1e-7, **HIGHS_OPTIONS,
+                         "presolve": self.presolve},
             )
+        self.proven = res.status == 0  # 1: the time limit, with the best found
         return res.x if res.x is not None and res.status in (0, 1) else None
 
 
