@@ -21,7 +21,7 @@ placement found, so the answer is the optimum.
 
 Why counts: the per-layer program has the same LP bound but branches on single layers'
 binaries. On a 100-layer MoE over 4 GPUs it took 1.0 s where the counts took 11 ms
-(alike layers), and 3-10 s where Q4_K_M's mix made two classes.
+(alike layers), and 3-10 s where Q4_K_M's mix made two classes (the search: 0.09-2 s).
 """
 
 from __future__ import annotations
