@@ -105,8 +105,8 @@ def make(base_plan: Plan, cap: int | None = 2 * (WEIGHTS + KV + COMPUTE),
     made: list[FakeEngine] = []
     clock = Clock()
 
-    def factory(path: Path, params: LlamaParams, slots: int) -> FakeEngine:
-        made.append(FakeEngine(path, params, slots))
+    def factory(path: Path, params: LlamaParams, slots: int, **_: Any) -> FakeEngine:
+        made.append(FakeEngine(path, params, slots))  # the drafter (`draft=`) left out
         return made[-1]
 
     def resolve(name: str) -> ResolvedModel:
@@ -291,3 +291,24 @@ def test_load_pinned_loads_every_pinned_model_up_front(base_plan: Plan) -> None:
     assert mgr.load_pinned(on_start=started.append) == ["b:latest", "a:latest"] == started
     assert tiers(mgr) == {"a": HOT, "b": HOT} and len(made) == 2
     assert all(m["pinned"] and m["in_use"] == 0 and m["expires_at"] is None for m in mgr.ps())
+
+
+def test_room_is_made_for_the_plans_drafter_before_the_load(base_plan: Plan) -> None:
+    """A plan with a draft model of 30 MB priced beside it: the load makes room for the
+    model and the drafter together, before the engine exists (the worker measures a
+    drafter only once loaded). Within a cap that holds the model but not both, the
+    load is refused with the figures and no engine is made; with room, it loads."""
+    from inferenceos.plan.draft_choice import DraftOption, DraftPlan
+
+    draft = DraftPlan("/m/draft.gguf", 1.4, "learned from 3 runs", "auto",
+                      (DraftOption("/m/draft.gguf", 1.4, "learned", 0.3, 30 * MB,
+                                   learned=True),))
+    assert draft.memory == 30 * MB
+    with_draft = replace(base_plan, draft=draft)
+    mgr, made, clock = make(with_draft, cap=WEIGHTS + KV + COMPUTE + 20 * MB)
+    with pytest.raises(NoRoomError, match="short by"):
+        mgr.acquire("a")
+    assert not made
+    roomy, made, clock = make(with_draft, cap=WEIGHTS + KV + COMPUTE + 40 * MB)
+    use(roomy, clock, "a")
+    assert len(made) == 1

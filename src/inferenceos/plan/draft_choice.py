@@ -99,6 +99,13 @@ class DraftPlan:
         """How `drafter` was priced for this plan (None: it was not a candidate)."""
         return next((o for o in self.options if o.drafter == drafter), None)
 
+    @property
+    def memory(self) -> int:
+        """Bytes the chosen drafter will hold in RAM as priced (draft weights and KV;
+        0 without one, for n-gram, or for a drafter left unpriced)."""
+        chosen = self.option(self.drafter) if self.drafter is not None else None
+        return chosen.memory if chosen is not None else 0
+
     def line(self) -> str:
         """The plan line's part: 'draft ngram (1.42x, learned from 3 runs)'."""
         if self.drafter is None:

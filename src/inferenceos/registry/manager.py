@@ -264,7 +264,10 @@ class ModelManager:
         plan = self._plan(model, req)
         kv_ram = int(getattr(self._factory, "kv_cache_ram", 0) or 0)
         need = plan.charge()
-        need["CPU"] = need.get("CPU", 0) + kv_ram
+        # the drafter's weights and KV as the plan priced them: the worker measures
+        # them only once loaded (`lm.extra` below), and room must be made before
+        drafter = plan.draft.memory if plan.draft is not None else 0
+        need["CPU"] = need.get("CPU", 0) + kv_ram + drafter
         self._make_room(model.name, need)
         t0 = time.perf_counter()
         engine = self._factory(model.path, plan.params(), self.slots, **_engine_kw(plan))
