@@ -111,3 +111,29 @@ def _draft_tokens(metrics: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                if line.startswith("inferenceos:spec_decode_num_draft_tokens_total")
                and 'drafter="ngram"' in line)
+
+
+REPEAT = ("Repeat this sentence exactly three times, one per line: The quick brown fox "
+          "jumps over the lazy dog while the old cat sleeps on the warm kitchen mat.")
+
+
+def _chat(model: Path, draft: str) -> str:
+    r = run_cli("chat", str(model), "--local", "--theme", "none", "-t", "0", "-n", "96",
+                "--draft", draft, input=f"{REPEAT}\n/stats\n/bye\n", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+@pytest.mark.slow
+def test_chat_takes_a_drafter_and_its_stats_say_how_drafting_went(qwen05_path: Path) -> None:
+    """`chat --draft ngram` drafts (the repeated sentence is its prompt's n-grams) and
+    /stats says so, with the share accepted; `--draft none` decodes plainly, and the
+    greedy reply is the same text."""
+    drafted, plain = _chat(qwen05_path, "ngram"), _chat(qwen05_path, "none")
+    line = next((ln for ln in drafted.splitlines() if ln.startswith("drafting")), "")
+    assert line.startswith("drafting      ngram: "), drafted[-1500:]
+    accepted = int(line.split(": ")[1].split("%")[0])
+    assert accepted > 0 and "tokens per step" in line
+    assert not any(ln.startswith("drafting") for ln in plain.splitlines())
+    reply = drafted.split("TTFT")[0]
+    assert "quick brown fox" in reply and reply == plain.split("TTFT")[0]

@@ -29,7 +29,7 @@ from inferenceos.cli.chat_session import (
 )
 from inferenceos.cli.console import err
 from inferenceos.cli.limits import check_threads
-from inferenceos.cli.plan_opts import MmprojOpt, draft_choice
+from inferenceos.cli.plan_opts import DraftOpt, MmprojOpt, draft_choice
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.model.default_model import CHAT_EXTRA_HINT, default_chat_model
 
@@ -337,11 +337,13 @@ def chat(
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
     mmproj: MmprojOpt = None,
+    draft: DraftOpt = None,
 ) -> None:
     """Chat with a model interactively: streaming, history, /commands (/help)."""
     start_chat(model, system=system, theme=theme, url=url, api_key=api_key, local=local,
                ctx=ctx, threads=threads, verbose=verbose,
-               load={"gpu_layers": gpu_layers, "backend": backend, "mmproj": mmproj},
+               load={"gpu_layers": gpu_layers, "backend": backend, "mmproj": mmproj,
+                     "draft": draft_choice(draft)},
                options={k: v for k, v in (("temperature", temperature), ("seed", seed),
                                           ("max_tokens", max_tokens)) if v is not None})
 

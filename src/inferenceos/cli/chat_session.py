@@ -57,6 +57,9 @@ class ReplyStats:
     decode_tps: float = 0.0
     n_ctx: int = 0
     stop_reason: str = ""
+    draft: str = ""  # the drafter the reply was decoded with ("": plain decoding)
+    acceptance_rate: float = 0.0
+    tokens_per_step: float = 0.0
 
     def lines(self) -> list[str]:
         n_out = self.completion_tokens
@@ -89,7 +92,8 @@ class ReplyStats:
             f"prompt        {prompt}",
             f"reply         {_tokens(n_out)}{speed} (stop: {self.stop_reason or '-'})",
             f"context used  {used} of {self.n_ctx or '?'} tokens{share}",
-        ]
+        ] + ([f"drafting      {self.draft}: {self.acceptance_rate:.0%} of drafts accepted, "
+              f"{self.tokens_per_step:.2f} tokens per step"] if self.draft else [])
 
 
 def _tokens(n: int) -> str:
@@ -132,7 +136,8 @@ class LocalBackend:
             m = stream.metrics
             self.stats = ReplyStats(m.prompt_tokens, m.cached_tokens, m.completion_tokens,
                                     m.ttft_s, m.prompt_tps, m.decode_tps, self.model.n_ctx,
-                                    m.stop_reason)
+                                    m.stop_reason, m.draft or "", m.acceptance_rate,
+                                    m.tokens_per_step)
 
     def count_tokens(self, messages: list[dict[str, Any]]) -> int:
         """Prompt tokens `messages` take under the model's template (images: the cells
