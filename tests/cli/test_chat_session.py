@@ -164,3 +164,25 @@ def test_a_server_reply_stopped_early_keeps_what_chat_measured(letters: Path,
         text = "\n".join(got.lines())
         assert "? tokens" in text and not ZERO_TPS.search(text), text
         assert chat.history[1]["content"]  # what was shown joins the history
+
+
+def test_each_chat_reply_is_recorded_against_one_load(letters: Path) -> None:
+    """chat's replies teach the planner as `run`'s do: the load recorded once (source
+    "chat"), with its first reply, and every reply a generation of that load."""
+    from inferenceos import telemetry
+
+    before = len(telemetry.loads(letters))
+    backend = LocalBackend(str(letters), n_ctx=256, threads=1)
+    try:
+        session = ChatSession(backend, "")
+        session.set_option("max_tokens", "6")
+        for text in ("hello", "again"):
+            assert "".join(session.ask(text))
+    finally:
+        backend.close()
+    assert telemetry.recorder().flush(30)
+    loads = telemetry.loads(letters)[before:]
+    assert [ld.source for ld in loads] == ["chat"]
+    gens = [g for g in telemetry.generations(letters, source="chat")
+            if g.load_uid == loads[0].uid]
+    assert len(gens) == 2 and all(g.output_tokens == 6 for g in gens)

@@ -126,6 +126,7 @@ class LocalBackend:
         self.has_template = self.model.has_chat_template
         self.sees_images: bool | None = bool(self.model.engine.media_support.get("vision"))
         self.stats = ReplyStats(n_ctx=self.model.n_ctx)
+        self._load_uid: str | None = None  # telemetry's record of this load
 
     def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
         stream = self.model.chat(messages, stream=True, **options)
@@ -134,6 +135,12 @@ class LocalBackend:
         finally:
             stream.close()
             m = stream.metrics
+            # each reply is a run the planner learns from (speed, the drafter), as `run`'s
+            from inferenceos.cli.run_telemetry import record_generation
+
+            self._load_uid = record_generation(
+                self.model.path, self.model.engine.settings, m, source="chat",
+                load_uid=self._load_uid) or self._load_uid
             self.stats = ReplyStats(m.prompt_tokens, m.cached_tokens, m.completion_tokens,
                                     m.ttft_s, m.prompt_tps, m.decode_tps, self.model.n_ctx,
                                     m.stop_reason, m.draft or "", m.acceptance_rate,

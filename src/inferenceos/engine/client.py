@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.media.item import MediaItem
     from inferenceos.model.spec import ModelSpec
+    from inferenceos.plan.llama_params import LlamaParams
 
 
 class EngineClient(Protocol):
@@ -42,6 +43,11 @@ class EngineClient(Protocol):
 
     @property
     def load_s(self) -> float: ...
+
+    @property
+    def settings(self) -> LlamaParams:
+        """The llama parameters it was loaded with (n_ctx counts every slot's cells)."""
+        ...
 
     @property
     def media_support(self) -> MediaSupport:

@@ -101,6 +101,11 @@ class LocalEngine(EngineBase):
         return float(self._lm.load_s)
 
     @property
+    def settings(self) -> LlamaParams:
+        """The llama parameters it was loaded with (n_ctx counts every slot's cells)."""
+        return self._lm.settings
+
+    @property
     def media_support(self) -> MediaSupport:
         """As `Engine.media_support`."""
         m = self._media
