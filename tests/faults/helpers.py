@@ -57,12 +57,15 @@ def worker_pid(h: Harness, model: str) -> int:
 
 
 @contextlib.contextmanager
-def kill_next_child(before: set[int]) -> Iterator[list[int]]:
+def kill_next_child(before: set[int], model: Path | None = None) -> Iterator[list[int]]:
     """SIGKILL the first model worker that appears (a child running multiprocessing's
     `spawn_main`: a worker being started, before it has loaded its model), as soon as
     it has exec'd; yields the list the killed pid is put in. Other children (a probe's
     subprocess) are left alone: killing the first child of any kind let a worker load
-    undisturbed once in a parallel run (the answer was 200 with a pid in `killed`)."""
+    undisturbed once in a parallel run (the answer was 200 with a pid in `killed`).
+    With `model`, only a worker that has that file open or mapped (it is loading it):
+    in a full parallel run the first new worker was once another engine's, and the
+    model's own loaded undisturbed again (200, a pid in `killed`)."""
     killed: list[int] = []
     stop = threading.Event()
 
@@ -72,7 +75,7 @@ def kill_next_child(before: set[int]) -> Iterator[list[int]]:
             # between fork and exec must not rule it out (a parallel run once killed
             # nothing: "no worker was started")
             for pid in children() - before:
-                if _child_kind(pid) == "worker":
+                if _child_kind(pid) == "worker" and (model is None or _loading(pid, model)):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                         killed.append(pid)
@@ -86,6 +89,18 @@ def kill_next_child(before: set[int]) -> Iterator[list[int]]:
     finally:
         stop.set()
         t.join(5)
+
+
+def _loading(pid: int, model: Path) -> bool:
+    """Whether process `pid` has `model` open or mapped."""
+    target = str(model.resolve())
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) == target:
+                    return True
+        return target in Path(f"/proc/{pid}/maps").read_text(errors="replace")
+    return False
 
 
 def _child_kind(pid: int) -> str:

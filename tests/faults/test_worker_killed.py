@@ -33,9 +33,9 @@ def _intact(h: Harness) -> None:
     assert generate(h, "a").status_code == 200
 
 
-def test_killed_during_load(two: Harness) -> None:
+def test_killed_during_load(two: Harness, tmp_path: Path) -> None:
     assert generate(two, "a").status_code == 200
-    with kill_next_child(children()) as killed:
+    with kill_next_child(children(), model=tmp_path / "b.gguf") as killed:
         r = generate(two, "b")
     assert killed, "no worker was started"
     assert r.status_code in (500, 503), r.text
