@@ -130,3 +130,23 @@ def test_a_signal_with_a_stream_in_flight_ends_it_cleanly_and_exits_0(
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     assert took < 1 + 3, took  # the grace (1 s) and the cancel
+
+
+@pytest.mark.parametrize("name", ["inferenceos", "their_app"])
+def test_a_ctrl_c_while_the_cli_imports_is_one_line_and_130(tmp_path: Path, name: str) -> None:
+    """The CLI's process (the `inferenceos` script, `python -m inferenceos`) answers a
+    Ctrl-C from its first import on: one line, exit 130 (a fresh clone's first run,
+    compiling every module, once got a traceback from inside `import inferenceos`).
+    A program of another name that imports the package keeps Python's own Ctrl-C."""
+    script = tmp_path / name
+    script.write_text("import time\nimport inferenceos\nprint('ready', flush=True)\n"
+                      "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env())
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    if name == "inferenceos":
+        assert proc.returncode == 130 and err == "error: interrupted\n", err
+    else:
+        assert proc.returncode != 130 and "KeyboardInterrupt" in err

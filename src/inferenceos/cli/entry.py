@@ -15,6 +15,11 @@ def main() -> None:
 
     A Ctrl-C that reaches here, while importing or from any moment the CLI's own
     handling does not cover, ends in the same one line and exit 130."""
+    import signal
+
+    # the package's early handler (inferenceos/__init__.py) gives way to Python's
+    # KeyboardInterrupt, which the commands handle (chat: Ctrl-C stops a reply)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         from inferenceos.cli.main import main as run_cli
 
