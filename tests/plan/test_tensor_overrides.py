@@ -61,7 +61,7 @@ def test_sizing_the_ubatch_after_the_optimizer_keeps_the_gpu_within_budget(
     put 6.9 MB on a 5-6 MB GPU (2026-12-02). Every accelerator stays within budget."""
     from inferenceos.plan.devices import Overrides, apply_overrides, local_machine
     from inferenceos.plan.model_facts import load_model_facts
-    from inferenceos.plan.optimize_milp import device_budgets
+    from inferenceos.plan.optimize_rows import device_budgets
     from inferenceos.plan.simulate import plan_for_run
 
     machine = apply_overrides(local_machine(), Overrides(gpu_memory=(gpu_bytes,)))

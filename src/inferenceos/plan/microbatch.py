@@ -94,7 +94,7 @@ def size_ubatch(facts: ModelFacts, machine: Machine, plan: Plan, cal: Calibratio
 def _accelerators_fit(new: dict[str, int], old: dict[str, int], machine: Machine) -> bool:
     """Whether no accelerator grows past its budget (the headroom above is the CPU's
     only: a larger ubatch also grows every accelerator's compute buffer)."""
-    from inferenceos.plan.optimize_milp import device_budgets
+    from inferenceos.plan.optimize_rows import device_budgets
 
     budgets = device_budgets(machine)
     return all(used <= max(budgets.get(dev, 0), old.get(dev, 0))

@@ -36,7 +36,8 @@ from inferenceos.plan.footprint import estimate, stream_room
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_counts import SearchTooLong, best_placement_counts
-from inferenceos.plan.optimize_milp import BYTES_MARGIN, best_placement, device_budgets
+from inferenceos.plan.optimize_milp import best_placement
+from inferenceos.plan.optimize_rows import BYTES_MARGIN, device_budgets
 from inferenceos.plan.optimize_terms import Terms, phases
 from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
 from inferenceos.plan.placement import Placement, build_placement, layer_parts
@@ -207,7 +208,7 @@ def solve_with(
     ctx: ContextSettings, cal: Calibration, threads: int, obj: Objective, allow_disk: bool,
 ) -> Candidate | None:
     """`solver`'s (a MILP's) placement for `ctx`, judged by perf.py and re-checked
-    against every budget; solved again with a margin (optimize_milp.BYTES_MARGIN) when
+    against every budget; solved again with a margin (optimize_rows.BYTES_MARGIN) when
     its answer is a few bytes over one, within the solver's tolerance."""
     parts = layer_parts(facts, ctx)
     dec, pre = phases(obj.prompt_tokens, obj.output_tokens, ctx.n_ubatch, cal)

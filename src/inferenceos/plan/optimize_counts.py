@@ -1,6 +1,6 @@
 """The placement program over counts of alike layers, contiguity by branch and bound.
 
-Alike layers (`optimize_milp.alike_key`: the same bytes, parameters and KV) are
+Alike layers (`optimize_rows.alike_key`: the same bytes, parameters and KV) are
 interchangeable for every cost and budget of `optimize_milp`'s program, which is linear
 in the per-layer decisions with the same coefficients for each. A placement is then
 described by counts: N[d,c] layers of class c on device d, of those F[d,c] keeping
@@ -40,9 +40,9 @@ from inferenceos.plan.memory import (
     compute_terms,
 )
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_milp import (
-    _add,
-    _Model,
+from inferenceos.plan.optimize_rows import (
+    Program,
+    add,
     alike_key,
     cpu_memory_rows,
     device_budgets,
@@ -75,7 +75,7 @@ def uniform(parts: list[LayerParts]) -> bool:
 class _Vars:
     """The variables of one node's program."""
 
-    m: _Model
+    m: Program
     cnt: list[list[int]]  # [device][class]
     u: list[int]
     fc: dict[tuple[int, int], int]  # (device, class): layers keeping their FFN group
@@ -109,7 +109,7 @@ class _Counts:
 
     def build(self, bounds: Bounds, presolve: bool = True) -> _Vars:
         """The program of the node `bounds` (see the module docstring)."""
-        m = _Model(margin=self.margin, presolve=presolve)
+        m = Program(margin=self.margin, presolve=presolve)
         k = len(self.devs)
         cnt = [[m.var(0, self.size[c] if d == 0 or self.budgets[self.devs[d].name] > 0
                       else 0) for c in range(self.n_cls)] for d in range(k)]
@@ -192,7 +192,7 @@ class _Counts:
                     # sign · (S − a0 − a1·b) ≥ 0
                     row = {v.cnt[d2][c]: sign for d2 in range(d)}
                     for j in b:
-                        _add(row, j, -sign * a1)
+                        add(row, j, -sign * a1)
                     v.m.row(row, lo=sign * a0)
 
     def ffn_on(self, v: _Vars, d: int, c: int) -> dict[int, float]:
@@ -220,7 +220,7 @@ class _Counts:
             cpu: dict[int, float] = {}
             for form in forms.values():
                 for j, a in form.items():
-                    _add(cpu, j, -a)
+                    add(cpu, j, -a)
             forms[0] = cpu  # + self.size[c], the constant
             out.append((name, forms, size))
         return out
@@ -233,24 +233,24 @@ class _Counts:
         for d in range(1, len(self.devs)):
             row: dict[int, float] = {}
             for c, p in enumerate(self.rep):
-                _add(row, v.cnt[d][c], float(p.attention_bytes + p.kv_bytes))
+                add(row, v.cnt[d][c], float(p.attention_bytes + p.kv_bytes))
                 for _, forms, size in self.groups(v, c):
                     for j, a in forms[d].items():
-                        _add(row, j, a * size)
-            _add(row, v.h[d], head + (both - lp))
-            _add(row, v.u[d], lp)
+                        add(row, j, a * size)
+            add(row, v.h[d], head + (both - lp))
+            add(row, v.u[d], lp)
             m.bytes_row(row, self.budgets[self.devs[d].name])
         self._cpu_memory(v)
 
     def _cpu_memory(self, v: _Vars) -> None:
-        """The CPU's rows (`optimize_milp.cpu_memory_rows`) over the counts."""
+        """The CPU's rows (`optimize_rows.cpu_memory_rows`) over the counts."""
         w: dict[int, float] = {}
         const_w = 0.0
         for c, p in enumerate(self.rep):
-            _add(w, v.cnt[0][c], float(p.attention_bytes))
+            add(w, v.cnt[0][c], float(p.attention_bytes))
             for _, forms, size in self.groups(v, c):
                 for j, a in forms[0].items():
-                    _add(w, j, a * size)
+                    add(w, j, a * size)
                 const_w += self.size[c] * size
         kv = {v.cnt[0][c]: float(p.kv_bytes) for c, p in enumerate(self.rep)}
         cpu_memory_rows(v.m, self.facts, self.machine, self.ctx, w, const_w, kv, v.u[0],
@@ -264,13 +264,13 @@ class _Counts:
             cm = cc = 0.0  # constants: the groups in RAM are the class size less the rest
             for c, p in enumerate(self.rep):
                 wk = t.attention(dev, p)
-                _add(mem, v.cnt[d][c], wk.mem)
-                _add(comp, v.cnt[d][c], wk.comp)
+                add(mem, v.cnt[d][c], wk.mem)
+                add(comp, v.cnt[d][c], wk.comp)
                 for name, forms, _ in self.groups(v, c):
                     we: Work = works[name](dev, p)
                     for j, a in forms[d].items():
-                        _add(mem, j, a * we.mem)
-                        _add(comp, j, a * we.comp)
+                        add(mem, j, a * we.mem)
+                        add(comp, j, a * we.comp)
                     if d == 0:
                         cm, cc = cm + self.size[c] * we.mem, cc + self.size[c] * we.comp
             hm, hc = head_work(t.head(dev), v.h, d, mem, comp)
@@ -285,7 +285,7 @@ class _Counts:
                     a = m.var(0.0, np.inf, cost=cross, integer=False)
                     row = {a: 1.0, u[d]: -1.0, u[d2]: -1.0}
                     for j in range(d + 1, d2):
-                        _add(row, u[j], 1.0)
+                        add(row, u[j], 1.0)
                     m.row(row, lo=-1.0)
         for d in range(1, k):
             if not self.local[d]:
@@ -299,7 +299,7 @@ class _Counts:
             oh = m.var(0.0, np.inf, cost=cross, integer=False)
             row = {oh: 1.0, u[d]: -1.0, **dict.fromkeys(v.h.values(), 1.0)}
             for d2 in range(d + 1, k):
-                _add(row, u[d2], 1.0)
+                add(row, u[d2], 1.0)
             m.row(row, lo=0.0)
         # an offloaded layer whose FFN side is in RAM crosses there and back: 2(N − E)
         # where the class has experts (E ≤ F), else 2(N − F); the merge keeps E
