@@ -87,10 +87,10 @@ def test_the_per_layer_milp_matches_the_listing_on_unlike_layers() -> None:
     """Two classes of layers, one GPU and two: the per-layer MILP (a count per class
     and device of the layers keeping their FFN group) costs what the listing's best
     costs, and keeps some FFN in RAM where that is best."""
-    from inferenceos.plan.optimize_counts import uniform
+    from inferenceos.plan.optimize_rows import LayerClasses
 
     facts = q4_k_m_like(make_facts(n_layer=6), {0, 5})
-    assert not uniform(layer_parts(facts, CTX))
+    assert len(LayerClasses.of_parts(layer_parts(facts, CTX)).members) == 2
     split = 0
     for gpus in ((0.8,), (1.6,), (2.4,), (4.0,), (0.9, 1.4)):
         m = machine(ram=64 * GiB, gpus=tuple(_gpu_for(facts, CTX, k) for k in gpus))

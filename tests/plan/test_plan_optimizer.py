@@ -168,13 +168,13 @@ def test_a_uniform_model_is_solved_by_counts_with_the_same_answer(heat: bool) ->
     then rises as hotter experts go to disk: convex segments, perf.streamed_bytes)."""
     from dataclasses import replace
 
-    from inferenceos.plan.optimize_counts import uniform
+    from inferenceos.plan.optimize_rows import LayerClasses
     from inferenceos.plan.placement import layer_parts
 
     facts = make_facts(n_layer=5, n_embd=512, n_ff=1024, n_head=8, n_head_kv=2,
                        n_vocab=4000, n_expert=4, n_used=2)
     ctx = ContextSettings(n_ctx=1024, n_ubatch=64, n_batch=64, flash_attn=True)
-    assert uniform(layer_parts(facts, ctx))
+    assert len(LayerClasses.of_parts(layer_parts(facts, ctx)).members) == 1
     cal = replace(CAL, expert_odds=(0.02,) * 5 + (0.3,) * 5 + (0.7,) * 5 + (0.98,) * 5
                   ) if heat else CAL
     for m in _machines(facts, ctx):

@@ -186,8 +186,8 @@ def solve_context(
     threads: int, obj: Objective, allow_disk: bool = False,
 ) -> Candidate | None:
     """The best placement for `ctx` (None: nothing fits)."""
-    parts = layer_parts(facts, ctx)
     if not machine.accelerators:
+        parts = layer_parts(facts, ctx)
         experts: list[str | None] = [None if q.expert_bytes == 0 else "CPU" for q in parts]
         p = build_placement(facts, parts, ["CPU"] * len(parts), experts, "CPU")
         c = evaluate(facts, machine, ctx, p, cal, threads, obj)

@@ -1,6 +1,6 @@
 """The placement program over counts of alike layers, contiguity by branch and bound.
 
-Alike layers (`optimize_rows.alike_key`: the same bytes, parameters and KV) are
+Alike layers (`optimize_rows.LayerClasses`: the same bytes, parameters and KV) are
 interchangeable for every cost and budget of `optimize_milp`'s program, which is linear
 in the per-layer decisions with the same coefficients for each. A placement is then
 described by counts: N[d,c] layers of class c on device d, of those F[d,c] keeping
@@ -29,7 +29,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -41,34 +42,30 @@ from inferenceos.plan.memory import (
 )
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_rows import (
+    LayerClasses,
     Program,
     add,
-    alike_key,
     cpu_memory_rows,
     device_budgets,
     disk_cost,
     epigraph,
     head_work,
+    in_ram,
 )
 from inferenceos.plan.optimize_terms import Terms, Work
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
 GAP = 1e-7  # a node within this share of the best placement found cannot beat it
-MAX_NODES = 200
+MAX_NODES = 200  # past this many programs the search gives way (optimize.solve_context)
 # HiGHS's presolve on these small programs (~60 columns) mostly costs more than it
 # saves: without it a Q4_K_M-like 100-layer MoE over 4 GPUs planned in 91 ms where it
 # took 323 (a 32-layer one over two GPUs 99 against 161). But presolve is where HiGHS
 # finds symmetry, and a 70B-shaped one over four like GPUs at 32k tokens then took
 # 6,491 nodes (1.9 s) where presolve solved it in 0.44 s. So a program gets QUICK_S
 # seconds without presolve and, if that does not prove its optimum, the rest with it.
-QUICK_S = 0.05  # past this many programs the search gives way (optimize.solve_context)
+QUICK_S = 0.05
 
 Bounds = dict[int, tuple[int, int]]  # device -> [lo, hi] of its block's first layer
-
-
-def uniform(parts: list[LayerParts]) -> bool:
-    """Whether every layer has the same bytes, parameters and KV (one class)."""
-    return len({alike_key(p) for p in parts}) <= 1
 
 
 @dataclass
@@ -82,6 +79,10 @@ class _Vars:
     ex: dict[tuple[int, int], int]  # (device, class): layers keeping their experts
     h: dict[int, int]
     s: int
+    # per class, its movable groups: (name, device -> linear form of its layers keeping
+    # the group there, bytes); the CPU's form (d = 0) is the class's size less the rest
+    groups: list[list[tuple[str, dict[int, dict[int, float]], int]]] = field(
+        default_factory=list)
 
 
 class _Counts:
@@ -96,11 +97,9 @@ class _Counts:
         self.devs = list(machine.devices)
         self.local = [not d.is_remote for d in self.devs]
         self.budgets = device_budgets(machine)
-        keys: dict[tuple[int, ...], int] = {}
-        self.cls = [keys.setdefault(alike_key(p), len(keys)) for p in parts]
-        self.n_cls = len(keys)
-        self.rep = [parts[self.cls.index(c)] for c in range(self.n_cls)]
-        self.size = [self.cls.count(c) for c in range(self.n_cls)]
+        classes = LayerClasses.of_parts(parts)
+        self.cls, self.rep, self.size = classes.of, classes.rep, classes.size
+        self.n_cls = len(self.rep)
         # prefix[c][b]: layers of class c among the first b
         self.prefix = [list(itertools.accumulate((int(x == c) for x in self.cls), initial=0))
                        for c in range(self.n_cls)]
@@ -121,6 +120,7 @@ class _Counts:
             {d: m.var() for d in range(1, k)},
             m.var(0.0, float(self.facts.spec.tensor_bytes) if self.allow_disk else 0.0,
                   integer=False))
+        v.groups = [self._groups(v, c) for c in range(self.n_cls)]
         self._assignment(v)
         self._bounds(v, bounds)
         self._memory(v)
@@ -207,9 +207,9 @@ class _Counts:
             return {j: 1.0} if j is not None else {}
         return {v.cnt[d][c]: 1.0}
 
-    def groups(self, v: _Vars, c: int) -> list[tuple[str, dict[int, dict[int, float]], int]]:
-        """(group, device -> its linear form, bytes) of class c's movable groups; the
-        CPU's form (d = 0) is the class's size less the accelerators'."""
+    def _groups(self, v: _Vars, c: int) -> list[tuple[str, dict[int, dict[int, float]], int]]:
+        """(group, device -> its linear form, bytes) of class c's movable groups (see
+        `_Vars.groups`; the CPU's constant, the class's size, is the callers')."""
         p, k = self.rep[c], len(self.devs)
         out = []
         for name, on, size in (("ffn", self.ffn_on, p.ffn_bytes),
@@ -217,11 +217,7 @@ class _Counts:
             if not size:
                 continue
             forms = {d: on(v, d, c) for d in range(1, k)}
-            cpu: dict[int, float] = {}
-            for form in forms.values():
-                for j, a in form.items():
-                    add(cpu, j, -a)
-            forms[0] = cpu  # + self.size[c], the constant
+            forms[0], _ = in_ram(partial(_form, forms), k, c, self.size[c])
             out.append((name, forms, size))
         return out
 
@@ -234,7 +230,7 @@ class _Counts:
             row: dict[int, float] = {}
             for c, p in enumerate(self.rep):
                 add(row, v.cnt[d][c], float(p.attention_bytes + p.kv_bytes))
-                for _, forms, size in self.groups(v, c):
+                for _, forms, size in v.groups[c]:
                     for j, a in forms[d].items():
                         add(row, j, a * size)
             add(row, v.h[d], head + (both - lp))
@@ -248,7 +244,7 @@ class _Counts:
         const_w = 0.0
         for c, p in enumerate(self.rep):
             add(w, v.cnt[0][c], float(p.attention_bytes))
-            for _, forms, size in self.groups(v, c):
+            for _, forms, size in v.groups[c]:
                 for j, a in forms[0].items():
                     add(w, j, a * size)
                 const_w += self.size[c] * size
@@ -266,7 +262,7 @@ class _Counts:
                 wk = t.attention(dev, p)
                 add(mem, v.cnt[d][c], wk.mem)
                 add(comp, v.cnt[d][c], wk.comp)
-                for name, forms, _ in self.groups(v, c):
+                for name, forms, _ in v.groups[c]:
                     we: Work = works[name](dev, p)
                     for j, a in forms[d].items():
                         add(mem, j, a * we.mem)
@@ -388,6 +384,10 @@ def best_placement_counts(
             if part[0] <= part[1]:
                 heapq.heappush(queue, (obj, next(order), {**bounds, d: part}))
     raise SearchTooLong(f"more than {MAX_NODES} programs or {time_limit:g} s")
+
+
+def _form(forms: dict[int, dict[int, float]], d: int, _c: int) -> dict[int, float]:
+    return forms[d]
 
 
 def _hull_facets(pts: list[tuple[int, int]]) -> list[tuple[float, float, float]]:

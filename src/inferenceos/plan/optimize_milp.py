@@ -6,7 +6,7 @@ as llama.cpp numbers them):
   layer; blocks are contiguous in device order (llama.cpp's n_gpu_layers +
   tensor_split): the cumulative Σ_{d'≤d} x[d',i] never rises with i;
 - F[d,c] ∈ {0..|c|}: of the layers of class c (alike layers: the same bytes,
-  parameters and KV, `alike_key`) on local accelerator d, how many keep their FFN
+  parameters and KV, `optimize_rows.LayerClasses`) on local accelerator d, how many keep their FFN
   group (placement.FFN_ROLE: the dense FFN, or a MoE's router and shared experts)
   there (F ≤ Σ_{i∈c} x[d,i]); the others keep it in RAM (a tensor_buft_override,
   llama.cpp's `-ot` of blk.N.ffn_* to the CPU). Which layers of the block they are
@@ -45,29 +45,18 @@ from inferenceos.plan.footprint import device_compute
 from inferenceos.plan.memory import ContextSettings, compute_terms
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_rows import (
+    LayerClasses,
     Program,
     add,
-    alike_key,
     cpu_memory_rows,
     device_budgets,
     disk_cost,
     epigraph,
     head_work,
+    in_ram,
 )
 from inferenceos.plan.optimize_terms import Terms
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
-
-
-def _off(
-    on: Callable[[int, int], dict[int, float]], k: int, c: int, size: int
-) -> tuple[dict[int, float], float]:
-    """(coefficients, constant) of 'layers of class c (of `size`) with the group in
-    RAM': size − Σ_{d>0} on(d, c)."""
-    row: dict[int, float] = {}
-    for d in range(1, k):
-        for j, a in on(d, c).items():
-            add(row, j, -a)
-    return row, float(size)
 
 
 class _Builder:
@@ -92,11 +81,9 @@ class _Builder:
         # which layers of its block keep them changes no cost, and per-layer binaries
         # let branch-and-bound visit every way (Qwen2.5-Coder-1.5B over two GPUs:
         # 150-400 ms a program, against 8 without the FFN group)
-        keys: dict[tuple[int, ...], int] = {}
-        self.cls = [keys.setdefault(alike_key(p), len(keys)) for p in parts]
-        self.members = [[i for i in range(n) if self.cls[i] == c] for c in range(len(keys))]
-        rep = [parts[mem[0]] for mem in self.members]
-        self.rep = rep
+        classes = LayerClasses.of_parts(parts)
+        self.members, self.rep = classes.members, classes.rep
+        rep = self.rep
         self.f: dict[tuple[int, int], int] = {
             (d, c): self.m.var(0.0, float(len(self.members[c])))
             for d in range(1, k) if self.local[d]
@@ -132,11 +119,11 @@ class _Builder:
 
     def expert_on_cpu(self, c: int) -> tuple[dict[int, float], float]:
         """(coefficients, constant) of 'layers of class c with their experts in RAM'."""
-        return _off(self.expert_on, self.k, c, len(self.members[c]))
+        return in_ram(self.expert_on, self.k, c, len(self.members[c]))
 
     def ffn_on_cpu(self, c: int) -> tuple[dict[int, float], float]:
         """(coefficients, constant) of 'layers of class c with their FFN group in RAM'."""
-        return _off(self.ffn_on, self.k, c, len(self.members[c]))
+        return in_ram(self.ffn_on, self.k, c, len(self.members[c]))
 
     def build(self) -> None:
         self._assignment()

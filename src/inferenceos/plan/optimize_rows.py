@@ -11,7 +11,7 @@ layers (`alike_key`); their answers are judged by perf.py and footprint.py
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,6 +144,41 @@ def alike_key(p: LayerParts) -> tuple[int, ...]:
     """What makes two layers interchangeable for the cost model and the budgets."""
     return (p.dense_bytes, p.expert_bytes, p.dense_params, p.expert_params, p.kv_bytes,
             p.ffn_bytes, p.ffn_params)
+
+
+@dataclass(frozen=True)
+class LayerClasses:
+    """A model's layers grouped into classes of alike layers (`alike_key`), numbered in
+    the order their first layer comes: `of[i]` is layer i's class, `members[c]` its
+    layers in order, `rep[c]` one of them (all cost and weigh the same)."""
+
+    of: tuple[int, ...]
+    members: tuple[tuple[int, ...], ...]
+    rep: tuple[LayerParts, ...]
+
+    @classmethod
+    def of_parts(cls, parts: list[LayerParts]) -> LayerClasses:
+        keys: dict[tuple[int, ...], int] = {}
+        of = tuple(keys.setdefault(alike_key(p), len(keys)) for p in parts)
+        members = tuple(tuple(i for i, c in enumerate(of) if c == k) for k in range(len(keys)))
+        return cls(of, members, tuple(parts[m[0]] for m in members))
+
+    @property
+    def size(self) -> list[int]:
+        """Layers per class."""
+        return [len(m) for m in self.members]
+
+
+def in_ram(
+    on: Callable[[int, int], dict[int, float]], k: int, c: int, size: int
+) -> tuple[dict[int, float], float]:
+    """(coefficients, constant) of 'layers of class c (of `size`) with a group in RAM':
+    size − Σ_{d>0} on(d, c), where on(d, c) is the linear form of those on device d."""
+    row: dict[int, float] = {}
+    for d in range(1, k):
+        for j, a in on(d, c).items():
+            add(row, j, -a)
+    return row, float(size)
 
 
 def stream_room_rows(
