@@ -108,9 +108,8 @@ class Candidate:
             where[d] = where.get(d, 0) + 1
         layers = " + ".join(f"{n} on {d}" for d, n in where.items())
         disk = f", {fb(p.disk_bytes)} on disk" if p.disk_bytes else ""
-        ffn = f" (FFN of {len(p.cpu_ffn_layers)} in RAM)" if p.cpu_ffn_layers else ""
         return (f"ctx {c.n_ctx}, KV {c.type_k}/{c.type_v}, ubatch {c.n_ubatch}: "
-                f"layers {layers}{ffn}, head on {p.output_device}{disk}")
+                f"layers {layers}{p.ffn_in_ram}, head on {p.output_device}{disk}")
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -31,7 +31,7 @@ stays contiguous. A remote GPU is used like a local one.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferenceos.plan.devices import Device, Machine
@@ -157,6 +157,12 @@ class Placement:
         return tuple(i for i, d in enumerate(self.dense)
                      if d != "CPU" and self.ffn_device(i) == "CPU")
 
+    @property
+    def ffn_in_ram(self) -> str:
+        """" (FFN of N in RAM)" for a plan's one-line summaries; "" when none is."""
+        n = len(self.cpu_ffn_layers)
+        return f" (FFN of {n} in RAM)" if n else ""
+
     def to_json(self) -> dict[str, Any]:
         return {
             "layers": [
@@ -248,8 +254,8 @@ def place(
     if not experts_on_cpu:
         _place_experts(parts, dense, experts, budgets)
     loads = _loads(facts, parts, dense, experts, output_device, head_bytes, head_params)
-    notes = _notes(facts, parts, dense, experts)
-    return Placement(tuple(dense), tuple(experts), output_device, loads, 0, tuple(notes))
+    return _with_notes(facts, parts, Placement(tuple(dense), tuple(experts), output_device,
+                                               loads, 0))
 
 
 def build_placement(
@@ -266,9 +272,8 @@ def build_placement(
     head_bytes, head_params = output_head(facts)
     split = ffn if ffn is not None and list(ffn) != list(dense) else None
     loads = _loads(facts, parts, dense, experts, output_device, head_bytes, head_params, split)
-    notes = _notes(facts, parts, dense, experts, split)
-    return Placement(tuple(dense), tuple(experts), output_device, loads, disk_bytes,
-                     tuple(notes), tuple(split or ()))
+    return _with_notes(facts, parts, Placement(tuple(dense), tuple(experts), output_device,
+                                               loads, disk_bytes, ffn=tuple(split or ())))
 
 
 def _no_faster_than_cpu(dev: Device, machine: Machine) -> bool:
@@ -396,33 +401,24 @@ def _loads(
     }
 
 
-def _notes(
-    facts: ModelFacts, parts: list[LayerParts], dense: list[str], experts: list[str | None],
-    ffn: list[str] | None = None,
-) -> list[tuple[str, str]]:
+def _with_notes(facts: ModelFacts, parts: list[LayerParts], p: Placement) -> Placement:
+    """`p` with the notes of what it keeps in RAM that a user may not expect."""
     notes = []
-    cpu_ffn = [p.index for p in parts
-               if ffn is not None and ffn[p.index] == "CPU" and dense[p.index] != "CPU"]
-    if cpu_ffn:
-        moved = sum(parts[i].ffn_bytes for i in cpu_ffn)
+    if p.cpu_ffn_layers:
+        moved = sum(parts[i].ffn_bytes for i in p.cpu_ffn_layers)
         notes.append((
-            f"FFN of {len(cpu_ffn)} offloaded layer(s) in RAM ({_mib(moved)})",
+            f"FFN of {len(p.cpu_ffn_layers)} offloaded layer(s) in RAM ({_mib(moved)})",
             "their attention and KV cache are worth more per byte of accelerator memory",
         ))
-    cpu_exp = [
-        p.index
-        for p in parts
-        if p.expert_bytes and experts[p.index] == "CPU" and dense[p.index] != "CPU"
-    ]
-    if cpu_exp:
-        moved = sum(parts[i].expert_bytes for i in cpu_exp)
+    if p.cpu_expert_layers:
+        moved = sum(parts[i].expert_bytes for i in p.cpu_expert_layers)
         notes.append((
-            f"experts of {len(cpu_exp)} GPU layer(s) on the CPU ({_mib(moved)})",
+            f"experts of {len(p.cpu_expert_layers)} GPU layer(s) on the CPU ({_mib(moved)})",
             f"a token reads only {facts.spec.expert_used_count} of "
             f"{facts.spec.expert_count} experts, so accelerator memory is worth more to "
             "dense layers",
         ))
-    return notes
+    return replace(p, notes=tuple(notes))
 
 
 def _mib(n: float) -> str:

@@ -200,7 +200,7 @@ class Plan:
         c, p = self.ctx, self.params()
         where = (
             f"{self.placement.gpu_layers}/{len(self.placement.dense)} layers on "
-            f"{', '.join(self.accelerators)}{self._ffn_note()}"
+            f"{', '.join(self.accelerators)}{self.placement.ffn_in_ram}"
             if self.placement.gpu_layers
             else "CPU only"
         )
@@ -219,10 +219,6 @@ class Plan:
             f"plan: ctx {c.n_ctx} · KV {p.type_k}/{p.type_v} · flash-attn {fa} · "
             f"ubatch {p.n_ubatch} · {where} · {threads} · {mem}{flags}"
         )
-
-    def _ffn_note(self) -> str:
-        n = len(self.placement.cpu_ffn_layers)
-        return f" (FFN of {n} in RAM)" if n else ""
 
     def to_json(self) -> dict[str, Any]:
         return {
