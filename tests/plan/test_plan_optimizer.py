@@ -146,9 +146,9 @@ def test_the_linear_terms_add_up_to_perf_on_every_device(
                 for dev in m.devices:
                     mem = comp = 0.0
                     for q in parts:
-                        if dense[q.index] == dev.name:
-                            w = t.dense(dev, q)
-                            mem, comp = mem + w.mem, comp + w.comp
+                        if dense[q.index] == dev.name:  # the layer whole: both groups
+                            for w in (t.attention(dev, q), t.ffn(dev, q)):
+                                mem, comp = mem + w.mem, comp + w.comp
                         if q.expert_bytes and experts[q.index] == dev.name:
                             w = t.experts(dev, q)
                             mem, comp = mem + w.mem, comp + w.comp

@@ -53,9 +53,6 @@ class Work:
     mem: float
     comp: float
 
-    def __add__(self, other: Work) -> Work:
-        return Work(self.mem + other.mem, self.comp + other.comp)
-
 
 @dataclass(frozen=True)
 class Phase:
@@ -133,10 +130,6 @@ class Terms:
 
     # -- items -----------------------------------------------------------------------
 
-    def dense(self, dev: Device, p: LayerParts) -> Work:
-        """Layer `p` whole on `dev` but its routed experts: `attention` + `ffn`."""
-        return self.attention(dev, p) + self.ffn(dev, p)
-
     def attention(self, dev: Device, p: LayerParts) -> Work:
         """What stays with the layer: its attention weights, norms, KV cache reads and
         the per-layer work (attention's FLOPs, the architecture's extra)."""
@@ -155,20 +148,20 @@ class Terms:
 
     def ffn(self, dev: Device, p: LayerParts) -> Work:
         """The layer's FFN group (placement.FFN_ROLE) on `dev`."""
-        params = float(p.ffn_params)
-        if self.ph.decode:
-            return self._work(dev, p.ffn_bytes, 0.0, 2.0 * params)
-        if dev.computes_like_cpu:  # as perf.prefill_cost
-            params *= self.rows
-        return self._work(dev, p.ffn_bytes, 0.0, 2.0 * params * self.ph.tokens)
+        return self._matrices(dev, p.ffn_bytes, float(p.ffn_params))
 
     def experts(self, dev: Device, p: LayerParts) -> Work:
-        b, params = p.expert_bytes * self.frac, p.expert_params * self.frac
+        """The layer's routed experts on `dev`: the share a token uses."""
+        return self._matrices(dev, p.expert_bytes * self.frac, p.expert_params * self.frac)
+
+    def _matrices(self, dev: Device, bytes_read: float, params: float) -> Work:
+        """Weights read once per step and multiplied per token (no KV, no per-layer
+        work): an FFN group or the experts a token routes to."""
         if self.ph.decode:
-            return self._work(dev, b, 0.0, 2.0 * params)
+            return self._work(dev, bytes_read, 0.0, 2.0 * params)
         if dev.computes_like_cpu:  # as perf.prefill_cost
             params *= self.rows
-        return self._work(dev, b, 0.0, 2.0 * params * self.ph.tokens)
+        return self._work(dev, bytes_read, 0.0, 2.0 * params * self.ph.tokens)
 
     def head(self, dev: Device) -> Work:
         return self._work(dev, self.head_bytes, 0.0, 2.0 * self.head_params)
