@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from cli_helpers import cli_env, run_cli
 from server_harness import SLOW, long_stream, serving
+from slow_server import Answer, Lines, held_server
 from tiny_models import write_tiny_model
 from tmux_screen import Screen
 
@@ -58,6 +60,61 @@ def test_monitor_without_a_server_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
     r = run_cli("monitor", "--url", "ftp://x")
     assert r.returncode != 0 and "--url must start with http" in r.stderr
+
+
+BUDGET = {"devices": [{"name": "CPU", "used_bytes": 0, "free_bytes": 1 << 30,
+                       "total_bytes": 2 << 30, "cap_bytes": 3 << 30}],
+          "pressure": {"migrations": 0, "dwell_s": 1.0}}
+# what monitor reads, each answer held until the test releases the server
+MONITOR_ROUTES = {"/metrics": Answer(""), "/api/budget": Answer(BUDGET),
+                  "/api/ps": Answer({"models": []}), "/health": Answer({"workers": {}}),
+                  "/api/events": Answer({"events": [], "last_id": 0})}
+
+
+def _cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "inferenceos", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env())
+
+
+def test_monitor_shows_a_busy_server_in_its_frame_keeps_asking_and_q_quits(
+    tmp_path: Path, screens: list[Screen]
+) -> None:
+    """A server that takes the requests and holds the answers is busy, not absent: the
+    frame says so under the header and monitor asks again with a longer wait; the
+    devices show once the answers come, and the status line goes."""
+    with held_server(MONITOR_ROUTES) as srv:
+        s = Screen([sys.executable, "-m", "inferenceos", "monitor", "--url", srv.url,
+                    "--interval", "0.3", "--timeout", "0.3"], cli_env(), tmp_path)
+        screens.append(s)
+        screen = s.wait(r"the server is busy: no answer in 0\.3 s, retrying")
+        assert "InferenceOS monitor" in screen and "EXITED" not in screen
+        s.wait(r"the server is busy: no answer in 0\.6 s, retrying")
+        srv.release.set()
+        screen = s.wait(r"devices")
+        assert "CPU" in screen and "(none loaded)" in screen
+        s.send("q")
+        s.wait(r"EXITED=0")
+
+
+def test_monitor_once_and_budget_wait_for_a_busy_server_saying_so() -> None:
+    """`monitor --once` and `budget` say on stderr that the server is busy, ask again,
+    and print their answer once it comes; budget's POST, asked again, sets the same
+    cap (setting it twice is setting it once)."""
+    with held_server(MONITOR_ROUTES) as srv:
+        once = _cli("monitor", "--url", srv.url, "--once", "--timeout", "0.3")
+        budget = _cli("budget", "CPU", "3GiB", "--url", srv.url, "--timeout", "0.3")
+        errs = [Lines(p.stderr) for p in (once, budget)]
+        for err in errs:
+            assert err.next() == "the server is busy: no answer in 0.3 s, retrying"
+        srv.release.set()
+        outs = ["\n".join(Lines(p.stdout).rest()) for p in (once, budget)]
+    assert once.wait(60) == 0 and "devices" in outs[0], (outs[0], errs[0].rest())
+    assert budget.wait(60) == 0 and "3.0 GiB" in outs[1], (outs[1], errs[1].rest())
+    posts = [a for a in srv.asked if a.method == "POST"]
+    assert posts and all(a.path == "/api/budget" and a.body == {"device": "CPU",
+                                                                "bytes": 3 << 30}
+                         for a in posts)
 
 
 def test_budget_command_sets_shows_and_lifts_a_cap(tiny_llama: Path, tmp_path: Path) -> None:

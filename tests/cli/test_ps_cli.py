@@ -3,17 +3,15 @@ answers fixed models), at 80 columns: whole names, human expiry times, one-line 
 
 from __future__ import annotations
 
-import json
 import re
-import threading
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from cli_helpers import run_cli
+from cli_helpers import cli_env, run_cli
 from inferenceos.registry.catalog import now_iso
+from slow_server import Answer, Lines, held_server
 
 LONG_REASON = ("default context; plan: ctx 16384 · KV f16/f16 · flash-attn off · ubatch "
                "512 · CPU only · 2 threads · CPU 1.2 GiB")
@@ -34,35 +32,9 @@ def _models() -> list[dict[str, Any]]:
     ]
 
 
-@contextmanager
-def fake_ps(models: list[dict[str, Any]]) -> Iterator[int]:
-    """An HTTP server answering GET /api/ps with `models`; yields its port."""
-    body = json.dumps({"models": models}).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def _ps(columns: int) -> list[str]:
-    with fake_ps(_models()) as port:
-        r = run_cli("ps", "--port", str(port), COLUMNS=str(columns))
+    with held_server({"/api/ps": Answer({"models": _models()}, held=False)}) as srv:
+        r = run_cli("ps", "--port", str(srv.port), COLUMNS=str(columns))
     assert r.returncode == 0, r.stderr
     return r.stdout.rstrip("\n").splitlines()
 
@@ -104,3 +76,22 @@ def test_human_until_follows_ollama() -> None:
     # a plain Ollama's form, with a zone offset and 5 fractional digits
     assert human_until("2024-06-04T14:38:31.83753-07:00",
                        1717537111.0 - 600) == "10 minutes from now"
+
+
+def test_ps_waits_for_a_busy_server_saying_so_and_shows_its_answer() -> None:
+    """A server that takes the request and holds its answer is busy, not absent: ps
+    says so on stderr, asks again with a longer wait, and prints the table once the
+    answer comes (the server is released after the second wait)."""
+    routes = {"/api/ps": Answer({"models": _models()}), "/metrics": Answer("")}
+    with held_server(routes) as srv:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "inferenceos", "ps", "--port", str(srv.port),
+             "--timeout", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=cli_env(COLUMNS="240"))
+        err = Lines(proc.stderr)
+        assert err.next() == "the server is busy: no answer in 0.3 s, retrying"
+        assert err.next() == "the server is busy: no answer in 0.6 s, retrying"
+        srv.release.set()
+        out = "\n".join(Lines(proc.stdout).rest())
+    assert proc.wait(60) == 0, err.rest()
+    assert all(m["name"] in out for m in _models()), out

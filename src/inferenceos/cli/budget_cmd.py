@@ -16,7 +16,14 @@ import typer
 from rich.table import Table
 
 from inferenceos.cli.console import out, print_json, safe_text
-from inferenceos.cli.monitor_cmd import fetch, server_url
+from inferenceos.cli.server_client import (
+    FIRST_TIMEOUT_S,
+    Patience,
+    ServerClient,
+    TimeoutOpt,
+    retry_busy,
+    say_busy,
+)
 from inferenceos.errors import UsageError
 from inferenceos.units import format_bytes as fb
 from inferenceos.units import parse_size
@@ -41,21 +48,19 @@ def budget(
     api_key: Annotated[str | None, typer.Option(
         "--api-key", help="The server's API key (default: config server.api_key)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    timeout: TimeoutOpt = FIRST_TIMEOUT_S,
 ) -> None:
     """Show or change a running server's memory cap per device (a lowered cap migrates
-    models down; see `inferenceos monitor`)."""
-    from inferenceos.config import load_config
-
+    models down; see `inferenceos monitor`). A busy server is asked again until it
+    answers (said on stderr; setting a cap twice is setting it once)."""
     if device is not None and size is None:
         raise UsageError("give a SIZE after the device (e.g. 2GiB), or 'none' to lift its cap")
-    base = server_url(url)
-    key = api_key if api_key is not None else load_config().get("server.api_key")
-    if device is None:
-        data = fetch(base, "/api/budget", key)
-    else:
-        assert size is not None
-        data = fetch(base, "/api/budget", key,
-                     data={"device": device.strip(), "bytes": parse_cap(size)})
+    change = None if device is None else {"device": device.strip(),
+                                          "bytes": parse_cap(size or "")}
+    client = ServerClient.configured(url, api_key=api_key, timeout=timeout)
+    data = retry_busy(
+        lambda t: client.get_json("/api/budget", t) if change is None
+        else client.post_json("/api/budget", change, t), say_busy, Patience(timeout))
     if as_json:
         print_json(data)
         return

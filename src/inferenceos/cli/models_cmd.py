@@ -6,10 +6,7 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -260,40 +257,17 @@ def stop(
         "--api-key", help="The server's API key (default: server.api_key)")] = None,
 ) -> None:
     """Unload a model from the running server now (as `ollama stop`)."""
-    from inferenceos.cli.ps_cmd import fetch_ps
-    from inferenceos.config import load_config
+    from inferenceos.cli.server_client import ServerClient
     from inferenceos.registry.names import canonical
 
-    cfg = load_config()
-    host, port = host or cfg.get("server.host"), port or cfg.get("server.port")
-    key = api_key if api_key is not None else cfg.get("server.api_key")
-    loaded = [str(m.get("name")) for m in fetch_ps(host, port, key).get("models", [])]
+    client = ServerClient.configured(host=host, port=port, api_key=api_key)
+    loaded = [str(m.get("name")) for m in client.get_json("/api/ps").get("models", [])]
     wanted = canonical(model)
     if wanted not in loaded:
         shown = ", ".join(loaded) or "none"
         raise InferenceOSError(f"model '{wanted}' is not loaded (loaded: {shown})")
-    _post(host, port, key, "/api/generate", {"model": wanted, "keep_alive": 0})
+    client.post_json("/api/generate", {"model": wanted, "keep_alive": 0}, timeout=60)
     out.print(f"stopped '{safe_text(wanted)}'")
-
-
-def _post(host: str, port: int, api_key: str, route: str, body: dict[str, Any]) -> Any:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)
-    req = urllib.request.Request(f"http://{shown}:{port}{route}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            why = json.loads(exc.read()).get("error")
-        except (ValueError, AttributeError):
-            why = None
-        raise InferenceOSError(f"the server answered {exc.code}: {why or exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise InferenceOSError(f"no InferenceOS server at {shown}:{port} "
-                               f"({getattr(exc, 'reason', exc)})") from None
 
 
 @models_app.command("discover")

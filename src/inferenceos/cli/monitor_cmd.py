@@ -14,13 +14,12 @@ frame and exits (scripts, and terminals without a TTY).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import queue
 import select
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -31,54 +30,19 @@ from rich.table import Table
 from rich.text import Text
 
 from inferenceos.cli.console import out, safe_text
-from inferenceos.errors import InferenceOSError, UsageError
+from inferenceos.cli.server_client import (
+    FIRST_TIMEOUT_S,
+    Patience,
+    ServerBusy,
+    ServerClient,
+    TimeoutOpt,
+    retry_busy,
+    say_busy,
+)
+from inferenceos.errors import InferenceOSError
 from inferenceos.units import format_bytes as fb
 
 MAX_EVENTS = 12
-
-
-def server_url(url: str | None) -> str:
-    """`--url`, else the configured server's address."""
-    if url:
-        if not url.startswith(("http://", "https://")):
-            raise UsageError(f"--url must start with http:// or https://, got {url!r}")
-        return url.rstrip("/")
-    from inferenceos.config import load_config
-
-    cfg = load_config()
-    host = cfg.get("server.host")
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{cfg.get('server.port')}"
-
-
-def fetch(url: str, path: str, api_key: str, timeout: float = 5.0,
-          data: dict[str, Any] | None = None) -> Any:
-    """GET (or POST `data` as JSON) `url + path`; JSON, or text for /metrics.
-    InferenceOSError with one line when the server cannot be reached or refuses."""
-    body = json.dumps(data).encode() if data is not None else None
-    req = urllib.request.Request(url + path, data=body, method="POST" if body else "GET")
-    if body:
-        req.add_header("Content-Type", "application/json")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            return raw.decode() if path == "/metrics" else json.loads(raw)
-    except urllib.error.HTTPError as exc:
-        detail = ""
-        with contextlib.suppress(Exception):
-            err = json.loads(exc.read()).get("error", "")  # Ollama-style: a string
-            detail = err if isinstance(err, str) else str(err.get("message", ""))
-        hint = ": it needs an API key (--api-key)" if exc.code == 401 else (
-            f": {detail}" if detail else "")
-        raise InferenceOSError(f"the server at {url} answered {exc.code}{hint}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise InferenceOSError(
-            f"no InferenceOS server at {url} ({getattr(exc, 'reason', exc)}); "
-            "start one with `inferenceos serve`"
-        ) from None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -114,18 +78,19 @@ class Snapshot:
 class Monitor:
     """Polls a server and keeps the recent events (the view reads it)."""
 
-    def __init__(self, url: str, api_key: str) -> None:
-        self.url, self.key = url, api_key
+    def __init__(self, client: ServerClient) -> None:
+        self.client = client
         self.last_id = 0
         self.events: list[dict[str, Any]] = []
         self.prev: Snapshot | None = None
-        self.error = ""
 
-    def poll(self) -> Snapshot:
-        g = lambda p: fetch(self.url, p, self.key)  # noqa: E731
+    def poll(self, timeout: float | None = None) -> Snapshot:
+        """One reading of every route, each waited for `timeout` s (default: the
+        client's); a ServerError (absent, busy, HTTP) leaves the events as they were."""
+        g = lambda p: self.client.get_json(p, timeout)  # noqa: E731
         from inferenceos.cli.ps_cmd import weight_figures
 
-        text = g("/metrics")
+        text = self.client.get_text("/metrics", timeout)
         snap = Snapshot(g("/api/budget"), g("/api/ps"), parse_metrics(text), time.monotonic())
         snap.weights = weight_figures(text)
         snap.workers = dict(g("/health").get("workers") or {})
@@ -148,8 +113,13 @@ def _bar(used: float, total: float, width: int = 20) -> Text:
     return Text("█" * n, style=color) + Text("░" * (width - n), style="dim")
 
 
-def render(snap: Snapshot, url: str) -> Group:
-    """One frame: header, devices, models, events."""
+def render(snap: Snapshot | None, url: str, status: Text | None = None) -> Group:
+    """One frame: header, the status line (a busy or absent server, under the header so
+    that a short terminal still shows it), devices, models, events. No snapshot yet
+    (a server busy from the start): the header and the status line only."""
+    if snap is None:
+        return Group(Text.assemble(("InferenceOS monitor ", "bold"), (url, "cyan"), "   ",
+                                   ("q quits", "dim")), *([status] if status else []))
     m = snap.metrics
     p = snap.budget.get("pressure") or {}
     tps = f"{snap.tps:.1f} tok/s" if snap.tps is not None else "… tok/s"
@@ -190,7 +160,7 @@ def render(snap: Snapshot, url: str) -> Group:
         evs.add_row(time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0))),
                     Text(e.get("kind", ""), style=style), safe_text(e.get("model", "")),
                     safe_text(_detail(e)))
-    parts: list[Any] = [head, Text(""), dev]
+    parts: list[Any] = [head, *([status] if status else []), Text(""), dev]
     if snap.workers:
         parts.append(Text("workers: " + ", ".join(
             f"{safe_text(a)} {safe_text(s)}" for a, s in snap.workers.items())))
@@ -244,34 +214,83 @@ def monitor(
     interval: Annotated[float, typer.Option(
         "--interval", help="Seconds between refreshes", min=0.2, max=60)] = 1.0,
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
+    timeout: TimeoutOpt = FIRST_TIMEOUT_S,
 ) -> None:
     """Live view of a running server: devices and their memory, loaded models and their
     tiers, KV usage, queue, throughput, migrations and evictions as they happen.
-    `q` quits; works over SSH."""
+    `q` quits; works over SSH. An absent server at the start is an error; a busy one
+    is waited for (the frame says so), and one that goes away later is said in the
+    frame while it is asked again."""
+    client = ServerClient.configured(url, api_key=api_key, timeout=timeout)
+    mon, patience = Monitor(client), Patience(timeout)
+    if once:
+        out.print(render(retry_busy(mon.poll, say_busy, patience), client.base))
+        return
+    try:
+        first: Snapshot | ServerBusy = mon.poll(patience.timeout)
+    except ServerBusy as exc:  # there, but slow: the screen says so while it waits
+        patience.busy()
+        first = exc
+    _live(Poller(mon, interval, patience, at_once=isinstance(first, ServerBusy)), first,
+          client.base)
+
+
+class Poller:
+    """Reads `mon` every `interval` s on a thread of its own, so that `q` is read at
+    once while a busy server keeps a reading waiting. Each outcome goes on `results`:
+    a Snapshot, or the InferenceOSError of a reading that failed. A busy server is
+    asked again at once, with `patience`'s longer waits (each busy try goes on
+    `results` too); any other failure, after `interval`. An exception that is not an
+    InferenceOSError goes there as well and ends the thread. `at_once`: the first
+    reading without waiting `interval` (the one before it was busy)."""
+
+    def __init__(self, mon: Monitor, interval: float, patience: Patience,
+                 at_once: bool = False) -> None:
+        self.mon, self.interval, self.patience = mon, interval, patience
+        self.results: queue.Queue[Snapshot | Exception] = queue.Queue()
+        self.stopped = threading.Event()
+        self.first_wait = 0.0 if at_once else interval
+        self.thread = threading.Thread(target=self._run, name="monitor-poll", daemon=True)
+
+    def _run(self) -> None:
+        wait = self.first_wait
+        while not self.stopped.wait(wait):
+            wait = self.interval
+            try:
+                self.results.put(retry_busy(self.mon.poll, self.results.put, self.patience))
+            except InferenceOSError as exc:  # gone away, or refused: said, asked again
+                self.results.put(exc)
+            except Exception as exc:  # a bug: the main thread raises it
+                self.results.put(exc)
+                return
+
+
+def _live(poller: Poller, first: Snapshot | ServerBusy, base: str) -> None:
+    """The screen, redrawn with each result of `poller` until `q`; the last snapshot
+    stays on it, under the status line of a reading that failed."""
     from rich.live import Live
 
-    from inferenceos.config import load_config
-
-    base = server_url(url)
-    key = api_key if api_key is not None else load_config().get("server.api_key")
-    mon = Monitor(base, key)
-    snap = mon.poll()  # a dead server or a bad key: one line, exit 1, before any screen
-    if once:
-        out.print(render(snap, base))
-        return
-    with _keys() as keys, Live(render(snap, base), console=out, screen=True,
+    snap, status = (first, None) if isinstance(first, Snapshot) else (None, _status(first))
+    with _keys() as keys, Live(render(snap, base, status), console=out, screen=True,
                                auto_refresh=False) as live:
-        next_at = time.monotonic() + interval
-        while True:
-            pressed = keys()
-            if "q" in pressed.lower():
-                return
-            if time.monotonic() >= next_at:
-                next_at = time.monotonic() + interval
+        poller.thread.start()
+        try:
+            while "q" not in keys().lower():
                 try:
-                    snap = mon.poll()
-                    live.update(render(snap, base), refresh=True)
-                except InferenceOSError as exc:  # the server went away: say so, keep trying
-                    live.update(Group(render(snap, base), Text(str(exc), style="bold red")),
-                                refresh=True)
-            time.sleep(0.05)
+                    got = poller.results.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if not isinstance(got, (Snapshot, InferenceOSError)):
+                    raise got
+                snap, status = (got, None) if isinstance(got, Snapshot) else (
+                    snap, _status(got))
+                live.update(render(snap, base, status), refresh=True)
+        finally:
+            poller.stopped.set()
+
+
+def _status(exc: Exception) -> Text:
+    """The status line for a reading that failed: busy (yellow), else the error (red)."""
+    if isinstance(exc, ServerBusy):
+        return Text(f"{exc}, retrying", style="bold yellow")
+    return Text(str(exc), style="bold red")

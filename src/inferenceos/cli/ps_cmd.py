@@ -4,10 +4,8 @@ line of its own under the table, so the common case's table does not grow)."""
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -15,46 +13,40 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from inferenceos.cli.console import clean_text, out, print_json
-from inferenceos.errors import InferenceOSError
+from inferenceos.cli.server_client import (
+    FIRST_TIMEOUT_S,
+    Patience,
+    ServerBusy,
+    ServerClient,
+    ServerError,
+    TimeoutOpt,
+    retry_busy,
+    say_busy,
+)
 from inferenceos.units import format_bytes as fmt_bytes
 
 
-def fetch_ps(host: str, port: int, api_key: str, timeout: float = 5.0) -> dict[str, Any]:
-    """GET /api/ps from the server; InferenceOSError when it cannot be reached."""
-    shown = f"[{host}]" if ":" in host else host
-    if host in ("0.0.0.0", "::"):
-        shown = "127.0.0.1"
-    req = urllib.request.Request(f"http://{shown}:{port}/api/ps")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
+def loaded_models(client: ServerClient, notify: Callable[[ServerBusy], None] = say_busy
+                  ) -> dict[str, Any]:
+    """The server's /api/ps, each model that streams weights from disk with its figures
+    from /metrics under `weights`. A busy server is asked again, with longer waits,
+    until it answers (`retry_busy`; each wait told to `notify`); an absent one or an
+    HTTP error is a ServerError. The figures are left out when /metrics cannot be read
+    (a plain Ollama has none)."""
+    patience = Patience(client.timeout)
+    data: dict[str, Any] = retry_busy(lambda t: client.get_json("/api/ps", t), notify,
+                                      patience)
+    if not data.get("models"):
+        return data
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            data: dict[str, Any] = json.loads(resp.read())
-            return data
-    except urllib.error.HTTPError as exc:
-        hint = ""
-        if exc.code == 401:  # the server wants a key: say how to give it
-            hint = (": wrong API key" if api_key else ": it needs an API key") + (
-                "; pass --api-key KEY or set it with `inferenceos config server.api_key KEY`")
-        raise InferenceOSError(f"the server at {shown}:{port} answered {exc.code}{hint}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise InferenceOSError(
-            f"no InferenceOS server at {shown}:{port} ({getattr(exc, 'reason', exc)}); "
-            "start one with `inferenceos serve`"
-        ) from None
-
-
-def fetch_metrics(host: str, port: int, api_key: str, timeout: float = 5.0) -> str:
-    """/metrics as text, or "" when it cannot be read (the table does without it)."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
-    req = urllib.request.Request(f"http://{shown}:{port}/metrics")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return str(resp.read().decode())
-    except (urllib.error.URLError, OSError, ValueError):
-        return ""
+        text = retry_busy(lambda t: client.get_text("/metrics", t), notify, patience)
+    except ServerError:
+        text = ""
+    weights = weight_figures(text)
+    for m in data.get("models", []):
+        if str(m.get("name")) in weights:
+            m["weights"] = weights[str(m.get("name"))]
+    return data
 
 
 # /metrics families (server/weight_metrics.py) -> the key `ps --json` gives them
@@ -110,19 +102,13 @@ def ps(
     api_key: Annotated[str | None, typer.Option(
         "--api-key", help="The server's API key (default: config server.api_key)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    timeout: TimeoutOpt = FIRST_TIMEOUT_S,
 ) -> None:
     """Models loaded by the running server: state (hot / warm), memory per device,
-    context × slots, pinned, expiry and the reason for the last change."""
-    from inferenceos.config import load_config
-
-    cfg = load_config()
-    where = (host or cfg.get("server.host"), port or cfg.get("server.port"),
-             api_key or cfg.get("server.api_key"))
-    data = fetch_ps(*where)
-    weights = weight_figures(fetch_metrics(*where)) if data.get("models") else {}
-    for m in data.get("models", []):
-        if str(m.get("name")) in weights:
-            m["weights"] = weights[str(m.get("name"))]
+    context × slots, pinned, expiry and the reason for the last change. A busy server
+    is asked again until it answers (said on stderr); an absent one is an error."""
+    data = loaded_models(ServerClient.configured(host=host, port=port, api_key=api_key,
+                                                 timeout=timeout))
     if as_json:
         print_json(data)
         return
