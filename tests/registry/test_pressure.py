@@ -230,27 +230,34 @@ def test_an_oscillating_signal_migrates_at_most_once_per_dwell(tiny_llama: Path)
     assert all(g >= dwell for g in gaps), times
 
 
-def test_a_lowered_cap_is_pressure(wide: Path) -> None:
-    """A cap below what the model holds migrates it down to fit; lifting it, back up."""
+def test_a_lowered_cap_is_an_order_obeyed_at_once(wide: Path) -> None:
+    """A cap below what the model holds migrates it down at the next tick, without the
+    dwell (an order, not a noisy signal), and only once; lifting it moves the model
+    back up at the next tick. Measured pressure still waits the dwell afterwards."""
     mgr = _manager(wide, factory=CountingEngine)
     sensor = PressureSensor([])
-    reactor = PressureReactor(mgr, sensor, dwell_s=1.0)
+    reactor = PressureReactor(mgr, sensor, dwell_s=1000.0)
+    first = events.EVENTS.last_id
     try:
         lease = mgr.acquire("tiny")
         cpu = lease.loaded.charge["CPU"]
         mgr.budget.set_cap("CPU", int(cpu * 0.8))
-        assert reactor.tick(0) == [] and reactor.tick(0.5) == []
-        down = reactor.tick(1.0)
+        down = reactor.tick(0)
         assert [d["action"] for d in down] == ["down"]
+        assert down[0]["cause"].startswith("pressure on CPU (a cap of ")
         assert lease.loaded.charge["CPU"] <= cpu * 0.8
+        assert reactor.tick(0.5) == []  # acted on once
         mgr.budget.set_cap("CPU", None)
-        reactor.tick(2.0)
-        up = reactor.tick(3.0)
+        up = reactor.tick(1.0)
         assert [d["action"] for d in up] == ["up"]
         assert lease.loaded.charge["CPU"] == cpu
+        sensor.inject("CPU", 0, 8 * GiB)  # the device measured full: that waits the dwell
+        assert reactor.tick(2.0) == [] and reactor.tick(500.0) == []
         lease.release()
     finally:
         mgr.close()
+    kinds = [e["kind"] for e in events.EVENTS.since(first) if e["kind"].startswith("migr")]
+    assert kinds == ["migrating", "migration"] * 2  # each shown as it starts, then done
 
 
 def test_no_smaller_placement_is_an_event_not_an_error(tiny_llama: Path) -> None:

@@ -51,12 +51,13 @@ class MemoryBudget:
 
     def set_cap(self, device: str, cap: int | None) -> None:
         """Cap what our models may hold on `device` (None lifts the cap)."""
+        # a new dict each time: readers on other threads never see a half edit
         if cap is None:
-            self.caps.pop(device, None)
+            self.caps = {d: b for d, b in self.caps.items() if d != device}
         elif cap < 0:
             raise ValueError(f"a memory cap must not be negative, got {cap}")
         else:
-            self.caps = {**self.caps, device: int(cap)}  # a new dict: readers never see a half edit
+            self.caps = {**self.caps, device: int(cap)}
 
     def cap_machine(self, machine: Machine) -> Machine:
         """`machine` with every device held to its cap (devices without one unchanged)."""
@@ -67,10 +68,17 @@ class MemoryBudget:
             replace(d, memory_bytes=min(d.memory_bytes, caps[d.name])) if d.name in caps else d
             for d in machine.devices))
 
-    def machine(self, ours: Mapping[str, int]) -> Machine:
+    def now(self) -> Machine:
+        """The machine's devices with their memory free now (a read of the cached
+        hardware profile and /proc): what `machine` and `capacity` start from. A caller
+        holding a lock that others wait on reads it first, outside that lock."""
+        return self._machine()
+
+    def machine(self, ours: Mapping[str, int], now: Machine | None = None) -> Machine:
         """The machine as a new model may see it: each device's free memory plus what
-        our loaded models hold there (they can give it back), within the total cap."""
-        m = self._machine()
+        our loaded models hold there (they can give it back), within the total cap.
+        `now`: a reading of `now()` to start from (None: read it here)."""
+        m = self._machine() if now is None else now
         devices = tuple(
             replace(d, memory_bytes=d.memory_bytes + ours.get(d.name, 0)) for d in m.devices
         )
@@ -80,8 +88,8 @@ class MemoryBudget:
             )
         return self.cap_machine(replace(m, devices=devices))
 
-    def capacity(self, ours: Mapping[str, int]) -> dict[str, int]:
+    def capacity(self, ours: Mapping[str, int], now: Machine | None = None) -> dict[str, int]:
         """Bytes per device our models may hold in all (a capped device that is not
-        part of this machine, an RPC worker's, is held to its cap)."""
-        cap = {d.name: d.memory_bytes for d in self.machine(ours).devices}
+        part of this machine, an RPC worker's, is held to its cap); `now` as `machine`."""
+        cap = {d.name: d.memory_bytes for d in self.machine(ours, now).devices}
         return {**{d: b for d, b in self.caps.items() if d not in cap}, **cap}

@@ -77,10 +77,15 @@ def event_text(event: Mapping[str, Any]) -> str:
     "load 0.97 s, plan ...", "device CPU, cap 3.0 GiB". A `<name>_s` field is seconds
     (`<name> 0.97 s`), a `<name>_bytes` one a size (None: none), `signal` a share (93 %);
     other floats keep 3 significant digits, dicts and lists are JSON. A migration reads
-    "<cause>: pause 0.12 s, 2 streams moved"."""
+    "<cause>: pause 0.12 s, 2 streams moved" once done, and "<cause>: <plan before> →
+    <plan after>" as it starts (kind "migrating")."""
     if event.get("kind") == "migration":
         return (f"{event.get('cause', '')}: pause {_number(event.get('pause_s') or 0.0)}"
                 f" s, {event.get('moved', 0)} streams moved")
+    if event.get("kind") == "migrating":
+        how = "make before break" if event.get("make_before_break") else "pause, reload"
+        return (f"{event.get('cause', '')}: {event.get('plan_before', '')} → "
+                f"{event.get('plan_after', '')} ({how})")
     return ", ".join(_field(k, v) for k, v in event.items() if k not in _NOT_DETAIL)
 
 

@@ -21,6 +21,9 @@ Contract of `ModelManager`:
   conversations over (`Engine.resize`); any other change reloads an idle model.
 - Loads are serialised (one at a time); requests to hot models never wait for a load,
   and requests to different hot models run in parallel, each on its own worker.
+- `_lock` guards bookkeeping only: it is never held across a load, a migration, a
+  worker call or a file read, so `loaded()`, `ps()` and `is_moving()` answer at once
+  (the server's operations routes read them on its event loop, server/ops.py).
 """
 
 from __future__ import annotations
@@ -340,12 +343,13 @@ class ModelManager:
     def _make_room(self, name: str, need: dict[str, int]) -> None:
         """Demote idle models (tiers' order) until `need` more bytes fit, or raise."""
         while True:
+            now = self.budget.now()  # file and /proc reads: never under `_lock`
             with self._lock:
                 models = [m for m in self._models.values() if m.model.name not in self._moving
                           or m.model.name == name]
                 ours = used_by(self._models.values())
                 short = shortfall(
-                    ours, need, self.budget.capacity(ours), self.budget.total_cap,
+                    ours, need, self.budget.capacity(ours, now), self.budget.total_cap,
                     len(self._models) if name not in self._models else 0, self.max_loaded,
                 )
                 if not short:
@@ -408,18 +412,24 @@ class ModelManager:
         counts it in `migrations_by[(reason, direction)]` and its sequence-state bytes in
         `migration_bytes[direction]` (direction None: `migration_direction`).
         UsageError when the model is not loaded or its engine cannot migrate."""
+        resolved = self._resolve(name).name
         with self._load_lock:
+            now = self.budget.now()  # file and /proc reads: never under `_lock`
             with self._lock:
-                lm = self._models.get(self._resolve(name).name)
+                lm = self._models.get(resolved)
                 if lm is None or lm.tier != HOT or not hasattr(lm.engine, "migrate"):
                     raise UsageError(f"'{name}' is not a hot model that can migrate")
                 self._moving.add(lm.model.name)
                 if make_before_break is None:
                     ours = used_by(self._models.values())
                     make_before_break = not shortfall(ours, plan.charge(),
-                                                      self.budget.capacity(ours))
+                                                      self.budget.capacity(ours, now))
             before = lm.plan
             try:
+                # seen at once (monitor, /api/events): the "migration" event comes at the end
+                events.add("migrating", lm.model.name, cause=cause,
+                           plan_before=before.summary(), plan_after=plan.summary(),
+                           make_before_break=make_before_break)
                 params = plan.params().per_sequence()
                 migrate = lm.engine.migrate
                 try:
@@ -492,6 +502,11 @@ class ModelManager:
         lm.engine.close()
 
     # -- views -------------------------------------------------------------------------
+
+    def is_moving(self, name: str) -> bool:
+        """Whether `name` (a loaded model's resolved name) is being migrated, demoted,
+        promoted or resized now: its worker is busy with that, not with requests."""
+        return name in self._moving
 
     def loaded(self) -> list[ResidentModel]:
         """A snapshot of the loaded (hot and warm) models."""

@@ -10,6 +10,13 @@ i.e. how full the device is, and how far our models are over its cap (ours == ca
 reads as the high watermark). Each device has a `Hysteresis` (high / low watermarks,
 dwell), so a noisy or oscillating signal causes at most one migration per dwell.
 
+A cap is an order, not a noisy signal: the tick after a cap is set, changed or lifted
+(`order()` wakes the reactor for it at once) acts on it without the dwell: down when
+our models hold more than the cap allows on the device, up when the device is pressured
+and the signal with its models back would be at or below the low watermark. Each cap is
+acted on once; measured pressure keeps the hysteresis, and after an ordered step the
+next measured transition still waits a dwell.
+
 Down: the model holding most on the pressured device is re-planned by the manager's
 planner (the one entry point) on a machine whose device d offers only what leaves the
 device between the watermarks; everything else the planner may change (fewer layers on
@@ -40,6 +47,7 @@ from inferenceos.registry import events
 from inferenceos.registry.leases import HOT, ResidentModel
 from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.tiers import used_by
+from inferenceos.units import format_bytes
 
 DEFAULT_HIGH, DEFAULT_LOW, DEFAULT_DWELL_S = 0.95, 0.85, 10.0
 
@@ -68,7 +76,9 @@ class PressureReactor:
     degraded: dict[str, Degraded] = field(default_factory=dict)
     migrations: int = 0
     last: dict[str, float] = field(default_factory=dict)  # device → last signal
+    _obeyed: dict[str, int | None] = field(default_factory=dict)  # device → cap acted on
     _stop: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     # -- the signal ------------------------------------------------------------------------
@@ -88,9 +98,7 @@ class PressureReactor:
                 delta = swap[2].get(d, 0) - swap[1].get(d, 0)
                 held, free = held + delta, free - delta
             fill = 1 - free / mem.total_bytes if mem and mem.total_bytes else 0.0
-            over = self.high * held / caps[d] if d in caps and caps[d] > 0 else (
-                float("inf") if d in caps and held > 0 else 0.0)
-            out[d] = max(fill, over)
+            out[d] = max(fill, _cap_term(self.high, held, caps.get(d)))
         return out
 
     # -- one tick ----------------------------------------------------------------------------
@@ -115,12 +123,39 @@ class PressureReactor:
             mark = self.marks.setdefault(dev, Hysteresis(self.high, self.low, self.dwell_s))
             if mark.pressured:
                 value = self._up_signal(dev, sample, ours, models, value)
-            step = mark.update(value, now)
+            ordered = self._ordered(dev, mark, ours, value, now)
+            step = ordered or mark.update(value, now)
             if step == DOWN:
-                done.append(self._down(dev, sample, ours, models, value, now))
+                cause = self._cause(dev, ours, value) if ordered else None
+                done.append(self._down(dev, sample, ours, models, value, now, cause))
             elif step == UP:
-                done.append(self._up(dev, value, now))
+                done.append(self._up(dev, value, now, ordered is not None))
         return done
+
+    def _ordered(self, dev: str, mark: Hysteresis, ours: dict[str, int], value: float,
+                 now: float) -> str | None:
+        """The step a cap set, changed or lifted since the last tick orders on `dev`, at
+        once (module doc): DOWN when our models hold at least the cap, UP when `dev` is
+        pressured and `value` (the signal with its degraded models back) is at or below
+        the low watermark; None when the cap is the one already acted on, or orders
+        neither (the hysteresis then decides, as for measured pressure)."""
+        cap = self.manager.budget.caps.get(dev)
+        if self._obeyed.get(dev) == cap:
+            return None
+        self._obeyed[dev] = cap
+        if _cap_term(self.high, ours.get(dev, 0), cap) >= self.high:
+            mark.force(True, now)
+            return DOWN
+        if mark.pressured and value <= self.low:
+            mark.force(False, now)
+            return UP
+        return None
+
+    def _cause(self, dev: str, ours: dict[str, int], value: float) -> str:
+        """Why an ordered step down: the cap, and what our models hold over it."""
+        cap = self.manager.budget.caps.get(dev, 0)
+        return (f"pressure on {dev} (a cap of {format_bytes(cap)}; our models hold "
+                f"{format_bytes(ours.get(dev, 0))})")
 
     def _up_signal(self, dev: str, sample: Sample, ours: dict[str, int],
                    models: list[ResidentModel], value: float) -> float:
@@ -133,14 +168,17 @@ class PressureReactor:
         return value
 
     def _down(self, dev: str, sample: Sample, ours: dict[str, int],
-              models: list[ResidentModel], value: float, now: float) -> dict[str, Any]:
+              models: list[ResidentModel], value: float, now: float,
+              cause: str | None = None) -> dict[str, Any]:
+        """Migrate the model holding most on `dev` to its next placement down (the
+        first that helps); `cause`: what the events say (None: the measured signal)."""
         victims = sorted((m for m in models if m.charge.get(dev, 0) > 0),
                          key=lambda m: -m.charge.get(dev, 0))
+        cause = cause or f"pressure on {dev} ({value:.0%} ≥ {self.high:.0%})"
         for lm in victims:
             plan = self._plan_down(lm, dev, sample, ours)
             if plan is None:
                 continue
-            cause = f"pressure on {dev} ({value:.0%} ≥ {self.high:.0%})"
             before = lm.plan
             try:
                 info = self.manager.migrate(lm.model.name, plan, cause,
@@ -158,11 +196,15 @@ class PressureReactor:
                    action="no smaller placement helps")
         return {"device": dev, "action": "none"}
 
-    def _up(self, dev: str, value: float, now: float) -> dict[str, Any]:
+    def _up(self, dev: str, value: float, now: float, ordered: bool = False) -> dict[str, Any]:
+        """Migrate a model degraded for `dev` back to its preferred plan; `ordered`: a
+        cap raised or lifted made room (no dwell was waited)."""
         for name, d in list(self.degraded.items()):
             if d.device != dev:
                 continue
-            cause = f"pressure on {dev} gone for {self.dwell_s:g} s ({value:.0%} ≤ {self.low:.0%})"
+            below = f"{value:.0%} ≤ {self.low:.0%}"
+            cause = (f"the cap on {dev} raised ({below})" if ordered
+                     else f"pressure on {dev} gone for {self.dwell_s:g} s ({below})")
             sample = self.sensor.last
             both = sample is not None and self._room_for_both(
                 d.preferred, sample, used_by(self.manager.loaded()))
@@ -266,33 +308,56 @@ class PressureReactor:
     # -- lifetime ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Tick every `interval_s` on a daemon thread until `stop()`."""
+        """Tick on a daemon thread until `stop()`: at once (so the operations routes
+        have a sample to read from the start), then every `interval_s`, and as soon as
+        `order()` is called."""
         def loop() -> None:
-            while not self._stop.wait(self.interval_s):
+            while not self._stop.is_set():
                 if self.manager._closed:  # the server is shutting down
                     return
+                self._wake.clear()  # before the tick: an order during it ticks again
                 try:
                     self.tick()
                 except Exception as exc:  # a sensor or plan bug must not stop watching
                     events.add("pressure", "", action="tick failed", error=repr(exc))
+                self._wake.wait(self.interval_s)
 
         self._thread = threading.Thread(target=loop, name="pressure-reactor", daemon=True)
         self._thread.start()
 
+    def order(self) -> None:
+        """A cap was set, changed or lifted: tick now rather than at the next interval
+        (a tick in progress is followed by another at once)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
     def state(self) -> dict[str, Any]:
-        """For /api/budget and the monitor: signals, watermarks, who is degraded."""
+        """For /api/budget and the monitor: signals, watermarks, who is degraded. Read
+        from another thread while the reactor ticks: each dict is copied first (one
+        C-level step under the GIL), never iterated while the tick may change it."""
+        marks, degraded = dict(self.marks), dict(self.degraded)
         return {
             "high": self.high, "low": self.low, "dwell_s": self.dwell_s,
             "signals": dict(self.last),
-            "pressured": [d for d, m in self.marks.items() if m.pressured],
-            "degraded": {n: d.device for n, d in self.degraded.items()},
+            "pressured": [d for d, m in marks.items() if m.pressured],
+            "degraded": {n: d.device for n, d in degraded.items()},
             "migrations": self.migrations,
         }
+
+
+def _cap_term(high: float, held: int, cap: int | None) -> float:
+    """The cap's term of a device's signal: `high` × held / cap (ours == cap reads as
+    the high watermark); a cap of 0 with anything held is infinitely over; no cap, 0."""
+    if cap is None:
+        return 0.0
+    if cap > 0:
+        return high * held / cap
+    return float("inf") if held > 0 else 0.0
 
 
 def _live_need(lm: ResidentModel) -> int:
