@@ -123,21 +123,16 @@ def wait_ready(ep: Endpoint, timeout: float = 30.0) -> WorkerInfo:
             time.sleep(0.1)
 
 
-def worker_states(rpc: Iterable[str], timeout: float = 0.5) -> dict[str, str]:
-    """address → "up" (free), "in use" (a client, e.g. a loaded model, holds it) or
-    "lost: <why>"; for /health. Never measures the link."""
-    out = {}
-    endpoints = parse_endpoints(list(rpc))
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints)))) as pool:
-        probes = list(pool.map(lambda ep: probe_worker(ep, timeout, measure=False), endpoints))
-    for p in probes:
-        if p.usable:
-            out[p.endpoint.address] = "up"
-        elif p.info is not None and p.info.busy:
-            out[p.endpoint.address] = "in use"
-        else:
-            out[p.endpoint.address] = f"lost: {p.error}"
-    return out
+def worker_state(ep: Endpoint, timeout: float = 0.5) -> str:
+    """"up" (free), "in use" (a client, e.g. a loaded model, holds it) or "lost: <why>"
+    for the worker at `ep` (/health asks each on a thread of its own). Never measures
+    the link."""
+    p = probe_worker(ep, timeout, measure=False)
+    if p.usable:
+        return "up"
+    if p.info is not None and p.info.busy:
+        return "in use"
+    return f"lost: {p.error}"
 
 
 def rpc_source(rpc: Iterable[str], timeout: float = 0.5) -> Source:

@@ -6,9 +6,14 @@
     GET  /api/events?since=ID&kind=KIND → {"events": [...], "last_id": ID}
 
 Device names are llama.cpp's (CPU, CUDA0, RPC[127.0.0.1:50052]). A cap is the most the
-server's models may hold on that device; `null` lifts it. A lowered cap is pressure:
-the reactor (registry.pressure) migrates models down to fit within its dwell time.
-Every route is key-protected like the rest of the API (the app's middleware).
+server's models may hold on that device; `null` lifts it. A cap is an order: the POST
+wakes the reactor (registry.pressure), which migrates models over it down at once (no
+dwell: that is for measured pressure) and back up when it is raised or lifted; the
+"migrating" and "migration" events show it as it happens. Every route is key-protected
+like the rest of the API (the app's middleware).
+
+The body is built from snapshots (server/ops.py): the reactor's last sample, never a
+fresh one (its sources probe RPC workers and NVML), on the operations' own executor.
 
 `attach(app, manager)` builds the reactor on this machine's sensor (RAM and cgroup,
 NVML, the server's RPC workers) from the `pressure.*` config keys and starts it; it
@@ -17,7 +22,6 @@ stops when the manager closes.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
@@ -30,6 +34,7 @@ from inferenceos.registry.pressure import PressureReactor
 from inferenceos.registry.tiers import used_by
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.ollama_schema import ERRORS
+from inferenceos.server.ops import ops_call
 from inferenceos.server.state import state_of
 
 router = APIRouter(tags=["memory"], responses=ERRORS, route_class=route_class(Dialect.OLLAMA))
@@ -68,10 +73,10 @@ def _reactor(request: Request) -> PressureReactor | None:
 
 
 def budget_body(manager: ModelManager, reactor: PressureReactor | None) -> dict[str, Any]:
-    """Every device the server knows of: sampled, capped, or holding our models."""
+    """Every device the server knows of: sampled, capped, or holding our models. The
+    sample is the reactor's last (it samples at start, then every second); before it
+    has one a device's free memory is the machine profile's figure (None for a worker)."""
     sample = reactor.sensor.last if reactor is not None else None
-    if sample is None and reactor is not None:
-        sample = reactor.sensor.sample()
     ours = used_by(manager.loaded())
     caps = manager.budget.caps
     machine = manager.budget.machine({})
@@ -94,23 +99,26 @@ def budget_body(manager: ModelManager, reactor: PressureReactor | None) -> dict[
 @router.get("/api/budget")
 async def get_budget(request: Request) -> Any:
     """Memory per device: cap, free, used by our models (and the pressure signal)."""
-    state = state_of(request)
-    return await asyncio.to_thread(budget_body, state.manager, _reactor(request))
+    manager, reactor = state_of(request).manager, _reactor(request)
+    return await ops_call(lambda: budget_body(manager, reactor))
 
 
 @router.post("/api/budget")
 async def set_budget(body: BudgetChange, request: Request) -> Any:
-    """Cap what our models may hold on `device` (`bytes`: null lifts the cap)."""
-    state = state_of(request)
+    """Cap what our models may hold on `device` (`bytes`: null lifts the cap); the
+    reactor acts on it at once."""
+    manager, reactor = state_of(request).manager, _reactor(request)
     name = body.device.strip()
-    known = await asyncio.to_thread(budget_body, state.manager, _reactor(request))
+    known = await ops_call(lambda: budget_body(manager, reactor))
     names = [d["name"] for d in known["devices"]]
     if name not in names and not _is_rpc_name(name):
         raise APIError(400, f"unknown device {name!r} (devices: {', '.join(names)})",
                        "invalid_device")
-    state.manager.budget.set_cap(name, body.bytes)
+    manager.budget.set_cap(name, body.bytes)
     events.add("budget", "", device=name, cap_bytes=body.bytes)
-    return await asyncio.to_thread(budget_body, state.manager, _reactor(request))
+    if reactor is not None:
+        reactor.order()
+    return await ops_call(lambda: budget_body(manager, reactor))
 
 
 @router.get("/api/events")

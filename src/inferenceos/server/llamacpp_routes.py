@@ -54,6 +54,7 @@ from inferenceos.server.llamacpp_vocab import Vocab, vocab_for
 from inferenceos.server.media_parts import decode_in_thread, media_set
 from inferenceos.server.openai_convert import chat_message
 from inferenceos.server.openai_schema import ERROR_RESPONSES, ChatMessageIn
+from inferenceos.server.ops import ops_call
 from inferenceos.server.reply import Final, reply_events
 from inferenceos.server.sse import LLAMACPP_SSE, stream_response
 from inferenceos.server.state import ServerState, state_of
@@ -405,7 +406,7 @@ async def models(request: Request) -> Any:
     name the same model, and both are its `aliases`; `tags`, llama-server's `--tags`
     labels, are none)."""
     state = state_of(request)
-    listed = await call_in_thread(state.catalog.names)
+    listed = await ops_call(state.catalog.names)
     short = [(m, m.name.removesuffix(":latest")) for m in listed]
     return {
         "object": "list",

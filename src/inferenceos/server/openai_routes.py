@@ -59,6 +59,7 @@ from inferenceos.server.openai_schema import (
     ModelCard,
     ModelList,
 )
+from inferenceos.server.ops import ops_call
 from inferenceos.server.reply import Final, read_reply, reply_events
 from inferenceos.server.sse import sse_response
 from inferenceos.server.state import ServerState, state_of
@@ -371,4 +372,5 @@ async def get_model(model: str, request: Request) -> Any:
 
 
 async def _catalog_names(state: ServerState) -> list[Any]:
-    return await call_in_thread(state.catalog.names)
+    """The catalog's listing (a registry read), on the operations' executor."""
+    return await ops_call(state.catalog.names)
