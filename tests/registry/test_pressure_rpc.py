@@ -59,7 +59,8 @@ def test_capping_a_workers_memory_moves_layers_home_mid_stream(deep: Path,
                        rpc=(worker,), rope_scaling=True)
     mgr = ModelManager(resolve, budget=budget, base=base, context_hint=None)
     sensor = PressureSensor([rpc_source([worker])])
-    reactor = PressureReactor(mgr, sensor, dwell_s=0.0)
+    # an hour's dwell: the caps below are orders, obeyed at the next tick all the same
+    reactor = PressureReactor(mgr, sensor, dwell_s=3600.0)
     device = f"RPC[{worker}]"
     first = events.EVENTS.last_id
     got: list[int] = []

@@ -96,7 +96,7 @@ def test_a_live_migration_moves_the_migration_counters(
 ) -> None:
     """As tests/server/test_server_budget.py's migration: a stream runs, the CPU cap drops
     below what the model holds, the reactor migrates it down mid-stream."""
-    monkeypatch.setenv("INFERENCEOS_PRESSURE_DWELL_S", "0.3")
+    monkeypatch.setenv("INFERENCEOS_PRESSURE_DWELL_S", "3600")  # a cap does not wait it
     base = LoadRequest(n_ctx=4096, n_batch=64, threads=1, type_k="f16", type_v="f16")
     body = {"model": "wide", "prompt": "ab cab", "n_predict": 3000, "temperature": 0,
             "ignore_eos": True, "stream": True}
