@@ -22,6 +22,11 @@ So, once `install()`ed (by `run`, `chat` and `inferenceos.load`, on the main thr
   steps (the progress callback), so a prefill or a load stops within milliseconds and
   returns "aborted", which the caller turns into KeyboardInterrupt.
 
+And wherever else Python would drop a KeyboardInterrupt (a weakref callback of
+importlib's module locks while the CLI imports, a `__del__`, a ctypes callback not
+marked): `guard_unraisable()` turns the dropped one into the flag and delivers it to the
+main thread again, so the next bytecode there raises it (tests/cli/test_interrupt.py).
+
 The flag means "the user asked to stop what runs now": `reset()` clears it when a new
 action starts (a chat reply, an API call), so a stale flag never stops the next one.
 This module is a leaf: ctypes and the standard library only.
@@ -29,12 +34,14 @@ This module is a leaf: ctypes and the standard library only.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, NoReturn, TypeVar
@@ -130,6 +137,52 @@ def _watch(fd: int) -> None:
             request()
 
 
+def _redeliver(unraisable: Any) -> None:
+    """sys.unraisablehook: a KeyboardInterrupt that Python could only print as
+    "Exception ignored" (raised where no caller can catch it) is raised again in the main
+    thread once this hook has returned (`_deliver`); anything else goes to the hook that
+    was there before."""
+    global _hook_depth
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        _previous_hook(unraisable)
+        return
+    _hook_depth += 1
+    request()  # llama.cpp's checks see it whatever the main thread does next
+    _dropped.set()
+    _hook_depth -= 1
+
+
+def _deliver() -> None:
+    """Raise each dropped KeyboardInterrupt again in the main thread. Not from the hook
+    itself: a signal raised there would be handled at the hook's next bytecode, inside
+    the hook, and dropped again; from here it lands in the code the hook returns to (and
+    if that is another place that drops it, the hook sends it here once more)."""
+    while True:
+        _dropped.wait()
+        _dropped.clear()
+        while _hook_depth:
+            time.sleep(0.001)
+        _thread.interrupt_main(signal.SIGINT)
+
+
+_previous_hook: Callable[[Any], object] = sys.unraisablehook
+_dropped = threading.Event()
+_hook_depth = 0
+
+
+def guard_unraisable() -> None:
+    """Make a Ctrl-C that lands where Python drops exceptions count anyway (see the
+    module's docstring). Idempotent; only the process's entry point should call it, since
+    it replaces `sys.unraisablehook` for the whole process."""
+    global _previous_hook
+    with _install_lock:
+        if sys.unraisablehook is _redeliver:
+            return
+        _previous_hook = sys.unraisablehook
+        sys.unraisablehook = _redeliver
+        threading.Thread(target=_deliver, name="sigint-redeliver", daemon=True).start()
+
+
 def install() -> bool:
     """Take over SIGINT as described above; True when it is (or already was) ours.
 
@@ -159,6 +212,19 @@ def install() -> bool:
                                  daemon=True).start()
         _installed = True
         return True
+
+
+def exit_now(code: int = 0) -> NoReturn:
+    """End the process with `code` once its work is done and saved: the atexit handlers
+    run (the telemetry recorder's last flush), output is flushed, and the interpreter's
+    own teardown (freeing every module, llama.cpp's libraries) is skipped. That teardown
+    took 0.2 s of a quiet `serve`'s exit after Ctrl-C, and past a second beside other
+    work (benchmarks/interrupt.py)."""
+    import atexit
+
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    exit_interrupted(code)
 
 
 def exit_interrupted(code: int = 130) -> NoReturn:

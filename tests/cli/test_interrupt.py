@@ -162,3 +162,49 @@ def test_a_ctrl_c_wrapped_by_a_class_definition_is_still_an_interrupt() -> None:
         raise RuntimeError("plain") from ValueError("cause")
     except RuntimeError as exc:
         assert not interrupted_inside(exc)
+
+
+# a Ctrl-C that lands while Python runs a weakref callback, as importlib's module-lock
+# callback (`_get_module_lock.<locals>.cb`) runs one while the CLI imports: Python can only
+# print such an exception ("Exception ignored in: ... KeyboardInterrupt") and goes on
+_IN_WEAKREF_CALLBACK = """
+import signal, sys, time, weakref
+from inferenceos import interrupt
+
+if sys.argv[1] == "guarded":
+    interrupt.guard_unraisable()
+
+class Thing:
+    pass
+
+def cb(ref):
+    signal.raise_signal(signal.SIGINT)  # the KeyboardInterrupt is raised in here
+
+thing = Thing()
+ref = weakref.ref(thing, cb)
+try:
+    del thing  # runs cb
+    end = time.monotonic() + 1.5  # the work that goes on: where a redelivered Ctrl-C lands
+    while time.monotonic() < end:
+        pass
+except KeyboardInterrupt:
+    print("stopped")
+    sys.exit(130)
+print("went on")
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_ctrl_c_python_would_drop_is_raised_again(guarded: bool) -> None:
+    """Unguarded, Python prints the KeyboardInterrupt as "Exception ignored" and goes on
+    (the stress test's moment at 0.19 s); guarded (the CLI's entry point), the next
+    bytecode of the main thread raises it and nothing is printed."""
+    r = subprocess.run([sys.executable, "-c", _IN_WEAKREF_CALLBACK,
+                        "guarded" if guarded else "plain"],
+                       capture_output=True, text=True, timeout=60, env=cli_env())
+    if guarded:
+        assert (r.returncode, r.stdout.strip()) == (130, "stopped"), r.stderr
+        assert "Exception ignored" not in r.stderr
+    else:
+        assert r.stdout.strip() == "went on"
+        assert "Exception ignored" in r.stderr and "KeyboardInterrupt" in r.stderr

@@ -25,7 +25,6 @@ from inferenceos.cli.chat_session import (
     ChatSession,
     LocalBackend,
     ServerBackend,
-    probe_server,
 )
 from inferenceos.cli.console import err
 from inferenceos.cli.limits import check_threads
@@ -109,22 +108,18 @@ def open_backend(model: str, url: str | None, api_key: str, local: bool,
     the model in this process. An explicit `url` that does not answer is an error.
     `load_options` go to `inferenceos.load`; a server loads its models itself, so an
     `mmproj` there is refused (a request cannot name a projector)."""
-    from inferenceos.config import load_config
+    from inferenceos.cli.server_client import ServerClient
 
     is_file = bool(model) and (Path(model).expanduser().exists() or model.endswith(".gguf"))
     if not local and not is_file:
-        cfg = load_config()
-        host = str(cfg.get("server.host"))
-        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        target = url or f"http://{f'[{host}]' if ':' in host else host}:{cfg.get('server.port')}"
-        key = api_key or str(cfg.get("server.api_key") or "")
-        if probe_server(target, key):
+        server = ServerClient.configured(url, api_key=api_key or None)
+        if server.answers():
             if load_options.get("mmproj") is not None:
                 raise UsageError(
                     f"--mmproj is for a model loaded here, and {model or 'the model'} is "
-                    f"served by {target}, which uses the projector it has for it; add "
+                    f"served by {server.base}, which uses the projector it has for it; add "
                     "--local to load the model here with this projector")
-            return ServerBackend(target, model, key)
+            return ServerBackend(server.base, model, server.api_key)
         if url:
             raise InferenceOSError(f"no server answers at {url}")
     if not model:
@@ -143,6 +138,9 @@ class ChatUI:
         self.theme = theme
         self.open_model = open_model
         self.readline = _enable_readline()
+        # at a terminal Ctrl-C stops a reply and the chat goes on; with messages from a
+        # pipe or a file no one can type /bye, so Ctrl-C ends the process (exit 130)
+        self.interactive = sys.stdin.isatty()
 
     def say(self, text: str, style: str = "note") -> None:
         sys.stdout.write(self.theme.paint(getattr(self.theme, style), text) + "\n")
@@ -176,6 +174,8 @@ class ChatUI:
             try:
                 text = read_message(self._input, ">>> ", "... ")
             except KeyboardInterrupt:
+                if not self.interactive:
+                    raise
                 sys.stdout.write("\n")
                 self.say("use Ctrl-D or /bye to leave")
                 continue
@@ -209,6 +209,8 @@ class ChatUI:
             sys.stdout.write("\033[0m\n" if t.reply else "\n")
         except KeyboardInterrupt:
             sys.stdout.write("\033[0m\n" if t.reply else "\n")
+            if not self.interactive:
+                raise
             self.say("[reply stopped]")
         except InferenceOSError as exc:
             sys.stdout.write("\033[0m\n" if t.reply else "\n")

@@ -17,6 +17,11 @@ def main() -> None:
     handling does not cover, ends in the same one line and exit 130."""
     import signal
 
+    from inferenceos import interrupt
+
+    # a Ctrl-C that lands in a weakref callback of importlib's module locks (or any other
+    # place Python drops exceptions) is raised again, not printed and lost
+    interrupt.guard_unraisable()
     # the package's early handler (inferenceos/__init__.py) gives way to Python's
     # KeyboardInterrupt, which the commands handle (chat: Ctrl-C stops a reply)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -331,3 +331,6 @@ def serve(
                          grace_s=settings.shutdown_grace_s, tls_cert=cert_file,
                          tls_key=key_file)
     server.run()
+    from inferenceos.interrupt import exit_now
+
+    exit_now(0)  # drained and closed: what is left of the exit is the interpreter's
