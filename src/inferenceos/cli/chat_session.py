@@ -12,17 +12,17 @@ where the model would start the user's next line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import inferenceos
+from inferenceos.cli.server_client import ServerClient, ServerError, ServerHTTPError
 from inferenceos.errors import InferenceOSError, UsageError
 
 # /set KEY VALUE: the sampling options chat accepts, and their types
@@ -33,6 +33,9 @@ OPTION_TYPES: dict[str, type] = {
 }
 # the same options as Ollama's `options` names them
 _OLLAMA_NAMES = {"max_tokens": "num_predict"}
+
+
+REPLY_TIMEOUT_S = 600.0  # a reply's wait for its next line (a load, a long prefill)
 
 
 class ContextFullError(InferenceOSError):
@@ -158,57 +161,19 @@ class LocalBackend:
         self.model.close()
 
 
-def _request(url: str, api_key: str, body: dict[str, Any] | None = None,
-             timeout: float = 600) -> Any:
-    """An open HTTP response (POST with a JSON body, or GET)."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
-    req.add_header("Content-Type", "application/json")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        return urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read() or b"{}")
-            detail = detail.get("error", detail) if isinstance(detail, dict) else detail
-            detail = detail.get("message", detail) if isinstance(detail, dict) else detail
-        except ValueError:
-            detail = exc.reason
-        hint = " (pass --api-key or set server.api_key)" if exc.code == 401 else ""
-        cls = ContextFullError if _TOO_LONG.search(str(detail)) else InferenceOSError
-        raise cls(f"the server answered {exc.code}: {detail}{hint}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise InferenceOSError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
-
-
-def probe_server(url: str, api_key: str = "", timeout: float = 0.5) -> bool:
-    """True when an Ollama-compatible server answers at `url` (any HTTP status)."""
-    req = urllib.request.Request(url.rstrip("/") + "/api/version")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout):
-            return True
-    except urllib.error.HTTPError:
-        return True  # it answered (401 without a key, ...): a server is there
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 class ServerBackend:
-    """A model served by a running server, spoken to through Ollama's API."""
+    """A model served by a running server, spoken to through Ollama's API (the server's
+    errors as `ServerClient` words them; a prompt longer than its context is a
+    ContextFullError)."""
 
     def __init__(self, url: str, model: str, api_key: str = "") -> None:
-        self.url = url.rstrip("/")
-        self.where = self.url
-        self.api_key = api_key
+        self.client = ServerClient(url.rstrip("/"), api_key, timeout=REPLY_TIMEOUT_S)
+        self.url = self.where = self.client.base
         if not model:  # the server's default: a load request (empty prompt) names it
-            with _request(f"{self.url}/api/generate", api_key,
-                          {"model": "", "prompt": "", "stream": False}) as r:
-                model = str(json.loads(r.read()).get("model") or "")
-        with _request(f"{self.url}/api/show", api_key, {"model": model}, timeout=60) as r:
-            shown = json.loads(r.read())
+            model = str(self.client.post_json(
+                "/api/generate", {"model": "", "prompt": "", "stream": False}
+            ).get("model") or "")
+        shown = self.client.post_json("/api/show", {"model": model}, timeout=60)
         self.name = model
         self.has_template = bool(shown.get("template"))
         caps = shown.get("capabilities")  # Ollama's list; "vision" with a projector
@@ -217,9 +182,8 @@ class ServerBackend:
 
     def _n_ctx(self) -> int:
         try:
-            with _request(f"{self.url}/api/ps", self.api_key, timeout=5) as r:
-                models = json.loads(r.read()).get("models", [])
-        except (InferenceOSError, ValueError):
+            models = self.client.get_json("/api/ps", timeout=5).get("models", [])
+        except ServerError:
             return 0
         for m in models:
             if self.name in (m.get("name"), m.get("model")) or len(models) == 1:
@@ -243,8 +207,8 @@ class ServerBackend:
         final: dict[str, Any] = {}
         n_out, first, last = 0, 0.0, 0.0  # pieces streamed, when the first and last came
         try:
-            with _request(self.url + path, self.api_key, body) as resp:
-                for line in resp:
+            with contextlib.closing(self.client.stream_lines(path, body)) as lines:
+                for line in lines:
                     if not line.strip():
                         continue
                     msg = json.loads(line)
@@ -260,6 +224,8 @@ class ServerBackend:
                     if msg.get("done"):
                         final = msg
                         break
+        except ServerHTTPError as exc:  # a server that counted: the caller makes room
+            raise (ContextFullError(str(exc)) if _TOO_LONG.search(exc.detail) else exc) from None
         except (KeyboardInterrupt, GeneratorExit):
             # stopped early: the server's figures come only with the last line, so
             # what this side measured stands in (one streamed line per token)
