@@ -2,7 +2,9 @@
 
 `Embedder(lm)` creates its context on `lm`'s weights the first time it is asked
 (llama.cpp's mean pooling, L2-normalised here) and frees it on `close()`; `LoadedModel`
-owns one and keeps `embed` / `embed_many` as its own verbs, which call it. Up to
+owns one and keeps `embed` / `embed_many` as its own verbs, which call it. This module
+knows the model only as `EmbeddingHost`, the few members it reads (session.py imports
+this one, so it cannot import session's class back). Up to
 `SEQS` texts share one llama_decode; a text must fit whole in one micro-batch, so the
 context is at most 2048 cells.
 """
@@ -10,18 +12,33 @@ context is at most 2048 cells.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from inferenceos import interrupt
 from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.llama_lib import lib
 from inferenceos.engine.llama_structs import embedding_context_params
 from inferenceos.errors import GenerationError, ModelLoadError, UsageError
-
-if TYPE_CHECKING:
-    from inferenceos.engine.session import LoadedModel
+from inferenceos.plan.llama_params import LlamaParams
 
 MAX_CELLS = 2048  # the embedding context's size cap (each text whole in one ubatch)
+
+
+class EmbeddingHost(Protocol):
+    """What an Embedder reads of its model (session.LoadedModel is one)."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def settings(self) -> LlamaParams: ...
+    @property
+    def model(self) -> Any: ...  # the llama_model pointer
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    def tokenize(self, text: str) -> list[int]: ...
 
 
 class Embedder:
@@ -29,7 +46,7 @@ class Embedder:
 
     SEQS = 8  # texts pooled in one llama_decode
 
-    def __init__(self, lm: LoadedModel) -> None:
+    def __init__(self, lm: EmbeddingHost) -> None:
         self._lm = lm
         self._ll = lib()
         self._ctx: Any = None
