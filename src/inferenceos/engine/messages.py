@@ -23,17 +23,15 @@ Everything here pickles (plain frozen dataclasses of picklable fields).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypedDict, TypeVar
+from typing import Generic, TypedDict, TypeVar
 
 import inferenceos.errors as errors
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
+from inferenceos.engine.live_state import LiveState
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.media.item import MediaItem
 from inferenceos.plan.llama_params import LlamaParams
-
-if TYPE_CHECKING:  # migrate imports the scheduler, which imports this module
-    from inferenceos.engine.migrate import LiveState
 
 R = TypeVar("R")
 
@@ -287,7 +285,7 @@ class LiveNeed(Ask[int]):
 
 
 @dataclass(frozen=True)
-class ExportLive(Ask["LiveState"]):
+class ExportLive(Ask[LiveState]):
     """Detach every running and queued request at this step boundary (engine.migrate);
     their streams get no event here: they continue where the state is imported."""
 

@@ -1,7 +1,8 @@
 """Live migration, the mechanism: export every live sequence from one scheduler at a
 step boundary and import it into another (a new worker on a new placement).
 
-What moves, per running sequence (`SeqState`, picklable): its request (id, prompt,
+What moves, per running sequence (`SeqState`, picklable; it and `LiveState` are
+records of live_state.py, importable from here too): its request (id, prompt,
 sampling with the sampler's seed made explicit), the tokens its KV cells hold and those
 cells' bytes (`llama_state_seq_get_data`), how much of the prompt is prefilled, the
 token sampled but not yet evaluated (`pending`), and the output processor's state (the
@@ -34,58 +35,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.kv_store import KVStore
 from inferenceos.engine.kv_tiers import store_idle
+from inferenceos.engine.live_state import LiveState, SeqState
 from inferenceos.engine.messages import Event
-from inferenceos.engine.running import Request, RunningSequence
+from inferenceos.engine.running import RunningSequence
 from inferenceos.engine.scheduler import Scheduler
 from inferenceos.engine.slot_state import import_slot
 from inferenceos.engine.slots import Slot
 from inferenceos.errors import InferenceOSError, UsageError
 
 __all__ = ["LiveState", "SeqState", "export_live", "import_live", "live_need"]
-
-
-@dataclass
-class SeqState:
-    """One running sequence, detached from its context (see the module doc)."""
-
-    req: Request
-    cached: list[int]
-    n_prefilled: int
-    pending: int | None
-    kv: bytes | None
-    metrics: GenerationMetrics
-    utf8: tuple[bytes, int]
-    stop_held: str
-    stop_stopped: bool
-    t_start: float
-    t_first: float
-    steps: int
-    accepted: list[int]  # tokens the sampler chain accepted, in order
-
-
-@dataclass
-class LiveState:
-    """Everything one scheduler served: running sequences, queue, idle prefixes."""
-
-    running: list[SeqState] = field(default_factory=list)
-    queued: list[Request] = field(default_factory=list)
-    prefixes: list[tuple[list[int], bytes]] = field(default_factory=list)
-
-    @property
-    def ids(self) -> list[int]:
-        """Request ids whose streams continue on the importing side."""
-        return [s.req.id for s in self.running] + [r.id for r in self.queued]
-
-    @property
-    def kv_bytes(self) -> int:
-        return sum(len(s.kv or b"") for s in self.running) + sum(
-            len(b) for _, b in self.prefixes)
 
 
 def _accepted(seq: RunningSequence) -> list[int]:

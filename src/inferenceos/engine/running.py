@@ -1,20 +1,18 @@
-"""A scheduler request, and the state of its sequence while it runs in a slot.
+"""A scheduler request's sequence while it runs in a slot.
 
-`Request` is what a caller submits (prompt token ids, sampling, per-request choices);
-`prompt_request` builds one from text or token ids and media items. `RunningSequence`
-is the scheduler's record of an admitted request: its slot, how much of the prompt its
-cells hold, the token sampled but not yet evaluated, its sampler chain, its output
-stream (text, stop strings, metrics; output.py) and, when it drafts, its drafting state
-(speculative.py) and this step's draft. The scheduler (scheduler.py) and the
-speculative decoder (spec_decode.py) both read and update it; neither owns it alone.
+`Request` (request.py, importable from here too) is what a caller submits (prompt
+token ids, sampling, per-request choices); `prompt_request` builds one from text or
+token ids and media items. `RunningSequence` is the scheduler's record of an admitted
+request: its slot, how much of the prompt its cells hold, the token sampled but not
+yet evaluated, its sampler chain, its output stream (text, stop strings, metrics;
+output.py) and, when it drafts, its drafting state (speculative.py) and this step's
+draft. The scheduler (scheduler.py) and the speculative decoder (spec_decode.py) both
+read and update it; neither owns it alone.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -22,42 +20,16 @@ import numpy as np
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.kv_policies import KVPolicy
 from inferenceos.engine.output import OutputStream
+from inferenceos.engine.request import Request as Request  # re-exported
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.session import LoadedModel
 from inferenceos.engine.slots import Slot
 from inferenceos.engine.speculative import Drafter, DraftState, can_draft
-from inferenceos.engine.step_plan import MediaSpan, SeqNeeds
+from inferenceos.engine.step_plan import SeqNeeds
 from inferenceos.errors import UsageError
 
 NO_PROJECTOR = ("this model cannot see images or hear audio: it was loaded without a "
                 "projector (give one with --mmproj FILE)")
-
-
-@dataclass
-class Request:
-    id: int
-    prompt: list[int]
-    sampling: SamplingParams
-    arrival: float = field(default_factory=time.perf_counter)
-    kv_policy: str | None = None  # None: the scheduler's default policy
-    draft: str | None = None  # drafter name, "none", or None: the scheduler's default
-    # media runs by key (media_encoder.MediaRun): `prompt` holds each key once per cell
-    media: dict[int, Any] = field(default_factory=dict)
-    progress: bool = False  # emit "progress" events while the prompt is processed
-
-    @cached_property
-    def spans(self) -> tuple[MediaSpan, ...]:
-        """Where the prompt's media runs lie (consecutive cells carrying one key)."""
-        spans: list[MediaSpan] = []
-        i, prompt = 0, self.prompt if self.media else []
-        while i < len(prompt):
-            if prompt[i] >= 0:
-                i += 1
-                continue
-            run = self.media[prompt[i]]
-            spans.append(MediaSpan(i, i + run.n_tokens, run.non_causal))
-            i += run.n_tokens
-        return tuple(spans)
 
 
 def prompt_request(req_id: int, prompt: str | Sequence[int], sampling: SamplingParams,
