@@ -22,13 +22,14 @@
   requests → latency, no history or a mix → balanced.
 
 `choose(policy, facts, history)` says what the policy changes; `apply_to_request` turns
-it into the planner's `LoadRequest`, `apply_to_plan` sizes the ubatch afterwards.
+it into the planner's `LoadRequest` (known here by its shape, `PolicyRequest`: the
+entry point imports this module), `apply_to_plan` sizes the ubatch afterwards.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import Field, dataclass, replace
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from inferenceos.errors import UsageError
 from inferenceos.plan.devices import Machine
@@ -37,9 +38,6 @@ from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.perf import Calibration, prefill_cost
 from inferenceos.plan.plan import Change, Plan
 
-if TYPE_CHECKING:  # the entry point imports this module: no import back at run time
-    from inferenceos.plan.entry import LoadRequest
-
 POLICIES = ("latency", "throughput", "capacity", "balanced", "adaptive")
 CAPACITY_SLOTS = 4
 THROUGHPUT_SLOTS = 4  # Gemma 3 270M here: 4 streams 58.7 t/s summed against 41.7 alone
@@ -47,6 +45,29 @@ THROUGHPUT_MAX_UBATCH = 1024
 LATENCY_MAX_UBATCH = 2048
 CAPACITY_UBATCH = 256
 LONG_PROMPT = 2048
+
+
+class PolicyRequest(Protocol):
+    """The fields of a load request a policy reads and may set: a dataclass with these
+    (plan.entry.LoadRequest, which imports this module, so it is not named here)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_seq(self) -> int: ...
+    @property
+    def need_tokens(self) -> int: ...
+    @property
+    def type_k(self) -> str | None: ...
+    @property
+    def type_v(self) -> str | None: ...
+    @property
+    def flash_attn(self) -> bool | None: ...
+
+
+Req = TypeVar("Req", bound=PolicyRequest)
 
 
 @dataclass(frozen=True)
@@ -124,7 +145,7 @@ def _adapt(h: RecordedWorkload | None) -> tuple[str, str]:
     return "balanced", seen
 
 
-def apply_to_request(choice: PolicyChoice, req: LoadRequest, facts: ModelFacts) -> LoadRequest:
+def apply_to_request(choice: PolicyChoice, req: Req, facts: ModelFacts) -> Req:
     """`req` with the policy's asks; what the caller pinned (n_ctx, KV types) wins."""
     kw: dict[str, object] = {}
     if choice.n_seq > 1 and req.n_seq == 1:
@@ -135,7 +156,7 @@ def apply_to_request(choice: PolicyChoice, req: LoadRequest, facts: ModelFacts) 
         kw["type_k"] = kw["type_v"] = choice.kv_type
         if choice.kv_type != "f16":
             kw["flash_attn"] = True  # a quantized V cache needs it
-    return replace(req, **kw) if kw else req  # type: ignore[arg-type]
+    return replace(req, **kw) if kw else req
 
 
 def apply_to_plan(
