@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.messages import Failed, Generate
 from inferenceos.engine.sampling import SamplingParams
@@ -38,7 +39,7 @@ def test_threads_get_the_same_answer_as_alone(engine: Engine) -> None:
 
 
 def test_cancel_event_stops_generation(engine: Engine) -> None:
-    cancel = threading.Event()
+    cancel = CancelEvent()
     gen = engine.generate("abc", SamplingParams(temperature=0, max_tokens=200), cancel=cancel)
     seen = 0
     for _ in gen:

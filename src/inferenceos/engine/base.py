@@ -8,17 +8,20 @@
   (`_start`) and what its special tokens' texts are. Both engines implement
   `engine.client.EngineClient` through it.
 - `per_slot`: the context settings for `n_parallel` sequences of `n_ctx` each.
+
+Nothing on a stream's path wakes on a timer: a waiting stream sleeps until its next
+event or its cancel (`engine.cancel.CancelEvent`, whose `set()` wakes it) arrives.
 """
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import inferenceos.errors as errors
+from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.chat_template import ChatMessage, render_chat
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.messages import (
@@ -127,8 +130,10 @@ class EngineBase(ABC):
         WorkerDiedError once the engine is closed."""
 
     @abstractmethod
-    def _start(self, msg: Generate, cancel: threading.Event | None) -> Generation:
-        """Submit a validated `msg` and return its Generation (see `generate`)."""
+    def _start(self, msg: Generate, cancel: CancelEvent | None) -> Generation:
+        """Submit a validated `msg` and return its Generation (see `generate`). A
+        stream waiting for its next event must wake when `cancel` is set, by a wake-up
+        registered with `cancel.on_set` or by a step boundary: never by a timer."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -137,7 +142,7 @@ class EngineBase(ABC):
         self,
         prompt: str | list[int],
         sampling: SamplingParams,
-        cancel: threading.Event | None = None,
+        cancel: CancelEvent | None = None,
         kv_policy: str | None = None,
         draft: str | None = None,
         media: Sequence[MediaItem] = (),
@@ -145,7 +150,9 @@ class EngineBase(ABC):
     ) -> Generation:
         """Start generating for `prompt` (text or token ids): iterate the Generation for
         TokenEvents; closing it early, or setting `cancel`, ends the request and frees
-        its slot at once.
+        its slot at once. `cancel` is a `CancelEvent` (TypeError for a plain
+        threading.Event, which cannot wake a waiting stream): its `set()`, from any
+        thread, wakes the stream's waiting consumer at once.
 
         `media`: images / audio for a text prompt holding one `MEDIA_MARKER` per item,
         in order (the model needs a projector: UsageError otherwise).
@@ -163,21 +170,27 @@ class EngineBase(ABC):
         by `Engine`, here at once by `LocalEngine`.
         """
         sampling.validate()
+        if cancel is not None and not isinstance(cancel, CancelEvent):
+            raise TypeError("generate(cancel=...) takes an engine.cancel.CancelEvent, "
+                            f"not {type(cancel).__name__}: a plain Event cannot wake a "
+                            "stream waiting for its next token")
         return self._start(Generate(prompt, sampling, kv_policy, draft, tuple(media),
                                     progress), cancel)
 
     def _follow(self, next_event: Callable[[], FromWorker | None],
-                cancel: threading.Event | None, gen: Generation,
+                cancel: CancelEvent | None, gen: Generation,
                 end: Callable[[bool], None]) -> Iterator[TokenEvent]:
-        """The TokenEvents of one request: `next_event()` gives its next event (None:
-        none yet, look at `cancel` and ask again); `end(finished)` runs when the stream
-        stops, with False when it stopped before its Finished / Failed (closed early
-        or cancelled: the request must be cancelled)."""
+        """The TokenEvents of one request: `next_event()` blocks until its next event,
+        and returns None when something other than an event woke it (its `cancel` was
+        set; anything else is waited through: the flag is looked at again);
+        `end(finished)` runs when the stream stops, with False when it stopped before
+        its Finished / Failed (closed early or cancelled: the request must be
+        cancelled)."""
         finished = False
         try:
             while not (cancel is not None and cancel.is_set()):
                 ev = next_event()
-                if ev is None:
+                if ev is None:  # a wake-up, not an event: the loop's test sees why
                     continue
                 # a Progress is no end: a stream closed after one still holds its slot
                 finished = not isinstance(ev, (TokenOut, Progress))

@@ -8,15 +8,17 @@ worker_alive, memory_buffers) stays off this interface: callers that use it look
 (`getattr`), as the registry does, since test fakes and LocalEngine lack it.
 
 The contract, beyond the types: thread-safe; `generate` returns at once and its
-Generation streams TokenEvents (closing it early frees the slot); after `close()`
+Generation streams TokenEvents (closing it early, or setting its `CancelEvent`, frees the
+slot; a stream waiting for its next token wakes for either at once); after `close()`
 every call raises WorkerDiedError.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
+
+from inferenceos.engine.cancel import CancelEvent
 
 if TYPE_CHECKING:
     from inferenceos.engine.base import Generation
@@ -88,7 +90,7 @@ class EngineClient(Protocol):
         self,
         prompt: str | list[int],
         sampling: SamplingParams,
-        cancel: threading.Event | None = None,
+        cancel: CancelEvent | None = None,
         kv_policy: str | None = None,
         draft: str | None = None,
         media: Sequence[MediaItem] = (),

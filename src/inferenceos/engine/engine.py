@@ -3,7 +3,9 @@
 `Engine` is what the CLI and the server use. Its contract:
 - `generate(...)` returns a `Generation`: iterate it for `TokenEvent`s; afterwards (or at
   any point) `.metrics` describes the run. Closing the iterator early, or setting the
-  `cancel` event, ends the generation and frees its slot in the worker at once.
+  `cancel` event (an `engine.cancel.CancelEvent`), ends the generation and frees its
+  slot in the worker at once: a stream waiting for its next token is woken by a message
+  on its reply queue, never by a timer.
 - Up to `n_parallel` generations run at the same time (continuous batching in the
   worker); more wait in the worker's queue; past `max_queue` waiting, `generate` raises
   `EngineBusyError`.
@@ -24,8 +26,6 @@ mechanism inside the workers engine/migrate.py.
 from __future__ import annotations
 
 import contextlib
-import queue
-import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 import inferenceos.errors as errors
 from inferenceos.engine.base import EngineBase, Events, Generation, per_slot
+from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.messages import (
     Ask,
     Cancel,
     Embed,
     ExportState,
-    FromWorker,
     Generate,
     ImportState,
     LiveNeed,
@@ -66,8 +66,11 @@ if TYPE_CHECKING:
 # Generation: api.py imports it from here
 __all__ = ["Engine", "Generation"]
 
-_POLL_S = 0.05  # how often a waiting generation looks at its cancel event
 R = TypeVar("R")
+
+
+def _nothing() -> None:
+    """The wake-up to unregister when a stream has no cancel event."""
 
 
 class Engine(EngineBase):
@@ -236,21 +239,19 @@ class Engine(EngineBase):
 
     # -- generation ----------------------------------------------------------------------
 
-    def _start(self, msg: Generate, cancel: threading.Event | None) -> Generation:
+    def _start(self, msg: Generate, cancel: CancelEvent | None) -> Generation:
         """`generate` (EngineBase): errors the worker finds are raised when the
-        Generation is first iterated."""
+        Generation is first iterated. The stream blocks on its reply queue, which
+        brings its events and, once `cancel` is set, a None that wakes it (a
+        migration moves the queue itself, so the wake-up follows the request)."""
         with self._current.route:
             worker = self._current.live()
             req_id, q = self._current.submit(worker, msg)
+        unwake = cancel.on_set(lambda: q.put(None)) if cancel is not None else _nothing
         gen = Generation(iter(()))
 
-        def next_event() -> FromWorker | None:
-            try:
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
-                return None
-
         def end(finished: bool) -> None:
+            unwake()
             # a migration may have moved the request: its worker is the current one now
             with self._current.route:
                 current = self._worker
@@ -261,8 +262,14 @@ class Engine(EngineBase):
                 current.done(req_id)
             worker.done(req_id)
 
-        gen.events = Events(self._follow(next_event, cancel, gen, end),
-                            lambda: self._abandon(worker, req_id))
+        def abandon() -> None:
+            unwake()
+            self._abandon(worker, req_id)
+
+        # q.get() without a timeout: a Ctrl-C still interrupts it in the main thread
+        # (CPython's lock waits end on EINTR and run the signal handler;
+        # tests/engine/test_stream_events.py measures it)
+        gen.events = Events(self._follow(q.get, cancel, gen, end), abandon)
         return gen
 
     @staticmethod

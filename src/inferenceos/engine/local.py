@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import inferenceos.errors as errors
 from inferenceos.engine.base import EngineBase, Events, Generation, per_slot
+from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.messages import (
     Event,
@@ -174,7 +175,7 @@ class LocalEngine(EngineBase):
 
     # -- generation ------------------------------------------------------------------------
 
-    def _start(self, msg: Generate, cancel: threading.Event | None) -> Generation:
+    def _start(self, msg: Generate, cancel: CancelEvent | None) -> Generation:
         """`generate` (EngineBase): errors the scheduler finds at submission (prompt
         too long, queue full) are raised here, at once."""
         from inferenceos.engine.scheduler import prompt_request
@@ -206,7 +207,7 @@ class LocalEngine(EngineBase):
                 self._cut.pop(req_id, None)
                 self._inbox.pop(req_id, None)
 
-        gen.events = Events(self._follow(lambda: self._next(req_id), cancel, gen, end),
+        gen.events = Events(self._follow(lambda: self._next(req_id, cancel), cancel, gen, end),
                             lambda: self._abandon(req_id))
         return gen
 
@@ -217,11 +218,16 @@ class LocalEngine(EngineBase):
                 self._sched.cancel(req_id)
             self._inbox.pop(req_id, None)
 
-    def _next(self, req_id: int) -> Event:
-        """The request's next event, stepping the scheduler until there is one."""
+    def _next(self, req_id: int, cancel: CancelEvent | None) -> Event | None:
+        """The request's next event, stepping the scheduler until there is one; None
+        once `cancel` is set. No wake-up is needed for it: the waiting thread is
+        stepping, or blocked on the lock of the thread that is, and looks at the flag
+        after each step (a step is never cut short for one request's cancel)."""
         with self._lock:
             box = self._inbox[req_id]
             while not box:
+                if cancel is not None and cancel.is_set():
+                    return None
                 if self._closed or not self._sched.has_work():
                     return Failed(req_id, "GenerationError", "the engine stopped this request")
                 self._step()

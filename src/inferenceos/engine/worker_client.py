@@ -38,7 +38,9 @@ from inferenceos.engine.worker import WorkerConfig, worker_main
 __all__ = ["CurrentWorker", "Replies", "WorkerClient"]
 
 R = TypeVar("R")
-Replies = queue.Queue[FromWorker]
+# a request's replies, in order; None is no reply but a wake-up for the stream reading
+# them (its cancel was set: engine.Engine._start)
+Replies = queue.Queue[FromWorker | None]
 
 
 class WorkerClient:

@@ -5,8 +5,9 @@
 order, as an async iterator. Exceptions raised in the job re-raise in the consumer.
 
 Cancellation: `aclose()` (or the consumer being cancelled, e.g. when the client
-disconnects) sets `cancel`; the engine checks it between tokens and ends the generation,
-so the job finishes soon after (its last items, e.g. the final metrics, still arrive
+disconnects) sets `cancel`, a `CancelEvent`: its `set()` wakes the engine's stream
+waiting for its next token (no timer), which ends the generation, so the job finishes
+soon after (its last items, e.g. the final metrics, still arrive
 for a consumer that is still listening, as during a graceful shutdown). The job's own
 `finally` blocks (releasing the lease, closing the generation) always run in the worker
 thread, never on the event loop.
@@ -18,6 +19,8 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
+
+from inferenceos.engine.cancel import CancelEvent
 
 T = TypeVar("T")
 _DONE = object()
@@ -31,9 +34,9 @@ class _Failure:
 class ThreadStream(Generic[T]):
     """An async iterator over the items of a generator run in a dedicated thread."""
 
-    def __init__(self, job: Callable[[threading.Event], Iterator[T]],
-                 cancel: threading.Event | None = None, name: str = "generation") -> None:
-        self.cancel = cancel or threading.Event()
+    def __init__(self, job: Callable[[CancelEvent], Iterator[T]],
+                 cancel: CancelEvent | None = None, name: str = "generation") -> None:
+        self.cancel = cancel or CancelEvent()
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._finished = False
@@ -46,7 +49,7 @@ class ThreadStream(Generic[T]):
         except RuntimeError:  # the loop is gone (shutdown): nobody is listening
             self.cancel.set()
 
-    def _work(self, job: Callable[[threading.Event], Iterator[T]]) -> None:
+    def _work(self, job: Callable[[CancelEvent], Iterator[T]]) -> None:
         it: Iterator[T] | None = None
         try:
             it = job(self.cancel)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.client import EngineClient
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
@@ -139,8 +139,8 @@ def _with_tools(engine: EngineClient, req: GenRequest) -> tuple[GenRequest, Tool
     return dataclasses.replace(req, sampling=sampling), plan.format
 
 
-def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Iterator[Any]]:
-    def job(cancel: threading.Event) -> Iterator[Any]:
+def _job(state: ServerState, req: GenRequest) -> Callable[[CancelEvent], Iterator[Any]]:
+    def job(cancel: CancelEvent) -> Iterator[Any]:
         t0 = time.perf_counter()
         load = dict(req.overrides or {})
         policy = load.pop("kv_policy", None)  # a per-request choice, not a load setting
@@ -167,7 +167,7 @@ def _job(state: ServerState, req: GenRequest) -> Callable[[threading.Event], Ite
 
 
 def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req: GenRequest,
-              policy: str | None, cancel: threading.Event, load_s: float) -> Iterator[Any]:
+              policy: str | None, cancel: CancelEvent, load_s: float) -> Iterator[Any]:
     """The token events of one generation on a leased engine, then its Done."""
     active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
     state.track(active)
@@ -370,7 +370,7 @@ async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float =
 async def call_in_thread(fn: Callable[[], T], name: str = "blocking-call") -> T:
     """Run the blocking `fn` in its own thread (not the shared default pool, which has
     only a few workers on small machines) and return its result."""
-    def job(_: threading.Event) -> Iterator[T]:
+    def job(_: CancelEvent) -> Iterator[T]:
         yield fn()
 
     stream: ThreadStream[T] = ThreadStream(job, name=name)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
+from inferenceos.engine.cancel import CancelEvent
 from inferenceos.errors import ModelNotFoundError
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
@@ -24,7 +25,7 @@ class ActiveGeneration:
 
     model: str
     n_ctx: int
-    cancel: threading.Event
+    cancel: CancelEvent  # set: the stream waiting for its next token wakes at once
     tokens: int = 0  # prompt + generated so far (KV cells it holds)
 
 
