@@ -1,7 +1,9 @@
 """Imports only run down the data flow (docs/architecture.md), and no module imports
 itself back through others: an AST check over src/, function-level imports included
-(those used to hide the cycles this test now names); `if TYPE_CHECKING:` imports are
-left out (they never run).
+(those used to hide the cycles this test now names). `if TYPE_CHECKING:` imports never
+run, so the layer check leaves them out; the cycle checks count them too (a cycle only
+an annotation closes is still two modules that each need the other: place the type so
+that neither does).
 
 The layers, lowest first; a module may import its own layer's and lower ones. A package
 not listed here fails the test until it is placed.
@@ -51,22 +53,25 @@ def _is_module(name: str) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node of `tree` except those under `if TYPE_CHECKING:` (annotations only:
-    nothing there runs, so nothing there can close a cycle at import time)."""
+def _nodes(tree: ast.AST, typing: bool = False) -> Iterator[ast.AST]:
+    """Every node of `tree`; without `typing`, not those under `if TYPE_CHECKING:`
+    (annotations only: nothing there runs, so nothing there can close a cycle at
+    import time)."""
     todo = [tree]
     while todo:
         node = todo.pop()
         yield node
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if (not typing and isinstance(node, ast.If)
+                and "TYPE_CHECKING" in ast.unparse(node.test)):
             todo.extend(node.orelse)
             continue
         todo.extend(ast.iter_child_nodes(node))
 
 
-def _imports(path: Path) -> Iterator[str]:
-    """The inferenceos modules `path` imports, anywhere in it (functions included)."""
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+def _imports(path: Path, typing: bool = False) -> Iterator[str]:
+    """The inferenceos modules `path` imports, anywhere in it (functions included);
+    with `typing`, those under `if TYPE_CHECKING:` too."""
+    for node in _nodes(ast.parse(path.read_text()), typing):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names if a.name.split(".")[0] == "inferenceos")
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
@@ -79,11 +84,12 @@ def _imports(path: Path) -> Iterator[str]:
                 yield node.module
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(typing: bool = False) -> dict[str, set[str]]:
+    """Module → the modules it imports (with `typing`, type-only imports included)."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         me = _module(path)
-        graph[me] = {m for m in _imports(path) if m != me}
+        graph[me] = {m for m in _imports(path, typing) if m != me}
     return graph
 
 
@@ -147,6 +153,11 @@ def graph() -> dict[str, set[str]]:
     return _graph()
 
 
+@pytest.fixture(scope="module")
+def typed_graph() -> dict[str, set[str]]:
+    return _graph(typing=True)
+
+
 def test_no_import_runs_up_a_layer(graph: dict[str, set[str]]) -> None:
     upward = _upward(graph)
     new = sorted(upward - KNOWN_UPWARD)
@@ -163,9 +174,34 @@ def test_no_import_cycle(graph: dict[str, set[str]]) -> None:
     assert not gone, f"paid off, remove: {gone}"
 
 
+def test_no_cycle_even_through_type_checking_imports(
+    graph: dict[str, set[str]], typed_graph: dict[str, set[str]]
+) -> None:
+    """No cycle needs `if TYPE_CHECKING:` to stay importable: each type lives where
+    the modules that name it can import it at run time (or is a Protocol below them)."""
+    cycles = [c for c in _cycles(typed_graph) if c not in KNOWN_CYCLES]
+    lines = []
+    for c in cycles:
+        lines.append(f"  {sorted(c)}")
+        lines += [f"    {a} -> {b}" + ("" if b in graph[a] else "  (TYPE_CHECKING)")
+                  for a in sorted(c) for b in sorted(typed_graph[a] & c)]
+    assert not cycles, "import cycles, type-only imports counted:\n" + "\n".join(lines)
+
+
 def test_the_checker_sees_a_function_level_cycle(tmp_path: Path) -> None:
     """The checker itself: a cycle hidden in a function body is still a cycle."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     src = tmp_path / "m.py"
     src.write_text("def f():\n    from inferenceos.engine import session\n")
     assert list(_imports(src)) == ["inferenceos.engine.session"]
+
+
+def test_the_checker_sees_type_checking_imports(tmp_path: Path) -> None:
+    """Type-only imports are edges for the cycle checks and none for the layer check."""
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\n"
+                   "if TYPE_CHECKING:\n    from inferenceos.engine import session\n"
+                   "else:\n    from inferenceos.engine import output\n")
+    assert list(_imports(src)) == ["inferenceos.engine.output"]
+    assert sorted(_imports(src, typing=True)) == ["inferenceos.engine.output",
+                                                   "inferenceos.engine.session"]
