@@ -348,23 +348,35 @@ class ClientDisconnected(asyncio.CancelledError):
     request is over, nobody reads a response) instead of uvicorn's full traceback."""
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], poll_s: float = 0.25) -> T:
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`; if the client goes away first, cancel it (which cancels the
-    generation) and raise ClientDisconnected."""
+    generation) and raise ClientDisconnected. The disconnect is a message, not a
+    question asked on a timer: a task waits on the connection's `http.disconnect`
+    (`disconnected`) beside `work`, and whichever ends first decides."""
     task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-                raise ClientDisconnected("client disconnected")
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # finished as the client left: the answer still stands
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise ClientDisconnected("client disconnected")
     finally:
-        if not task.done():
-            task.cancel()
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+
+
+async def disconnected(request: Request) -> None:
+    """Return when the client has gone: the ASGI server sends `http.disconnect` on the
+    request's receive channel (uvicorn as the connection is lost, or once the response
+    is complete). Call it only after the body was read (the routes parse it first):
+    any `http.request` still coming is dropped. Cancelling it consumes nothing, so a
+    later listener (a StreamingResponse's) still gets the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def call_in_thread(fn: Callable[[], T], name: str = "blocking-call") -> T:
