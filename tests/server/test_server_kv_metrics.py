@@ -1,5 +1,6 @@
 """/metrics reports each model's KV cache usage as its engine counts it (`stats()`),
-read at scrape time within a short timeout, and never fails the scrape."""
+read at scrape time within a short timeout (an idle model) or as it last answered (a
+busy one: the scrape does not wait for its worker's step), and never fails the scrape."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferenceos.server import kv_stats
 from inferenceos.server.kv_stats import reported_kv_usage
 from server_harness import Harness, serving
 
@@ -52,8 +54,8 @@ class _Engine:
         return self._stats()
 
 
-def _manager(**engines: _Engine) -> SimpleNamespace:
-    loaded = [SimpleNamespace(model=SimpleNamespace(name=k), engine=e)
+def _manager(refs: int = 0, **engines: _Engine) -> SimpleNamespace:
+    loaded = [SimpleNamespace(model=SimpleNamespace(name=k), engine=e, refs=refs)
               for k, e in engines.items()]
     return SimpleNamespace(loaded=lambda: list(loaded))
 
@@ -89,3 +91,16 @@ def _once(first: list[Any]) -> Any:
     """`loaded()` that answers `first` once, then nothing (the model was unloaded)."""
     answers = [first]
     return lambda: answers.pop() if answers else []
+
+
+def test_a_busy_model_is_not_waited_for_and_reports_its_last_answer() -> None:
+    """A model with requests in flight: the scrape asks its worker for the next scrape
+    and returns at once; once the answer is in, the next scrape reports it."""
+    step = threading.Event()  # the worker's step in progress: it answers after it
+    engine = _Engine(lambda: step.wait(10) and {"kv_usage": 0.5})
+    manager = _manager(refs=1, busy=engine)
+    assert asyncio.run(reported_kv_usage(manager)) == {}  # type: ignore[arg-type]
+    asking = kv_stats._PROBES.start(id(engine), lambda: (0.0, None))  # the one in flight
+    step.set()
+    asking.result(10)
+    assert asyncio.run(reported_kv_usage(manager)) == {"busy": 0.5}  # type: ignore[arg-type]

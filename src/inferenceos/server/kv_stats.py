@@ -1,20 +1,26 @@
 """KV cache usage as the engines report it, read when /metrics is scraped.
 
 Each loaded engine's `stats()` is a round trip to its worker process, so it runs on a
-thread of its own (server.ops.Latest: one in flight per engine, all models at once) and
-the scrape waits for it at most a bound: `timeout_s` for an idle model, `busy_s` for one
-with requests in flight (its worker answers only between two steps, and a step of a
-large batch can take longer than an operations route may). A model that does not answer
-in time is left out (the caller falls back to its own estimate), and so is one that may
-not be asked at all: moving (a migration, promotion, demotion or resize holds its
-worker) or with a dead worker (asking would start a new worker: a load, from a scrape).
-The scrape never fails because of an engine.
+thread of its own (server.ops.Latest: one in flight per engine, all models at once):
+
+- an idle model (no request in flight) answers at once: the scrape waits for it, at
+  most `timeout_s` (a stuck worker is left out);
+- a busy one answers only between two steps of its batch, which may take longer than
+  an operations route may wait: the scrape does not wait. It starts a question for the
+  next scrape and reports the last answer if it is at most KV_STATS_FRESH_S old;
+- a model that may not be asked at all is left out: moving (a migration, promotion,
+  demotion or resize holds its worker) or with a dead worker (asking would start a new
+  worker: a load, from a scrape).
+
+A model left out falls back to the caller's own estimate. The scrape never fails
+because of an engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any
 
 from inferenceos.registry.leases import ResidentModel
@@ -24,8 +30,9 @@ from inferenceos.server.ops import Latest
 from inferenceos.server.weight_metrics import WEIGHTS
 
 KV_STATS_TIMEOUT_S = 0.5  # an idle worker answers at once: this only catches a stuck one
-KV_STATS_BUSY_S = 0.02  # a generating worker answers between steps, or not this scrape
-_PROBES: Latest[int, float | None] = Latest("kv-stats")  # by id(engine)
+KV_STATS_FRESH_S = 5.0  # how long a busy model's last answer stands for it
+# by id(engine): (time.monotonic() of the answer, the usage or None)
+_PROBES: Latest[int, tuple[float, float | None]] = Latest("kv-stats")
 
 
 def _read(manager: ModelManager, lm: ResidentModel) -> float | None:
@@ -55,21 +62,32 @@ def _askable(manager: ModelManager, lm: ResidentModel) -> bool:
     return bool(getattr(lm.engine, "worker_alive", True))
 
 
-async def reported_kv_usage(manager: ModelManager, timeout_s: float = KV_STATS_TIMEOUT_S,
-                            busy_s: float = KV_STATS_BUSY_S) -> dict[str, float]:
-    """{model name: KV cells in use / cells} for every loaded model that answered within
-    its bound (`timeout_s` idle, `busy_s` with requests in flight)."""
+async def reported_kv_usage(manager: ModelManager,
+                            timeout_s: float = KV_STATS_TIMEOUT_S) -> dict[str, float]:
+    """{model name: KV cells in use / cells} for every loaded model that answered (see
+    the module doc: an idle one now, a busy one lately)."""
     loaded = manager.loaded()
     _PROBES.forget({id(lm.engine) for lm in loaded})
 
     async def one(lm: ResidentModel) -> float | None:
         if not _askable(manager, lm):
             return None
-        wait = timeout_s if not getattr(lm, "refs", 0) else min(timeout_s, busy_s)
-        try:
-            return await _PROBES.fresh(id(lm.engine), lambda: _read(manager, lm), wait)
-        except Exception:  # timeout, dead worker, odd engine: the estimate stands
+        key = id(lm.engine)
+
+        def ask() -> tuple[float, float | None]:
+            value = _read(manager, lm)
+            return time.monotonic(), value
+
+        if not getattr(lm, "refs", 0):
+            try:
+                return (await _PROBES.fresh(key, ask, timeout_s))[1]
+            except Exception:  # timeout, dead worker, odd engine: the estimate stands
+                return None
+        _PROBES.start(key, ask)  # answered between two steps: for the next scrape
+        last = _PROBES.last(key)
+        if last is None or time.monotonic() - last[0] > KV_STATS_FRESH_S:
             return None
+        return last[1]
 
     values = await asyncio.gather(*(one(lm) for lm in loaded))
     return {lm.model.name: v for lm, v in zip(loaded, values, strict=True) if v is not None}
