@@ -1,0 +1,154 @@
+"""A client's disconnect stops its generation as an event (issue 48's "events, not
+polls"): the server learns of it from the connection's `http.disconnect`, not by asking
+every 0.25 s, and the engine's stream is woken by its cancel, not by a 50 ms timer.
+
+Real parts: uvicorn on loopback, the tiny model in a worker process, a raw socket as the
+client. What is observed: the engine's stream (an Engine whose generate wraps the real
+Generation to see its tokens and its end) and the ASGI `receive()` calls uvicorn
+answers (each one a question the app asked the connection).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+from uvicorn.protocols.http import h11_impl
+
+from inferenceos.engine.engine import Engine
+from inferenceos.plan.llama_params import LlamaParams
+from server_harness import Harness, start_server
+
+RUN_S = 0.6  # how long a generation runs before its client leaves: 2+ polls' worth
+
+
+class Watch:
+    """One generation as the engine's caller sees it: `ran(s)` is set once it has given
+    tokens for `s` seconds (its tokens are the clock), `ended` when its stream stopped."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.ended = threading.Event()
+        self._marks = {RUN_S: threading.Event(), 2 * RUN_S: threading.Event()}
+
+    def ran(self, seconds: float) -> threading.Event:
+        return self._marks[seconds]
+
+    def token(self) -> None:
+        now = time.perf_counter()
+        self.first = self.first or now
+        for seconds, mark in self._marks.items():
+            if now - self.first >= seconds:
+                mark.set()
+
+
+class WatchedEngine(Engine):
+    """The real engine; each generation's events pass through a Watch."""
+
+    watches: ClassVar[list[Watch]] = []
+    started: ClassVar[threading.Event] = threading.Event()
+
+    def generate(self, prompt: Any, sampling: Any, cancel: Any = None, **kw: Any) -> Any:
+        gen = super().generate(prompt, sampling, cancel, **kw)
+        watch, inner = Watch(), gen.events
+        WatchedEngine.watches.append(watch)
+        WatchedEngine.started.set()
+
+        def watched() -> Iterator[Any]:
+            try:
+                for ev in inner:
+                    watch.token()
+                    yield ev
+            finally:
+                close = getattr(inner, "close", None)
+                if close is not None:
+                    close()
+                watch.ended.set()
+
+        gen.events = watched()
+        return gen
+
+
+def _factory(path: Path, settings: LlamaParams, slots: int) -> Engine:
+    return WatchedEngine(path, settings.per_sequence(), n_parallel=slots)
+
+
+class Receives:
+    """Counts the ASGI receive() calls uvicorn answers, over the whole server."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        original = h11_impl.RequestResponseCycle.receive
+
+        async def counted(cycle: Any) -> Any:
+            self.calls += 1
+            return await original(cycle)
+
+        self.counted = counted
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Harness, Receives]]:
+    """One slot, so a follow-up request can only run once the abandoned one freed it."""
+    root = tmp_path_factory.mktemp("server-disconnect")
+    receives = Receives()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("INFERENCEOS_HOME", str(root / "home"))
+        mp.setattr(h11_impl.RequestResponseCycle, "receive", receives.counted)
+        h = start_server({"tiny": tiny_llama}, root, None, {"factory": _factory, "slots": 1})
+        try:
+            yield h, receives
+        finally:
+            h.stop()
+
+
+def _send(port: int, path: str, body: dict[str, Any]) -> socket.socket:
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+              f"\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_client_leaving_stops_its_generation_as_an_event(
+        stream: bool, served: tuple[Harness, Receives]) -> None:
+    """An endless generation runs; over RUN_S of it the app asks the connection
+    nothing (its listener's one receive() waits for the disconnect; a poll asks every
+    0.25 s); its client then closes the socket and the stream ends at once; the one
+    slot is free for the next request. The streamed reply's bytes are left unread (a
+    client that stops reading and leaves)."""
+    h, receives = served
+    WatchedEngine.watches.clear()
+    WatchedEngine.started.clear()
+    body = {"model": "tiny", "prompt": "x", "stream": stream,
+            "options": {"num_predict": 100_000, "kv_policy": "streaming",
+                        "temperature": 0}}
+    client = _send(h.port, "/api/generate", body)
+    try:
+        assert WatchedEngine.started.wait(60), "no generation started"
+        [watch] = WatchedEngine.watches
+        assert watch.ran(RUN_S).wait(60), "the generation did not run"
+        asked = receives.calls  # the disconnect's listener is waiting by now
+        assert watch.ran(2 * RUN_S).wait(60)
+        asked_while_running = receives.calls - asked
+        assert not watch.ended.is_set()
+    finally:
+        client.close()
+    t0 = time.perf_counter()
+    assert watch.ended.wait(10), "the generation went on after its client left"
+    took = time.perf_counter() - t0
+    assert asked_while_running == 0, f"the app asked the connection {asked_while_running} " \
+        f"times in {RUN_S} s"
+    assert took < 1.0, f"the generation stopped {took:.2f} s after the client left"
+    r = httpx.post(h.url + "/api/generate", timeout=30, json={
+        "model": "tiny", "prompt": "y", "stream": False, "options": {"num_predict": 3}})
+    assert r.status_code == 200 and r.json()["done"]
