@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -13,9 +11,6 @@ from pydantic import BaseModel
 from inferenceos.server.ops import Latest
 from inferenceos.server.state import ServerState
 
-# how long /health waits for a cluster worker's fresh state before it reports the last
-# one: a frozen worker's probe runs to its own timeout (0.5 s) on its own thread
-WORKER_WAIT_S = 0.05
 _WORKERS: Latest[str, str] = Latest("worker-state")  # by address
 
 
@@ -38,21 +33,16 @@ async def health_body(state: ServerState) -> dict[str, Any]:
 
 
 async def worker_states(rpc: tuple[str, ...]) -> dict[str, str]:
-    """address → "up", "in use" or "lost: <why>", each worker asked now (network I/O,
-    one probe in flight per worker, server.ops.Latest). A worker that has not answered
-    within WORKER_WAIT_S keeps the state it last reported; one never heard from yet is
-    waited for (its probe's own timeout bounds that)."""
+    """address → "up", "in use" or "lost: <why>", each worker asked now: network I/O on
+    a thread of its own per worker (server.ops.Latest: never the default executor, and
+    /health calls that arrive while a worker's probe runs wait for that one rather than
+    start another). A frozen worker answers "lost" when its probe times out (0.5 s); a
+    killed one at once (its port refuses)."""
     from inferenceos.cluster.probe import worker_state
     from inferenceos.endpoint import parse_endpoints
 
     endpoints = parse_endpoints(list(rpc))
-
-    async def one(address: str, ask: Callable[[], str]) -> str:
-        last = _WORKERS.last(address)
-        with contextlib.suppress(TimeoutError):
-            return await _WORKERS.fresh(address, ask, None if last is None else WORKER_WAIT_S)
-        return last or "lost: no answer"
-
-    states = await asyncio.gather(*(one(ep.address, functools.partial(worker_state, ep))
+    states = await asyncio.gather(*(_WORKERS.fresh(ep.address,
+                                                   functools.partial(worker_state, ep), None)
                                     for ep in endpoints))
     return dict(zip((ep.address for ep in endpoints), states, strict=True))
