@@ -65,14 +65,14 @@ from inferenceos.server.llamacpp_shapes import stopping_word
 from inferenceos.server.llamacpp_vocab import vocab_for
 from inferenceos.server.media_parts import decode_in_thread, media_set
 from inferenceos.server.reply import Delta, Final, read_reply, reply_events
-from inferenceos.server.sse import ANTHROPIC_SSE, stream_response
+from inferenceos.server.sse import ANTHROPIC_SSE, SSE_CONTENT, stream_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import ToolRequest
 
 router = APIRouter(prefix="/v1", tags=["anthropic"], responses=ERROR_RESPONSES,
                    route_class=route_class(Dialect.ANTHROPIC))
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+_SSE = SSE_CONTENT
 PING_EVERY_S = 5.0  # while a long prompt is processed, a ping keeps proxies from timing out
 
 

@@ -56,7 +56,7 @@ from inferenceos.server.openai_convert import chat_message
 from inferenceos.server.openai_schema import ERROR_RESPONSES, ChatMessageIn
 from inferenceos.server.ops import ops_call
 from inferenceos.server.reply import Final, reply_events
-from inferenceos.server.sse import LLAMACPP_SSE, stream_response
+from inferenceos.server.sse import LLAMACPP_SSE, SSE_CONTENT, stream_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_schema import ToolDef
 
@@ -161,7 +161,7 @@ async def _whole(state: ServerState, index: int, prompt: Prompt, req: GenRequest
 
 
 _SSE: dict[int | str, dict[str, Any]] = {200: {
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": SSE_CONTENT,
     "description": "A completion (a list of them for several prompts), or SSE events when "
                    "stream is true"}}
 

@@ -61,11 +61,11 @@ from inferenceos.server.openai_schema import (
 )
 from inferenceos.server.ops import ops_call
 from inferenceos.server.reply import Final, read_reply, reply_events
-from inferenceos.server.sse import sse_response
+from inferenceos.server.sse import SSE_CONTENT, sse_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tools import ToolRequest, openai_calls
 
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+_SSE = SSE_CONTENT
 
 router = APIRouter(prefix="/v1", tags=["openai"], responses=ERROR_RESPONSES,
                    route_class=route_class(Dialect.OPENAI))
