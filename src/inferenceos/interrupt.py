@@ -34,7 +34,6 @@ This module is a leaf: ctypes and the standard library only.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import ctypes
 import os
@@ -162,7 +161,9 @@ def _deliver() -> None:
         _dropped.clear()
         while _hook_depth:
             time.sleep(0.001)
-        _thread.interrupt_main(signal.SIGINT)
+        # a real signal, not _thread.interrupt_main (which only marks one pending): it
+        # also wakes a main thread blocked in a lock or a read, as the first one did
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
 
 _previous_hook: Callable[[Any], object] = sys.unraisablehook
