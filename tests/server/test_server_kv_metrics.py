@@ -1,6 +1,7 @@
-"""/metrics reports each model's KV cache usage as its engine counts it (`stats()`),
-read at scrape time within a short timeout (an idle model) or as it last answered (a
-busy one: the scrape does not wait for its worker's step), and never fails the scrape."""
+"""/metrics reports each model's KV cache usage as its engine counts it (`stats()`): a
+recent answer that still holds (nothing ran since, or the model is busy: the scrape
+never waits for its worker's step), else one asked at scrape time within a short
+timeout; it never fails the scrape."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class _Engine:
 
 
 def _manager(refs: int = 0, **engines: _Engine) -> SimpleNamespace:
-    loaded = [SimpleNamespace(model=SimpleNamespace(name=k), engine=e, refs=refs)
+    loaded = [SimpleNamespace(model=SimpleNamespace(name=k), engine=e, refs=refs, last_used=0)
               for k, e in engines.items()]
     return SimpleNamespace(loaded=lambda: list(loaded))
 
@@ -100,7 +101,33 @@ def test_a_busy_model_is_not_waited_for_and_reports_its_last_answer() -> None:
     engine = _Engine(lambda: step.wait(10) and {"kv_usage": 0.5})
     manager = _manager(refs=1, busy=engine)
     assert asyncio.run(reported_kv_usage(manager)) == {}  # type: ignore[arg-type]
-    asking = kv_stats._PROBES.start(id(engine), lambda: (0.0, None))  # the one in flight
+    asking = kv_stats._PROBES.pending(id(engine))  # the question the scrape asked
+    assert asking is not None
     step.set()
     asking.result(10)
     assert asyncio.run(reported_kv_usage(manager)) == {"busy": 0.5}  # type: ignore[arg-type]
+
+
+def test_an_idle_models_answer_stands_until_a_request_uses_it() -> None:
+    """Idle, the last answer is reported (and asked again for the next scrape); once a
+    request has used the model, the scrape waits for a new answer."""
+    usage = {"now": 0.1}
+    engine = _Engine(lambda: {"kv_usage": usage["now"]})
+    manager = _manager(idle=engine)
+    scrape = lambda: asyncio.run(reported_kv_usage(manager))  # type: ignore[arg-type]  # noqa: E731
+    assert scrape() == {"idle": 0.1}
+    usage["now"] = 0.2  # changed in the background (the KV cache's disk tier, say)
+    assert scrape() == {"idle": 0.1}  # the answer that stands; a new one is asked
+    _landed(engine)
+    assert scrape() == {"idle": 0.2}
+    usage["now"] = 0.3
+    manager.loaded()[0].last_used = 1  # a request ran since
+    assert scrape() == {"idle": 0.3}
+
+
+def _landed(engine: _Engine) -> None:
+    """Wait until the question a scrape asked `engine`'s worker, if still in flight, is
+    answered."""
+    asking = kv_stats._PROBES.pending(id(engine))
+    if asking is not None:
+        asking.result(10)

@@ -64,6 +64,11 @@ class Latest(Generic[K, V]):
         with self._lock:
             return self._last.get(key)
 
+    def pending(self, key: K) -> concurrent.futures.Future[V] | None:
+        """The probe of `key` in flight, if any."""
+        with self._lock:
+            return self._running.get(key)
+
     def start(self, key: K, fn: Callable[[], V]) -> concurrent.futures.Future[V]:
         """The probe of `key` in flight, started with `fn` if none is."""
         with self._lock:
