@@ -328,6 +328,56 @@ def test_a_draft_model_that_cannot_pay_at_the_measured_row_cost_never_starts() -
     assert cheap.want(0, room=100) == 4
 
 
+def test_a_contended_measurement_holds_ngram_but_still_drafts_its_copy() -> None:
+    """Issue 46: `chat --draft ngram` on Qwen 0.5B, asked to repeat a sentence, drafted
+    0 % under a load average of 6 (82 % on a quiet machine). Before its first draft the
+    sequence learns the row cost from the steps so far: the prompt's 59-row prefill
+    and one plain step. Contention only ever slows a step; a prefill disturbed to 1.6 s
+    beside an undisturbed 25 ms one-row step made a row cost 1.09 of a step, which no
+    acceptance pays, and `learn_cost` stopped the sequence for good, sure matches
+    included. Now such a measurement holds n-gram drafting (sure matches only) until a
+    later measurement says it pays; the draft model's stop is unchanged (the test
+    above)."""
+    from types import SimpleNamespace
+
+    from inferenceos.engine.running import RunningSequence
+
+    shapes = deque([(1.6, 59), (0.025, 1)])  # the disturbed prefill, one lucky plain step
+    dec = SpeculativeDecoder(None, 1, 2048, deque([1.6, 0.025]), step_shapes=shapes)  # type: ignore[arg-type]
+    dec.__dict__["row_multiple"] = 1  # no model to read the output head's type from
+    assert dec.row_cost() > 1.0  # what the contended steps said
+    drafter = NgramDrafter()
+    prompt = list(range(100, 140))  # the sentence to repeat, in the prompt
+    tick = itertools.count()
+    seq: Any = SimpleNamespace(
+        spec=DraftState(drafter, k=drafter.k_start, k_max=drafter.k_max,
+                        clock=lambda: float(next(tick))),
+        pending=prompt[0], draft=(), guessed=False, n_past=len(prompt) + 3,
+        metrics=SimpleNamespace(completion_tokens=1),
+        req=SimpleNamespace(sampling=SamplingParams(temperature=0, max_tokens=96)),
+        slot=SimpleNamespace(index=0, cached=[*prompt, 7, 8, 9]))
+    running: list[RunningSequence] = [seq]
+    dec.propose(running)
+    assert seq.draft == ()  # no draft from a short match (only the pending token agrees)
+    # the reply goes on copying; once 8 of its tokens agree, the copy is drafted
+    seq.slot.cached = [*prompt, 7, 8, 9, *prompt[:8]]
+    seq.pending, seq.metrics.completion_tokens = prompt[8], 9
+    dec.propose(running)
+    assert list(seq.draft[:31]) == prompt[9:]  # and on past it, as the prompt went
+    assert seq.spec.cost_held and not seq.spec.stopped  # held, not stopped
+    # a later, undisturbed measurement releases the hold: drafting by length again
+    held = DraftState(drafter, k=4, k_max=48)
+    held.learn_cost(1.09)
+    assert held.want(3, room=100) == 0 and held.sure_ask(3, room=100) == (48, 8)
+    held.learn_cost(0.03)
+    assert not held.cost_held and held.want(4, room=100) == 4
+    # and a sure draft whose step measured a paying cost does too
+    held.learn_cost(1.09)
+    held.cost = 0.05  # what _drafts set from this step's measurement
+    held.update(8, 8, 12)
+    assert not held.cost_held and held.want(13, room=100) > 0
+
+
 def test_a_draft_model_that_cannot_catch_up_with_the_prompt_in_time_does_not_start() -> None:
     """Qwen 0.5B drafting for the 1.5B on a 110-token quoting prompt, 64 tokens asked:
     the draft must first evaluate the prompt (~1.5 s at the measured row cost), which

@@ -163,7 +163,14 @@ class DraftState:
     names one); a drafter that could not pay even at a high acceptance
     (plan.speculative.can_pay) never drafts: a layer-skipped copy of a model whose output
     head dominates costs about a decode step per draft token, and merely catching its
-    context up with the prompt would cost more than its drafts could save.
+    context up with the prompt would cost more than its drafts could save. A cost the
+    scheduler measured (`learn_cost`) that cannot pay stops a drafter the same way,
+    except one with a `sure_match` (n-gram): that one is held (`cost_held`), drafting
+    only sure matches, until a later measurement says it can pay. Its lookups are free,
+    so what the measurement saw was wall-clock noise, not the drafter: on a loaded
+    machine one disturbed prefill step beside one lucky one-row step made a row look
+    dearer than a decode step, and a permanent stop then left a reply that copied its
+    prompt at 0 % drafted.
 
     Once running, the sequence also times its own steps (the interval between two
     `want` calls is one scheduler step): tokens per second over its recent drafted steps
@@ -198,6 +205,9 @@ class DraftState:
     _step_tokens: int = 0  # tokens the step in progress verified (0: a plain step)
     _plain_s: deque[float] = field(default_factory=deque)
     _drafted: deque[tuple[float, int]] = field(default_factory=deque)  # (seconds, tokens)
+    # a measured cost said no draft length pays: only sure matches draft until a later
+    # measurement says otherwise (learn_cost, update); never for a drafter without them
+    cost_held: bool = False
 
     def __post_init__(self) -> None:
         prior = getattr(self.drafter, "cost_prior", None)
@@ -208,13 +218,29 @@ class DraftState:
 
     def learn_cost(self, cost: float | None) -> None:
         """Before the sequence's first verification: the cost of a draft token as the
-        scheduler measured it so far (None: keep the prior). A drafter that could not
-        pay at that cost even at a high acceptance does not start."""
+        scheduler measured it so far (None: keep the prior). Called at every step until
+        then, so each call decides afresh from the latest measurement.
+
+        At a cost that could not pay even at a high acceptance, a drafter without a
+        `sure_match` (a draft model) stops for good: starting would first cost its
+        catch-up with the prompt. A drafter with one is held instead (`cost_held`): it
+        drafts only sure matches, and drafts by length again once a measurement says it
+        can pay. The measurement is wall-clock time on a machine others share, and a
+        contended step only ever looks dearer; a held n-gram drafter loses nothing that
+        a stop would have saved (its lookups are free), while a stop also gave up the
+        copy a sure match finds."""
         if cost is None or self.verifications:
             return
         self.cost = cost
-        if not can_pay(cost, self.k_max):
+        pays = can_pay(cost, self.k_max)
+        if self._sure_match():
+            self.cost_held = not pays
+        elif not pays:
             self.stop()
+
+    def _sure_match(self) -> int:
+        """The drafter's `sure_match` (0: it has none)."""
+        return int(getattr(self.drafter, "sure_match", 0))
 
     def stop(self) -> None:
         """Decode plainly for the rest of the sequence."""
@@ -229,7 +255,7 @@ class DraftState:
         """Draft tokens to ask for now (0: not drafting), at most `room`. Called once
         per step of the sequence: it also closes the timing of the previous step."""
         self._time_step()
-        if generated < self.paused_until:
+        if generated < self.paused_until or self.cost_held:
             return 0
         if len(self._plain_s) < 2 and len(self._drafted) >= 2:
             # a drafter that always proposes (a draft model) leaves no plain step to
@@ -243,7 +269,8 @@ class DraftState:
     def sure_ask(self, generated: int, room: int) -> tuple[int, int]:
         """While drafting is paused: (k, n), ask for up to k tokens but only a draft that
         continues a match of at least n tokens (the drafter's `sure_match`); (0, 0) when
-        not paused, or the drafter has no such notion, or it cannot pay at all.
+        not paused (nor `cost_held`), or the drafter has no such notion, or it cannot
+        pay at all (`stop`).
 
         A pause is learned from the drafts the sequence made, and on free text those
         are short-match guesses (a bigram's continuation is right a third of the time).
@@ -252,8 +279,8 @@ class DraftState:
         Pausing those too cost Gemma's free-text run its greedy loop: llama-server's
         ngram-simple, which only drafts after 12 matching tokens, ran it at 53.7 t/s
         with every draft accepted while ours, paused, decoded plainly at 32.1."""
-        sure = int(getattr(self.drafter, "sure_match", 0))
-        if not sure or self.stopped or generated >= self.paused_until:
+        sure = self._sure_match()
+        if not sure or self.stopped or (generated >= self.paused_until and not self.cost_held):
             return 0, 0
         return max(0, min(self.k_max, room)), sure
 
@@ -298,6 +325,8 @@ class DraftState:
             self.k = min(self.k_max, 2 * self.k)
         else:
             self.k = max(1, n_accepted + 1)
+        if self.cost_held:  # a sure draft: its step measured the cost again (`cost`)
+            self.cost_held = not can_pay(self.cost, self.k_max)
         rate = n_accepted / n_proposed
         self.rate = rate if self.verifications == 1 else 0.7 * self.rate + 0.3 * rate
         self._bad = self._bad + 1 if rate < self.min_rate else 0
