@@ -89,6 +89,9 @@ def test_killed_worker_fails_in_flight_request_then_recovers(tiny_llama: Path) -
         with pytest.raises(WorkerDiedError, match="worker died"):
             for _ in it:
                 pass
+        with pytest.raises(WorkerDiedError, match="not running"):
+            e.stats()  # a read (what /metrics asks) never starts a worker
+        assert e.worker_pid == old_pid and not e.worker_alive
         assert e.generate("abc", GREEDY).text()  # a fresh worker serves the next request
         assert e.worker_pid != old_pid
 

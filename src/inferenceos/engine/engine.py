@@ -181,8 +181,10 @@ class Engine(EngineBase):
         return self._ask(Embed(tuple(texts)))
 
     def stats(self) -> StatsReport:
-        """The worker's KV usage per slot, running and waiting requests."""
-        return self._ask(Stats())
+        """The worker's KV usage per slot, running and waiting requests. Asks the worker
+        there is now: a dead one raises WorkerDiedError instead of being started again
+        (a read never starts a load; the next request does), as /metrics asks it."""
+        return self._ask(Stats(), self._current.current())
 
     def export_state(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
         """The KV state of the idle slot sharing the longest prefix with `tokens`: (the

@@ -161,6 +161,15 @@ class CurrentWorker:
                 self.worker = WorkerClient(self.cfg, self.start_timeout)
             return self.worker
 
+    def current(self) -> WorkerClient:
+        """The current worker as it is, dead or alive (WorkerDiedError once closed):
+        for a question that must not start a worker (a read, such as stats). Without
+        `_lock`, which a restart holds while the new worker loads: a read does not wait
+        for a load (it asks the dead worker and fails at once)."""
+        if self._closed:
+            raise errors.WorkerDiedError("the engine was closed (the model is unloaded)")
+        return self.worker
+
     def swap(self, worker: WorkerClient, cfg: WorkerConfig) -> None:
         """Make `worker` (started on `cfg`) the current one; call it under `route`."""
         self.worker, self.cfg = worker, cfg
