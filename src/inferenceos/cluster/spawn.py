@@ -8,6 +8,7 @@ prefix such as `ip netns exec NS`) and waits until its info endpoint answers;
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,21 +19,51 @@ from pathlib import Path
 from inferenceos.cluster.info import WorkerUnreachable, query_info
 from inferenceos.endpoint import Endpoint
 
+# Where free_port looks: below the kernel's ephemeral range, which every outgoing
+# connection and every bind to port 0 draws from. A pair taken from that range (as
+# bind(0) gives) was free when checked and then taken as the local port of another
+# process's HTTP client before the worker bound it: "port 51956 on 127.0.0.1 is in use"
+# failed a whole cluster test file in a parallel suite run.
+_LOWEST_PORT = 20000
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _pair_free(host: str, port: int) -> bool:
+    for p in (port, port + 1):
+        with socket.socket() as s:
+            try:
+                s.bind((host, p))
+            except OSError:
+                return False
+    return True
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port p with p and p + 1 free on `host` now."""
+    """A port p with p and p + 1 free on `host` now, drawn at random from below the
+    ephemeral range (so no outgoing connection takes either before a server binds it),
+    else from the ephemeral range as bind(0) gives."""
+    # the OS's randomness: `random`'s may be seeded alike in every test process
+    draw = random.SystemRandom()
+    high = _ephemeral_low() - 2
+    if high > _LOWEST_PORT:
+        for _ in range(200):
+            port = draw.randint(_LOWEST_PORT, high)
+            if _pair_free(host, port):
+                return port
     for _ in range(200):
         with socket.socket() as s:
             s.bind((host, 0))
             port = int(s.getsockname()[1])
-        if port >= 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port + 1))
-            except OSError:
-                continue
-        return port
+        if port < 65535 and _pair_free(host, port):
+            return port
     raise OSError("no free port pair found")
 
 
