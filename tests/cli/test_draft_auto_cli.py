@@ -71,7 +71,7 @@ def test_auto_learns_ngram_from_a_plain_reply_that_quotes_its_prompt(qwen05_path
     # sentence after it may not be: batched rows move logits by ~1 %, and a near tie
     # can flip, docs/engine.md "Batching and numerics")
     assert _copied(second["text"]) == _copied(first["text"]) != ""
-    none, plan3 = _run(qwen05_path, "--draft", "none")
+    none, plan3 = _run(qwen05_path, "--draft", "none", "-n", "8")  # the plan is the point
     assert none["metrics"]["draft"] == "" and "draft" not in plan3.split("·")[-1]
 
 
