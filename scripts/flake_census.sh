@@ -9,7 +9,8 @@
 #
 # Prints one line per run (neighbour, pytest's closing line, wall seconds, the seconds of
 # tests pytest reports) and then the failures by test id, and exits 1 when any run failed.
-# Each run's whole output is kept under $CENSUS_DIR (default /tmp/flake-census) as run-N.log.
+# Each run's whole output is kept under $CENSUS_DIR (default /tmp/flake-census) as run-N.log,
+# its JUnit report as run-N.xml (scripts/test_durations.py reads one).
 # The clone installs into its own .venv like a fresh machine; the llama.cpp wheel comes
 # from the keyed cache scripts/install.sh fills, so only the first run ever compiles it.
 set -uo pipefail
@@ -44,7 +45,8 @@ for i in $(seq 1 "$RUNS"); do
         spin_pid=$!
     fi
     start=$(date +%s)
-    (cd "$clone" && CI=true make test PYTEST_ARGS="-q -p no:cacheprovider" \
+    (cd "$clone" && CI=true make test \
+        PYTEST_ARGS="-q -p no:cacheprovider --junitxml=$DIR/run-$i.xml" \
         </dev/null >"$DIR/run-$i.log" 2>&1)
     rc=$?
     took=$(( $(date +%s) - start ))
