@@ -9,9 +9,10 @@ yet; rocm-smi ships with every ROCm install.)
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
-from inferenceos.hardware.gpus.common import note_tool_problem
+from inferenceos.hardware.gpus.common import read_tool
 from inferenceos.hardware.gpus.pci import PciGpu, normalise_bus_id
 from inferenceos.hardware.profile import GpuInfo
 from inferenceos.hardware.tools import Runner, run_tool
@@ -24,16 +25,10 @@ def detect_amd(pci: list[PciGpu], warnings: list[str],
                runner: Runner = run_tool) -> list[GpuInfo]:
     """AMD GPUs from rocm-smi; warns when it is missing although the bus shows AMD GPUs,
     or when its output cannot be read."""
-    out = runner(SMI_QUERY)
-    if out.stdout is None:
-        note_tool_problem("amd", out, pci, warnings,
-                          "install ROCm (it ships rocm-smi); sysfs figures are used meanwhile")
-        return []
-    try:
-        return parse_rocm_smi_json(out.stdout, pci)
-    except ValueError as exc:
-        warnings.append(f"amd: could not read `rocm-smi --json` output: {exc}")
-        return []
+    return read_tool(
+        "amd", runner, SMI_QUERY, partial(parse_rocm_smi_json, pci=pci), pci, warnings,
+        "install ROCm (it ships rocm-smi); sysfs figures are used meanwhile",
+        "`rocm-smi --json`") or []
 
 
 def parse_rocm_smi_json(text: str, pci: list[PciGpu] | None = None) -> list[GpuInfo]:

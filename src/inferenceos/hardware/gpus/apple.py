@@ -8,9 +8,9 @@ memory); that share is what `memory_total_bytes` holds here.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from inferenceos.hardware.gpus.common import json_list
 from inferenceos.hardware.profile import GpuInfo
 from inferenceos.hardware.tools import Runner, run_tool
 
@@ -39,13 +39,7 @@ def detect_apple(total_ram: int, available_ram: int, warnings: list[str],
 
 def parse_system_profiler_json(text: str, total_ram: int, available_ram: int) -> list[GpuInfo]:
     """GPUs from SPDisplaysDataType JSON; raises ValueError when it is not that JSON."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg})") from None
-    items = data.get("SPDisplaysDataType") if isinstance(data, dict) else None
-    if not isinstance(items, list):
-        raise ValueError("no SPDisplaysDataType list")
+    items = json_list(text, "SPDisplaysDataType", "no SPDisplaysDataType list")
     return [_gpu(i, item, total_ram, available_ram) for i, item in enumerate(items)
             if isinstance(item, dict)]
 

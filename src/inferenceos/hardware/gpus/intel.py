@@ -8,9 +8,10 @@ drivers allow more through GTT, but the rest of the system needs room too).
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
-from inferenceos.hardware.gpus.common import note_tool_problem
+from inferenceos.hardware.gpus.common import json_list, read_tool
 from inferenceos.hardware.gpus.pci import PciGpu, normalise_bus_id
 from inferenceos.hardware.profile import GpuInfo
 from inferenceos.hardware.tools import Runner, run_tool
@@ -23,17 +24,11 @@ IGPU_RAM_FRACTION = 0.5
 def detect_intel(pci: list[PciGpu], total_ram: int, available_ram: int,
                  warnings: list[str], runner: Runner = run_tool) -> list[GpuInfo]:
     """Intel GPUs from xpu-smi when present, then every other Intel GPU on the PCI bus."""
-    found: list[GpuInfo] = []
     discrete = [d for d in pci if d.vendor == "intel" and d.slot != IGPU_SLOT]
-    out = runner(XPU_DISCOVERY)
-    if out.stdout is not None:
-        try:
-            found = parse_xpu_smi_discovery(out.stdout, runner)
-        except ValueError as exc:
-            warnings.append(f"intel: could not read `xpu-smi discovery -j` output: {exc}")
-    else:
-        note_tool_problem("intel", out, discrete, warnings,
-                          "install xpu-smi for memory figures of Intel data-center GPUs")
+    found = read_tool(
+        "intel", runner, XPU_DISCOVERY, partial(parse_xpu_smi_discovery, runner=runner),
+        discrete, warnings, "install xpu-smi for memory figures of Intel data-center GPUs",
+        "`xpu-smi discovery -j`") or []
     claimed = {g.pci_bus_id for g in found}
     for dev in pci:
         if dev.vendor == "intel" and dev.slot not in claimed:
@@ -60,13 +55,7 @@ def gpu_from_sysfs(dev: PciGpu, index: int, total_ram: int, available_ram: int) 
 def parse_xpu_smi_discovery(text: str, runner: Runner | None = None) -> list[GpuInfo]:
     """GPUs from `xpu-smi discovery -j`; each enriched from `discovery -d ID -j` when a
     `runner` is given. Raises ValueError when the listing is not xpu-smi JSON."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg})") from None
-    devices = data.get("device_list") if isinstance(data, dict) else None
-    if not isinstance(devices, list):
-        raise ValueError("no device_list")
+    devices = json_list(text, "device_list", "no device_list")
     gpus = []
     for i, dev in enumerate(d for d in devices if isinstance(d, dict)):
         detail: dict[str, Any] = {}

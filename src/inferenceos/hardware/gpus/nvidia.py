@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from typing import Any
 
-from inferenceos.hardware.gpus.common import note_tool_problem
+from inferenceos.hardware.gpus.common import read_tool
 from inferenceos.hardware.gpus.pci import PciGpu, normalise_bus_id
 from inferenceos.hardware.profile import GpuInfo
 from inferenceos.hardware.tools import Runner, run_tool
@@ -33,18 +33,12 @@ def detect_nvidia(pci: list[PciGpu], warnings: list[str], runner: Runner = run_t
         gpus = _nvml_with_timeout()
         if gpus:
             return gpus
-    out = runner(SMI_QUERY)
-    if out.stdout is None:
-        note_tool_problem("nvidia", out, pci, warnings,
-                          "install the NVIDIA driver (it ships nvidia-smi)")
-        return []
-    try:
-        gpus = parse_nvidia_smi_xml(out.stdout)
-    except ValueError as exc:
-        warnings.append(f"nvidia: could not read `nvidia-smi -q -x` output: {exc}")
+    smi = read_tool("nvidia", runner, SMI_QUERY, parse_nvidia_smi_xml, pci, warnings,
+                    "install the NVIDIA driver (it ships nvidia-smi)", "`nvidia-smi -q -x`")
+    if smi is None:
         return []
     caps = parse_compute_caps(runner(SMI_COMPUTE_CAP).stdout or "")
-    return [_with_compute(g, caps) for g in gpus]
+    return [_with_compute(g, caps) for g in smi]
 
 
 def _with_compute(gpu: GpuInfo, caps: dict[str, str]) -> GpuInfo:
