@@ -97,11 +97,15 @@ def telemetry_cmd(
               f"(kind {status['machine']['kind']})", markup=False)
     rows = status["rows"]
     if rows:
-        out.print("rows:      " + ", ".join(f"{k} {v}" for k, v in rows.items()),
-                  markup=False)
+        out.print("rows:      " + _counts(rows), markup=False)
     else:
         out.print("rows:      none recorded yet", markup=False)
     out.print(_kv_cache_line(status["kv_cache"]), markup=False)
+
+
+def _counts(rows: dict[str, int]) -> str:
+    """Rows per table as one line: "generations 3, loads 1" (the order given)."""
+    return ", ".join(f"{k} {v}" for k, v in rows.items())
 
 
 @telemetry_app.command("export")
@@ -111,9 +115,7 @@ def export_cmd(
     """Write everything recorded to FILE (JSON), to import on another machine."""
     from inferenceos import telemetry
 
-    rows = telemetry.export_file(file)
-    out.print(f"exported to {file}: " + ", ".join(f"{k} {v}" for k, v in rows.items()),
-              markup=False)
+    out.print(f"exported to {file}: {_counts(telemetry.export_file(file))}", markup=False)
 
 
 @telemetry_app.command("import")
@@ -123,9 +125,7 @@ def import_cmd(
     """Merge an export into this machine's database (importing twice adds nothing)."""
     from inferenceos import telemetry
 
-    added = telemetry.import_file(file)
-    out.print(f"imported {file}: " + ", ".join(f"{k} {v}" for k, v in added.items()),
-              markup=False)
+    out.print(f"imported {file}: {_counts(telemetry.import_file(file))}", markup=False)
 
 
 @telemetry_app.command("reset")
