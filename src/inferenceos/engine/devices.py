@@ -14,6 +14,7 @@ from typing import Any
 
 from inferenceos.engine.llama_lib import lib, library_dir
 from inferenceos.errors import ModelLoadError
+from inferenceos.hardware.llama_probe import bind
 
 
 class TensorBuftOverride(ctypes.Structure):
@@ -24,19 +25,21 @@ class TensorBuftOverride(ctypes.Structure):
 
 
 @functools.cache
-def _ggml() -> Any:
+def ggml() -> Any:
+    """libggml of the loaded llama.cpp, with the signatures of every ggml-backend
+    function the engine calls set (device and buffer type by name, their names back)."""
     lib()  # backends are registered when llama.cpp initialises
     g = ctypes.CDLL(str(library_dir() / "libggml.so"))
-    g.ggml_backend_dev_by_name.argtypes = [ctypes.c_char_p]
-    g.ggml_backend_dev_by_name.restype = ctypes.c_void_p
-    g.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
-    g.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    bind(g, "ggml_backend_dev_by_name", ctypes.c_void_p, ctypes.c_char_p)
+    bind(g, "ggml_backend_dev_buffer_type", ctypes.c_void_p, ctypes.c_void_p)
+    bind(g, "ggml_backend_dev_name", ctypes.c_char_p, ctypes.c_void_p)
+    bind(g, "ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
     return g
 
 
 def device_handle(device: str) -> int:
     """llama.cpp's `ggml_backend_dev_t` for device `device` ("CPU", "CUDA0", ...)."""
-    dev = _ggml().ggml_backend_dev_by_name(device.encode())
+    dev = ggml().ggml_backend_dev_by_name(device.encode())
     if not dev:
         raise ModelLoadError(f"llama.cpp has no device named {device!r}")
     return int(dev)
@@ -44,7 +47,7 @@ def device_handle(device: str) -> int:
 
 def buffer_type(device: str) -> int:
     """The default buffer type of llama.cpp device `device` ("CPU", "CUDA0", ...)."""
-    g = _ggml()
+    g = ggml()
     dev = g.ggml_backend_dev_by_name(device.encode())
     if not dev:
         raise ModelLoadError(f"llama.cpp has no device named {device!r}")
@@ -65,7 +68,7 @@ def _soname(stem: str) -> Any:
 
 @functools.cache
 def _rpc() -> Any:
-    _ggml()
+    ggml()
     path = _soname("ggml-rpc")
     if not path.exists():
         raise ModelLoadError(
@@ -73,13 +76,10 @@ def _rpc() -> Any:
             "reinstall with CMAKE_ARGS='-DGGML_RPC=ON' (scripts/install.sh)"
         )
     r = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    r.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
-    r.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
-    g = _ggml()
-    g.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
-    g.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
-    g.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    g.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    bind(r, "ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)
+    g = ggml()
+    bind(g, "ggml_backend_reg_dev_count", ctypes.c_size_t, ctypes.c_void_p)
+    bind(g, "ggml_backend_reg_dev_get", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
     return r
 
 
@@ -96,7 +96,7 @@ def _rpc_device(address: str, index: int) -> int:
     probe = probe_worker(ep, timeout=3.0, measure=False)
     if not probe.usable:
         raise ModelLoadError(f"{probe.error}; plan again without it")
-    r, g = _rpc(), _ggml()
+    r, g = _rpc(), ggml()
     reg = r.ggml_backend_rpc_add_server(address.encode())
     if not reg or index >= g.ggml_backend_reg_dev_count(reg):
         raise ModelLoadError(f"worker {address} has no device {index}")
@@ -112,7 +112,7 @@ def device_array(names: tuple[str, ...]) -> Any:
 
     if not any(parse_device_name(n) for n in names):
         return None
-    g = _ggml()
+    g = ggml()
     handles = []
     for name in names:
         rpc = parse_device_name(name)

@@ -178,17 +178,6 @@ def embedding_context_params(s: LlamaParams, n_ctx: int, n_seq_max: int) -> Any:
 # -- the structs as plain values ------------------------------------------------------
 
 
-def _ggml_names() -> Any:
-    from inferenceos.engine.devices import _ggml
-
-    g = _ggml()
-    g.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
-    g.ggml_backend_dev_name.restype = ctypes.c_char_p
-    g.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
-    g.ggml_backend_buft_name.restype = ctypes.c_char_p
-    return g
-
-
 def _address(value: Any) -> int:
     """A ctypes pointer or function field's address (0 when NULL)."""
     return ctypes.cast(value, ctypes.c_void_p).value or 0
@@ -198,7 +187,9 @@ def describe_model_params(p: Any) -> dict[str, Any]:
     """Every llama_model_params field as plain values: the device list and the
     overrides by llama.cpp's names, the tensor split as its first llama_max_devices()
     shares, callbacks as set or not. Call it while the pointed-to buffers live."""
-    g = _ggml_names()
+    from inferenceos.engine.devices import ggml
+
+    g = ggml()  # its names of devices and buffer types
     out: dict[str, Any] = {}
     for name, _ in type(p)._fields_:
         out[name] = getattr(p, name)
