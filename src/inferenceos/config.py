@@ -62,14 +62,20 @@ def _host(v: str) -> str | None:
     return None if v and not any(c.isspace() for c in v) else "must be a host name or IP"
 
 
-def _workers(v: str) -> str | None:
-    from inferenceos.endpoint import parse_endpoints
-
+def _error_of(parse: Callable[[str], object], v: str) -> str | None:
+    """What `parse` says is wrong with `v` (its InferenceOSError's message), or None
+    when it parses: a check for a setting whose parser already explains itself."""
     try:
-        parse_endpoints(v)
+        parse(v)
     except InferenceOSError as exc:
         return str(exc)
     return None
+
+
+def _workers(v: str) -> str | None:
+    from inferenceos.endpoint import parse_endpoints
+
+    return _error_of(parse_endpoints, v)
 
 
 def _size(v: str) -> str | None:
@@ -78,11 +84,7 @@ def _size(v: str) -> str | None:
         return None
     from inferenceos.units import parse_size
 
-    try:
-        parse_size(v)
-    except InferenceOSError as exc:
-        return str(exc)
-    return None
+    return _error_of(parse_size, v)
 
 
 def _url(v: str) -> str | None:
