@@ -4,15 +4,39 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from inferenceos import interrupt
 from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err, print_json
+from inferenceos.cli.gen_opts import (
+    AudioOpt,
+    BatchOpt,
+    IgnoreEosOpt,
+    ImageOpt,
+    JsonOpt,
+    LoadOptions,
+    MaxTokensOpt,
+    MinPOpt,
+    PromptOpt,
+    RawOpt,
+    RunCtxOpt,
+    RunKvPolicyOpt,
+    RunModelArg,
+    SamplingOptions,
+    SeedOpt,
+    StopOpt,
+    SystemOpt,
+    TemperatureOpt,
+    TemplateOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseLogOpt,
+)
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.cli.plan_opts import (
     BackendOpt,
@@ -27,11 +51,9 @@ from inferenceos.cli.plan_opts import (
     ThreadsOpt,
     draft_choice,
     flash_attn_choice,
-    load_request,
 )
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.llama_lib import log
-from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
 
@@ -143,64 +165,31 @@ def footer(m: GenerationMetrics) -> str:
          f"{m.tokens_per_step:.2f} tok/step" if m.draft else "")
 
 
+@dataclass(frozen=True)
+class PromptShape:
+    """What `run` wraps the prompt in: the system message, --raw (no chat template), the
+    built-in template asked for, and the media files it shows the model."""
+
+    system: str | None = None
+    raw: bool = False
+    template: str | None = None
+    images: tuple[Path, ...] = ()
+    audios: tuple[Path, ...] = ()
+
+
 def run(
-    model: Annotated[
-        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma 3 270M)")
-    ] = "",
-    prompt: Annotated[
-        str | None, typer.Option("--prompt", "-p", help="Prompt text (else read from stdin)")
-    ] = None,
-    system: Annotated[str | None, typer.Option("--system", help="System message")] = None,
-    raw: Annotated[
-        bool, typer.Option("--raw", help="Send the prompt as is, without the chat template")
-    ] = False,
-    template: Annotated[
-        str | None,
-        typer.Option("--template", help="Use llama.cpp's built-in chat template NAME (e.g. gemma)"),
-    ] = None,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")
-    ] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
-    seed: Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed")] = None,
-    stop: Annotated[
-        list[str] | None, typer.Option("--stop", help="Stop string (repeatable)")
-    ] = None,
-    ignore_eos: Annotated[
-        bool, typer.Option("--ignore-eos", help="Generate past end-of-text")
-    ] = False,
-    ctx: Annotated[int, typer.Option("--ctx", min=0, help="Context size (0: auto)")] = 0,
-    threads: ThreadsOpt = 0,
-    batch: Annotated[int, typer.Option(
-        "--batch", min=0, help="Prefill batch size (0: planned)")] = 0,
-    gpu_layers: GpuLayersOpt = None,
-    backend: BackendOpt = None,
-    cache_type_k: CacheTypeKOpt = None,
-    cache_type_v: CacheTypeVOpt = None,
-    flash_attn: FlashAttnOpt = "auto",
-    policy: PolicyOpt = "balanced",
-    kv_quality: KvQualityOpt = None,
-    kv_policy: Annotated[str, typer.Option(
-        "--kv-policy", help="KV cache eviction when the context fills: none, streaming, h2o")
-    ] = "none",
-    rpc: RpcOpt = None,
-    ram: RamCapOpt = None,
-    gpu_memory: GpuCapOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object at the end")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
-    draft: DraftOpt = None,
-    image: Annotated[list[Path] | None, typer.Option(
-        "--image", help="An image file to show the model (repeatable; needs a projector)",
-    )] = None,
-    audio: Annotated[list[Path] | None, typer.Option(
-        "--audio", help="An audio file (WAV, MP3, FLAC) for a model whose projector hears",
-    )] = None,
-    mmproj: MmprojOpt = None,
+    model: RunModelArg = "", prompt: PromptOpt = None, system: SystemOpt = None,
+    raw: RawOpt = False, template: TemplateOpt = None, max_tokens: MaxTokensOpt = 256,
+    temperature: TemperatureOpt = 0.8, top_k: TopKOpt = 40, top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05, seed: SeedOpt = None, stop: StopOpt = None,
+    ignore_eos: IgnoreEosOpt = False, ctx: RunCtxOpt = 0, threads: ThreadsOpt = 0,
+    batch: BatchOpt = 0, gpu_layers: GpuLayersOpt = None, backend: BackendOpt = None,
+    cache_type_k: CacheTypeKOpt = None, cache_type_v: CacheTypeVOpt = None,
+    flash_attn: FlashAttnOpt = "auto", policy: PolicyOpt = "balanced",
+    kv_quality: KvQualityOpt = None, kv_policy: RunKvPolicyOpt = "none", rpc: RpcOpt = None,
+    ram: RamCapOpt = None, gpu_memory: GpuCapOpt = None, as_json: JsonOpt = False,
+    verbose: VerboseLogOpt = False, draft: DraftOpt = None, image: ImageOpt = None,
+    audio: AudioOpt = None, mmproj: MmprojOpt = None,
 ) -> None:
     """Generate a completion for one prompt, streaming tokens as they come.
 
@@ -208,56 +197,67 @@ def run(
     Ctrl-C stops it at any moment: exit 130, with the footer once the model is loaded
     (`stop: interrupted`), one line before."""
     interrupt.install()
+    sampling = SamplingOptions(temperature, top_k, top_p, min_p, seed, max_tokens,
+                               tuple(stop or ()), ignore_eos)
+    load = LoadOptions(ctx, threads, gpu_layers, backend, cache_type_k, cache_type_v,
+                       flash_attn, policy, kv_quality, kv_policy, rpc, ram, gpu_memory,
+                       draft, mmproj)
     if prompt is None and sys.stdin.isatty() and sys.stdout.isatty() and not as_json:
         from inferenceos.cli.chat_cmd import start_chat
 
         start_chat(model, system=system, ctx=ctx, threads=threads, verbose=verbose,
-                   options={"temperature": temperature, "top_k": top_k, "top_p": top_p,
-                            "min_p": min_p, "seed": seed, "max_tokens": max_tokens},
+                   options=sampling.chat_options(),
                    load={"mmproj": mmproj, "gpu_layers": gpu_layers, "backend": backend,
                          "draft": draft_choice(draft)})
         return
     text = _read_prompt(prompt)
-    sampling = SamplingParams(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        seed=seed,
-        max_tokens=max_tokens,
-        stop=tuple(stop or ()),
-        ignore_eos=ignore_eos,
-    )
-    sampling.validate()
+    shape = PromptShape(system, raw, template, tuple(image or ()), tuple(audio or ()))
+    pieces, m, interrupted = _generate(model, text, shape, sampling, load, batch=batch,
+                                       as_json=as_json, verbose=verbose)
+    if as_json:
+        print_json({"text": "".join(pieces), "metrics": m.to_json()})
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        err.print(footer(m), style="dim")
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def _generate(model: str, text: str, shape: PromptShape, sampling: SamplingOptions,
+              load: LoadOptions, *, batch: int, as_json: bool,
+              verbose: bool) -> tuple[list[str], GenerationMetrics, bool]:
+    """Resolve, plan, load and generate once, streaming the text to stdout unless
+    `as_json`; the run is recorded (telemetry). Returns (the pieces generated, the
+    metrics, whether Ctrl-C stopped it: then the metrics' stop reason is
+    `interrupted`). Ctrl-C before the model is loaded propagates."""
+    params = sampling.params()
     from inferenceos.engine.scheduler import generate_one
     from inferenceos.media.files import with_markers
     from inferenceos.model.spec import load_spec
 
     spec = load_spec(resolve_model(model))
     log().echo = verbose
-    items, projector, n_media = _media_inputs(model, image, audio, mmproj)
+    items, projector, n_media = _media_inputs(model, list(shape.images) or None,
+                                              list(shape.audios) or None, load.mmproj)
     text = with_markers(text, len(items))
-    need = min(len(text.encode()) + n_media + max_tokens + 64,
+    need = min(len(text.encode()) + n_media + sampling.max_tokens + 64,
                spec.context_length or DEFAULT_CTX)
-    req = load_request(
-        ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
-        ram=ram, gpu_memory=gpu_memory, n_batch=batch, need_tokens=need, mmproj=projector,
-        image_tokens=n_media, kv_quality=kv_quality, draft=draft_choice(draft),
-    )
-    probe = _policy_probe(spec, kv_policy)
+    req = load.request(n_batch=batch, need_tokens=need, mmproj=projector,
+                       image_tokens=n_media)
+    probe = _policy_probe(spec, load.kv_policy)
     # H2O reads attention, which exists only without flash attention
-    req = replace(req, flash_attn=flash_attn_choice(flash_attn, probe is not None))
+    req = replace(req, flash_attn=flash_attn_choice(load.flash_attn, probe is not None))
     plan = _plan_here(spec.path, req)
     with LoadedModel(spec.path, plan.params(),
                      eval_callback=probe.callback if probe else None) as lm, \
             _encoder(lm, projector.path if projector else None) as encoder:
-        prompt_text = _prompt_text(spec, lm, text, system, raw, template)
+        prompt_text = _prompt_text(spec, lm, text, shape.system, shape.raw, shape.template)
         # the one decode path (the scheduler's), whatever the options: run and serve
         # stop, count and time a generation alike. With the threads it was given: the
         # telemetry row below records them as the ones that decoded.
-        events = generate_one(lm, prompt_text, sampling, plan.engine_draft, kv_policy, probe,
-                              media=encoder, items=items, adaptive_threads=False)
+        events = generate_one(lm, prompt_text, params, plan.engine_draft, load.kv_policy,
+                              probe, media=encoder, items=items, adaptive_threads=False)
         pieces: list[str] = []
         interrupted = False
         try:
@@ -274,11 +274,4 @@ def run(
         from inferenceos.cli.run_telemetry import record_run
 
         record_run(lm, m)
-    if as_json:
-        print_json({"text": "".join(pieces), "metrics": m.to_json()})
-    else:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        err.print(footer(m), style="dim")
-    if interrupted:
-        raise typer.Exit(130)
+    return pieces, m, interrupted
