@@ -132,9 +132,7 @@ def make_plan(
 
     Raises PlanRefused when nothing fits (not even with weights left on disk).
     """
-    ctx.validate()
-    if ctx.type_k in ("q8_0", "q4_0") or ctx.type_v in ("q8_0", "q4_0"):
-        _check_quant_heads(facts, ctx)
+    _check_settings(facts, ctx)
     if kv_floor not in KV_FLOORS:
         raise UsageError(f"unknown KV quality {kv_floor!r} (one of {', '.join(KV_FLOORS)})")
     floor = min(ctx.n_ctx, max(min(min_ctx, ctx.n_ctx), need_tokens))
@@ -182,9 +180,7 @@ def ladder_plan(
 
     Raises PlanRefused when nothing fits (not even with weights left on disk).
     """
-    ctx.validate()
-    if ctx.type_k in ("q8_0", "q4_0") or ctx.type_v in ("q8_0", "q4_0"):
-        _check_quant_heads(facts, ctx)
+    _check_settings(facts, ctx)
     changes: list[Change] = []
     ladder = _context_ladder(ctx, pinned_ctx, min(min_ctx, ctx.n_ctx))
     if not quantize_kv or facts.spec.key_length % 32 or facts.spec.value_length % 32:
@@ -274,6 +270,15 @@ def _check_stream_room(
     window = stream_room(facts, head_on_cpu)
     if est.anonymous + window > machine.cpu.memory_bytes:
         raise PlanRefused(_refusal(facts, machine, est, est.anonymous, ctx, window))
+
+
+def _check_settings(facts: ModelFacts, ctx: ContextSettings) -> None:
+    """UsageError for asked settings no plan may start from, whichever planner runs:
+    `ctx` itself invalid (ContextSettings.validate), or a quantized KV cache on heads
+    llama.cpp cannot quantize (`_check_quant_heads`)."""
+    ctx.validate()
+    if ctx.type_k in ("q8_0", "q4_0") or ctx.type_v in ("q8_0", "q4_0"):
+        _check_quant_heads(facts, ctx)
 
 
 def _check_quant_heads(facts: ModelFacts, ctx: ContextSettings) -> None:
