@@ -6,12 +6,11 @@ import dataclasses
 import logging
 import ssl
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err
+from inferenceos.cli.gen_opts import LoadOptions
 from inferenceos.cli.plan_opts import (
     BackendOpt,
     CacheTypeKOpt,
@@ -22,10 +21,40 @@ from inferenceos.cli.plan_opts import (
     MmprojOpt,
     PolicyOpt,
     ThreadsOpt,
-    draft_choice,
-    flash_attn_choice,
-    load_request,
 )
+from inferenceos.cli.serve_opts import (
+    AccessLogOpt,
+    AllowHostOpt,
+    AllowMediaUrlsOpt,
+    AnyModelOpt,
+    ApiKeyOpt,
+    CorsOriginOpt,
+    HostOpt,
+    KeepAliveOpt,
+    KvCacheDiskOpt,
+    KvCacheRamOpt,
+    ListenOptions,
+    MaxBodyOpt,
+    MaxModelsOpt,
+    MemoryBudgetOpt,
+    NPredictOpt,
+    ParallelOpt,
+    PinOpt,
+    PoolOptions,
+    PortOpt,
+    QueueOpt,
+    ServeCtxOpt,
+    ServeKvPolicyOpt,
+    ServeModelArg,
+    ServeSeedOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+)
+
+if TYPE_CHECKING:
+    from inferenceos.registry.catalog import Catalog
+    from inferenceos.registry.manager import ModelManager
+    from inferenceos.server.settings import ServerSettings
 
 _LOCAL_WARNING = (
     "WARNING: serving on {host} without an API key: anyone who can reach this machine "
@@ -195,122 +224,106 @@ def kv_cache_kw(ram: str | None, disk: str | None, cfg: Any,
 
 
 def serve(
-    model: Annotated[str, typer.Argument(
-        help="Default model: a .gguf path, a registry name (default: built-in Gemma 3 270M)"
-    )] = "",
-    host: Annotated[str | None, typer.Option("--host", help="Bind address (server.host)")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="TCP port (server.port)")] = None,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", help="Require this key (server.api_key / INFERENCEOS_SERVER_API_KEY)"
-    )] = None,
-    ctx: Annotated[int, typer.Option(
-        "--ctx", min=0, help="Context per sequence (0: auto)")] = 0,
-    threads: ThreadsOpt = 0,
-    parallel: Annotated[int, typer.Option(
-        "--parallel", min=1, help="Sequences batched at once")] = 4,
-    queue: Annotated[int, typer.Option("--queue", help="Requests queued beyond those")] = 32,
-    keep_alive: Annotated[float, typer.Option(
-        "--keep-alive", help="Seconds an idle model stays loaded (<0: forever)")] = 300.0,
-    max_models: Annotated[int, typer.Option(
-        "--max-models", help="Extra cap on models loaded at once (0: by memory only)")] = 0,
-    memory_budget: Annotated[str | None, typer.Option(
-        "--memory-budget", help="Cap on the memory all models may hold (e.g. 8GiB)")] = None,
-    pin: Annotated[list[str] | None, typer.Option(
-        "--pin", help="Keep this model hot: never demoted (repeatable; server.pin)")] = None,
-    gpu_layers: GpuLayersOpt = None,
-    backend: BackendOpt = None,
-    cache_type_k: CacheTypeKOpt = None,
-    cache_type_v: CacheTypeVOpt = None,
-    flash_attn: FlashAttnOpt = "auto",
-    policy: PolicyOpt = "balanced",
-    kv_policy: Annotated[str, typer.Option(
-        "--kv-policy", help="KV cache eviction: none, streaming, h2o (requests may pick)")
-    ] = "none",
-    draft: DraftOpt = None,
-    n_predict: Annotated[int, typer.Option(
-        "--n-predict", help="Tokens a llama.cpp-dialect request generates by default "
-        "(-1: until the end; llama-server's -n)")] = -1,
-    seed: Annotated[int | None, typer.Option(
-        "--seed", help="Default sampling seed of llama.cpp-dialect requests")] = None,
-    any_model: Annotated[bool, typer.Option(
-        "--any-model", help="An unknown model name reaches the default model (llama-server)")
-    ] = False,
-    allow_host: Annotated[list[str] | None, typer.Option(
-        "--allow-host", help="Extra Host header accepted on loopback (repeatable)")] = None,
-    cors_origin: Annotated[list[str] | None, typer.Option(
-        "--cors-origin", help="Extra CORS origin allowed (repeatable)")] = None,
-    max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="Largest body")] = 8.0,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Access log")] = False,
-    rpc: RpcOpt = None,
-    ram: RamCapOpt = None,
-    gpu_memory: GpuCapOpt = None,
-    tls_cert: Annotated[Path | None, typer.Option(
-        "--tls-cert", help="Serve HTTPS with this certificate (PEM; with --tls-key)")] = None,
-    tls_key: Annotated[Path | None, typer.Option(
-        "--tls-key", help="The certificate's private key (PEM)")] = None,
-    mmproj: MmprojOpt = None,
-    kv_cache_ram: Annotated[str | None, typer.Option(
-        "--kv-cache-ram", help="Host RAM each model's KV cache tier may hold (e.g. 2GiB; "
-        "0: none; default: an eighth of free RAM, at most 1GiB; kv_cache.ram)")] = None,
-    kv_cache_disk: Annotated[str | None, typer.Option(
-        "--kv-cache-disk", help="Disk the KV cache may fill under <data dir>/kv-cache "
-        "(0: none; default: a quarter of free disk, at most 20GiB; kv_cache.disk)")] = None,
-    allow_media_urls: Annotated[bool, typer.Option(
-        "--allow-media-urls", help="Fetch http(s) image URLs in requests (public "
-        "addresses only; off: data: URLs and base64 only; server.media_fetch)")] = False,
+    model: ServeModelArg = "", host: HostOpt = None, port: PortOpt = None,
+    api_key: ApiKeyOpt = None, ctx: ServeCtxOpt = 0, threads: ThreadsOpt = 0,
+    parallel: ParallelOpt = 4, queue: QueueOpt = 32, keep_alive: KeepAliveOpt = 300.0,
+    max_models: MaxModelsOpt = 0, memory_budget: MemoryBudgetOpt = None, pin: PinOpt = None,
+    gpu_layers: GpuLayersOpt = None, backend: BackendOpt = None,
+    cache_type_k: CacheTypeKOpt = None, cache_type_v: CacheTypeVOpt = None,
+    flash_attn: FlashAttnOpt = "auto", policy: PolicyOpt = "balanced",
+    kv_policy: ServeKvPolicyOpt = "none", draft: DraftOpt = None,
+    n_predict: NPredictOpt = -1, seed: ServeSeedOpt = None, any_model: AnyModelOpt = False,
+    allow_host: AllowHostOpt = None, cors_origin: CorsOriginOpt = None,
+    max_body_mb: MaxBodyOpt = 8.0, verbose: AccessLogOpt = False, rpc: RpcOpt = None,
+    ram: RamCapOpt = None, gpu_memory: GpuCapOpt = None, tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None, mmproj: MmprojOpt = None,
+    kv_cache_ram: KvCacheRamOpt = None, kv_cache_disk: KvCacheDiskOpt = None,
+    allow_media_urls: AllowMediaUrlsOpt = False,
 ) -> None:
     """Serve models over the OpenAI and Ollama APIs (loopback only unless told)."""
+    listen = ListenOptions(host, port, api_key, tuple(allow_host or ()),
+                           tuple(cors_origin or ()), max_body_mb, any_model, n_predict,
+                           seed, allow_media_urls, tls_cert, tls_key)
+    pool = PoolOptions(parallel, queue, keep_alive, max_models, memory_budget,
+                       tuple(pin or ()), kv_cache_ram, kv_cache_disk)
+    load = LoadOptions(ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
+                       cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                       flash_attn=flash_attn, policy=policy, kv_policy=kv_policy, rpc=rpc,
+                       ram=ram, gpu_memory=gpu_memory, draft=draft, mmproj=mmproj)
+    _serve(model, listen, pool, load, verbose)
+
+
+def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptions,
+           verbose: bool) -> None:
+    """Settings, default model, model pool, the checks before listening, the pinned
+    models loaded; then serve until stopped and exit 0 once drained. Each failure
+    before listening is an InferenceOSError (UsageError for options), in that order."""
     from inferenceos.config import load_config
-    from inferenceos.errors import UsageError
-    from inferenceos.net import bind_error
-    from inferenceos.registry.budget import MemoryBudget
     from inferenceos.registry.catalog import Catalog
-    from inferenceos.registry.manager import ModelManager, engine_factory
     from inferenceos.registry.store import ModelStore
-    from inferenceos.server.app import create_app
-    from inferenceos.server.runner import make_server
-    from inferenceos.server.settings import ServerSettings
-    from inferenceos.units import parse_size
 
     cfg = load_config()
-    settings = ServerSettings(
-        host=host or cfg.get("server.host"), port=port or cfg.get("server.port"),
-        api_key=api_key if api_key is not None else cfg.get("server.api_key"),
-        allowed_hosts=tuple(allow_host or ()), cors_origins=tuple(cors_origin or ()),
-        max_body_bytes=int(max_body_mb * 1024 * 1024), max_running=parallel,
-        max_waiting=queue, any_model=any_model, n_predict=n_predict, seed=seed,
-        media_fetch=allow_media_urls or bool(cfg.get("server.media_fetch")),
-        shutdown_grace_s=float(cfg.get("server.shutdown_grace_s")),
-    )
+    settings = listen.settings(cfg, pool)
     catalog = Catalog(ModelStore(cfg.models_dir))
-    settings = dataclasses.replace(settings,
-                                   default_model=_default_model(model, catalog, mmproj))
-    kv_cache = kv_cache_kw(kv_cache_ram, kv_cache_disk, cfg,
-                           parse_size(memory_budget) if memory_budget else None)
-    base = load_request(
-        ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,
-        cache_type_k=cache_type_k, cache_type_v=cache_type_v, policy=policy, rpc=rpc,
-        ram=ram, gpu_memory=gpu_memory,
-        flash_attn=flash_attn_choice(flash_attn, _reads_attention(kv_policy)),
+    settings = dataclasses.replace(
+        settings, default_model=_default_model(model, catalog, load.mmproj))
+    manager, pins = _manager(cfg, catalog, pool, load)
+    cert_file, key_file = _tls_files(listen.tls_cert, listen.tls_key)
+    _check_listening(settings, cert_file is not None, verbose)
+    if settings.default_model not in pins:  # a pinned one prints it as it loads
+        _print_default_plan(manager, settings.default_model)
+    _load_pinned(manager)
+    scheme = "https" if cert_file else "http"
+    err.print(f"InferenceOS API on {scheme}://{settings.host}:{settings.port} "
+              f"(default model {settings.default_model}; OpenAI at /v1, Ollama at /api)")
+    from inferenceos.server.app import create_app
+    from inferenceos.server.runner import make_server
+
+    server = make_server(create_app(settings, catalog, manager), settings.host, settings.port,
+                         grace_s=settings.shutdown_grace_s, tls_cert=cert_file,
+                         tls_key=key_file)
+    server.run()
+    from inferenceos.interrupt import exit_now
+
+    exit_now(0)  # drained and closed: what is left of the exit is the interpreter's
+
+
+def _manager(cfg: Any, catalog: Catalog, pool: PoolOptions,
+             load: LoadOptions) -> tuple[ModelManager, list[str]]:
+    """The model pool the server answers from (nothing loaded yet) and the names of the
+    pinned models (--pin, then server.pin), each resolved now (an unknown one fails)."""
+    from inferenceos.registry.budget import MemoryBudget
+    from inferenceos.registry.manager import ModelManager, engine_factory
+
+    kv_cache = kv_cache_kw(pool.kv_cache_ram, pool.kv_cache_disk, cfg, pool.memory_cap())
+    base = load.request(
+        reads_attention=_reads_attention(load.kv_policy),
         # returning turns restore their history from the KV cache (plan/flash_attn.py)
         cached_turns=kv_cache["kv_cache_ram"] > 0 or kv_cache["kv_cache_disk"] > 0,
-        draft=draft_choice(draft),
     )
     base.validate()
-    pinned = [*(pin or ()), *_config_pins(cfg.get("server.pin"))]
-    manager_pins = [catalog.resolve(p).name for p in pinned]
+    pinned = [*pool.pin, *_config_pins(cfg.get("server.pin"))]
+    pins = [catalog.resolve(p).name for p in pinned]
     manager = ModelManager(
         catalog.resolve, factory=engine_factory(
-            queue, kv_policy=kv_policy, **kv_cache),
-        budget=MemoryBudget(total_cap=parse_size(memory_budget) if memory_budget else None),
-        base=base, slots=parallel, keep_alive_s=keep_alive,
-        max_loaded=max_models or None, pinned=manager_pins,
+            pool.queue, kv_policy=load.kv_policy, **kv_cache),
+        budget=MemoryBudget(total_cap=pool.memory_cap()),
+        base=base, slots=pool.parallel, keep_alive_s=pool.keep_alive,
+        max_loaded=pool.max_models or None, pinned=pins,
         on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False),
     )
-    cert_file, key_file = _tls_files(tls_cert, tls_key)
+    return manager, pins
+
+
+def _check_listening(settings: ServerSettings, tls: bool, verbose: bool) -> None:
+    """Warn (in red) when serving off loopback without a key or without TLS; set up the
+    server's stderr logging; UsageError when the address cannot be bound now."""
+    from inferenceos.errors import UsageError
+    from inferenceos.net import bind_error
+
     if not settings.on_loopback and not settings.api_key:
         err.print(_LOCAL_WARNING.format(host=settings.host), style="bold red")
-    if not settings.on_loopback and cert_file is None:
+    if not settings.on_loopback and not tls:
         err.print(_TLS_WARNING.format(
             host=settings.host, key=" and the API key" if settings.api_key else ""),
             style="bold red")
@@ -321,16 +334,3 @@ def serve(
             f"cannot listen on {settings.host}:{settings.port}: {problem.strerror or problem} "
             "(another InferenceOS or Ollama server? choose one with --port)"
         )
-    if settings.default_model not in manager_pins:  # a pinned one prints it as it loads
-        _print_default_plan(manager, settings.default_model)
-    _load_pinned(manager)
-    scheme = "https" if cert_file else "http"
-    err.print(f"InferenceOS API on {scheme}://{settings.host}:{settings.port} "
-              f"(default model {settings.default_model}; OpenAI at /v1, Ollama at /api)")
-    server = make_server(create_app(settings, catalog, manager), settings.host, settings.port,
-                         grace_s=settings.shutdown_grace_s, tls_cert=cert_file,
-                         tls_key=key_file)
-    server.run()
-    from inferenceos.interrupt import exit_now
-
-    exit_now(0)  # drained and closed: what is left of the exit is the interpreter's
