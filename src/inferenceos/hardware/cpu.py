@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import platform
 import re
-import sys
 from pathlib import Path
 
 from inferenceos.errors import UsageError
 from inferenceos.hardware.cgroup import cpu_quota
 from inferenceos.hardware.profile import CpuInfo
-from inferenceos.hardware.tools import read_text, run_tool
+from inferenceos.hardware.tools import probe_proc, read_text, run_tool
 from inferenceos.units import parse_size
 
 # OS spelling → our spelling, in the order we show them.
@@ -47,14 +46,10 @@ def normalise_isa(flags: list[str]) -> list[str]:
 def detect_cpu(proc: Path = Path("/proc"), sys_root: Path = Path("/sys"),
                warnings: list[str] | None = None) -> CpuInfo:
     """Describe the CPU of this machine (or of the recorded `proc`/`sys_root` trees)."""
-    warns = warnings if warnings is not None else []
-    if sys.platform == "darwin" and proc == Path("/proc"):
-        return _detect_macos(warns)
-    text = read_text(proc / "cpuinfo")
-    if text is None:
-        warns.append("cpu: /proc/cpuinfo is unreadable; CPU features unknown")
-        return _fallback_cpu()
-    return _detect_linux(text, sys_root, recorded=proc != Path("/proc"))
+    recorded = proc != Path("/proc")
+    return probe_proc(proc, "cpuinfo", warnings, "cpu", "CPU features unknown",
+                      lambda text: _detect_linux(text, sys_root, recorded=recorded),
+                      _detect_macos, _fallback_cpu)
 
 
 def _fallback_cpu() -> CpuInfo:

@@ -8,12 +8,11 @@ and `vm_stat`. `usable_bytes` folds in the cgroup limit, because inside a contai
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 from inferenceos.hardware.cgroup import memory_limit
 from inferenceos.hardware.profile import MemoryInfo
-from inferenceos.hardware.tools import read_text, run_tool
+from inferenceos.hardware.tools import probe_proc, run_tool
 
 # Memory a process charges to its cgroup after it has read its budget, whatever it
 # loads: the code pages a decode step executes (llama.cpp's CPU kernels, its graph code,
@@ -40,14 +39,13 @@ def parse_meminfo(text: str) -> dict[str, int]:
 def detect_memory(proc: Path = Path("/proc"), sys_root: Path = Path("/sys"),
                   warnings: list[str] | None = None) -> MemoryInfo:
     """Describe RAM on this machine (or in the recorded `proc` / `sys_root` trees)."""
-    warns = warnings if warnings is not None else []
-    if sys.platform == "darwin" and proc == Path("/proc"):
-        return _detect_macos(warns)
-    text = read_text(proc / "meminfo")
-    if text is None:
-        warns.append("memory: /proc/meminfo is unreadable; RAM size unknown")
-        return MemoryInfo()
-    mi = parse_meminfo(text)
+    return probe_proc(proc, "meminfo", warnings, "memory", "RAM size unknown",
+                      lambda text: _detect_linux(text, sys_root), _detect_macos, MemoryInfo)
+
+
+def _detect_linux(meminfo: str, sys_root: Path) -> MemoryInfo:
+    """From /proc/meminfo text and the cgroup limit under `sys_root`."""
+    mi = parse_meminfo(meminfo)
     total = mi.get("MemTotal", 0)
     available = mi.get("MemAvailable", mi.get("MemFree", 0) + mi.get("Cached", 0))
     limit, usage = memory_limit(sys_root)

@@ -12,9 +12,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 DEFAULT_TIMEOUT_S = 4.0
 
@@ -72,6 +73,27 @@ def read_text(path: Path) -> str | None:
         return path.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return None
+
+
+T = TypeVar("T")
+
+
+def probe_proc(proc: Path, name: str, warnings: list[str] | None, area: str, unknown: str,
+               linux: Callable[[str], T], macos: Callable[[list[str]], T],
+               fallback: Callable[[], T]) -> T:
+    """What a probe of /proc/`name` (as `proc`/`name`) finds, by the rules every such
+    probe follows: the live machine on macOS (no /proc there) is `macos`; else the
+    file's text goes to `linux`, and an unreadable file is `fallback` with a warning
+    "`area`: /proc/`name` is unreadable; `unknown`". A recorded `proc` tree is read as
+    Linux's on any OS. Warnings go to `warnings` (dropped when None)."""
+    warns = warnings if warnings is not None else []
+    if sys.platform == "darwin" and proc == Path("/proc"):
+        return macos(warns)
+    text = read_text(proc / name)
+    if text is None:
+        warns.append(f"{area}: /proc/{name} is unreadable; {unknown}")
+        return fallback()
+    return linux(text)
 
 
 def read_int(path: Path, base: int = 10) -> int | None:
