@@ -19,7 +19,6 @@ KNOWN_LONG: dict[str, int] = {
     "benchmark_cmd.py:benchmark": 82,
     "optimize_cmd.py:optimize": 64,
     "profile_cmd.py:profile": 68,
-    "simulate_cmd.py:simulate": 97,
 }
 
 

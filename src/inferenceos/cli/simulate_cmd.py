@@ -18,6 +18,21 @@ from inferenceos.cli.cluster_opts import RpcOpt, rpc_workers
 from inferenceos.cli.console import err, out, print_json
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.cli.plan_opts import KvQualityOpt, draft_choice
+from inferenceos.cli.sim_opts import (
+    CacheTypeOpt,
+    ImageTokensOpt,
+    OutputTokensOpt,
+    PromptTokensOpt,
+    SimCtxOpt,
+    SimDraftOpt,
+    SimJsonOpt,
+    SimKvCacheDiskOpt,
+    SimKvCacheRamOpt,
+    SimMmprojOpt,
+    SimModelArg,
+    SimPolicyOpt,
+    TaskOpt,
+)
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.plan.calibration import contended_speed, core_share
 from inferenceos.plan.calibration_load import load_calibration, recorded_workload, self_calibrate
@@ -95,62 +110,16 @@ def this_machine(hardware: str | None, gpu_memory: list[str] | None, ram: str | 
 
 
 def simulate(
-    model: Annotated[
-        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma)")
-    ] = "",
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length")] = 512,
-    output_tokens: Annotated[int, typer.Option("--output-tokens", help="Tokens to generate")] = 128,
-    ctx: Annotated[
-        int, typer.Option("--ctx", help="Context size (0: auto, may shrink to fit)")
-    ] = 0,
-    cache_type: Annotated[
-        str, typer.Option("--cache-type", help="KV cache type: f16, q8_0, q4_0")
-    ] = "f16",
-    hardware: HardwareOpt = None,
-    gpu_memory: GpuMemOpt = None,
-    ram: RamOpt = None,
-    threads: ThreadsOpt = 0,
-    ram_bandwidth: RamBwOpt = None,
-    gpu_bandwidth: GpuBwOpt = None,
-    disk_bandwidth: DiskBwOpt = None,
-    rpc: RpcOpt = None,
-    policy: Annotated[
-        str,
-        typer.Option("--policy",
-                     help="Objective: latency, throughput, capacity, balanced, adaptive"),
-    ] = "balanced",
-    image_tokens: Annotated[
-        int,
-        typer.Option("--image-tokens", help="Image (media) tokens in the prompt: encoder "
-                     "time and TTFT with them", min=0),
-    ] = 0,
-    mmproj: Annotated[
-        str | None,
-        typer.Option("--mmproj", help="Multimodal projector (mmproj GGUF); default: one "
-                     "beside the model; 'none': without"),
-    ] = None,
-    draft: Annotated[
-        str | None,
-        typer.Option("--draft", help="Also predict decode with speculative decoding: "
-                     "ngram, self, a draft model (PATH.gguf or name), or auto (the "
-                     "drafter the plan chose, if any)"),
-    ] = None,
-    task: Annotated[
-        str | None,
-        typer.Option("--task", help="With --draft: the acceptance prior for 'copy' (the "
-                     "output quotes the prompt) or 'free' text, instead of what this "
-                     "model's recorded drafted runs measured"),
-    ] = None,
-    kv_quality: KvQualityOpt = None,
-    kv_cache_ram: Annotated[str | None, typer.Option(
-        "--kv-cache-ram", help="As serve's: the KV cache's RAM tier (default: serve's)")
-    ] = None,
-    kv_cache_disk: Annotated[str | None, typer.Option(
-        "--kv-cache-disk", help="As serve's: the KV cache's disk tier (default: serve's)")
-    ] = None,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON object (with the alternatives the planner rejected)")
-    ] = False,
+    model: SimModelArg = "", prompt_tokens: PromptTokensOpt = 512,
+    output_tokens: OutputTokensOpt = 128, ctx: SimCtxOpt = 0,
+    cache_type: CacheTypeOpt = "f16", hardware: HardwareOpt = None,
+    gpu_memory: GpuMemOpt = None, ram: RamOpt = None, threads: ThreadsOpt = 0,
+    ram_bandwidth: RamBwOpt = None, gpu_bandwidth: GpuBwOpt = None,
+    disk_bandwidth: DiskBwOpt = None, rpc: RpcOpt = None, policy: SimPolicyOpt = "balanced",
+    image_tokens: ImageTokensOpt = 0, mmproj: SimMmprojOpt = None,
+    draft: SimDraftOpt = None, task: TaskOpt = None, kv_quality: KvQualityOpt = None,
+    kv_cache_ram: SimKvCacheRamOpt = None, kv_cache_disk: SimKvCacheDiskOpt = None,
+    as_json: SimJsonOpt = False,
 ) -> None:
     """Predict memory, speed and the bottleneck of running MODEL, without loading it."""
     local = this_machine(hardware, gpu_memory, ram, ram_bandwidth, gpu_bandwidth)
@@ -170,19 +139,31 @@ def simulate(
     except PlanRefused as exc:
         if not as_json:
             raise
-        print_json(
-            {
-                "feasible": False,
-                "reason": str(exc),
-                "model": model or "(built-in default)",
-                "workload": {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-                             "n_ctx": ctx or None, "image_tokens": image_tokens},
-                "policy": policy,
-                "machine": machine.to_json(),
-            }
-        )
+        workload = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                    "n_ctx": ctx or None, "image_tokens": image_tokens}
+        _print_refusal(exc, model, workload, policy, machine)
         raise typer.Exit(exc.exit_code) from None
-    kv = _kv_cache_outlook(pred, kv_cache_ram, kv_cache_disk)
+    _render(pred, _kv_cache_outlook(pred, kv_cache_ram, kv_cache_disk), as_json)
+
+
+def _print_refusal(exc: PlanRefused, model: str, workload: dict[str, Any], policy: str,
+                   machine: Machine) -> None:
+    """`simulate --json`'s one object when the planner refuses: why, for what."""
+    print_json(
+        {
+            "feasible": False,
+            "reason": str(exc),
+            "model": model or "(built-in default)",
+            "workload": workload,
+            "policy": policy,
+            "machine": machine.to_json(),
+        }
+    )
+
+
+def _render(pred: Prediction, kv: KVCacheOutlook, as_json: bool) -> None:
+    """The prediction as one JSON object (with the policy, the rejected alternatives
+    and the KV cache outlook) or as the report."""
     if as_json:
         data = pred.to_json()
         data["policy"] = _policy_json(pred)
