@@ -18,7 +18,6 @@ LIMIT = 60
 KNOWN_LONG: dict[str, int] = {
     "benchmark_cmd.py:benchmark": 82,
     "optimize_cmd.py:optimize": 64,
-    "profile_cmd.py:profile": 68,
 }
 
 

@@ -10,6 +10,14 @@ from typing import Annotated, Any
 import typer
 
 from inferenceos.cli.console import err, out, print_json
+from inferenceos.cli.gen_opts import (
+    MaxTokensOpt,
+    RunModelArg,
+    SamplingOptions,
+    SeedOpt,
+    TemperatureOpt,
+    VerboseLogOpt,
+)
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.errors import UsageError
 
@@ -29,53 +37,41 @@ def _planned_params(path: Path, ctx: int, threads: int, batch: int, need: int) -
     return plan.params()
 
 
+ProfilePromptOpt = Annotated[str | None, typer.Option(
+    "--prompt", "-p", help="Prompt, sent as is (default: built-in prose of ~200 tokens)")]
+OutputOpt = Annotated[
+    Path, typer.Option("--output", "-o", help="Where to write the HTML report")]
+PlannedCtxOpt = Annotated[int, typer.Option("--ctx", help="Context size (0: planned)")]
+PlannedThreadsOpt = Annotated[
+    int, typer.Option("--threads", help="CPU threads (0: planned)")]
+ChunkOpt = Annotated[int, typer.Option("--batch", help="Prefill chunk size (0: planned)")]
+ProfileJsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the phases and every step as JSON")]
+
+
 def profile(
-    model: Annotated[
-        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma 3 270M)")
-    ] = "",
-    prompt: Annotated[
-        str | None,
-        typer.Option(
-            "--prompt", "-p", help="Prompt, sent as is (default: built-in prose of ~200 tokens)"
-        ),
-    ] = None,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-n", help="Most tokens to generate")
-    ] = 64,
-    output: Annotated[
-        Path, typer.Option("--output", "-o", help="Where to write the HTML report")
-    ] = Path("profile.html"),
-    ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: planned)")] = 0,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads (0: planned)")] = 0,
-    batch: Annotated[int, typer.Option("--batch", help="Prefill chunk size (0: planned)")] = 0,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy")] = 0.8,
-    seed: Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed")] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the phases and every step as JSON")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+    model: RunModelArg = "", prompt: ProfilePromptOpt = None, max_tokens: MaxTokensOpt = 64,
+    output: OutputOpt = Path("profile.html"), ctx: PlannedCtxOpt = 0,
+    threads: PlannedThreadsOpt = 0, batch: ChunkOpt = 0, temperature: TemperatureOpt = 0.8,
+    seed: SeedOpt = None, as_json: ProfileJsonOpt = False, verbose: VerboseLogOpt = False,
 ) -> None:
     """Profile one generation and write an HTML report with a timeline of its phases."""
     from inferenceos.engine.llama_lib import log
-    from inferenceos.engine.sampling import SamplingParams
     from inferenceos.model.spec import load_spec
     from inferenceos.tuning import records
     from inferenceos.tuning.html_report import write_report
     from inferenceos.tuning.profiler import profile_run
     from inferenceos.tuning.trials import PROSE
 
-    if output.suffix.lower() not in (".html", ".htm"):
-        raise UsageError(f"--output writes HTML: give a file name ending in .html, not {output}")
-    if not output.parent.is_dir():
-        raise UsageError(f"--output: the folder {output.parent} does not exist")
-    sampling = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
-    sampling.validate()
+    _check_output(output)
+    sampling = SamplingOptions(temperature=temperature, seed=seed, max_tokens=max_tokens)
+    params = sampling.params()
     text = prompt if prompt is not None else PROSE * DEFAULT_PROMPT_REPEATS
     spec = load_spec(resolve_model(model))
     log().echo = verbose
     need = len(text.encode()) + max_tokens + 64
-    params = _planned_params(spec.path, ctx, threads, batch, need)
-    prof = profile_run(spec.path, params, text, sampling)
+    prof = profile_run(spec.path, _planned_params(spec.path, ctx, threads, batch, need),
+                       text, params)
     write_report(prof, output)
     data = prof.to_json()
     records.profile_run(spec.path, data)
@@ -83,6 +79,20 @@ def profile(
     if as_json:
         print_json({**data, "report": str(output)})
         return
+    _print_phases(data)
+    err.print(f"report written to {output}", style="dim")
+
+
+def _check_output(output: Path) -> None:
+    """UsageError unless --output names an .html file in a folder that exists."""
+    if output.suffix.lower() not in (".html", ".htm"):
+        raise UsageError(f"--output writes HTML: give a file name ending in .html, not {output}")
+    if not output.parent.is_dir():
+        raise UsageError(f"--output: the folder {output.parent} does not exist")
+
+
+def _print_phases(data: dict[str, Any]) -> None:
+    """Where the time went, one row a phase, and the run's rates under it."""
     from rich.table import Table
 
     table = Table(title="where the time went", title_justify="left", show_edge=False)
@@ -96,4 +106,3 @@ def profile(
     out.print(f"prompt {data['prompt_tokens']} tok at {data['prefill_tps']:,.1f} t/s · "
               f"generated {data['completion_tokens']} tok at {data['decode_tps']:,.1f} t/s · "
               f"total {data['total_s']:.2f} s")
-    err.print(f"report written to {output}", style="dim")
