@@ -17,7 +17,6 @@ CLI = Path(__file__).resolve().parents[2] / "src" / "inferenceos" / "cli"
 LIMIT = 60
 KNOWN_LONG: dict[str, int] = {
     "benchmark_cmd.py:benchmark": 82,
-    "optimize_cmd.py:optimize": 64,
 }
 
 

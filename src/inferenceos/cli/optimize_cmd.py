@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from inferenceos.cli.console import err, out, print_json, safe_text
+from inferenceos.cli.gen_opts import RunModelArg, VerboseLogOpt
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.errors import InferenceOSError, UsageError
 
@@ -81,35 +82,56 @@ def _report(result: SearchResult) -> None:
               "use them.", style="dim")
 
 
+BudgetOpt = Annotated[
+    float, typer.Option("--budget", help="Seconds the whole search may take")]
+OptimizeJsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the baseline, best and every trial as JSON")]
+
+
 def optimize(
-    model: Annotated[
-        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma 3 270M)")
-    ] = "",
-    budget: Annotated[
-        float, typer.Option("--budget", help="Seconds the whole search may take")
-    ] = 120,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the baseline, best and every trial as JSON")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+    model: RunModelArg = "", budget: BudgetOpt = 120, as_json: OptimizeJsonOpt = False,
+    verbose: VerboseLogOpt = False,
 ) -> None:
     """Search threads, batch sizes, flash attention, KV types (and GPU layers) by short
     real trials; store the fastest settings for this machine and model."""
     if not budget >= MIN_BUDGET_S:
         raise UsageError(f"--budget must be at least {MIN_BUDGET_S:.0f} seconds")
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from inferenceos.engine.llama_lib import log
     from inferenceos.model.spec import load_spec
     from inferenceos.tuning import records
-    from inferenceos.tuning.search import optimize as search
-    from inferenceos.tuning.trials import TrialResult
 
     spec = load_spec(resolve_model(model))
     path: Path = spec.path
     log().echo = verbose
-    has_gpu = _has_gpu()
     sid = records.new_search_id()
+    result = _search(path, spec.block_count, budget, sid)
+    stored = result.compared > 0  # a best that no trial was compared with is no best
+    if stored:
+        records.best(path, sid, result)
+    records.flush()
+    if as_json:
+        print_json({**result.to_json(), "stored": stored})
+    elif stored:
+        _report(result)
+    else:
+        _report_baseline_only(result)
+    if not stored:
+        raise InferenceOSError(
+            f"--budget {budget:g} s paid for the baseline trial only "
+            f"({result.trials[0].elapsed_s:.1f} s): nothing was compared and nothing "
+            f"stored; give it --budget {_needed_budget(result)} or more")
+
+
+def _search(path: Path, n_layers: int, budget: float, sid: str) -> SearchResult:
+    """The search, each trial recorded under `sid` as it ends, with a transient progress
+    bar on stderr (time spent against the budget, trials, the one just run)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from inferenceos.tuning import records
+    from inferenceos.tuning.search import optimize as search
+    from inferenceos.tuning.trials import TrialResult
+
+    has_gpu = _has_gpu()
     progress = Progress(TextColumn("[bold]optimize[/]"), BarColumn(), TimeElapsedColumn(),
                         TextColumn("/ {task.total:.0f} s · {task.fields[trials]} trials · "
                                    "{task.description}"),
@@ -128,20 +150,5 @@ def optimize(
             progress.update(task, completed=min(elapsed, budget), trials=count,
                             description=safe_text(what))
 
-        result = search(path, budget_s=budget, has_gpu=has_gpu, n_layers=spec.block_count,
-                        on_trial=on_trial)
-    stored = result.compared > 0  # a best that no trial was compared with is no best
-    if stored:
-        records.best(path, sid, result)
-    records.flush()
-    if as_json:
-        print_json({**result.to_json(), "stored": stored})
-    elif stored:
-        _report(result)
-    else:
-        _report_baseline_only(result)
-    if not stored:
-        raise InferenceOSError(
-            f"--budget {budget:g} s paid for the baseline trial only "
-            f"({result.trials[0].elapsed_s:.1f} s): nothing was compared and nothing "
-            f"stored; give it --budget {_needed_budget(result)} or more")
+        return search(path, budget_s=budget, has_gpu=has_gpu, n_layers=n_layers,
+                      on_trial=on_trial)
