@@ -49,8 +49,10 @@ from inferenceos.plan.optimize_rows import (
     device_budgets,
     disk_cost,
     epigraph,
+    head_and_disk,
     head_work,
     in_ram,
+    unkept_layers,
 )
 from inferenceos.plan.optimize_terms import Terms, Work
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
@@ -99,6 +101,7 @@ class _Counts:
         self.budgets = device_budgets(machine)
         classes = LayerClasses.of_parts(parts)
         self.cls, self.rep, self.size = classes.of, classes.rep, classes.size
+        self.members = classes.members
         self.n_cls = len(self.rep)
         # prefix[c][b]: layers of class c among the first b
         self.prefix = [list(itertools.accumulate((int(x == c) for x in self.cls), initial=0))
@@ -323,20 +326,15 @@ class _Counts:
         """The placement of a realizable answer: blocks in device order; of a block's
         layers of class c the last F keep their FFN group, the last E their experts."""
         cnt, names = self.counts(v, sol), [d.name for d in self.devs]
-        n = len(self.parts)
         dense = [names[d] for d in range(len(self.devs)) for _ in range(sum(cnt[d]))]
         ffn = list(dense)
         experts: list[str | None] = [
             dense[i] if p.expert_bytes else None for i, p in enumerate(self.parts)]
-        for d in range(1, len(self.devs)):
-            for c in range(self.n_cls):
-                on = [i for i in range(n) if dense[i] == names[d] and self.cls[i] == c]
-                for grp, out in ((v.fc, ffn), (v.ex, experts)):
-                    if (d, c) in grp:
-                        for i in on[: len(on) - round(sol[grp[(d, c)]])]:
-                            out[i] = "CPU"
-        head = next((names[d] for d, j in v.h.items() if sol[j] > 0.5), "CPU")
-        disk = max(0, int(np.ceil(sol[v.s] - 1e-6))) if self.allow_disk else 0
+        for i in unkept_layers(dense, names, self.members, v.fc, sol):
+            ffn[i] = "CPU"
+        for i in unkept_layers(dense, names, self.members, v.ex, sol):
+            experts[i] = "CPU"
+        head, disk = head_and_disk(names, v.h, v.s, sol, self.allow_disk)
         return build_placement(self.facts, self.parts, dense, experts, head, disk, ffn)
 
 

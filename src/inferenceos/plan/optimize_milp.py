@@ -52,8 +52,10 @@ from inferenceos.plan.optimize_rows import (
     device_budgets,
     disk_cost,
     epigraph,
+    head_and_disk,
     head_work,
     in_ram,
+    unkept_layers,
 )
 from inferenceos.plan.optimize_terms import Terms
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
@@ -277,19 +279,14 @@ class _Builder:
         experts: list[str | None] = [
             (dense[i] if names.index(dense[i]) > 0 else "CPU") if p.expert_bytes else None
             for i, p in enumerate(self.parts)]
-        for d in range(1, self.k):
-            for c, mem in enumerate(self.members):
-                # of the class's layers on d, the last F keep their FFN group, the last
-                # E (≤ F) their experts too
-                on = [i for i in mem if dense[i] == names[d]]
-                for grp, out in ((self.f, ffn), (self.e, experts)):
-                    if (d, c) in grp:
-                        keep = round(sol[grp[(d, c)]])
-                        for i in on[: len(on) - keep]:
-                            out[i] = "CPU"
-        head = next((names[d] for d, j in self.h.items() if sol[j] > 0.5), "CPU")
-        disk = int(np.ceil(sol[self.s] - 1e-6)) if self.allow_disk else 0
-        return dense, experts, head, max(disk, 0), ffn
+        # of a class's layers on an accelerator, the last F keep their FFN group, the
+        # last E (≤ F) their experts too
+        for i in unkept_layers(dense, names, self.members, self.f, sol):
+            ffn[i] = "CPU"
+        for i in unkept_layers(dense, names, self.members, self.e, sol):
+            experts[i] = "CPU"
+        head, disk = head_and_disk(names, self.h, self.s, sol, self.allow_disk)
+        return dense, experts, head, disk, ffn
 
 
 def best_placement(

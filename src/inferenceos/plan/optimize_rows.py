@@ -169,6 +169,32 @@ class LayerClasses:
         return [len(m) for m in self.members]
 
 
+def unkept_layers(
+    dense: list[str], names: list[str], members: tuple[tuple[int, ...], ...],
+    keep: dict[tuple[int, int], int], sol: np.ndarray,
+) -> list[int]:
+    """The layers that lose what `keep` counts (their FFN group, their experts) to the
+    CPU in a solved program: of class c's layers (`members[c]`, in layer order) on
+    accelerator d ≥ 1, all but the last round(sol[keep[(d, c)]]); none where `keep`
+    has no (d, c). Both formulations decode their answer through here."""
+    out: list[int] = []
+    for d in range(1, len(names)):
+        for c, mem in enumerate(members):
+            if (d, c) in keep:
+                on = [i for i in mem if dense[i] == names[d]]
+                out += on[: len(on) - round(sol[keep[(d, c)]])]
+    return out
+
+
+def head_and_disk(
+    names: list[str], head: dict[int, int], disk: int, sol: np.ndarray, allow_disk: bool,
+) -> tuple[str, int]:
+    """A solved program's output-head device (the one whose `head` binary is set, else
+    the CPU) and the bytes its `disk` column leaves on disk (0 unless `allow_disk`)."""
+    on = next((names[d] for d, j in head.items() if sol[j] > 0.5), "CPU")
+    return on, max(0, int(np.ceil(sol[disk] - 1e-6))) if allow_disk else 0
+
+
 def in_ram(
     on: Callable[[int, int], dict[int, float]], k: int, c: int, size: int
 ) -> tuple[dict[int, float], float]:
