@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from inferenceos.cli.console import err, out, print_json, safe_text
+from inferenceos.cli.gen_opts import RunModelArg
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.errors import UsageError
 
 if TYPE_CHECKING:
-    from inferenceos.tuning.matrix import Row
+    from inferenceos.tuning.matrix import Point, Row
 
 
 def parse_list(text: str, option: str) -> list[int]:
@@ -79,47 +80,36 @@ def _table(rows: list[Row]) -> None:
     )
 
 
+ThreadListOpt = Annotated[str | None, typer.Option(
+    "--threads",
+    help="Thread counts, comma-separated (default: half and all of the usable cores)")]
+BatchListOpt = Annotated[
+    str, typer.Option("--batch", help="Batch sizes (n_batch), comma-separated")]
+CtxListOpt = Annotated[
+    str, typer.Option("--ctx", help="Context sizes per stream, comma-separated")]
+ConcurrencyListOpt = Annotated[
+    str, typer.Option("--concurrency", help="Simultaneous streams, comma-separated")]
+StreamPromptOpt = Annotated[
+    int, typer.Option("--prompt-tokens", help="Prompt length of each stream")]
+GenTokensOpt = Annotated[int, typer.Option("--gen-tokens", help="Tokens each stream generates")]
+RoundsOpt = Annotated[
+    int, typer.Option("--rounds", help="Rounds per point (the median is shown)")]
+MatrixJsonOpt = Annotated[bool, typer.Option("--json", help="Print the matrix as JSON")]
+ChartOpt = Annotated[
+    Path | None, typer.Option("--chart", help="Also draw the matrix into this PNG file")]
+
+
 def benchmark(
-    model: Annotated[
-        str, typer.Argument(help="Path to a .gguf file (default: built-in Gemma 3 270M)")
-    ] = "",
-    threads: Annotated[
-        str | None,
-        typer.Option(
-            "--threads",
-            help="Thread counts, comma-separated (default: half and all of the usable cores)",
-        ),
-    ] = None,
-    batch: Annotated[
-        str, typer.Option("--batch", help="Batch sizes (n_batch), comma-separated")
-    ] = "64,512",
-    ctx: Annotated[
-        str, typer.Option("--ctx", help="Context sizes per stream, comma-separated")
-    ] = "512,4096",
-    concurrency: Annotated[
-        str, typer.Option("--concurrency", help="Simultaneous streams, comma-separated")
-    ] = "1,4",
-    prompt_tokens: Annotated[
-        int, typer.Option("--prompt-tokens", help="Prompt length of each stream")
-    ] = 128,
-    gen_tokens: Annotated[
-        int, typer.Option("--gen-tokens", help="Tokens each stream generates")
-    ] = 32,
-    rounds: Annotated[
-        int, typer.Option("--rounds", help="Rounds per point (the median is shown)")
-    ] = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the matrix as JSON")] = False,
-    chart: Annotated[
-        Path | None, typer.Option("--chart", help="Also draw the matrix into this PNG file")
-    ] = None,
+    model: RunModelArg = "", threads: ThreadListOpt = None, batch: BatchListOpt = "64,512",
+    ctx: CtxListOpt = "512,4096", concurrency: ConcurrencyListOpt = "1,4",
+    prompt_tokens: StreamPromptOpt = 128, gen_tokens: GenTokensOpt = 32, rounds: RoundsOpt = 1,
+    as_json: MatrixJsonOpt = False, chart: ChartOpt = None,
 ) -> None:
     """Measure prefill, decode and aggregate t/s over a matrix of settings, with
     llama.cpp's defaults as the baseline row."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from inferenceos.model.spec import load_spec
     from inferenceos.tuning import records
-    from inferenceos.tuning.matrix import points, run_matrix
+    from inferenceos.tuning.matrix import points
 
     pts = points(parse_list(threads or _default_threads(), "--threads"),
                  parse_list(batch, "--batch"), parse_list(ctx, "--ctx"),
@@ -129,17 +119,7 @@ def benchmark(
     if chart is not None and not chart.parent.is_dir():
         raise UsageError(f"--chart: the folder {chart.parent} does not exist")
     spec = load_spec(resolve_model(model))
-    progress = Progress(TextColumn("[bold]benchmark[/]"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.description}"), console=err,
-                        transient=True)
-    with progress:
-        task = progress.add_task("starting", total=len(pts))
-
-        def on_row(row: Row) -> None:
-            records.benchmark_row(spec.path, row, prompt_tokens)
-            progress.update(task, advance=1, description=row.point.label())
-
-        rows = run_matrix(spec.path, pts, prompt_tokens, gen_tokens, rounds, on_row)
+    rows = _measure(spec.path, pts, prompt_tokens, gen_tokens, rounds)
     records.flush()
     if chart is not None:
         from inferenceos.tuning.chart import write_chart
@@ -161,3 +141,25 @@ def benchmark(
         _table(rows)
         if chart is not None:
             err.print(f"chart written to {chart}", style="dim")
+
+
+def _measure(path: Path, pts: list[Point], prompt_tokens: int, gen_tokens: int,
+             rounds: int) -> list[Row]:
+    """The matrix's rows (the baseline first), each recorded as it ends, with a
+    transient progress bar on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from inferenceos.tuning import records
+    from inferenceos.tuning.matrix import run_matrix
+
+    progress = Progress(TextColumn("[bold]benchmark[/]"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.description}"), console=err,
+                        transient=True)
+    with progress:
+        task = progress.add_task("starting", total=len(pts))
+
+        def on_row(row: Row) -> None:
+            records.benchmark_row(path, row, prompt_tokens)
+            progress.update(task, advance=1, description=row.point.label())
+
+        return run_matrix(path, pts, prompt_tokens, gen_tokens, rounds, on_row)
