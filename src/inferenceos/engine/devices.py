@@ -47,11 +47,7 @@ def device_handle(device: str) -> int:
 
 def buffer_type(device: str) -> int:
     """The default buffer type of llama.cpp device `device` ("CPU", "CUDA0", ...)."""
-    g = ggml()
-    dev = g.ggml_backend_dev_by_name(device.encode())
-    if not dev:
-        raise ModelLoadError(f"llama.cpp has no device named {device!r}")
-    buft = g.ggml_backend_dev_buffer_type(dev)
+    buft = ggml().ggml_backend_dev_buffer_type(device_handle(device))
     if not buft:
         raise ModelLoadError(f"llama.cpp device {device!r} has no buffer type")
     return int(buft)
@@ -112,17 +108,14 @@ def device_array(names: tuple[str, ...]) -> Any:
 
     if not any(parse_device_name(n) for n in names):
         return None
-    g = ggml()
+    ggml()  # llama.cpp initialised (its backends registered) before any lookup, as before
     handles = []
     for name in names:
         rpc = parse_device_name(name)
         if rpc is not None:
             handles.append(_rpc_device(*rpc))
             continue
-        dev = g.ggml_backend_dev_by_name(name.encode())
-        if not dev:
-            raise ModelLoadError(f"llama.cpp has no device named {name!r}")
-        handles.append(int(dev))
+        handles.append(device_handle(name))
     return (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
 
 
