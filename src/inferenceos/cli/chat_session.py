@@ -139,7 +139,7 @@ class LocalBackend:
             stream.close()
             m = stream.metrics
             # each reply is a run the planner learns from (speed, the drafter), as `run`'s
-            from inferenceos.cli.run_telemetry import record_generation
+            from inferenceos.app.run_telemetry import record_generation
 
             self._load_uid = record_generation(
                 self.model.path, self.model.engine.settings, m, source="chat",

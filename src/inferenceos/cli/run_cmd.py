@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from inferenceos import interrupt
+from inferenceos.app.run import PromptShape, plan_for, run_prompt
 from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err, print_json
 from inferenceos.cli.gen_opts import (
@@ -52,19 +52,12 @@ from inferenceos.cli.plan_opts import (
     draft_choice,
     flash_attn_choice,
 )
-from inferenceos.engine.generation import GenerationMetrics
-from inferenceos.engine.llama_lib import log
-from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
 
-if TYPE_CHECKING:  # gguf, numpy, jinja2 and Pillow load only when the command runs
-    from inferenceos.media.item import MediaItem
-    from inferenceos.model.projector import ProjectorFacts
-    from inferenceos.model.spec import ModelSpec
+if TYPE_CHECKING:  # the engine, gguf, numpy, jinja2 and Pillow load only when a run starts
+    from inferenceos.engine.generation import GenerationMetrics
     from inferenceos.plan.entry import LoadRequest
     from inferenceos.plan.plan import Plan
-
-DEFAULT_CTX = 4096
 
 
 def _read_prompt(prompt: str | None) -> str:
@@ -79,80 +72,16 @@ def _read_prompt(prompt: str | None) -> str:
 
 def _plan_here(path: Path, req: LoadRequest) -> Plan:
     """Ask the planner how to load the model here now; print its plan line."""
-    from inferenceos.plan.devices import local_machine
-    from inferenceos.plan.here import plan_here
-    from inferenceos.plan.model_facts import load_model_facts
-
-    plan = plan_here(load_model_facts(path), local_machine(), req).plan
-    err.print(plan.summary(), style="dim", markup=False)
-    for change in plan.changes:
-        err.print(f"  {change}", style="dim", markup=False)
+    plan = plan_for(path, req)
+    _print_plan(plan)
     return plan
 
 
-def _prompt_text(
-    spec: ModelSpec,
-    model: LoadedModel,
-    prompt: str,
-    system: str | None,
-    raw: bool,
-    template: str | None,
-) -> str:
-    if raw:
-        return prompt
-    from inferenceos.engine.chat_template import ChatMessage, render_chat
-
-    messages = [ChatMessage("system", system)] if system else []
-    messages.append(ChatMessage("user", prompt))
-    text, _ = render_chat(
-        spec.chat_template,
-        messages,
-        bos_token=model.token_text(model.bos_token),
-        eos_token=model.token_text(model.eos_token),
-        builtin=template,
-    )
-    return text
-
-
-def _media_inputs(model: str, images: list[Path] | None, audios: list[Path] | None,
-                  mmproj: str | None) -> tuple[list[MediaItem], ProjectorFacts | None, int]:
-    """(the checked media files, the facts of the projector to see them with (read once:
-    the planner takes them as they are), the context cells the images take); no media:
-    ([], None, 0) and no projector is loaded. UsageError when there is media and no
-    projector."""
-    if not images and not audios:
-        return [], None, 0
-    from inferenceos.api import resolve_projector
-    from inferenceos.media.files import read_media_file
-    from inferenceos.model.projector import image_tokens, load_projector
-
-    items = [read_media_file(p, "image") for p in images or ()]
-    items += [read_media_file(p, "audio") for p in audios or ()]
-    projector = resolve_projector(model, mmproj)
-    if projector is None:
-        raise UsageError(f"{model or 'the built-in model'} has no multimodal projector to "
-                         "see or hear with: give one with --mmproj FILE")
-    facts = load_projector(projector)
-    n_media = sum(image_tokens(facts, it.nx, it.ny) for it in items if it.kind == "image")
-    return items, facts, n_media
-
-
-def _encoder(lm: LoadedModel, projector: Path | None) -> Any:
-    """A MediaEncoder on `lm` for `projector` (a context manager), or a null one."""
-    from inferenceos.engine.media_encoder import open_encoder
-
-    encoder = open_encoder(lm, projector, use_gpu=lm.settings.n_gpu_layers > 0)
-    return contextlib.nullcontext(None) if encoder is None else encoder
-
-
-def _policy_probe(spec: ModelSpec, kv_policy: str) -> Any:
-    """The attention probe H2O reads (on the full-attention layers), or None."""
-    from inferenceos.engine.attention_probe import AttentionProbe
-    from inferenceos.engine.kv_policies import load_policy
-
-    if not getattr(load_policy(kv_policy), "needs_attention", False):
-        return None
-    return AttentionProbe(layer.index for layer in spec.layers if not layer.is_swa)
+def _print_plan(plan: Plan) -> None:
+    """The plan's line and each change from the request, dim, on stderr."""
+    err.print(plan.summary(), style="dim", markup=False)
+    for change in plan.changes:
+        err.print(f"  {change}", style="dim", markup=False)
 
 
 def footer(m: GenerationMetrics) -> str:
@@ -163,18 +92,6 @@ def footer(m: GenerationMetrics) -> str:
         f"{m.decode_tps:.1f} t/s · stop: {m.stop_reason}"
     ) + (f" · draft {m.draft}: {m.acceptance_rate:.0%} accepted, "
          f"{m.tokens_per_step:.2f} tok/step" if m.draft else "")
-
-
-@dataclass(frozen=True)
-class PromptShape:
-    """What `run` wraps the prompt in: the system message, --raw (no chat template), the
-    built-in template asked for, and the media files it shows the model."""
-
-    system: str | None = None
-    raw: bool = False
-    template: str | None = None
-    images: tuple[Path, ...] = ()
-    audios: tuple[Path, ...] = ()
 
 
 def run(
@@ -211,67 +128,30 @@ def run(
                          "draft": draft_choice(draft)})
         return
     text = _read_prompt(prompt)
+    params = sampling.params()
     shape = PromptShape(system, raw, template, tuple(image or ()), tuple(audio or ()))
-    pieces, m, interrupted = _generate(model, text, shape, sampling, load, batch=batch,
-                                       as_json=as_json, verbose=verbose)
+    result = run_prompt(
+        model, resolve_model(model), text, shape, params,
+        request=partial(load.request, n_batch=batch),
+        flash_attn=partial(flash_attn_choice, flash_attn), kv_policy=kv_policy,
+        mmproj=mmproj, verbose=verbose, on_plan=_print_plan,
+        on_text=_no_text if as_json else _write_text)
     if as_json:
-        print_json({"text": "".join(pieces), "metrics": m.to_json()})
+        print_json({"text": "".join(result.pieces), "metrics": result.metrics.to_json()})
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        err.print(footer(m), style="dim")
-    if interrupted:
+        err.print(footer(result.metrics), style="dim")
+    if result.interrupted:
         raise typer.Exit(130)
 
 
-def _generate(model: str, text: str, shape: PromptShape, sampling: SamplingOptions,
-              load: LoadOptions, *, batch: int, as_json: bool,
-              verbose: bool) -> tuple[list[str], GenerationMetrics, bool]:
-    """Resolve, plan, load and generate once, streaming the text to stdout unless
-    `as_json`; the run is recorded (telemetry). Returns (the pieces generated, the
-    metrics, whether Ctrl-C stopped it: then the metrics' stop reason is
-    `interrupted`). Ctrl-C before the model is loaded propagates."""
-    params = sampling.params()
-    from inferenceos.engine.scheduler import generate_one
-    from inferenceos.media.files import with_markers
-    from inferenceos.model.spec import load_spec
+def _write_text(text: str) -> None:
+    """A streamed piece, on stdout at once (flushed: the reader watches it come)."""
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
-    spec = load_spec(resolve_model(model))
-    log().echo = verbose
-    items, projector, n_media = _media_inputs(model, list(shape.images) or None,
-                                              list(shape.audios) or None, load.mmproj)
-    text = with_markers(text, len(items))
-    need = min(len(text.encode()) + n_media + sampling.max_tokens + 64,
-               spec.context_length or DEFAULT_CTX)
-    req = load.request(n_batch=batch, need_tokens=need, mmproj=projector,
-                       image_tokens=n_media)
-    probe = _policy_probe(spec, load.kv_policy)
-    # H2O reads attention, which exists only without flash attention
-    req = replace(req, flash_attn=flash_attn_choice(load.flash_attn, probe is not None))
-    plan = _plan_here(spec.path, req)
-    with LoadedModel(spec.path, plan.params(),
-                     eval_callback=probe.callback if probe else None) as lm, \
-            _encoder(lm, projector.path if projector else None) as encoder:
-        prompt_text = _prompt_text(spec, lm, text, shape.system, shape.raw, shape.template)
-        # the one decode path (the scheduler's), whatever the options: run and serve
-        # stop, count and time a generation alike. With the threads it was given: the
-        # telemetry row below records them as the ones that decoded.
-        events = generate_one(lm, prompt_text, params, plan.engine_draft, load.kv_policy,
-                              probe, media=encoder, items=items, adaptive_threads=False)
-        pieces: list[str] = []
-        interrupted = False
-        try:
-            for event in events:
-                pieces.append(event.text)
-                if not as_json and event.text:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-        except KeyboardInterrupt:
-            interrupted = True
-        m = lm.metrics
-        if interrupted:  # also when the stop came before the generator had begun
-            m.stop_reason = "interrupted"
-        from inferenceos.cli.run_telemetry import record_run
 
-        record_run(lm, m)
-    return pieces, m, interrupted
+def _no_text(text: str) -> None:
+    """--json: nothing is streamed; the text comes whole in the object at the end."""

@@ -1,4 +1,4 @@
-"""What `run` (and anything else that loads a model in this process) tells telemetry.
+"""What a run in this process (`run`, chat's replies) tells telemetry.
 
 `record_run(lm, metrics)` queues two records, the load (settings, load time, llama.cpp's
 own buffer sizes parsed from its log) and the generation, and writes one line to the
