@@ -11,6 +11,7 @@ keep their request ids across workers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -342,10 +343,14 @@ def worker_main(conn: Connection, cfg: WorkerConfig) -> None:
     try:
         rt = _Runtime(cfg)
     except InferenceOSError as exc:
-        conn.send([Failed.of(0, exc)])
+        with contextlib.suppress(OSError):  # the parent may be gone (a Ctrl-C in it)
+            conn.send([Failed.of(0, exc)])
         return
-    conn.send([Ready(rt.info())])
     try:
+        # inside the try: a parent stopped while this worker loaded (Ctrl-C in `serve`
+        # during a pinned model's load) has closed the pipe; that is its goodbye, not a
+        # traceback on the terminal they share
+        conn.send([Ready(rt.info())])
         while True:
             busy = rt.sched is not None and rt.sched.has_work()
             # block when idle (until a finished turn's store is due); when busy, take
