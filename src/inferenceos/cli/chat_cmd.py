@@ -27,8 +27,15 @@ from inferenceos.cli.chat_session import (
     ServerBackend,
 )
 from inferenceos.cli.console import err
-from inferenceos.cli.limits import check_threads
-from inferenceos.cli.plan_opts import DraftOpt, MmprojOpt, draft_choice
+from inferenceos.cli.gen_opts import SystemOpt, VerboseLogOpt
+from inferenceos.cli.plan_opts import (
+    BackendOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    MmprojOpt,
+    ThreadsOpt,
+    draft_choice,
+)
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.model.default_model import CHAT_EXTRA_HINT, default_chat_model
 
@@ -317,7 +324,7 @@ def chat(
         help="Model name or .gguf path (default: the server's default, else "
              "qwen2.5-coder-0.5b-instruct with the chat extra, else built-in Gemma)")
     ] = "",
-    system: Annotated[str | None, typer.Option("--system", help="System message")] = None,
+    system: SystemOpt = None,
     theme: Annotated[str, typer.Option(
         "--theme", help="Colours: auto, dark, light, nord, none (auto honours NO_COLOR)")
     ] = "auto",
@@ -328,16 +335,13 @@ def chat(
     local: Annotated[bool, typer.Option(
         "--local", help="Load the model in this process even if a server runs")] = False,
     ctx: Annotated[int, typer.Option("--ctx", min=0, help="Context size (0: planned)")] = 0,
-    threads: Annotated[int, typer.Option(
-        "--threads", callback=check_threads, help="CPU threads (0: auto)")] = 0,
-    gpu_layers: Annotated[int | None, typer.Option(
-        "--gpu-layers", help="Layers to offload, overriding the plan (-1: all)")] = None,
-    backend: Annotated[str | None, typer.Option(
-        "--backend", help="Run on this device only: cpu, or a GPU name (CUDA0, Metal...)")] = None,
+    threads: ThreadsOpt = 0,
+    gpu_layers: GpuLayersOpt = None,
+    backend: BackendOpt = None,
     temperature: Annotated[float | None, typer.Option("--temperature", "-t")] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", "-n", min=0)] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log")] = False,
+    verbose: VerboseLogOpt = False,
     mmproj: MmprojOpt = None,
     draft: DraftOpt = None,
 ) -> None:
