@@ -19,10 +19,10 @@ from inferenceos.cli.simulate_cmd import (
     GpuBwOpt,
     GpuMemOpt,
     HardwareOpt,
+    MachineOptions,
     RamBwOpt,
     RamOpt,
     ThreadsOpt,
-    machine_from_options,
     simulate_model,
 )
 from inferenceos.plan.plan import Plan
@@ -52,9 +52,8 @@ def placement(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
 ) -> None:
     """Show which device holds each layer and its experts, and each device's budget."""
-    machine = machine_from_options(
-        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
-    )
+    machine = MachineOptions(hardware, gpu_memory, ram, threads, ram_bandwidth,
+                             gpu_bandwidth, disk_bandwidth, rpc).machine()
     pred = simulate_model(model, machine, 512, 128, ctx, "f16", threads,
                           kv_quality=kv_quality, explain=explain)
     plan = pred.plan

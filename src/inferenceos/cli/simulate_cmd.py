@@ -7,7 +7,7 @@ overrides such as `--gpu-memory 4GiB --ram 32GiB` for a hypothetical machine.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -109,6 +109,32 @@ def this_machine(hardware: str | None, gpu_memory: list[str] | None, ram: str | 
     return not (hardware or gpu_memory or ram or ram_bandwidth or gpu_bandwidth)
 
 
+@dataclass(frozen=True)
+class MachineOptions:
+    """The machine `simulate` and `placement` predict for: this one, a hardware profile
+    file, either with hypothetical memory or rates, and the `--rpc` workers."""
+
+    hardware: str | None = None
+    gpu_memory: list[str] | None = None
+    ram: str | None = None
+    threads: int = 0
+    ram_bandwidth: float | None = None
+    gpu_bandwidth: float | None = None
+    disk_bandwidth: float | None = None
+    rpc: list[str] | None = None
+
+    def here(self) -> bool:
+        """Whether they describe this machine as it is (see `this_machine`)."""
+        return this_machine(self.hardware, self.gpu_memory, self.ram, self.ram_bandwidth,
+                            self.gpu_bandwidth)
+
+    def machine(self) -> Machine:
+        """The Machine they describe (see `machine_from_options`: it may calibrate)."""
+        return machine_from_options(self.hardware, self.gpu_memory, self.ram, self.threads,
+                                    self.ram_bandwidth, self.gpu_bandwidth,
+                                    self.disk_bandwidth, self.rpc)
+
+
 def simulate(
     model: SimModelArg = "", prompt_tokens: PromptTokensOpt = 512,
     output_tokens: OutputTokensOpt = 128, ctx: SimCtxOpt = 0,
@@ -122,10 +148,10 @@ def simulate(
     as_json: SimJsonOpt = False,
 ) -> None:
     """Predict memory, speed and the bottleneck of running MODEL, without loading it."""
-    local = this_machine(hardware, gpu_memory, ram, ram_bandwidth, gpu_bandwidth)
-    machine = machine_from_options(
-        hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth, disk_bandwidth, rpc
-    )
+    opts = MachineOptions(hardware, gpu_memory, ram, threads, ram_bandwidth, gpu_bandwidth,
+                          disk_bandwidth, rpc)
+    local = opts.here()
+    machine = opts.machine()
     try:
         pred = simulate_model(
             model, machine, prompt_tokens, output_tokens, ctx, cache_type, threads,
