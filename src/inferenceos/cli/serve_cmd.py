@@ -6,8 +6,9 @@ import dataclasses
 import logging
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from inferenceos.app.serve import PoolOptions, model_pool
 from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err
 from inferenceos.cli.gen_opts import LoadOptions
@@ -40,7 +41,6 @@ from inferenceos.cli.serve_opts import (
     NPredictOpt,
     ParallelOpt,
     PinOpt,
-    PoolOptions,
     PortOpt,
     QueueOpt,
     ServeCtxOpt,
@@ -52,8 +52,6 @@ from inferenceos.cli.serve_opts import (
 )
 
 if TYPE_CHECKING:
-    from inferenceos.registry.catalog import Catalog
-    from inferenceos.registry.manager import ModelManager
     from inferenceos.server.settings import ServerSettings
 
 _LOCAL_WARNING = (
@@ -132,19 +130,6 @@ def _register_in_place(catalog: object, served: object) -> None:
         err.print(f"note: {served.name} is served but not registered ({exc})", markup=False)
 
 
-def _reads_attention(kv_policy: str) -> bool:
-    """H2O reads attention probabilities, which llama.cpp has only with flash attention
-    off: the planner must plan for that (UsageError for an unknown policy)."""
-    from inferenceos.engine.kv_policies import load_policy
-
-    return bool(getattr(load_policy(kv_policy), "needs_attention", False))
-
-
-def _config_pins(value: object) -> list[str]:
-    """server.pin: model names separated by commas."""
-    return [p.strip() for p in str(value or "").split(",") if p.strip()]
-
-
 def _print_default_plan(manager: object, name: str) -> None:
     """The default model's plan line, before any request loads it (planning only)."""
     from inferenceos.errors import InferenceOSError
@@ -204,25 +189,6 @@ def _load_pinned(manager: object) -> None:
         raise
 
 
-def kv_cache_kw(ram: str | None, disk: str | None, cfg: Any,
-                memory_budget: int | None = None) -> dict[str, Any]:
-    """The engines' KV cache budgets (engine/kv_store.py): the flags, else the config
-    keys, else defaults from the free RAM and disk (under a --memory-budget, at most an
-    eighth of it per model: the manager charges it); its disk tier under the data dir."""
-    from inferenceos.engine.kv_store import default_budgets
-    from inferenceos.paths import data_dir
-    from inferenceos.units import parse_size
-
-    root = data_dir() / "kv-cache"
-    auto_ram, auto_disk = default_budgets(root)
-    if memory_budget is not None:
-        auto_ram = min(auto_ram, memory_budget // 8)
-    ram = ram if ram is not None else cfg.get("kv_cache.ram")
-    disk = disk if disk is not None else cfg.get("kv_cache.disk")
-    return {"kv_cache_ram": parse_size(ram) if ram else auto_ram,
-            "kv_cache_disk": parse_size(disk) if disk else auto_disk, "kv_cache_dir": root}
-
-
 def serve(
     model: ServeModelArg = "", host: HostOpt = None, port: PortOpt = None,
     api_key: ApiKeyOpt = None, ctx: ServeCtxOpt = 0, threads: ThreadsOpt = 0,
@@ -267,7 +233,9 @@ def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptio
     catalog = Catalog(ModelStore(cfg.models_dir))
     settings = dataclasses.replace(
         settings, default_model=_default_model(model, catalog, load.mmproj))
-    manager, pins = _manager(cfg, catalog, pool, load)
+    manager, pins = model_pool(
+        cfg, catalog, pool, load.request, kv_policy=load.kv_policy,
+        on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False))
     cert_file, key_file = _tls_files(listen.tls_cert, listen.tls_key)
     _check_listening(settings, cert_file is not None, verbose)
     if settings.default_model not in pins:  # a pinned one prints it as it loads
@@ -286,33 +254,6 @@ def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptio
     from inferenceos.interrupt import exit_now
 
     exit_now(0)  # drained and closed: what is left of the exit is the interpreter's
-
-
-def _manager(cfg: Any, catalog: Catalog, pool: PoolOptions,
-             load: LoadOptions) -> tuple[ModelManager, list[str]]:
-    """The model pool the server answers from (nothing loaded yet) and the names of the
-    pinned models (--pin, then server.pin), each resolved now (an unknown one fails)."""
-    from inferenceos.registry.budget import MemoryBudget
-    from inferenceos.registry.manager import ModelManager, engine_factory
-
-    kv_cache = kv_cache_kw(pool.kv_cache_ram, pool.kv_cache_disk, cfg, pool.memory_cap())
-    base = load.request(
-        reads_attention=_reads_attention(load.kv_policy),
-        # returning turns restore their history from the KV cache (plan/flash_attn.py)
-        cached_turns=kv_cache["kv_cache_ram"] > 0 or kv_cache["kv_cache_disk"] > 0,
-    )
-    base.validate()
-    pinned = [*pool.pin, *_config_pins(cfg.get("server.pin"))]
-    pins = [catalog.resolve(p).name for p in pinned]
-    manager = ModelManager(
-        catalog.resolve, factory=engine_factory(
-            pool.queue, kv_policy=load.kv_policy, **kv_cache),
-        budget=MemoryBudget(total_cap=pool.memory_cap()),
-        base=base, slots=pool.parallel, keep_alive_s=pool.keep_alive,
-        max_loaded=pool.max_models or None, pinned=pins,
-        on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False),
-    )
-    return manager, pins
 
 
 def _check_listening(settings: ServerSettings, tls: bool, verbose: bool) -> None:

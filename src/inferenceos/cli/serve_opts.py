@@ -1,6 +1,7 @@
-"""`serve`'s own options, as Annotated aliases, and the two groups it builds from them:
-how the server listens and answers (ListenOptions) and how its model pool is sized
-(PoolOptions). The planner's overrides are plan_opts', shared with `run`.
+"""`serve`'s own options, as Annotated aliases, and the group of how the server listens
+and answers (ListenOptions). How its model pool is sized is app/serve.PoolOptions (the
+application layer builds the pool); the planner's overrides are plan_opts', shared
+with `run`.
 
 A flag's spelling and help text live here once (docs/cli.md is the contract).
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from inferenceos.app.serve import PoolOptions
     from inferenceos.server.settings import ServerSettings
 
 ServeModelArg = Annotated[str, typer.Argument(
@@ -98,24 +100,3 @@ class ListenOptions:
             media_fetch=self.allow_media_urls or bool(cfg.get("server.media_fetch")),
             shutdown_grace_s=float(cfg.get("server.shutdown_grace_s")),
         )
-
-
-@dataclass(frozen=True)
-class PoolOptions:
-    """How many models the server holds and for how long, and each one's batch, queue
-    and KV cache tiers: the flags as given."""
-
-    parallel: int = 4
-    queue: int = 32
-    keep_alive: float = 300.0
-    max_models: int = 0
-    memory_budget: str | None = None
-    pin: tuple[str, ...] = ()
-    kv_cache_ram: str | None = None
-    kv_cache_disk: str | None = None
-
-    def memory_cap(self) -> int | None:
-        """--memory-budget in bytes (None: no cap); UsageError for a bad size."""
-        from inferenceos.units import parse_size
-
-        return parse_size(self.memory_budget) if self.memory_budget else None

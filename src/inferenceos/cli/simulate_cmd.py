@@ -203,7 +203,7 @@ def _render(pred: Prediction, kv: KVCacheOutlook, as_json: bool) -> None:
 def _kv_cache_outlook(pred: Prediction, ram: str | None, disk: str | None) -> KVCacheOutlook:
     """What `serve`'s KV cache tiers would take and save for this plan: its budgets
     (the flags, else the config keys, else serve's defaults) and the prompt's prefix."""
-    from inferenceos.cli.serve_cmd import kv_cache_kw
+    from inferenceos.app.serve import kv_cache_kw
     from inferenceos.config import load_config
 
     budgets = kv_cache_kw(ram, disk, load_config())
