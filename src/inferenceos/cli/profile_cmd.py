@@ -5,7 +5,7 @@ timeline."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,20 +21,10 @@ from inferenceos.cli.gen_opts import (
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.errors import UsageError
 
+if TYPE_CHECKING:
+    from inferenceos.plan.plan import Plan
+
 DEFAULT_PROMPT_REPEATS = 4  # the built-in prose four times: ~200 tokens
-
-
-def _planned_params(path: Path, ctx: int, threads: int, batch: int, need: int) -> Any:
-    """The planner's parameters for this run (as `run` plans), its line on stderr."""
-    from inferenceos.plan.devices import local_machine
-    from inferenceos.plan.entry import LoadRequest
-    from inferenceos.plan.here import plan_here
-    from inferenceos.plan.model_facts import load_model_facts
-
-    req = LoadRequest(n_ctx=ctx, threads=threads, n_batch=batch, need_tokens=need)
-    plan = plan_here(load_model_facts(path), local_machine(), req).plan
-    err.print(plan.summary(), style="dim", markup=False)
-    return plan.params()
 
 
 ProfilePromptOpt = Annotated[str | None, typer.Option(
@@ -56,31 +46,28 @@ def profile(
     seed: SeedOpt = None, as_json: ProfileJsonOpt = False, verbose: VerboseLogOpt = False,
 ) -> None:
     """Profile one generation and write an HTML report with a timeline of its phases."""
+    from inferenceos.app.profile import profile_prompt
     from inferenceos.engine.llama_lib import log
     from inferenceos.model.spec import load_spec
-    from inferenceos.tuning import records
-    from inferenceos.tuning.html_report import write_report
-    from inferenceos.tuning.profiler import profile_run
     from inferenceos.tuning.trials import PROSE
 
     _check_output(output)
-    sampling = SamplingOptions(temperature=temperature, seed=seed, max_tokens=max_tokens)
-    params = sampling.params()
+    params = SamplingOptions(temperature=temperature, seed=seed, max_tokens=max_tokens).params()
     text = prompt if prompt is not None else PROSE * DEFAULT_PROMPT_REPEATS
     spec = load_spec(resolve_model(model))
     log().echo = verbose
-    need = len(text.encode()) + max_tokens + 64
-    prof = profile_run(spec.path, _planned_params(spec.path, ctx, threads, batch, need),
-                       text, params)
-    write_report(prof, output)
-    data = prof.to_json()
-    records.profile_run(spec.path, data)
-    records.flush()
+    data = profile_prompt(spec.path, text, params, output, ctx=ctx, threads=threads,
+                          batch=batch, on_plan=_print_plan)
     if as_json:
         print_json({**data, "report": str(output)})
         return
     _print_phases(data)
     err.print(f"report written to {output}", style="dim")
+
+
+def _print_plan(plan: Plan) -> None:
+    """The plan's line, dim, on stderr (without run's list of changes, as before)."""
+    err.print(plan.summary(), style="dim", markup=False)
 
 
 def _check_output(output: Path) -> None:
