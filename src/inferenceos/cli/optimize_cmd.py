@@ -98,17 +98,10 @@ def optimize(
         raise UsageError(f"--budget must be at least {MIN_BUDGET_S:.0f} seconds")
     from inferenceos.engine.llama_lib import log
     from inferenceos.model.spec import load_spec
-    from inferenceos.tuning import records
 
     spec = load_spec(resolve_model(model))
-    path: Path = spec.path
     log().echo = verbose
-    sid = records.new_search_id()
-    result = _search(path, spec.block_count, budget, sid)
-    stored = result.compared > 0  # a best that no trial was compared with is no best
-    if stored:
-        records.best(path, sid, result)
-    records.flush()
+    result, stored = _search(spec.path, spec.block_count, budget)
     if as_json:
         print_json({**result.to_json(), "stored": stored})
     elif stored:
@@ -122,13 +115,12 @@ def optimize(
             f"stored; give it --budget {_needed_budget(result)} or more")
 
 
-def _search(path: Path, n_layers: int, budget: float, sid: str) -> SearchResult:
-    """The search, each trial recorded under `sid` as it ends, with a transient progress
-    bar on stderr (time spent against the budget, trials, the one just run)."""
+def _search(path: Path, n_layers: int, budget: float) -> tuple[SearchResult, bool]:
+    """app/optimize.optimize_model, with a transient progress bar on stderr (time spent
+    against the budget, trials, the one just run)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from inferenceos.tuning import records
-    from inferenceos.tuning.search import optimize as search
+    from inferenceos.app.optimize import optimize_model
     from inferenceos.tuning.trials import TrialResult
 
     has_gpu = _has_gpu()
@@ -145,10 +137,8 @@ def _search(path: Path, n_layers: int, budget: float, sid: str) -> SearchResult:
             nonlocal count, elapsed
             count += 1
             elapsed += res.elapsed_s
-            records.trial(path, sid, res)
             what = f"{res.phase} {res.dimension} {res.knobs.label()}".replace("  ", " ")
             progress.update(task, completed=min(elapsed, budget), trials=count,
                             description=safe_text(what))
 
-        return search(path, budget_s=budget, has_gpu=has_gpu, n_layers=n_layers,
-                      on_trial=on_trial)
+        return optimize_model(path, n_layers, budget, has_gpu=has_gpu, on_trial=on_trial)
