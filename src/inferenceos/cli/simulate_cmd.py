@@ -7,7 +7,7 @@ overrides such as `--gpu-memory 4GiB --ram 32GiB` for a hypothetical machine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,8 +34,7 @@ from inferenceos.cli.sim_opts import (
     TaskOpt,
 )
 from inferenceos.errors import InferenceOSError, UsageError
-from inferenceos.plan.calibration import contended_speed, core_share
-from inferenceos.plan.calibration_load import load_calibration, recorded_workload, self_calibrate
+from inferenceos.plan.calibration_load import self_calibrate
 from inferenceos.plan.devices import (
     Machine,
     Overrides,
@@ -47,10 +46,8 @@ from inferenceos.plan.devices import (
 )
 from inferenceos.plan.kv_outlook import KVCacheOutlook, kv_outlook
 from inferenceos.plan.model_facts import load_model_facts
-from inferenceos.plan.policy import choose
 from inferenceos.plan.preflight import PlanRefused
 from inferenceos.plan.simulate import Prediction, Workload, with_draft
-from inferenceos.plan.simulate import simulate as simulate_plan
 from inferenceos.units import format_bytes
 
 HardwareOpt = Annotated[
@@ -249,47 +246,16 @@ def simulate_model(
     """The prediction `simulate` prints. On this machine (`local`) the calibration
     includes what recorded runs taught and the threads follow the free cores. The
     projector is `mmproj`, else one found beside the model ('none': without)."""
-    from inferenceos.model.projector_files import NONE, check_projector, find_projector
+    from inferenceos.app.simulate import predict
 
     w = Workload(prompt_tokens=prompt_tokens, output_tokens=output_tokens, n_ctx=ctx or None,
                  image_tokens=image_tokens)
-    path = resolve_model(model)
-    if mmproj is not None and mmproj.strip().lower() == NONE:
-        projector = None
-    else:
-        projector = check_projector(mmproj) if mmproj else find_projector(path)
-    facts = load_model_facts(path)
-    history = recorded_workload(facts) if policy.strip().lower() == "adaptive" else None
-    choice = choose(policy, facts, history)
-    cal = load_calibration(machine, facts, threads) if local else None
-    load = None
-    if local:
-        from inferenceos.hardware.cpu_load import sample_cpu_load
-
-        load = sample_cpu_load()
-        if threads and cal is not None:  # learned for a quiet machine; busy now?
-            cal = _busy_now(cal, load, threads)
-    return simulate_plan(
-        path, machine, w, threads=threads, type_k=cache_type, type_v=cache_type,
-        calibration=cal, policy=choice, cpu_load=None if threads else load, mmproj=projector,
-        kv_quality=kv_quality, explain=explain,
+    return predict(
+        resolve_model(model), machine, w, cache_type=cache_type, threads=threads,
+        policy=policy, local=local, mmproj=mmproj, kv_quality=kv_quality, explain=explain,
         # on this machine, the drafter `run` would take (what its runs taught)
-        draft=draft_choice(None) if local else None,
+        draft=lambda: draft_choice(None) if local else None,
     )
-
-
-def _busy_now(cal: Any, load: Any, threads: int) -> Any:
-    """`cal` slowed by the cores other processes take now from a fixed thread count,
-    as llama.cpp's barriers lose more than the cores (plan.calibration.contended_speed;
-    with automatic threads the plan takes only the free cores instead)."""
-    share = core_share(load, threads)
-    if share >= 1.0:
-        return cal
-    pre, dec = contended_speed(share)
-    return replace(cal, decode_scale=cal.decode_scale * dec,
-                   prefill_scale=cal.prefill_scale * pre,
-                   source=f"{cal.source}; x{dec:.2f} decode, x{pre:.2f} prefill: other "
-                   f"processes busy on {load.busy_others:.1f} of {load.usable_cpus} CPUs now")
 
 
 def _encoder_rows(p: Prediction) -> list[tuple[str, str]]:
