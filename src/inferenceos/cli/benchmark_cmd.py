@@ -108,7 +108,6 @@ def benchmark(
     """Measure prefill, decode and aggregate t/s over a matrix of settings, with
     llama.cpp's defaults as the baseline row."""
     from inferenceos.model.spec import load_spec
-    from inferenceos.tuning import records
     from inferenceos.tuning.matrix import points
 
     pts = points(parse_list(threads or _default_threads(), "--threads"),
@@ -120,7 +119,6 @@ def benchmark(
         raise UsageError(f"--chart: the folder {chart.parent} does not exist")
     spec = load_spec(resolve_model(model))
     rows = _measure(spec.path, pts, prompt_tokens, gen_tokens, rounds)
-    records.flush()
     if chart is not None:
         from inferenceos.tuning.chart import write_chart
 
@@ -145,12 +143,10 @@ def benchmark(
 
 def _measure(path: Path, pts: list[Point], prompt_tokens: int, gen_tokens: int,
              rounds: int) -> list[Row]:
-    """The matrix's rows (the baseline first), each recorded as it ends, with a
-    transient progress bar on stderr."""
+    """app/benchmark.measure, with a transient progress bar on stderr."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from inferenceos.tuning import records
-    from inferenceos.tuning.matrix import run_matrix
+    from inferenceos.app.benchmark import measure
 
     progress = Progress(TextColumn("[bold]benchmark[/]"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.description}"), console=err,
@@ -159,7 +155,6 @@ def _measure(path: Path, pts: list[Point], prompt_tokens: int, gen_tokens: int,
         task = progress.add_task("starting", total=len(pts))
 
         def on_row(row: Row) -> None:
-            records.benchmark_row(path, row, prompt_tokens)
             progress.update(task, advance=1, description=row.point.label())
 
-        return run_matrix(path, pts, prompt_tokens, gen_tokens, rounds, on_row)
+        return measure(path, pts, prompt_tokens, gen_tokens, rounds, on_row=on_row)
