@@ -51,7 +51,9 @@ for i in $(seq 1 "$RUNS"); do
     rc=$?
     took=$(( $(date +%s) - start ))
     stop_spin
-    closing=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$DIR/run-$i.log" | tail -1)
+    # pytest's closing line: "N passed, ... in S s" (-q), or the same between "=" rules
+    closing=$(grep -E '(passed|failed|error).* in [0-9.]+s' "$DIR/run-$i.log" | tail -1 \
+        | sed -E 's/^=+ //; s/ =+$//')
     [ -n "$closing" ] || closing="(no closing line: exit $rc)"
     [ "$rc" -eq 0 ] || failed=$((failed + 1))
     printf 'run %d  %-5s  exit %d  %4d s  %s\n' "$i" "$neighbour" "$rc" "$took" "$closing" \

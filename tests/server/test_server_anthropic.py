@@ -61,7 +61,10 @@ def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     hermes = write_tiny_model(root / "hermes.gguf", chat_template=TINY_HERMES_TEMPLATE)
     thinker = write_tiny_model(root / "thinker.gguf", chat_template=THINKER_TEMPLATE)
     broken = write_tiny_model(root / "broken.gguf", seed=3)
-    victim = write_tiny_model(root / "victim.gguf", seed=4)
+    # the 6-layer shape: its 400-token reply must still be generating when the test reads
+    # the first delta and kills the worker; the 2-layer one had finished all 400 tokens
+    # by then once, beside a busy neighbour (the stream then ended well, no error event)
+    victim = write_tiny_model(root / "victim.gguf", "wide", seed=4)
     with serving({"tiny": tiny_llama, "hermes": hermes, "thinker": thinker,
                   "broken": broken, "victim": victim}, root,
                  manager_kw={"base": replace(TINY_REQUEST, n_ctx=512)}) as h:
