@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+
+from inferenceos.cluster.spawn import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tiny model writer
@@ -104,12 +105,6 @@ def cli(home: Path, *args: str) -> None:
                        capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"inferenceos {' '.join(args)} failed: {r.stderr.strip()}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def register(home: Path, model: str) -> int:

@@ -74,20 +74,27 @@ def test_budget_routes_need_the_key(tiny_llama: Path, tmp_path: Path) -> None:
         assert ok.status_code == 200
 
 
-def _stream_text(url: str, body: dict, on_chunk: object = None) -> tuple[str, int]:
-    text, n = "", 0
+def _contents(url: str, body: dict, timeout: float = 120) -> Iterator[str]:
+    """Each chunk's `content` of a streamed llama-server /completion (an error chunk
+    fails the test); closing the generator closes the stream."""
     with httpx.stream("POST", url + "/completion", json={**body, "stream": True},
-                      timeout=120) as r:
+                      timeout=timeout) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line.startswith("data: "):
                 continue
             chunk = json.loads(line[6:])
             assert "error" not in chunk, chunk
-            text += chunk.get("content", "")
-            n += 1
-            if on_chunk is not None and n == 5:
-                on_chunk()  # type: ignore[operator]
+            yield chunk.get("content", "")
+
+
+def _stream_text(url: str, body: dict, on_chunk: object = None) -> tuple[str, int]:
+    text, n = "", 0
+    for content in _contents(url, body):
+        text += content
+        n += 1
+        if on_chunk is not None and n == 5:
+            on_chunk()  # type: ignore[operator]
     return text, n
 
 
@@ -186,24 +193,20 @@ def test_a_cap_of_zero_on_a_worker_moves_a_stream_home_and_back(
         ram["now"] = 1 << 30
         watch = Watch(h.url)
         text, n, lifted_at, up_at = "", 0, 0, 0
-        with httpx.stream("POST", h.url + "/completion", json={**body, "stream": True},
-                          timeout=300) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                chunk = json.loads(line[6:])
-                assert "error" not in chunk, chunk
-                text += chunk.get("content", "")
-                n += 1
-                if n == CAP_AT:
-                    _cap(h.url, device, 0)
-                elif n >= CAP_AT + LIFT_AFTER and not lifted_at and watch.events("migrating"):
-                    _cap(h.url, device, None)  # the way down has started: lift the cap
-                    lifted_at = n
-                elif lifted_at and not up_at and len(watch.events("migration")) == 2:
-                    up_at = n  # back up
-                elif up_at and n >= up_at + AFTER_UP:
-                    break  # closed: the server cancels the rest
+        stream = _contents(h.url, body, timeout=300)
+        for content in stream:
+            text += content
+            n += 1
+            if n == CAP_AT:
+                _cap(h.url, device, 0)
+            elif n >= CAP_AT + LIFT_AFTER and not lifted_at and watch.events("migrating"):
+                _cap(h.url, device, None)  # the way down has started: lift the cap
+                lifted_at = n
+            elif lifted_at and not up_at and len(watch.events("migration")) == 2:
+                up_at = n  # back up
+            elif up_at and n >= up_at + AFTER_UP:
+                break
+        stream.close()  # closed: the server cancels the rest
         migrations = watch.events("migration")
         metrics = httpx.get(h.url + "/metrics").text
         back = h.manager.loaded()[0].plan
