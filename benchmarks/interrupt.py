@@ -236,7 +236,7 @@ def main() -> int:
     # serve has loaded its pinned model within ~3 s: its moments are drawn up to there
     todo = [(c, rng.uniform(0.05, min(args.late, SERVE_LATE) if c.command == "serve"
                             else args.late))
-            for i, c in enumerate(cases(args.only) * args.n)][: args.n]
+            for c in cases(args.only) * args.n][: args.n]
     stops: list[Stop] = []
     ended_first: Counter[str] = Counter()
     lock = threading.Lock()
