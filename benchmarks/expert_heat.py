@@ -4,7 +4,7 @@ The upcycled Qwen MoE (tests/upcycle_moe.py: 4 experts, 2 used, routers skewed s
 some experts are hot) runs inside a child memory cgroup (tests/memcg.py) at each
 `--fractions` of its file size, cold each time, through tests/ltm_probe.py:
 - heat: the default, the resident experts chosen by the heat stored from earlier runs
-  and re-chosen from the run's own picks (engine/resident_choice.py);
+  and re-chosen from the run's own picks (engine/weights/resident_choice.py);
 - file order: `--no-heat`, the same room filled with experts in file order, nothing
   read from or written to the heat store.
 The two alternate `--rounds` times per limit (a first heat run records picks when the

@@ -22,8 +22,8 @@ import struct
 import time
 from pathlib import Path
 
-from inferenceos.engine.attention_probe import AttentionProbe
-from inferenceos.engine.kv_policies import HeavyHitterOracle, NoEviction, StreamingLLM
+from inferenceos.engine.kv.attention_probe import AttentionProbe
+from inferenceos.engine.kv.policies import HeavyHitterOracle, NoEviction, StreamingLLM
 from inferenceos.engine.scoring import budgeted_perplexity
 from inferenceos.engine.session import LoadedModel, default_threads
 from inferenceos.model.default_model import ensure_default_model

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import inferenceos.engine.worker_swap as swap_mod
+import inferenceos.engine.worker.swap as swap_mod
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scoring import greedy_agreement

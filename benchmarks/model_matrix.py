@@ -9,7 +9,7 @@ Per model:
 - speculative decoding in process: n-gram on a text that quotes a passage, against
   llama-server's best `--spec-type`; for the 1.5B also the 0.5B as a draft model against
   llama-server `-md` the 0.5B, and on free text (where drafting does not pay) against
-  plain decoding (speculative.py's tasks);
+  plain decoding (engine/spec/speculative.py's tasks);
 - bandwidth achieved (weights read per token × t/s) against the hardware profile's RAM
   read bandwidth;
 - `simulate`'s predicted decode and prefill beside the measurement.

@@ -2,7 +2,7 @@
 
 Memory: for Gemma 3 270M and the three tiny fixtures, over a grid of n_ctx, n_ubatch,
 KV types and flash attention, each point is loaded for real by llama.cpp in a fresh
-process (`python -m inferenceos.engine.memory_report`); its logged buffers (model, KV,
+process (`python -m inferenceos.engine.llama.memory_report`); its logged buffers (model, KV,
 compute, output) and the process's RSS growth are compared with the analytical model.
 Pass: every point within 5 % or 32 MiB, whichever is larger.
 
@@ -83,7 +83,7 @@ def measure(path: Path, s: ContextSettings) -> dict[str, Any]:
     params = s.llama_params(n_threads=1)
     args = [f"{k}={v}" for k, v in asdict(params).items() if isinstance(v, (int, float, str))]
     res = subprocess.run(
-        [sys.executable, "-m", "inferenceos.engine.memory_report", str(path), *args],
+        [sys.executable, "-m", "inferenceos.engine.llama.memory_report", str(path), *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_record import ram_gbps
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
-from inferenceos.engine.self_draft import self_draft_path
 from inferenceos.engine.session import LoadedModel
+from inferenceos.engine.spec.self_draft import self_draft_path
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
 from inferenceos.plan.llama_params import LlamaParams

@@ -2,7 +2,7 @@
 with logits (a speculative step's shape), after a 150-token context, on Gemma.
 
 Prints the median time of each N over alternating-order rounds, its time per row, and
-the shape effect the scheduler's row shaping uses (engine/row_shape.py): each odd N
+the shape effect the scheduler's row shaping uses (engine/spec/row_shape.py): each odd N
 against N + 1, and the row multiple the scheduler derives for this build and model.
 On AVX2, llamafile's tinyBLAS tiles activation rows two at a time and walks the whole
 weight matrix again for a leftover row, so an odd N costs more than N + 1.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from inferenceos.engine.batch import TokenBatch
-from inferenceos.engine.row_shape import head_type, row_multiple
+from inferenceos.engine.llama.batch import TokenBatch
 from inferenceos.engine.session import LoadedModel
+from inferenceos.engine.spec.row_shape import head_type, row_multiple
 from inferenceos.model.default_model import ensure_default_model
 from inferenceos.plan.llama_params import LlamaParams
 

@@ -93,7 +93,7 @@ def main() -> int:
                     help="record the run in the telemetry store, as `run` does (what "
                          "later predictions learn the disk's streaming rate from)")
     ap.add_argument("--no-stream", action="store_true",
-                    help="no prefetch thread (engine/prefetch.py): the kernel pages alone")
+                    help="no prefetch thread (engine/weights/prefetch.py): the kernel pages alone")
     ap.add_argument("--cap-above-start", type=int, default=0, metavar="BYTES",
                     help="after start-up, limit this process's cgroup to its charge + BYTES")
     ap.add_argument("--no-heat", action="store_true",
@@ -101,7 +101,7 @@ def main() -> int:
                          "from the picks (the control of benchmarks/expert_heat.py)")
     a = ap.parse_args()
 
-    from inferenceos.engine.llama_lib import lib
+    from inferenceos.engine.llama.lib import lib
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.scheduler import generate_one
     from inferenceos.engine.session import LoadedModel
@@ -136,7 +136,8 @@ def main() -> int:
     if a.no_stream:
         params = replace(params, stream_resident_bytes=0)
     if a.no_heat:
-        from inferenceos.engine import prefetch, session
+        from inferenceos.engine import session
+        from inferenceos.engine.weights import prefetch
 
         session._heat_store = lambda _path: (None, None)  # type: ignore[assignment]
         prefetch.RECHOOSE_TOKENS = 1 << 62

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferenceos.engine.core import EngineCore
 from inferenceos.engine.messages import Failed, Finished, TokenOut
 from inferenceos.engine.scheduler import Scheduler
 
@@ -11,8 +12,8 @@ def drain(sched: Scheduler) -> tuple[dict[int, list[int]], dict[int, dict]]:
     request, as JSON). Any Failed event fails the test."""
     tokens: dict[int, list[int]] = {}
     done: dict[int, dict] = {}
-    while sched.has_work():
-        for ev in sched.step():
+    for events in EngineCore(lambda: sched).steps():
+        for ev in events:
             assert not isinstance(ev, Failed), ev
             if isinstance(ev, TokenOut) and ev.token >= 0:
                 tokens.setdefault(ev.req_id, []).append(ev.token)

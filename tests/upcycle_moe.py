@@ -186,7 +186,7 @@ class _RouterInputs:
     def __init__(self) -> None:
         from llama_cpp.llama_cpp import ggml_backend_sched_eval_callback
 
-        from inferenceos.engine.attention_probe import GGMLTensor, _tensor_get
+        from inferenceos.engine.kv.attention_probe import GGMLTensor, _tensor_get
 
         self._tensor, self._get = GGMLTensor, _tensor_get()
         self.rows: dict[int, list[np.ndarray]] = {}

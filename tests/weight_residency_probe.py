@@ -1,7 +1,7 @@
-"""A child process for tests/engine/test_weight_residency_metrics.py: plan here (inside
+"""A child process for tests/engine/weights/test_weight_residency_metrics.py: plan here (inside
 whatever memory cgroup it was started in), load, decode greedily, and print one JSON
 line: the RAM budget the plan saw, whether it streams, and the engine's `weights`
-record (engine/weight_residency.py) after decoding.
+record (engine/weights/residency.py) after decoding.
 
     python tests/weight_residency_probe.py MODEL [--tokens N] [--plan-only]
 """
@@ -23,11 +23,11 @@ def main() -> int:
                     help="after start-up, limit this process's cgroup to its charge + BYTES")
     a = ap.parse_args()
 
-    from inferenceos.engine.llama_lib import lib
+    from inferenceos.engine.llama.lib import lib
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.scheduler import generate_one
     from inferenceos.engine.session import LoadedModel
-    from inferenceos.engine.weight_residency import WeightResidency
+    from inferenceos.engine.weights.residency import WeightResidency
     from inferenceos.plan.devices import local_machine
     from inferenceos.plan.entry import LoadRequest
     from inferenceos.plan.here import plan_here

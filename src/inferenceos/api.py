@@ -438,7 +438,7 @@ def load(
     if n_parallel < 1:
         raise UsageError(f"n_parallel must be >= 1, got {n_parallel}")
     from inferenceos import interrupt
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
 
     interrupt.install()  # a Ctrl-C in the caller stops a load or a prefill at once
     path = resolve(model)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferenceos.engine.kv_store import KVStore
+from inferenceos.engine.kv.store import KVStore
 from inferenceos.paths import data_dir
 
 
@@ -44,6 +44,6 @@ def test_cache_list_counts_entries_per_key_and_clean_empties_the_tier() -> None:
 
 
 def test_a_root_that_does_not_exist_lists_as_empty(tmp_path: Path) -> None:
-    from inferenceos.engine.kv_store import clear_disk, disk_usage
+    from inferenceos.engine.kv.store import clear_disk, disk_usage
 
     assert disk_usage(tmp_path / "none") == {} and clear_disk(tmp_path / "none") == 0

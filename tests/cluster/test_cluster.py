@@ -127,7 +127,7 @@ def test_plan_splits_over_both_workers(deep_model: Path, workers: Workers) -> No
 
 
 def test_split_run_gives_the_local_greedy_tokens(deep_model: Path, workers: Workers) -> None:
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
 
     split = _plan(deep_model, workers.addresses)
     mark = log().mark()
@@ -308,7 +308,7 @@ def test_a_head_kept_on_the_cpu_stays_there(gemma_path: Path, tmp_path: Path) ->
     asks for k + 1 layers and pins the head to the CPU. It asked for k before, and the
     worker got the head and k - 1 blocks: 216.9 MiB where 50.7 MiB were planned, on a
     worker offering 120 MiB. The worker's buffer, as llama.cpp logs it, is the plan's."""
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
     from inferenceos.engine.session import LoadedModel
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.model_facts import load_model_facts
@@ -340,7 +340,7 @@ def test_each_worker_holds_the_blocks_the_plan_gives_it(
     cumulative tensor_split; fractions by block count (2 + 2 as 0.5/0.5) loaded 3 + 1.
     The split is now chosen so that each worker's buffer, as llama.cpp logs it, is the
     plan's (the placement fixed on injected links, as above)."""
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
     from inferenceos.engine.session import LoadedModel
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.model_facts import load_model_facts
@@ -368,7 +368,7 @@ def test_a_forced_layer_count_is_planned_as_llama_cpp_loads_it(
     changed the parameter, so its figures described another load (N = 1 was shown as a
     block on the worker; llama.cpp moved the head). Now the placement is redone: the
     worker's buffer, as llama.cpp logs it, is the plan's."""
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
     from inferenceos.engine.session import LoadedModel
     from inferenceos.plan.devices import local_machine
     from inferenceos.plan.entry import LoadRequest, plan_load
@@ -396,7 +396,7 @@ def test_an_ffn_group_kept_in_ram_is_where_llama_cpp_puts_it(
     those FFN groups, and the split model computes the local greedy tokens."""
     from dataclasses import replace
 
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
     from inferenceos.plan.entry import LoadRequest, plan_load
     from inferenceos.plan.footprint import estimate
     from inferenceos.plan.model_facts import load_model_facts

@@ -149,7 +149,7 @@ def test_libgomp_takes_the_bounded_spin_count_when_llama_cpp_loads() -> None:
 
     env = {k: v for k, v in os.environ.items() if k not in USER_KNOBS}
     env["OMP_DISPLAY_ENV"] = "VERBOSE"
-    code = "from inferenceos.engine.llama_lib import lib; lib()"
+    code = "from inferenceos.engine.llama.lib import lib; lib()"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr

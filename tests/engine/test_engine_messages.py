@@ -45,9 +45,9 @@ from inferenceos.engine.messages import (
     Wake,
     unknown,
 )
-from inferenceos.engine.migrate import LiveState
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.worker import _dispatch
+from inferenceos.engine.worker.main import _dispatch
+from inferenceos.engine.worker.migrate import LiveState
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
 from inferenceos.media.item import MediaItem
 from inferenceos.plan.llama_params import LlamaParams

@@ -97,7 +97,7 @@ def test_a_drafter_the_user_names_is_kept_and_priced() -> None:
 
 
 def test_replays_are_ngrams_one_measure_and_teach_ngram_only() -> None:
-    """For ngram every run counts in its replay's measure (engine/ngram_replay.py), the
+    """For ngram every run counts in its replay's measure (engine/spec/ngram_replay.py), the
     drafted ones too, whose replays are kept apart for the measured correction; a run
     without a replay (interrupted, or recorded before replays) is left out, its counters
     being another measure. A draft model learns nothing from replays."""

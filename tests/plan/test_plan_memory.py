@@ -84,7 +84,7 @@ def test_repack_rules() -> None:
 def test_prediction_matches_llama_cpp(
     request: pytest.FixtureRequest, kind: str, n_ctx: int, n_ubatch: int, fa: bool
 ) -> None:
-    from inferenceos.engine.memory_report import measure_load
+    from inferenceos.engine.llama.memory_report import measure_load
     from inferenceos.plan.llama_params import LlamaParams
 
     path = request.getfixturevalue(kind)

@@ -20,7 +20,7 @@ runner = CliRunner()
 
 def _drafted_metrics(draft: str, tokens: int, accepted: int, steps: int) -> dict[str, object]:
     """A run's metrics; its n-gram replay counted what its drafting did (for ngram the
-    plan reads only replays: engine/ngram_replay.py)."""
+    plan reads only replays: engine/spec/ngram_replay.py)."""
     counters = {"draft_tokens": tokens, "draft_accepted": accepted, "decode_steps": steps}
     return {"prompt_tokens": 40, "prompt_tps": 500.0, "ttft_s": 0.08,
             "completion_tokens": steps + accepted, "decode_tps": 400.0, "stop_reason": "length",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inferenceos.engine.llama_lib import log
+from inferenceos.engine.llama.lib import log
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.session import LoadedModel

@@ -62,7 +62,7 @@ _BUSY = "import time\nwhile True:\n    pass\n"
 def test_sensor_sees_a_busy_process_and_our_worker() -> None:
     cpu = sorted(os.sched_getaffinity(0))[0]
     # the marker argument makes it look like one of our engine workers to the sensor
-    proc = subprocess.Popen([sys.executable, "-c", _BUSY, "inferenceos.engine.worker"])
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY, "inferenceos.engine.worker.main"])
     try:
         os.sched_setaffinity(proc.pid, {cpu})
         time.sleep(0.3)

@@ -89,7 +89,7 @@ def test_replies_are_read_in_one_place() -> None:
 
 
 def test_reply_text_holds_calls_back_after_the_reasoning() -> None:
-    from inferenceos.server.anthropic_thinking import reasoning_of
+    from inferenceos.server.reasoning import reasoning_of
     from inferenceos.server.reply import ReplyText, read_reply
     from inferenceos.server.tool_calls import detect_format
 

@@ -76,7 +76,7 @@ def run_prompt(
     (it may refuse one that the KV policy cannot run with); `mmproj` the projector asked
     for. Errors come in the order `run` has always given them: the model, the media,
     the request, the KV policy, flash attention, the plan."""
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
     from inferenceos.media.files import with_markers
     from inferenceos.model.spec import load_spec
 
@@ -181,8 +181,8 @@ def _encoder(lm: LoadedModel, projector: Path | None) -> Any:
 
 def _policy_probe(spec: ModelSpec, kv_policy: str) -> Any:
     """The attention probe H2O reads (on the full-attention layers), or None."""
-    from inferenceos.engine.attention_probe import AttentionProbe
-    from inferenceos.engine.kv_policies import load_policy
+    from inferenceos.engine.kv.attention_probe import AttentionProbe
+    from inferenceos.engine.kv.policies import load_policy
 
     if not getattr(load_policy(kv_policy), "needs_attention", False):
         return None

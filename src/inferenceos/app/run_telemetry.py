@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from inferenceos.engine.generation import GenerationMetrics
-from inferenceos.engine.llama_lib import log as llama_log
+from inferenceos.engine.llama.lib import log as llama_log
 from inferenceos.engine.session import LoadedModel
 from inferenceos.plan.llama_params import LlamaParams
 
@@ -25,7 +25,7 @@ log = logging.getLogger("inferenceos.run")
 def llama_buffers(mark: int = 0) -> dict[str, int]:
     """llama.cpp's buffer sizes (`"kind:buffer type" -> bytes`) from its log since
     `mark` (0: everything still held, which in a one-model process is its load)."""
-    from inferenceos.engine.memory_report import parse_buffer_lines
+    from inferenceos.engine.llama.memory_report import parse_buffer_lines
 
     return {f"{k}:{b}": v for (k, b), v in parse_buffer_lines(llama_log().since(mark)).items()}
 

@@ -72,7 +72,7 @@ def model_pool(
 def reads_attention(kv_policy: str) -> bool:
     """H2O reads attention probabilities, which llama.cpp has only with flash attention
     off: the planner must plan for that (UsageError for an unknown policy)."""
-    from inferenceos.engine.kv_policies import load_policy
+    from inferenceos.engine.kv.policies import load_policy
 
     return bool(getattr(load_policy(kv_policy), "needs_attention", False))
 
@@ -84,10 +84,10 @@ def config_pins(value: object) -> list[str]:
 
 def kv_cache_kw(ram: str | None, disk: str | None, cfg: Any,
                 memory_budget: int | None = None) -> dict[str, Any]:
-    """The engines' KV cache budgets (engine/kv_store.py): the flags, else the config
+    """The engines' KV cache budgets (engine/kv/store.py): the flags, else the config
     keys, else defaults from the free RAM and disk (under a --memory-budget, at most an
     eighth of it per model: the manager charges it); its disk tier under the data dir."""
-    from inferenceos.engine.kv_store import default_budgets
+    from inferenceos.engine.kv.store import default_budgets
     from inferenceos.paths import data_dir
     from inferenceos.units import parse_size
 

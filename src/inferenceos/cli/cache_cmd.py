@@ -5,7 +5,7 @@ when needed; models, sessions and the telemetry history are never touched here):
   profiles     <data dir>/hardware          hardware profiles (`inferenceos hardware`)
   digests      <cache dir>/digests.json     sha256 of model files, by size and mtime
   self-drafts  <cache dir>/self-drafts      layer-skipped draft models (speculative decoding)
-  kv-cache     <data dir>/kv-cache          the KV cache's disk tier (engine/kv_store.py):
+  kv-cache     <data dir>/kv-cache          the KV cache's disk tier (engine/kv/store.py):
                                             saved conversation prefixes, one folder per
                                             model and KV layout
 """
@@ -53,7 +53,7 @@ def clean(kinds: list[str]) -> dict[str, int]:
     freed = {}
     for kind in kinds:
         if kind == "kv-cache":  # under its lock: a running server may be writing
-            from inferenceos.engine.kv_store import clear_disk
+            from inferenceos.engine.kv.store import clear_disk
 
             freed[kind] = clear_disk(known[kind])
             continue
@@ -77,7 +77,7 @@ def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Each cache kind with its folder, file count and size."""
-    from inferenceos.engine.kv_store import disk_usage
+    from inferenceos.engine.kv.store import disk_usage
 
     rows = {k: (p, *usage(p)) for k, p in cache_kinds().items()}
     kv = disk_usage(cache_kinds()["kv-cache"])

@@ -21,7 +21,7 @@ MIN_BUDGET_S = 5.0
 
 def _has_gpu() -> bool:
     """An accelerator here that this llama.cpp build can offload to."""
-    from inferenceos.engine.llama_lib import lib
+    from inferenceos.engine.llama.lib import lib
     from inferenceos.plan.devices import local_machine
 
     return bool(lib().llama_supports_gpu_offload()) and bool(local_machine().accelerators)
@@ -96,7 +96,7 @@ def optimize(
     real trials; store the fastest settings for this machine and model."""
     if not budget >= MIN_BUDGET_S:
         raise UsageError(f"--budget must be at least {MIN_BUDGET_S:.0f} seconds")
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
     from inferenceos.model.spec import load_spec
 
     spec = load_spec(resolve_model(model))

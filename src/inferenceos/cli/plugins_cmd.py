@@ -15,7 +15,8 @@ def plugins(
 ) -> None:
     """List installed plugins: KV cache policies (group inferenceos.kv_policies) and
     speculative-decoding drafters (group inferenceos.drafters)."""
-    from inferenceos.engine import drafters, kv_policies, speculative
+    from inferenceos.engine.kv import policies as kv_policies
+    from inferenceos.engine.spec import drafters, speculative
 
     groups = [
         ("kv_policies", "KV cache policies", kv_policies.ENTRY_POINT_GROUP,

@@ -47,7 +47,7 @@ def profile(
 ) -> None:
     """Profile one generation and write an HTML report with a timeline of its phases."""
     from inferenceos.app.profile import profile_prompt
-    from inferenceos.engine.llama_lib import log
+    from inferenceos.engine.llama.lib import log
     from inferenceos.model.spec import load_spec
     from inferenceos.tuning.trials import PROSE
 

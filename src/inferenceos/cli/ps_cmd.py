@@ -49,7 +49,7 @@ def loaded_models(client: ServerClient, notify: Callable[[ServerBusy], None] = s
     return data
 
 
-# /metrics families (server/weight_metrics.py) -> the key `ps --json` gives them
+# /metrics families (server/ops/weight_metrics.py) -> the key `ps --json` gives them
 WEIGHT_FIGURES = {
     "weights_resident_bytes": "resident_bytes",
     "weights_streamed_bytes": "streamed_bytes",

@@ -41,7 +41,7 @@ def _status() -> dict[str, Any]:
 
 def _kv_cache_status() -> dict[str, Any]:
     """The recorded generations' use of the KV cache, and its disk tier now."""
-    from inferenceos.engine.kv_store import disk_usage
+    from inferenceos.engine.kv.store import disk_usage
     from inferenceos.paths import data_dir
     from inferenceos.telemetry.queries import prompt_cache
 

@@ -118,7 +118,7 @@ def render_builtin(
     name: str, messages: Sequence[ChatMessage], add_generation_prompt: bool = True
 ) -> str | None:
     """Render with llama.cpp's built-in template `name`; None when llama.cpp lacks it."""
-    from inferenceos.engine.llama_lib import lib
+    from inferenceos.engine.llama.lib import lib
 
     ll = lib()
     keep = [(m.role.encode(), m.content.encode()) for m in messages]

@@ -81,7 +81,7 @@ class EngineClient(Protocol):
 
     @property
     def kv_tiers(self) -> bool:
-        """Whether finished conversations go to the tiered KV cache (kv_tiers.py)."""
+        """Whether finished conversations go to the tiered KV cache (engine/kv/tiers.py)."""
         ...
 
     def prefetch(self, tokens: Sequence[int]) -> int: ...

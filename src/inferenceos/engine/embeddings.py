@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from inferenceos import interrupt
-from inferenceos.engine.batch import TokenBatch
-from inferenceos.engine.llama_lib import lib
-from inferenceos.engine.llama_structs import embedding_context_params
+from inferenceos.engine.llama.batch import TokenBatch
+from inferenceos.engine.llama.lib import lib
+from inferenceos.engine.llama.structs import embedding_context_params
 from inferenceos.errors import GenerationError, ModelLoadError, UsageError
 from inferenceos.plan.llama_params import LlamaParams
 

@@ -18,9 +18,9 @@
 `n_ctx * n_parallel` cells.
 
 This module is the facade only: the worker process and its pipe are
-engine/worker_client.py (`WorkerClient`, and `CurrentWorker`: which one requests go to),
-live migration's orchestration is engine/worker_swap.py (`Engine.migrate`), its
-mechanism inside the workers engine/migrate.py.
+engine/worker/client.py (`WorkerClient`, and `CurrentWorker`: which one requests go to),
+live migration's orchestration is engine/worker/swap.py (`Engine.migrate`), its
+mechanism inside the workers engine/worker/migrate.py.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from inferenceos.engine.messages import (
     Wake,
     WorkerInfo,
 )
-from inferenceos.engine.worker import WorkerConfig, file_identity
-from inferenceos.engine.worker_client import CurrentWorker, WorkerClient
-from inferenceos.engine.worker_swap import MigrateInfo, migrate
+from inferenceos.engine.worker.client import CurrentWorker, WorkerClient
+from inferenceos.engine.worker.main import WorkerConfig, file_identity
+from inferenceos.engine.worker.swap import MigrateInfo, migrate
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 from inferenceos.plan.llama_params import LlamaParams
@@ -98,7 +98,7 @@ class Engine(EngineBase):
         encoder on a GPU backend when `mmproj_gpu` and there is one (`mmproj_device`:
         which, by llama.cpp device name, as the plan's projector placement says).
         `kv_cache_ram` / `kv_cache_disk`: budgets in bytes of the tiered KV cache
-        (engine/kv_store.py; the disk tier under `kv_cache_dir`), which keeps finished
+        (engine/kv/store.py; the disk tier under `kv_cache_dir`), which keeps finished
         conversations' KV state across sleep, worker deaths and restarts; 0: none."""
         identity = file_identity(Path(path))  # before the read: a change after it shows
         self.spec: ModelSpec = load_spec(path)

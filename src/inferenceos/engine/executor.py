@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferenceos.engine.batch import EmbdBatch, TokenBatch
+from inferenceos.engine.llama.batch import EmbdBatch, TokenBatch
 from inferenceos.engine.step_plan import MediaWork, StepPlan
 
 

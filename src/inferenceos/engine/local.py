@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import inferenceos.errors as errors
 from inferenceos.engine.base import EngineBase, Events, Generation, per_slot
 from inferenceos.engine.cancel import CancelEvent
+from inferenceos.engine.core import EngineCore
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.messages import (
     Event,
@@ -62,9 +63,9 @@ class LocalEngine(EngineBase):
         mmproj_device: str | None = None,
     ) -> None:
         """`draft`, `mmproj`, `mmproj_gpu`, `mmproj_device`: as for `Engine`."""
+        from inferenceos.engine.kv.policies import policy_options
         from inferenceos.engine.media_encoder import open_encoder
         from inferenceos.engine.scheduler import Scheduler
-        from inferenceos.engine.worker import policy_options
 
         self.spec: ModelSpec = load_spec(path)
         total = per_slot(settings or LlamaParams(), n_parallel)
@@ -84,6 +85,7 @@ class LocalEngine(EngineBase):
                 self._media.close()
             self._lm.close()
             raise
+        self._core = EngineCore(lambda: self._sched)  # the engine loop (core.py)
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._inbox: dict[int, collections.deque[Event]] = {}
@@ -148,7 +150,7 @@ class LocalEngine(EngineBase):
 
     def export_state(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None:
         """As `Engine.export_state`."""
-        from inferenceos.engine.slot_state import export_slot
+        from inferenceos.engine.kv.slot_state import export_slot
 
         with self._lock:
             self._model()
@@ -156,7 +158,7 @@ class LocalEngine(EngineBase):
 
     def import_state(self, tokens: Sequence[int], data: bytes) -> int:
         """As `Engine.import_state`."""
-        from inferenceos.engine.slot_state import import_slot
+        from inferenceos.engine.kv.slot_state import import_slot
 
         with self._lock:
             self._model()
@@ -219,33 +221,31 @@ class LocalEngine(EngineBase):
             self._inbox.pop(req_id, None)
 
     def _next(self, req_id: int, cancel: CancelEvent | None) -> Event | None:
-        """The request's next event, stepping the scheduler until there is one; None
-        once `cancel` is set. No wake-up is needed for it: the waiting thread is
-        stepping, or blocked on the lock of the thread that is, and looks at the flag
-        after each step (a step is never cut short for one request's cancel)."""
+        """The request's next event, stepping the scheduler (the engine loop, core.py)
+        until there is one; None once `cancel` is set. No wake-up is needed for it: the
+        waiting thread is stepping, or blocked on the lock of the thread that is, and
+        looks at the flag before each step (a step is never cut short for one
+        request's cancel)."""
         with self._lock:
             box = self._inbox[req_id]
-            while not box:
-                if cancel is not None and cancel.is_set():
-                    return None
-                if self._closed or not self._sched.has_work():
-                    return Failed(req_id, "GenerationError", "the engine stopped this request")
-                self._step()
-            return box.popleft()
 
-    def _step(self) -> None:
-        try:
-            events: list[Event] = list(self._sched.step())
-        except BaseException:
-            # a step cut short (Ctrl-C, a bug): its KV cells cannot be trusted; what its
-            # requests measured so far (TTFT, t/s) stays for their streams' metrics
-            from inferenceos.engine.output import snapshot
+            def waiting() -> bool:
+                return not box and not self._closed and not (cancel and cancel.is_set())
 
-            for seq in self._sched.running:
-                self._cut[seq.req.id] = snapshot(seq.metrics)
-            self._dispatch(self._sched.fail_all("the step was interrupted"))
-            raise
-        self._dispatch(events)
+            try:
+                for events in self._core.steps(waiting):
+                    self._dispatch(events)
+            except BaseException:
+                # what the cut step's requests measured so far (TTFT, t/s) stays for
+                # their streams' metrics; they end with the step's Failed events
+                self._cut.update(self._core.cut)
+                self._dispatch(self._core.failed)
+                raise
+            if box:
+                return box.popleft()
+            if cancel is not None and cancel.is_set():
+                return None
+            return Failed(req_id, "GenerationError", "the engine stopped this request")
 
     def _dispatch(self, events: Sequence[Event]) -> None:
         for ev in events:

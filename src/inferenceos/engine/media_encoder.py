@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from inferenceos.engine.llama_lib import lib, log, route_log
+from inferenceos.engine.llama.lib import lib, log, route_log
 from inferenceos.errors import GenerationError, ModelLoadError, UsageError
 from inferenceos.media.item import MEDIA_MARKER, MediaItem
 
@@ -69,7 +69,7 @@ class MediaEncoder:
         params = self._m.mtmd_context_params_default()
         params.use_gpu = use_gpu
         if use_gpu and device and device != "CPU":
-            from inferenceos.engine.devices import device_handle
+            from inferenceos.engine.llama.devices import device_handle
 
             params.device = device_handle(device)
         params.n_threads = max(1, n_threads)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.messages import Event, Finished, TokenOut
-from inferenceos.engine.ngram_replay import replay_ngram
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.spec.ngram_replay import replay_ngram
 from inferenceos.engine.stop import StopMatcher
 
 __all__ = ["Event", "Extra", "OutputStream", "snapshot"]

@@ -5,8 +5,8 @@ token ids, sampling, per-request choices); `prompt_request` builds one from text
 token ids and media items. `RunningSequence` is the scheduler's record of an admitted
 request: its slot, how much of the prompt its cells hold, the token sampled but not
 yet evaluated, its sampler chain, its output stream (text, stop strings, metrics;
-output.py) and, when it drafts, its drafting state (speculative.py) and this step's
-draft. The scheduler (scheduler.py) and the speculative decoder (spec_decode.py) both
+output.py) and, when it drafts, its drafting state (engine/spec/speculative.py) and this step's
+draft. The scheduler (scheduler.py) and the speculative decoder (engine/spec/decode.py) both
 read and update it; neither owns it alone.
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 
 from inferenceos.engine.generation import GenerationMetrics
-from inferenceos.engine.kv_policies import KVPolicy
+from inferenceos.engine.kv.policies import KVPolicy
+from inferenceos.engine.kv.slots import Slot
 from inferenceos.engine.output import OutputStream
 from inferenceos.engine.request import Request as Request  # re-exported
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.session import LoadedModel
-from inferenceos.engine.slots import Slot
-from inferenceos.engine.speculative import Drafter, DraftState, can_draft
+from inferenceos.engine.spec.speculative import Drafter, DraftState, can_draft
 from inferenceos.engine.step_plan import SeqNeeds
 from inferenceos.errors import UsageError
 
@@ -81,7 +81,7 @@ class RunningSequence:
         self.rng = np.random.default_rng(self.sampler.seed) if drafter is not None else None
         self.kv_edited = False  # a KV policy moved cells: they are no prefill's state
         # a prompt length whose state goes to the tiered store when the prefill reaches
-        # it: where this prompt leaves a prefix other conversations share (kv_tiers.py)
+        # it: where this prompt leaves a prefix other conversations share (engine/kv/tiers.py)
         self.checkpoint = 0
         if drafter is not None:
             self.out.metrics.draft = drafter.name

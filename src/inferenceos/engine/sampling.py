@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferenceos.engine import candidates
-from inferenceos.engine.llama_lib import lib
+from inferenceos.engine.llama.lib import lib
 from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS
 from inferenceos.errors import UsageError
 

@@ -8,17 +8,18 @@ Split as vLLM v1's scheduler is, each part with one job:
 - the executor (executor.py): fills one llama_batch from the plan and decodes it;
 - the output processor (output.py): chosen tokens → UTF-8 text, stop strings,
   eos/length, metrics;
-- the speculative decoder (spec_decode.py): each step's drafts before the batch is
+- the speculative decoder (engine/spec/decode.py): each step's drafts before the batch is
   planned, and the verification of a drafting sequence's rows after the decode;
 - the request and its running sequence's state (running.py).
 
 This module ties them together: admission, the step loop, sampling each sequence on its
 batch row with its own sampler chain (in C), KV policies, the thread governor and media
-steps. When a sequence fills its slot, its KV policy (see kv_policies.py) decides:
+steps. When a sequence fills its slot, its KV policy (see engine/kv/policies.py) decides:
 `none` ends it ("length"), `streaming` (StreamingLLM) drops the middle of the cache,
 keeping the first sink tokens and the most recent ones, and shifts positions so
 generation continues indefinitely. `generate_one` is the one decode path of a single
-sequence in process (`run`): a one-slot scheduler.
+sequence in process (`run`): a one-slot scheduler, stepped by the engine loop
+(core.py) like every other.
 
 Not thread-safe: one thread (the worker loop) calls submit / cancel / step.
 """
@@ -32,13 +33,17 @@ from collections.abc import Sequence as Seq
 from dataclasses import replace
 from typing import Any
 
-from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
+from inferenceos.engine.core import EngineCore
 from inferenceos.engine.executor import Executor, StepRows
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
-from inferenceos.engine.kv_policies import KVPolicy, load_policy
-from inferenceos.engine.kv_stats import cache_stats, slot_stats
-from inferenceos.engine.kv_store import KVStore
-from inferenceos.engine.kv_tiers import (
+from inferenceos.engine.kv.attention_probe import AttentionProbe, CellTracker
+from inferenceos.engine.kv.policies import KVPolicy, load_policy
+from inferenceos.engine.kv.seq_cache import SeqCacheView
+from inferenceos.engine.kv.slot_state import import_slot
+from inferenceos.engine.kv.slots import Slot, SlotTable
+from inferenceos.engine.kv.stats import cache_stats, slot_stats
+from inferenceos.engine.kv.store import KVStore
+from inferenceos.engine.kv.tiers import (
     PendingStores,
     park_bytes,
     restore_into,
@@ -50,11 +55,8 @@ from inferenceos.engine.messages import Event, Failed, Finished, Progress, Token
 from inferenceos.engine.output import Extra, snapshot
 from inferenceos.engine.running import NO_PROJECTOR, Request, RunningSequence, prompt_request
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
-from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import LoadedModel, decode_failed
-from inferenceos.engine.slot_state import import_slot
-from inferenceos.engine.slots import Slot, SlotTable
-from inferenceos.engine.spec_decode import SpeculativeDecoder
+from inferenceos.engine.spec.decode import SpeculativeDecoder
 from inferenceos.engine.step_plan import MediaWork, StepPlan, media_step, schedule
 from inferenceos.engine.thread_governor import ThreadGovernor
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
@@ -103,7 +105,7 @@ class Scheduler:
         media steps alternate with the others (step_plan). `adaptive_threads`: a
         ThreadGovernor (thread_governor.py) lowers llama.cpp's threads while decode
         steps run far slower than they did (another program took a core). `kv_store`:
-        the tiered KV cache (kv_store.py) a finished sequence's state goes to and a
+        the tiered KV cache (engine/kv/store.py) a finished sequence's state goes to and a
         prompt's longest cached prefix comes from; None: the context's slots only.
         `trace`: told of every batch evaluation and sampler call (StepTrace); with one,
         each evaluation ends with llama_synchronize so that asynchronous GPU work is
@@ -268,7 +270,7 @@ class Scheduler:
             **({"kv_cache": self.kv_store.stats()} if self.kv_store is not None else {}),
         }
 
-    # -- the tiered KV store (kv_tiers.py) ---------------------------------------------
+    # -- the tiered KV store (engine/kv/tiers.py) ---------------------------------------------
 
     def _restore(self, slot: Slot, prompt: list[int], reuse: int) -> int:
         if self.kv_store is None:
@@ -481,7 +483,7 @@ class Scheduler:
         return events
 
     def _verify(self, seq: RunningSequence, rows: Seq[int]) -> list[Event]:
-        """Emit what verifying the sequence's draft accepted (spec_decode.py) and drop
+        """Emit what verifying the sequence's draft accepted (engine/spec/decode.py) and drop
         the rejected drafts' cells."""
         verdict = self.spec_decode.verify(seq, rows)
         self.table.truncate(seq.slot, verdict.keep)
@@ -574,8 +576,7 @@ def generate_one(
         if state is not None:
             import_slot(sched, list(state[0]), state[1])
         sched.submit(req)
-        while sched.has_work():
-            events = sched.step()
+        for events in EngineCore(lambda: sched).steps():
             if sched.running:
                 lm.metrics = sched.running[0].metrics
                 lm.metrics.load_s = lm.load_s  # a footer read mid-run (Ctrl-C) shows it

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferenceos.engine.attention_probe import AttentionProbe, CellTracker
-from inferenceos.engine.batch import TokenBatch
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.generation import TokenEvent
-from inferenceos.engine.kv_policies import KVPolicy
+from inferenceos.engine.kv.attention_probe import AttentionProbe, CellTracker
+from inferenceos.engine.kv.policies import KVPolicy
+from inferenceos.engine.kv.seq_cache import SeqCacheView
+from inferenceos.engine.llama.batch import TokenBatch
 from inferenceos.engine.logprobs import MAX_TOP_LOGPROBS, log_partition
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.seq_cache import SeqCacheView
 from inferenceos.engine.session import LoadedModel, decode_failed
 from inferenceos.errors import GenerationError
 

@@ -7,7 +7,7 @@ generation, `run`'s one prompt included, goes through the scheduler
 stop strings, eos/length and the `GenerationMetrics` it leaves in `self.metrics`.
 Times are wall-clock from `time.perf_counter()`; t/s figures count the tokens
 llama.cpp actually evaluated.
-llama.cpp's parameters come from `engine/llama_structs.py` (the one builder, shared
+llama.cpp's parameters come from `engine/llama/structs.py` (the one builder, shared
 with `memory_report.measure_load`); `embed` / `embed_many` run on the second context of
 `engine/embeddings.py`.
 """
@@ -28,9 +28,9 @@ from inferenceos import interrupt
 from inferenceos.engine.candidates import logits_row
 from inferenceos.engine.embeddings import Embedder
 from inferenceos.engine.generation import GenerationMetrics
-from inferenceos.engine.llama_lib import lib, log
-from inferenceos.engine.llama_structs import context_params, model_params
-from inferenceos.engine.llama_structs import default_threads as default_threads  # re-exported
+from inferenceos.engine.llama.lib import lib, log
+from inferenceos.engine.llama.structs import context_params, model_params
+from inferenceos.engine.llama.structs import default_threads as default_threads  # re-exported
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.errors import GenerationError, ModelLoadError
 from inferenceos.plan.llama_params import LlamaParams
@@ -41,7 +41,7 @@ def _watch_workers(s: LlamaParams) -> Any:
     that stops answering ends this process instead of hanging a request."""
     if not s.devices:
         return None
-    from inferenceos.engine.devices import LinkWatchdog, rpc_addresses
+    from inferenceos.engine.llama.devices import LinkWatchdog, rpc_addresses
 
     addresses = rpc_addresses(s.devices)
     return LinkWatchdog(addresses) if addresses else None
@@ -74,12 +74,12 @@ def _load_interruptibly(ll: Any, path: bytes, params: Any) -> Any:
 
 
 def _streamer(path: Path, s: LlamaParams, eval_callback: Any) -> Any:
-    """The prefetch thread of a disk-bound load (engine/prefetch.py), or None: when
+    """The prefetch thread of a disk-bound load (engine/weights/prefetch.py), or None: when
     nothing streams, and when the caller has its own cb_eval (llama.cpp takes one;
     the attention probe wins, and the kernel pages the weights alone)."""
     if s.stream_resident_bytes <= 0 or eval_callback is not None or not s.use_mmap:
         return None
-    from inferenceos.engine.prefetch import LayerStreamer
+    from inferenceos.engine.weights.prefetch import LayerStreamer
 
     source, sink = _heat_store(path)
     return LayerStreamer(path, s.stream_resident_bytes,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from inferenceos.hardware.cgroup import cpu_quota
 
-WORKER_MARK = b"inferenceos.engine.worker"
+WORKER_MARK = b"inferenceos.engine.worker.main"
 FREE_SHARE = 0.7  # a CPU whose time is ≥ 70 % ours counts as a whole free core
 # /proc/stat columns: user nice system idle iowait irq softirq steal (guest is in user)
 _BUSY_COLS = (0, 1, 2, 5, 6)

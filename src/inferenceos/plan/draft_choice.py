@@ -11,7 +11,7 @@ model of plan/speculative.py:
   prefill seconds per token / predicted decode seconds per step (Gemma 3 270M on 2 CPU
   threads: 0.18; Qwen2.5-Coder-1.5B: 0.52; the engine measured 0.15-0.25 and ~0.6);
 - **acceptance**: what this model's recorded runs measured with the drafter (for n-gram
-  also the replays of plain runs, engine/ngram_replay.py), else the free-text prior;
+  also the replays of plain runs, engine/spec/ngram_replay.py), else the free-text prior;
 - **measured beats modelled**: once the drafter really ran beside plain runs of the
   model, the price is corrected by what those runs measured against what their own
   counters priced (plan/speculative.DraftEvidence.speedup). Replays count acceptance,
@@ -51,7 +51,7 @@ MARGIN = 1.10  # predicted speedup a drafter must reach to be chosen over plain 
 # of Gemma 3 270M (`make run`) promised a gain its next sample did not give (0.82x)
 MIN_EVIDENCE_TOKENS = 128
 MIN_ROW_COST, MAX_ROW_COST = 0.02, 2.0  # a row on a GPU is nearly free, never quite
-SELF_KEEP = 0.83  # the share of blocks a self-draft keeps (engine/self_draft.py)
+SELF_KEEP = 0.83  # the share of blocks a self-draft keeps (engine/spec/self_draft.py)
 
 Evidence = Callable[[str, str], "spec.DraftEvidence | None"]
 

@@ -2,7 +2,7 @@
 
 llama.cpp's own "auto" turns flash attention on for its CPU, CUDA and Metal backends, and
 so does the planner, with one exception measured on the CPU: a server that keeps
-conversations in its KV cache (`serve`, engine/kv_store.py) spends its time on turns
+conversations in its KV cache (`serve`, engine/kv/store.py) spends its time on turns
 that are a few new tokens over a deep cached history. There llama.cpp's CPU flash
 attention computes each new row 30-70 % slower than the plain K·Q path (llama-bench
 `pp11 @ d4096`, 2 threads: Qwen2.5-Coder-0.5B 46.4 t/s with it, 66.8 without; the 1.5B

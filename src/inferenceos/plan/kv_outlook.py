@@ -1,4 +1,4 @@
-"""What the tiered KV cache (engine/kv_store.py) would hold and save for a plan (pure).
+"""What the tiered KV cache (engine/kv/store.py) would hold and save for a plan (pure).
 
 `serve` keeps the KV state of finished turns in RAM, then on disk, and a returning
 conversation restores its prefix instead of prefilling it (docs/engine.md, "The tiered
@@ -7,7 +7,7 @@ the state of one prompt-sized prefix (KV bytes per token × tokens), how many su
 entries each tier's budget holds, and what a restore costs against a prefill again:
 reading the state at the tier's rate (RAM at the CPU's bandwidth, disk at its measured
 sequential rate) plus one decode step, since the prompt's last token is always
-evaluated alone (engine/kv_store.py's last-token rule).
+evaluated alone (engine/kv/store.py's last-token rule).
 """
 
 from __future__ import annotations

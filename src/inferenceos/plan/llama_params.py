@@ -71,7 +71,7 @@ class LlamaParams:
     use_extra_bufts: bool = True
     # > 0: weights stream from disk (a disk-bound plan); the engine reads the next
     # layers ahead on a thread and keeps this many bytes of them resident
-    # (engine/prefetch.py); 0: the kernel pages them as it likes
+    # (engine/weights/prefetch.py); 0: the kernel pages them as it likes
     stream_resident_bytes: int = 0
     n_seq_max: int = 1  # parallel sequences sharing the context
     # True: the sequences share one pool of n_ctx cells (attention runs over every

@@ -346,7 +346,7 @@ def disk_tier(facts: ModelFacts, odds: tuple[float, ...] = ()) -> list[tuple[flo
     """The disk tier in the order it fills, as (bytes, chance a token reads them)
     segments. On a dense model one segment, every byte read. With routed experts the
     streamer keeps every layer's dense part before any expert and the hottest experts
-    first (engine/resident_choice.py), so the tier is the coldest experts first, each
+    first (engine/weights/resident_choice.py), so the tier is the coldest experts first, each
     at its heat (`odds`, coldest first: Calibration.expert_odds; unrecorded, all at
     used/experts; equal odds merged), then the dense bytes, read whole."""
     s = facts.spec
@@ -375,7 +375,7 @@ def streamed_bytes(disk_bytes: int, facts: ModelFacts, tokens: float,
     """Bytes of the `disk_bytes` left in the file that a ubatch of `tokens` tokens
     reads: the disk tier (`disk_tier`) filled in order, each segment at its read share.
     On a dense model all of them; a 2-of-4 MoE's decode reads half its streamed
-    experts. The picked experts are read exactly (engine/prefetch.py), so this is what
+    experts. The picked experts are read exactly (engine/weights/prefetch.py), so this is what
     the disk delivers."""
     read, left = 0.0, float(disk_bytes)
     for size, p in disk_tier(facts, odds):

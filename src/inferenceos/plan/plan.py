@@ -165,7 +165,7 @@ class Plan:
 
     def _resident_bytes(self) -> int:
         """Page cache a disk-bound plan keeps its resident weights in (0: not disk-bound):
-        the engine streams the rest (engine/prefetch.py). An enforced limit's budget
+        the engine streams the rest (engine/weights/prefetch.py). An enforced limit's budget
         already leaves out the code a decode runs (hardware.memory.DECODE_CODE_PAGES),
         so locked weights leave it its pages."""
         if not self.disk_bound:

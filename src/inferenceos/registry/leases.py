@@ -45,7 +45,7 @@ class ResidentModel:
     hot_reason: str = ""  # the reason it had when hot, kept while warm (shown on waking)
     key: tuple[Any, ...] = field(default_factory=tuple)  # the load request it answers
     extra: dict[str, int] = field(default_factory=dict)  # e.g. a draft model, per device
-    kv_cache_ram: int = 0  # of `extra`: the KV cache's RAM tier budget (engine/kv_store.py)
+    kv_cache_ram: int = 0  # of `extra`: the KV cache's RAM tier budget (engine/kv/store.py)
 
     @property
     def charge(self) -> dict[str, int]:

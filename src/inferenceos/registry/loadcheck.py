@@ -84,8 +84,8 @@ def _scrub(text: str, path: Path) -> str:
 
 def probe(path: Path) -> str | None:
     """In this process: None when llama.cpp dry-loads `path`, else its reason."""
-    from inferenceos.engine.llama_lib import lib, log
-    from inferenceos.engine.llama_structs import file_check_params
+    from inferenceos.engine.llama.lib import lib, log
+    from inferenceos.engine.llama.structs import file_check_params
 
     ll = lib()
     mark = log().mark()

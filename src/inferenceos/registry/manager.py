@@ -23,7 +23,7 @@ Contract of `ModelManager`:
   and requests to different hot models run in parallel, each on its own worker.
 - `_lock` guards bookkeeping only: it is never held across a load, a migration, a
   worker call or a file read, so `loaded()`, `ps()` and `is_moving()` answer at once
-  (the server's operations routes read them on its event loop, server/ops.py).
+  (the server's operations routes read them on its event loop, server/ops/reads.py).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def engine_factory(max_queue: int = 64, **engine_kw: Any) -> EngineFactory:
 
         return Engine(path, params.per_sequence(), n_parallel=slots, max_queue=max_queue,
                       **engine_kw, **planned)
-    # host RAM each engine's KV cache tier may hold (engine/kv_store.py): the manager
+    # host RAM each engine's KV cache tier may hold (engine/kv/store.py): the manager
     # charges it beside the model's own, in both tiers (it lives in the worker)
     factory.kv_cache_ram = int(engine_kw.get("kv_cache_ram", 0) or 0)  # type: ignore[attr-defined]
     return factory

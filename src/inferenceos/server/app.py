@@ -16,22 +16,20 @@ from fastapi import APIRouter, FastAPI
 
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
-from inferenceos.server import (
-    anthropic_routes,
-    budget_routes,
-    llamacpp_routes,
-    ollama_model_routes,
-    ollama_routes,
-    openai_routes,
-    ops_routes,
-    responses_routes,
-    sessions_routes,
-    ui_routes,
-)
-from inferenceos.server.access_log import AccessLog
+from inferenceos.server import ui_routes
+from inferenceos.server.dialects.anthropic import routes as anthropic_routes
+from inferenceos.server.dialects.llamacpp import routes as llamacpp_routes
+from inferenceos.server.dialects.ollama import model_routes as ollama_model_routes
+from inferenceos.server.dialects.ollama import routes as ollama_routes
+from inferenceos.server.dialects.openai import routes as openai_routes
+from inferenceos.server.dialects.responses import routes as responses_routes
+from inferenceos.server.dialects.responses import sessions_routes
 from inferenceos.server.errors import install_handlers
 from inferenceos.server.header_case import CorsHeaderCase
 from inferenceos.server.json_body import JsonBodies
+from inferenceos.server.ops import budget_routes
+from inferenceos.server.ops import routes as ops_routes
+from inferenceos.server.ops.access_log import AccessLog
 from inferenceos.server.security import ApiKeyAuth, BodyLimit, Cors, HostCheck, cors_options
 from inferenceos.server.settings import ServerSettings
 from inferenceos.server.state import ServerState

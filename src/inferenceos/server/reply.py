@@ -23,8 +23,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from inferenceos.engine.generation import TokenEvent
-from inferenceos.server.anthropic_thinking import Reasoning, ThinkingSplit, split_reasoning
 from inferenceos.server.generation import Done, Run
+from inferenceos.server.reasoning import Reasoning, ThinkingSplit, split_reasoning
 from inferenceos.server.tool_calls import ParsedCall, ToolCallStream, ToolFormat, parse_tool_calls
 
 

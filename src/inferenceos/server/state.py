@@ -15,7 +15,7 @@ from inferenceos.registry.manager import ModelManager
 from inferenceos.registry.names import InvalidNameError
 from inferenceos.server.admission import Admission
 from inferenceos.server.errors import APIError
-from inferenceos.server.metrics import ServerMetrics
+from inferenceos.server.ops.metrics import ServerMetrics
 from inferenceos.server.settings import ServerSettings
 
 
@@ -59,8 +59,8 @@ class ServerState:
             migration_bytes=lambda: [({"direction": d}, float(n))
                                      for d, n in sorted(self.manager.migration_bytes.items())],
         )
-        from inferenceos.server.kv_cache_metrics import register as register_kv_cache
-        from inferenceos.server.weight_metrics import register as register_weights
+        from inferenceos.server.ops.kv_cache_metrics import register as register_kv_cache
+        from inferenceos.server.ops.weight_metrics import register as register_weights
 
         loaded = lambda: [m.model.name for m in self.manager.loaded()]  # noqa: E731
         register_kv_cache(self.metrics, loaded)

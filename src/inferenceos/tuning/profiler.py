@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferenceos.engine.llama_lib import lib
+from inferenceos.engine.llama.lib import lib
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import generate_one
 from inferenceos.engine.session import LoadedModel

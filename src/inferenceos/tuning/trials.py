@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferenceos.engine.llama_lib import lib
+from inferenceos.engine.llama.lib import lib
 from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import InferenceOSError
 from inferenceos.plan.llama_params import LlamaParams

@@ -1,0 +1,311 @@
+"""Ollama-compatible generation routes under /api: generate, chat, embed, embeddings.
+Streams are NDJSON (one JSON object per line), durations are nanoseconds, errors are
+`{"error": "..."}`. Model management (tags, show, ps, pull, delete, copy) is
+server/dialects/ollama/model_routes.py, under the same prefix and error dialect.
+
+An empty prompt (or no messages) loads the model and returns at once, with
+`done_reason: "load"`; adding `keep_alive: 0` unloads it instead (`"unload"`), as
+Ollama does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.generation import TokenEvent
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.media.collect import check_text
+from inferenceos.media.item import MediaItem
+from inferenceos.registry.catalog import now_iso
+from inferenceos.server.dialects.ollama.schema import (
+    ERRORS,
+    ChatRequest,
+    ChatResponse,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedRequest,
+    EmbedResponse,
+    GenerateRequest,
+    GenerateResponse,
+    OllamaMessage,
+)
+from inferenceos.server.errors import APIError, Dialect, route_class
+from inferenceos.server.generation import (
+    Done,
+    GenRequest,
+    Run,
+    admitted_call,
+    call_in_thread,
+    start_generation,
+    until_disconnect,
+)
+from inferenceos.server.json_grammar import output_grammar
+from inferenceos.server.logprobs import entries
+from inferenceos.server.media_parts import decode_in_thread, media_set, ollama_images
+from inferenceos.server.options import ollama_options, parse_keep_alive
+from inferenceos.server.reply import Final, read_reply, reply_events
+from inferenceos.server.sse import ndjson_response
+from inferenceos.server.state import ServerState, state_of
+from inferenceos.server.tool_calls import ParsedCall
+from inferenceos.server.tools import history_call, ollama_calls, tool_request
+
+_NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
+NS = 1_000_000_000
+
+router = APIRouter(prefix="/api", tags=["ollama"], responses=ERRORS,
+                   route_class=route_class(Dialect.OLLAMA))
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * NS))
+
+
+def _refuse(fmt: Any, extra: str | None = None) -> None:
+    if fmt not in (None, "", "json") and not isinstance(fmt, dict):
+        raise APIError(400, "format: \"json\" or a JSON schema object")
+    if extra:
+        raise APIError(400, f"{extra} is not supported")
+
+
+def _with_format(parsed: tuple[SamplingParams, dict[str, int]], fmt: Any,
+                 logprobs: bool | None = None, top_logprobs: int | None = None
+                 ) -> tuple[SamplingParams, dict[str, int]]:
+    """format "json" constrains sampling to a JSON object, a schema object to the
+    schema; `logprobs` asks for each token's (and the `top_logprobs` best ones')."""
+    sampling, overrides = parsed
+    if logprobs:
+        sampling = dataclasses.replace(sampling, logprobs=top_logprobs or 0)
+    if fmt == "json":
+        sampling = dataclasses.replace(sampling, grammar=output_grammar("json_object"))
+    elif isinstance(fmt, dict):
+        sampling = dataclasses.replace(sampling, grammar=output_grammar("json_schema", fmt))
+    return sampling, overrides
+
+
+async def _load_or_unload(state: ServerState, name: str, keep_alive: float | None,
+                          body: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's load-only and unload requests (empty prompt)."""
+    if keep_alive == 0:
+        await call_in_thread(lambda: state.manager.unload(name))
+        reason = "unload"
+    else:
+        def load() -> None:
+            state.manager.acquire(name, keep_alive).release()
+        await admitted_call(state, load)
+        reason = "load"
+    return {"model": name, "created_at": now_iso(), **body, "done": True, "done_reason": reason}
+
+
+def _timings(done: Done, t0: float, t_first: float | None, t_end: float) -> dict[str, Any]:
+    """The final line's figures. As Ollama's: prompt_eval_count is the whole prompt,
+    cached part included; prompt_eval_cached_count the part read from the KV cache,
+    left out when there was none (Ollama's omitempty)."""
+    g = done.metrics
+    out = {
+        "done_reason": "length" if g.stop_reason == "length" else "stop",
+        "total_duration": _ns(t_end - t0), "load_duration": _ns(done.load_s),
+        "prompt_eval_count": g.prompt_tokens, "prompt_eval_duration": _ns(g.ttft_s),
+        "eval_count": g.completion_tokens,
+        "eval_duration": _ns(t_end - t_first if t_first else 0.0),
+    }
+    cached = min(g.cached_tokens, g.prompt_tokens)
+    if cached > 0:
+        out["prompt_eval_cached_count"] = cached
+    return out
+
+
+async def _respond(request: Request, state: ServerState, req: GenRequest, stream: bool,
+                   piece_key: str, context: bool) -> Any:
+    """Run `req` and answer as Ollama does, streamed (NDJSON) or whole."""
+    t0 = time.perf_counter()
+    run = await until_disconnect(request, start_generation(state, req))
+    scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next line
+
+    def piece(text: str, calls: list[ParsedCall] | None = None) -> dict[str, Any]:
+        body: Any = text
+        if piece_key == "message":
+            body = {"role": "assistant", "content": text}
+            if calls:
+                body["tool_calls"] = ollama_calls(calls)
+        line = {"model": req.model, "created_at": now_iso(), piece_key: body, "done": False}
+        if scored:
+            line["logprobs"] = entries(scored)
+            scored.clear()
+        return line
+
+    def final(done: Done, t_first: float | None, text: str,
+              calls: list[ParsedCall] | None = None) -> dict[str, Any]:
+        out = {**piece(text, calls), "done": True,
+               **_timings(done, t0, t_first, time.perf_counter())}
+        if context:
+            out["context"] = done.prompt_ids + done.output_ids
+        return out
+
+    async def lines(run: Run) -> AsyncIterator[dict[str, Any]]:
+        t_first = None
+        async with aclosing(reply_events(run)) as replies:
+            async for d in replies:
+                if isinstance(d, Final):
+                    if d.text or d.calls:  # Ollama sends the calls on a line of their own
+                        yield piece(d.text, d.calls)
+                    yield final(d.done, t_first, "")
+                else:
+                    t_first = t_first or time.perf_counter()
+                    if d.event.logprob is not None:
+                        scored.append(d.event)
+                    if d.text:
+                        yield piece(d.text)
+
+    if stream:
+        return ndjson_response(lines(run), run.close)
+
+    async def whole() -> dict[str, Any]:
+        parts: list[str] = []
+        t_first: float | None = None
+        async for item in run.events():
+            if isinstance(item, Done):
+                _, text, calls = read_reply("".join(parts), run.tool_format)
+                return final(item, t_first, text, calls)
+            t_first = t_first or time.perf_counter()
+            if item.logprob is not None:
+                scored.append(item)
+            parts.append(item.text)
+        raise APIError(500, "generation ended without a result")
+
+    return await until_disconnect(request, whole())
+
+
+@router.post("/generate", response_model=GenerateResponse, response_model_exclude_none=True,
+             responses={200: {"content": _NDJSON,
+                              "description": "The response, or NDJSON lines when streaming"}})
+async def generate(body: GenerateRequest, request: Request) -> Any:
+    """Complete a prompt (templated unless `raw`)."""
+    state = state_of(request)
+    _refuse(body.format, "template" if body.template else "suffix" if body.suffix else None)
+    name = state.model_name(body.model)
+    keep_alive = parse_keep_alive(body.keep_alive)
+    sampling, overrides = _with_format(ollama_options(body.options), body.format,
+                                       body.logprobs, body.top_logprobs)
+    if not body.prompt and not body.images:
+        return await _load_or_unload(state, name, keep_alive, {"response": ""})
+    prompt, items = body.prompt or "", tuple[MediaItem, ...]()
+    if body.images:  # Ollama puts the images before the prompt text
+        if body.context:
+            raise APIError(400, "images cannot be combined with context (token ids "
+                           "cannot carry them); send the conversation to /api/chat")
+        prompt, items = await decode_in_thread(
+            lambda: _with_images(state, body.images, prompt))
+    if body.raw:
+        req = GenRequest(name, sampling, text=prompt, keep_alive=keep_alive,
+                         overrides=overrides or None, want_tokens=not items,
+                         context=tuple(body.context or ()), media=items)
+    else:
+        msgs = [ChatMessage("system", body.system)] if body.system else []
+        msgs.append(ChatMessage("user", prompt))
+        req = GenRequest(name, sampling, messages=tuple(msgs), keep_alive=keep_alive,
+                         overrides=overrides or None, want_tokens=not items,
+                         context=tuple(body.context or ()), media=items)
+    # a prompt with images has no token-id form: no `context` in the answer
+    return await _respond(request, state, req, body.stream, "response", context=not items)
+
+
+def _with_images(state: ServerState, images: list[str] | None, text: str
+                 ) -> tuple[str, tuple[MediaItem, ...]]:
+    """`text` after one marker per image (Ollama's order), and the decoded images."""
+    media = media_set(state.settings)
+    markers = ollama_images(images, media)
+    return markers + check_text(text), tuple(media.items)
+
+
+@router.post("/chat", response_model=ChatResponse, response_model_exclude_none=True,
+             responses={200: {"content": _NDJSON,
+                              "description": "The message, or NDJSON lines when streaming"}})
+async def chat(body: ChatRequest, request: Request) -> Any:
+    """Chat through the model's template."""
+    state = state_of(request)
+    _refuse(body.format)
+    name = state.model_name(body.model)
+    keep_alive = parse_keep_alive(body.keep_alive)
+    sampling, overrides = _with_format(ollama_options(body.options), body.format,
+                                       body.logprobs, body.top_logprobs)
+    if not body.messages:
+        return await _load_or_unload(state, name, keep_alive,
+                                     {"message": {"role": "assistant", "content": ""}})
+    items: tuple[MediaItem, ...] = ()
+    if any(m.images for m in body.messages):
+        msgs, items = await decode_in_thread(
+            lambda: _with_media(state, body.messages or []))
+    else:
+        msgs = tuple(_chat_message(m) for m in body.messages)
+    tools = tool_request([t.for_template() for t in body.tools or ()], "auto", False)
+    req = GenRequest(name, sampling, messages=msgs, keep_alive=keep_alive,
+                     overrides=overrides or None, tools=tools, media=items)
+    return await _respond(request, state, req, body.stream, "message", context=False)
+
+
+def _chat_message(m: OllamaMessage, prefix: str = "") -> ChatMessage:
+    """A request message for the template: past calls on assistant messages, the
+    answering tool's name on tool messages; `prefix`: its images' markers."""
+    calls = tuple(history_call(c.function.name, c.function.arguments)
+                  for c in m.tool_calls or ()) if m.role == "assistant" else ()
+    return ChatMessage(m.role, prefix + (m.content or ""), calls,
+                       name=m.tool_name if m.role == "tool" else None)
+
+
+def _with_media(state: ServerState, messages: list[OllamaMessage]
+                ) -> tuple[tuple[ChatMessage, ...], tuple[MediaItem, ...]]:
+    """Messages whose `images` (base64) are decoded, as markers before each text."""
+    media = media_set(state.settings)
+    out = []
+    for m in messages:
+        check_text(m.content or "")
+        out.append(_chat_message(m, ollama_images(m.images, media)))
+    return tuple(out), tuple(media.items)
+
+
+async def _embed(state: ServerState, name: str, texts: list[str],
+                 keep_alive: float | None) -> tuple[list[list[float]], int, float]:
+    def work() -> tuple[list[list[float]], int, float]:
+        t0 = time.perf_counter()
+        with state.manager.acquire(name, keep_alive) as lease:
+            load_s = time.perf_counter() - t0 if lease.fresh else 0.0
+            if not texts:
+                return [], 0, load_s
+            vectors = lease.engine.embed(texts)
+            count = sum(len(lease.engine.tokenize(t)) for t in texts)
+            return vectors, count, load_s
+    return await admitted_call(state, work)
+
+
+@router.post("/embed", response_model=EmbedResponse)
+async def embed(body: EmbedRequest, request: Request) -> Any:
+    """Embeddings for one text or a list (mean-pooled, L2-normalised)."""
+    state = state_of(request)
+    name = state.model_name(body.model)
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    texts = [t for t in texts if t != ""] if texts == [""] else texts
+    if len(texts) > 256:
+        raise APIError(400, "at most 256 inputs per request")
+    t0 = time.perf_counter()
+    vectors, count, load_s = await _embed(state, name, texts, parse_keep_alive(body.keep_alive))
+    if body.dimensions and vectors and body.dimensions != len(vectors[0]):
+        raise APIError(400, f"this model's embeddings have {len(vectors[0])} dimensions")
+    return {"model": name, "embeddings": vectors, "total_duration": _ns(time.perf_counter() - t0),
+            "load_duration": _ns(load_s), "prompt_eval_count": count}
+
+
+@router.post("/embeddings", response_model=EmbeddingsResponse)
+async def embeddings(body: EmbeddingsRequest, request: Request) -> Any:
+    """The older single-text embedding route."""
+    state = state_of(request)
+    name = state.model_name(body.model)
+    texts = [body.prompt] if body.prompt else []
+    vectors, _, _ = await _embed(state, name, texts, parse_keep_alive(body.keep_alive))
+    return {"embedding": vectors[0] if vectors else []}

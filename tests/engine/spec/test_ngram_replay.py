@@ -1,0 +1,42 @@
+"""What n-gram drafting would have done on a plain generation (engine/spec/ngram_replay.py)."""
+
+from __future__ import annotations
+
+import random
+
+from inferenceos.engine.spec.ngram_replay import MAX_OUTPUT, MIN_OUTPUT, replay_ngram
+
+
+def _words(n: int, seed: int, vocab: int = 30000) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+def test_a_reply_that_quotes_its_prompt_is_drafted_in_long_accepted_runs() -> None:
+    prompt = _words(300, 1)
+    output = prompt[40:240] + _words(40, 2)
+    r = replay_ngram(prompt, output)
+    assert r is not None
+    # every step emits its accepted drafts and one token: the counts add up exactly
+    assert 1 + r.decode_steps + r.draft_accepted == len(output)
+    assert r.draft_accepted >= 180 and r.decode_steps < 100
+    assert r.draft_accepted / r.draft_tokens > 0.9
+
+
+def test_free_text_without_repeats_is_never_drafted() -> None:
+    r = replay_ngram(_words(200, 3), _words(300, 4))
+    assert r is not None
+    assert (r.draft_tokens, r.draft_accepted, r.decode_steps) == (0, 0, 299)
+
+
+def test_a_greedy_loop_is_found_and_drafted() -> None:
+    """A base model stuck repeating a phrase: the loop's continuation is drafted."""
+    loop = [11, 12, 13, 14, 15, 16]
+    r = replay_ngram(_words(50, 5), loop * 30)
+    assert r is not None and r.draft_accepted > 150
+
+
+def test_short_replies_and_long_ones_are_bounded() -> None:
+    assert replay_ngram([1, 2, 3], [4] * (MIN_OUTPUT - 1)) is None
+    r = replay_ngram([1, 2, 3], _words(MAX_OUTPUT + 500, 6))
+    assert r is not None and 1 + r.decode_steps + r.draft_accepted == MAX_OUTPUT
