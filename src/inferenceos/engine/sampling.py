@@ -44,6 +44,10 @@ class SamplingParams:
     # engine's default (engine.speculative); verified draft tokens follow the same
     # distribution, so it changes speed, never what may be sampled
     draft: str | None = None
+    # LoRA adapters for this request: (adapter file, scale) pairs, engine/lora.lora_set's
+    # normal form; () is the base model. Not a sampler stage: the scheduler applies the
+    # set to the context for the steps that evaluate this request (engine/lora.py)
+    lora: tuple[tuple[str, float], ...] = ()
 
     def validate(self) -> None:
         """Raise UsageError for values llama.cpp would misbehave on."""

@@ -51,6 +51,7 @@ from inferenceos.engine.kv.tiers import (
     store_checkpoints,
     store_slot,
 )
+from inferenceos.engine.lora import LoraSet, adapters_of, set_key, step_set
 from inferenceos.engine.messages import Event, Failed, Finished, Progress, TokenOut
 from inferenceos.engine.output import Extra, snapshot
 from inferenceos.engine.running import NO_PROJECTOR, Request, RunningSequence, prompt_request
@@ -139,6 +140,8 @@ class Scheduler:
         self._threads_batch = int(self._ll.llama_n_threads_batch(model.ctx))
         self.governor = ThreadGovernor(n_threads) if adaptive_threads else None
         self._media_turn = True  # whether a waiting media span may take the next step
+        self.lora = adapters_of(model)  # LoRA adapters: one set per step (engine/lora.py)
+        self._lora_step: LoraSet = ()
         self._ll.llama_memory_clear(self.mem, True)
         self.spec_decode = SpeculativeDecoder(model, n_slots, self.n_ctx_slot,
                                               self.executor.step_times, draft,
@@ -198,6 +201,9 @@ class Scheduler:
         if len(self.queue) >= self.max_queue:
             raise EngineBusyError(f"busy: {len(self.queue)} requests are already waiting")
         SamplerChain(req.sampling, self.model.vocab).close()  # a bad grammar fails here
+        if req.sampling.lora:  # a bad adapter file fails here; drafts would skip it
+            self.lora.check(req.sampling.lora)
+            req.draft = "none"
         if req.kv_policy not in (None, "none"):
             self._policy(req.kv_policy)  # unknown, or needs what this engine lacks
             if not self.can_shift:
@@ -313,22 +319,24 @@ class Scheduler:
 
     def _admit(self, events: list[Event]) -> None:
         while self.queue:
-            picked = self.table.pick(self.queue[0].prompt)
+            lora = set_key(self.queue[0].sampling.lora)
+            picked = self.table.pick(self.queue[0].prompt, lora)
             if picked is None:
                 return
             slot, reuse = picked
             req = self.queue.popleft()
             if self._to_store.claim(slot) and reuse < len(slot.cached):
                 self._store(slot)  # before its cells past `reuse` are dropped
-            reuse = self._restore(slot, req.prompt, reuse)
+            if not lora:  # the store holds base states only (engine/lora.py)
+                reuse = self._restore(slot, req.prompt, reuse)
             span = next((m for m in req.spans if m.start < reuse < m.end), None)
             if span is not None and span.atomic:  # never half an atomic chunk
                 reuse = span.start
-            self.table.claim(slot, reuse)
+            self.table.claim(slot, reuse, lora)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
             self.running.append(RunningSequence(req, slot, reuse, self.model, policy,
                                                 self.spec_decode.draft_for(req)))
-            if self.kv_store is not None and not req.media:
+            if self.kv_store is not None and not req.media and not lora:
                 set_checkpoint(self, self.kv_store, self.running[-1])
             if req.progress:  # before any prompt work: processed == cached
                 events.append(self._progress(self.running[-1]))
@@ -356,6 +364,7 @@ class Scheduler:
         self._commit(plan)
         if self.probe is not None:
             self.probe.reset()
+        self.lora.apply(self.model.ctx, self._lora_step)
         t0 = time.perf_counter()
         rc = self.executor.decode()
         if rc != 0:
@@ -383,7 +392,10 @@ class Scheduler:
 
     def plan(self) -> StepPlan:
         """This step's batch, from the running sequences' needs (pure: step_plan)."""
-        needs = [seq.needs() for seq in self.running]
+        self._lora_step = step_set([s.req.sampling.lora for s in self.running],
+                                   self._lora_step)  # one adapter set per decode
+        needs = [seq.needs() for seq in self.running
+                 if seq.req.sampling.lora == self._lora_step]
         generating = any(n.pending is not None for n in needs)
         budget = self.step_budget(generating)
         plan = schedule(needs, budget, self.max_batch, media_first=self._media_turn)
@@ -522,7 +534,7 @@ class Scheduler:
         self.table.release(seq.slot)
         self.running.remove(seq)
         cached = seq.slot.cached
-        if (self.kv_store is not None and not seq.kv_edited
+        if (self.kv_store is not None and not seq.kv_edited and not seq.slot.lora
                 and len(cached) >= self.kv_store.min_tokens and min(cached) >= 0):
             self._to_store.add(seq.slot)  # stored later: the reply is not held
 

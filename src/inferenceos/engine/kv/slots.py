@@ -42,6 +42,7 @@ class Slot:
     last_used: float = 0.0
     filled_at: float = 0.0
     busy: bool = False
+    lora: str = ""  # the adapter set its cells were computed under (engine/lora.set_key)
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -122,24 +123,31 @@ class SlotTable:
                 slot.cached.clear()
                 raise
 
-    def pick(self, prompt: list[int]) -> tuple[Slot, int] | None:
+    def pick(self, prompt: list[int], lora: str = "") -> tuple[Slot, int] | None:
         """A free slot for `prompt` and how many of its leading tokens the slot's cache
-        already holds; None when every slot is busy."""
+        already holds; None when every slot is busy. Only a cache computed under the
+        same adapter set `lora` counts (another set's cells hold other K and V)."""
         free = [s for s in self.slots if not s.busy]
         if not free:
             return None
-        best = max(free, key=lambda s: common_prefix(s.cached, prompt))
-        reuse = common_prefix(best.cached, prompt)
+
+        def held(s: Slot) -> int:
+            return common_prefix(s.cached, prompt) if s.lora == lora else 0
+
+        best = max(free, key=held)
+        reuse = held(best)
         if reuse == 0:  # nothing to reuse: give up the idle cache the policy names
             key = (lambda s: s.last_used) if self.slot_policy == "lru" else (lambda s: s.filled_at)
             best = min(free, key=key)
         return best, reuse
 
-    def claim(self, slot: Slot, reuse: int) -> None:
-        """Mark `slot` busy, keeping only the first `reuse` cached tokens."""
+    def claim(self, slot: Slot, reuse: int, lora: str = "") -> None:
+        """Mark `slot` busy, keeping only the first `reuse` cached tokens (computed under
+        the adapter set `lora`, which the slot's cells hold from now on)."""
         if reuse == 0:
             self.parked.pop(slot.index, None)
         self.truncate(slot, reuse)
+        slot.lora = lora
         if reuse == 0:
             slot.filled_at = time.perf_counter()
         slot.busy = True

@@ -72,8 +72,8 @@ def store_slot(sched: Any, store: KVStore, slot: Slot) -> Entry | None:
     """Put the state of the idle `slot`'s cached tokens into `store` (its parked bytes
     when it is parked: the same state, already copied out); the entry `KVStore.put`
     returned (None: it took nothing; a RAM-only one may be evicted again at once)."""
-    if slot.busy or len(slot.cached) < store.min_tokens:
-        return None
+    if slot.busy or len(slot.cached) < store.min_tokens or slot.lora:
+        return None  # (states under LoRA adapters stay out of the store: engine/lora.py)
     data = sched.table.parked.get(slot.index)
     if data is None:
         data = sched.model.save_sequence(slot.index)
@@ -90,8 +90,8 @@ def store_idle(sched: Any, store: KVStore, durable: bool = False) -> list[Slot]:
     sched.store_finished()
     left = []
     for slot in sched.slots:
-        if slot.busy or not slot.cached:
-            continue
+        if slot.busy or not slot.cached or slot.lora:
+            continue  # an adapter's cells are neither stored nor carried: dropped
         e = store_slot(sched, store, slot)
         gone = e is None or store.entries.get(e.id) is not e  # (evicted again to fit RAM)
         if gone or (durable and e is not None and e.disk is None and not e.writing):
@@ -167,7 +167,7 @@ def restore_into(sched: Any, store: KVStore, slot: Slot, prompt: list[int], reus
 def park_bytes(sched: Any, store: KVStore | None, index: int) -> bytes:
     """A slot's state for parking (slots.py): the store's RAM copy when it holds
     exactly the slot's tokens (no second copy, no copy-out), else a fresh one."""
-    if store is not None:
+    if store is not None and not sched.slots[index].lora:
         cached = sched.slots[index].cached
         e = store.entries.get(entry_id(store.key, np.asarray(cached, dtype=np.int32)))
         if e is not None and e.data is not None:
