@@ -13,7 +13,11 @@ TEST_JOBS ?= 4
 # each process imported them and rewrote their ~470 modules' asserts, ~5 s of CPU each.
 PYTEST_PLUGINS = -p xdist.plugin -p _hypothesis_pytestplugin
 
-.PHONY: run test lint install install-test
+.PHONY: run test lint install install-test install-vulkan
+
+# The Vulkan build of llama.cpp beside the CPU one (docs/gpu.md): on a machine with no GPU
+# it runs on Mesa's lavapipe. tests/gpu_vulkan/ drives its CLI as a subprocess.
+VULKAN_VENV = .venv-vulkan
 
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	./scripts/install.sh
@@ -25,6 +29,14 @@ $(VENV)/.installed-test: pyproject.toml scripts/install.sh
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
+
+$(VULKAN_VENV)/.installed: pyproject.toml scripts/install.sh scripts/install_vulkan.sh \
+		scripts/patches/ggml-vulkan-headers-1.3.239.patch
+	./scripts/install_vulkan.sh test
+	touch $@
+
+## Build llama.cpp with its Vulkan backend into .venv-vulkan (lavapipe where no GPU).
+install-vulkan: $(VULKAN_VENV)/.installed
 
 ## Install, then answer one prompt with the built-in model (Gemma 3 270M).
 run: $(VENV)/.installed

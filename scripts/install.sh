@@ -13,6 +13,9 @@
 #   CMAKE_ARGS         extra llama.cpp build options, e.g. "-DGGML_CUDA=on";
 #                      -DGGML_RPC=ON is always added (multi-node needs it)
 #   INFERENCEOS_KEEP_AMX=1  keep Intel AMX kernels (see below)
+#   LLAMA_CPP_PATCHES  patch files (-p1, against the llama-cpp-python sdist) applied
+#                      before the build, space-separated; part of the cache key. The
+#                      Vulkan build uses one (scripts/install_vulkan.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,8 +40,12 @@ if [ "$(uname -m)" = "x86_64" ] && [ -z "${INFERENCEOS_KEEP_AMX:-}" ]; then
     export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 fi
-key=$(printf '%s|%s|%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "$CMAKE_ARGS" "${CFLAGS:-}" \
-      "$("$PY" -c 'import sys; print(sys.version_info[:2])')" "$(uname -m)" | sha256sum | cut -c1-16)
+patches=${LLAMA_CPP_PATCHES:-}
+patch_sums=""
+for p in $patches; do patch_sums+="|$(sha256sum < "$p" | cut -c1-16)"; done
+key=$(printf '%s|%s|%s|%s|%s%s' "$LLAMA_CPP_PYTHON_VERSION" "$CMAKE_ARGS" "${CFLAGS:-}" \
+      "$("$PY" -c 'import sys; print(sys.version_info[:2])')" "$(uname -m)" "$patch_sums" \
+      | sha256sum | cut -c1-16)
 wheel_dir="${XDG_CACHE_HOME:-$HOME/.cache}/inferenceos/wheels/$key"
 installed_key_file="$VENV/.llama-build-key"
 if [ "$(cat "$installed_key_file" 2>/dev/null)" != "$key" ]; then
@@ -46,8 +53,33 @@ if [ "$(cat "$installed_key_file" 2>/dev/null)" != "$key" ]; then
         echo "Building llama.cpp (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION, CMAKE_ARGS='$CMAKE_ARGS')."
         echo "This compiles C++ for about 5 minutes on 2 cores; it happens once."
         mkdir -p "$wheel_dir"
-        "$PY" -m pip wheel --quiet --no-deps --no-cache-dir \
-            "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -w "$wheel_dir"
+        build_start=$(date +%s)
+        if [ -z "$patches" ]; then
+            "$PY" -m pip wheel --quiet --no-deps --no-cache-dir \
+                "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -w "$wheel_dir"
+        else
+            # the sdist, patched, built in folders kept until the wheel exists: a build
+            # that stopped (a compile error, a killed CI job) resumes where it was
+            src="$wheel_dir/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+            if [ ! -f "$wheel_dir/src/.patched" ]; then
+                rm -rf "$wheel_dir/src" && mkdir -p "$wheel_dir/src"
+                "$PY" -m pip download --quiet --no-deps --no-binary :all: \
+                    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$wheel_dir/src"
+                tar xzf "$wheel_dir/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" \
+                    -C "$wheel_dir/src"
+                for p in $patches; do
+                    echo "Applying $p"
+                    patch --quiet -p1 -d "$src" < "$p"
+                done
+                touch "$wheel_dir/src/.patched"
+            fi
+            "$PY" -m pip wheel --quiet --no-deps --no-cache-dir \
+                --config-settings=build-dir="$wheel_dir/build" "$src" -w "$wheel_dir"
+            rm -rf "$wheel_dir/src" "$wheel_dir/build"
+        fi
+        build_s=$(( $(date +%s) - build_start ))
+        echo "$build_s" > "$wheel_dir/build_seconds"  # kept beside the wheel, for reports
+        echo "llama.cpp built in $build_s s"
     fi
     "$PY" -m pip install --quiet --force-reinstall --no-deps "$wheel_dir"/llama_cpp_python-*.whl
     echo "$key" > "$installed_key_file"
