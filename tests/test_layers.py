@@ -205,3 +205,52 @@ def test_the_checker_sees_type_checking_imports(tmp_path: Path) -> None:
     assert list(_imports(src)) == ["inferenceos.engine.output"]
     assert sorted(_imports(src, typing=True)) == ["inferenceos.engine.output",
                                                    "inferenceos.engine.session"]
+
+
+# Inside the engine and the server, the subpackages' rules (each package's docstring
+# says them): engine module of `key` may import, of the engine, only its own subpackage
+# and these; a server core module imports no dialect (app.py, which wires the routers,
+# excepted).
+ENGINE_SUBPACKAGE_IMPORTS: dict[str, set[str]] = {
+    "llama": set(),
+    "kv": {"llama", "plugins"},
+    "weights": {"llama", "kv", "session"},
+    "spec": {"llama", "kv", "session", "sampling", "running", "plugins"},
+}
+
+
+def _engine_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "engine" else None
+
+
+def test_engine_subpackages_import_only_what_their_docstring_allows(
+        typed_graph: dict[str, set[str]]) -> None:
+    wrong = []
+    for me, imported in typed_graph.items():
+        mine = _engine_part(me)
+        if mine not in ENGINE_SUBPACKAGE_IMPORTS:
+            continue
+        allowed = ENGINE_SUBPACKAGE_IMPORTS[mine] | {mine}
+        wrong += [f"  {me} -> {m}" for m in sorted(imported)
+                  if _engine_part(m) is not None and _engine_part(m) not in allowed]
+    assert not wrong, "engine subpackage imports outside its rule:\n" + "\n".join(wrong)
+
+
+def test_only_the_worker_subpackage_and_the_faces_import_the_worker(
+        typed_graph: dict[str, set[str]]) -> None:
+    """worker/ sits on top of the engine: below it, only the facade over a worker
+    (engine.engine) imports it."""
+    wrong = [f"  {me} -> {m}" for me, imported in typed_graph.items() for m in imported
+             if m.startswith("inferenceos.engine.worker") and me.startswith("inferenceos.engine.")
+             and _engine_part(me) != "worker" and me != "inferenceos.engine.engine"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_server_core_imports_no_dialect(typed_graph: dict[str, set[str]]) -> None:
+    wrong = [f"  {me} -> {m}" for me, imported in typed_graph.items() for m in imported
+             if m.startswith("inferenceos.server.dialects")
+             and me.startswith("inferenceos.server.")
+             and not me.startswith(("inferenceos.server.dialects", "inferenceos.server.ops"))
+             and me != "inferenceos.server.app"]
+    assert not wrong, "the server's core imports a dialect:\n" + "\n".join(wrong)

@@ -11,15 +11,26 @@ their own. tests/engine/test_engine_core.py checks that no other module calls `s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from inferenceos.engine.generation import GenerationMetrics
-from inferenceos.engine.messages import Event
+from inferenceos.engine.messages import Event, Failed
 from inferenceos.engine.output import snapshot
+from inferenceos.engine.running import RunningSequence
 
-if TYPE_CHECKING:  # the scheduler imports nothing of this module: no cycle
-    from inferenceos.engine.scheduler import Scheduler
+
+class Steppable(Protocol):
+    """What the loop needs of `scheduler.Scheduler` (which imports this module)."""
+
+    @property
+    def running(self) -> Sequence[RunningSequence]: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[Event]: ...
+
+    def fail_all(self, message: str) -> list[Failed]: ...
 
 
 def _always() -> bool:
@@ -38,7 +49,7 @@ class EngineCore:
     step, and `cut` the metrics each of its requests had measured (TTFT, t/s) by then.
     """
 
-    def __init__(self, scheduler: Callable[[], Scheduler | None], contain: bool = False):
+    def __init__(self, scheduler: Callable[[], Steppable | None], contain: bool = False):
         self._scheduler = scheduler
         self.contain = contain
         self.failed: list[Event] = []
@@ -59,7 +70,7 @@ class EngineCore:
                 return
             yield self._step(sched)
 
-    def _step(self, sched: Scheduler) -> list[Event]:
+    def _step(self, sched: Steppable) -> list[Event]:
         try:
             return list(sched.step())
         except Exception as exc:
@@ -72,6 +83,6 @@ class EngineCore:
             self._fail(sched, "the step was interrupted")
             raise
 
-    def _fail(self, sched: Scheduler, message: str) -> None:
+    def _fail(self, sched: Steppable, message: str) -> None:
         self.cut = {seq.req.id: snapshot(seq.metrics) for seq in sched.running}
         self.failed = list(sched.fail_all(message))
