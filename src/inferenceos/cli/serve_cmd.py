@@ -9,20 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inferenceos.app.serve import PoolOptions, model_pool
+from inferenceos.cli import plan_opts as po
 from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err
 from inferenceos.cli.gen_opts import LoadOptions
-from inferenceos.cli.plan_opts import (
-    BackendOpt,
-    CacheTypeKOpt,
-    CacheTypeVOpt,
-    DraftOpt,
-    FlashAttnOpt,
-    GpuLayersOpt,
-    MmprojOpt,
-    PolicyOpt,
-    ThreadsOpt,
-)
 from inferenceos.cli.serve_opts import (
     AccessLogOpt,
     AllowHostOpt,
@@ -191,18 +181,18 @@ def _load_pinned(manager: object) -> None:
 
 def serve(
     model: ServeModelArg = "", host: HostOpt = None, port: PortOpt = None,
-    api_key: ApiKeyOpt = None, ctx: ServeCtxOpt = 0, threads: ThreadsOpt = 0,
+    api_key: ApiKeyOpt = None, ctx: ServeCtxOpt = 0, threads: po.ThreadsOpt = 0,
     parallel: ParallelOpt = 4, queue: QueueOpt = 32, keep_alive: KeepAliveOpt = 300.0,
     max_models: MaxModelsOpt = 0, memory_budget: MemoryBudgetOpt = None, pin: PinOpt = None,
-    gpu_layers: GpuLayersOpt = None, backend: BackendOpt = None,
-    cache_type_k: CacheTypeKOpt = None, cache_type_v: CacheTypeVOpt = None,
-    flash_attn: FlashAttnOpt = "auto", policy: PolicyOpt = "balanced",
-    kv_policy: ServeKvPolicyOpt = "none", draft: DraftOpt = None,
+    gpu_layers: po.GpuLayersOpt = None, backend: po.BackendOpt = None,
+    cache_type_k: po.CacheTypeKOpt = None, cache_type_v: po.CacheTypeVOpt = None,
+    flash_attn: po.FlashAttnOpt = "auto", policy: po.PolicyOpt = "balanced",
+    kv_policy: ServeKvPolicyOpt = "none", draft: po.DraftOpt = None,
     n_predict: NPredictOpt = -1, seed: ServeSeedOpt = None, any_model: AnyModelOpt = False,
     allow_host: AllowHostOpt = None, cors_origin: CorsOriginOpt = None,
     max_body_mb: MaxBodyOpt = 8.0, verbose: AccessLogOpt = False, rpc: RpcOpt = None,
     ram: RamCapOpt = None, gpu_memory: GpuCapOpt = None, tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None, mmproj: MmprojOpt = None,
+    tls_key: TlsKeyOpt = None, mmproj: po.MmprojOpt = None,
     kv_cache_ram: KvCacheRamOpt = None, kv_cache_disk: KvCacheDiskOpt = None,
     allow_media_urls: AllowMediaUrlsOpt = False,
 ) -> None:

@@ -34,6 +34,7 @@ from functools import partial
 
 import numpy as np
 
+from inferenceos.plan import optimize_rows as rows
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import device_compute
 from inferenceos.plan.memory import (
@@ -41,19 +42,7 @@ from inferenceos.plan.memory import (
     compute_terms,
 )
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_rows import (
-    LayerClasses,
-    Program,
-    add,
-    cpu_memory_rows,
-    device_budgets,
-    disk_cost,
-    epigraph,
-    head_and_disk,
-    head_work,
-    in_ram,
-    unkept_layers,
-)
+from inferenceos.plan.optimize_rows import LayerClasses, Program, add
 from inferenceos.plan.optimize_terms import Terms, Work
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
@@ -98,7 +87,7 @@ class _Counts:
         self.terms, self.allow_disk, self.margin = terms, allow_disk, margin
         self.devs = list(machine.devices)
         self.local = [not d.is_remote for d in self.devs]
-        self.budgets = device_budgets(machine)
+        self.budgets = rows.device_budgets(machine)
         classes = LayerClasses.of_parts(parts)
         self.cls, self.rep, self.size = classes.of, classes.rep, classes.size
         self.members = classes.members
@@ -129,7 +118,7 @@ class _Counts:
         self._memory(v)
         for t in self.terms:
             self._time(v, t)
-        disk_cost(m, v.s, self.terms)
+        rows.disk_cost(m, v.s, self.terms)
         self._links(v)
         return v
 
@@ -220,7 +209,7 @@ class _Counts:
             if not size:
                 continue
             forms = {d: on(v, d, c) for d in range(1, k)}
-            forms[0], _ = in_ram(partial(_form, forms), k, c, self.size[c])
+            forms[0], _ = rows.in_ram(partial(_form, forms), k, c, self.size[c])
             out.append((name, forms, size))
         return out
 
@@ -252,7 +241,7 @@ class _Counts:
                     add(w, j, a * size)
                 const_w += self.size[c] * size
         kv = {v.cnt[0][c]: float(p.kv_bytes) for c, p in enumerate(self.rep)}
-        cpu_memory_rows(v.m, self.facts, self.machine, self.ctx, w, const_w, kv, v.u[0],
+        rows.cpu_memory_rows(v.m, self.facts, self.machine, self.ctx, w, const_w, kv, v.u[0],
                         list(v.h.values()), v.s, self.allow_disk)
 
     def _time(self, v: _Vars, t: Terms) -> None:
@@ -272,8 +261,8 @@ class _Counts:
                         add(comp, j, a * we.comp)
                     if d == 0:
                         cm, cc = cm + self.size[c] * we.mem, cc + self.size[c] * we.comp
-            hm, hc = head_work(t.head(dev), v.h, d, mem, comp)
-            epigraph(v.m, mem, comp, cm + hm, cc + hc)
+            hm, hc = rows.head_work(t.head(dev), v.h, d, mem, comp)
+            rows.epigraph(v.m, mem, comp, cm + hm, cc + hc)
 
     def _links(self, v: _Vars) -> None:
         m, k, u = v.m, len(self.devs), v.u
@@ -330,11 +319,11 @@ class _Counts:
         ffn = list(dense)
         experts: list[str | None] = [
             dense[i] if p.expert_bytes else None for i, p in enumerate(self.parts)]
-        for i in unkept_layers(dense, names, self.members, v.fc, sol):
+        for i in rows.unkept_layers(dense, names, self.members, v.fc, sol):
             ffn[i] = "CPU"
-        for i in unkept_layers(dense, names, self.members, v.ex, sol):
+        for i in rows.unkept_layers(dense, names, self.members, v.ex, sol):
             experts[i] = "CPU"
-        head, disk = head_and_disk(names, v.h, v.s, sol, self.allow_disk)
+        head, disk = rows.head_and_disk(names, v.h, v.s, sol, self.allow_disk)
         return build_placement(self.facts, self.parts, dense, experts, head, disk, ffn)
 
 

@@ -40,23 +40,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from inferenceos.plan import optimize_rows as rows
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import device_compute
 from inferenceos.plan.memory import ContextSettings, compute_terms
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_rows import (
-    LayerClasses,
-    Program,
-    add,
-    cpu_memory_rows,
-    device_budgets,
-    disk_cost,
-    epigraph,
-    head_and_disk,
-    head_work,
-    in_ram,
-    unkept_layers,
-)
+from inferenceos.plan.optimize_rows import LayerClasses, Program, add
 from inferenceos.plan.optimize_terms import Terms
 from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
 
@@ -73,7 +62,7 @@ class _Builder:
         self.terms, self.allow_disk = terms, allow_disk
         self.m = Program(margin=margin)
         self.devs = list(machine.devices)
-        self.budgets = device_budgets(machine)
+        self.budgets = rows.device_budgets(machine)
         n, k = len(parts), len(self.devs)
         self.n, self.k = n, k
         self.x = [[self.m.var() for _ in range(n)] for _ in range(k)]
@@ -121,18 +110,18 @@ class _Builder:
 
     def expert_on_cpu(self, c: int) -> tuple[dict[int, float], float]:
         """(coefficients, constant) of 'layers of class c with their experts in RAM'."""
-        return in_ram(self.expert_on, self.k, c, len(self.members[c]))
+        return rows.in_ram(self.expert_on, self.k, c, len(self.members[c]))
 
     def ffn_on_cpu(self, c: int) -> tuple[dict[int, float], float]:
         """(coefficients, constant) of 'layers of class c with their FFN group in RAM'."""
-        return in_ram(self.ffn_on, self.k, c, len(self.members[c]))
+        return rows.in_ram(self.ffn_on, self.k, c, len(self.members[c]))
 
     def build(self) -> None:
         self._assignment()
         self._memory()
         for t in self.terms:
             self._time(t)
-        disk_cost(self.m, self.s, self.terms)
+        rows.disk_cost(self.m, self.s, self.terms)
         self._links()
 
     def _assignment(self) -> None:
@@ -184,7 +173,7 @@ class _Builder:
         self._cpu_memory()
 
     def _cpu_memory(self) -> None:
-        """The CPU's rows (`cpu_memory_rows`): its layers' attention, the FFN groups and
+        """The CPU's rows (`rows.cpu_memory_rows`): its layers' attention, the FFN groups and
         experts in RAM, its layers' KV."""
         w: dict[int, float] = {}
         const_w = 0.0
@@ -198,7 +187,7 @@ class _Builder:
                         add(w, j, a * size)
                     const_w += c * size
         kv = {self.x[0][i]: float(p.kv_bytes) for i, p in enumerate(self.parts)}
-        cpu_memory_rows(self.m, self.facts, self.machine, self.ctx, w, const_w, kv,
+        rows.cpu_memory_rows(self.m, self.facts, self.machine, self.ctx, w, const_w, kv,
                         self.u[0], list(self.h.values()), self.s, self.allow_disk)
 
     def _time(self, t: Terms) -> None:
@@ -224,8 +213,8 @@ class _Builder:
                         add(comp, j, a * we.comp)
                     cm += c * we.mem
                     cc += c * we.comp
-            hm, hc = head_work(t.head(dev), self.h, d, mem, comp)
-            epigraph(m, mem, comp, cm + hm, cc + hc)
+            hm, hc = rows.head_work(t.head(dev), self.h, d, mem, comp)
+            rows.epigraph(m, mem, comp, cm + hm, cc + hc)
 
     def _links(self) -> None:
         m, x, n, k = self.m, self.x, self.n, self.k
@@ -281,11 +270,11 @@ class _Builder:
             for i, p in enumerate(self.parts)]
         # of a class's layers on an accelerator, the last F keep their FFN group, the
         # last E (≤ F) their experts too
-        for i in unkept_layers(dense, names, self.members, self.f, sol):
+        for i in rows.unkept_layers(dense, names, self.members, self.f, sol):
             ffn[i] = "CPU"
-        for i in unkept_layers(dense, names, self.members, self.e, sol):
+        for i in rows.unkept_layers(dense, names, self.members, self.e, sol):
             experts[i] = "CPU"
-        head, disk = head_and_disk(names, self.h, self.s, sol, self.allow_disk)
+        head, disk = rows.head_and_disk(names, self.h, self.s, sol, self.allow_disk)
         return dense, experts, head, disk, ffn
 
 
