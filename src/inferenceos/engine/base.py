@@ -16,7 +16,7 @@ event or its cancel (`engine.cancel.CancelEvent`, whose `set()` wakes it) arrive
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -206,12 +206,15 @@ class EngineBase(ABC):
         messages: Sequence[ChatMessage],
         template: str | None = None,
         tools: Sequence[dict[str, object]] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
     ) -> str:
         """The prompt text for `messages` (and `tools`, OpenAI-style definitions) under
-        the model's template, or the named built-in one (which takes no tools)."""
+        the model's template, or the named built-in one (which takes no tools);
+        `template_kwargs`: further variables for a Jinja template (enable_thinking)."""
         bos, eos = self._special_texts()
         text, _ = render_chat(self.spec.chat_template, messages, bos_token=bos,
-                              eos_token=eos, builtin=template, tools=tools)
+                              eos_token=eos, builtin=template, tools=tools,
+                              kwargs=template_kwargs)
         return text
 
     def __enter__(self: _E) -> _E:

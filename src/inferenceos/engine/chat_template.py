@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,17 +91,24 @@ def render_jinja(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     tools: Sequence[dict[str, Any]] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """Render a Hugging Face style chat template in a sandbox.
 
     `tools` is passed only when non-empty: templates test `if tools` or `tools is
-    defined`, and both must read "no tools" otherwise.
+    defined`, and both must read "no tools" otherwise. `kwargs`: further template
+    variables (`chat_template_kwargs`: `enable_thinking`, `reasoning_effort`...); they
+    cannot replace the ones named above.
     """
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.globals.update(raise_exception=_raise, strftime_now=_strftime_now)
     env.filters["tojson"] = _tojson
-    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    extra: dict[str, Any] = dict(kwargs or {})
+    for name in ("messages", "bos_token", "eos_token", "add_generation_prompt", "tools"):
+        extra.pop(name, None)
+    if tools:
+        extra["tools"] = list(tools)
     try:
         return env.from_string(template).render(
             messages=[m.as_template() for m in messages],
@@ -147,6 +154,7 @@ def render_chat(
     eos_token: str = "",
     builtin: str | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[str, str]:
     """Render `messages` for a model; returns (prompt text, which template was used).
 
@@ -155,6 +163,8 @@ def render_chat(
     contents are joined and sent as they are, as llama.cpp's completion does.
     `tools` (OpenAI / Hugging Face tool definitions) reach only the file's Jinja template:
     llama.cpp's built-in templates and raw text have no place for them (UsageError).
+    `kwargs` (template variables such as `enable_thinking`) reach only the Jinja
+    template too; elsewhere they are ignored.
     """
     if tools and not template:
         raise UsageError("tools need the model's own chat template (this model has none)")
@@ -166,5 +176,6 @@ def render_chat(
             raise UsageError(f"llama.cpp has no built-in chat template named {builtin!r}")
         return text, f"builtin:{builtin}"
     if template:
-        return render_jinja(template, messages, bos_token, eos_token, tools=tools), "gguf"
+        return render_jinja(template, messages, bos_token, eos_token, tools=tools,
+                            kwargs=kwargs), "gguf"
     return "\n".join(m.content for m in messages), "raw"

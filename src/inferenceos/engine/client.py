@@ -15,7 +15,7 @@ every call raises WorkerDiedError.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from inferenceos.engine.cancel import CancelEvent
@@ -65,6 +65,7 @@ class EngineClient(Protocol):
         messages: Sequence[ChatMessage],
         template: str | None = None,
         tools: Sequence[dict[str, object]] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
     ) -> str: ...
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...

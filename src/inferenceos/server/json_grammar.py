@@ -1,4 +1,4 @@
-"""Output formats → GBNF: the one place a request's JSON format becomes a grammar.
+"""Output formats → GBNF: the one place a request's output constraint becomes a grammar.
 
 Every dialect's format field comes here, translated into a kind and a schema:
 OpenAI's `response_format` (and llama.cpp's top-level `json_schema`), the Responses
@@ -8,6 +8,12 @@ API's `text.format`, Ollama's `format` ("json" or a schema), Anthropic's
 "Any JSON object" is llama.cpp's own grammars/json.gbnf (object at the root); a schema
 goes through the engine's JSON-Schema converter. Sampling under either can only produce
 what it allows; the model may still stop early at max_tokens.
+
+Beyond JSON: a client's GBNF (`grammar`, llama.cpp's; vLLM's `guided_grammar` and
+`structured_outputs.grammar`) is checked by server/gbnf.py before it reaches
+llama.cpp; a regex (`guided_regex`, `structured_outputs.regex`) and a choice
+(`guided_choice`, `structured_outputs.choice`) become GBNF in server/regex_gbnf.py.
+Each refusal is a 400 naming its field.
 """
 
 from __future__ import annotations
@@ -55,3 +61,91 @@ def output_grammar(kind: str | None, schema: object = None, field: str = "format
     if kind != "json_schema":
         raise APIError(400, f"{field} {kind!r} is not supported", "unsupported_parameter")
     return grammar_for_schema(schema)
+
+
+def gbnf_grammar(text: object, field: str = "grammar") -> str:
+    """A client's GBNF grammar, checked (server/gbnf.py) before it reaches llama.cpp:
+    APIError 400 naming `field` and what is wrong."""
+    from inferenceos.server.errors import APIError
+    from inferenceos.server.gbnf import GrammarError, check_gbnf
+
+    if not isinstance(text, str):
+        raise APIError(400, f"{field} must be GBNF text", "invalid_grammar")
+    try:
+        return check_gbnf(text)
+    except GrammarError as exc:
+        raise APIError(400, f"{field}: {exc}", "invalid_grammar") from None
+
+
+def regex_grammar(pattern: object, field: str = "regex") -> str:
+    """The grammar of a regex constraint (the output matches it whole); APIError 400
+    for a regex outside the served subset (server/regex_gbnf.py)."""
+    from inferenceos.server.errors import APIError
+    from inferenceos.server.gbnf import GrammarError
+    from inferenceos.server.regex_gbnf import regex_gbnf
+
+    try:
+        return regex_gbnf(pattern)  # type: ignore[arg-type]
+    except GrammarError as exc:
+        raise APIError(400, f"{field}: {exc}", "invalid_grammar") from None
+
+
+def choice_grammar(choices: object, field: str = "choice") -> str:
+    """The grammar of a choice constraint: exactly one of the given strings."""
+    from inferenceos.server.errors import APIError
+    from inferenceos.server.gbnf import GrammarError
+    from inferenceos.server.regex_gbnf import choice_gbnf
+
+    try:
+        return choice_gbnf(choices)
+    except GrammarError as exc:
+        raise APIError(400, f"{field}: {exc}", "invalid_grammar") from None
+
+
+def _json_spec(value: object, field: str) -> str:
+    """vLLM's `json`: a schema object, or its JSON text."""
+    import json
+
+    from inferenceos.server.errors import APIError
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise APIError(400, f"{field} must be a JSON schema", "invalid_grammar") from None
+    return grammar_for_schema(value)
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def structured_grammar(spec: object, field: str = "structured_outputs") -> str | None:
+    """vLLM's `structured_outputs` object → a grammar: exactly one of `json` (a
+    schema), `regex`, `choice` (a list of strings), `grammar` (GBNF) or `json_object`
+    (true: any JSON object); its other keys (backend options) are ignored. None for
+    an empty object."""
+    from inferenceos.server.errors import APIError
+
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise APIError(400, f"{field} must be an object", "invalid_grammar")
+    if spec.get("structural_tag") is not None:
+        raise APIError(400, f"{field}.structural_tag is not supported", "unsupported_parameter")
+    given = [k for k in STRUCTURED_KINDS if spec.get(k) not in (None, False)]
+    if len(given) > 1:
+        raise APIError(400, f"{field}: use one of {', '.join(given)}, not several",
+                       "invalid_request")
+    if not given:
+        return None
+    kind, value = given[0], spec[given[0]]
+    name = f"{field}.{kind}"
+    if kind == "json":
+        return _json_spec(value, name)
+    if kind == "regex":
+        return regex_grammar(value, name)
+    if kind == "choice":
+        return choice_grammar(value, name)
+    if kind == "grammar":
+        return gbnf_grammar(value, name)
+    return JSON_OBJECT_GBNF

@@ -8,8 +8,10 @@ tools, sampling and its grammar.
   call it answers.
 - `tools` / `tool_choice` / `parallel_tool_calls` → a `ToolRequest` (tools.py).
 - sampling fields, `logit_bias` (-100 bans), `n` seeded variants (seed + i).
-- the output constraint: llama.cpp's `grammar` (GBNF) or top-level `json_schema`, or
-  `response_format`; at most one of them.
+- the output constraint: llama.cpp's `grammar` (GBNF) or top-level `json_schema`, vLLM's
+  `structured_outputs` / `guided_*`, or `response_format`; at most one of them.
+- reasoning: `chat_template_kwargs`, `reasoning_effort`, `reasoning_format` and the
+  reasoning budget → a `Think` (server/reasoning.py).
 
 Also used by llama-server's chat helpers (/apply-template, input_tokens), which take
 OpenAI's messages.
@@ -29,9 +31,16 @@ from inferenceos.server.dialects.openai.schema import (
     SamplingFields,
 )
 from inferenceos.server.errors import APIError
-from inferenceos.server.json_grammar import output_grammar
+from inferenceos.server.json_grammar import (
+    choice_grammar,
+    gbnf_grammar,
+    output_grammar,
+    regex_grammar,
+    structured_grammar,
+)
 from inferenceos.server.media_parts import OPENAI_MEDIA_PARTS, content_text, openai_part
 from inferenceos.server.options import UNLIMITED, request_sampling, stops
+from inferenceos.server.reasoning import Think, check_budget, check_format
 from inferenceos.server.tools import ToolRequest, history_call, tool_request
 
 
@@ -133,17 +142,55 @@ def _grammar(fmt: ResponseFormat | None) -> str | None:
 
 def constraint(body: SamplingFields, fmt: ResponseFormat | None = None) -> str | None:
     """The grammar of a request: llama.cpp's `grammar` (GBNF) or top-level `json_schema`
-    extensions, or its response_format; at most one of them. A schema that cannot be
-    turned into a grammar is a 400 here, a grammar that does not parse a 400 when the
-    engine builds its sampler: neither is ever ignored."""
+    extensions, vLLM's `structured_outputs` or `guided_json` / `guided_regex` /
+    `guided_choice` / `guided_grammar`, or its response_format; at most one of them.
+    Each is checked here (json_grammar.py): a schema, grammar or regex that cannot be
+    served is a 400, never ignored and never passed on to llama.cpp."""
     from_format = _grammar(fmt)
-    given = [n for n, v in (("grammar", body.grammar), ("json_schema", body.json_schema),
-                            ("response_format", from_format)) if v not in (None, "")]
+    given = [(n, v) for n, v in (
+        ("grammar", body.grammar), ("json_schema", body.json_schema),
+        ("structured_outputs", body.structured_outputs or None),
+        ("guided_json", body.guided_json), ("guided_regex", body.guided_regex),
+        ("guided_choice", body.guided_choice), ("guided_grammar", body.guided_grammar),
+        ("response_format", from_format)) if v not in (None, "")]
     if len(given) > 1:
-        raise APIError(400, f"use one of {' and '.join(given)}, not both",
+        raise APIError(400, f"use one of {' and '.join(n for n, _ in given)}, not both",
                        "invalid_request")
-    if body.grammar:
-        return body.grammar
-    if body.json_schema is not None:
-        return output_grammar("json_schema", body.json_schema or {"type": "object"})
+    if not given:
+        return None
+    name, value = given[0]
+    if name in ("grammar", "guided_grammar"):
+        return gbnf_grammar(value, name)
+    if name == "json_schema":
+        return output_grammar("json_schema", value or {"type": "object"})
+    if name == "guided_json":
+        return structured_grammar({"json": value}, name)
+    if name == "guided_regex":
+        return regex_grammar(value, name)
+    if name == "guided_choice":
+        return choice_grammar(value, name)
+    if name == "structured_outputs":
+        return structured_grammar(value, name)
     return from_format
+
+
+def think_of(body: ChatCompletionRequest) -> Think:
+    """What a chat request asks of reasoning, in llama-server's spellings:
+    `chat_template_kwargs` (its `enable_thinking` a boolean), `reasoning_effort`
+    ("none" turns thinking off), `reasoning_budget_tokens` (or
+    `thinking_budget_tokens`), `reasoning_budget_message`, `reasoning_format`."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    enabled = kwargs.pop("enable_thinking", None)
+    if enabled is not None and not isinstance(enabled, bool):
+        raise APIError(400, 'invalid type for "enable_thinking" (expected boolean, got '
+                       f"{type(enabled).__name__})", "invalid_request")
+    effort = body.reasoning_effort
+    if effort == "none":
+        enabled, effort = False, None
+    budget = body.reasoning_budget_tokens
+    if budget is None:
+        budget = body.thinking_budget_tokens
+    return Think(enabled=enabled, effort=effort,
+                 budget=check_budget(budget, "reasoning_budget_tokens"),
+                 message=body.reasoning_budget_message or "",
+                 split=check_format(body.reasoning_format), kwargs=kwargs)

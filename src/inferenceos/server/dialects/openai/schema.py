@@ -107,6 +107,13 @@ class SamplingFields(BaseModel):
     return_progress: bool = Field(False, description="llama.cpp extension: with `stream`, "
                                   "chunks carrying `prompt_progress` while the prompt is "
                                   "processed")
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM: one of {json, regex, choice, grammar} constrains the output")
+    guided_json: Any = Field(None, description="vLLM (older spelling): a JSON schema")
+    guided_regex: str | None = Field(None, description="vLLM (older spelling): a regex")
+    guided_choice: list[str] | None = Field(None, description="vLLM (older spelling): "
+                                            "the output is one of these strings")
+    guided_grammar: str | None = Field(None, description="vLLM (older spelling): GBNF")
 
     @field_validator("model", mode="before")
     @classmethod
@@ -128,6 +135,19 @@ class ChatCompletionRequest(SamplingFields):
         None, description="Let a forced reply hold several calls (default false, as llama-server)")
     verbose: bool = Field(False, description="llama.cpp extension: add `__verbose` (the "
                           "rendered prompt, timings) to a non-streamed reply")
+    reasoning_format: str | None = Field(None, max_length=32, description=(
+        "llama.cpp: none (reasoning left in content), deepseek or auto (reasoning in "
+        "reasoning_content, the default)"))
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description=(
+        "llama.cpp / vLLM: variables for the chat template (enable_thinking...)"))
+    reasoning_effort: str | None = Field(None, max_length=32, description=(
+        "none turns thinking off; another level reaches the template as reasoning_effort"))
+    reasoning_budget_tokens: int | None = Field(None, description=(
+        "llama.cpp: tokens of reasoning allowed (-1 unrestricted, 0 off)"))
+    thinking_budget_tokens: int | None = Field(None, description=(
+        "llama.cpp: another name for reasoning_budget_tokens"))
+    reasoning_budget_message: str | None = Field(None, max_length=4096, description=(
+        "llama.cpp: text written before the forced end of reasoning"))
     add_generation_prompt: bool = Field(True, description="llama.cpp / vLLM: only true")
     continue_final_message: bool = Field(False, description="llama.cpp / vLLM: only false")
 
@@ -183,6 +203,7 @@ class ToolCallOut(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None  # as llama-server and DeepSeek return it
     tool_calls: list[ToolCallOut] | None = None
 
 
@@ -229,6 +250,7 @@ class ToolCallDelta(ToolCallOut):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
