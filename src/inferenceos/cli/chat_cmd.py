@@ -27,7 +27,7 @@ from inferenceos.cli.chat_session import (
     ServerBackend,
 )
 from inferenceos.cli.console import err
-from inferenceos.cli.gen_opts import SystemOpt, VerboseLogOpt
+from inferenceos.cli.gen_opts import LoraOpt, SystemOpt, VerboseLogOpt, lora_option
 from inferenceos.cli.plan_opts import (
     BackendOpt,
     DraftOpt,
@@ -344,10 +344,12 @@ def chat(
     verbose: VerboseLogOpt = False,
     mmproj: MmprojOpt = None,
     draft: DraftOpt = None,
+    lora: LoraOpt = None,
 ) -> None:
     """Chat with a model interactively: streaming, history, /commands (/help)."""
-    start_chat(model, system=system, theme=theme, url=url, api_key=api_key, local=local,
-               ctx=ctx, threads=threads, verbose=verbose,
+    start_chat(model, system=system, theme=theme, url=url, api_key=api_key,
+               local=local or bool(lora), ctx=ctx, threads=threads, verbose=verbose,
+               lora=lora_option(lora),
                load={"gpu_layers": gpu_layers, "backend": backend, "mmproj": mmproj,
                      "draft": draft_choice(draft)},
                options={k: v for k, v in (("temperature", temperature), ("seed", seed),
@@ -358,7 +360,8 @@ def start_chat(model: str, *, system: str | None = None, theme: str = "auto",
                url: str | None = None, api_key: str | None = None, local: bool = False,
                ctx: int = 0, threads: int = 0, verbose: bool = False,
                options: dict[str, Any] | None = None,
-               load: dict[str, Any] | None = None) -> None:
+               load: dict[str, Any] | None = None,
+               lora: tuple[tuple[str, float], ...] = ()) -> None:
     """Open the model and run the chat loop (also what `run MODEL` does at a terminal).
     `load`: more `inferenceos.load` options; its `mmproj` is `model`'s projector (a
     model opened by /switch finds its own)."""
@@ -376,6 +379,8 @@ def start_chat(model: str, *, system: str | None = None, theme: str = "auto",
     for key, value in (options or {}).items():
         if value is not None:
             session.set_option(key, str(value))
+    if lora:  # adapters apply in this process (--lora implies --local)
+        session.options["lora"] = lora
     try:
         ChatUI(session, chosen, open_model).loop()
     finally:

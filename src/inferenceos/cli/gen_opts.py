@@ -48,6 +48,8 @@ TopKOpt = Annotated[int, typer.Option("--top-k")]
 TopPOpt = Annotated[float, typer.Option("--top-p")]
 MinPOpt = Annotated[float, typer.Option("--min-p")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed")]
+LoraOpt = Annotated[list[str] | None, typer.Option(
+    "--lora", help="LoRA adapter GGUF, FILE[:SCALE] (scale 1 by default; repeatable)")]
 StopOpt = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable)")]
 IgnoreEosOpt = Annotated[
     bool, typer.Option("--ignore-eos", help="Generate past end-of-text")]
@@ -58,6 +60,14 @@ BatchOpt = Annotated[
     int, typer.Option("--batch", min=0, help="Prefill batch size (0: planned)")]
 RunKvPolicyOpt = Annotated[str, typer.Option(
     "--kv-policy", help="KV cache eviction when the context fills: none, streaming, h2o")]
+
+
+def lora_option(given: tuple[str, ...] | list[str] | None) -> tuple[tuple[str, float], ...]:
+    """`--lora FILE[:SCALE]` flags → the engine's adapter set (engine/lora.py); UsageError
+    for a missing file."""
+    from inferenceos.engine.lora import lora_set, parse_lora_arg
+
+    return lora_set(parse_lora_arg(x) for x in given or ())
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,7 @@ class SamplingOptions:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    lora: tuple[str, ...] = ()  # --lora FILE[:SCALE], as given
 
     def params(self) -> SamplingParams:
         """The engine's SamplingParams for these flags; UsageError (from validate) for
@@ -81,7 +92,7 @@ class SamplingOptions:
         params = SamplingParams(
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p, seed=self.seed, max_tokens=self.max_tokens,
-            stop=self.stop, ignore_eos=self.ignore_eos,
+            stop=self.stop, ignore_eos=self.ignore_eos, lora=lora_option(self.lora),
         )
         params.validate()
         return params

@@ -87,6 +87,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("models_cmd", "show"),
     "rm": ("models_cmd", "rm"),
     "cp": ("models_cmd", "cp"),
+    "create": ("create_cmd", "create"),
     "stop": ("models_cmd", "stop"),
     "ps": ("ps_cmd", "ps"),
     "monitor": ("monitor_cmd", "monitor"),

@@ -20,6 +20,7 @@ from inferenceos.cli.gen_opts import (
     ImageOpt,
     JsonOpt,
     LoadOptions,
+    LoraOpt,
     MaxTokensOpt,
     MinPOpt,
     PromptOpt,
@@ -106,7 +107,7 @@ def run(
     kv_quality: KvQualityOpt = None, kv_policy: RunKvPolicyOpt = "none", rpc: RpcOpt = None,
     ram: RamCapOpt = None, gpu_memory: GpuCapOpt = None, as_json: JsonOpt = False,
     verbose: VerboseLogOpt = False, draft: DraftOpt = None, image: ImageOpt = None,
-    audio: AudioOpt = None, mmproj: MmprojOpt = None,
+    audio: AudioOpt = None, mmproj: MmprojOpt = None, lora: LoraOpt = None,
 ) -> None:
     """Generate a completion for one prompt, streaming tokens as they come.
 
@@ -115,7 +116,7 @@ def run(
     (`stop: interrupted`), one line before."""
     interrupt.install()
     sampling = SamplingOptions(temperature, top_k, top_p, min_p, seed, max_tokens,
-                               tuple(stop or ()), ignore_eos)
+                               tuple(stop or ()), ignore_eos, tuple(lora or ()))
     load = LoadOptions(ctx, threads, gpu_layers, backend, cache_type_k, cache_type_v,
                        flash_attn, policy, kv_quality, kv_policy, rpc, ram, gpu_memory,
                        draft, mmproj)

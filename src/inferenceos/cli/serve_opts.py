@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from inferenceos.cli.gen_opts import lora_option
+
 if TYPE_CHECKING:
     from inferenceos.app.serve import PoolOptions
     from inferenceos.server.settings import ServerSettings
@@ -84,6 +86,7 @@ class ListenOptions:
     allow_media_urls: bool = False
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    lora: tuple[str, ...] = ()  # --lora FILE[:SCALE]: the default model's adapters
 
     def settings(self, cfg: Any, pool: PoolOptions) -> ServerSettings:
         """The ServerSettings: these flags over the config's `server.*` keys, with the
@@ -96,7 +99,7 @@ class ListenOptions:
             allowed_hosts=self.allow_host, cors_origins=self.cors_origin,
             max_body_bytes=int(self.max_body_mb * 1024 * 1024), max_running=pool.parallel,
             max_waiting=pool.queue, any_model=self.any_model, n_predict=self.n_predict,
-            seed=self.seed,
+            seed=self.seed, lora=lora_option(self.lora),
             media_fetch=self.allow_media_urls or bool(cfg.get("server.media_fetch")),
             shutdown_grace_s=float(cfg.get("server.shutdown_grace_s")),
         )

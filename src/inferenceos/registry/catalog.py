@@ -45,6 +45,7 @@ class ResolvedModel:
     # the projector (mmproj GGUF) to load for images / audio; None: a text-only model,
     # or a recorded projector whose file has gone missing (`models show` says which)
     mmproj: Path | None = None
+    preset: str | None = None  # a preset's JSON (registry/presets.Preset); None: plain
 
 
 # a quantization suffix of a GGUF file name: .Q4_K_M, -q8_0, .IQ2_XXS, .f16, -BF16 ...
@@ -63,7 +64,7 @@ def plain_name(key: str) -> str | None:
 def _from_entry(e: ModelEntry, look_beside: bool = True) -> ResolvedModel:
     return ResolvedModel(e.name, e.path, e.digest, e.size, e.architecture, e.file_type,
                          e.parameters, e.context_length, e.modified_at,
-                         entry_projector(e, look_beside))
+                         entry_projector(e, look_beside), e.preset)
 
 
 def entry_projector(e: ModelEntry, look_beside: bool = True) -> Path | None:

@@ -80,10 +80,15 @@ _MIGRATIONS = (
     ALTER TABLE models ADD COLUMN projector_digest TEXT;
     ALTER TABLE models ADD COLUMN projector_location TEXT;
     """,
+    # a preset (registry/presets.py): the base model's row plus a JSON Preset (system
+    # prompt, parameters, template, adapters, messages); NULL for a plain model
+    """
+    ALTER TABLE models ADD COLUMN preset TEXT;
+    """,
 )
 _COLUMNS = ("name", "digest", "size", "source", "architecture", "file_type", "parameters",
             "context_length", "modified_at", "parts", "location", "projector_digest",
-            "projector_location")
+            "projector_location", "preset")
 _INSERT = (f"INSERT OR REPLACE INTO models ({', '.join(_COLUMNS)}) "
            f"VALUES ({', '.join('?' * len(_COLUMNS))})")
 
@@ -113,6 +118,7 @@ class ModelEntry:
     # the multimodal projector file recorded for this model (it may have gone missing
     # since: check `is_file()`), or None for a text-only model
     projector: Path | None = None
+    preset: str | None = None  # a preset's JSON (registry/presets.Preset), else None
 
     @property
     def in_place(self) -> bool:
@@ -194,6 +200,7 @@ class ModelStore:
         values.setdefault("location", None)
         values.setdefault("projector_digest", None)
         values.setdefault("projector_location", None)
+        values.setdefault("preset", None)
         conn.execute(_INSERT, tuple(values[c] for c in _COLUMNS))
 
     # -- reading -----------------------------------------------------------------------
@@ -513,8 +520,23 @@ class ModelStore:
                          parameters=src.parameters, context_length=src.context_length,
                          parts=src.parts, location=src.location,
                          projector_digest=src.projector_digest,
-                         projector_location=src.projector_location)
+                         projector_location=src.projector_location, preset=src.preset)
         return self.get(dst)
+
+    def add_preset(self, name: str, base: ModelEntry, preset: str) -> ModelEntry:
+        """Register `name` as a preset (`preset`: registry/presets.Preset's JSON) of the
+        model `base`: its file, facts and projector, so every listing, `cp` and `rm`
+        treat it as a model; removing it never removes the base's blob while the base
+        (or any other name) uses it."""
+        key = canonical(name)
+        with self._db() as conn:
+            self._insert(conn, name=key, digest=base.digest, size=base.size,
+                         source=base.source, architecture=base.architecture,
+                         file_type=base.file_type, parameters=base.parameters,
+                         context_length=base.context_length, parts=base.parts,
+                         location=base.location, projector_digest=base.projector_digest,
+                         projector_location=base.projector_location, preset=preset)
+        return self.get(key)
 
     def remove(self, name: str) -> None:
         """Forget `name`; delete its blob (or parts folder), and its projector's blob,

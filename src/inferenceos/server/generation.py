@@ -30,6 +30,9 @@ from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
 from inferenceos.registry.leases import Lease, ResidentModel
 from inferenceos.server.admission import Ticket
 from inferenceos.server.bridge import ThreadStream
+from inferenceos.server.presets import with_preset
+from inferenceos.server.reasoning import Reasoning, Think, prepare_prompt
+from inferenceos.server.reasoning_budget import BudgetWatch, forced_text, merged_metrics
 from inferenceos.server.request_telemetry import record_request
 from inferenceos.server.state import ActiveGeneration, ServerState
 from inferenceos.server.tool_calls import ToolFormat
@@ -58,6 +61,10 @@ class GenRequest:
     media: tuple[MediaItem, ...] = ()
     progress: bool = False  # prompt-processing progress events (llama.cpp's return_progress)
     prefill: str = ""  # chat only: the reply's start, after the generation prompt (Anthropic)
+    think: Think | None = None  # chat only: what is asked of reasoning (None: the defaults)
+    # llama-server's per-request `lora` ({adapter id: scale}; ids left out: 0), None for
+    # the server's global scales (server/presets.py applies it, and the model's preset)
+    lora: dict[int, float] | None = None
 
 
 def progress_json(progress: tuple[int, int, int, float]) -> dict[str, Any]:
@@ -82,6 +89,7 @@ class _Loaded:
     model: ResidentModel
     load_s: float
     tool_format: ToolFormat | None = None
+    reasoning: Reasoning | None = None
 
 
 def _check_ids(engine: EngineClient, ids: tuple[int, ...]) -> list[int]:
@@ -94,19 +102,34 @@ def _check_ids(engine: EngineClient, ids: tuple[int, ...]) -> list[int]:
     return list(ids)
 
 
-def _prompt(engine: EngineClient, req: GenRequest) -> str | list[int]:
-    if req.tokens is not None:
-        return _check_ids(engine, req.tokens)
+def _chat_text(engine: EngineClient, req: GenRequest) -> tuple[str, Reasoning | None]:
+    """The rendered chat prompt with the request's reasoning choice applied, and the
+    reasoning its reply has (server/reasoning.py)."""
+    assert req.messages is not None
+    think = req.think or Think()
     tools = req.tools.tools if req.tools is not None else None
-    text = (engine.chat_prompt(req.messages, tools=tools) + req.prefill
-            if req.messages is not None else req.text or "")
+    kwargs = think.template_kwargs()
+    text = (engine.chat_prompt(req.messages, tools=tools, template_kwargs=kwargs)
+            if kwargs else engine.chat_prompt(req.messages, tools=tools))
+    template = getattr(getattr(engine, "spec", None), "chat_template", None)
+    text, reasoning = prepare_prompt(template, text, think, req.model)
+    return text + req.prefill, reasoning
+
+
+def _prompt(engine: EngineClient, req: GenRequest) -> tuple[str | list[int], Reasoning | None]:
+    """The prompt to generate from (text or ids) and, for a chat, its reply's reasoning."""
+    if req.tokens is not None:
+        return _check_ids(engine, req.tokens), None
+    text, reasoning = (_chat_text(engine, req) if req.messages is not None
+                       else (req.text or "", None))
     if req.media:
-        return _media_prompt(text, req)
+        return _media_prompt(text, req), reasoning
     if req.context:
-        return _check_ids(engine, req.context) + engine.tokenize(text, add_special=False)
+        return (_check_ids(engine, req.context) + engine.tokenize(text, add_special=False),
+                reasoning)
     if req.want_tokens:
-        return engine.tokenize(text)
-    return text
+        return engine.tokenize(text), reasoning
+    return text, reasoning
 
 
 def _media_prompt(text: str, req: GenRequest) -> str:
@@ -139,15 +162,17 @@ def _with_tools(engine: EngineClient, req: GenRequest) -> tuple[GenRequest, Tool
     return dataclasses.replace(req, sampling=sampling), plan.format
 
 
-def _job(state: ServerState, req: GenRequest) -> Callable[[CancelEvent], Iterator[Any]]:
+def _job(state: ServerState, req_as_sent: GenRequest
+         ) -> Callable[[CancelEvent], Iterator[Any]]:
     def job(cancel: CancelEvent) -> Iterator[Any]:
         t0 = time.perf_counter()
+        req = with_preset(state, req_as_sent)  # its model's preset and LoRA adapters
         load = dict(req.overrides or {})
         policy = load.pop("kv_policy", None)  # a per-request choice, not a load setting
         lease = state.manager.acquire(req.model, req.keep_alive, load or None)
         try:
             run_req, tool_format = _with_tools(lease.engine, req)
-            prompt = _prompt(lease.engine, run_req)
+            prompt, reasoning = _prompt(lease.engine, run_req)
             fixed = "n_ctx" in load or bool(state.manager.base.n_ctx)  # num_ctx or --ctx
             bigger = 0 if fixed else _context_to_grow(lease, prompt, run_req.sampling,
                                                       run_req.media)
@@ -157,18 +182,31 @@ def _job(state: ServerState, req: GenRequest) -> Callable[[CancelEvent], Iterato
                     req.model, req.keep_alive, {**load, "n_ctx": bigger},
                     why=f"grown for a prompt that did not fit {lease.engine.n_ctx} tokens")
                 run_req, tool_format = _with_tools(lease.engine, req)
-                prompt = _prompt(lease.engine, run_req)
+                prompt, reasoning = _prompt(lease.engine, run_req)
             load_s = time.perf_counter() - t0 if lease.fresh else 0.0
-            yield _Loaded(lease.loaded, load_s, tool_format)
-            yield from _generate(state, lease, prompt, run_req, policy, cancel, load_s)
+            yield _Loaded(lease.loaded, load_s, tool_format, reasoning)
+            budget = _budget(run_req, reasoning)
+            yield from _generate(state, lease, prompt, run_req, policy, cancel, load_s,
+                                 BudgetWatch(reasoning, budget) if reasoning and budget
+                                 else None)
         finally:
             lease.release()
     return job
 
 
+def _budget(req: GenRequest, reasoning: Reasoning | None) -> int:
+    """The reasoning budget a chat request's reply keeps (0: none to keep)."""
+    if reasoning is None or req.think is None or req.think.budget is None:
+        return 0
+    return max(req.think.budget, 0)
+
+
 def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req: GenRequest,
-              policy: str | None, cancel: CancelEvent, load_s: float) -> Iterator[Any]:
-    """The token events of one generation on a leased engine, then its Done."""
+              policy: str | None, cancel: CancelEvent, load_s: float,
+              watch: BudgetWatch | None = None) -> Iterator[Any]:
+    """The token events of one generation on a leased engine, then its Done. With a
+    `watch`, a reasoning section still open after its budget is closed by force and
+    the reply continues (server/reasoning_budget.py)."""
     active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
     state.track(active)
     extra: dict[str, Any] = {}
@@ -180,17 +218,51 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
         extra["progress"] = True
     gen = lease.engine.generate(prompt, run_req.sampling, cancel, **extra)
     out: list[int] = []
+    metrics: GenerationMetrics | None = None
     try:
         for ev in gen:
             if ev.token >= 0:
                 out.append(ev.token)
             active.tokens = gen.metrics.prompt_tokens + len(out)
             yield ev
+            if watch is not None and watch.feed(ev):
+                gen.close()
+                first = gen.metrics
+                gen = _continue(lease, prompt, out, run_req, watch, cancel, extra)
+                yield TokenEvent(-1, forced_text(run_req.think.message if run_req.think
+                                                 else ""))
+                for ev2 in gen:
+                    if ev2.token >= 0:
+                        out.append(ev2.token)
+                    yield ev2
+                metrics = merged_metrics(first, gen.metrics, len(out))
+                break
     finally:
         gen.close()
         state.untrack(active)
     ids = prompt if isinstance(prompt, list) else []
-    yield Done(gen.metrics, load_s, lease.loaded, ids, out)
+    yield Done(metrics or gen.metrics, load_s, lease.loaded, ids, out)
+
+
+def _continue(lease: Lease, prompt: str | list[int], out: list[int], run_req: GenRequest,
+              watch: BudgetWatch, cancel: CancelEvent, extra: dict[str, Any]) -> Any:
+    """The generation that goes on after a forced end of reasoning: the prompt, the
+    reply so far and the forced text, as token ids (as text for a prompt with media,
+    which has no id form); the forced ids join `out`."""
+    engine = lease.engine
+    forced = engine.tokenize(forced_text(run_req.think.message if run_req.think else ""),
+                             add_special=False)
+    left = max(run_req.sampling.max_tokens - len(out) - len(forced), 0)
+    sampling = dataclasses.replace(run_req.sampling, max_tokens=left)
+    if isinstance(prompt, str) and run_req.media:
+        out.extend(forced)
+        return engine.generate(prompt + watch.text + forced_text(
+            run_req.think.message if run_req.think else ""), sampling, cancel, **extra)
+    ids = list(prompt) if isinstance(prompt, list) else engine.tokenize(prompt)
+    cont = ids + out + forced
+    out.extend(forced)
+    return engine.generate(cont, sampling, cancel,
+                           **{k: v for k, v in extra.items() if k != "media"})
 
 
 MAX_GROWTH_OUTPUT = 1024  # tokens of output a grown context leaves room for, at most
@@ -236,6 +308,7 @@ class Run:
         self.model: ResidentModel | None = None
         self.load_s = 0.0
         self.tool_format: ToolFormat | None = None  # set when tools were offered
+        self.reasoning: Reasoning | None = None  # set for a chat with a reasoning section
         self.scored: list[TokenEvent] = []  # collect(): the events carrying logprobs
 
     async def _begin(self) -> None:
@@ -243,6 +316,7 @@ class Run:
         assert isinstance(loaded, _Loaded)
         self.model, self.load_s = loaded.model, loaded.load_s
         self.tool_format = loaded.tool_format
+        self.reasoning = loaded.reasoning
         self._head.append(await self._stream.__anext__())  # first token (or Done)
 
     async def events(self) -> AsyncGenerator[TokenEvent | Done, None]:

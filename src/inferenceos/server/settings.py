@@ -42,10 +42,16 @@ class ServerSettings:
     any_model: bool = False  # an unknown model name reaches default_model (llama-server)
     n_predict: int = -1  # llama.cpp routes: tokens to predict when a request sets none
     seed: int | None = None  # llama.cpp routes: the seed when a request sets none (random)
+    # tokens of reasoning a reply may write when its request names no budget (serve
+    # --reasoning-budget): -1 unrestricted, 0 thinking off, N closed after N tokens
+    reasoning_budget: int = -1
     # media in requests: limits on every image / clip, and whether http(s) URLs are
     # fetched (off: only data: URLs and base64; `serve --allow-media-urls`)
     media_limits: MediaLimits = field(default_factory=MediaLimits)
     media_fetch: bool = False
+    # `serve MODEL --lora FILE[:SCALE]`: LoRA adapters (file, global scale) of the
+    # default model, llama-server's /lora-adapters list (server/presets.py)
+    lora: tuple[tuple[str, float], ...] = ()
     version: str = field(default="")
 
     @property

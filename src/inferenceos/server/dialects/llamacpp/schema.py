@@ -27,7 +27,7 @@ from inferenceos.media.collect import MediaSet
 from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
 from inferenceos.server.dialects.openai.schema import EmbeddingText
 from inferenceos.server.errors import APIError
-from inferenceos.server.json_grammar import output_grammar
+from inferenceos.server.json_grammar import gbnf_grammar, output_grammar
 from inferenceos.server.llama_shapes import RANDOM_SEED
 from inferenceos.server.options import UNLIMITED, sampling_from, stops
 from inferenceos.server.vocab import Vocab
@@ -84,6 +84,7 @@ class CompletionParams:
     timings_per_token: bool = False
     return_progress: bool = False  # with stream: `prompt_progress` events first
     eog_bias: tuple[int, ...] = ()  # ignore_eos: the EOG tokens llama.cpp biases to -inf
+    lora: dict[int, float] | None = None  # per-request adapter scales by id (None: global)
 
 
 def _bad(message: str) -> APIError:
@@ -218,13 +219,13 @@ def parse_logit_bias(raw: Any, vocab: Vocab) -> tuple[tuple[int, float], ...]:
 
 def grammar_of(body: dict[str, Any]) -> str | None:
     """The grammar a body asks for: `json_schema` (a schema; `{}` any object) unless a
-    `grammar` (GBNF) is given. A bad schema is a 400; a bad grammar fails when the
-    engine builds its sampler (also a 400)."""
+    `grammar` (GBNF) is given. A bad schema or grammar is a 400 (the grammar is checked
+    before it reaches llama.cpp: server/gbnf.py)."""
     grammar = body.get("grammar")
     if grammar is not None and not isinstance(grammar, str):
         raise _bad('"grammar" must be GBNF text')
     if grammar:
-        return grammar
+        return gbnf_grammar(grammar)
     schema = body.get("json_schema")
     if schema is None:
         return None
@@ -239,8 +240,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         if value is not None and not isinstance(value, bool) and value != off:
             raise APIError(400, f'"{name}" is not supported by this server (only {off}, '
                            "its disabled value, is accepted)", "unsupported_parameter")
-    if body.get("lora"):
-        raise APIError(400, '"lora" adapters are not supported', "unsupported_parameter")
 
 
 def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int = -1,
@@ -305,7 +304,28 @@ def parse_completion(body: dict[str, Any], vocab: Vocab, n_predict_default: int 
         n_cmpl=n_cmpl, timings_per_token=_flag(body, "timings_per_token"),
         return_progress=_flag(body, "return_progress"),
         eog_bias=vocab.eog if ignore_eos else (),
+        lora=parse_lora(body.get("lora")),
     )
+
+
+def parse_lora(raw: Any) -> dict[int, float] | None:
+    """llama-server's `lora`: [{"id": int, "scale": number}] → {id: scale} (None when
+    absent: the global scales apply). Whether each id exists is the route's check."""
+    if raw is None or raw == []:  # llama-server: an empty list is the global scales
+        return None
+    if not isinstance(raw, list) or len(raw) > 64:
+        raise _bad('"lora" must be a list of {"id": int, "scale": number} objects')
+    out: dict[int, float] = {}
+    for entry in raw:
+        if not isinstance(entry, dict):
+            raise _bad('"lora" must be a list of {"id": int, "scale": number} objects')
+        i, scale = entry.get("id"), entry.get("scale", 0.0)
+        if not _is_ids(i) or isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise _bad('each "lora" entry needs an integer "id" and a numeric "scale"')
+        if scale != scale or abs(scale) == float("inf"):
+            raise _bad('a "lora" scale must be a finite number')
+        out[int(i or 0)] = float(scale)
+    return out
 
 
 def embedding_input(item: Any, vocab: Vocab) -> str | list[int]:

@@ -1,5 +1,7 @@
 """Ollama-compatible model management under /api: list (`/tags`), describe (`/show`),
-what is loaded (`/ps`), and the registry's pull, delete and copy.
+what is loaded (`/ps`), and the registry's pull, delete, copy, and presets: `/create`
+(a Modelfile's settings as a name, registry/presets.py) with `/blobs/:digest` (the
+files a create refers to, digest-checked).
 
 Same contract as the generation routes (server/dialects/ollama/routes.py): errors are
 `{"error": "..."}`, durations nanoseconds, times RFC 3339, and `/pull` streams NDJSON
@@ -14,11 +16,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Body, Request, Response
 
 from inferenceos.errors import InferenceOSError
 from inferenceos.registry.catalog import ResolvedModel, now_iso
 from inferenceos.registry.leases import ResidentModel
+from inferenceos.registry.presets import Preset
 from inferenceos.server.dialects.ollama.schema import (
     ERRORS,
     CopyRequest,
@@ -86,8 +89,11 @@ async def show(body: ShowRequest, request: Request) -> Any:
                 f"{arch}.embedding_length": spec.embedding_length,
                 f"{arch}.block_count": spec.block_count}
         projector = _projector_info(m.mmproj)
-        return {"modelfile": f"FROM {m.name}\n", "parameters": "",
-                "template": spec.chat_template or "", "details": _details(m),
+        preset = Preset.from_json(m.preset) if m.preset else None
+        return {"modelfile": preset.modelfile() if preset else f"FROM {m.name}\n",
+                "parameters": preset.parameters_text() if preset else "",
+                "template": (preset and preset.template) or spec.chat_template or "",
+                "system": preset.system if preset else None, "details": _details(m),
                 "model_info": info, "projector_info": projector,
                 "capabilities": [*_capabilities(spec.chat_template), *_media(projector)],
                 "modified_at": now_iso(m.modified_at)}
@@ -208,3 +214,91 @@ async def copy(body: CopyRequest, request: Request) -> Response:
     store = state_of(request).catalog.store
     await call_in_thread(lambda: store.copy(body.source, body.destination))
     return Response(status_code=200)
+
+
+# -- presets: /create and /blobs -----------------------------------------------------------
+
+
+def _create_modelfile(body: dict[str, Any]) -> Any:
+    """A create body → a parsed Modelfile: the legacy `modelfile` text, or the current
+    JSON form ({model, from, files, adapters, template, system, parameters,
+    messages}); blob references are `@sha256:` digests. APIError 400 for a bad one."""
+    from inferenceos.registry.presets import Modelfile, json_parameters, parse_modelfile
+
+    if body.get("quantize"):
+        raise APIError(400, "quantize is not supported: create from a quantized GGUF")
+    text = body.get("modelfile")
+    mf = parse_modelfile(text) if isinstance(text, str) and text.strip() else Modelfile()
+    files, adapters = body.get("files") or {}, body.get("adapters") or {}
+    if not isinstance(files, dict) or not isinstance(adapters, dict):
+        raise APIError(400, "files and adapters must map file names to sha256 digests")
+    ggufs = [d for f, d in files.items() if str(f).lower().endswith(".gguf")]
+    if len(ggufs) > 1:
+        raise APIError(400, "files: one GGUF model file per create")
+    base = body.get("from") or (f"@{ggufs[0]}" if ggufs else None)
+    if base is not None:
+        mf.from_ = str(base)
+    mf.adapters += [f"@{d}" for d in adapters.values()]
+    for key in ("system", "template"):
+        if isinstance(body.get(key), str):
+            setattr(mf, key, body[key])
+    mf.parameters.update(json_parameters(body.get("parameters")))
+    msgs = body.get("messages") or []
+    if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+        raise APIError(400, "messages must be a list of {role, content}")
+    mf.messages += [(str(m.get("role", "")), str(m.get("content", ""))) for m in msgs]
+    if not mf.from_:
+        raise APIError(400, "from is required (a model name, or a GGUF in files)")
+    return mf
+
+
+@router.post("/create", response_model=StatusResponse,
+             responses={200: {"content": _NDJSON, "description": "Status, or NDJSON status"}})
+async def create(request: Request, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
+    """Create a preset named `model` (legacy: `name`) from another model or an uploaded
+    GGUF, with a system prompt, template, parameters, adapters and messages."""
+    from inferenceos.registry.presets import create_preset
+
+    state = state_of(request)
+    name = body.get("model") or body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise APIError(400, "model is required")
+    mf = _create_modelfile(body)
+    catalog = state.catalog
+
+    def served(ref: str) -> tuple[Path, str] | None:
+        if not catalog.is_alias(ref):
+            return None
+        m = catalog.resolve(ref)
+        return m.path, m.digest
+
+    await call_in_thread(lambda: create_preset(catalog.store, name, mf, served=served))
+    if body.get("stream") is False:
+        return {"status": "success"}
+
+    async def lines() -> AsyncIterator[dict[str, Any]]:
+        for status in ("using existing layers", "writing manifest", "success"):
+            yield {"status": status}
+
+    return ndjson_response(lines())
+
+
+@router.head("/blobs/{digest}", responses={200: {"description": "The store has it"}})
+async def has_blob(digest: str, request: Request) -> Response:
+    """200 when the store holds a blob of this `sha256:<hex>` digest, else 404."""
+    path = state_of(request).catalog.store.blob_path(digest)
+    return Response(status_code=200 if path.is_file() else 404)
+
+
+@router.post("/blobs/{digest}", status_code=201,
+             responses={201: {"description": "Stored"}, 400: {"description": "Mismatch"}})
+async def put_blob(digest: str, request: Request) -> Response:
+    """Store the body as the blob `digest` (sha256-checked while it arrives; 400 and
+    nothing stored when the bytes have another digest)."""
+    from inferenceos.registry.presets import store_blob_bytes
+
+    store = state_of(request).catalog.store
+    store.blob_path(digest)  # a malformed digest: 400 before the body is read
+    data = await request.body()
+    await call_in_thread(lambda: store_blob_bytes(store.blobs, digest, [data]))
+    return Response(status_code=201)

@@ -135,12 +135,14 @@ class GenerateResponse(Timings):
     """Also the shape of each NDJSON line when streaming (done true on the last)."""
 
     response: str
+    thinking: str | None = None  # the reasoning, apart (think)
     context: list[int] | None = None
 
 
 class MessageOut(BaseModel):
     role: str = "assistant"
     content: str
+    thinking: str | None = None  # the reasoning, apart (think)
     tool_calls: list[OllamaToolCall] | None = None
 
 
@@ -210,6 +212,7 @@ class ShowResponse(BaseModel):
     modelfile: str
     parameters: str
     template: str
+    system: str | None = None  # a preset's SYSTEM (registry/presets.py)
     details: ModelDetails
     model_info: dict[str, Any]
     projector_info: dict[str, Any] | None = None  # the mmproj's metadata, when it has one
