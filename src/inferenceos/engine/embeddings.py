@@ -1,7 +1,12 @@
 """Pooled embeddings of texts, on a second llama.cpp context beside a model's main one.
 
 `Embedder(lm)` creates its context on `lm`'s weights the first time it is asked
-(llama.cpp's mean pooling, L2-normalised here) and frees it on `close()`; `LoadedModel`
+(llama.cpp's mean pooling, L2-normalised here) and frees it on `close()`. A reranker
+(a GGUF whose `<arch>.pooling_type` is 4, LLAMA_POOLING_TYPE_RANK) gets a rank-pooled
+context instead: each "text" is then a query and document pair already formatted as
+one token sequence (server/rerank.py), and its vector is the classification head's
+raw output (`n_cls_out` floats, not normalised; the relevance score is the first, as
+llama-server reads it). `rank` tells which a model is. `LoadedModel`
 owns one and keeps `embed` / `embed_many` as its own verbs, which call it. This module
 knows the model only as `EmbeddingHost`, the few members it reads (session.py imports
 this one, so it cannot import session's class back). Up to
@@ -11,6 +16,7 @@ context is at most 2048 cells.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +29,21 @@ from inferenceos.errors import GenerationError, ModelLoadError, UsageError
 from inferenceos.plan.llama_params import LlamaParams
 
 MAX_CELLS = 2048  # the embedding context's size cap (each text whole in one ubatch)
+POOLING_RANK = 4  # llama.h's LLAMA_POOLING_TYPE_RANK, as a GGUF's pooling_type spells it
+
+
+def pooling_type(model: Any) -> int | None:
+    """The `<arch>.pooling_type` a loaded llama_model's GGUF declares (None: none)."""
+    ll = lib()
+
+    def meta(key: str) -> str | None:
+        buf = ctypes.create_string_buffer(128)
+        n = ll.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+        return buf.value.decode() if 0 <= n < len(buf) else None
+
+    arch = meta("general.architecture")
+    value = meta(f"{arch}.pooling_type") if arch else None
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
 
 
 class EmbeddingHost(Protocol):
@@ -50,12 +71,20 @@ class Embedder:
         self._lm = lm
         self._ll = lib()
         self._ctx: Any = None
+        self._rank: bool | None = None
+
+    @property
+    def rank(self) -> bool:
+        """Whether the model is a reranker (its vectors are scores, see the module)."""
+        if self._rank is None:
+            self._rank = pooling_type(self._lm.model) == POOLING_RANK
+        return self._rank
 
     def _context(self) -> Any:
         if self._ctx is None:
             lm = self._lm
             n_ctx = min(lm.n_ctx, MAX_CELLS)
-            params = embedding_context_params(lm.settings, n_ctx, self.SEQS)
+            params = embedding_context_params(lm.settings, n_ctx, self.SEQS, self.rank)
             ctx = self._ll.llama_init_from_model(lm.model, params)
             if not ctx:
                 why = f"llama.cpp could not create an embedding context for {lm.path}"
@@ -115,13 +144,15 @@ class Embedder:
                 raise GenerationError("llama_decode failed while embedding")
         finally:
             batch.close()
-        n_embd = int(ll.llama_model_n_embd(self._lm.model))
+        rank = self.rank
+        model = self._lm.model
+        n_out = int(ll.llama_model_n_cls_out(model) if rank else ll.llama_model_n_embd(model))
         vectors = []
         for seq in range(len(group)):
             ptr = ll.llama_get_embeddings_seq(ctx, seq)
             if not ptr:
                 raise GenerationError("llama.cpp returned no pooled embedding")
-            vec = [float(ptr[i]) for i in range(n_embd)]
-            norm = sum(v * v for v in vec) ** 0.5 or 1.0
+            vec = [float(ptr[i]) for i in range(max(n_out, 1))]
+            norm = 1.0 if rank else sum(v * v for v in vec) ** 0.5 or 1.0
             vectors.append([v / norm for v in vec])
         return vectors

@@ -109,6 +109,31 @@ class Vocab:
     def token_text(self, token: int) -> str:
         return self.piece(token).decode("utf-8", errors="replace")
 
+    @functools.cached_property
+    def specials(self) -> dict[str, int]:
+        """The special tokens infill and rerank prompts are built of (-1 where the model
+        has none): `fim_pre`, `fim_suf`, `fim_mid`, `fim_pad`, `fim_rep`, `fim_sep`
+        (llama.cpp reads them from `tokenizer.ggml.fim_*_token_id`), `sep`; and the
+        vocabulary's `add_eos` / `add_sep` flags as 0 or 1."""
+        ll, v = self._ll, self._vocab
+        with self._lock:
+            out = {name: int(getattr(ll, f"llama_vocab_{name}")(v))
+                   for name in ("fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep",
+                                "fim_sep", "sep")}
+            out["add_eos"] = int(bool(ll.llama_vocab_get_add_eos(v)))
+            out["add_sep"] = int(bool(ll.llama_vocab_get_add_sep(v)))
+        return out
+
+    def meta(self, key: str) -> str | None:
+        """The GGUF metadata value at `key` as text (None when the file has none)."""
+        with self._lock:
+            buf = ctypes.create_string_buffer(256)
+            n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+            if n >= len(buf):
+                buf = ctypes.create_string_buffer(n + 1)
+                n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
     def close(self) -> None:
         with self._lock:
             if self._model:

@@ -158,10 +158,12 @@ def context_params(s: LlamaParams, eval_callback: Any = None) -> Any:
     return params
 
 
-def embedding_context_params(s: LlamaParams, n_ctx: int, n_seq_max: int) -> Any:
-    """llama_context_params for a second context that pools hidden states (mean) of up
-    to `n_seq_max` texts in `n_ctx` cells. A pooled embedding needs each text whole in
-    one micro-batch, so n_batch = n_ubatch = n_ctx."""
+def embedding_context_params(s: LlamaParams, n_ctx: int, n_seq_max: int,
+                             rank: bool = False) -> Any:
+    """llama_context_params for a second context that pools hidden states (mean; with
+    `rank`, a reranker's classification head: one score per sequence) of up to
+    `n_seq_max` texts in `n_ctx` cells. A pooled embedding needs each text whole in one
+    micro-batch, so n_batch = n_ubatch = n_ctx."""
     ll = lib()
     params = ll.llama_context_default_params()
     params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
@@ -169,7 +171,7 @@ def embedding_context_params(s: LlamaParams, n_ctx: int, n_seq_max: int) -> Any:
     params.kv_unified = True
     params.n_threads = params.n_threads_batch = s.n_threads or default_threads()
     params.embeddings = True
-    params.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
+    params.pooling_type = ll.LLAMA_POOLING_TYPE_RANK if rank else ll.LLAMA_POOLING_TYPE_MEAN
     params.no_perf = True
     _abortable(params)
     return params
