@@ -31,6 +31,7 @@ from inferenceos.server.dialects.llamacpp.schema import (
     MediaPrompt,
     Prompt,
     parse_completion,
+    parse_lora,
 )
 from inferenceos.server.dialects.openai.convert import chat_message
 from inferenceos.server.dialects.openai.schema import ERROR_RESPONSES, ChatMessageIn
@@ -54,6 +55,7 @@ from inferenceos.server.llama_shapes import (
 from inferenceos.server.media_parts import decode_in_thread, media_set
 from inferenceos.server.ops.health import health_body
 from inferenceos.server.ops.reads import ops_call
+from inferenceos.server.presets import lora_table
 from inferenceos.server.reply import Final, reply_events
 from inferenceos.server.sse import LLAMACPP_SSE, SSE_CONTENT, stream_response
 from inferenceos.server.state import ServerState, state_of
@@ -147,9 +149,10 @@ def _requests(p: CompletionParams, name: str) -> list[tuple[int, GenRequest]]:
                 s = dataclasses.replace(s, seed=(s.seed + k) % RANDOM_SEED)
             progress = p.stream and p.return_progress
             out.append((i, GenRequest(name, s, text=prompt.text, media=prompt.items,
-                                      progress=progress)
+                                      progress=progress, lora=p.lora)
                         if isinstance(prompt, MediaPrompt)
-                        else GenRequest(name, s, tokens=tuple(prompt), progress=progress)))
+                        else GenRequest(name, s, tokens=tuple(prompt), progress=progress,
+                                        lora=p.lora)))
     return out
 
 
@@ -178,6 +181,7 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     run_parse = decode_in_thread if _multimodal(body.get("prompt")) else call_in_thread
     p = await run_parse(lambda: parse_completion(body, vocab, s.n_predict, s.seed,
                                                  lambda: media_set(s)))
+    check_lora_ids(state, name, p.lora)
     reqs = _requests(p, name)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))
@@ -423,3 +427,40 @@ async def models(request: Request) -> Any:
 async def health_v1(request: Request) -> Any:
     """The same as /health (llama-server answers both)."""
     return await health_body(state_of(request))
+
+
+# -- LoRA adapters ---------------------------------------------------------------------
+
+
+def check_lora_ids(state: ServerState, name: str, lora: dict[int, float] | None) -> None:
+    """400 unless every id of a request's `lora` names one of the server's adapters
+    (`serve --lora`, for the default model)."""
+    if lora is None:
+        return
+    table = lora_table(state)
+    n = len(table) if name == table.model else 0
+    bad = next((i for i in lora if not 0 <= i < n), None)
+    if bad is not None:
+        raise APIError(400, f"invalid adapter id {bad}: this server has {n} LoRA adapters "
+                       f"for {name} (GET /lora-adapters)", "invalid_request")
+
+
+@router.get("/lora-adapters", summary="llama.cpp: the LoRA adapters and their scales")
+async def lora_adapters(request: Request) -> Any:
+    """[{id, path, scale}] of the adapters given with `serve --lora` (the default model's)."""
+    return [{**a, "task_name": "", "prompt_prefix": ""}
+            for a in lora_table(state_of(request)).listing()]
+
+
+@router.post("/lora-adapters", summary="llama.cpp: set the adapters' global scales")
+async def set_lora_adapters(request: Request, body: Any = Body(...)) -> Any:  # noqa: B008
+    """[{id, scale}] → the global scales (ids left out: 0, as llama-server); requests
+    without their own `lora` use them from now on."""
+    if not isinstance(body, list):
+        raise APIError(400, "Request body must be an array", "invalid_request")
+    state = state_of(request)
+    scales = parse_lora(body) or {}
+    table = lora_table(state)
+    check_lora_ids(state, table.model, scales)
+    table.set_scales(scales, reset=True)
+    return {"success": True}
