@@ -40,3 +40,22 @@ def test_short_replies_and_long_ones_are_bounded() -> None:
     assert replay_ngram([1, 2, 3], [4] * (MIN_OUTPUT - 1)) is None
     r = replay_ngram([1, 2, 3], _words(MAX_OUTPUT + 500, 6))
     assert r is not None and 1 + r.decode_steps + r.draft_accepted == MAX_OUTPUT
+
+
+def test_the_incremental_index_matches_as_the_scan_does() -> None:
+    """NgramIndex (the replay's match, O(new tokens)) answers ngram_match's (start,
+    length) at every length of growing sequences, small vocabularies (many repeats)
+    and steps of several tokens included."""
+    from inferenceos.engine.spec.ngram import NgramIndex, ngram_match
+
+    rng = random.Random(7)
+    for _ in range(300):
+        vocab = rng.choice([2, 3, 5, 40])
+        seq = [rng.randrange(vocab) for _ in range(rng.randrange(1, 150))]
+        n_min = rng.choice([1, 2])
+        index, end = NgramIndex(seq[:1], 4, n_min), 1
+        while end < len(seq):
+            step = rng.randrange(1, 4)
+            index.extend(seq[end:end + step])
+            end = min(end + step, len(seq))
+            assert index.match() == ngram_match(seq[:end], 4, n_min)

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferenceos.engine.kv.slots import shared_prefix
-from inferenceos.engine.spec.ngram import NgramDrafter
-from inferenceos.engine.spec.speculative import DraftAsk, DraftState
+from inferenceos.engine.spec.ngram import NgramDrafter, NgramIndex, continuation, draft_cap
+from inferenceos.engine.spec.speculative import DraftState
 
 MAX_OUTPUT = 512  # output tokens replayed
 WINDOW = 4096  # prompt tokens looked back over (the prompt's end)
@@ -58,20 +58,30 @@ def replay_ngram(prompt: Sequence[int], output: Sequence[int]) -> ReplayedDraft 
     prompt = prompt[-WINDOW:]
     drafter = NgramDrafter()
     state = DraftState(drafter, k=drafter.k_start, k_max=drafter.k_max, clock=lambda: 0.0)
-    seq = [*prompt, output[0]]
+    index = NgramIndex([*prompt, output[0]], drafter.n_max, drafter.n_min)
     done, tokens, accepted, steps = 1, 0, 0, 0
     while done < len(output):
         room = len(output) - done - 1  # the step's own token is not a draft
         k, min_match = state.want(done, room), 0
         if k == 0:
             k, min_match = state.sure_ask(done, room)
-        draft = drafter.propose([DraftAsk(0, seq, k, min_match)])[0][:k] if k > 0 else []
+        draft = _propose(drafter, index, k, min_match)
         n_acc = shared_prefix(draft, output[done:])  # greedy verification's rule
         if draft:
             tokens, accepted = tokens + len(draft), accepted + n_acc
             state.update(len(draft), n_acc, done)
         steps += 1
         new = output[done:done + n_acc + 1]
-        seq += new
+        index.extend(new)
         done += len(new)
     return ReplayedDraft(tokens, accepted, steps)
+
+
+def _propose(drafter: NgramDrafter, index: NgramIndex, k: int, min_match: int) -> list[int]:
+    """`drafter.propose([DraftAsk(0, index.tokens, k, min_match)])[0][:k]`, with the
+    match from the incremental index (the same answer, without a scan per step)."""
+    if k <= 0:
+        return []
+    start, length = index.match()
+    kk = min(k, draft_cap(length, drafter.k_max)) if length >= max(1, min_match) else 0
+    return continuation(index.tokens, start, kk)[:k] if kk else []
