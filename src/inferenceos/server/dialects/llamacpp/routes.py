@@ -40,11 +40,13 @@ from inferenceos.server.generation import (
     Done,
     GenRequest,
     Run,
+    admitted_call,
     call_in_thread,
     progress_json,
     start_generation,
     until_disconnect,
 )
+from inferenceos.server.infill import Limits, extra_chunks, infill_prompt, require_fim, text_ids
 from inferenceos.server.llama_shapes import (
     RANDOM_SEED,
     generation_settings,
@@ -57,6 +59,7 @@ from inferenceos.server.ops.health import health_body
 from inferenceos.server.ops.reads import ops_call
 from inferenceos.server.presets import lora_table
 from inferenceos.server.reply import Final, reply_events
+from inferenceos.server.rerank import is_reranker, parse_rerank, rerank_response, rerank_tokens
 from inferenceos.server.sse import LLAMACPP_SSE, SSE_CONTENT, stream_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_schema import ToolDef
@@ -240,6 +243,68 @@ async def _stream(state: ServerState, first: Run, reqs: list[tuple[int, GenReque
                 yield chunk
 
 
+# -- /infill --------------------------------------------------------------------------
+
+
+@router.post("/infill", summary="llama.cpp code infill (fill in the middle)", responses=_SSE)
+async def infill(request: Request, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
+    """Complete the middle between `input_prefix` and `input_suffix` (`input_extra`:
+    other files, `prompt`: the middle's start) with the model's FIM tokens, answered
+    as /completion answers; 400 for a model without them (server/infill.py)."""
+    state = state_of(request)
+    name, vocab = await _model(state, body.get("model"))
+    fim = require_fim(vocab, "Infill is not supported by this model")
+    for field in ("input_prefix", "input_suffix"):
+        if field not in body:
+            raise APIError(400, f'"{field}" is required', "invalid_request")
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise APIError(400, '"prompt" must be a string', "invalid_request")
+    _, n_ctx = await _facts(state, name)
+    limits = Limits(n_ctx, n_predict=state.settings.n_predict)
+
+    def build() -> list[int]:
+        return infill_prompt(
+            vocab, fim, text_ids(vocab, body["input_prefix"], "input_prefix"),
+            text_ids(vocab, body["input_suffix"], "input_suffix"), limits,
+            prompt=vocab.tokenize(prompt, add_special=False), extra=extra_chunks(
+                body.get("input_extra")))
+
+    tokens = await call_in_thread(build)
+    return await completion(request, {**body, "model": name, "prompt": tokens})
+
+
+# -- /rerank ---------------------------------------------------------------------------
+
+
+@router.post("/rerank", summary="Rerank documents for a query (reranker GGUFs)")
+@router.post("/reranking", include_in_schema=False)
+@router.post("/v1/rerank", summary="Rerank documents for a query (as /rerank)")
+@router.post("/v1/reranking", include_in_schema=False)
+async def rerank(request: Request, body: dict[str, Any] = Body(...)) -> Any:  # noqa: B008
+    """Score each of `documents` (or TEI's `texts`) against `query` on a reranker GGUF
+    (its pooling type is rank), best first, cut to `top_n`, in llama-server's and
+    Jina's shape (server/rerank.py); 400 for a model that is not a reranker. Scheduled
+    as embeddings are: one admitted call on the model's embedding context."""
+    state = state_of(request)
+    name, vocab = await _model(state, body.get("model"))
+    if not await call_in_thread(lambda: is_reranker(vocab)):
+        raise APIError(400, f"{name} does not support reranking: its GGUF's pooling type "
+                       "is not rank (llama-server: a model run with --reranking)",
+                       "not_supported")
+    req = parse_rerank(body)
+
+    def work() -> tuple[list[float], int]:
+        pairs = [rerank_tokens(vocab, req.query, d) for d in req.documents]
+        with state.manager.acquire(name) as lease:
+            outputs = lease.engine.embed(pairs)
+        return [v[0] for v in outputs], sum(map(len, pairs))
+
+    scores, n_tokens = await admitted_call(state, work)  # a UsageError is a 400
+    model = body["model"] if isinstance(body.get("model"), str) else name
+    return rerank_response(req, model, scores, n_tokens)
+
+
 # -- tokens ----------------------------------------------------------------------------
 
 
@@ -354,10 +419,11 @@ async def chat_input_tokens(body: TemplateRequest, request: Request) -> Any:
 # -- server facts ----------------------------------------------------------------------
 
 
-async def _facts(state: ServerState) -> tuple[ResolvedModel, int]:
-    """The default model and the context of one sequence (the engine's own figure
-    when loaded, else what a load would give)."""
-    name = state.model_name(None)
+async def _facts(state: ServerState, requested: str | None = None
+                 ) -> tuple[ResolvedModel, int]:
+    """The model a request names (the default one when None) and the context of one
+    sequence (the engine's own figure when loaded, else what a load would give)."""
+    name = state.model_name(requested)
     model = await call_in_thread(lambda: state.catalog.resolve(name))
     for lm in state.manager.loaded():
         if lm.model.name == model.name:

@@ -46,15 +46,18 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
+from inferenceos.server.infill import Limits, infill_prompt, require_fim, text_ids
 from inferenceos.server.json_grammar import output_grammar
 from inferenceos.server.logprobs import entries
 from inferenceos.server.media_parts import decode_in_thread, media_set, ollama_images
 from inferenceos.server.options import ollama_options, parse_keep_alive
 from inferenceos.server.reply import Final, read_reply, reply_events
+from inferenceos.server.rerank import refuse_embeddings
 from inferenceos.server.sse import ndjson_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import history_call, ollama_calls, tool_request
+from inferenceos.server.vocab import vocab_for
 
 _NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
 NS = 1_000_000_000
@@ -188,13 +191,17 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
 async def generate(body: GenerateRequest, request: Request) -> Any:
     """Complete a prompt (templated unless `raw`)."""
     state = state_of(request)
-    _refuse(body.format, "template" if body.template else "suffix" if body.suffix else None)
+    _refuse(body.format, "template" if body.template else None)
     name = state.model_name(body.model)
     keep_alive = parse_keep_alive(body.keep_alive)
     sampling, overrides = _with_format(ollama_options(body.options), body.format,
                                        body.logprobs, body.top_logprobs)
     if not body.prompt and not body.images:
         return await _load_or_unload(state, name, keep_alive, {"response": ""})
+    if body.suffix and not body.raw:  # as Ollama: raw leaves the suffix out
+        return await _respond(request, state, await _infill(state, name, body, sampling,
+                                                            overrides, keep_alive),
+                              body.stream, "response", context=True)
     prompt, items = body.prompt or "", tuple[MediaItem, ...]()
     if body.images:  # Ollama puts the images before the prompt text
         if body.context:
@@ -214,6 +221,28 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
                          context=tuple(body.context or ()), media=items)
     # a prompt with images has no token-id form: no `context` in the answer
     return await _respond(request, state, req, body.stream, "response", context=not items)
+
+
+async def _infill(state: ServerState, name: str, body: GenerateRequest,
+                  sampling: SamplingParams, overrides: dict[str, int],
+                  keep_alive: float | None) -> GenRequest:
+    """`prompt` then `suffix` as a fill-in-the-middle prompt of the model's FIM tokens
+    (server/infill.py; `context` first, as Ollama puts it before the rendered template;
+    `system` is not part of Ollama's insert templates); 400 "does not support insert"
+    for a model without them."""
+    if body.images:
+        raise APIError(400, "images cannot be combined with suffix")
+    model = await call_in_thread(lambda: state.catalog.resolve(name))
+    vocab = await call_in_thread(lambda: vocab_for(model.path))
+    fim = require_fim(vocab, f'"{body.model or name}" does not support insert')
+
+    def build() -> list[int]:
+        return infill_prompt(vocab, fim, text_ids(vocab, body.prompt or "", "prompt"),
+                             text_ids(vocab, body.suffix or "", "suffix"), Limits(0))
+
+    tokens = list(body.context or ()) + await call_in_thread(build)
+    return GenRequest(name, sampling, tokens=tuple(tokens), keep_alive=keep_alive,
+                      overrides=overrides or None)
 
 
 def _with_images(state: ServerState, images: list[str] | None, text: str
@@ -272,6 +301,9 @@ def _with_media(state: ServerState, messages: list[OllamaMessage]
 
 async def _embed(state: ServerState, name: str, texts: list[str],
                  keep_alive: float | None) -> tuple[list[list[float]], int, float]:
+    model = await call_in_thread(lambda: state.catalog.resolve(name))
+    refuse_embeddings(await call_in_thread(lambda: vocab_for(model.path)), name)
+
     def work() -> tuple[list[list[float]], int, float]:
         t0 = time.perf_counter()
         with state.manager.acquire(name, keep_alive) as lease:

@@ -52,6 +52,7 @@ from inferenceos.server.generation import (
     start_generation,
     until_disconnect,
 )
+from inferenceos.server.infill import Limits, infill_prompt, require_fim, text_ids
 from inferenceos.server.llama_shapes import timings
 from inferenceos.server.logprobs import LegacyLogprobs, chat_top_n, entries
 from inferenceos.server.media_parts import (
@@ -60,6 +61,7 @@ from inferenceos.server.media_parts import (
 )
 from inferenceos.server.ops.reads import ops_call
 from inferenceos.server.reply import Final, read_reply, reply_events
+from inferenceos.server.rerank import refuse_embeddings
 from inferenceos.server.sse import SSE_CONTENT, sse_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tools import ToolRequest, openai_calls
@@ -231,8 +233,8 @@ def _prompts(body: CompletionRequest) -> list[str | list[int]]:
 async def completions(body: CompletionRequest, request: Request) -> Any:
     """Text completion of a raw prompt (no chat template)."""
     state = state_of(request)
-    if body.suffix or (body.best_of or 1) > 1:
-        raise APIError(400, "suffix and best_of are not supported", "unsupported_parameter")
+    if (body.best_of or 1) > 1:
+        raise APIError(400, "best_of is not supported", "unsupported_parameter")
     prompts = _prompts(body)
     if body.echo and not all(isinstance(p, str) for p in prompts):
         raise APIError(400, "echo needs text prompts", "unsupported_parameter")
@@ -241,9 +243,11 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     name = state.model_name(body.model)
     choices = variants(sampling(body, body.max_tokens, constraint(body, body.response_format),
                                 logprobs=body.logprobs), body.n)
+    # with a suffix, each prompt becomes the prefix of a FIM prompt (echo: the prompt)
+    runs = prompts if body.suffix is None else await _with_suffix(state, body, prompts)
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
                        tokens=None if isinstance(p, str) else tuple(p))
-            for p in prompts for s in choices]
+            for p in runs for s in choices]
     echo = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in choices]
     cid, created = _ids("cmpl")
     if body.stream:
@@ -269,6 +273,23 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                 "usage": _usage(p_tok, c_tok, cached), "timings": timings(done.metrics)}
 
     return await until_disconnect(request, whole())
+
+
+async def _with_suffix(state: ServerState, body: CompletionRequest,
+                       prompts: list[str | list[int]]) -> list[str | list[int]]:
+    """Each prompt (text or ids) and `suffix` as the model's fill-in-the-middle prompt
+    (server/infill.py); 400 for a model without FIM tokens."""
+    model = await call_in_thread(lambda: state.catalog.resolve(state.model_name(body.model)))
+    vocab = await call_in_thread(lambda: vocab_for(model.path))
+    fim = require_fim(vocab, "suffix (fill in the middle) is not supported by this model")
+
+    def build() -> list[list[int]]:
+        suffix = text_ids(vocab, body.suffix or "", "suffix")
+        return [infill_prompt(vocab, fim, text_ids(vocab, p, "prompt"), suffix, Limits(0))
+                for p in prompts]
+
+    built: list[str | list[int]] = list(await call_in_thread(build))
+    return built
 
 
 async def _completion_stream(state: ServerState, first: Run, reqs: list[GenRequest],
@@ -323,6 +344,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
     name = state.model_name(body.model)
     model = await call_in_thread(lambda: state.catalog.resolve(name))
     vocab = await call_in_thread(lambda: vocab_for(model.path))
+    refuse_embeddings(vocab, name)
     inputs = [embedding_input(t, vocab) for t in items]
 
     def work() -> tuple[list[list[float]], int]:
