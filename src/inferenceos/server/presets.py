@@ -24,6 +24,7 @@ from typing import Any
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.lora import LoraSet, lora_set
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.registry.names import canonical
 from inferenceos.registry.presets import Preset
 from inferenceos.server.options import UNLIMITED, ollama_options
 
@@ -36,7 +37,7 @@ class LoraTable:
     each with an id (its position) and a global scale POST /lora-adapters changes."""
 
     def __init__(self, model: str, adapters: tuple[tuple[str, float], ...]) -> None:
-        self.model = model
+        self.model = canonical(model) if model else ""
         self._adapters: list[tuple[str, float]] = [(p, float(s)) for p, s in adapters]
         self._lock = threading.Lock()
 
@@ -44,6 +45,10 @@ class LoraTable:
         """GET /lora-adapters: [{id, path, scale}]."""
         with self._lock:
             return [{"id": i, "path": p, "scale": s} for i, (p, s) in enumerate(self._adapters)]
+
+    def serves(self, name: str) -> bool:
+        """Whether the model called `name` is the one these adapters are for."""
+        return bool(name) and canonical(name) == self.model
 
     def __len__(self) -> int:
         return len(self._adapters)
@@ -111,7 +116,7 @@ def with_preset(state: Any, req: Any) -> Any:
     table = lora_table(state)
     own = getattr(req, "lora", None)  # llama-server's per-request {id: scale}
     lora: LoraSet = ()
-    if len(table) and model.name == table.model:
+    if len(table) and table.serves(model.name):
         lora = table.resolve(own)
     if model.preset is None:
         if not lora:

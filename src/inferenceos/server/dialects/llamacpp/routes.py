@@ -504,7 +504,7 @@ def check_lora_ids(state: ServerState, name: str, lora: dict[int, float] | None)
     if lora is None:
         return
     table = lora_table(state)
-    n = len(table) if name == table.model else 0
+    n = len(table) if table.serves(name) else 0
     bad = next((i for i in lora if not 0 <= i < n), None)
     if bad is not None:
         raise APIError(400, f"invalid adapter id {bad}: this server has {n} LoRA adapters "
