@@ -18,8 +18,10 @@ off, so `hardware` (when it measures bandwidth) also runs llama.cpp once:
    valid in every type. Why that size: the first probe (85 MB, no large head) was read
    ~40 % from a 32 MB L3 here and streamed 44 GB/s at 2 threads where models larger
    than the cache stream ~31 GB/s (paired runs), so predictions were 1.4-1.9x too fast.
-2. A child process (`python -m inferenceos.hardware.llama_speed MODEL`: a crash inside
-   llama.cpp must not take the parent down) loads it, prints "ready" and reads its
+2. A child process (`python -m inferenceos.engine.llama.speed_probe MODEL`: a crash
+   inside llama.cpp must not take the parent down; it loads through the engine's own
+   parameter builder, so the probe times the load the engine makes: no import of the
+   engine from here, only its module's name) loads it, prints "ready" and reads its
    thread count from stdin (`SpeedProbe`: the load overlaps the caller's untimed
    probes), then prefills `PROMPT` tokens in
    one ubatch and decodes `DECODE` tokens one at a time (with an argmax over the logits,
@@ -327,10 +329,13 @@ def start_llama_speed(
                     (model_dir / ("full-" + old)).unlink(missing_ok=True)
                     (probe_dir / old).unlink(missing_ok=True)
             header_copy(model, path)
+        # the probe calibrates the CPU's kernels: a Vulkan build must not put its layers
+        # (llama.cpp's default: all) on a Vulkan device, lavapipe included (vulkan.py)
+        env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": ""}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "inferenceos.hardware.llama_speed", str(model)],
+            [sys.executable, "-m", "inferenceos.engine.llama.speed_probe", str(model)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
+            text=True, env=env,
         )
     except (OSError, ValueError, ImportError) as exc:
         warnings.append(f"llama.cpp speed probe: {exc}")
@@ -356,96 +361,3 @@ def measure_llama_speed(
     warnings = warnings if warnings is not None else []
     probe = start_llama_speed(probe_dir, warnings, model_dir, model)
     return probe.finish(threads) if probe is not None else None
-
-
-def _child(path: str) -> dict[str, Any]:
-    """Load `path`, say "ready", read the thread count from stdin, and time prefill and
-    decode with it (runs in the child process)."""
-    import ctypes
-
-    from inferenceos.hardware.openmp import bounded_spin
-
-    bounded_spin()  # the engine's own OpenMP waits (hardware/openmp.py): same speed
-
-    import llama_cpp.llama_cpp as ll
-    import numpy as np
-
-    @ll.llama_log_callback
-    def _quiet(level: int, text: bytes, user: ctypes.c_void_p) -> None:
-        pass
-
-    ll.llama_log_set(_quiet, ctypes.c_void_p(0))
-    ll.llama_backend_init()
-    mp = ll.llama_model_default_params()
-    model = ll.llama_model_load_from_file(path.encode(), mp)
-    if not model:
-        raise RuntimeError(f"llama.cpp could not load {path}")
-    cp = ll.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX, 512, 512
-    cp.n_threads = cp.n_threads_batch = os.cpu_count() or 1  # the load's; timed at `threads`
-    cp.flash_attn_type = 1  # on, as the planner's default
-    cp.no_perf = True
-    ctx = ll.llama_init_from_model(model, cp)
-    if not ctx:
-        raise RuntimeError("llama.cpp could not create a context")
-    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
-    prompt = [3 + i % 256 for i in range(PROMPT)]
-    mem = ll.llama_get_memory(ctx)
-
-    def decode(tokens: list[int]) -> None:
-        arr = (ll.llama_token * len(tokens))(*tokens)
-        if ll.llama_decode(ctx, ll.llama_batch_get_one(arr, len(tokens))) != 0:
-            raise RuntimeError("llama_decode failed")
-
-    def argmax() -> int:
-        ptr = ll.llama_get_logits_ith(ctx, -1)
-        return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
-
-    def decode_run(n: int = DECODE) -> float:
-        t0 = time.perf_counter()
-        tok = 3
-        for _ in range(n):
-            decode([3 + tok % 256])
-            tok = argmax()
-        return time.perf_counter() - t0
-
-    decode(prompt[:8])  # warm up: first-touch of the weights, thread pool start
-    print("ready", flush=True)  # loaded (SpeedProbe.wait_ready): now the thread count
-    line = sys.stdin.readline().strip()
-    if not line.isdigit() or int(line) < 1:
-        raise SystemExit(0)  # cancelled
-    threads = int(line)
-    ll.llama_set_n_threads(ctx, threads, threads)
-    best_pre = best_dec = best_dec1 = float("inf")
-    for i in range(max(ROUNDS, PREFILL_ROUNDS)):
-        ll.llama_memory_clear(mem, True)
-        t0 = time.perf_counter()
-        decode(prompt)
-        argmax()
-        best_pre = min(best_pre, time.perf_counter() - t0)
-        if i < ROUNDS:
-            best_dec = min(best_dec, decode_run())
-    if threads > 1:  # one thread too: what a thread computes vs what memory allows
-        ll.llama_set_n_threads(ctx, 1, threads)
-        for _ in range(ROUNDS_1THREAD):
-            # back to the last round's prompt, whose cells stay: the same context as the
-            # decodes above, without computing the prompt again
-            ll.llama_memory_seq_rm(mem, 0, PROMPT, -1)
-            best_dec1 = min(best_dec1, decode_run(DECODE_1THREAD) * DECODE / DECODE_1THREAD)
-    ll.llama_free(ctx)
-    ll.llama_model_free(model)
-    return {
-        "threads": threads,
-        "prompt_tokens": PROMPT,
-        "prefill_s": best_pre,
-        "decode_tokens": DECODE,
-        "decode_s": best_dec,
-        "n_ctx": N_CTX,
-        "n_ubatch": 512,
-        "flash_attn": True,
-        "decode_s_1thread": best_dec1 if threads > 1 else None,
-    }
-
-
-if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1])))
