@@ -25,9 +25,16 @@ from inferenceos.cli.chat_session import (
     ChatSession,
     LocalBackend,
     ServerBackend,
+    Thought,
 )
 from inferenceos.cli.console import err
-from inferenceos.cli.gen_opts import LoraOpt, SystemOpt, VerboseLogOpt, lora_option
+from inferenceos.cli.gen_opts import (
+    LoraOpt,
+    ReasoningBudgetOpt,
+    SystemOpt,
+    VerboseLogOpt,
+    lora_option,
+)
 from inferenceos.cli.plan_opts import (
     BackendOpt,
     DraftOpt,
@@ -44,6 +51,7 @@ HELP = """\
 /set system TEXT set the system message      /set   show the options
 /switch MODEL    continue with another model
 /stats           speed and context of the last reply
+/think on|off    let a thinking model reason, or not   /think show   its last reasoning
 /clear           forget the conversation
 /save FILE       save the conversation (JSON)   /load FILE   load one
 /image FILE      show the model an image with your next message (needs a projector:
@@ -90,6 +98,34 @@ def pick_theme(name: str, tty: bool) -> Theme:
         return THEMES["none"]
     bg = os.environ.get("COLORFGBG", "").rpartition(";")[2]
     return THEMES["light"] if bg in ("7", "15") else THEMES["dark"]
+
+
+class _Fold:
+    """A reply's reasoning, dimmed and folded into one line that grows as it streams
+    ("thinking: N words ... last words"), closed when the answer begins; `/think show`
+    prints it whole. Off a terminal the line is written once, when it closes."""
+
+    def __init__(self, theme: Theme, tty: bool) -> None:
+        self.theme, self.tty = theme, tty
+        self.text = ""
+        self.closed = False
+
+    def _line(self) -> str:
+        words = self.text.split()
+        tail = " ".join(words[-8:]).translate(_CONTROL)
+        return self.theme.paint(self.theme.note or "2", f"[thinking: {len(words)} words"
+                                f" ... {tail[-60:]}] (/think show)")
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        return f"\r\033[2K{self._line()}" if self.tty else ""
+
+    def close(self) -> str:
+        if self.closed or not self.text:
+            return ""
+        self.closed = True
+        reply = f"\033[{self.theme.reply}m" if self.theme.reply else ""
+        return (f"\r\033[2K{self._line()}\n" if self.tty else f"{self._line()}\n") + reply
 
 
 def read_message(read: Callable[[str], str], prompt: str, more: str) -> str:
@@ -206,14 +242,18 @@ class ChatUI:
             if t.reply:
                 sys.stdout.write(f"\033[{t.reply}m")
             before = self.session.dropped
+            fold = _Fold(t, sys.stdout.isatty())
             for piece in self.session.ask(text):
                 if self.session.dropped > before:
                     before = self.session.dropped
                     self.say(f"(the conversation outgrew the context: the oldest "
                              f"{before} messages are left out)")
-                sys.stdout.write(piece.translate(_CONTROL))
+                if isinstance(piece, Thought):
+                    sys.stdout.write(fold.feed(piece))
+                else:
+                    sys.stdout.write(fold.close() + piece.translate(_CONTROL))
                 sys.stdout.flush()
-            sys.stdout.write("\033[0m\n" if t.reply else "\n")
+            sys.stdout.write(fold.close() + ("\033[0m\n" if t.reply else "\n"))
         except KeyboardInterrupt:
             sys.stdout.write("\033[0m\n" if t.reply else "\n")
             if not self.interactive:
@@ -241,6 +281,11 @@ class ChatUI:
             return False
         if cmd in ("/help", "/?"):
             self.say(HELP.format(options=", ".join(OPTION_TYPES)))
+        elif cmd == "/think":
+            if args == ["show"]:
+                self.say(s.thinking or "(the last reply had no reasoning)")
+            else:
+                self.say(s.think(args[0] if len(args) == 1 else ""))
         elif cmd == "/clear":
             s.clear()
             self.say("conversation cleared")
@@ -345,6 +390,7 @@ def chat(
     mmproj: MmprojOpt = None,
     draft: DraftOpt = None,
     lora: LoraOpt = None,
+    reasoning_budget: ReasoningBudgetOpt = -1,
 ) -> None:
     """Chat with a model interactively: streaming, history, /commands (/help)."""
     start_chat(model, system=system, theme=theme, url=url, api_key=api_key,
@@ -353,7 +399,9 @@ def chat(
                load={"gpu_layers": gpu_layers, "backend": backend, "mmproj": mmproj,
                      "draft": draft_choice(draft)},
                options={k: v for k, v in (("temperature", temperature), ("seed", seed),
-                                          ("max_tokens", max_tokens)) if v is not None})
+                                          ("max_tokens", max_tokens),
+                                          ("reasoning_budget", None if reasoning_budget == -1
+                                           else reasoning_budget)) if v is not None})
 
 
 def start_chat(model: str, *, system: str | None = None, theme: str = "auto",

@@ -5,7 +5,9 @@ sampling options set with `/set`, and a backend that streams a reply:
 - `LocalBackend`: the model loaded in this process through the Python API;
 - `ServerBackend`: a running InferenceOS (or Ollama) server, through Ollama's
   `/api/chat` (or `/api/generate` with `raw` for a model without a chat template).
-Both yield text pieces and leave the reply's `ReplyStats` behind. A base model (no chat
+Both yield text pieces and leave the reply's `ReplyStats` behind; a piece of the
+model's reasoning (a thinking model's `<think>` section) is a `Thought`, which the
+history leaves out (as chat templates drop past reasoning). A base model (no chat
 template) is spoken to in a plain transcript ("User: ... / Assistant:") that stops
 where the model would start the user's next line.
 """
@@ -29,8 +31,16 @@ from inferenceos.errors import InferenceOSError, UsageError
 OPTION_TYPES: dict[str, type] = {
     "temperature": float, "top_k": int, "top_p": float, "min_p": float, "seed": int,
     "max_tokens": int, "repeat_penalty": float, "presence_penalty": float,
-    "frequency_penalty": float, "stop": str,
+    "frequency_penalty": float, "stop": str, "reasoning_budget": int,
 }
+# options that are not Ollama's sampling options: how the reply reasons
+_THINK_KEYS = ("think", "reasoning_budget")
+
+
+class Thought(str):
+    """A piece of the reply's reasoning (its `<think>` section), not of its answer."""
+
+    __slots__ = ()
 # the same options as Ollama's `options` names them
 _OLLAMA_NAMES = {"max_tokens": "num_predict"}
 
@@ -132,9 +142,24 @@ class LocalBackend:
         self._load_uid: str | None = None  # telemetry's record of this load
 
     def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
+        from inferenceos.server.reasoning import Reasoning, ThinkingSplit
+
+        options = {k: v for k, v in options.items() if k not in _THINK_KEYS}
+        split = None
+        if "<think>" in (self.model.spec.chat_template or ""):  # a thinking model's reply
+            prompt = self.model.chat_prompt(messages, media=[])
+            split = ThinkingSplit(Reasoning(prompt.rstrip().endswith("<think>")))
         stream = self.model.chat(messages, stream=True, **options)
         try:
-            yield from stream
+            for piece in stream:
+                if split is None:
+                    yield piece
+                    continue
+                thought, text = split.feed(piece)
+                yield from [p for p in (Thought(thought), text) if p]
+            if split is not None:
+                thought, text = split.finish()
+                yield from [p for p in (Thought(thought), text) if p]
         finally:
             stream.close()
             m = stream.metrics
@@ -193,10 +218,12 @@ class ServerBackend:
     def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
         from inferenceos.api import TRANSCRIPT_STOP, _messages, transcript
 
-        opts = {_OLLAMA_NAMES.get(k, k): v for k, v in options.items()}
+        opts = {_OLLAMA_NAMES.get(k, k): v for k, v in options.items() if k != "think"}
         if self.has_template:
             path, key = "/api/chat", "message"
             body: dict[str, Any] = {"model": self.name, "messages": messages}
+            if options.get("think") is not None:
+                body["think"] = options["think"]
         else:
             path, key = "/api/generate", "response"
             stop = opts.get("stop") or []
@@ -216,6 +243,10 @@ class ServerBackend:
                         raise InferenceOSError(f"the server failed: {msg['error']}")
                     piece = msg.get(key)
                     text = piece.get("content", "") if isinstance(piece, dict) else piece or ""
+                    thought = (piece.get("thinking") if isinstance(piece, dict)
+                               else msg.get("thinking")) or ""
+                    if thought:
+                        yield Thought(thought)
                     if not msg.get("done"):
                         last = time.perf_counter()
                         first, n_out = first or last, n_out + 1
@@ -270,6 +301,7 @@ class ChatSession:
     history: list[dict[str, Any]] = field(default_factory=list)
     dropped: int = 0  # messages dropped so far to fit the context
     images: list[str] = field(default_factory=list)  # base64, for the next user message
+    thinking: str = ""  # the last reply's reasoning (/think show)
 
     def messages(self, user_text: str | None = None) -> list[dict[str, Any]]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -314,12 +346,14 @@ class ChatSession:
         When the conversation outgrows the context, the oldest exchanges are dropped
         (`dropped` counts them) so that the reply still has room."""
         parts: list[str] = []
+        thought: list[str] = []
         done = False
         try:
             while True:
                 try:
                     for piece in self.backend.reply(self.fit(text), self.options):
-                        parts.append(piece)
+                        (thought if isinstance(piece, Thought) else parts).append(piece)
+                        self.thinking = "".join(thought)
                         yield piece
                     break
                 except ContextFullError:  # a server that counted: drop an exchange, retry
@@ -360,9 +394,23 @@ class ChatSession:
         from inferenceos.api import sampling_params
 
         trial = {**self.options, key: typed}
-        sampling_params(trial)  # validated as the engine would: a bad value is refused now
+        if key == "reasoning_budget" and typed < -1:
+            raise UsageError("reasoning_budget is -1 (unrestricted), 0 (off) or N tokens")
+        # validated as the engine would: a bad value is refused now
+        sampling_params({k: v for k, v in trial.items() if k not in _THINK_KEYS})
         self.options = trial
         return f"{key} = {typed!r}"
+
+    def think(self, mode: str) -> str:
+        """`/think on|off`: ask a thinking model to reason or not (a served model: its
+        template's enable_thinking); what to tell the user. UsageError for another word."""
+        if mode not in ("on", "off"):
+            raise UsageError("usage: /think on|off|show")
+        self.options["think"] = mode == "on"
+        if isinstance(self.backend, LocalBackend) and mode == "off":
+            return ("thinking off (in this process the template decides: the reasoning "
+                    "is still shown folded; a served model turns it off)")
+        return f"thinking {mode}"
 
     def clear(self) -> None:
         self.history.clear()

@@ -50,6 +50,10 @@ MinPOpt = Annotated[float, typer.Option("--min-p")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Fix the sampling seed")]
 LoraOpt = Annotated[list[str] | None, typer.Option(
     "--lora", help="LoRA adapter GGUF, FILE[:SCALE] (scale 1 by default; repeatable)")]
+ReasoningBudgetOpt = Annotated[int, typer.Option(
+    "--reasoning-budget", min=-1, help="Tokens of reasoning a reply of a thinking model may "
+    "write: -1 unrestricted, 0 thinking off, N the section is closed after N tokens "
+    "(llama-server's --reasoning-budget)")]
 StopOpt = Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable)")]
 IgnoreEosOpt = Annotated[
     bool, typer.Option("--ignore-eos", help="Generate past end-of-text")]

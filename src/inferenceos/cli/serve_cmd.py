@@ -12,7 +12,7 @@ from inferenceos.app.serve import PoolOptions, model_pool
 from inferenceos.cli import plan_opts as po
 from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import err
-from inferenceos.cli.gen_opts import LoadOptions, LoraOpt
+from inferenceos.cli.gen_opts import LoadOptions, LoraOpt, ReasoningBudgetOpt
 from inferenceos.cli.serve_opts import (
     AccessLogOpt,
     AllowHostOpt,
@@ -195,11 +195,13 @@ def serve(
     tls_key: TlsKeyOpt = None, mmproj: po.MmprojOpt = None,
     kv_cache_ram: KvCacheRamOpt = None, kv_cache_disk: KvCacheDiskOpt = None,
     allow_media_urls: AllowMediaUrlsOpt = False, lora: LoraOpt = None,
+    reasoning_budget: ReasoningBudgetOpt = -1,
 ) -> None:
     """Serve models over the OpenAI and Ollama APIs (loopback only unless told)."""
     listen = ListenOptions(host, port, api_key, tuple(allow_host or ()),
                            tuple(cors_origin or ()), max_body_mb, any_model, n_predict,
-                           seed, allow_media_urls, tls_cert, tls_key, tuple(lora or ()))
+                           seed, allow_media_urls, tls_cert, tls_key, tuple(lora or ()),
+                           reasoning_budget)
     pool = PoolOptions(parallel, queue, keep_alive, max_models, memory_budget,
                        tuple(pin or ()), kv_cache_ram, kv_cache_disk)
     load = LoadOptions(ctx=ctx, threads=threads, gpu_layers=gpu_layers, backend=backend,

@@ -87,6 +87,7 @@ class ListenOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     lora: tuple[str, ...] = ()  # --lora FILE[:SCALE]: the default model's adapters
+    reasoning_budget: int = -1  # --reasoning-budget: requests that name none keep it
 
     def settings(self, cfg: Any, pool: PoolOptions) -> ServerSettings:
         """The ServerSettings: these flags over the config's `server.*` keys, with the
@@ -100,6 +101,7 @@ class ListenOptions:
             max_body_bytes=int(self.max_body_mb * 1024 * 1024), max_running=pool.parallel,
             max_waiting=pool.queue, any_model=self.any_model, n_predict=self.n_predict,
             seed=self.seed, lora=lora_option(self.lora),
+            reasoning_budget=self.reasoning_budget,
             media_fetch=self.allow_media_urls or bool(cfg.get("server.media_fetch")),
             shutdown_grace_s=float(cfg.get("server.shutdown_grace_s")),
         )

@@ -167,6 +167,9 @@ def _job(state: ServerState, req_as_sent: GenRequest
     def job(cancel: CancelEvent) -> Iterator[Any]:
         t0 = time.perf_counter()
         req = with_preset(state, req_as_sent)  # its model's preset and LoRA adapters
+        if req.messages is not None:  # serve --reasoning-budget where the request says none
+            req = dataclasses.replace(req, think=(req.think or Think()).with_default_budget(
+                state.settings.reasoning_budget))
         load = dict(req.overrides or {})
         policy = load.pop("kv_policy", None)  # a per-request choice, not a load setting
         lease = state.manager.acquire(req.model, req.keep_alive, load or None)

@@ -20,6 +20,7 @@ compile. `choice_gbnf(["a", "b"])` is the alternation of those literal strings.
 from __future__ import annotations
 
 import re
+import warnings
 
 from inferenceos.server.gbnf import MAX_REPEAT, GrammarError, check_gbnf
 
@@ -222,7 +223,9 @@ def regex_gbnf(pattern: str) -> str:
     if len(pattern) > 64 * 1024:
         raise GrammarError("regex: longer than 65536 characters")
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():  # "possible nested set": ours to refuse below
+            warnings.simplefilter("ignore", FutureWarning)
+            re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         raise GrammarError(f"regex: does not compile: {exc}") from None
     r = _Regex(pattern)

@@ -3,8 +3,9 @@ reasoning, and the tool calls read from it.
 
 With tools offered (`Run.tool_format`), text that may still be a call is held back
 while streaming (`tool_calls.ToolCallStream`) and the calls are read once the reply is
-complete; with a reasoning section (`anthropic_thinking`, for templates that render
-`<think>`), the reasoning is split off first, so calls are only read from the answer.
+complete; with a reasoning section (`Run.reasoning`, server/reasoning.py, for chats
+whose template renders `<think>`), the reasoning is split off first, so calls are only
+read from the answer.
 
 - `read_reply(text, ...)`: a whole reply → (reasoning, answer, calls).
 - `reply_events(run, ...)`: the one loop over a streamed run: a `Delta` per engine
@@ -84,10 +85,10 @@ class Final:
     calls: list[ParsedCall] = field(default_factory=list)
 
 
-async def reply_events(run: Run, reasoning: Reasoning | None = None
-                       ) -> AsyncGenerator[Delta | Final, None]:
-    """Every event of `run` as a Delta, then one Final (see the module contract)."""
-    reply = ReplyText(run.tool_format, reasoning)
+async def reply_events(run: Run) -> AsyncGenerator[Delta | Final, None]:
+    """Every event of `run` as a Delta, then one Final (see the module contract); the
+    reasoning is split off as `run.reasoning` says."""
+    reply = ReplyText(run.tool_format, run.reasoning)
     events = run.events()
     try:
         async for item in events:

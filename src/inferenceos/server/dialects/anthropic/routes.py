@@ -49,6 +49,7 @@ from inferenceos.server.dialects.anthropic.schema import (
     CountTokensRequest,
     Message,
     MessagesRequest,
+    ThinkingIn,
     TokensCount,
 )
 from inferenceos.server.errors import Dialect, anthropic_request_id, route_class
@@ -62,7 +63,7 @@ from inferenceos.server.generation import (
 )
 from inferenceos.server.llama_shapes import stopping_word
 from inferenceos.server.media_parts import decode_in_thread, media_set
-from inferenceos.server.reasoning import Reasoning, reasoning_of
+from inferenceos.server.reasoning import Think
 from inferenceos.server.reply import Delta, Final, read_reply, reply_events
 from inferenceos.server.sse import ANTHROPIC_SSE, SSE_CONTENT, stream_response
 from inferenceos.server.state import ServerState, state_of
@@ -87,9 +88,14 @@ async def _conversation(state: ServerState, body: CountTokensRequest
     return messages, prefill, tuple(media.items)
 
 
-def _template(run: Run) -> str | None:
-    engine = run.model.engine if run.model else None
-    return getattr(getattr(engine, "spec", None), "chat_template", None)
+def _think(thinking: ThinkingIn | None) -> Think:
+    """Anthropic's `thinking`: "disabled" turns the reasoning section off, "enabled"
+    keeps it within `budget_tokens`; "adaptive" (or none) leaves it to the template."""
+    if thinking is None or thinking.type not in ("enabled", "disabled"):
+        return Think()
+    if thinking.type == "disabled":
+        return Think(enabled=False)
+    return Think(enabled=True, budget=thinking.budget_tokens)
 
 
 def _usage(done: Done) -> dict[str, int]:
@@ -117,10 +123,9 @@ def _stop(done: Done, text: str, stops: tuple[str, ...], max_tokens: int,
     return "end_turn", None
 
 
-def _blocks(text: str, reasoning: Reasoning | None, run: Run
-            ) -> tuple[list[dict[str, Any]], list[ParsedCall]]:
+def _blocks(text: str, run: Run) -> tuple[list[dict[str, Any]], list[ParsedCall]]:
     """The content blocks of a whole reply, and the calls among them."""
-    thinking, answer, calls = read_reply(text, run.tool_format, reasoning)
+    thinking, answer, calls = read_reply(text, run.tool_format, run.reasoning)
     blocks: list[dict[str, Any]] = []
     if thinking:
         blocks.append({"type": "thinking", "thinking": thinking, "signature": ""})
@@ -155,7 +160,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
     name = state.model_name(body.model)
     sampling = sampling_of(body)
     req = GenRequest(name, sampling, messages=tuple(messages), tools=tools, media=items,
-                     progress=body.stream, prefill=prefill)
+                     progress=body.stream, prefill=prefill, think=_think(body.thinking))
     run = await until_disconnect(request, start_generation(state, req))
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     if body.stream:
@@ -166,7 +171,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Any:
 
     async def whole() -> dict[str, Any]:
         text, done = await run.collect()
-        blocks, calls = _blocks(text, reasoning_of(_template(run)), run)
+        blocks, calls = _blocks(text, run)
         stop = await call_in_thread(lambda: _stop(done, text, sampling.stop,
                                                   body.max_tokens, bool(calls)))
         return _message(mid, name, blocks, _usage(done), stop)
@@ -267,8 +272,7 @@ class _Stream:
     async def _events(self) -> AsyncIterator[dict[str, Any]]:
         started = False
         last = time.monotonic()  # of the last event sent
-        async with aclosing(reply_events(self.run, reasoning_of(_template(self.run)))
-                            ) as replies:
+        async with aclosing(reply_events(self.run)) as replies:
             async for d in replies:
                 if not started:
                     started = True

@@ -75,8 +75,9 @@ class ToolChoiceIn(BaseModel):
 
 
 class ThinkingIn(BaseModel):
-    """`{"type": "enabled", "budget_tokens"}`, `{"type": "disabled"}` or adaptive:
-    accepted; a model whose template has a reasoning section thinks either way."""
+    """`{"type": "enabled", "budget_tokens"}`: think within that many tokens (the
+    section is closed after them); `{"type": "disabled"}`: no thinking, the way the
+    template allows; adaptive: as the template does (server/reasoning.py)."""
 
     type: str = Field(..., max_length=32)
     budget_tokens: int | None = Field(None, ge=0)

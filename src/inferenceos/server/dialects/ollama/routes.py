@@ -3,6 +3,10 @@ Streams are NDJSON (one JSON object per line), durations are nanoseconds, errors
 `{"error": "..."}`. Model management (tags, show, ps, pull, delete, copy) is
 server/dialects/ollama/model_routes.py, under the same prefix and error dialect.
 
+`think` (true, false, or a level) separates the reasoning of a model whose template
+has a reasoning section (server/reasoning.py): `message.thinking` on /api/chat,
+`thinking` on /api/generate, streamed and whole.
+
 An empty prompt (or no messages) loads the model and returns at once, with
 `done_reason: "load"`; adding `keep_alive: 0` unloads it instead (`"unload"`), as
 Ollama does.
@@ -21,6 +25,7 @@ from fastapi import APIRouter, Request
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.sampling import SamplingParams
+from inferenceos.errors import UsageError
 from inferenceos.media.collect import check_text
 from inferenceos.media.item import MediaItem
 from inferenceos.registry.catalog import now_iso
@@ -51,6 +56,7 @@ from inferenceos.server.json_grammar import output_grammar
 from inferenceos.server.logprobs import entries
 from inferenceos.server.media_parts import decode_in_thread, media_set, ollama_images
 from inferenceos.server.options import ollama_options, parse_keep_alive
+from inferenceos.server.reasoning import EFFORTS, Think, check_budget
 from inferenceos.server.reply import Final, read_reply, reply_events
 from inferenceos.server.rerank import refuse_embeddings
 from inferenceos.server.sse import ndjson_response
@@ -131,21 +137,27 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
     run = await until_disconnect(request, start_generation(state, req))
     scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next line
 
-    def piece(text: str, calls: list[ParsedCall] | None = None) -> dict[str, Any]:
+    def piece(text: str, calls: list[ParsedCall] | None = None, thought: str = ""
+              ) -> dict[str, Any]:
         body: Any = text
+        line: dict[str, Any] = {"model": req.model, "created_at": now_iso()}
         if piece_key == "message":
             body = {"role": "assistant", "content": text}
+            if thought:
+                body["thinking"] = thought
             if calls:
                 body["tool_calls"] = ollama_calls(calls)
-        line = {"model": req.model, "created_at": now_iso(), piece_key: body, "done": False}
+        elif thought:
+            line["thinking"] = thought
+        line.update({piece_key: body, "done": False})
         if scored:
             line["logprobs"] = entries(scored)
             scored.clear()
         return line
 
     def final(done: Done, t_first: float | None, text: str,
-              calls: list[ParsedCall] | None = None) -> dict[str, Any]:
-        out = {**piece(text, calls), "done": True,
+              calls: list[ParsedCall] | None = None, thought: str = "") -> dict[str, Any]:
+        out = {**piece(text, calls, thought), "done": True,
                **_timings(done, t0, t_first, time.perf_counter())}
         if context:
             out["context"] = done.prompt_ids + done.output_ids
@@ -156,15 +168,15 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
         async with aclosing(reply_events(run)) as replies:
             async for d in replies:
                 if isinstance(d, Final):
-                    if d.text or d.calls:  # Ollama sends the calls on a line of their own
-                        yield piece(d.text, d.calls)
+                    if d.text or d.calls or d.thought:  # the calls on a line of their own
+                        yield piece(d.text, d.calls, d.thought)
                     yield final(d.done, t_first, "")
                 else:
                     t_first = t_first or time.perf_counter()
                     if d.event.logprob is not None:
                         scored.append(d.event)
-                    if d.text:
-                        yield piece(d.text)
+                    if d.text or d.thought:
+                        yield piece(d.text, thought=d.thought)
 
     if stream:
         return ndjson_response(lines(run), run.close)
@@ -174,8 +186,9 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
         t_first: float | None = None
         async for item in run.events():
             if isinstance(item, Done):
-                _, text, calls = read_reply("".join(parts), run.tool_format)
-                return final(item, t_first, text, calls)
+                thought, text, calls = read_reply("".join(parts), run.tool_format,
+                                                  run.reasoning)
+                return final(item, t_first, text, calls, thought)
             t_first = t_first or time.perf_counter()
             if item.logprob is not None:
                 scored.append(item)
@@ -218,7 +231,8 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         msgs.append(ChatMessage("user", prompt))
         req = GenRequest(name, sampling, messages=tuple(msgs), keep_alive=keep_alive,
                          overrides=overrides or None, want_tokens=not items,
-                         context=tuple(body.context or ()), media=items)
+                         context=tuple(body.context or ()), media=items,
+                         think=_think(body.think, body.options))
     # a prompt with images has no token-id form: no `context` in the answer
     return await _respond(request, state, req, body.stream, "response", context=not items)
 
@@ -275,8 +289,29 @@ async def chat(body: ChatRequest, request: Request) -> Any:
         msgs = tuple(_chat_message(m) for m in body.messages)
     tools = tool_request([t.for_template() for t in body.tools or ()], "auto", False)
     req = GenRequest(name, sampling, messages=msgs, keep_alive=keep_alive,
-                     overrides=overrides or None, tools=tools, media=items)
+                     overrides=overrides or None, tools=tools, media=items,
+                     think=_think(body.think, body.options))
     return await _respond(request, state, req, body.stream, "message", context=False)
+
+
+def _think(value: bool | str | None, options: dict[str, Any] | None = None) -> Think:
+    """Ollama's `think`: true or false, or a level ("low", "medium", "high") for
+    templates that take one (as `reasoning_effort`; to others it is true). Asking a
+    model without a reasoning section to think is a 400, as Ollama answers. The
+    InferenceOS option `reasoning_budget` (-1, 0 or N tokens) bounds the reasoning."""
+    try:
+        budget = check_budget((options or {}).get("reasoning_budget"),
+                              "option reasoning_budget")
+    except UsageError as exc:
+        raise APIError(400, str(exc)) from None
+    if value is None:
+        return Think(budget=budget)
+    if isinstance(value, bool):
+        return Think(enabled=value, required=value, budget=budget)
+    if value not in EFFORTS:
+        raise APIError(400, f'invalid think value: "{value[:40]}" (must be "high", '
+                       '"medium", "low", true, or false)')
+    return Think(enabled=True, effort=value, required=True, budget=budget)
 
 
 def _chat_message(m: OllamaMessage, prefix: str = "") -> ChatMessage:

@@ -28,6 +28,7 @@ from inferenceos.server.dialects.openai.convert import (
     constraint,
     has_media,
     sampling,
+    think_of,
     tools_of,
     variants,
 )
@@ -96,11 +97,12 @@ def fingerprint() -> str:
 def _reply(text: str, run: Run, stop_reason: str) -> tuple[dict[str, Any], str]:
     """The assistant message and finish reason: tool calls read out of the text when
     tools were offered."""
-    _, text, calls = read_reply(text, run.tool_format)
+    thought, text, calls = read_reply(text, run.tool_format, run.reasoning)
+    reasoning = {"reasoning_content": thought} if thought else {}
     if calls:
-        return {"role": "assistant", "content": text or None,
+        return {"role": "assistant", "content": text or None, **reasoning,
                 "tool_calls": openai_calls(calls)}, "tool_calls"
-    return {"role": "assistant", "content": text}, _finish(stop_reason)
+    return {"role": "assistant", "content": text, **reasoning}, _finish(stop_reason)
 
 
 def _ids(prefix: str) -> tuple[str, int]:
@@ -126,8 +128,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if limit is None and state.settings.n_predict >= 0:
         limit = state.settings.n_predict  # llama-server's --n-predict covers chat too
     params = sampling(body, limit, grammar, chat_top_n(body.logprobs, body.top_logprobs))
+    think = think_of(body)
     reqs = [GenRequest(name, s, messages=messages, tools=tools, media=items,
-                       progress=body.stream and body.return_progress)
+                       progress=body.stream and body.return_progress, think=think)
             for s in variants(params, body.n)]
     cid, created = _ids("chatcmpl")
     if body.stream:
@@ -194,6 +197,8 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
                     p_tok, c_tok = g.prompt_tokens, c_tok + g.completion_tokens
                     cached, metrics = g.cached_tokens, g
                     finish = _finish(g.stop_reason)
+                    if d.thought:
+                        yield chunk(i, {"reasoning_content": d.thought})
                     if d.text:
                         yield chunk(i, {"content": d.text})
                     if d.calls:  # the whole calls in one delta, once the reply is complete
@@ -206,6 +211,8 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
                     continue
                 if d.event.logprob is not None:
                     scored.append(d.event)
+                if d.thought:  # llama-server's and DeepSeek's reasoning delta
+                    yield chunk(i, {"reasoning_content": d.thought})
                 if d.text:
                     yield chunk(i, {"content": d.text})
     if include_usage:  # llama-server adds its timings to the usage chunk
@@ -244,7 +251,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     choices = variants(sampling(body, body.max_tokens, constraint(body, body.response_format),
                                 logprobs=body.logprobs), body.n)
     # with a suffix, each prompt becomes the prefix of a FIM prompt (echo: the prompt)
-    runs = prompts if body.suffix is None else await _with_suffix(state, body, prompts)
+    runs = await _with_suffix(state, body, prompts) if body.suffix else prompts
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
                        tokens=None if isinstance(p, str) else tuple(p))
             for p in runs for s in choices]

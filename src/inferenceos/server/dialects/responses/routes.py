@@ -54,7 +54,8 @@ from inferenceos.server.media_parts import (
     responses_part,
 )
 from inferenceos.server.options import UNLIMITED, request_sampling
-from inferenceos.server.reply import Delta, read_reply, reply_events
+from inferenceos.server.reasoning import Think
+from inferenceos.server.reply import Delta, Final, read_reply, reply_events
 from inferenceos.server.sse import RESPONSES_SSE, stream_response
 from inferenceos.server.state import state_of
 from inferenceos.server.tool_calls import ParsedCall
@@ -205,6 +206,21 @@ def _sampling(body: ResponseRequest) -> SamplingParams:
                             max_tokens=body.max_output_tokens or UNLIMITED)
 
 
+def _think(body: ResponseRequest) -> Think:
+    """`reasoning.effort`: "none" turns thinking off, a level reaches the template."""
+    effort = body.reasoning.effort if body.reasoning else None
+    if effort == "none":
+        return Think(enabled=False)
+    return Think(effort=effort)
+
+
+def _reasoning_item(rid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """The reply's reasoning as an output item (its text whole, as gpt-oss servers
+    give it: `content` of `reasoning_text`, no summary)."""
+    return {"id": rid, "type": "reasoning", "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}] if text else []}
+
+
 def _message_item(mid: str, text: str, status: str) -> dict[str, Any]:
     content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
     return {"id": mid, "type": "message", "role": "assistant", "status": status,
@@ -217,9 +233,11 @@ class _Reply:
     def __init__(self, body: ResponseRequest, model: str) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.msg_id = f"msg_{uuid.uuid4().hex}"
+        self.rs_id = f"rs_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.body = body
         self.model = model
+        self.reasoning_tokens = 0  # tokens of the reply inside its reasoning section
 
     def obj(self, status: str, output: list[dict[str, Any]],
             done: Done | None = None) -> dict[str, Any]:
@@ -230,7 +248,7 @@ class _Reply:
             usage = {"input_tokens": g.prompt_tokens,
                      "input_tokens_details": {"cached_tokens": g.cached_tokens},
                      "output_tokens": g.completion_tokens,
-                     "output_tokens_details": {"reasoning_tokens": 0},
+                     "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                      "total_tokens": g.prompt_tokens + g.completion_tokens}
             if status == "incomplete":
                 incomplete = {"reason": "max_output_tokens"}
@@ -239,7 +257,8 @@ class _Reply:
         return {
             "id": self.id, "object": "response", "created_at": self.created,
             "status": status, "model": self.model, "output": output,
-            "output_text": "".join(c["text"] for o in output for c in o.get("content") or []),
+            "output_text": "".join(c["text"] for o in output if o["type"] == "message"
+                                   for c in o.get("content") or []),
             "instructions": b.instructions, "max_output_tokens": b.max_output_tokens,
             "previous_response_id": b.previous_response_id, "temperature": b.temperature,
             "top_p": b.top_p, "parallel_tool_calls": bool(b.parallel_tool_calls),
@@ -277,7 +296,7 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
         items = earlier
     name = state.model_name(body.model)
     req = GenRequest(name, _sampling(body), messages=tuple(messages), tools=tools,
-                     media=items)
+                     media=items, think=_think(body))
     reply = _Reply(body, name)
     run = await until_disconnect(request, start_generation(state, req))
 
@@ -290,10 +309,12 @@ async def create_response(body: ResponseRequest, request: Request) -> Any:
 
     async def whole() -> dict[str, Any]:
         raw, done = await run.collect()
-        _, text, parsed = read_reply(raw, run.tool_format)
+        thought, text, parsed = read_reply(raw, run.tool_format, run.reasoning)
         calls = _call_items(parsed)
         status = _status(done) if not calls else "completed"
-        output = [_message_item(reply.msg_id, text, status)] if text or not calls else []
+        output = [_reasoning_item(reply.rs_id, thought)] if thought else []
+        if text or not (calls or thought):
+            output.append(_message_item(reply.msg_id, text, status))
         obj = reply.obj(status, output + calls, done)
         keep(text, calls, obj)
         return obj
@@ -309,60 +330,128 @@ async def get_response(response_id: str, request: Request) -> Any:
 
 async def _events(run: Run, reply: _Reply, keep: Any) -> AsyncIterator[dict[str, Any]]:
     """The Responses API's event sequence for one generation (see module docstring).
-    With tools offered, text that may be a call is held back (as chat completions do)
-    and the calls come as function_call items once the reply is complete."""
-    ids = {"item_id": reply.msg_id, "output_index": 0, "content_index": 0}
+    Reasoning comes first as a `reasoning` item (`response.reasoning_text.delta`
+    events). With tools offered, text that may be a call is held back (as chat
+    completions do) and the calls come as function_call items once the reply is
+    complete."""
     yield {"type": "response.created", "response": reply.obj("in_progress", [])}
     yield {"type": "response.in_progress", "response": reply.obj("in_progress", [])}
-    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-    opened = False  # the message item is announced with its first text
-    parts: list[str] = []
-
-    def announce() -> list[dict[str, Any]]:
-        """The message item and its text part, announced once, before any text."""
-        nonlocal opened
-        if opened:
-            return []
-        opened = True
-        return [{"type": "response.output_item.added", "output_index": 0,
-                 "item": _message_item(reply.msg_id, "", "in_progress")},
-                {"type": "response.content_part.added", **ids, "part": part}]
-
-    def text_delta(piece: str) -> list[dict[str, Any]]:
-        parts.append(piece)
-        return [*announce(), {"type": "response.output_text.delta", **ids, "delta": piece,
-                              "logprobs": []}]
-
-    if run.tool_format is None:  # no tools: the message is certain, open it at once
-        for ev in announce():
+    msg = _MessageEvents(reply)
+    thinking = _ReasoningEvents(reply)
+    if run.tool_format is None and run.reasoning is None:  # the message is certain
+        for ev in msg.announce(0):
             yield ev
     async with aclosing(reply_events(run)) as replies:
         async for d in replies:
-            for ev in text_delta(d.text) if d.text else []:
+            if d.thought:
+                reply.reasoning_tokens += 1 if isinstance(d, Delta) else 0
+                for ev in thinking.delta(d.thought):
+                    yield ev
+            if d.text or isinstance(d, Final):
+                for ev in thinking.close():
+                    yield ev
+            for ev in msg.delta(d.text, thinking.count) if d.text else []:
                 yield ev
             if isinstance(d, Delta):
                 continue
-            text, calls = "".join(parts), _call_items(d.calls)
+            output = thinking.items()
+            text, calls = "".join(msg.parts), _call_items(d.calls)
             status = _status(d.done) if not calls else "completed"
-            output: list[dict[str, Any]] = []
-            if opened:
-                yield {"type": "response.output_text.done", **ids, "text": text,
-                       "logprobs": []}
-                yield {"type": "response.content_part.done", **ids,
-                       "part": {**part, "text": text}}
-                msg = _message_item(reply.msg_id, text, status)
-                yield {"type": "response.output_item.done", "output_index": 0, "item": msg}
-                output.append(msg)
+            for ev in msg.close(status):
+                yield ev
+                if ev["type"] == "response.output_item.done":
+                    output.append(ev["item"])
             for call in calls:
-                n = len(output)
-                yield {"type": "response.output_item.added", "output_index": n,
-                       "item": {**call, "arguments": "", "status": "in_progress"}}
-                yield {"type": "response.function_call_arguments.delta", "output_index": n,
-                       "item_id": call["id"], "delta": call["arguments"]}
-                yield {"type": "response.function_call_arguments.done", "output_index": n,
-                       "item_id": call["id"], "arguments": call["arguments"]}
-                yield {"type": "response.output_item.done", "output_index": n, "item": call}
+                for ev in _call_events(len(output), call):
+                    yield ev
                 output.append(call)
             obj = reply.obj(status, output, d.done)
             keep(text, calls, obj)
             yield {"type": f"response.{status}", "response": obj}
+
+
+class _ReasoningEvents:
+    """The reasoning item's events: added with its first text, done before the answer."""
+
+    def __init__(self, reply: _Reply) -> None:
+        self.rid = reply.rs_id
+        self.parts: list[str] = []
+        self.open = self.done = False
+
+    @property
+    def count(self) -> int:
+        """Output items before the message: 1 once there was reasoning."""
+        return 1 if self.parts else 0
+
+    def delta(self, piece: str) -> list[dict[str, Any]]:
+        out = []
+        if not self.open:
+            self.open = True
+            out.append({"type": "response.output_item.added", "output_index": 0,
+                        "item": _reasoning_item(self.rid, "", "in_progress")})
+        self.parts.append(piece)
+        out.append({"type": "response.reasoning_text.delta", "item_id": self.rid,
+                    "output_index": 0, "content_index": 0, "delta": piece})
+        return out
+
+    def close(self) -> list[dict[str, Any]]:
+        if not self.open or self.done:
+            return []
+        self.done = True
+        text = "".join(self.parts)
+        return [{"type": "response.reasoning_text.done", "item_id": self.rid,
+                 "output_index": 0, "content_index": 0, "text": text},
+                {"type": "response.output_item.done", "output_index": 0,
+                 "item": _reasoning_item(self.rid, text)}]
+
+    def items(self) -> list[dict[str, Any]]:
+        return [_reasoning_item(self.rid, "".join(self.parts))] if self.parts else []
+
+
+class _MessageEvents:
+    """The message item's events: announced once before its first text, then deltas,
+    then done."""
+
+    def __init__(self, reply: _Reply) -> None:
+        self.mid = reply.msg_id
+        self.parts: list[str] = []
+        self.index = -1  # its output_index once announced
+        self.part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+
+    def ids(self) -> dict[str, Any]:
+        return {"item_id": self.mid, "output_index": self.index, "content_index": 0}
+
+    def announce(self, index: int) -> list[dict[str, Any]]:
+        if self.index >= 0:
+            return []
+        self.index = index
+        return [{"type": "response.output_item.added", "output_index": index,
+                 "item": _message_item(self.mid, "", "in_progress")},
+                {"type": "response.content_part.added", **self.ids(), "part": self.part}]
+
+    def delta(self, piece: str, index: int) -> list[dict[str, Any]]:
+        self.parts.append(piece)
+        return [*self.announce(index), {"type": "response.output_text.delta", **self.ids(),
+                                        "delta": piece, "logprobs": []}]
+
+    def close(self, status: str) -> list[dict[str, Any]]:
+        if self.index < 0:
+            return []
+        text = "".join(self.parts)
+        return [{"type": "response.output_text.done", **self.ids(), "text": text,
+                 "logprobs": []},
+                {"type": "response.content_part.done", **self.ids(),
+                 "part": {**self.part, "text": text}},
+                {"type": "response.output_item.done", "output_index": self.index,
+                 "item": _message_item(self.mid, text, status)}]
+
+
+def _call_events(n: int, call: dict[str, Any]) -> list[dict[str, Any]]:
+    """A function_call item's events at output_index `n`."""
+    return [{"type": "response.output_item.added", "output_index": n,
+             "item": {**call, "arguments": "", "status": "in_progress"}},
+            {"type": "response.function_call_arguments.delta", "output_index": n,
+             "item_id": call["id"], "delta": call["arguments"]},
+            {"type": "response.function_call_arguments.done", "output_index": n,
+             "item_id": call["id"], "arguments": call["arguments"]},
+            {"type": "response.output_item.done", "output_index": n, "item": call}]

@@ -49,11 +49,20 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
+class ReasoningIn(BaseModel):
+    """`reasoning`: `effort` "none" turns thinking off; another level reaches the
+    template as `reasoning_effort`. `summary` is accepted (the reasoning comes whole)."""
+
+    effort: str | None = Field(None, max_length=32)
+    summary: str | None = Field(None, max_length=32)
+
+
 class ResponseRequest(BaseModel):
     """`client.responses.create(...)`."""
 
     model: str = Field("", max_length=200)
     input: str | list[InputItem]
+    reasoning: ReasoningIn | None = None
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
