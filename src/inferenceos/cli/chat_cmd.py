@@ -113,7 +113,7 @@ class _Fold:
     def _line(self) -> str:
         words = self.text.split()
         tail = " ".join(words[-8:]).translate(_CONTROL)
-        return self.theme.paint(self.theme.note or "2", f"[thinking: {len(words)} words"
+        return self.theme.paint(self.theme.note, f"[thinking: {len(words)} words"
                                 f" ... {tail[-60:]}] (/think show)")
 
     def feed(self, piece: str) -> str:
