@@ -8,9 +8,11 @@ every difference. It prints one line per request and exits non-zero on any misma
 - `infill`: llama-server's /infill on Qwen2.5-Coder-0.5B-Instruct (a FIM model), greedy,
   with and without `input_extra`: the same generated text (and the same prompt tokens
   evaluated).
-- `rerank`: /v1/rerank on the tiny reranker GGUF tests/tiny_reranker.py writes (with
-  its rerank template, and without: llama.cpp's BOS query EOS document EOS), against
-  `llama-server --reranking`: the same order and scores (within 1e-4).
+- `rerank`: /v1/rerank on the tiny reranker GGUFs tests/tiny_reranker.py writes
+  (Qwen3-style with its rerank template, and without: llama.cpp's BOS query EOS
+  document EOS; BERT-style), against `llama-server --reranking`: the same order,
+  scores within 5e-4 (float noise from batching: we score up to 8 pairs in one decode,
+  llama-server one per slot) and the same token counts.
 
     .venv/bin/python benchmarks/llama_server_parity.py [--only infill,rerank] [--threads 2]
 """
@@ -169,11 +171,13 @@ DOCUMENTS = ["xyz", "banana", "aeiou aeiou", "the cat sat", "zzz a", "a queue of
 
 @check("rerank")
 def rerank(ctx: Ctx) -> list[str]:
-    """/v1/rerank on the tiny reranker (with and without its rerank template) against
-    llama-server --reranking: the same order and scores."""
+    """/v1/rerank on the tiny rerankers against llama-server --reranking: the same
+    order and scores."""
     bad = []
-    for template in (True, False):
-        model = write_tiny_reranker(ctx.work / f"reranker-{template}.gguf", template)
+    for kind, template, arch in (("qwen3 template", True, "qwen3"),
+                                 ("qwen3 plain", False, "qwen3"), ("bert", False, "bert")):
+        model = write_tiny_reranker(ctx.work / f"reranker-{arch}-{template}.gguf", template,
+                                    arch)
         body = {"query": QUERY, "documents": DOCUMENTS, "top_n": 5}
         with llama_server(ctx, model, ["-c", "512", "--reranking"]) as port:
             s1, a = post(port, "/v1/rerank", body)
@@ -181,15 +185,17 @@ def rerank(ctx: Ctx) -> list[str]:
             s2, b = post(port, "/v1/rerank", body)
         ra, rb = (a or {}).get("results", []), (b or {}).get("results", [])
         same = (s1 == s2 == 200 and [r["index"] for r in ra] == [r["index"] for r in rb]
-                and all(abs(x["relevance_score"] - y["relevance_score"]) <= 1e-4
-                        for x, y in zip(ra, rb, strict=True))
-                and a["usage"] == b["usage"])
-        print(f"rerank (template {template}): {'same' if same else 'DIFFERENT'} order "
+                and len(ra) == len(rb) and a["usage"] == b["usage"])
+        diff = max((abs(x["relevance_score"] - y["relevance_score"])
+                    for x, y in zip(ra, rb, strict=False)), default=0.0)
+        same = same and diff <= 5e-4
+        print(f"rerank ({kind}): {'same' if same else 'DIFFERENT'} order "
               f"{[r['index'] for r in rb]}, scores "
               f"{[round(r['relevance_score'], 5) for r in rb]} / llama-server "
-              f"{[round(r['relevance_score'], 5) for r in ra]}, usage {b.get('usage')}")
+              f"{[round(r['relevance_score'], 5) for r in ra]} (max diff {diff:.1e}), "
+              f"usage {b.get('usage')}")
         if not same:
-            bad.append(f"rerank (template {template}): llama-server {s1} {a!r:.400} / "
+            bad.append(f"rerank ({kind}): llama-server {s1} {a!r:.400} / "
                        f"ours {s2} {b!r:.400}")
     return bad
 

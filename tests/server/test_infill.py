@@ -177,6 +177,8 @@ def test_no_fim_tokens(http: httpx.Client, server: Harness) -> None:
     client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="not supported by this model"):
         client.completions.create(model="tiny", prompt="a", suffix="b")
+    # an empty suffix is none (as Ollama reads its own): a plain completion
+    assert client.completions.create(model="tiny", prompt="a", suffix="", max_tokens=2).choices
 
 
 @pytest.mark.parametrize(("body", "message"), [

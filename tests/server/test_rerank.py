@@ -1,10 +1,11 @@
-"""Rerank on a reranker GGUF the tests build (tests/tiny_reranker.py: rank pooling, a
-score with a closed form): /v1/rerank, /rerank, /v1/reranking in llama-server's and
-Jina's shape and TEI's, the pair formatted as llama-server's format_prompt_rerank
-does (the model's rerank template, else BOS query EOS document EOS), scores equal to
-the closed form and ordered best first; a model that is not a reranker refused with a
-400, and embeddings refused on a reranker. The same requests against llama-server
---reranking are in benchmarks/llama_server_parity.py."""
+"""Rerank on reranker GGUFs the tests build (tests/tiny_reranker.py: rank pooling, a
+score with a closed form; Qwen3-style with and without a rerank template, BERT-style):
+/v1/rerank, /rerank, /v1/reranking in llama-server's and Jina's shape and TEI's, the
+pair formatted as llama-server's format_prompt_rerank does (the model's rerank
+template, else BOS query EOS document EOS), scores equal to the closed form and
+ordered best first; a model that is not a reranker refused with a 400, and
+embeddings refused on a reranker. The same requests against llama-server --reranking
+are in benchmarks/llama_server_parity.py."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ DOCS = ["xyz", "banana", "aeiou aeiou", "the cat sat", "zzz a"]
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("rerankers")
     return {"rr": write_tiny_reranker(d / "rr.gguf"),
-            "rr-plain": write_tiny_reranker(d / "plain.gguf", rerank_template=False)}
+            "rr-plain": write_tiny_reranker(d / "plain.gguf", rerank_template=False),
+            "rr-bert": write_tiny_reranker(d / "bert.gguf", arch="bert")}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def test_pair_formats(models: dict[str, Path]) -> None:
     assert plain.detokenize(ids) == "<s> q</s> <s>doc</s>"
 
 
-@pytest.mark.parametrize("name", ["rr", "rr-plain"])
+@pytest.mark.parametrize("name", ["rr", "rr-plain", "rr-bert"])
 def test_rerank_orders_by_score(http: httpx.Client, models: dict[str, Path],
                                 name: str) -> None:
     r = http.post("/v1/rerank", json={"model": name, "query": QUERY, "documents": DOCS})
@@ -67,11 +69,11 @@ def test_rerank_orders_by_score(http: httpx.Client, models: dict[str, Path],
     b = r.json()
     v = vocab_for(models[name])
     pairs = [rerank_tokens(v, QUERY, d) for d in DOCS]
-    want = [expected_score(p) for p in pairs]
+    want = [expected_score(p, "bert" if name == "rr-bert" else "qwen3") for p in pairs]
     got = {x["index"]: x["relevance_score"] for x in b["results"]}
     assert [x["index"] for x in b["results"]] == sorted(range(len(DOCS)), key=lambda i: -want[i])
     assert b["results"][0]["index"] == DOCS.index("aeiou aeiou")
-    assert all(abs(got[i] - want[i]) < 1e-4 for i in range(len(DOCS))), (got, want)
+    assert all(abs(got[i] - want[i]) < 5e-4 for i in range(len(DOCS))), (got, want)
     assert b["model"] == name and b["object"] == "list"
     n = sum(map(len, pairs))
     assert b["usage"] == {"prompt_tokens": n, "total_tokens": n}
