@@ -27,6 +27,7 @@ from inferenceos.hardware.fingerprint import current_fingerprint
 from inferenceos.hardware.llama_devices import probe_llama
 from inferenceos.hardware.profile import LlamaInfo
 from inferenceos.hardware.recommend import has_backend, reinstall_line
+from inferenceos.hardware.vulkan import describe_llama_gpus
 from inferenceos.net import bind_error
 from inferenceos.paths import data_dir
 from inferenceos.units import format_bytes
@@ -131,6 +132,8 @@ def check_gpu_backend(ctx: Context) -> CheckResult:
     rec, gpus = ctx.profile.recommendation, ctx.profile.gpus
     if rec.backend == "cpu":
         what = "no GPU found" if not gpus else "no GPU worth offloading to"
+        if (seen := describe_llama_gpus(ctx.llama)) is not None:  # lavapipe (docs/gpu.md)
+            return CheckResult("GPU backend", "pass", f"{what} by the vendor tools; {seen}")
         return CheckResult("GPU backend", "pass", f"{what}; llama.cpp runs on the CPU")
     if ctx.llama.loaded and not has_backend(ctx.llama, rec.backend):
         return CheckResult("GPU backend", "warn",

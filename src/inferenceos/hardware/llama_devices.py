@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from inferenceos.hardware.profile import GpuInfo, LlamaDevice, LlamaInfo
+from inferenceos.hardware.vulkan import vulkan_environment
 
 PROBE_TIMEOUT_S = 10.0
 PROBE_SCRIPT = Path(__file__).with_name("llama_probe.py")  # run by path, stdlib only
@@ -69,6 +70,7 @@ def probe_llama(lib_dir: Path | None = None, timeout: float = PROBE_TIMEOUT_S) -
     if lib_dir is None:
         return LlamaInfo(error="llama-cpp-python is not installed (no llama_cpp/lib found)",
                          package_version=version)
+    vulkan_environment(lib_dir)  # lavapipe, where it is the only Vulkan device (vulkan.py)
     cmd = [sys.executable, "-I", str(PROBE_SCRIPT), str(lib_dir)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,

@@ -13,6 +13,7 @@ when its weights take at most `WEIGHT_SHARE` of it (the rest is KV cache and buf
 from __future__ import annotations
 
 from inferenceos.hardware.profile import GpuInfo, LlamaInfo, MemoryInfo, Recommendation
+from inferenceos.hardware.vulkan import describe_llama_gpus
 
 WEIGHT_SHARE = 0.8
 
@@ -54,6 +55,8 @@ def recommend(gpus: list[GpuInfo], memory: MemoryInfo, llama: LlamaInfo) -> Reco
         where = "no discrete GPU usable by llama.cpp" if not gpus else \
             "only an integrated Intel GPU, which shares the CPU's memory bandwidth"
         reason = f"{where}; {_gib(budget)} of RAM usable"
+        if (seen := describe_llama_gpus(llama)) is not None:  # e.g. lavapipe (vulkan.py)
+            reason += f"; {seen}"
     else:
         budget = sum(g.memory_free_bytes or g.memory_total_bytes or 0 for g in vendor_gpus)
         reason = f"{len(vendor_gpus)} {vendor_gpus[0].vendor} GPU(s) with {_gib(budget)} free"

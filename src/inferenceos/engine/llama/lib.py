@@ -18,7 +18,9 @@ from typing import Any
 
 from inferenceos import interrupt
 from inferenceos.errors import ModelLoadError
+from inferenceos.hardware.llama_devices import llama_lib_dir
 from inferenceos.hardware.openmp import bounded_spin
+from inferenceos.hardware.vulkan import vulkan_environment
 
 # ggml_log_level values (ggml.h)
 LOG_LEVEL_NAMES = {0: "none", 1: "debug", 2: "info", 3: "warn", 4: "error", 5: "cont"}
@@ -85,6 +87,7 @@ def lib() -> ModuleType:
     with _lock:
         if _lib is None:
             bounded_spin()  # before libgomp loads with the library (hardware/openmp.py)
+            vulkan_environment(llama_lib_dir())  # lavapipe where no GPU: hardware/vulkan.py
             try:
                 from llama_cpp import llama_cpp as bindings
             except (ImportError, OSError) as exc:
@@ -134,6 +137,7 @@ def route_log(setter: Any) -> None:
 def library_dir() -> Path:
     """The folder holding libllama.so and the ggml backend libraries."""
     bounded_spin()  # importing the package loads the libraries
+    vulkan_environment(llama_lib_dir())
     import llama_cpp
 
     return Path(llama_cpp.__file__).parent / "lib"
