@@ -45,6 +45,7 @@ from inferenceos.plan.llama_params import LlamaParams
 # disconnect passes through between the worker's pipe and the client's socket
 TOKEN_PATH = [
     ("inferenceos.engine.cancel", "*"),
+    ("inferenceos.engine.core", "*"),
     ("inferenceos.engine.base", "Events"),
     ("inferenceos.engine.base", "EngineBase._follow"),
     ("inferenceos.engine.base", "stream_event"),
