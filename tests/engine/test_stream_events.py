@@ -170,7 +170,8 @@ LONG = SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True)
 class Waiter:
     """A consumer thread reading one generation. It counts what its thread calls: each
     `queue.Queue.get` is one wake-up of a stream waiting on its reply queue, each
-    `LocalEngine._step` a scheduler step it ran; `stepped` is set at STEPS of them."""
+    `EngineCore._step` (engine/core.py) a scheduler step it ran; `stepped` is set at
+    STEPS of them."""
 
     gen: Generation
     tokens: int = 0
@@ -192,7 +193,7 @@ class Waiter:
         code = frame.f_code
         if code.co_name == "get" and code.co_filename.endswith("queue.py"):
             self.gets += 1
-        elif code.co_name == "_step" and code.co_filename.endswith("local.py"):
+        elif code.co_name == "_step" and code.co_filename.endswith("core.py"):
             self.steps += 1
             if self.steps >= self.STEPS:
                 self.stepped.set()
