@@ -87,6 +87,7 @@ def run_prompt(
     need = min(len(text.encode()) + n_media + sampling.max_tokens + 64,
                spec.context_length or DEFAULT_CTX)
     req = request(need_tokens=need, mmproj=projector, image_tokens=n_media)
+    req = replace(req, lora=tuple(p for p, _ in sampling.lora))  # priced by the plan
     probe = _policy_probe(spec, kv_policy)
     # H2O reads attention, which exists only without flash attention
     req = replace(req, flash_attn=flash_attn(probe is not None))

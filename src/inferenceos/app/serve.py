@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inferenceos.plan.entry import LoadRequest
     from inferenceos.plan.plan import Plan
-    from inferenceos.registry.catalog import Catalog
+    from inferenceos.registry.catalog import Catalog, ResolvedModel
     from inferenceos.registry.manager import ModelManager
 
 
@@ -44,10 +44,13 @@ class PoolOptions:
 def model_pool(
     cfg: Any, catalog: Catalog, pool: PoolOptions, request: Callable[..., LoadRequest], *,
     kv_policy: str, on_load: Callable[[str, Plan], None],
+    lora: tuple[tuple[str, float], ...] = (), default_model: str = "",
 ) -> tuple[ModelManager, list[str]]:
     """The model pool and the names of the pinned models (`pool.pin`, then the config's
     server.pin), each resolved now (an unknown one fails). `request(reads_attention=,
-    cached_turns=)` is the caller's base LoadRequest; it is validated here."""
+    cached_turns=)` is the caller's base LoadRequest; it is validated here. `lora`: the
+    `--lora` adapters of `default_model`, planned with it (as a preset's ADAPTERs are
+    with the preset: `adapter_files`)."""
     from inferenceos.registry.budget import MemoryBudget
     from inferenceos.registry.manager import ModelManager, engine_factory
 
@@ -65,8 +68,27 @@ def model_pool(
         budget=MemoryBudget(total_cap=pool.memory_cap()),
         base=base, slots=pool.parallel, keep_alive_s=pool.keep_alive,
         max_loaded=pool.max_models or None, pinned=pins, on_load=on_load,
+        adapters=adapter_files(catalog, default_model, lora),
     )
     return manager, pins
+
+
+def adapter_files(catalog: Catalog, default_model: str, lora: tuple[tuple[str, float], ...]
+                  ) -> Callable[[ResolvedModel], tuple[str, ...]]:
+    """The LoRA files a model is loaded with, for the planner to price: the server's
+    `--lora` files for the default model, a preset's ADAPTER blobs for the preset."""
+    from inferenceos.registry.presets import Preset
+
+    default = catalog.resolve(default_model).name if default_model and lora else ""
+
+    def files(model: ResolvedModel) -> tuple[str, ...]:
+        out = [p for p, _ in lora] if default and model.name == default else []
+        if model.preset is not None:
+            out += [str(catalog.store.blob_path(d))
+                    for d, _ in Preset.from_json(model.preset).adapters]
+        return tuple(out)
+
+    return files
 
 
 def reads_attention(kv_policy: str) -> bool:

@@ -227,7 +227,8 @@ def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptio
         settings, default_model=_default_model(model, catalog, load.mmproj))
     manager, pins = model_pool(
         cfg, catalog, pool, load.request, kv_policy=load.kv_policy,
-        on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False))
+        on_load=lambda name, plan: err.print(f"{name}: {plan.summary()}", markup=False),
+        lora=settings.lora, default_model=settings.default_model)
     cert_file, key_file = _tls_files(listen.tls_cert, listen.tls_key)
     _check_listening(settings, cert_file is not None, verbose)
     if settings.default_model not in pins:  # a pinned one prints it as it loads

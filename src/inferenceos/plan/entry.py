@@ -18,6 +18,10 @@ Contract:
   an accelerator with room after the text model, else the CPU, where the text model is
   re-planned within the RAM the projector leaves. `image_tokens` count against the
   context like prompt tokens.
+- `lora` (LoRA adapter files, read for their headers only) adds each adapter tensor's
+  bytes on the device of the layer it adapts (plan/adapters.py; `MemoryEstimate.adapters`,
+  counted in `by_device`). When that overfills a device, the text model is re-planned
+  within what the adapters leave there; `PlanRefused` when they do not fit at all.
 - Raises `PlanRefused` (an InferenceOSError) when nothing fits.
 """
 
@@ -30,11 +34,12 @@ from inferenceos.errors import UsageError
 from inferenceos.hardware.cpu_load import CpuLoad
 from inferenceos.model.projector import ProjectorFacts, load_projector
 from inferenceos.plan import draft_choice
+from inferenceos.plan.adapters import adapter_bytes_by_device, load_adapter_facts
 from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine, Overrides, apply_overrides, with_workers
 from inferenceos.plan.flash_attn import off_by_default, prefer_without
 from inferenceos.plan.forced import force_gpu_layers
-from inferenceos.plan.memory import ContextSettings
+from inferenceos.plan.memory import ContextSettings, MemoryEstimate, with_adapters
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize import Objective
 from inferenceos.plan.perf import Calibration
@@ -93,6 +98,9 @@ class LoadRequest:
     # plan choose (ngram or self), anything else (ngram, self, a draft .gguf) is kept
     # and priced beside them
     draft: str | None = None
+    # LoRA adapter GGUFs the model will apply (`--lora`, a preset's ADAPTER): priced
+    # where their layers live (plan/adapters.py)
+    lora: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """UsageError for values no plan can honour (negative, absurd)."""
@@ -177,6 +185,8 @@ def plan_load(
     plan = _plan_text(facts, machine, req, calibration, changes)
     if pf is not None:
         plan = _with_projector(plan, pf, facts, machine, req, calibration)
+    if req.lora:
+        plan = _with_adapters(plan, facts, machine, req, calibration)
     return plan if req.draft is None else _with_draft(plan, facts, machine, req, calibration)
 
 
@@ -242,6 +252,44 @@ def _with_projector(
         )
         memory = with_projector(plan.memory, pp)
     return replace(plan, memory=memory, projector=pp)
+
+
+def _with_adapters(plan: Plan, facts: ModelFacts, machine: Machine, req: LoadRequest,
+                   calibration: Calibration | None) -> Plan:
+    """`plan` with the LoRA adapters of `req` charged (see the module contract)."""
+    adapters = [load_adapter_facts(p, facts.spec.block_count) for p in dict.fromkeys(req.lora)]
+    by_dev = adapter_bytes_by_device(adapters, plan.placement)
+    memory = with_adapters(plan.memory, by_dev)
+    if not _over(memory, plan):
+        return replace(plan, memory=memory)
+    total = sum(by_dev.values())
+    smaller = replace(machine, devices=tuple(
+        replace(d, memory_bytes=max(0, d.memory_bytes - by_dev.get(d.name, 0)))
+        for d in machine.devices))
+    ch = Change(f"{fb(total)} kept for LoRA adapters",
+                f"{len(adapters)} adapter(s) beside the layers they adapt; "
+                "the model planned within what they leave")
+    names = ", ".join(Path(a.path).name for a in adapters)
+    try:
+        text = _plan_text(facts, smaller, req, calibration, [ch])
+    except PlanRefused as exc:
+        raise PlanRefused(f"with its LoRA adapters ({names}: {fb(total)}): {exc}") from None
+    if plan.projector is not None:
+        text = replace(text, memory=with_projector(text.memory, plan.projector),
+                       projector=plan.projector)
+    text = replace(text, budgets=plan.budgets)
+    memory = with_adapters(text.memory, adapter_bytes_by_device(adapters, text.placement))
+    if _over(memory, replace(text, budgets=plan.budgets)):
+        raise PlanRefused(f"the LoRA adapters ({names}) need {fb(total)} beside the "
+                          "model; it does not fit with them")
+    return replace(text, memory=memory)
+
+
+def _over(memory: MemoryEstimate, plan: Plan) -> bool:
+    """Whether `memory` puts more on some device than `plan`'s budget there (the CPU's
+    weights left to stream from disk not counted, as the optimizer counts them)."""
+    return any(used - (plan.placement.disk_bytes if d == "CPU" else 0) > plan.budgets[d]
+               for d, used in memory.by_device.items() if d in plan.budgets)
 
 
 def _plan_text(

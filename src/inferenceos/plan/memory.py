@@ -292,6 +292,8 @@ class MemoryEstimate:
     # a multimodal projector's weights + encoder compute buffer, by device (plan/projector.py);
     # already included in by_device
     projector: dict[str, int] = field(default_factory=dict)
+    # LoRA adapters' tensors, by device (plan/adapters.py); already included in by_device
+    adapters: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -342,12 +344,24 @@ class MemoryEstimate:
             "overhead": self.overhead,
             "by_device": self.by_device,
             "projector": self.projector,
+            "adapters": self.adapters,
             "total": self.total,
             "anonymous": self.anonymous,
             "mapped": self.mapped,
             "n_ctx": self.context.n_ctx,
             "n_ubatch": self.context.n_ubatch,
         }
+
+
+def with_adapters(memory: MemoryEstimate, by_device: dict[str, int]) -> MemoryEstimate:
+    """`memory` with LoRA adapters' bytes added where they live (and listed apart);
+    adapters already charged are replaced, not added twice."""
+    total = dict(memory.by_device)
+    for dev, n in memory.adapters.items():
+        total[dev] = total.get(dev, 0) - n
+    for dev, n in by_device.items():
+        total[dev] = total.get(dev, 0) + n
+    return replace(memory, by_device=total, adapters=dict(by_device))
 
 
 def with_settings(s: ContextSettings, **changes: Any) -> ContextSettings:

@@ -209,6 +209,9 @@ class Plan:
         if self.projector is not None:
             pp = self.projector
             flags += f" · projector {pp.kind} on {pp.device} ({format_bytes(pp.bytes)})"
+        if self.memory.adapters:
+            flags += " · LoRA " + ", ".join(
+                f"{format_bytes(b)} on {d}" for d, b in self.memory.adapters.items())
         if self.draft is not None and (self.draft.drafter or self.draft.asked == "auto"):
             flags += f" · {self.draft.line()}"
         fa = {-1: "auto", 0: "off", 1: "on"}.get(p.flash_attn, str(p.flash_attn))

@@ -138,8 +138,10 @@ class ModelManager:
         context_hint: ContextHint | None = recent_context,
         on_load: Callable[[str, Plan], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        adapters: Callable[[ResolvedModel], tuple[str, ...]] | None = None,
     ) -> None:
         self._resolve = resolve
+        self._adapters = adapters  # a model's LoRA files, priced by its plan (LoadRequest.lora)
         self._factory = factory or engine_factory()
         self._planner = planner
         self.budget = budget or MemoryBudget()
@@ -180,6 +182,8 @@ class ModelManager:
             why = f"--ctx {req.n_ctx}"
         elif self._hint is not None and (hint := self._hint(model)) is not None:
             req, why = replace(req, n_ctx=hint[0]), hint[1]
+        if self._adapters is not None and (files := self._adapters(model)):
+            req = replace(req, lora=files)
         if overrides:
             req = replace(req, **overrides)
             if "n_ctx" in overrides:
