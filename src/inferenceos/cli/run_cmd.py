@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from inferenceos.cli.gen_opts import (
     MinPOpt,
     PromptOpt,
     RawOpt,
+    ReasoningBudgetOpt,
     RunCtxOpt,
     RunKvPolicyOpt,
     RunModelArg,
@@ -108,6 +110,7 @@ def run(
     ram: RamCapOpt = None, gpu_memory: GpuCapOpt = None, as_json: JsonOpt = False,
     verbose: VerboseLogOpt = False, draft: DraftOpt = None, image: ImageOpt = None,
     audio: AudioOpt = None, mmproj: MmprojOpt = None, lora: LoraOpt = None,
+    reasoning_budget: ReasoningBudgetOpt = -1,
 ) -> None:
     """Generate a completion for one prompt, streaming tokens as they come.
 
@@ -130,15 +133,21 @@ def run(
         return
     text = _read_prompt(prompt)
     params = sampling.params()
-    shape = PromptShape(system, raw, template, tuple(image or ()), tuple(audio or ()))
+    shape = PromptShape(system, raw, template, tuple(image or ()), tuple(audio or ()),
+                        reasoning_budget)
+    writers = _writers()
     result = run_prompt(
         model, resolve_model(model), text, shape, params,
         request=partial(load.request, n_batch=batch),
         flash_attn=partial(flash_attn_choice, flash_attn), kv_policy=kv_policy,
         mmproj=mmproj, verbose=verbose, on_plan=_print_plan,
-        on_text=_no_text if as_json else _write_text)
+        on_text=_no_text if as_json else writers[0],
+        on_reasoning=_no_text if as_json else writers[1])
     if as_json:
-        print_json({"text": "".join(result.pieces), "metrics": result.metrics.to_json()})
+        out = {"text": result.text, "metrics": result.metrics.to_json()}
+        if result.reasoning:
+            out["reasoning"] = result.reasoning
+        print_json(out)
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -152,6 +161,35 @@ def _write_text(text: str) -> None:
     if text:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def _writers() -> tuple[Callable[[str], None], Callable[[str], None]]:
+    """(answer, reasoning) writers for a thinking model's reply: on a terminal the
+    reasoning is dimmed on stdout, a blank line before the answer; piped, it goes to
+    stderr, so that stdout holds the answer alone."""
+    import os
+
+    tty = sys.stdout.isatty()
+    dim = tty and not os.environ.get("NO_COLOR")
+    state = {"reasoning": False, "text": False}
+
+    def reasoning(piece: str) -> None:
+        if not piece:
+            return
+        if not state["reasoning"]:
+            piece = piece.lstrip("\n")
+        state["reasoning"] = True
+        stream = sys.stdout if tty else sys.stderr
+        stream.write(f"\x1b[2m{piece}\x1b[0m" if dim else piece)
+        stream.flush()
+
+    def text(piece: str) -> None:
+        if piece and state["reasoning"] and not state["text"]:
+            (sys.stdout.write("\n\n") if tty else sys.stderr.write("\n"))
+        state["text"] = state["text"] or bool(piece)
+        _write_text(piece)
+
+    return text, reasoning
 
 
 def _no_text(text: str) -> None:

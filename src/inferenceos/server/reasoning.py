@@ -1,60 +1,32 @@
-"""Reasoning in a model's reply, once for every dialect.
+"""Reasoning in a model's reply, in every API dialect's spelling.
 
-A chat template "has a reasoning section" when it renders `<think>` (Qwen3, QwQ,
-DeepSeek-R1 and their distils): such models write `<think>...</think>` before their
-answer. Two spellings exist: the model opens the tag itself (Qwen3), or the template's
-generation prompt already ends inside it (`...<think>\\n`, DeepSeek-R1), so the reply
-starts with reasoning and only `</think>` is seen. `ThinkingSplit` separates a streamed
-reply into reasoning and answer text, holding back only what may still be a tag being
-written. Templates without `<think>` get None: the whole reply is text, exactly as the
-model wrote it.
-
-What a request asks of reasoning is a `Think`, whatever its dialect's spelling (OpenAI /
-llama-server `chat_template_kwargs.enable_thinking`, `reasoning_effort`,
+The splitter, the prompt preparation for thinking off and the budget's close-after-N
+logic are the dialect-free core in engine/reasoning.py (`run` and `chat --local` use it
+too); this module adds what a request asks of reasoning, whatever its dialect's spelling
+(OpenAI / llama-server `chat_template_kwargs.enable_thinking`, `reasoning_effort`,
 `reasoning_format`, `reasoning_budget_tokens`; Ollama `think`; Anthropic `thinking`;
-the Responses API's `reasoning`). `prepare_prompt` applies it to a rendered chat
-prompt: thinking off closes the section the way the template allows (an empty
-`<think></think>` written after the generation prompt, as Qwen3's own template does with
-enable_thinking=false), and it tells which `Reasoning` the reply will have. A budget of
-N > 0 tokens is kept by the generation (server/reasoning_budget.py): after N tokens of
-reasoning the closing tag is forced, as llama-server's reasoning budget does.
+the Responses API's `reasoning`): a `Think`. `prepare_prompt` applies it to a rendered
+chat prompt (core `apply_thinking`) and answers 400 when thinking is required of a
+template without a section. A budget of N > 0 tokens is kept by the generation
+(server/generation.py, with the core's `BudgetWatch`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-OPEN, CLOSE = "<think>", "</think>"
-# a generation prompt that ends inside the reasoning: a literal ending in "<think>\n"
-# (or "<think>") printed by the template, e.g. {{'<｜Assistant｜><think>\n'}}
-_OPENS_IN_PROMPT = re.compile(r"""<think>(?:\\n|\n)?['"]\s*-?\}\}""")
-
-
-@dataclass(frozen=True)
-class Reasoning:
-    """How one template's models write reasoning: `starts_inside` when the prompt
-    itself opened the `<think>` section."""
-
-    starts_inside: bool
-
-
-def reasoning_of(template: str | None) -> Reasoning | None:
-    """The reasoning format `template` teaches, or None when it has no `<think>`."""
-    if not template or OPEN not in template:
-        return None
-    return Reasoning(bool(_OPENS_IN_PROMPT.search(template)))
-
-
-def _partial(text: str, tag: str) -> int:
-    """How many characters at the end of `text` may be the start of `tag`."""
-    for keep in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-keep:]):
-            return keep
-    return 0
-
+from inferenceos.engine.reasoning import (  # noqa: F401  (the dialects' names for them)
+    CLOSE,
+    OPEN,
+    Reasoning,
+    ThinkingSplit,
+    apply_thinking,
+    has_section,
+    reasoning_of,
+    split_reasoning,
+)
 
 EFFORTS = ("low", "medium", "high")
 FORMATS = ("none", "deepseek", "auto")  # llama-server's reasoning_format values served
@@ -134,103 +106,13 @@ def check_format(value: str | None) -> bool:
                      + ", ".join(FORMATS))
 
 
-def _ends_open(prompt: str) -> bool:
-    return prompt.rstrip().endswith(OPEN)
-
-
 def prepare_prompt(template: str | None, prompt: str, think: Think, model: str = ""
                    ) -> tuple[str, Reasoning | None]:
     """The rendered chat `prompt` with `think` applied, and the reasoning its reply has
-    (None: no reasoning section, or `split` off). Off: a prompt that opened the section
-    gets it closed at once; one whose model opens it itself gets an empty
-    `<think></think>` (unless the template wrote one). APIError 400 when thinking is
-    required of a template without a section."""
+    (None: no reasoning section, or `split` off; engine/reasoning.apply_thinking).
+    APIError 400 when thinking is required of a template without a section."""
     from inferenceos.server.errors import APIError
 
-    has = bool(template and OPEN in template) or _ends_open(prompt)
-    if not has:
-        if think.required and think.enabled:
-            raise APIError(400, f'"{model}" does not support thinking', "invalid_request")
-        return prompt, None
-    if think.off:
-        tail = prompt.rstrip()
-        if tail.endswith(OPEN):
-            prompt = f"{tail}\n\n{CLOSE}\n\n"
-        elif not tail.endswith(CLOSE):
-            prompt = f"{prompt}{OPEN}\n\n{CLOSE}\n\n"
-    return prompt, (Reasoning(_ends_open(prompt)) if think.split else None)
-
-
-class ThinkingSplit:
-    """Feeds a reply piece by piece; each `feed` returns (reasoning, text) safe to send
-    now. Reasoning is what lies between `<think>` (or the reply's start, when the
-    prompt opened it) and `</think>`; a reply that does not open with `<think>`
-    (after whitespace) has none. `finish()` returns what was held back. Whitespace
-    between `</think>` and the answer is dropped, as the templates add it."""
-
-    def __init__(self, reasoning: Reasoning) -> None:
-        self._state = "thinking" if reasoning.starts_inside else "start"
-        self._buf = ""
-        self.thinking = ""  # all reasoning so far
-        self.text = ""  # all answer text so far
-
-    @property
-    def inside(self) -> bool:
-        """Whether the reply is in its reasoning section now."""
-        return self._state == "thinking"
-
-    def feed(self, piece: str) -> tuple[str, str]:
-        self._buf += piece
-        think_out, text_out = "", ""
-        while True:
-            if self._state == "start":
-                head = self._buf.lstrip()
-                if head.startswith(OPEN):
-                    self._buf, self._state = head[len(OPEN):], "thinking"
-                    continue
-                if OPEN.startswith(head):  # still may be the tag (or only whitespace)
-                    break
-                self._state = "text"
-                continue
-            if self._state == "thinking":
-                at = self._buf.find(CLOSE)
-                if at >= 0:
-                    think_out += self._buf[:at]
-                    self._buf, self._state = self._buf[at + len(CLOSE):], "after"
-                    continue
-                keep = _partial(self._buf, CLOSE)
-                cut = len(self._buf) - keep
-                think_out, self._buf = think_out + self._buf[:cut], self._buf[cut:]
-                break
-            if self._state == "after":
-                self._buf = self._buf.lstrip()
-                if not self._buf:
-                    break
-                self._state = "text"
-                continue
-            text_out, self._buf = text_out + self._buf, ""
-            break
-        self.thinking += think_out
-        self.text += text_out
-        return think_out, text_out
-
-    def finish(self) -> tuple[str, str]:
-        """What is left: unfinished reasoning stays reasoning; a lone start is text."""
-        rest, self._buf = self._buf, ""
-        if self._state == "thinking":
-            self.thinking += rest
-            return rest, ""
-        if self._state == "after":
-            rest = rest.strip()
-        self.text += rest
-        return "", rest
-
-
-def split_reasoning(text: str, reasoning: Reasoning | None) -> tuple[str, str]:
-    """(reasoning, answer) of a whole reply."""
-    if reasoning is None:
-        return "", text
-    split = ThinkingSplit(reasoning)
-    split.feed(text)
-    split.finish()
-    return split.thinking, split.text
+    if think.required and think.enabled and not has_section(template, prompt):
+        raise APIError(400, f'"{model}" does not support thinking', "invalid_request")
+    return apply_thinking(template, prompt, think.off, think.split)
