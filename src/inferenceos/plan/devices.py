@@ -304,7 +304,11 @@ def apply_overrides(machine: Machine, o: Overrides) -> Machine:
     notes = list(machine.notes)
     remote = [d for d in machine.accelerators if d.is_remote]  # workers stay as they are
     gpus = [d for d in machine.accelerators if not d.is_remote]
-    if o.gpu_memory is not None:
+    if o.gpu_memory is not None and len(o.gpu_memory) == len(gpus):
+        # this machine's GPUs, each given that budget: their names stay llama.cpp's
+        # (Vulkan0, CUDA0), which the memory budget, the caps and a plan's devices use
+        gpus = [replace(g, memory_bytes=m) for g, m in zip(gpus, o.gpu_memory, strict=True)]
+    elif o.gpu_memory is not None:
         notes = [n for n in notes if not n.startswith(("GPU", "CUDA", "Vulkan", "ROCm"))]
         gpus = [
             _gpu(f"GPU{i}", "gpu", m, ASSUMED_LINK_GBPS, notes) for i, m in enumerate(o.gpu_memory)
