@@ -1,0 +1,55 @@
+"""The GPU path on a real llama.cpp GPU backend: Vulkan, on Mesa's lavapipe where the
+machine has no GPU (docs/gpu.md, "Vulkan on lavapipe").
+
+The tests drive `.venv-vulkan/bin/inferenceos` (`make install-vulkan`) as a subprocess:
+the Vulkan build of llama.cpp, our own code (installed editable from src/). Where that
+venv is missing every test here skips with the reason; where it is present but llama.cpp
+sees no Vulkan device, they fail (the build is there, the device must be too).
+
+One hardware profile per test process: `hardware --json` in a home of its own (the
+planner places layers on a GPU only once `hardware` has seen it, as on any machine),
+copied into each test's fresh home (tests/conftest.py isolates every test's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vulkan_cli import CLI, DEVICE, VENV, VulkanCli, vulkan_missing
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "gpu_vulkan: llama.cpp's Vulkan backend on a real device (lavapipe in CI)")
+
+
+@pytest.fixture(scope="session")
+def vk_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    why = vulkan_missing()
+    if why:
+        pytest.skip(why)
+    home = tmp_path_factory.mktemp("vk-home")
+    env = {**os.environ, "INFERENCEOS_HOME": str(home), "INFERENCEOS_SELF_CALIBRATE": "0"}
+    r = subprocess.run([str(CLI), "hardware", "--json"], env=env, capture_output=True,
+                       text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    profile = json.loads(r.stdout)
+    path = home / "data" / "hardware" / "profile.json"  # hardware/cache.profile_path
+    assert path.is_file(), f"no cached profile at {path}"
+    return profile, path
+
+
+@pytest.fixture
+def vk(vk_profile: tuple[dict[str, Any], Path]) -> VulkanCli:
+    profile, path = vk_profile
+    devices = [d for d in profile["llama_devices"] if d["name"] == DEVICE]
+    if not devices:
+        pytest.fail(f"{VENV.name} has the Vulkan backend but llama.cpp sees no {DEVICE}: "
+                    f"{profile['llama_devices']} (warnings: {profile.get('warnings')})")
+    return VulkanCli(profile, path)
