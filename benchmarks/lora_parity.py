@@ -9,7 +9,20 @@ per-request `lora` at 0.5 and at 0 (the base), and a request after POST
 non-zero when any generated text differs; also checks that the adapter changes the
 text (scale 1 against 0).
 
-    .venv/bin/python benchmarks/lora_parity.py [--threads 2]
+Both servers evaluate the prompt the same way: llama-server decodes a prompt in one
+batch with flash attention on (its CPU "auto"; `-fa on` pins it here), so ours runs with
+`flash_attn=True` and the whole prompt in one step (`step_plan.SEPARATE_LAST_TOKEN` off,
+as benchmarks/determinism.py's baseline does; INFERENCEOS_SEPARATE_LAST_TOKEN=0 carries it
+into the engine's worker processes). `serve`'s own defaults differ on purpose
+(the prompt's last token in a step of its own, for the same answer cold and cached; no
+flash attention for cached turns on a CPU, for speed at depth), and the adapter at scale
+1 leaves "The three primary colors are" a near-tie at its 10th token (' colors' over
+' user' by 0.104 logits with llama-server's evaluation; ' user' by 0.029 with the last
+token alone, by 0.099 without flash attention; the base model's smallest margin on the
+same 32 tokens is 0.130): which one wins is then the order of float sums, not the
+adapter. `--as-served` runs ours with its defaults to show that difference.
+
+    .venv/bin/python benchmarks/lora_parity.py [--threads 2] [--as-served]
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
+from inferenceos.engine import step_plan  # noqa: E402
 from inferenceos.model.packaged_models import QWEN_05B, ensure_packaged_model  # noqa: E402
 from inferenceos.plan.entry import LoadRequest  # noqa: E402
 from inferenceos.server.settings import ServerSettings  # noqa: E402
@@ -70,19 +84,25 @@ def run_all(port: int) -> list[list[str]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--as-served", action="store_true",
+                    help="ours with serve's evaluation defaults, not llama-server's")
     args = ap.parse_args()
+    if not args.as_served:  # the whole prompt in one step, in the engine's workers too
+        os.environ["INFERENCEOS_SEPARATE_LAST_TOKEN"] = "0"
+        step_plan.SEPARATE_LAST_TOKEN = False
     qwen = ensure_packaged_model(QWEN_05B, base=TEST_CACHE)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         adapter = write_lora(work / "qwen-lora.gguf", qwen, seed=3, rank=8, alpha=8.0,
                              magnitude=0.05)
         ctx = Ctx(llama_tool("llama-server"), work, args.threads)
-        with llama_server(ctx, qwen, ["-c", "2048", "--lora", str(adapter)]) as port:
+        with llama_server(ctx, qwen, ["-c", "2048", "-fa", "on", "--lora", str(adapter)]) as port:
             theirs = run_all(port)
         os.environ["INFERENCEOS_HOME"] = str(work / "home")
         settings = replace(ServerSettings(), lora=((str(adapter), 1.0),))
         h = start_server({"qwen": qwen}, work / "ours", settings=settings, manager_kw={
-            "base": LoadRequest(n_ctx=2048, threads=args.threads)})
+            "base": LoadRequest(n_ctx=2048, threads=args.threads,
+                                flash_attn=None if args.as_served else True)})
         try:
             ours = run_all(h.port)
         finally:

@@ -28,12 +28,15 @@ The executor fills one llama_batch from the plan, in exactly this row order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 # the last prompt token in a step of its own (module doc, 2.); benchmarks/determinism.py
-# turns it off for its baseline
-SEPARATE_LAST_TOKEN = True
+# turns it off for its baseline, and benchmarks/lora_parity.py (which evaluates prompts as
+# llama-server does, in one batch) with INFERENCEOS_SEPARATE_LAST_TOKEN=0 in the
+# environment, which the engine's spawned worker processes inherit
+SEPARATE_LAST_TOKEN = os.environ.get("INFERENCEOS_SEPARATE_LAST_TOKEN", "1") != "0"
 
 
 @dataclass(frozen=True)
