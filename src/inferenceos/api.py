@@ -247,6 +247,18 @@ def _images(images: Any, media: builtins.list[MediaItem]) -> str:
     return f"{MEDIA_MARKER}\n" * len(images)
 
 
+def _template_kwargs(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`template_kwargs` checked: a mapping of string names (None: none);
+    `enable_thinking`, when given, a bool. UsageError otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise UsageError("template_kwargs must be a mapping of variable names to values")
+    if "enable_thinking" in value and not isinstance(value["enable_thinking"], bool):
+        raise UsageError("template_kwargs enable_thinking must be true or false")
+    return dict(value)
+
+
 def transcript(messages: Sequence[ChatMessage]) -> str:
     """A base model's chat prompt: "System:/User:/Assistant:" lines, ending with
     "Assistant:" for the reply (stop it at TRANSCRIPT_STOP)."""
@@ -325,28 +337,42 @@ class Model:
         return self._run(body, stream, options, media)
 
     def chat_prompt(self, messages: Sequence[Any], template: str | None = None,
-                    media: builtins.list[MediaItem] | None = None) -> str:
+                    media: builtins.list[MediaItem] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> str:
         """The prompt text `chat` would send for `messages` (their images decoded into
-        `media` when given)."""
+        `media` when given); `template_kwargs` as `chat` takes them."""
         msgs = _messages(messages, media)
         if not self.has_chat_template and template is None:
             return transcript(msgs)
-        text: str = self._engine.chat_prompt(msgs, template=template)
+        kwargs = _template_kwargs(template_kwargs)
+        text: str = self._engine.chat_prompt(msgs, template=template, template_kwargs=kwargs)
+        if kwargs.get("enable_thinking") is False:  # closed even where the template won't
+            from inferenceos.engine.reasoning import apply_thinking
+
+            text = apply_thinking(None if template else self.spec.chat_template, text,
+                                  off=True)[0]
         return text
 
     @overload
     def chat(self, messages: Sequence[Any], *, stream: Literal[False] = False,
-             template: str | None = None, **options: Any) -> Completion: ...
+             template: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
+             **options: Any) -> Completion: ...
     @overload
     def chat(self, messages: Sequence[Any], *, stream: Literal[True],
-             template: str | None = None, **options: Any) -> TextStream: ...
+             template: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
+             **options: Any) -> TextStream: ...
 
     def chat(self, messages: Sequence[Any], *, stream: bool = False,
-             template: str | None = None, **options: Any) -> Completion | TextStream:
+             template: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
+             **options: Any) -> Completion | TextStream:
         """Reply to `messages` ([{"role": "user", "content": "..."}, ...]) through the
-        chat template (`template`: one of llama.cpp's built-in ones by name)."""
+        chat template (`template`: one of llama.cpp's built-in ones by name).
+        `template_kwargs`: variables for the model's Jinja template (llama-server's
+        `chat_template_kwargs`), e.g. `{"enable_thinking": False}`, which also closes a
+        reasoning section the template left open (engine/reasoning.apply_thinking).
+        UsageError when it is not a mapping of names."""
         media: builtins.list[MediaItem] = []
-        prompt = self.chat_prompt(messages, template, media)
+        prompt = self.chat_prompt(messages, template, media, template_kwargs)
         if not self.has_chat_template and template is None:
             stop = options.get("stop") or ()
             stop = (stop,) if isinstance(stop, str) else tuple(stop)

@@ -128,6 +128,17 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def _template_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """The template variables `/think` and `reasoning_budget` ask of a model loaded in
+    this process: thinking off for `think` false or a budget of 0 (the template's
+    `enable_thinking`, engine/reasoning.apply_thinking where it has none), on for `think`
+    true; none when neither is set. (A budget N > 0 is kept only by a served model.)"""
+    think, budget = options.get("think"), options.get("reasoning_budget")
+    if think is False or budget == 0:
+        return {"enable_thinking": False}
+    return {"enable_thinking": True} if think is True else {}
+
+
 class LocalBackend:
     """The model loaded in this process (inferenceos.load)."""
 
@@ -142,14 +153,15 @@ class LocalBackend:
         self._load_uid: str | None = None  # telemetry's record of this load
 
     def reply(self, messages: list[dict[str, Any]], options: dict[str, Any]) -> Iterator[str]:
-        from inferenceos.server.reasoning import Reasoning, ThinkingSplit
+        from inferenceos.engine.reasoning import Reasoning, ThinkingSplit
 
+        kwargs = _template_kwargs(options)
         options = {k: v for k, v in options.items() if k not in _THINK_KEYS}
         split = None
         if "<think>" in (self.model.spec.chat_template or ""):  # a thinking model's reply
-            prompt = self.model.chat_prompt(messages, media=[])
+            prompt = self.model.chat_prompt(messages, media=[], template_kwargs=kwargs)
             split = ThinkingSplit(Reasoning(prompt.rstrip().endswith("<think>")))
-        stream = self.model.chat(messages, stream=True, **options)
+        stream = self.model.chat(messages, stream=True, template_kwargs=kwargs, **options)
         try:
             for piece in stream:
                 if split is None:
@@ -407,9 +419,6 @@ class ChatSession:
         if mode not in ("on", "off"):
             raise UsageError("usage: /think on|off|show")
         self.options["think"] = mode == "on"
-        if isinstance(self.backend, LocalBackend) and mode == "off":
-            return ("thinking off (in this process the template decides: the reasoning "
-                    "is still shown folded; a served model turns it off)")
         return f"thinking {mode}"
 
     def clear(self) -> None:
