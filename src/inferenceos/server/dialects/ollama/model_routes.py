@@ -95,7 +95,7 @@ async def show(body: ShowRequest, request: Request) -> Any:
                 "template": (preset and preset.template) or spec.chat_template or "",
                 "system": preset.system if preset else None, "details": _details(m),
                 "model_info": info, "projector_info": projector,
-                "capabilities": [*_capabilities(spec.chat_template), *_media(projector)],
+                "capabilities": _all_capabilities(m.path, spec.chat_template, projector),
                 "modified_at": now_iso(m.modified_at)}
     return await call_in_thread(work)
 
@@ -125,6 +125,19 @@ def _capabilities(template: str | None) -> list[str]:
     """What Ollama lists: "tools" when the chat template renders tools."""
     tools = ["tools"] if detect_format(template) is not None else []
     return ["completion", "embedding", *tools]
+
+
+def _all_capabilities(path: Path, template: str | None,
+                      projector: dict[str, Any] | None) -> list[str]:
+    """Ollama's order: completion (and embedding), tools, "insert" for a model with FIM
+    tokens (its `suffix` is served: model/fim.py), the media ones, "thinking" for a
+    template with a reasoning section (`think` is served: server/reasoning.py)."""
+    from inferenceos.model.fim import has_fim
+    from inferenceos.server.reasoning import reasoning_of
+
+    insert = ["insert"] if has_fim(path) else []
+    thinking = ["thinking"] if reasoning_of(template) is not None else []
+    return [*_capabilities(template), *insert, *_media(projector), *thinking]
 
 
 def _ps_entry(lm: ResidentModel, now: float) -> dict[str, Any]:
