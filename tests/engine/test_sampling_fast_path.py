@@ -73,3 +73,28 @@ def test_top_k_ids_is_a_superset_of_the_k_best() -> None:
             ids = top_k_ids(logits, k)
             kth = np.sort(logits)[::-1][min(k, 5000) - 1]
             assert set(np.flatnonzero(logits >= kth)) <= set(ids.tolist())
+
+
+def test_a_steps_greedy_rows_picked_together_equal_their_own_argmax(tiny_llama: Path) -> None:
+    """candidates.greedy_rows (one argmax over the step's logits buffer) picks for every
+    greedy row what that row's own argmax picks, for all rows of a decode step and for
+    a subset of them; a prefill row without logits before them shifts nothing."""
+    from inferenceos.engine.candidates import greedy_rows, logits_row
+    from inferenceos.engine.llama.batch import TokenBatch
+
+    with LoadedModel(tiny_llama, LlamaParams(n_ctx=256, n_seq_max=4, kv_unified=True)) as lm:
+        ll = lm._ll
+        batch = TokenBatch(16, 4)
+        try:
+            rows = [batch.add(1, 0, 0, False)]  # no logits: not in the buffer
+            rows += [batch.add(t, i + 1, 0, True) for i, t in enumerate((5, 9))]
+            rows += [batch.add(t, 0, s, True) for s, t in ((1, 7), (2, 11), (3, 3))]
+            assert ll.llama_decode(lm.ctx, batch.raw) == 0
+            with_logits = rows[1:]
+            own = {r: int(logits_row(ll, lm.ctx, r, lm.n_vocab).argmax()) for r in with_logits}
+            assert greedy_rows(ll, lm.ctx, with_logits, with_logits, lm.n_vocab) == own
+            some = with_logits[1:3]
+            assert greedy_rows(ll, lm.ctx, some, with_logits, lm.n_vocab) == {
+                r: own[r] for r in some}
+        finally:
+            batch.close()

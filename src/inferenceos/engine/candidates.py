@@ -14,6 +14,7 @@ are copied into a llama_token_data_array for the C chain to finish.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,28 @@ def logits_row(ll: Any, ctx: Any, idx: int, n_vocab: int) -> np.ndarray:
     view = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, idx), shape=(n_vocab,))
     view.flags.writeable = False
     return view
+
+
+def greedy_rows(ll: Any, ctx: Any, rows: Sequence[int], logit_rows: Collection[int],
+                n_vocab: int) -> dict[int, int] | None:
+    """The argmax token of each batch row in `rows`, from one view of the step's whole
+    logits buffer (`llama_get_logits`: one row per batch row that asked for logits, in
+    batch order; `logit_rows` are those rows): one vectorised argmax for the step's
+    greedy rows instead of a view, an argmax and their Python per row. The first
+    maximum, as `argmax` of one row and llama.cpp's greedy pick. None when the buffer
+    is not laid out so (checked against llama_get_logits_ith): sample row by row."""
+    order = sorted(logit_rows)
+    rank = {r: i for i, r in enumerate(order)}
+    base = ll.llama_get_logits(ctx)
+    first = ll.llama_get_logits_ith(ctx, rows[0])
+    if not base or not first or ctypes.addressof(first.contents) != (
+            ctypes.addressof(base.contents) + rank[rows[0]] * n_vocab * 4):
+        return None
+    view = np.ctypeslib.as_array(base, shape=(len(order), n_vocab))
+    if 2 * len(rows) >= len(order):  # most rows: one pass over the whole buffer
+        best = view.argmax(axis=1)
+        return {r: int(best[rank[r]]) for r in rows}
+    return {r: int(view[rank[r]].argmax()) for r in rows}  # never a copy of rows
 
 
 def top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:

@@ -206,6 +206,17 @@ class SamplerChain:
         ll.llama_sampler_accept(self.ptr, token)
         return token
 
+    @property
+    def greedy(self) -> bool:
+        """Whether `sample` is the argmax of the row (the greedy fast path): a step's
+        greedy rows may then be picked together (candidates.greedy_rows) and each
+        chain told its token with `accept`."""
+        return self._fast == "greedy"
+
+    def accept(self, token: int) -> None:
+        """Tell the chain that `token` was chosen (what `sample` does after picking)."""
+        self._ll.llama_sampler_accept(self.ptr, token)
+
     def close(self) -> None:
         if self.ptr is not None:
             self._ll.llama_sampler_free(self.ptr)

@@ -33,6 +33,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import replace
 from typing import Any
 
+from inferenceos.engine import candidates
 from inferenceos.engine.core import EngineCore
 from inferenceos.engine.executor import Executor, StepRows
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
@@ -482,6 +483,7 @@ class Scheduler:
 
     def _sample_all(self, rows: StepRows) -> list[Event]:
         events: list[Event] = []
+        picked = self._greedy_picks(rows)
         for seq in list(self.running):
             key = seq.slot.index
             if key in rows.decode:
@@ -489,10 +491,27 @@ class Scheduler:
                 if seq.draft:
                     events.extend(self._verify(seq, rows.decode[key]))
                     continue
-                events.extend(self._sample(seq, rows.decode[key][0]))
+                events.extend(self._sample(seq, rows.decode[key][0], picked))
             elif key in rows.prefill_last:
-                events.extend(self._sample(seq, rows.prefill_last[key]))
+                events.extend(self._sample(seq, rows.prefill_last[key], picked))
         return events
+
+    def _greedy_picks(self, rows: StepRows) -> dict[int, int]:
+        """Row -> token of this step's greedy rows, picked in one pass over the logits
+        (candidates.greedy_rows); {} with fewer than two, or under a trace (whose
+        "sampling" spans time each sampler call)."""
+        if self.trace is not None:
+            return {}
+        want = [rows.decode[s.slot.index][0] if s.slot.index in rows.decode
+                else rows.prefill_last[s.slot.index] for s in self.running
+                if s.sampler.greedy and not s.draft
+                and (s.slot.index in rows.decode or s.slot.index in rows.prefill_last)]
+        if len(want) < 2:
+            return {}
+        logit_rows = [r for rs in rows.decode.values() for r in rs]
+        logit_rows += rows.prefill_last.values()
+        return candidates.greedy_rows(self._ll, self.model.ctx, want, logit_rows,
+                                      self.model.n_vocab) or {}
 
     def _verify(self, seq: RunningSequence, rows: Seq[int]) -> list[Event]:
         """Emit what verifying the sequence's draft accepted (engine/spec/decode.py) and drop
@@ -509,9 +528,14 @@ class Scheduler:
         seq.pending = verdict.chosen[-1][0]
         return events
 
-    def _sample(self, seq: RunningSequence, row: int) -> list[Event]:
+    def _sample(self, seq: RunningSequence, row: int,
+                picked: dict[int, int] | None = None) -> list[Event]:
         t0 = time.perf_counter()
-        token = seq.sampler.sample(self.model.ctx, row)
+        token = picked.get(row) if picked else None
+        if token is None:
+            token = seq.sampler.sample(self.model.ctx, row)
+        else:
+            seq.sampler.accept(token)
         if self.trace is not None:
             self.trace("sampling", t0, time.perf_counter(), 0)
         events = seq.out.push(token, self._extra(seq, row, token))
