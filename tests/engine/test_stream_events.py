@@ -332,13 +332,14 @@ _CHILD = textwrap.dedent("""
 
 
     def report_blocked(main):
-        # tell the parent once the main thread waits inside queue.get()
+        # tell the parent once the main thread waits inside the reply queue's get():
+        # a queue.Queue's Python frames, or a SimpleQueue's C call from _follow
         while True:
             frame, names = sys._current_frames().get(main), []
             while frame is not None:
                 names.append(frame.f_code.co_name)
                 frame = frame.f_back
-            if names[:2] == ["wait", "get"]:
+            if names[:2] == ["wait", "get"] or names[:1] == ["_follow"]:
                 print("blocked", flush=True)
                 return
             time.sleep(0.001)

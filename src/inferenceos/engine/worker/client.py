@@ -39,8 +39,10 @@ __all__ = ["CurrentWorker", "Replies", "WorkerClient"]
 
 R = TypeVar("R")
 # a request's replies, in order; None is no reply but a wake-up for the stream reading
-# them (its cancel was set: engine.Engine._start)
-Replies = queue.Queue[FromWorker | None]
+# them (its cancel was set: engine.Engine._start). A SimpleQueue (C): a put and a get
+# per token of every stream are its path, and queue.Queue's Condition cost ~5 us of
+# Python per token there (issue 44); its blocking get() still ends on EINTR for Ctrl-C
+Replies = queue.SimpleQueue[FromWorker | None]
 
 
 class WorkerClient:
@@ -103,7 +105,7 @@ class WorkerClient:
                 raise errors.WorkerDiedError("the model worker is not running")
             q: Replies | None = None
             if register:
-                q = self.pending[msg.req_id] = queue.Queue()
+                q = self.pending[msg.req_id] = queue.SimpleQueue()
             try:
                 self.conn.send(msg)
             except (OSError, ValueError):
