@@ -329,6 +329,8 @@ class Run:
         last: float | None = None
         finished = False
         counted = 0  # tokens already in generation_tokens_total
+        tokens: Any = None
+        itl: Any = None
         try:
             while True:
                 item = self._head.pop() if self._head else await self._stream.__anext__()
@@ -341,12 +343,16 @@ class Run:
                 if item.token >= 0:
                     # counted as generated, so that a rate read from the counter (monitor,
                     # /ui) moves while a request runs, and an abandoned one counts too
-                    m.generation_tokens.labels(model_name=name).inc()
+                    # (the labelled children looked up once a run, not once a token)
+                    if tokens is None:
+                        tokens, itl = (m.generation_tokens.labels(model_name=name),
+                                       m.itl.labels(model_name=name))
+                    tokens.inc()
                     counted += 1
                     if last is None:
                         m.ttft.labels(model_name=name).observe(now - self._t0)
                     else:
-                        m.itl.labels(model_name=name).observe(now - last)
+                        itl.observe(now - last)
                     last = now
                 yield item
         except StopAsyncIteration:
