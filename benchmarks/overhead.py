@@ -1,0 +1,574 @@
+"""The control plane's own cost per generated token, against llama.cpp's own tools.
+
+A model whose kernels are almost free shows what the Python around them costs: the tiny
+random-weight llama (2 layers, n_embd 512, ~19 MB; tests/tiny_models.py writes it) and,
+for scale, the built-in Gemma 3 270M. Per model, in the same run:
+
+- `inferenceos run` decode against llama-bench `tg` (run_overhead.py's measurements);
+- `inferenceos serve` at 1, 8 and 32 concurrent streams against llama-server `-np N`:
+  streamed, greedy, `ignore_eos`, llama-server's `/completion` dialect on both, plus
+  the OpenAI route (`/v1/completions`) on ours. Each load window runs N clients for
+  `--duration` seconds on both servers in turn (order alternating by round); tokens are
+  counted as they arrive (`tokens_predicted` of each event; a chunk per token on the
+  OpenAI route), so the figure is the steady aggregate t/s, ramp included;
+- the CPU time of every process per generated token (/proc: the HTTP process, its
+  worker, llama-server, and this process, the client);
+- with `--profile` (needs py-spy in .venv), one more window of ours at each stream
+  count under `py-spy record --subprocesses --nonblocking --gil`: the samples of the
+  thread holding the GIL in the worker and in the HTTP process (Python at work: a
+  thread waiting on a lock, a pipe or epoll holds none, nor does llama_decode, whose
+  ctypes call releases it), classified by the innermost frame of ours, give
+  microseconds per generated token for each stage:
+    scheduling     engine/scheduler.py, step_plan, executor.fill, kv/, spec/, running
+    sampling       engine/sampling.py, engine/candidates.py
+    detok + stop   engine/output.py, engine/stop.py (the pieces, UTF-8, stop strings)
+    llama_decode   engine/executor.py's decode with the GIL held (~0: a check)
+    worker pipe    engine/worker/ (the worker's send, pickling, the parent's reader
+                   thread) and engine/engine.py, engine/base.py (event delivery)
+    HTTP process   server/ (routes, JSON, SSE, the generation thread), uvicorn, asyncio
+    client socket  this process's CPU per token (measured, not sampled)
+  "our own" is the sum of the stages above except llama_decode and the client.
+
+Every figure is printed beside the load average at its measurement; the ratio is the
+median of the rounds' own ratios (both sides of a round share the machine's state).
+
+    .venv/bin/python benchmarks/overhead.py [--models tiny gemma] [--streams 1 8 32]
+        [--rounds 2] [--duration 10] [--tokens 128] [--threads 2] [--profile]
+        [--no-run] [--no-openai] [--baseline-src OTHER_CHECKOUT/src] [--json FILE]
+
+`--baseline-src` serves a second `ours` from another checkout's src in the same rounds
+(e.g. `git worktree add /tmp/base <commit>`): a before / after measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from llama_tools import llama_tool
+from run_overhead import bench_tg, ours_tg
+from serve_load import free_port, wait_healthy
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PREDICTED = re.compile(rb'"tokens_predicted":(\d+)')
+
+
+def loadavg() -> str:
+    return f"load {os.getloadavg()[0]:.2f}"
+
+
+# -- models --------------------------------------------------------------------------
+
+
+def tiny_model(folder: Path) -> Path:
+    """The tiny random-weight llama of issue 44's figures: 2 layers, n_embd 512 (~19 MB)."""
+    from tiny_models import SHAPES, TinyShape, write_tiny_model
+
+    SHAPES["overhead"] = TinyShape(n_layer=2, n_embd=512, n_head=8, n_head_kv=4, n_ff=1024,
+                                   n_ctx=4096)
+    return write_tiny_model(folder / "tiny-overhead.gguf", "overhead")
+
+
+def model_paths(names: list[str], folder: Path) -> dict[str, Path]:
+    from inferenceos.model.default_model import ensure_default_model
+
+    out: dict[str, Path] = {}
+    for name in names:
+        out[name] = tiny_model(folder) if name == "tiny" else ensure_default_model()
+    return out
+
+
+# -- CPU time of processes -----------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads); 0 when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid`."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def python_children(pid: int) -> list[int]:
+    """`pid`'s children that run Python (the model worker; not resource trackers)."""
+    out = []
+    for c in children(pid):
+        try:
+            cmd = Path(f"/proc/{c}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd:
+            out.append(c)
+    return out
+
+
+# -- the client ------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """One load window's counts."""
+
+    tokens: int = 0
+    requests: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
+    status = await reader.readline()
+    if not status:
+        raise ConnectionError("connection closed")
+    headers: dict[bytes, bytes] = {}
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = line.partition(b":")
+        headers[k.strip().lower()] = v.strip()
+    return int(status.split()[1]), headers
+
+
+async def _body_chunks(reader: asyncio.StreamReader, headers: dict[bytes, bytes]
+                       ) -> Any:
+    """The response body's pieces as they arrive (chunked or by length)."""
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+        while True:
+            size = int((await reader.readline()).strip() or b"0", 16)
+            if size == 0:
+                await reader.readline()
+                return
+            data = await reader.readexactly(size + 2)
+            yield data[:-2]
+    else:
+        n = int(headers.get(b"content-length", b"0"))
+        if n:
+            yield await reader.readexactly(n)
+
+
+async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str,
+               body: bytes, openai: bool, deadline: float, win: Window) -> bool:
+    """One streamed request; counts its tokens into `win` while before `deadline`.
+    False when the deadline cut it (the connection is then dropped)."""
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                 f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    status, headers = await _read_head(reader)
+    buf = b""
+    seen = 0
+    async for chunk in _body_chunks(reader, headers):
+        if status != 200:
+            win.failed += 1
+            win.errors.append(f"{status} {chunk[:200]!r}")
+            continue
+        buf += chunk
+        *events, buf = buf.split(b"\n\n")
+        now = time.monotonic()
+        for ev in events:
+            if b'"error"' in ev[:40]:
+                win.failed += 1
+                win.errors.append(ev[:200].decode(errors="replace"))
+                continue
+            if openai:
+                n = 1 if b'"text":"' in ev and b'"text":""' not in ev else 0
+            else:
+                m = _PREDICTED.search(ev)
+                n = max(0, int(m.group(1)) - seen) if m else 0
+                seen += n
+            if now < deadline:
+                win.tokens += n
+        if now >= deadline:
+            return False
+    win.requests += 1
+    return True
+
+
+async def _client(port: int, i: int, openai: str, tokens: int, deadline: float,
+                  win: Window) -> None:
+    """Requests one after the other until `deadline`, each on a connection of its own
+    (llama-server closes a connection after a stream). `openai`: the model name for the
+    OpenAI route; "": llama-server's /completion."""
+    k = 0
+    while time.monotonic() < deadline:
+        prompt = f"Client {i} request {k}: once upon a time"
+        k += 1
+        if openai:
+            path = "/v1/completions"
+            req: dict[str, Any] = {"model": openai, "prompt": prompt, "max_tokens": tokens,
+                                   "stream": True, "temperature": 0}
+        else:
+            path = "/completion"
+            req = {"prompt": prompt, "n_predict": tokens, "stream": True,
+                   "temperature": 0, "ignore_eos": True}
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            if not await _one(reader, writer, path, json.dumps(req).encode(), bool(openai),
+                              deadline, win):
+                return
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+            win.failed += 1
+            win.errors.append(repr(exc)[:200])
+        finally:
+            writer.close()
+
+
+def load_window(port: int, clients: int, duration: float, tokens: int, openai: str = ""
+                ) -> tuple[Window, float]:
+    """`clients` streaming clients for `duration` s; (counts, this process's CPU s)."""
+    win = Window()
+
+    async def main() -> None:
+        deadline = time.monotonic() + duration
+        await asyncio.gather(*(_client(port, i, openai, tokens, deadline, win)
+                               for i in range(clients)))
+
+    c0 = time.process_time()
+    asyncio.run(main())
+    return win, time.process_time() - c0
+
+
+# -- servers -------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """The processes whose CPU counts: the server, and ours' model worker."""
+        out = {"llama-server" if self.name == "llama-server" else "http": self.proc.pid}
+        for pid in python_children(self.proc.pid):
+            out["worker"] = pid
+        return out
+
+    def model_id(self) -> str:
+        """The id /v1/models lists first (the OpenAI route wants a model it serves)."""
+        import httpx
+
+        data = httpx.get(f"http://127.0.0.1:{self.port}/v1/models", timeout=10).json()
+        return str(data["data"][0]["id"])
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def start(name: str, cmd: list[str], env: dict[str, str]) -> Server:
+    port = free_port()
+    cmd = [c.replace("{port}", str(port)) for c in cmd]
+    with tempfile.NamedTemporaryFile(prefix=f"overhead-{name}-", suffix=".log",
+                                     delete=False) as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    srv = Server(name, proc, port, Path(log.name))
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+    except RuntimeError as exc:
+        srv.stop()
+        tail = srv.log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{name}: {exc}; its log ({log.name}) ends:\n{tail}") from None
+    load_window(port, 1, 2.0, 8)  # warm-up
+    return srv
+
+
+def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
+            ) -> dict[str, Server]:
+    """ours, llama-server and, with --baseline-src, ours from that checkout's src."""
+    ctx = max(512, args.tokens + 64)
+    serve = [sys.executable, "-m", "inferenceos", "serve", str(model), "--parallel", str(n),
+             "--ctx", str(ctx), "--queue", str(4 * n), "--threads", str(args.threads),
+             "--port", "{port}", "--draft", "none"]
+    out: dict[str, Server] = {}
+    try:
+        out["ours"] = start("ours", serve, env)
+        out["llama-server"] = start("llama-server", [
+            str(llama_tool("llama-server")), "-m", str(model), "-np", str(n), "-c",
+            str(ctx * n), "-t", str(args.threads), "--host", "127.0.0.1", "--port", "{port}"],
+            env)
+        if args.baseline_src:
+            out["baseline"] = start("baseline", serve,
+                                    {**env, "PYTHONPATH": str(args.baseline_src)})
+    except BaseException:
+        for srv in out.values():
+            srv.stop()
+        raise
+    return out
+
+
+@dataclass
+class Measured:
+    """One window on one server: aggregate t/s and CPU µs per token by process."""
+
+    tps: float
+    us: dict[str, float]
+    load: float
+    failed: int = 0
+
+
+def measure(srv: Server, n: int, args: argparse.Namespace, openai: bool = False) -> Measured:
+    pids = srv.pids
+    before = {k: cpu_s(p) for k, p in pids.items()}
+    t0 = time.monotonic()
+    win, client_cpu = load_window(srv.port, n, args.duration, args.tokens,
+                                  srv.model_id() if openai else "")
+    wall = time.monotonic() - t0
+    tok = max(win.tokens, 1)
+    us = {k: (cpu_s(p) - before[k]) / tok * 1e6 for k, p in pids.items()}
+    us["client"] = client_cpu / tok * 1e6
+    if win.failed:
+        print(f"    {srv.name}{' openai' if openai else ''}: {win.failed} failed: "
+              f"{win.errors[:2]}")
+    time.sleep(0.5)  # requests the deadline cut end before the next window
+    return Measured(win.tokens / min(wall, args.duration), us, os.getloadavg()[0],
+                    win.failed)
+
+
+# -- py-spy stages ---------------------------------------------------------------------
+
+STAGES = ("scheduling", "sampling", "detok + stop", "worker pipe", "HTTP process")
+# innermost frame of ours first: (file suffix, function or "", stage); None: look further
+_WORKER_RULES: list[tuple[str, str, str | None]] = [
+    ("engine/executor.py", "decode", "llama_decode"),
+    ("engine/output.py", "", "detok + stop"),
+    ("engine/stop.py", "", "detok + stop"),
+    ("engine/sampling.py", "", "sampling"),
+    ("engine/candidates.py", "", "sampling"),
+    ("engine/worker/", "", "worker pipe"),
+    ("engine/messages.py", "", None),
+    ("engine/generation.py", "", None),
+    ("engine/session.py", "", None),
+    ("engine/llama/", "", None),
+    ("inferenceos/engine/", "", "scheduling"),
+]
+_HTTP_RULES: list[tuple[str, str, str | None]] = [
+    ("engine/cancel.py", "", None),
+    ("engine/generation.py", "", None),
+    ("engine/messages.py", "", None),
+    ("inferenceos/engine/", "", "worker pipe"),
+    ("server/sse.py", "", "HTTP: SSE framing + JSON"),
+    ("server/dialects/", "", "HTTP: routes + JSON"),
+    ("server/reply.py", "", "HTTP: generation stream"),
+    ("server/generation.py", "", "HTTP: generation stream"),
+    ("server/bridge.py", "", "HTTP: generation stream"),
+    ("inferenceos/server/", "", "HTTP: other server code"),
+]
+_FRAME = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
+
+
+def classify(frames: list[str], rules: list[tuple[str, str, str | None]], default: str
+             ) -> str:
+    for frame in reversed(frames):
+        m = _FRAME.match(frame)
+        if not m:
+            continue
+        func, path = m.group(1), m.group(2)
+        for suffix, fn, stage in rules:
+            if suffix in path and (not fn or fn == func):
+                if stage is not None:
+                    return stage
+                break
+    return default
+
+
+def profile(srv: Server, n: int, args: argparse.Namespace) -> dict[str, float]:
+    """µs per generated token by stage, from one window of ours under py-spy."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        print("    py-spy is not installed (.venv/bin/pip install py-spy): no stages")
+        return {}
+    out = Path(tempfile.mkdtemp(prefix="overhead-spy-")) / "stacks.txt"
+    rate = args.rate
+    pids = srv.pids
+    spy_proc = subprocess.Popen([spy, "record", "--pid", str(srv.proc.pid), "--subprocesses",
+                                 "--nonblocking", "--gil", "--rate", str(rate), "--format", "raw",
+                                 "--duration", str(int(args.duration) + 2), "-o", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached
+    win, client_cpu = load_window(srv.port, n, args.duration, args.tokens)
+    spy_proc.wait(60)
+    samples: Counter[str] = Counter()
+    worker = pids.get("worker")
+    for line in out.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if any(f.startswith("process ") for f in frames[-1:]):
+            continue  # a process line alone: no Python frame held the GIL
+        if worker is not None and any(f.startswith(f"process {worker}:") for f in frames):
+            stage = classify(frames, _WORKER_RULES, "worker pipe")
+        else:
+            stage = classify(frames, _HTTP_RULES, "HTTP: uvicorn + asyncio")
+        samples[stage] += int(count)
+    tok = max(win.tokens, 1)
+    # the window of samples is duration + 2 s, the tokens' args.duration: scale
+    scale = args.duration / (args.duration + 1.0)
+    us = {k: v / rate / tok * 1e6 * scale for k, v in samples.items()}
+    us["client socket"] = client_cpu / tok * 1e6
+    return us
+
+
+def print_stages(n: int, us: dict[str, float], load: float) -> dict[str, float]:
+    http = sum(v for k, v in us.items() if k.startswith("HTTP"))
+    table = {"scheduling": us.get("scheduling", 0.0), "sampling": us.get("sampling", 0.0),
+             "detok + stop": us.get("detok + stop", 0.0),
+             "worker pipe": us.get("worker pipe", 0.0), "HTTP process": http}
+    own = sum(table.values())
+    print(f"  stages at {n} streams (py-spy, µs per generated token, load {load:.2f}):")
+    for k, v in table.items():
+        print(f"    {k:<28} {v:8.1f}")
+        if k == "HTTP process":
+            for sub, w in sorted(us.items()):
+                if sub.startswith("HTTP"):
+                    print(f"      {sub[6:]:<26} {w:8.1f}")
+    print(f"    {'= our own':<28} {own:8.1f}   (target at 8 streams: <= 100)")
+    print(f"    {'llama_decode (GIL held)':<28} {us.get('llama_decode', 0.0):8.1f}")
+    print(f"    {'client socket (measured)':<28} {us.get('client socket', 0.0):8.1f}")
+    return {**table, "our own": own, "llama_decode": us.get("llama_decode", 0.0),
+            "client socket": us.get("client socket", 0.0)}
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def ratio(xs: list[float], ys: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(xs, ys, strict=True) if y > 0)
+
+
+def run_decode(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """`run` against llama-bench tg, alternating, paired."""
+    bench = llama_tool("llama-bench")
+    ours: list[float] = []
+    theirs: list[float] = []
+    loads: list[float] = []
+    for r in range(args.rounds):
+        pair: list[Callable[[], None]] = [
+            lambda: ours.append(ours_tg(model, args.tokens, args.threads, greedy=True)),
+            lambda: theirs.append(bench_tg(bench, model, args.tokens, args.threads))]
+        for f in pair if r % 2 else reversed(pair):
+            f()
+        loads.append(os.getloadavg()[0])
+    print(f"  run vs llama-bench tg{args.tokens}: ours {statistics.median(ours):8.1f} t/s  "
+          f"llama-bench {statistics.median(theirs):8.1f}  ratio {ratio(ours, theirs):5.3f}  "
+          f"rounds {[round(x) for x in ours]} / {[round(x) for x in theirs]}  "
+          f"load {[round(x, 2) for x in loads]}", flush=True)
+    return {"ours": ours, "llama_bench": theirs, "ratio": ratio(ours, theirs), "load": loads}
+
+
+def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
+                ) -> dict[str, Any]:
+    srvs = servers(model, n, args, env)
+    rows: dict[str, list[Measured]] = {"ours": [], "llama-server": [], "ours openai": [],
+                                       "baseline": []}
+    try:
+        for r in range(args.rounds):
+            order = [("ours", srvs["ours"], False), ("llama-server", srvs["llama-server"], False)]
+            if not args.no_openai:
+                order.append(("ours openai", srvs["ours"], True))
+            if "baseline" in srvs:
+                order.append(("baseline", srvs["baseline"], False))
+            for name, srv, openai in order if r % 2 == 0 else list(reversed(order)):
+                rows[name].append(measure(srv, n, args, openai))
+        stages = profile(srvs["ours"], n, args) if args.profile else {}
+    finally:
+        for srv in srvs.values():
+            srv.stop()
+    ours_tps = [m.tps for m in rows["ours"]]
+    their_tps = [m.tps for m in rows["llama-server"]]
+    print(f"  {n:>2} streams: serve {statistics.median(ours_tps):8.1f} t/s  llama-server "
+          f"{statistics.median(their_tps):8.1f}  ratio {ratio(ours_tps, their_tps):5.3f}  "
+          f"rounds {[round(x) for x in ours_tps]} / {[round(x) for x in their_tps]}  "
+          f"load {[round(m.load, 2) for m in rows['ours']]}", flush=True)
+    for name, label in (("ours openai", "OpenAI route"), ("baseline", "baseline serve")):
+        if rows[name]:
+            xs = [m.tps for m in rows[name]]
+            print(f"      {label:<15} {statistics.median(xs):8.1f} t/s  ratio to llama-server "
+                  f"{ratio(xs, their_tps):5.3f}  rounds {[round(x) for x in xs]}  load "
+                  f"{[round(m.load, 2) for m in rows[name]]}")
+    for name, ms in rows.items():
+        if not ms:
+            continue
+        keys = ms[0].us.keys()
+        cpu = {k: statistics.median(m.us[k] for m in ms) for k in keys}
+        print(f"      CPU µs/token {name:<13} " + "  ".join(f"{k} {v:7.1f}"
+                                                          for k, v in cpu.items()))
+    out: dict[str, Any] = {k: [m.__dict__ for m in v] for k, v in rows.items()}
+    out["ratio"] = ratio(ours_tps, their_tps)
+    if stages:
+        out["stages"] = print_stages(n, stages, os.getloadavg()[0])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["tiny", "gemma"],
+                    choices=["tiny", "gemma"])
+    ap.add_argument("--streams", nargs="+", type=int, default=[1, 8, 32])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per load window")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens per request")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="stages through py-spy")
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument("--no-run", action="store_true", help="skip run vs llama-bench")
+    ap.add_argument("--no-openai", action="store_true", help="skip the OpenAI route")
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="also serve from this checkout's src (PYTHONPATH): before/after")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="overhead-"))
+    env = dict(os.environ, INFERENCEOS_HOME=str(folder / "home"))
+    print(f"overhead.py: {args.rounds} rounds of {args.duration:.0f} s windows, "
+          f"{args.tokens} tokens a request, {args.threads} threads, {os.cpu_count()} CPUs, "
+          f"{loadavg()}", flush=True)
+    result: dict[str, Any] = {}
+    for name, model in model_paths(args.models, folder).items():
+        print(f"\n== {name} ({model.name}, {model.stat().st_size / 1e6:.1f} MB, {loadavg()})",
+              flush=True)
+        res: dict[str, Any] = {}
+        if not args.no_run:
+            res["run"] = run_decode(model, args)
+        for n in args.streams:
+            res[f"serve{n}"] = run_streams(model, n, args, env)
+        result[name] = res
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
