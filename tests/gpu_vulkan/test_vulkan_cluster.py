@@ -41,7 +41,7 @@ def test_one_plan_over_the_device_a_worker_and_the_cpu(vk: VulkanCli, models: di
     (tests/cluster_harness.py's sizes): the plan needs all three."""
     args = [str(models["deeper"]), "--raw", "-p", "abc ab", "-n", "8", "-t", "0", "--json",
             "--ctx", "512", "--draft", "none", "--ignore-eos"]
-    cpu = _text(vk("run", *args, **NO_VULKAN).stdout)
+    cpu = _text(vk("run", *args, env=NO_VULKAN).stdout)
     r = vk("run", *args, "-v", "--rpc", worker, "--gpu-memory", "4MiB", "--ram", "10.5MiB")
     plan = next(ln for ln in r.stderr.splitlines() if ln.startswith("plan:"))
     assert f"RPC[{worker}]" in plan and DEVICE in plan, plan
@@ -74,7 +74,7 @@ print(json.dumps({"tokens": out, "log": log().since(mark)}))
 
 def test_experts_kept_in_ram_while_their_layers_run_on_the_device(
         vk: VulkanCli, models: dict[str, Path]) -> None:
-    cpu = json.loads(vk.python(MOE, str(models["moe"]), "", **NO_VULKAN).stdout)
+    cpu = json.loads(vk.python(MOE, str(models["moe"]), "", env=NO_VULKAN).stdout)
     gpu = json.loads(vk.python(MOE, str(models["moe"]), EXPERTS).stdout)
     log = "\n".join(gpu["log"])
     moved = [ln for ln in gpu["log"] if "buffer type overridden to Vulkan_Host" in ln]

@@ -66,7 +66,7 @@ def test_a_lowered_cap_moves_layers_off_the_device_mid_stream_and_back(
     import httpx
 
     with serving(vk, wide, "--ctx", "1024", "--parallel", "1", log=tmp_path / "serve.log",
-                 INFERENCEOS_PRESSURE_DWELL_S="1") as base:
+                 env={"INFERENCEOS_PRESSURE_DWELL_S": "1"}) as base:
         want: list[str] = []
         _stream(base, want)  # undisturbed, on the plan's placement
         v0 = _vram(base)

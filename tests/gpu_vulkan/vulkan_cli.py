@@ -4,13 +4,14 @@ hardware profile, and readers of llama.cpp's load log (buffers, offloaded layers
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,13 @@ class VulkanCli:
     profile: dict[str, Any]
     profile_file: Path
 
-    def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **extra}
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(extra or {})}
 
     def __call__(self, *args: str, timeout: float = 600, check: bool = True,
-                 **extra: str) -> subprocess.CompletedProcess[str]:
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         self.seed_home()
-        r = subprocess.run([str(CLI), *args], env=self.env(**extra), capture_output=True,
+        r = subprocess.run([str(CLI), *args], env=self.env(env), capture_output=True,
                            text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if check:
             assert r.returncode == 0, f"{args}: exit {r.returncode}\n{r.stdout[-3000:]}" \
@@ -62,10 +63,10 @@ class VulkanCli:
         return r
 
     def python(self, code: str, *args: str, timeout: float = 600,
-               **extra: str) -> subprocess.CompletedProcess[str]:
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """`code` in the Vulkan venv's interpreter (our package, the Vulkan llama.cpp)."""
         self.seed_home()
-        r = subprocess.run([str(PYTHON), "-c", code, *args], env=self.env(**extra),
+        r = subprocess.run([str(PYTHON), "-c", code, *args], env=self.env(env),
                            capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
@@ -103,12 +104,22 @@ def offloaded(log: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
-Runner = Callable[..., subprocess.CompletedProcess[str]]
+PROMPT = "The three primary colors are"
+
+
+def greedy_run(vk: VulkanCli, model: Path, *extra: str, n: int = 16, raw: bool = True,
+               env: dict[str, str] | None = None) -> tuple[str, str]:
+    """(the text, llama.cpp's log) of a greedy `run`."""
+    r = vk("run", str(model), "-p", "abc ab" if raw else PROMPT, "-n", str(n), "-t", "0",
+           "--json", "-v", "--ctx", "512", "--draft", "none", "--ignore-eos",
+           *(["--raw"] if raw else []), *extra, env=env)
+    return json.loads(r.stdout[r.stdout.find("{"):])["text"], r.stderr
+
 
 
 @contextlib.contextmanager
 def serving(vk: VulkanCli, model: Path, *args: str, log: Path,
-            **env: str) -> Iterator[str]:
+            env: dict[str, str] | None = None) -> Iterator[str]:
     """`serve MODEL ARGS` from the Vulkan venv on a free loopback port; its base URL."""
     import httpx
 
@@ -118,7 +129,7 @@ def serving(vk: VulkanCli, model: Path, *args: str, log: Path,
     port = free_port()
     with log.open("w") as f:
         proc = subprocess.Popen([str(CLI), "serve", str(model), "--port", str(port), *args],
-                                env=vk.env(**env), stdout=f, stderr=subprocess.STDOUT,
+                                env=vk.env(env), stdout=f, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
