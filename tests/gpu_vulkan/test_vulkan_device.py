@@ -122,3 +122,24 @@ def test_a_capped_plan_stays_within_the_cap_and_matches_the_allocation(
     planned, allocated = _memory(vk, tiny["wide"], 12 * MIB)
     assert allocated <= 12, (planned, allocated)
     assert abs(planned / allocated - 1) <= 0.05, (planned, allocated)
+
+
+def test_a_multimodal_projector_on_the_device(vk: VulkanCli, tiny_vlm_pair: tuple[Path, Path],
+                                              tmp_path: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    model, mmproj = tiny_vlm_pair
+    image = tmp_path / "image.png"
+    Image.fromarray((np.arange(32 * 32 * 3) % 251).astype("uint8").reshape(32, 32, 3)).save(
+        image)
+    args = ["--mmproj", str(mmproj), "--image", str(image), "--gpu-layers", "-1"]
+    # the chat-templated prompt: with --raw (the image's tokens first) lavapipe 22.3.6
+    # crashed in its queue thread (SIGSEGV in libvulkan_lvp.so; docs/gpu.md)
+    cpu, cpu_log = greedy_run(vk, model, *args, n=8, raw=False, env=NO_VULKAN)
+    gpu, gpu_log = greedy_run(vk, model, *args, n=8, raw=False)
+    plan = next(ln for ln in gpu_log.splitlines() if ln.startswith("plan:"))
+    assert f"projector mlp on {DEVICE}" in plan, plan
+    assert f"CLIP using {DEVICE} backend" in gpu_log
+    assert "CLIP using CPU backend" in cpu_log
+    assert gpu == cpu
