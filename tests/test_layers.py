@@ -12,6 +12,7 @@ not listed here fails the test until it is placed.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -254,3 +255,20 @@ def test_the_server_core_imports_no_dialect(typed_graph: dict[str, set[str]]) ->
              and not me.startswith(("inferenceos.server.dialects", "inferenceos.server.ops"))
              and me != "inferenceos.server.app"]
     assert not wrong, "the server's core imports a dialect:\n" + "\n".join(wrong)
+
+
+def test_architecture_doc_names_every_engine_and_server_module() -> None:
+    """docs/architecture.md's picture stays true of the code: every module of the
+    engine and the server (subpackages included) is named there, and every
+    subpackage's __init__ has the docstring saying what it owns and may import."""
+    doc = (SRC.parent / "docs" / "architecture.md").read_text()
+    words = set(re.findall(r"\w+", doc))
+    missing, bare = [], []
+    for part in ("engine", "server"):
+        for path in (PACKAGE / part).rglob("*.py"):
+            if path.stem != "__init__" and path.stem not in words:
+                missing.append(str(path.relative_to(PACKAGE)))
+            if path.stem == "__init__" and not ast.get_docstring(ast.parse(path.read_text())):
+                bare.append(str(path.relative_to(PACKAGE)))
+    assert not missing, f"modules docs/architecture.md does not name: {sorted(missing)}"
+    assert not bare, f"packages without a docstring: {sorted(bare)}"
