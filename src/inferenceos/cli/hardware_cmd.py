@@ -103,11 +103,16 @@ def _print_llama(p: HardwareProfile) -> None:
     t = Table(title=f"llama.cpp devices (llama-cpp-python {ll.package_version}, ggml "
               f"{ll.ggml_version} {ll.ggml_commit}; backends: {', '.join(ll.backends)})",
               title_justify="left")
-    for col in ("device", "type", "backend", "description", "memory free / total"):
+    measured = any(d.read_gbps for d in ll.devices)
+    for col in ("device", "type", "backend", "description", "memory free / total",
+                *(["measured (decode read, copy from host)"] if measured else [])):
         t.add_column(col)
     for d in ll.devices:
+        rates = [f"{d.read_gbps:g} GB/s, {d.host_copy_gbps or 0:g} GB/s"
+                 if d.read_gbps else ""] if measured else []
         t.add_row(d.name, d.type, d.backend, escape(d.description),
-                  f"{format_bytes(d.memory_free_bytes)} / {format_bytes(d.memory_total_bytes)}")
+                  f"{format_bytes(d.memory_free_bytes)} / {format_bytes(d.memory_total_bytes)}",
+                  *rates)
     out.print(t)
 
 

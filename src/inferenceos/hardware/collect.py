@@ -23,7 +23,7 @@ from inferenceos.hardware.fingerprint import current_fingerprint
 from inferenceos.hardware.gpus import detect_gpus
 from inferenceos.hardware.llama_devices import disagreements, probe_llama
 from inferenceos.hardware.memory import detect_memory
-from inferenceos.hardware.profile import Bandwidth, HardwareProfile
+from inferenceos.hardware.profile import Bandwidth, HardwareProfile, LlamaInfo
 from inferenceos.hardware.recommend import recommend
 from inferenceos.paths import cache_dir, data_dir
 
@@ -66,9 +66,11 @@ def collect_profile(models_dir: Path, measure: bool = True) -> HardwareProfile:
                 # whose threads share a core with another program measures the contention
                 load = sample_cpu_load()
                 threads = free_threads(cpu.usable_threads, load)
+                model = probe.model
                 speed, probe = probe.finish(threads), None
                 if speed is not None:
                     speed = dataclasses.replace(speed, busy_others=round(load.busy_others, 2))
+                    llama = _measure_gpu(llama, model, warnings)
     finally:
         if probe is not None:  # something failed before it was timed: no orphan child
             probe.cancel()
@@ -89,3 +91,20 @@ def _start_speed_probe(warnings: list[str]) -> SpeedProbe | None:
 
     return start_llama_speed(data_dir() / "hardware", warnings, model_dir=cache_dir() / "probe",
                              model=default_model_if_ready())
+
+
+def _measure_gpu(llama: LlamaInfo, model: Path, warnings: list[str]) -> LlamaInfo:
+    """`llama` with its one GPU's read and host-copy rates measured on the probe's
+    model (device_speed.py); unchanged where there is no GPU, or several."""
+    gpus = [d for d in llama.devices if d.type in ("gpu", "igpu")]
+    if len(gpus) != 1:
+        return llama
+    from inferenceos.hardware.device_speed import measure_device_speed
+
+    got = measure_device_speed(model, gpus[0].name, warnings)
+    if got is None:
+        return llama
+    measured = dataclasses.replace(gpus[0], read_gbps=got["read_gbps"],
+                                   host_copy_gbps=got["host_copy_gbps"])
+    return dataclasses.replace(llama, devices=[measured if d is gpus[0] else d
+                                               for d in llama.devices])

@@ -97,6 +97,10 @@ class LlamaDevice:
     backend: str
     memory_total_bytes: int
     memory_free_bytes: int
+    # measured by `hardware` (device_speed.py) on a machine's one GPU: GB/s of weights a
+    # decoded token reads, and of copies from host memory into the device's buffers
+    read_gbps: float | None = None
+    host_copy_gbps: float | None = None
 
 
 @dataclass(frozen=True)

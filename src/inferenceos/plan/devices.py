@@ -31,6 +31,9 @@ ASSUMED_RAM_GBPS = 20.0
 ASSUMED_DISK_GBPS = 1.0
 ASSUMED_GPU_GBPS = 300.0
 ASSUMED_GPU_TFLOPS = 20.0
+# the share of a GPU's bandwidth decode reaches (plan/perf.py), an assumption until GPU
+# runs are calibrated; a rate `hardware` measured is what was reached (_measured_gpu)
+GPU_BW_EFFICIENCY = 0.8
 ASSUMED_LINK_GBPS = 12.0  # PCIe 4.0 x16 as achieved, roughly
 # RAM the OS and other processes keep when a budget comes from the total, not "available"
 RAM_RESERVE_FRACTION = 0.1
@@ -178,8 +181,26 @@ def _gpu_devices(data: dict[str, Any], notes: list[str]) -> list[Device]:
         else:
             name, kind = f"GPU{i}", "igpu" if d.get("integrated") else "gpu"
             mem = int(d.get("memory_free_bytes") or d.get("memory_total_bytes") or 0)
-        out.append(_gpu(name, kind, mem, float(link), notes))
+        if d.get("read_gbps"):  # measured by `hardware` (hardware/device_speed.py)
+            out.append(_measured_gpu(name, kind, mem, d, float(link), notes))
+        else:
+            out.append(_gpu(name, kind, mem, float(link), notes))
     return out
+
+
+def _measured_gpu(name: str, kind: str, mem: int, d: dict[str, Any], link: float,
+                  notes: list[str]) -> Device:
+    """A GPU whose decode read rate `hardware` measured: the rate a token's weights are
+    read at there (the perf model scales a bandwidth by GPU_BW_EFFICIENCY: divided out
+    here), its copy rate from the host as the link; compute stays assumed."""
+    notes.append(f"{name}: {ASSUMED_GPU_TFLOPS:g} TFLOPS assumed (decode read rate "
+                 f"{float(d['read_gbps']):g} GB/s measured)")
+    return Device(
+        name=name, kind=kind, memory_bytes=mem,
+        bandwidth_gbps=float(d["read_gbps"]) / GPU_BW_EFFICIENCY,
+        tflops=ASSUMED_GPU_TFLOPS, link_gbps=float(d.get("host_copy_gbps") or link),
+        assumed=("tflops",), llama_name=name,
+    )
 
 
 def _gpu(name: str, kind: str, mem: int, link: float, notes: list[str]) -> Device:

@@ -26,14 +26,13 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from inferenceos.plan.devices import Device, Machine
+from inferenceos.plan.devices import GPU_BW_EFFICIENCY, Device, Machine
 from inferenceos.plan.memory import ContextSettings, kv_bytes_per_token
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.placement import Placement, output_head
 from inferenceos.telemetry.calibration import DISK_SCALE_PRIOR
 
 GB = 1e9
-GPU_BW_EFFICIENCY = 0.8  # assumption until GPU runs are calibrated (no GPU here)
 LINK_LATENCY_S = 20e-6  # per activation crossing between devices (assumed)
 
 
