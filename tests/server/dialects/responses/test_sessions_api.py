@@ -17,6 +17,9 @@ from server_harness import Harness
 from server_harness import serving as harness_serving
 
 GREEDY = {"max_tokens": 6, "temperature": 0}
+# a model loads on a session's first request: beside a busy suite that can take longer
+# than httpx's default 5 s (the census saw POST /v1/sessions time out at 5 s)
+HTTP = httpx.Client(timeout=60.0)
 MiB = 1 << 20
 
 
@@ -41,7 +44,7 @@ def serving(mode: str) -> Any:
 
 
 def _turn(h: Harness, sid: str, text: str) -> dict:
-    r = httpx.post(f"{h.v1}/sessions/{sid}/messages", json={"content": text, **GREEDY},
+    r = HTTP.post(f"{h.v1}/sessions/{sid}/messages", json={"content": text, **GREEDY},
                    timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
@@ -50,7 +53,7 @@ def _turn(h: Harness, sid: str, text: str) -> dict:
 def test_create_list_get_delete(serving: Any, mode: str,
                                 tiny_llama: Path, tmp_path: Path) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        r = httpx.post(h.v1 + "/sessions", json={"model": "tiny", "system": "be brief",
+        r = HTTP.post(h.v1 + "/sessions", json={"model": "tiny", "system": "be brief",
                                                  "metadata": {"user": "ann"}})
         assert r.status_code == 201
         s = r.json()
@@ -59,10 +62,10 @@ def test_create_list_get_delete(serving: Any, mode: str,
         reply = _turn(h, s["id"], "hello")
         assert reply["message"]["role"] == "assistant"
         assert 0 < reply["usage"]["completion_tokens"] <= 6
-        listed = httpx.get(h.v1 + "/sessions").json()
+        listed = HTTP.get(h.v1 + "/sessions").json()
         assert [x["id"] for x in listed["data"]] == [s["id"]]
         assert listed["data"][0]["message_count"] == 2
-        got = httpx.get(f"{h.v1}/sessions/{s['id']}").json()
+        got = HTTP.get(f"{h.v1}/sessions/{s['id']}").json()
         assert got["messages"] == [{"role": "user", "content": "hello"},
                                    {"role": "assistant", "content": reply["message"]["content"]}]
         assert got["saved_tokens"] > 0
@@ -76,24 +79,24 @@ def test_create_list_get_delete(serving: Any, mode: str,
             assert list(cache.rglob("*.kv"))
         else:
             assert own.stat().st_size
-        d = httpx.delete(f"{h.v1}/sessions/{s['id']}").json()
+        d = HTTP.delete(f"{h.v1}/sessions/{s['id']}").json()
         assert d == {"id": s["id"], "object": "session.deleted", "deleted": True}
-        assert httpx.get(f"{h.v1}/sessions/{s['id']}").status_code == 404
+        assert HTTP.get(f"{h.v1}/sessions/{s['id']}").status_code == 404
         assert not (tmp_path / "home" / "data" / "sessions" / s["id"]).exists()
 
 
 def test_bad_ids_and_models_are_clear_errors(serving: Any,
                                              tiny_llama: Path, tmp_path: Path) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        assert httpx.get(f"{h.v1}/sessions/..%2F..%2Fetc").status_code == 404
+        assert HTTP.get(f"{h.v1}/sessions/..%2F..%2Fetc").status_code == 404
         for sid in ("sess_nope", "..x", "sess_" + "0" * 24):
-            r = httpx.get(f"{h.v1}/sessions/{sid}")
+            r = HTTP.get(f"{h.v1}/sessions/{sid}")
             assert r.status_code == 404 and "session" in r.json()["error"]["message"]
-            assert httpx.post(f"{h.v1}/sessions/{sid}/messages",
+            assert HTTP.post(f"{h.v1}/sessions/{sid}/messages",
                               json={"content": "x"}).status_code == 404
-        assert httpx.post(h.v1 + "/sessions", json={"model": "nope"}).status_code == 404
-        sid = httpx.post(h.v1 + "/sessions", json={}).json()["id"]  # the default model
-        assert httpx.post(f"{h.v1}/sessions/{sid}/messages",
+        assert HTTP.post(h.v1 + "/sessions", json={"model": "nope"}).status_code == 404
+        sid = HTTP.post(h.v1 + "/sessions", json={}).json()["id"]  # the default model
+        assert HTTP.post(f"{h.v1}/sessions/{sid}/messages",
                           json={"content": ""}).status_code == 400
 
 
@@ -102,13 +105,13 @@ def test_state_survives_a_restart_and_skips_the_prefill(serving: Any, tiny_llama
     """After a restart, the next turn restores the saved KV state: only the new
     message is evaluated."""
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        sid = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        sid = HTTP.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
         _turn(h, sid, "abc abc")
         second = _turn(h, sid, "more text")
     assert second["usage"]["cached_tokens"] > 0  # the live slot still held the history
     with serving({"tiny": tiny_llama}, tmp_path) as h:  # a new server: empty KV cache
         third = _turn(h, sid, "and again")
-        history = httpx.get(f"{h.v1}/sessions/{sid}").json()
+        history = HTTP.get(f"{h.v1}/sessions/{sid}").json()
     assert third["timings"]["restored_tokens"] > 0
     assert third["usage"]["cached_tokens"] >= third["timings"]["restored_tokens"] > (
         second["usage"]["prompt_tokens"] // 2)
@@ -118,10 +121,10 @@ def test_state_survives_a_restart_and_skips_the_prefill(serving: Any, tiny_llama
 def test_resume_restores_before_the_next_message(serving: Any,
                                                  tiny_llama: Path, tmp_path: Path) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        sid = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        sid = HTTP.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
         _turn(h, sid, "abc")
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        r = httpx.post(f"{h.v1}/sessions/{sid}/resume", timeout=60).json()
+        r = HTTP.post(f"{h.v1}/sessions/{sid}/resume", timeout=60).json()
         assert r["object"] == "session.resumed" and r["restored_tokens"] > 0
         nxt = _turn(h, sid, "def")
         assert nxt["usage"]["cached_tokens"] >= r["restored_tokens"]
@@ -132,7 +135,7 @@ def test_a_state_from_another_model_is_not_restored(serving: Any, tiny_llama: Pa
     """The digest check: the same session name served by another file prefills again
     (and still answers)."""
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        sid = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        sid = HTTP.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
         _turn(h, sid, "abc")
     with serving({"tiny": tiny_moe}, tmp_path) as h:
         r = _turn(h, sid, "def")
@@ -143,8 +146,8 @@ def test_streamed_turn(serving: Any, tiny_llama: Path, tmp_path: Path) -> None:
     import json
 
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        sid = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
-        with httpx.stream("POST", f"{h.v1}/sessions/{sid}/messages", timeout=60,
+        sid = HTTP.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        with HTTP.stream("POST", f"{h.v1}/sessions/{sid}/messages", timeout=60,
                           json={"content": "hi", "stream": True, **GREEDY}) as r:
             lines = [ln.removeprefix("data: ") for ln in r.iter_lines() if ln]
         assert lines[-1] == "[DONE]"
@@ -153,13 +156,13 @@ def test_streamed_turn(serving: Any, tiny_llama: Path, tmp_path: Path) -> None:
         final = events[-1]
         assert final["object"] == "session.message"
         assert final["message"]["content"] == deltas
-        assert len(httpx.get(f"{h.v1}/sessions/{sid}").json()["messages"]) == 2
+        assert len(HTTP.get(f"{h.v1}/sessions/{sid}").json()["messages"]) == 2
 
 
 @pytest.mark.parametrize("sid", ["sess_" + "a" * 24])
 def test_delete_unknown_is_404(serving: Any, tiny_llama: Path, tmp_path: Path, sid: str) -> None:
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        assert httpx.delete(f"{h.v1}/sessions/{sid}").status_code == 404
+        assert HTTP.delete(f"{h.v1}/sessions/{sid}").status_code == 404
 
 
 def test_one_turn_at_a_time(serving: Any, tiny_llama: Path, tmp_path: Path,
@@ -171,15 +174,15 @@ def test_one_turn_at_a_time(serving: Any, tiny_llama: Path, tmp_path: Path,
     from inferenceos.server.dialects.responses.session_store import SessionStore
 
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        sid = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        sid = HTTP.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
         held = threading.Lock()
         held.acquire()
         with monkeypatch.context() as mp:
             mp.setattr(SessionStore, "lock", lambda self, _sid: held)
-            busy = httpx.post(f"{h.v1}/sessions/{sid}/messages", json={"content": "x"})
+            busy = HTTP.post(f"{h.v1}/sessions/{sid}/messages", json={"content": "x"})
             assert busy.status_code == 409 and "another message" in busy.text
-            assert httpx.delete(f"{h.v1}/sessions/{sid}").status_code == 409
-            assert httpx.post(f"{h.v1}/sessions/{sid}/resume").status_code == 409
+            assert HTTP.delete(f"{h.v1}/sessions/{sid}").status_code == 409
+            assert HTTP.post(f"{h.v1}/sessions/{sid}/resume").status_code == 409
         held.release()
         assert _turn(h, sid, "next")["message"]["role"] == "assistant"
 
@@ -189,8 +192,8 @@ def test_interleaved_sessions_restore_from_disk(serving: Any,
     """One slot, two sessions taking turns: each turn finds the slot holding the other
     conversation and restores its own from disk."""
     with serving({"tiny": tiny_llama}, tmp_path) as h:
-        a = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
-        b = httpx.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        a = HTTP.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
+        b = HTTP.post(h.v1 + "/sessions", json={"model": "tiny"}).json()["id"]
         _turn(h, a, "abc")
         _turn(h, b, "xyz")
         for i in range(2):
@@ -198,4 +201,4 @@ def test_interleaved_sessions_restore_from_disk(serving: Any,
                 r = _turn(h, sid, f"more {i}")
                 assert r["timings"]["restored_tokens"] > 0, r
                 assert r["usage"]["cached_tokens"] >= r["timings"]["restored_tokens"]
-        assert len(httpx.get(f"{h.v1}/sessions/{a}").json()["messages"]) == 6
+        assert len(HTTP.get(f"{h.v1}/sessions/{a}").json()["messages"]) == 6
