@@ -107,3 +107,16 @@ def test_ubatch_shrinks_before_weights_go_to_disk() -> None:
 def test_ubatch_is_kept_when_there_is_room() -> None:
     plan = make_plan(_big_vocab_facts(), machine(ram=4 * GiB), ContextSettings(n_ctx=4096))
     assert plan.ctx.n_ubatch == 512 and "ubatch" not in _kinds(plan)
+
+
+def test_a_cpu_only_plan_keeps_its_products_on_the_cpu() -> None:
+    """llama.cpp sends the products of host weights to an accelerator for prompts of
+    32+ tokens (op_offload); a plan that placed nothing there turns that off, so its
+    "CPU only" holds on a GPU build too. A plan with layers on a GPU keeps llama.cpp's
+    default."""
+    facts = make_facts()
+    cpu_only = make_plan(facts, machine(ram=64 * GiB), ContextSettings(n_ctx=4096))
+    assert not cpu_only.accelerators and cpu_only.params().op_offload is False
+    on_gpu = make_plan(facts, machine(ram=64 * GiB, gpus=(24 * GiB,)),
+                       ContextSettings(n_ctx=4096))
+    assert on_gpu.accelerators and on_gpu.params().op_offload is True

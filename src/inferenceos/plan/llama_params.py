@@ -86,6 +86,11 @@ class LlamaParams:
     tensor_split: tuple[float, ...] = ()  # share of layers per GPU
     main_gpu: int = 0
     devices: tuple[str, ...] = ()  # llama.cpp device names to use (empty: all)
+    # False: llama.cpp computes the products of host-resident weights on the CPU. On
+    # (its default), a prompt of 32+ tokens sends them to an accelerator, which a plan
+    # that placed nothing there neither expects nor charges (a CPU-only plan on a GPU
+    # build: its "CPU only" would not be true, and the device's compute buffer grows)
+    op_offload: bool = True
 
     def validate(self) -> None:
         """Raise UsageError for settings llama.cpp would refuse or misbehave on."""

@@ -161,6 +161,7 @@ class Plan:
             tensor_split=tuple(self.tensor_split),
             main_gpu=self.main_gpu,
             devices=self.accelerators,
+            op_offload=bool(self.accelerators),  # a CPU-only plan computes on the CPU
         )
 
     def _resident_bytes(self) -> int:

@@ -16,7 +16,7 @@ devices, tensor split and buffer-type overrides of a multi-device plan).
   pointers followed (device and buffer-type names, split shares), to compare or log.
 
 Fields not set here keep llama.cpp's defaults (split_mode LAYER, lazy_mode AUTO,
-offload_kqv, op_offload, RoPE from the model). `LlamaParams` has no mlock: the load mode
+offload_kqv, RoPE from the model). `LlamaParams` has no mlock: the load mode
 is AUTO (map the file where every device can) or NONE (read into buffers).
 """
 
@@ -151,6 +151,7 @@ def context_params(s: LlamaParams, eval_callback: Any = None) -> Any:
     params.n_threads = s.n_threads or default_threads()
     params.n_threads_batch = s.n_threads_batch or params.n_threads
     params.flash_attn_type = s.flash_attn
+    params.op_offload = s.op_offload
     params.no_perf = True
     if eval_callback is not None:
         params.cb_eval = eval_callback
