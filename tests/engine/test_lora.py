@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.lora_craft import write_lora
 
 from inferenceos.engine.lora import adapters_of, lora_set, parse_lora_arg, step_set
-from inferenceos.engine.messages import Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.scheduler import Request, Scheduler
 from inferenceos.engine.session import LoadedModel
 from inferenceos.errors import UsageError
 from inferenceos.plan.llama_params import LlamaParams
+from lora_craft import write_lora
+from scheduler_helpers import drain
 
 N_SLOTS = 4
 
@@ -39,18 +39,6 @@ def adapters(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 def greedy(lora: tuple[tuple[str, float], ...] = (), n: int = 16) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, lora=lora)
-
-
-def drain(sched: Scheduler) -> tuple[dict[int, list[int]], dict[int, dict]]:
-    tokens: dict[int, list[int]] = {}
-    done: dict[int, dict] = {}
-    while sched.has_work():
-        for ev in sched.step():
-            if isinstance(ev, TokenOut) and ev.token >= 0:
-                tokens.setdefault(ev.req_id, []).append(ev.token)
-            elif isinstance(ev, Finished):
-                done[ev.req_id] = ev.metrics.to_json()
-    return tokens, done
 
 
 def last_logits(lm: LoadedModel, tokens: list[int], lora: tuple[tuple[str, float], ...]
