@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +35,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
+from inferenceos.cluster.spawn import free_port  # noqa: E402
 from inferenceos.model.packaged_models import QWEN_05B, ensure_packaged_model  # noqa: E402
 from inferenceos.plan.entry import LoadRequest  # noqa: E402
 from llama_tools import llama_tool  # noqa: E402
+from serve_load import wait_healthy  # noqa: E402
 from server_harness import start_server  # noqa: E402
 from tiny_reranker import write_tiny_reranker  # noqa: E402
 
@@ -64,15 +65,6 @@ def check(name: str) -> Callable[[Check], Check]:
     return register
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def post(port: int, path: str, body: dict[str, Any]) -> tuple[int, Any]:
     """POST JSON to 127.0.0.1:`port`; (status, decoded body)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
@@ -92,18 +84,10 @@ def llama_server(ctx: Ctx, model: Path, args: list[str]) -> Iterator[int]:
         [str(ctx.binary), "-m", str(model), "-t", str(ctx.threads), "-np", "1",
          "--host", "127.0.0.1", "--port", str(port), *args], stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({proc.returncode}); see {log.name}")
-            with contextlib.suppress(OSError):
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("llama-server did not become healthy")
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}", proc)
+        except RuntimeError as exc:
+            raise RuntimeError(f"llama-server: {exc}; see {log.name}") from None
         yield port
     finally:
         proc.terminate()
