@@ -138,14 +138,22 @@ def structured_grammar(spec: object, field: str = "structured_outputs") -> str |
                        "invalid_request")
     if not given:
         return None
-    kind, value = given[0], spec[given[0]]
-    name = f"{field}.{kind}"
+    return kind_grammar(given[0], spec[given[0]], f"{field}.{given[0]}")
+
+
+def kind_grammar(kind: str, value: object, field: str) -> str:
+    """The grammar of one constraint of vLLM's kinds (STRUCTURED_KINDS) and its value:
+    `json` a schema (an object or its JSON text), `regex`, `choice` (a list of strings),
+    `grammar` (GBNF), `json_object` any JSON object (its value is not read). APIError
+    400 naming `field` for a value that cannot be served; ValueError for another kind."""
     if kind == "json":
-        return _json_spec(value, name)
+        return _json_spec(value, field)
     if kind == "regex":
-        return regex_grammar(value, name)
+        return regex_grammar(value, field)
     if kind == "choice":
-        return choice_grammar(value, name)
+        return choice_grammar(value, field)
     if kind == "grammar":
-        return gbnf_grammar(value, name)
-    return JSON_OBJECT_GBNF
+        return gbnf_grammar(value, field)
+    if kind == "json_object":
+        return JSON_OBJECT_GBNF
+    raise ValueError(f"not a constraint kind: {kind!r}")

@@ -31,13 +31,7 @@ from inferenceos.server.dialects.openai.schema import (
     SamplingFields,
 )
 from inferenceos.server.errors import APIError
-from inferenceos.server.json_grammar import (
-    choice_grammar,
-    gbnf_grammar,
-    output_grammar,
-    regex_grammar,
-    structured_grammar,
-)
+from inferenceos.server.json_grammar import kind_grammar, output_grammar, structured_grammar
 from inferenceos.server.media_parts import OPENAI_MEDIA_PARTS, content_text, openai_part
 from inferenceos.server.options import UNLIMITED, request_sampling, stops
 from inferenceos.server.reasoning import Think, check_budget, check_format
@@ -140,6 +134,11 @@ def _grammar(fmt: ResponseFormat | None) -> str | None:
     return output_grammar(fmt.type, schema, "response_format")
 
 
+# the request fields that are one constraint kind of json_grammar.kind_grammar each
+_GUIDED_KINDS = {"grammar": "grammar", "guided_grammar": "grammar", "guided_regex": "regex",
+                 "guided_choice": "choice"}
+
+
 def constraint(body: SamplingFields, fmt: ResponseFormat | None = None) -> str | None:
     """The grammar of a request: llama.cpp's `grammar` (GBNF) or top-level `json_schema`
     extensions, vLLM's `structured_outputs` or `guided_json` / `guided_regex` /
@@ -159,16 +158,12 @@ def constraint(body: SamplingFields, fmt: ResponseFormat | None = None) -> str |
     if not given:
         return None
     name, value = given[0]
-    if name in ("grammar", "guided_grammar"):
-        return gbnf_grammar(value, name)
+    if name in _GUIDED_KINDS:
+        return kind_grammar(_GUIDED_KINDS[name], value, name)
     if name == "json_schema":
         return output_grammar("json_schema", value or {"type": "object"})
     if name == "guided_json":
         return structured_grammar({"json": value}, name)
-    if name == "guided_regex":
-        return regex_grammar(value, name)
-    if name == "guided_choice":
-        return choice_grammar(value, name)
     if name == "structured_outputs":
         return structured_grammar(value, name)
     return from_format
