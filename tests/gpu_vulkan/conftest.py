@@ -41,7 +41,10 @@ def vk_profile(tmp_path_factory: pytest.TempPathFactory,
     why = vulkan_missing()
     if why:
         pytest.skip(why)
-    shared = tmp_path_factory.getbasetemp().parent
+    base = tmp_path_factory.getbasetemp()
+    # an xdist process's base temp is popen-gwN inside the run's; without xdist the base
+    # temp is the run's own (its parent holds every earlier run: a stale profile)
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     home = shared / "vk-home"
     made = home / "profile-stdout.json"
     with open(shared / "vk-home.lock", "w") as lock:
