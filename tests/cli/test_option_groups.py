@@ -4,12 +4,14 @@ command used to assemble by hand, and each command's flags come from one alias."
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
 
 from inferenceos.app.serve import PoolOptions
 from inferenceos.cli.gen_opts import LoadOptions, SamplingOptions
+from inferenceos.cli.run_cmd import run
 from inferenceos.cli.serve_opts import ListenOptions
 from inferenceos.config import load_config
 from inferenceos.engine.sampling import SamplingParams
@@ -21,15 +23,22 @@ def test_sampling_options_are_the_params_run_sampled_with() -> None:
     assert opts.params() == SamplingParams(temperature=0.0, top_k=5, top_p=0.5, min_p=0.1,
                                            seed=7, max_tokens=32, stop=("END",),
                                            ignore_eos=True)
-    # run's defaults are the engine's, but for max_tokens (run's --max-tokens 256)
-    assert SamplingOptions().params() == SamplingParams(max_tokens=256)
-    assert set(SamplingOptions().chat_options()) == {
+    assert set(opts.chat_options()) == {
         "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens"}
+
+
+def test_runs_flag_defaults_are_the_engines_but_max_tokens() -> None:
+    """The group has no defaults of its own: run's signature holds them, and they are
+    the engine's, but for max_tokens (run's --max-tokens 256)."""
+    flags = inspect.signature(run).parameters
+    opts = SamplingOptions(*(flags[name].default for name in (
+        "temperature", "top_k", "top_p", "min_p", "seed", "max_tokens")))
+    assert opts.params() == SamplingParams(max_tokens=256)
 
 
 def test_sampling_options_out_of_range_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="top-p"):
-        SamplingOptions(top_p=2.0).params()
+        SamplingOptions(0.8, 40, 2.0, 0.05, None, 256).params()
 
 
 def test_load_options_make_the_request_with_the_configs_defaults() -> None:

@@ -76,14 +76,15 @@ def lora_option(given: tuple[str, ...] | list[str] | None) -> tuple[tuple[str, f
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """How `run` samples: the flags as given (checked by `params`)."""
+    """How `run` samples: the flags as given (checked by `params`). No defaults of its
+    own for the engine's knobs: those are the flags' (run's signature)."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int | None = None
-    max_tokens: int = 256
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int | None
+    max_tokens: int
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     lora: tuple[str, ...] = ()  # --lora FILE[:SCALE], as given

@@ -13,7 +13,6 @@ from inferenceos.cli.console import err, out, print_json
 from inferenceos.cli.gen_opts import (
     MaxTokensOpt,
     RunModelArg,
-    SamplingOptions,
     SeedOpt,
     TemperatureOpt,
     VerboseLogOpt,
@@ -48,11 +47,13 @@ def profile(
     """Profile one generation and write an HTML report with a timeline of its phases."""
     from inferenceos.app.profile import profile_prompt
     from inferenceos.engine.llama.lib import log
+    from inferenceos.engine.sampling import SamplingParams
     from inferenceos.model.spec import load_spec
     from inferenceos.tuning.trials import PROSE
 
     _check_output(output)
-    params = SamplingOptions(temperature=temperature, seed=seed, max_tokens=max_tokens).params()
+    params = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens)
+    params.validate()  # UsageError for a value out of range
     text = prompt if prompt is not None else PROSE * DEFAULT_PROMPT_REPEATS
     spec = load_spec(resolve_model(model))
     log().echo = verbose
