@@ -49,17 +49,51 @@ class Watch:
                 mark.set()
 
 
+class WatchedLoopEvents:
+    """A generation's LoopEvents (the tokens the event loop reads itself), watched."""
+
+    def __init__(self, inner: Any, watch: Watch) -> None:
+        self.inner, self.watch = inner, watch
+
+    def __aiter__(self) -> WatchedLoopEvents:
+        return self
+
+    async def __anext__(self) -> Any:
+        ev = await self.inner.__anext__()
+        self.watch.token()
+        return ev
+
+    def pending(self) -> int:
+        return int(self.inner.pending())
+
+
 class WatchedEngine(Engine):
-    """The real engine; each generation's events pass through a Watch."""
+    """The real engine; each generation's events pass through a Watch: on the event
+    loop (the server's path for an engine's own events), or, with `threaded`, through
+    an iterator wrapping them (which keeps the server on its thread path)."""
 
     watches: ClassVar[list[Watch]] = []
     started: ClassVar[threading.Event] = threading.Event()
+    threaded: ClassVar[bool] = False
 
     def generate(self, prompt: Any, sampling: Any, cancel: Any = None, **kw: Any) -> Any:
         gen = super().generate(prompt, sampling, cancel, **kw)
         watch, inner = Watch(), gen.events
         WatchedEngine.watches.append(watch)
         WatchedEngine.started.set()
+        if not WatchedEngine.threaded:
+            on_loop, close = inner.on_loop, inner.close
+
+            def watched_on_loop(loop: Any) -> Any:
+                live = on_loop(loop)
+                return None if live is None else WatchedLoopEvents(live, watch)
+
+            def closed() -> None:
+                close()
+                watch.ended.set()
+
+            inner.on_loop, inner.close = watched_on_loop, closed
+            return gen
 
         def watched() -> Iterator[Any]:
             try:
@@ -118,15 +152,18 @@ def _send(port: int, path: str, body: dict[str, Any]) -> socket.socket:
     return s
 
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["on-loop", "threaded"])
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_a_client_leaving_stops_its_generation_as_an_event(
-        stream: bool, served: tuple[Harness, Receives]) -> None:
+        stream: bool, threaded: bool, served: tuple[Harness, Receives],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """An endless generation runs; over RUN_S of it the app asks the connection
     nothing (its listener's one receive() waits for the disconnect; a poll asks every
     0.25 s); its client then closes the socket and the stream ends at once; the one
     slot is free for the next request. The streamed reply's bytes are left unread (a
     client that stops reading and leaves)."""
     h, receives = served
+    monkeypatch.setattr(WatchedEngine, "threaded", threaded)
     WatchedEngine.watches.clear()
     WatchedEngine.started.clear()
     body = {"model": "tiny", "prompt": "x", "stream": stream,

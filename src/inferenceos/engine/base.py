@@ -8,6 +8,10 @@
   (`_start`) and what its special tokens' texts are. Both engines implement
   `engine.client.EngineClient` through it.
 - `per_slot`: the context settings for `n_parallel` sequences of `n_ctx` each.
+- `LoopEvents` / `LoopInbox`: a generation's events read on an asyncio event loop
+  instead (`Events.on_loop`, where the engine can divert its replies: `Engine`), fed
+  from the pipe's reader thread through one inbox per loop, one loop wake-up per burst
+  of replies (the server's path, issue 44: no thread wakes per token).
 
 Nothing on a stream's path wakes on a timer: a waiting stream sleeps until its next
 event or its cancel (`engine.cancel.CancelEvent`, whose `set()` wakes it) arrives.
@@ -15,10 +19,14 @@ event or its cancel (`engine.cancel.CancelEvent`, whose `set()` wakes it) arrive
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import inferenceos.errors as errors
 from inferenceos.engine.cancel import CancelEvent
@@ -63,26 +71,160 @@ class Generation:
 class Events:
     """A generation's event iterator whose `close()` also ends a request that was never
     iterated: a generator closed before its first `next` runs no `finally`, so without
-    this a stream opened and dropped unread would keep its slot until it finished."""
+    this a stream opened and dropped unread would keep its slot until it finished.
 
-    def __init__(self, it: Iterator[TokenEvent], abandon: Callable[[], None]) -> None:
+    `to_loop` (an engine whose replies can be diverted, `Engine`): `on_loop(loop)`
+    hands the events to an event loop instead, as a `LoopEvents`; this iterator is
+    then never used, and `close()` ends the request as the loop's reading left it."""
+
+    def __init__(self, it: Iterator[TokenEvent], abandon: Callable[[], None],
+                 to_loop: Callable[[asyncio.AbstractEventLoop], LoopEvents] | None = None
+                 ) -> None:
         self._it, self._abandon = it, abandon
         self._started = False
+        self._to_loop = to_loop
+        self._on_loop: LoopEvents | None = None
 
     def __iter__(self) -> Events:
         return self
 
     def __next__(self) -> TokenEvent:
+        if self._on_loop is not None:
+            raise RuntimeError("this generation's events were handed to an event loop")
         self._started = True
         return next(self._it)
 
+    def on_loop(self, loop: asyncio.AbstractEventLoop) -> LoopEvents | None:
+        """The events, delivered on `loop` from now on (any thread may call this); None
+        when they cannot be (iterated already, or no engine pipe to divert)."""
+        if self._started or self._to_loop is None:
+            return None
+        self._started = True
+        self._on_loop = self._to_loop(loop)
+        return self._on_loop
+
     def close(self) -> None:
+        if self._on_loop is not None:
+            self._on_loop.end()
+            return
         if not self._started:
             self._started = True
             self._abandon()
         close = getattr(self._it, "close", None)
         if close is not None:
             close()
+
+
+class LoopInbox:
+    """One event loop's inbox from other threads: `put(deliver, item)` runs
+    `deliver(item)` on the loop. Every put that arrives while a drain is pending rides
+    along with it (one `call_soon_threadsafe`, a self-pipe write and one loop wake-up
+    per burst): a scheduler step gives every stream its token at the same moment, and
+    a wake-up per token per stream was a syscall each (issue 44).
+
+    The mark is cleared before the items are taken, so an item appended after that
+    schedules another drain: none is ever left behind."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: collections.deque[tuple[Callable[[Any], None], Any]] = (
+            collections.deque())
+        self._scheduled = False
+
+    def put(self, deliver: Callable[[Any], None], item: Any) -> bool:
+        """Run `deliver(item)` on the loop, soon; False when the loop is gone."""
+        self._items.append((deliver, item))
+        if self._scheduled:
+            return not self._loop.is_closed()
+        self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is gone (shutdown): nobody is listening
+            return False
+        return True
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        items = self._items
+        while items:
+            deliver, item = items.popleft()
+            deliver(item)
+
+
+_INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopInbox] = (
+    weakref.WeakKeyDictionary())
+_INBOXES_LOCK = threading.Lock()
+
+
+def loop_inbox(loop: asyncio.AbstractEventLoop) -> LoopInbox:
+    """`loop`'s one inbox (made on first use)."""
+    with _INBOXES_LOCK:
+        inbox = _INBOXES.get(loop)
+        if inbox is None:
+            inbox = _INBOXES[loop] = LoopInbox(loop)
+        return inbox
+
+
+class LoopEvents:
+    """One generation's TokenEvents read on an event loop: an async iterator fed by
+    `put` from any thread (the reply sink an engine diverts a request's replies to),
+    through the loop's `LoopInbox`, so no thread wakes per token between the worker's
+    pipe and the loop. It ends as `EngineBase._follow` does: at the Finished (metrics in
+    `gen.metrics`), with the reported error at a Failed, and once `cancel` is set.
+    `end()` (any thread, once the reading stopped) ends the request: `end(finished)`
+    as `_follow` calls it. `pending()`: replies delivered and not yet read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gen: Generation,
+                 cancel: CancelEvent | None, load_s: float,
+                 end: Callable[[bool], None]) -> None:
+        self._loop, self._inbox = loop, loop_inbox(loop)
+        self._gen, self._cancel, self._load_s, self._end = gen, cancel, load_s, end
+        self._items: collections.deque[FromWorker | None] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._over = False  # the Finished / Failed was read
+        self.finished = False  # the stream reached its Finished / Failed
+        self._ended = threading.Lock()
+
+    def put(self, item: FromWorker | None) -> None:
+        """Deliver a reply (any thread; never blocks)."""
+        self._inbox.put(self._feed, item)
+
+    def _feed(self, item: FromWorker | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pending(self) -> int:
+        return len(self._items)
+
+    def __aiter__(self) -> LoopEvents:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        cancel = self._cancel
+        while not self._over and not (cancel is not None and cancel.is_set()):
+            if not self._items:
+                self._waiter = self._loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                continue
+            ev = self._items.popleft()
+            if ev is None:  # a wake-up (its cancel): the loop's test sees why
+                continue
+            # a Progress is no end: a stream closed after one still holds its slot
+            self.finished = self._over = not isinstance(ev, (TokenOut, Progress))
+            event = stream_event(ev, self._gen, self._load_s)
+            if event is not None:
+                return event
+        raise StopAsyncIteration
+
+    def end(self) -> None:
+        """End the request as the reading left it (once; later calls do nothing)."""
+        if self._ended.acquire(blocking=False):
+            self._end(self.finished)
 
 
 def stream_event(ev: FromWorker, gen: Generation, load_s: float) -> TokenEvent | None:

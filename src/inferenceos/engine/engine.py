@@ -25,6 +25,7 @@ mechanism inside the workers engine/worker/migrate.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import inferenceos.errors as errors
-from inferenceos.engine.base import EngineBase, Events, Generation, per_slot
+from inferenceos.engine.base import EngineBase, Events, Generation, LoopEvents, per_slot
 from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.messages import (
     Ask,
@@ -268,10 +269,15 @@ class Engine(EngineBase):
             unwake()
             self._abandon(worker, req_id)
 
+        def to_loop(loop: asyncio.AbstractEventLoop) -> LoopEvents:
+            events = LoopEvents(loop, gen, cancel, self.load_s, end)
+            q.divert(events.put)  # the reader thread delivers to the loop from now on
+            return events
+
         # q.get() without a timeout: a Ctrl-C still interrupts it in the main thread
         # (CPython's lock waits end on EINTR and run the signal handler;
         # tests/engine/test_stream_events.py measures it)
-        gen.events = Events(self._follow(q.get, cancel, gen, end), abandon)
+        gen.events = Events(self._follow(q.get, cancel, gen, end), abandon, to_loop)
         return gen
 
     @staticmethod

@@ -1,8 +1,11 @@
 """Run blocking engine work in a thread and consume its results on the event loop.
 
 `ThreadStream(job)` starts `job(cancel)` — a generator function doing blocking work
-(lease a model, generate tokens) — in its own thread, and yields what it yields, in
-order, as an async iterator. Exceptions raised in the job re-raise in the consumer.
+(lease a model, generate tokens) — in a thread of its own, and yields what it yields,
+in order, as an async iterator. Exceptions raised in the job re-raise in the consumer.
+The threads are reused (`_Threads`): a job never waits for a thread to be made, and
+the event loop is never held in `Thread.start()`, which waits until the new thread
+runs (on a busy 2-core machine, milliseconds of every stream's time, per request).
 
 Cancellation: `aclose()` (or the consumer being cancelled, e.g. when the client
 disconnects) sets `cancel`, a `CancelEvent`: its `set()` wakes the engine's stream
@@ -12,22 +15,22 @@ for a consumer that is still listening, as during a graceful shutdown). The job'
 `finally` blocks (releasing the lease, closing the generation) always run in the worker
 thread, never on the event loop.
 
-Delivery: the items of every stream on one event loop go through one `_Waker`, which
-wakes the loop once for all that arrived while it was busy (one self-pipe write and
-one callback per burst), not once per item: a scheduler step gives every stream its
-token at the same moment, and `call_soon_threadsafe` per token per stream was a
-syscall and a loop wake-up each (issue 44: 8 and 32 streams of the tiny model).
+Delivery: the items of every stream on one event loop go through the loop's one
+`engine.base.LoopInbox`, which wakes the loop once for all that arrived while it was
+busy (one self-pipe write and one callback per burst), not once per item (issue 44).
+A generation's tokens do not pass through here at all when the engine can deliver them
+to the loop itself (server/generation.py, `engine.base.LoopEvents`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import queue
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from inferenceos.engine.base import loop_inbox
 from inferenceos.engine.cancel import CancelEvent
 
 T = TypeVar("T")
@@ -39,66 +42,56 @@ class _Failure:
         self.exc = exc
 
 
-class _Waker:
-    """One event loop's inbox from the job threads (see the module docstring).
+class _Threads:
+    """Threads that run jobs one after the other: a job goes to an idle thread, or to
+    a new one when none is idle (never queued behind a running job: a generation's job
+    runs as long as its generation). At most `keep` stay idle; an idle thread blocks in
+    its queue's get() (no timer) until the next job."""
 
-    `put` appends (stream queue, item) and schedules `_drain` unless one is scheduled
-    already; `_drain` clears that mark before it takes the items, so an item appended
-    after the mark was cleared schedules another drain: none is ever left behind."""
+    def __init__(self, keep: int = 64) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], str]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._keep = keep
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: collections.deque[tuple[asyncio.Queue[Any], Any]] = collections.deque()
-        self._scheduled = False
+    def run(self, fn: Callable[[], None], name: str) -> None:
+        """Run `fn()` in a thread named `name` (fn must not raise)."""
+        with self._lock:
+            new = self._idle == 0  # else an idle thread is spoken for: it takes this job
+            if not new:
+                self._idle -= 1
+        self._jobs.put((fn, name))
+        if new:
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
 
-    def put(self, queue: asyncio.Queue[Any], item: Any) -> bool:
-        """Hand `item` to `queue` on the loop; False when the loop is gone."""
-        self._items.append((queue, item))
-        if self._scheduled:
-            return not self._loop.is_closed()
-        self._scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is gone (shutdown): nobody is listening
-            return False
-        return True
-
-    def _drain(self) -> None:
-        self._scheduled = False
-        items = self._items
-        while items:
-            queue, item = items.popleft()
-            queue.put_nowait(item)
-
-
-_WAKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = (
-    weakref.WeakKeyDictionary())
-_WAKERS_LOCK = threading.Lock()
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        while True:
+            fn, me.name = self._jobs.get()
+            fn()
+            with self._lock:
+                if self._idle >= self._keep:
+                    return
+                self._idle += 1
 
 
-def _waker(loop: asyncio.AbstractEventLoop) -> _Waker:
-    with _WAKERS_LOCK:
-        waker = _WAKERS.get(loop)
-        if waker is None:
-            waker = _WAKERS[loop] = _Waker(loop)
-        return waker
+_THREADS = _Threads()
 
 
 class ThreadStream(Generic[T]):
-    """An async iterator over the items of a generator run in a dedicated thread."""
+    """An async iterator over the items of a generator run in a thread of its own."""
 
     def __init__(self, job: Callable[[CancelEvent], Iterator[T]],
                  cancel: CancelEvent | None = None, name: str = "generation") -> None:
         self.cancel = cancel or CancelEvent()
         self._loop = asyncio.get_running_loop()
-        self._waker = _waker(self._loop)
+        self._inbox = loop_inbox(self._loop)
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._finished = False
-        self._thread = threading.Thread(target=self._work, args=(job,), name=name, daemon=True)
-        self._thread.start()
+        _THREADS.run(lambda: self._work(job), name)
 
     def _put(self, item: Any) -> None:
-        if not self._waker.put(self._queue, item):  # the loop is gone: nobody listens
+        if not self._inbox.put(self._queue.put_nowait, item):  # the loop is gone
             self.cancel.set()
 
     def _work(self, job: Callable[[CancelEvent], Iterator[T]]) -> None:
@@ -142,6 +135,3 @@ class ThreadStream(Generic[T]):
         """Stop the job (it ends at its next item); does not wait for the thread."""
         self.cancel.set()
         self._finished = True
-
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from inferenceos.engine.base import Generation, LoopEvents
 from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.client import EngineClient
@@ -162,7 +164,8 @@ def _with_tools(engine: EngineClient, req: GenRequest) -> tuple[GenRequest, Tool
     return dataclasses.replace(req, sampling=sampling), plan.format
 
 
-def _job(state: ServerState, req_as_sent: GenRequest
+def _job(state: ServerState, req_as_sent: GenRequest,
+         loop: asyncio.AbstractEventLoop | None = None
          ) -> Callable[[CancelEvent], Iterator[Any]]:
     def job(cancel: CancelEvent) -> Iterator[Any]:
         t0 = time.perf_counter()
@@ -191,7 +194,7 @@ def _job(state: ServerState, req_as_sent: GenRequest
             budget = _budget(run_req, reasoning)
             yield from _generate(state, lease, prompt, run_req, policy, cancel, load_s,
                                  BudgetWatch(reasoning, budget) if reasoning and budget
-                                 else None)
+                                 else None, loop)
         finally:
             lease.release()
     return job
@@ -204,12 +207,29 @@ def _budget(req: GenRequest, reasoning: Reasoning | None) -> int:
     return max(req.think.budget, 0)
 
 
+@dataclass
+class _OnLoop:
+    """A generation whose tokens the event loop reads itself (`engine.base.LoopEvents`):
+    `Run` reads `events` (keeping `out` and `active.tokens` as `_generate` would) and
+    sets `ended` once it stopped reading; the job's thread waits for that, off the
+    token path, then ends the generation and sends the Done."""
+
+    events: LoopEvents
+    gen: Generation
+    out: list[int]
+    active: ActiveGeneration
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
 def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req: GenRequest,
               policy: str | None, cancel: CancelEvent, load_s: float,
-              watch: BudgetWatch | None = None) -> Iterator[Any]:
+              watch: BudgetWatch | None = None,
+              loop: asyncio.AbstractEventLoop | None = None) -> Iterator[Any]:
     """The token events of one generation on a leased engine, then its Done. With a
     `watch`, a reasoning section still open after its budget is closed by force and
-    the reply continues (server/reasoning_budget.py)."""
+    the reply continues (server/reasoning_budget.py). With `loop` (and no watch), an
+    engine that can deliver the tokens to the loop does (an `_OnLoop` is yielded
+    instead of them): no thread wakes per token."""
     active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
     state.track(active)
     extra: dict[str, Any] = {}
@@ -223,23 +243,32 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
     out: list[int] = []
     metrics: GenerationMetrics | None = None
     try:
-        for ev in gen:
-            if ev.token >= 0:
-                out.append(ev.token)
-            active.tokens = gen.metrics.prompt_tokens + len(out)
-            yield ev
-            if watch is not None and watch.feed(ev):
-                gen.close()
-                first = gen.metrics
-                gen = _continue(lease, prompt, out, run_req, watch, cancel, extra)
-                yield TokenEvent(-1, forced_text(run_req.think.message if run_req.think
-                                                 else ""))
-                for ev2 in gen:
-                    if ev2.token >= 0:
-                        out.append(ev2.token)
-                    yield ev2
-                metrics = merged_metrics(first, gen.metrics, len(out))
-                break
+        on_loop = getattr(gen.events, "on_loop", None)
+        events = on_loop(loop) if on_loop is not None and loop and watch is None else None
+        if events is not None:
+            live = _OnLoop(events, gen, out, active)
+            unwake = cancel.on_set(live.ended.set)
+            yield live
+            live.ended.wait()  # no timeout: the loop's end of reading, or the cancel
+            unwake()
+        else:
+            for ev in gen:
+                if ev.token >= 0:
+                    out.append(ev.token)
+                active.tokens = gen.metrics.prompt_tokens + len(out)
+                yield ev
+                if watch is not None and watch.feed(ev):
+                    gen.close()
+                    first = gen.metrics
+                    gen = _continue(lease, prompt, out, run_req, watch, cancel, extra)
+                    yield TokenEvent(-1, forced_text(run_req.think.message if run_req.think
+                                                     else ""))
+                    for ev2 in gen:
+                        if ev2.token >= 0:
+                            out.append(ev2.token)
+                        yield ev2
+                    metrics = merged_metrics(first, gen.metrics, len(out))
+                    break
     finally:
         gen.close()
         state.untrack(active)
@@ -313,6 +342,7 @@ class Run:
         self.tool_format: ToolFormat | None = None  # set when tools were offered
         self.reasoning: Reasoning | None = None  # set for a chat with a reasoning section
         self.scored: list[TokenEvent] = []  # collect(): the events carrying logprobs
+        self._live: _OnLoop | None = None  # tokens the loop reads itself, while it does
 
     async def _begin(self) -> None:
         loaded = await self._stream.__anext__()
@@ -320,7 +350,37 @@ class Run:
         self.model, self.load_s = loaded.model, loaded.load_s
         self.tool_format = loaded.tool_format
         self.reasoning = loaded.reasoning
-        self._head.append(await self._stream.__anext__())  # first token (or Done)
+        self._head.append(await self._next())  # first token (or Done)
+
+    async def _next(self) -> Any:
+        """The next TokenEvent or the Done: from the engine's `LoopEvents` while the
+        job handed those over (`_OnLoop`), else from the job's thread."""
+        while True:
+            live = self._live
+            if live is None:
+                item = await self._stream.__anext__()
+                if not isinstance(item, _OnLoop):
+                    return item
+                self._live = live = item
+            try:
+                ev = await live.events.__anext__()
+            except StopAsyncIteration:  # its end: the Done follows from the job
+                self._live = None
+                live.ended.set()
+                continue
+            except BaseException:  # its error, or this consumer was cancelled
+                self._live = None
+                live.ended.set()
+                raise
+            if ev.token >= 0:
+                live.out.append(ev.token)
+            live.active.tokens = live.gen.metrics.prompt_tokens + len(live.out)
+            return ev
+
+    def pending(self) -> int:
+        """Tokens delivered to this run and not yet read (0 on the thread path)."""
+        live = self._live
+        return live.events.pending() if live is not None else 0
 
     async def events(self) -> AsyncGenerator[TokenEvent | Done, None]:
         """Every TokenEvent, then one Done. Closing early cancels the generation."""
@@ -333,7 +393,7 @@ class Run:
         itl: Any = None
         try:
             while True:
-                item = self._head.pop() if self._head else await self._stream.__anext__()
+                item = self._head.pop() if self._head else await self._next()
                 now = time.perf_counter()
                 if isinstance(item, Done):
                     finished = True
@@ -412,7 +472,7 @@ async def start_generation(state: ServerState, req: GenRequest) -> Run:
     t0 = time.perf_counter()
     ticket = await _admit(state)
     try:
-        stream: ThreadStream[Any] = ThreadStream(_job(state, req))
+        stream: ThreadStream[Any] = ThreadStream(_job(state, req, asyncio.get_running_loop()))
     except BaseException:
         ticket.leave()
         raise

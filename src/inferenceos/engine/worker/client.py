@@ -18,6 +18,7 @@ import itertools
 import multiprocessing as mp
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar, cast
@@ -38,11 +39,43 @@ from inferenceos.engine.worker.main import WorkerConfig, worker_main
 __all__ = ["CurrentWorker", "Replies", "WorkerClient"]
 
 R = TypeVar("R")
-# a request's replies, in order; None is no reply but a wake-up for the stream reading
-# them (its cancel was set: engine.Engine._start). A SimpleQueue (C): a put and a get
-# per token of every stream are its path, and queue.Queue's Condition cost ~5 us of
-# Python per token there (issue 44); its blocking get() still ends on EINTR for Ctrl-C
-Replies = queue.SimpleQueue[FromWorker | None]
+Reply = FromWorker | None
+
+
+class Replies:
+    """A request's replies, in order; None is no reply but a wake-up for the stream
+    reading them (its cancel was set: engine.Engine._start).
+
+    They wait in a SimpleQueue (C: a put and a get per token of every stream are its
+    path, and queue.Queue's Condition cost ~5 us of Python per token there, issue 44;
+    its blocking `get()` still ends on EINTR for Ctrl-C; `get` is the queue's own
+    method, so a thread blocked in it is blocked in C) until `divert(sink)`: then
+    what waited, and every later reply, goes to `sink` instead (an event loop's
+    reader, engine.base.LoopEvents), in the same order."""
+
+    __slots__ = ("_lock", "_queue", "_sink", "get")
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Reply] = queue.SimpleQueue()
+        self._sink: Callable[[Reply], None] | None = None
+        self._lock = threading.Lock()
+        self.get = self._queue.get
+
+    def put(self, item: Reply) -> None:
+        """Deliver `item` (any thread; never blocks)."""
+        with self._lock:
+            if self._sink is None:
+                self._queue.put(item)
+            else:
+                self._sink(item)
+
+    def divert(self, sink: Callable[[Reply], None]) -> None:
+        """From now on deliver to `sink` (which must not block), the replies that
+        waited first; nothing may `get` afterwards."""
+        with self._lock:
+            while not self._queue.empty():
+                sink(self._queue.get_nowait())
+            self._sink = sink
 
 
 class WorkerClient:
@@ -105,7 +138,7 @@ class WorkerClient:
                 raise errors.WorkerDiedError("the model worker is not running")
             q: Replies | None = None
             if register:
-                q = self.pending[msg.req_id] = queue.SimpleQueue()
+                q = self.pending[msg.req_id] = Replies()
             try:
                 self.conn.send(msg)
             except (OSError, ValueError):
