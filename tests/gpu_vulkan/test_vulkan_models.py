@@ -1,18 +1,37 @@
 """Greedy output of the real models with every layer on the Vulkan device against the
 CPU's (docs/gpu.md, "Vulkan on lavapipe"): Qwen2.5-Coder-0.5B token for token, Gemma 3
 270M within its kernels' legitimate difference. The slowest of the group: lavapipe
-decodes Qwen at ~1 token/s here. The CPU reference hides every Vulkan device."""
+decodes Qwen at ~1 token/s here. The CPU reference hides every Vulkan device.
+
+The same loads check the plan's device memory against llama.cpp's buffers: both models'
+tied output heads (Gemma's 170 MiB, Qwen's 137 MiB) are over lavapipe's largest tensor
+(128 MiB, `max_tensor_bytes` in the profile), so llama.cpp keeps them and their logits
+on the CPU, and the plan must too."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from vulkan_cli import NO_VULKAN, VulkanCli, greedy_run, offloaded
+from vulkan_cli import DEVICE, MIB, NO_VULKAN, VulkanCli, buffers, greedy_run, offloaded, on_device
 
 pytestmark = pytest.mark.gpu_vulkan
+UNITS = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
+
+
+def _planned_on_device(log: str) -> float:
+    """MiB the `plan:` line of a verbose run gives the device."""
+    plan = next(ln for ln in log.splitlines() if ln.startswith("plan:"))
+    m = re.search(rf"{DEVICE} ([\d.]+) (KiB|MiB|GiB)", plan)
+    assert m, plan
+    return float(m[1]) * UNITS[m[2]]
+
+
+def _within_5_percent(planned: float, allocated: float) -> None:
+    assert allocated > 0 and abs(planned / allocated - 1) <= 0.05, (planned, allocated)
 
 
 def test_qwen_greedy_on_the_device_equals_the_cpus(vk: VulkanCli, qwen05_path: Path) -> None:
@@ -22,6 +41,8 @@ def test_qwen_greedy_on_the_device_equals_the_cpus(vk: VulkanCli, qwen05_path: P
     gpu, gpu_log = greedy_run(vk, qwen05_path, "--gpu-layers", "-1", n=6)
     assert offloaded(gpu_log)[0] > 0
     assert gpu == cpu
+    # the plan's device memory is llama.cpp's (docs/gpu.md: 274.3 planned, 274.27 held)
+    _within_5_percent(_planned_on_device(gpu_log), on_device(buffers(gpu_log)))
 
 
 # The kernels differ legitimately: the CPU's quantized dot products (q4_K, q5_0, q8_0
@@ -40,8 +61,18 @@ from inferenceos.hardware.llama_devices import llama_lib_dir
 from inferenceos.hardware.vulkan import vulkan_environment
 vulkan_environment(llama_lib_dir())  # lavapipe, as our engine sets it (a no-op when hidden)
 from llama_cpp import Llama
+from inferenceos.plan.calibration_load import load_calibration
+from inferenceos.plan.devices import local_machine
+from inferenceos.plan.entry import LoadRequest, plan_load
+from inferenceos.plan.model_facts import load_model_facts
 model, tokens = sys.argv[1], json.loads(sys.argv[2])
-llm = Llama(model, n_gpu_layers=-1, n_ctx=256, logits_all=True, verbose=False)
+# our plan of this very load (every layer on the device), whose batch sizes it takes
+machine, facts = local_machine(), load_model_facts(model)
+asked = LoadRequest(n_ctx=256, gpu_layers=-1, draft=None, flash_attn=False, swa_full=True)
+plan = plan_load(facts, machine, asked, load_calibration(machine, facts, 0))
+c = plan.ctx
+llm = Llama(model, n_gpu_layers=-1, n_ctx=c.n_ctx, n_batch=c.n_batch, n_ubatch=c.n_ubatch,
+            logits_all=True, verbose=True)
 if tokens:
     llm.eval(tokens)
 else:  # the CPU's greedy continuation of the prompt
@@ -50,15 +81,19 @@ else:  # the CPU's greedy continuation of the prompt
     for _ in range(12):
         tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval(tokens[-1:])
-print(json.dumps({"tokens": tokens, "logits": [llm.scores[i].tolist() for i in
-                                               range(len(tokens))]}))
+print(json.dumps({"tokens": tokens, "planned": plan.charge().get("Vulkan0", 0),
+                  "logits": [llm.scores[i].tolist() for i in range(len(tokens))]}))
 """
 
 
 def test_gemma_on_the_device_agrees_with_the_cpu_within_its_kernels(
         vk: VulkanCli, gemma_path: Path) -> None:
-    cpu = json.loads(vk.python(TEACHER, str(gemma_path), "[]", env=NO_VULKAN).stdout)
-    gpu = json.loads(vk.python(TEACHER, str(gemma_path), json.dumps(cpu["tokens"])).stdout)
+    cpu = json.loads(vk.python(TEACHER, str(gemma_path), "[]", env=NO_VULKAN)
+                     .stdout.splitlines()[-1])
+    run = vk.python(TEACHER, str(gemma_path), json.dumps(cpu["tokens"]))
+    gpu = json.loads(run.stdout.splitlines()[-1])
+    # the plan's device memory is llama.cpp's, the head and its logits on the CPU
+    _within_5_percent(gpu["planned"] / MIB, on_device(buffers(run.stderr)))
     import numpy as np
 
     a, b = np.array(cpu["logits"]), np.array(gpu["logits"])

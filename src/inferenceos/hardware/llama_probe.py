@@ -3,7 +3,8 @@
 Run as a script (`python llama_probe.py LIB_DIR`), it loads libggml-base, libggml and
 libllama from LIB_DIR with ctypes and prints one JSON object on stdout: ggml version and
 commit, the backend registries compiled in (or loadable), every backend device with its
-type and free / total memory, and `llama_print_system_info()`. It imports nothing but
+type and free / total memory (a GPU's also with the largest tensor its ops accept:
+`max_tensor_bytes`), and `llama_print_system_info()`. It imports nothing but
 the standard library, so it runs whatever sys.path holds. It runs in a child because
 initialising a GPU backend can crash or hang inside a driver; the parent survives that.
 Signatures follow ggml/include/ggml-backend.h of llama.cpp as vendored in 0.3.36.
@@ -109,12 +110,58 @@ def device_memory(ggml: ctypes.CDLL, dev: int) -> tuple[int, int]:
 
 def _devices(ggml: ctypes.CDLL, reg_name: Any) -> list[dict[str, Any]]:
     reg = bind(ggml, "ggml_backend_dev_backend_reg", _P, _P)
-    return [{
-        "name": d.name or f"dev{i}", "description": d.description or "",
-        "type": DEVICE_TYPES.get(d.type, f"type{d.type}"),
-        "backend": _s(reg_name(reg(d.handle))) or "",
-        "memory_free_bytes": d.memory_free_bytes, "memory_total_bytes": d.memory_total_bytes,
-    } for i, d in enumerate(ggml_devices(ggml))]
+    out = []
+    for i, d in enumerate(ggml_devices(ggml)):
+        kind = DEVICE_TYPES.get(d.type, f"type{d.type}")
+        out.append({
+            "name": d.name or f"dev{i}", "description": d.description or "",
+            "type": kind, "backend": _s(reg_name(reg(d.handle))) or "",
+            "memory_free_bytes": d.memory_free_bytes,
+            "memory_total_bytes": d.memory_total_bytes,
+            **({"max_tensor_bytes": max_tensor_bytes(ggml, d.handle)}
+               if kind in ("gpu", "igpu") else {}),
+        })
+    return out
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", _P), ("no_alloc", ctypes.c_bool)]
+
+
+MIB = 1 << 20
+_SEARCH_TOP = 1 << 44  # 16 TiB: "no limit" above it
+
+
+def max_tensor_bytes(ggml: ctypes.CDLL, dev: int) -> int | None:
+    """The largest tensor (to 1 MiB) an op on device `dev` may read or write, None when
+    it accepts any: the smaller of its buffer type's largest allocation
+    (`ggml_backend_buft_get_max_size`) and what `ggml_backend_dev_supports_op` accepts
+    for an f32 ADD, found by bisection on metadata-only tensors. ggml-vulkan refuses an
+    op on a tensor over `maxStorageBufferRange` (128 MiB on lavapipe; 4 GiB and more on
+    discrete GPUs), and llama.cpp then keeps such a weight, and its op, on the CPU."""
+    buft = bind(ggml, "ggml_backend_dev_buffer_type", _P, _P)(dev)
+    alloc = bind(ggml, "ggml_backend_buft_get_max_size", ctypes.c_size_t, _P)(buft) or _SEARCH_TOP
+    init = bind(ggml, "ggml_init", _P, _InitParams)
+    free = bind(ggml, "ggml_free", None, _P)
+    new_1d = bind(ggml, "ggml_new_tensor_1d", _P, _P, ctypes.c_int, ctypes.c_int64)
+    add = bind(ggml, "ggml_add", _P, _P, _P, _P)
+    supports = bind(ggml, "ggml_backend_dev_supports_op", ctypes.c_bool, _P, _P)
+
+    def accepts(n_bytes: int) -> bool:
+        ctx = init(_InitParams(64 * 1024, None, True))
+        try:
+            a = new_1d(ctx, 0, n_bytes // 4)  # GGML_TYPE_F32
+            return bool(supports(dev, add(ctx, a, a)))
+        finally:
+            free(ctx)
+
+    lo, hi = 0, min(alloc, _SEARCH_TOP) // MIB  # in MiB: lo accepted (or 0), hi the top
+    if accepts(hi * MIB):
+        return None if hi * MIB >= _SEARCH_TOP else hi * MIB
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if accepts(mid * MIB) else (lo, mid)
+    return lo * MIB
 
 
 def main(argv: list[str]) -> int:

@@ -101,6 +101,10 @@ class LlamaDevice:
     # decoded token reads, and of copies from host memory into the device's buffers
     read_gbps: float | None = None
     host_copy_gbps: float | None = None
+    # a GPU's largest tensor its ops accept (llama_probe.max_tensor_bytes; None: no
+    # limit found, or a profile cached before the probe asked): llama.cpp keeps a
+    # larger weight, and its op, on the CPU
+    max_tensor_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ GPU_BW_EFFICIENCY = 0.8
 ASSUMED_LINK_GBPS = 12.0  # PCIe 4.0 x16 as achieved, roughly
 # RAM the OS and other processes keep when a budget comes from the total, not "available"
 RAM_RESERVE_FRACTION = 0.1
+GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,14 @@ class Device:
     # an RPC device served from this very machine (same kernel boot id: loopback or a
     # network namespace): its compute takes this machine's cores, its memory this RAM
     co_located: bool = False
+    # the largest tensor an op on this device accepts (0: no limit known); llama.cpp
+    # keeps a larger weight on the CPU, and computes its op there (lavapipe: 128 MiB,
+    # under Gemma 3's 170 MiB tied output head)
+    max_tensor_bytes: int = 0
+
+    def accepts(self, n_bytes: int) -> bool:
+        """Whether a tensor of `n_bytes` may live and be computed on this device."""
+        return not self.max_tensor_bytes or n_bytes <= self.max_tensor_bytes
 
     @property
     def is_remote(self) -> bool:
@@ -96,6 +105,7 @@ class Device:
             "llama_name": self.llama_name or self.name,
             **({"rtt_s": self.rtt_s, "remote_kind": self.remote_kind,
                 "co_located": self.co_located} if self.is_remote else {}),
+            **({"max_tensor_bytes": self.max_tensor_bytes} if self.max_tensor_bytes else {}),
         }
 
 
@@ -137,6 +147,14 @@ class Machine:
         }
 
 
+
+
+def device_budgets(machine: Machine) -> dict[str, int]:
+    """Bytes the plan may fill per device (accelerators keep a driver reserve)."""
+    out = {"CPU": machine.cpu.memory_bytes}
+    for d in machine.accelerators:
+        out[d.name] = int(d.memory_bytes * (1 - GPU_RESERVE_FRACTION))
+    return out
 
 
 def _cpu_from_json(data: dict[str, Any], notes: list[str]) -> Device:
@@ -182,9 +200,11 @@ def _gpu_devices(data: dict[str, Any], notes: list[str]) -> list[Device]:
             name, kind = f"GPU{i}", "igpu" if d.get("integrated") else "gpu"
             mem = int(d.get("memory_free_bytes") or d.get("memory_total_bytes") or 0)
         if d.get("read_gbps"):  # measured by `hardware` (hardware/device_speed.py)
-            out.append(_measured_gpu(name, kind, mem, d, float(link), notes))
+            gpu = _measured_gpu(name, kind, mem, d, float(link), notes)
         else:
-            out.append(_gpu(name, kind, mem, float(link), notes))
+            gpu = _gpu(name, kind, mem, float(link), notes)
+        # probed by `hardware` (llama_probe.max_tensor_bytes); absent in older profiles
+        out.append(replace(gpu, max_tensor_bytes=int(d.get("max_tensor_bytes") or 0)))
     return out
 
 

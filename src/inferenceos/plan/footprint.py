@@ -2,13 +2,21 @@
 
 CPU: its weights (mmap'd from the file, or their CPU_REPACK copies), the KV of its
 layers, its compute buffer, the output (logits) buffer and the process overhead.
-Accelerator: its weights, the KV of its layers, its compute buffer. GPU compute
-buffers use the same phase model as the CPU's (not yet checked against a GPU run).
+Accelerator: its weights, the KV of its layers, its compute buffer: a local GPU's by
+`ComputeTerms.gpu_layer_peak` (checked against ggml-vulkan on lavapipe, docs/gpu.md), a
+worker's by the CPU's phases.
+
+llama.cpp's op_offload: with a GPU in the plan, a prompt's products of CPU-resident
+weights (batches of OP_OFFLOAD_MIN_BATCH tokens and more) run on the first GPU, each
+weight copied into that GPU's compute buffer (ggml-backend.cpp, the scheduler's
+"1.off" and its split inputs), which llama.cpp sizes for them. `estimate` keeps
+op_offload on only where that buffer fits the GPU's budget beside the placement;
+elsewhere it is off, and those products run on the CPU (`MemoryEstimate.op_offload`).
 """
 
 from __future__ import annotations
 
-from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import Device, Machine, device_budgets
 from inferenceos.plan.memory import (
     ComputeTerms,
     ContextSettings,
@@ -19,14 +27,95 @@ from inferenceos.plan.memory import (
     process_overhead,
     repack_bytes,
 )
-from inferenceos.plan.model_facts import ModelFacts
+from inferenceos.plan.model_facts import ModelFacts, TensorFact
 from inferenceos.plan.placement import Placement
 
+# ggml's GPU backends (CUDA, Vulkan, SYCL, Metal) take an op of a host-memory weight
+# only for a batch of this many rows or more (op_offload_min_batch_size, the default of
+# GGML_OP_OFFLOAD_MIN_BATCH)
+OP_OFFLOAD_MIN_BATCH = 32
+# llama.cpp asks a device for a weight's product over 512 columns before placing the
+# weight there (llama-model-loader.cpp, weight_buft_supported)
+_WEIGHT_TEST_COLUMNS = 512
+# An offloaded layer's peak beyond the GPU's own layer phase and the weight copied in,
+# in residual-stream activations (T × n_embd f32): ggml-alloc's fragmentation around
+# the copies. Fitted on lavapipe at 512 tokens (tiny wide 0.75 MiB of 9.25, tiny deep
+# 0.31 of 4.56, Qwen2.5-Coder-0.5B 2.45 of 38.36: 1.25 to 1.5 of them); at 128 and 256
+# tokens the copies fit in freed blocks and the estimate is over by up to 25 %.
+_OFFLOAD_EXTRA_EMBD = 1.5
 
-def device_compute(terms: ComputeTerms, has_layers: bool, has_output: bool) -> int:
-    """Compute buffer of a device running some layers and/or the output head."""
-    layer_peak = terms.inputs + max(terms.attention, terms.ffn) if has_layers else 0
+
+def device_compute(terms: ComputeTerms, has_layers: bool, has_output: bool,
+                   gpu: bool = False) -> int:
+    """Compute buffer of a device running some layers and/or the output head: the CPU's
+    phases, or with `gpu` a local GPU's (charged as if it ran the first layer, whose
+    input embeddings it then holds: one activation over where it does not, which keeps
+    this a charge per device the placement programs can make)."""
+    if not has_layers:
+        layer_peak = 0
+    elif gpu:
+        layer_peak = terms.gpu_layer_peak(first=True)
+    else:
+        layer_peak = terms.inputs + max(terms.attention, terms.ffn)
     return max(layer_peak, terms.output if has_output else 0)
+
+
+def is_local_gpu(dev: Device) -> bool:
+    return dev.kind in ("gpu", "igpu")
+
+
+def layer_and_head_compute(terms: ComputeTerms, dev: Device) -> tuple[int, int]:
+    """(compute with layers, with layers and the output head) the placement programs
+    charge accelerator `dev`, as `estimate` does."""
+    gpu = is_local_gpu(dev)
+    return device_compute(terms, True, False, gpu), device_compute(terms, True, True, gpu)
+
+
+def takes_product(dev: Device, t: TensorFact) -> bool:
+    """Whether `dev` accepts weight `t` and its product (the largest tensor its ops
+    accept, `Device.max_tensor_bytes`): llama.cpp keeps a weight it refuses on the CPU,
+    and runs its product there."""
+    return dev.accepts(t.n_bytes) and dev.accepts(t.rows * _WEIGHT_TEST_COLUMNS * 4)
+
+
+def head_tensor(facts: ModelFacts) -> TensorFact | None:
+    """The output head's matrix: output.weight, or token_embd.weight when tied."""
+    by_name = {t.name: t for t in facts.tensors}
+    return by_name.get("output.weight") or by_name.get("token_embd.weight")
+
+
+def head_fits(facts: ModelFacts, dev: Device) -> bool:
+    """Whether the output head may go to `dev` (lavapipe refuses Gemma 3's 170 MiB
+    tied head and Qwen2.5-Coder-0.5B's 137 MiB one: over its 128 MiB)."""
+    head = head_tensor(facts)
+    return head is None or takes_product(dev, head)
+
+
+def offload_device(machine: Machine, placement: Placement) -> Device | None:
+    """The GPU llama.cpp's scheduler gives CPU weights' large products: the first of
+    the plan's devices with a backend that offloads ops (a local GPU; an RPC device
+    offloads none)."""
+    return next((d for d in machine.accelerators
+                 if is_local_gpu(d) and d.name in placement.loads), None)
+
+
+def offload_compute(facts: ModelFacts, placement: Placement, ctx: ContextSettings,
+                    terms: ComputeTerms, dev: Device) -> int:
+    """The compute buffer op_offload needs on `dev` (0: nothing to offload): a CPU
+    layer's phase computed there with its largest weight copied in, or the output
+    head's logits with the head's matrix copied in."""
+    if effective_context(ctx).n_ubatch < OP_OFFLOAD_MIN_BATCH:
+        return 0
+    copied = [t.n_bytes for t in facts.tensors
+              if t.layer >= 0 and placement.device_of(t) == "CPU" and takes_product(dev, t)]
+    peak = 0
+    if copied:
+        extra = int(_OFFLOAD_EXTRA_EMBD * terms.embd)
+        peak = terms.gpu_layer_peak(first=True) + max(copied) + extra
+    head = head_tensor(facts)
+    if placement.output_device == "CPU" and head is not None and takes_product(dev, head):
+        peak = max(peak, terms.output + head.n_bytes)
+    return peak
 
 
 def gpu_compute_reserve(facts: ModelFacts, ctx: ContextSettings) -> int:
@@ -53,15 +142,9 @@ def estimate(
     terms = compute_terms(facts, ctx)
     weights = {d: load.weights for d, load in placement.loads.items() if load.weights}
     kv = {d: load.kv for d, load in placement.loads.items() if load.kv}
-    compute: dict[str, int] = {}
-    for dev in machine.devices:
-        has_layers = placement.decode_load(dev.name).layers > 0
-        has_output = placement.output_device == dev.name
-        if dev.is_cpu:
-            has_layers = has_layers or not machine.accelerators
-        c = device_compute(terms, has_layers, has_output)
-        if c:
-            compute[dev.name] = c
+    compute = _own_compute(terms, placement, machine)
+    op_offload = _with_offload(facts, placement, machine, ctx, terms, compute,
+                               weights, kv)
     cpu_tensors = [t for t in facts.tensors if placement.device_of(t) == "CPU"]
     repack_b = repack_bytes(cpu_tensors, machine.cpu.isa) if repack else 0
     output = output_buffer_bytes(facts, ctx)
@@ -83,7 +166,43 @@ def estimate(
         overhead=overhead,
         context=effective_context(ctx),
         by_device=by_device,
+        op_offload=op_offload,
     )
+
+
+def _own_compute(terms: ComputeTerms, placement: Placement, machine: Machine) -> dict[str, int]:
+    """Each device's compute buffer for the layers and the head it holds (the CPU's
+    for every layer when there is no accelerator)."""
+    compute: dict[str, int] = {}
+    for dev in machine.devices:
+        has_layers = placement.decode_load(dev.name).layers > 0
+        has_output = placement.output_device == dev.name
+        if dev.is_cpu:
+            has_layers = has_layers or not machine.accelerators
+        c = device_compute(terms, has_layers, has_output, is_local_gpu(dev))
+        if c:
+            compute[dev.name] = c
+    return compute
+
+
+def _with_offload(facts: ModelFacts, placement: Placement, machine: Machine,
+                  ctx: ContextSettings, terms: ComputeTerms, compute: dict[str, int],
+                  weights: dict[str, int], kv: dict[str, int]) -> bool:
+    """Whether the load keeps llama.cpp's op_offload on; when on, `compute` (updated)
+    holds the GPU's buffer sized for it. On where it costs nothing or fits the GPU's
+    budget beside its weights and KV; off where it would not: the planner never gives
+    up a layer for it, since the perf model does not count the prompt time it saves."""
+    dev = offload_device(machine, placement)
+    if dev is None:
+        return True
+    need = offload_compute(facts, placement, ctx, terms, dev)
+    if need <= compute.get(dev.name, 0):
+        return True
+    held = weights.get(dev.name, 0) + kv.get(dev.name, 0)
+    if held + need > device_budgets(machine).get(dev.name, 0):
+        return False
+    compute[dev.name] = need
+    return True
 
 
 def stream_room(facts: ModelFacts, head_on_cpu: bool = True) -> int:

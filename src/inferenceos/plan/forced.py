@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.footprint import estimate
+from inferenceos.plan.footprint import estimate, head_fits
 from inferenceos.plan.llama_params import offloaded_blocks
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.placement import build_placement, layer_parts
@@ -40,6 +40,8 @@ def force_gpu_layers(
     offloaded = offloaded_blocks(want, blocks)
     dense = ["CPU"] * (blocks - offloaded) + _spread(offloaded, weights)
     head = (dense[-1] if offloaded else next(iter(weights))) if want else "CPU"
+    if not all(head_fits(facts, d) for d in machine.accelerators if d.name == head):
+        head = "CPU"  # llama.cpp keeps a head its device refuses (over its largest tensor)
     experts = [_expert_home(plan, i, dev) for i, dev in enumerate(dense)]
     placement = build_placement(facts, layer_parts(facts, plan.ctx), dense, experts, head)
     cpu_weights = placement.loads["CPU"].weights if "CPU" in placement.loads else 0

@@ -170,16 +170,30 @@ def output_buffer_bytes(facts: ModelFacts, s: ContextSettings) -> int:
 
 @dataclass(frozen=True)
 class ComputeTerms:
-    """The pieces of the compute buffer, in bytes, for one ubatch of T tokens."""
+    """The pieces of the compute buffer, in bytes, for one ubatch of T tokens.
+
+    `inputs`, `attention`, `ffn` and `output` are the CPU backend's phases; a GPU's
+    (`gpu_layer_peak`) differ where ggml-vulkan's measured buffers did (docs/gpu.md)."""
 
     inputs: int  # attention masks, positions, input embeddings (live through the layers)
     attention: int  # one layer's attention scratch (K·Q without flash attention)
     ffn: int  # one layer's feed-forward intermediates (routed experts for MoE)
     output: int  # logits for T outputs plus the final norm (the masks are freed by then)
+    embd: int = 0  # one activation of T tokens (T × n_embd f32): the residual stream
 
     @property
     def total(self) -> int:
         return max(self.inputs + max(self.attention, self.ffn), self.output)
+
+    def gpu_layer_peak(self, first: bool) -> int:
+        """A GPU's layer phase: its FFN keeps _GPU_FFN_RESIDUAL_COPIES of the residual
+        stream live at the peak, not the CPU's _FFN_RESIDUAL_COPIES, and it holds the
+        input embeddings only if it runs the `first` layer (ggml-vulkan on lavapipe:
+        3·ffn + 2·embd + masks with every layer, 3·ffn + embd + masks without the first,
+        exact to the 0.01 MiB llama.cpp logs on the tiny models and Qwen2.5-Coder-0.5B)."""
+        fewer = (_FFN_RESIDUAL_COPIES - _GPU_FFN_RESIDUAL_COPIES) * self.embd
+        inputs = self.inputs - (0 if first else self.embd * _INPUT_EMBD_COPIES)
+        return inputs + max(self.attention, self.ffn - fewer)
 
 
 def compute_terms(facts: ModelFacts, s: ContextSettings) -> ComputeTerms:
@@ -207,15 +221,22 @@ def compute_terms(facts: ModelFacts, s: ContextSettings) -> ComputeTerms:
         ffn = t * 4 * (n_ff * spec.expert_used_count * _FFN_COPIES + spec.expert_count * 2)
     else:
         ffn = t * 4 * spec.feed_forward_length * _FFN_COPIES
-    ffn += t * n_embd * 4 * 2
+    ffn += t * n_embd * 4 * _FFN_RESIDUAL_COPIES
     output = t * 4 * (spec.vocab_size + 2 * n_embd)
-    return ComputeTerms(inputs=inputs, attention=attention, ffn=ffn, output=output)
+    return ComputeTerms(inputs=inputs, attention=attention, ffn=ffn, output=output,
+                        embd=t * n_embd * 4)
 
 
 # Copies of each activation live at the phase peak (from the graph and the dry runs).
 _KQ_COPIES = 1  # soft_max runs in place on K·Q
 _FA_OUT_COPIES = 2
-_FFN_COPIES = 2  # gate and up live together; the activation is in place
+# gate, up and their GLU product live together: ggml's GLU op is not one ggml-alloc runs
+# in place (ggml_op_can_inplace), so the peak holds three (the tiny f32 models, whose
+# FFN is their largest phase: CPU 8.51 MiB measured at 512 tokens where two copies
+# predicted 6.0; docs/gpu.md)
+_FFN_COPIES = 3
+_FFN_RESIDUAL_COPIES = 3  # the CPU's: the layer input, its norm and more (measured)
+_GPU_FFN_RESIDUAL_COPIES = 1  # ggml-vulkan's (its graph_optimize reorders the nodes)
 _INPUT_EMBD_COPIES = 1
 
 
@@ -294,6 +315,9 @@ class MemoryEstimate:
     projector: dict[str, int] = field(default_factory=dict)
     # LoRA adapters' tensors, by device (plan/adapters.py); already included in by_device
     adapters: dict[str, int] = field(default_factory=dict)
+    # llama.cpp's op_offload for the load: a prompt's products of CPU-resident weights
+    # computed on the first GPU (footprint.estimate decides; its compute is in `compute`)
+    op_offload: bool = True
 
     @property
     def total(self) -> int:
@@ -345,6 +369,7 @@ class MemoryEstimate:
             "by_device": self.by_device,
             "projector": self.projector,
             "adapters": self.adapters,
+            "op_offload": self.op_offload,
             "total": self.total,
             "anonymous": self.anonymous,
             "mapped": self.mapped,

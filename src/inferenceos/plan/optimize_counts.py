@@ -36,7 +36,7 @@ import numpy as np
 
 from inferenceos.plan import optimize_rows as rows
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.footprint import device_compute
+from inferenceos.plan.footprint import head_fits, layer_and_head_compute
 from inferenceos.plan.memory import (
     ContextSettings,
     compute_terms,
@@ -109,7 +109,7 @@ class _Counts:
             m, cnt, [m.var() for _ in range(k)],
             {(d, c): m.var(0, self.size[c]) for d, c in acc if self.rep[c].ffn_bytes},
             {(d, c): m.var(0, self.size[c]) for d, c in acc if self.rep[c].expert_bytes},
-            {d: m.var() for d in range(1, k)},
+            {d: m.var(0, float(head_fits(self.facts, self.devs[d]))) for d in range(1, k)},
             m.var(0.0, float(self.facts.spec.tensor_bytes) if self.allow_disk else 0.0,
                   integer=False))
         v.groups = [self._groups(v, c) for c in range(self.n_cls)]
@@ -216,9 +216,9 @@ class _Counts:
     def _memory(self, v: _Vars) -> None:
         facts, ctx, m = self.facts, self.ctx, v.m
         terms = compute_terms(facts, ctx)
-        lp, both = device_compute(terms, True, False), device_compute(terms, True, True)
         head, _ = output_head(facts)
         for d in range(1, len(self.devs)):
+            lp, both = layer_and_head_compute(terms, self.devs[d])
             row: dict[int, float] = {}
             for c, p in enumerate(self.rep):
                 add(row, v.cnt[d][c], float(p.attention_bytes + p.kv_bytes))

@@ -42,7 +42,7 @@ import numpy as np
 
 from inferenceos.plan import optimize_rows as rows
 from inferenceos.plan.devices import Machine
-from inferenceos.plan.footprint import device_compute
+from inferenceos.plan.footprint import head_fits, layer_and_head_compute
 from inferenceos.plan.memory import ContextSettings, compute_terms
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_rows import LayerClasses, Program, add
@@ -85,7 +85,7 @@ class _Builder:
             for d in range(1, k) if self.local[d]
             for c in range(len(rep)) if rep[c].expert_bytes
         }
-        self.h = {d: self.m.var() for d in range(1, k)}
+        self.h = {d: self.m.var(0, float(head_fits(facts, self.devs[d]))) for d in range(1, k)}
         self.u = [self.m.var(integer=False) for _ in range(k)]
         self.s = self.m.var(0.0, float(facts.spec.tensor_bytes) if allow_disk else 0.0,
                             integer=False)
@@ -155,10 +155,9 @@ class _Builder:
     def _memory(self) -> None:
         facts, ctx, parts, m = self.facts, self.ctx, self.parts, self.m
         terms = compute_terms(facts, ctx)
-        lp = device_compute(terms, True, False)
-        both = device_compute(terms, True, True)
         head_bytes, _ = output_head(facts)
         for d in range(1, self.k):
+            lp, both = layer_and_head_compute(terms, self.devs[d])
             row: dict[int, float] = {}
             for i, p in enumerate(parts):
                 add(row, self.x[d][i], p.attention_bytes + p.kv_bytes)

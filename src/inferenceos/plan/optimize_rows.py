@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import device_budgets as device_budgets  # re-exported
 from inferenceos.plan.footprint import device_compute, stream_room
 from inferenceos.plan.memory import (
     ContextSettings,
@@ -28,7 +29,6 @@ from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_terms import Terms, Work
 from inferenceos.plan.placement import LayerParts, output_head
 
-GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
 # The solver's tolerances (1e-7 on rows scaled to a largest coefficient of 1, 1e-6 on
 # integrality) let an optimum sit a few bytes over a budget it fills to the byte, which
 # footprint.estimate then refuses: a GPU sized for exactly four layers of a 7B-shaped
@@ -43,14 +43,6 @@ HIGHS_OPTIONS = {
     "mip_heuristic_run_root_reduced_cost": False, "mip_heuristic_run_zi_round": False,
     "mip_heuristic_run_shifting": False,
 }
-
-
-def device_budgets(machine: Machine) -> dict[str, int]:
-    """Bytes the plan may fill per device (accelerators keep a driver reserve)."""
-    out = {"CPU": machine.cpu.memory_bytes}
-    for d in machine.accelerators:
-        out[d.name] = int(d.memory_bytes * (1 - GPU_RESERVE_FRACTION))
-    return out
 
 
 @dataclass

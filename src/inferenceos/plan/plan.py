@@ -161,7 +161,8 @@ class Plan:
             tensor_split=tuple(self.tensor_split),
             main_gpu=self.main_gpu,
             devices=self.accelerators,
-            op_offload=bool(self.accelerators),  # a CPU-only plan computes on the CPU
+            # a CPU-only plan computes on the CPU; footprint.estimate decides the rest
+            op_offload=bool(self.accelerators) and self.memory.op_offload,
         )
 
     def _resident_bytes(self) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from inferenceos.errors import InferenceOSError, UsageError
-from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import GPU_RESERVE_FRACTION, Machine
 from inferenceos.plan.footprint import estimate, gpu_compute_reserve, stream_room
 from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
@@ -45,7 +45,6 @@ from inferenceos.units import format_bytes as fb
 MIN_CTX = 2048
 MIN_UBATCH = 32  # the ladder's (the optimizer's: optimize.ubatches)
 KV_FLOORS = ("f16", "q8_0", "q4_0")  # --kv-quality: the lowest KV precision accepted
-GPU_RESERVE_FRACTION = 0.05  # driver/context overhead kept free on each accelerator
 
 
 class PlanRefused(InferenceOSError):

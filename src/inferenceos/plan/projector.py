@@ -29,13 +29,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from inferenceos.model.projector import ProjectorFacts
-from inferenceos.plan.devices import Machine
+from inferenceos.plan.devices import GPU_RESERVE_FRACTION, Machine
 from inferenceos.plan.memory import MemoryEstimate
 
 if TYPE_CHECKING:  # perf imports placement; the projector's time is asked for lazily
     from inferenceos.plan.perf import Calibration
 
-GPU_RESERVE_FRACTION = 0.05  # as the preflight keeps on each accelerator
 # per encode besides the graph's FLOPs (graph build, input copy): the tiny test projector
 # encodes a 32 px image in ~0.13 ms here, nearly all of it this
 ENCODE_OVERHEAD_S = 1e-4
