@@ -198,15 +198,25 @@ def _typed(facts, types: dict[str, float]):  # type: ignore[no-untyped-def]
         t: int(total * share) for t, share in types.items()}))
 
 
+def _tensor_typed(facts, ggml_type: str):  # type: ignore[no-untyped-def]
+    """`facts` with every tensor of `ggml_type` (decode weighs the tensors it reads)."""
+    from dataclasses import replace
+
+    return replace(facts, tensors=tuple(replace(t, ggml_type=ggml_type)
+                                        for t in facts.tensors))
+
+
 def test_kernel_weights_follow_the_tensor_types() -> None:
-    from inferenceos.plan.perf import gemm_weight, gemv_weight
+    from inferenceos.plan.perf import GEMV_ROW_BYTES, decode_reads, gemm_weight, gemv_weight
 
     facts = make_facts(n_layer=4, n_embd=1024, n_ff=4096)
-    assert gemv_weight(_typed(facts, {"Q8_0": 1.0})) == pytest.approx(1.0)
-    # Gemma 3 270M Q4_K_M: 180 MB q8_0 head, a body mostly q5_0
+    q8 = _tensor_typed(facts, "q8_0")
+    rows, read, _ = decode_reads(q8)
+    rows_term = GEMV_ROW_BYTES * rows / read  # each output row's fixed part (perf)
+    assert gemv_weight(q8) == pytest.approx(1.0 + rows_term)
+    assert gemv_weight(_tensor_typed(facts, "q5_0")) == pytest.approx(1.72 + rows_term)
+    assert gemv_weight(_tensor_typed(facts, "iq9_z")) == gemv_weight(q8)  # unknown: q8_0
     gemma = {"Q8_0": 0.73, "Q5_0": 0.177, "Q4_K": 0.054, "Q6_K": 0.039}
-    assert gemv_weight(_typed(facts, gemma)) == pytest.approx(1.10, abs=0.01)
-    assert gemv_weight(_typed(facts, {"IQ9_Z": 1.0})) == 1.0  # unknown types: as q8_0
     # prefill weighs parameters: a q4_K model's matrix products cost 0.80x q8_0's, and
     # Gemma's q5_0 body about what q8_0's would (its Q8_0 file prefills as fast)
     assert gemm_weight(_typed(facts, {"Q4_K": 1.0, "F32": 0.01})) == pytest.approx(0.80)
@@ -238,30 +248,38 @@ def test_prefill_costs_per_output_row_and_per_gemma3_layer() -> None:
 
 
 def test_the_probe_fit_transfers_by_size_and_by_tensor_types() -> None:
+    from inferenceos.plan.perf import GEMV_ROW_BYTES, decode_reads, gemv_weight
     from inferenceos.plan.placement import place
 
     m = machine(threads=2)  # 50 GB/s of RAM: the per-thread kernels are the limit
-    probe = _typed(make_facts(n_layer=4, n_embd=1024, n_ff=4096, n_vocab=32000), {"Q8_0": 1.0})
+    probe = _tensor_typed(make_facts(n_layer=4, n_embd=1024, n_ff=4096, n_vocab=32000), "q8_0")
     cal = probe_calibration(_speed(decode_s=0.32), probe, m)
     ctx = ContextSettings(n_ctx=1024, n_ubatch=512, flash_attn=True)
 
     def per_token(f) -> float:  # type: ignore[no-untyped-def]
-        pl = place(f, m, ctx, {})
-        return decode_cost(f, pl, m, ctx, 300, cal, 2).seconds
+        pl = place(f, m, ctx, {})  # as the probe's bare loop decodes (not the engine)
+        return decode_cost(f, pl, m, ctx, 300, cal, 2, engine=False).seconds
 
     base = per_token(probe)
     assert base == pytest.approx(0.01, rel=0.05)  # the probe itself: 32 tokens in 0.32 s
     # a model twice the probe's layers (a second size) takes about the ratio of the
     # bytes a token reads (its layers and output head: not the embedding table)
-    deep = _typed(make_facts(n_layer=8, n_embd=1024, n_ff=4096, n_vocab=32000), {"Q8_0": 1.0})
+    deep = _tensor_typed(make_facts(n_layer=8, n_embd=1024, n_ff=4096, n_vocab=32000), "q8_0")
 
     def read(f) -> float:  # type: ignore[no-untyped-def]
         return place(f, m, ctx, {}).decode_load("CPU").bytes_read
 
     ratio = read(deep) / read(probe)
     assert per_token(deep) / base == pytest.approx(ratio, rel=0.05)
-    # the same bytes in q5_0, whose kernels are slower per byte, take longer
-    assert per_token(_typed(probe, {"Q5_0": 1.0})) / base == pytest.approx(1.70, rel=0.05)
+    # the same bytes in q5_0, whose kernels are slower per byte (1.72x), take longer;
+    # each row's fixed part (perf.GEMV_ROW_BYTES) stays what it was
+    q5 = _tensor_typed(probe, "q5_0")
+    rows, read, _ = decode_reads(probe)
+    rows_term = GEMV_ROW_BYTES * rows / read
+    slower = (1.72 + rows_term) / (1.0 + rows_term)
+    assert gemv_weight(q5) / gemv_weight(probe) == pytest.approx(slower)
+    assert 1.3 < slower < 1.72
+    assert per_token(q5) / base == pytest.approx(slower, rel=0.05)
 
 
 def test_a_probe_at_two_thread_counts_separates_kernels_from_memory() -> None:
@@ -275,7 +293,8 @@ def test_a_probe_at_two_thread_counts_separates_kernels_from_memory() -> None:
 
     def at(cal: Calibration, threads: int) -> float:
         mt = replace(m, devices=(replace(m.cpu, threads=threads),))
-        return decode_cost(facts, place(facts, mt, ctx, {}), mt, ctx, 268, cal, threads).seconds
+        return decode_cost(facts, place(facts, mt, ctx, {}), mt, ctx, 268, cal, threads,
+                           engine=False).seconds  # the probe's bare loop
 
     def speed(t2: float, t1: float, probe: str = "built-in model p.gguf") -> LlamaSpeed:
         return LlamaSpeed("p.gguf", threads=2, prompt_tokens=256, prefill_s=0.5,

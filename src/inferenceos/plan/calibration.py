@@ -131,7 +131,7 @@ def _fit_two_points(
 
     def one(k: float) -> float:
         c = replace(free, gemv_gbps_per_thread=prior.gemv_gbps_per_thread * k)
-        return decode_cost(facts, pl1, m1, ctx, n_past, c, 1).seconds
+        return decode_cost(facts, pl1, m1, ctx, n_past, c, 1, engine=False).seconds
 
     gemv = prior.gemv_gbps_per_thread * _solve(one, t_1)
     bw = mn.cpu.bandwidth_gbps
@@ -140,7 +140,7 @@ def _fit_two_points(
 
     def many(scaling: float, eff: float = floor) -> float:
         c = replace(fitted, decode_thread_scaling=scaling, cpu_bw_efficiency=eff)
-        return decode_cost(facts, pln, mn, ctx, n_past, c, threads).seconds
+        return decode_cost(facts, pln, mn, ctx, n_past, c, threads, engine=False).seconds
 
     if many(1.0) > t_n:  # memory is faster than the prior says (but not than measured)
         eff = min(_solve(lambda e: many(1.0, e), t_n), 1.0)
@@ -162,11 +162,13 @@ STAND_IN_DECODE_SLOWER = (1.3, 1.2)  # (one thread, more threads)
 
 
 def probe_calibration(
-    speed: LlamaSpeed, facts: ModelFacts, machine: Machine, prior: Calibration = PRIOR
+    speed: LlamaSpeed, facts: ModelFacts, machine: Machine, prior: Calibration = PRIOR,
+    cache_bytes: int = 0,
 ) -> Calibration:
     """The Calibration under which the roofline reproduces the probe's measurement (for
     the synthetic stand-in: what a real model of its shapes would measure, see
-    `STAND_IN_DECODE_SLOWER`)."""
+    `STAND_IN_DECODE_SLOWER`), with the CPU's last-level cache of `cache_bytes`
+    (`Calibration.cpu_cache_bytes`; the probe models are far larger)."""
     m = _cpu_only(machine, speed.threads)
     ctx = ContextSettings(
         n_ctx=speed.n_ctx, n_batch=speed.n_ubatch, n_ubatch=speed.n_ubatch,
@@ -192,7 +194,8 @@ def probe_calibration(
                 cpu_bw_efficiency=prior.cpu_bw_efficiency * k,
                 gemv_gbps_per_thread=prior.gemv_gbps_per_thread * k,
             )
-            return decode_cost(facts, pl, m, ctx, n_past, c, speed.threads).seconds
+            return decode_cost(facts, pl, m, ctx, n_past, c, speed.threads,
+                               engine=False).seconds
 
         k = _solve(dec, t_dec)
         cal = replace(
@@ -219,6 +222,7 @@ def probe_calibration(
         basis="modelled",
         runs=0,
         confidence=0.5,
+        cpu_cache_bytes=max(int(cache_bytes), 0),
     )
 
 

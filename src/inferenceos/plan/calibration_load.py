@@ -166,7 +166,8 @@ def _probe_cached(path: str, mtime_ns: int) -> Calibration | None:
     try:
         facts = load_model_facts(speed.model_path)
         machine = machine_from_profile_json(profile.to_json())
-        return probe_calibration(speed, facts, machine)
+        return probe_calibration(speed, facts, machine,
+                                 cache_bytes=profile.cpu.cache_bytes.get("l3", 0))
     except Exception as exc:  # a stale probe costs the calibration only
         log.debug("probe calibration unavailable: %s", exc)
         return None

@@ -35,6 +35,23 @@ from inferenceos.telemetry.calibration import DISK_SCALE_PRIOR
 GB = 1e9
 LINK_LATENCY_S = 20e-6  # per activation crossing between devices (assumed)
 
+# Our own work per decoded token, outside llama.cpp's graph (engine_token_work): what a
+# `run` or `serve` stream pays and llama-bench and the llama.cpp probe do not.
+# `benchmarks/simulate_accuracy.py --control-plane` measures it: one thread's CPU time
+# per token of generate_one (`run`'s decode path) less that of a bare llama_decode and
+# argmax loop on the same context. 2026-12-06, commit 552f02f's engine: 85 us on the
+# tiny model (74-188 over three rounds of 1024 tokens, load average ~6), 80-136 us on
+# Gemma beyond its argmax (noisier: its 21 ms steps vary by more).
+ENGINE_TOKEN_S = 85e-6
+# Per vocabulary entry, the greedy argmax over the logits row llama.cpp just wrote (the
+# engine's and the probe's alike: a view of the row, numpy's argmax). In place after a
+# decode: 83-109 us for Gemma's 262k entries, 72-98 for Qwen's 152k, 10-14 for the tiny
+# model's 287 (the same argmax on a warm array takes 18 us for 262k: the rest is
+# reading the row). The engine's figure is a field of its own (Calibration) so that
+# sampling moved elsewhere (llama.cpp's sampler chain) can say so.
+ARGMAX_S_PER_VOCAB = 0.33e-9
+LOGITS_S_PER_VOCAB = ARGMAX_S_PER_VOCAB
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -56,6 +73,12 @@ class Calibration:
     graph nodes): 24-layer and 6-layer models of negligible weight bytes took 14 µs more
     per token per layer here, llama and gemma3 alike, at 1 and at 2 threads. It is what
     makes a deep model of small matrices slower than its bytes say.
+    `cpu_cache_bytes`: the CPU's last-level cache (the hardware profile's L3; 0:
+    unknown): a decode whose weights fit in `CACHE_SHARE` of it reads them from the
+    cache, not the RAM, so the RAM's bandwidth does not bound it.
+    `engine_token_s` and `logits_s_per_vocab`: our own per-token work outside
+    llama.cpp's graph, which a `run` or `serve` stream pays and the llama.cpp probe does
+    not (`ENGINE_TOKEN_S`, `LOGITS_S_PER_VOCAB`; see `engine_token_work`).
 
     What history taught (`telemetry/calibration.py`): `decode_scale` / `prefill_scale`
     multiply the roofline's speeds (1 = the roofline as is); `disk_scale` multiplies the
@@ -77,6 +100,9 @@ class Calibration:
     token_overhead_s: float = 0.002
     ubatch_overhead_s: float = 0.002
     layer_overhead_s: float = 14e-6
+    cpu_cache_bytes: int = 0
+    engine_token_s: float = ENGINE_TOKEN_S
+    logits_s_per_vocab: float = LOGITS_S_PER_VOCAB
     source: str = "uncalibrated"
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
@@ -121,19 +147,25 @@ class StepCost:
         return name if value >= self.overhead_s else "per-step overhead"
 
 
-# Seconds per weight byte of llama.cpp's CPU matrix-vector kernels, relative to q8_0.
-# Q4_0, Q4_K, Q5_0 and Q6_K measured at real shapes (2026-12-05): Qwen2.5-Coder-1.5B
-# requantized to each type alone (llama_model_quantize, pure), llama-bench tg32 at one
-# thread (the kernels' own rate; two threads approach the RAM's): q8_0 98.6 ms per token
-# for 1640 MB of matrices, q4_0 44.7 for 868, q4_K 39.0 for 868, q5_0 108.5 for 1061,
-# q6_K 51.0 for 1266. q4_0 and q4_K are repacked for the CPU at load (interleaved rows),
-# q5_0 is not. The earlier figures (1-thread six-layer probes of 256-wide matrices) had
-# q4_K and q6_K 1.5x dearer, which put the Q4_K_M 1.5B's first-use decode 31-37 % low.
-# The other types are from those probes; types not measured count as q8_0.
+# Seconds per weight byte of llama.cpp's CPU matrix-vector kernels, relative to q8_0,
+# besides each output row's fixed part (GEMV_ROW_BYTES). Q4_0, Q4_K, Q5_0 and Q6_K from
+# real shapes (2026-12-05): Qwen2.5-Coder-1.5B requantized to each type alone
+# (llama_model_quantize, pure), llama-bench tg32 at one thread (the kernels' own rate;
+# two threads approach the RAM's): q8_0 98.6 ms per token for 1640 MB of matrices, q4_0
+# 44.7 for 868, q4_K 39.0 for 868, q5_0 108.5 for 1061, q6_K 51.0 for 1266; each type's
+# factor is its time less the 1.5B's 797k rows at GEMV_ROW_BYTES, over its bytes, against
+# q8_0's (2026-12-06; 0.86 / 0.75 / 1.70 / 0.67 without the row term). q4_0 and q4_K
+# are repacked for the CPU at load (interleaved rows), q5_0 is not. F32 fitted to the
+# tiny random-weight llama of benchmarks/overhead.py (all f32, 20 MB: it stays in the
+# 32 MB L3 here), one thread, against Gemma 3 270M's time per token: the least thread
+# CPU time of 64 tokens, 0.519 against 19.76 ms (2026-12-06, load average ~7: the
+# medians, 0.678 against 20.7, would say 0.47, but the tiny model's cached weights
+# suffer most from neighbours' use of the cache). The other types are from earlier
+# 1-thread probes of 256-wide matrices; types not measured count as q8_0.
 TYPE_COST = {
-    "Q8_0": 1.0, "Q4_0": 0.86, "Q4_1": 1.6, "Q5_0": 1.70, "Q5_1": 1.49, "Q2_K": 1.8,
-    "Q3_K": 2.08, "Q4_K": 0.75, "Q5_K": 1.38, "Q6_K": 0.67, "F16": 0.84, "BF16": 0.74,
-    "F32": 0.84,
+    "Q8_0": 1.0, "Q4_0": 0.75, "Q4_1": 1.6, "Q5_0": 1.72, "Q5_1": 1.49, "Q2_K": 1.8,
+    "Q3_K": 2.08, "Q4_K": 0.63, "Q5_K": 1.38, "Q6_K": 0.61, "F16": 0.84, "BF16": 0.74,
+    "F32": 0.34,
 }
 
 
@@ -216,12 +248,65 @@ def prefill_arch_work(facts: ModelFacts) -> float:
 
 
 def gemv_weight(facts: ModelFacts) -> float:
-    """The byte-weighted `TYPE_COST` of the model's tensors (1.0: as q8_0)."""
-    types = facts.spec.quant_types
-    total = sum(types.values())
-    if total <= 0:
+    """What a decode's matrix-vector kernels cost per weight byte they read, against
+    q8_0 streamed alone (1.0): `TYPE_COST` weighted by the bytes a decoded token reads
+    (`decode_reads`: not an untied token embedding, of which it reads one row), plus
+    the per-row term (`GEMV_ROW_BYTES`) spread over those bytes."""
+    rows, read, typed = decode_reads(facts)
+    if read <= 0:
         return 1.0
-    return sum(b * TYPE_COST.get(t.upper(), 1.0) for t, b in types.items()) / total
+    return (typed + GEMV_ROW_BYTES * rows) / read
+
+
+# A CPU matrix-vector product costs per output row besides the bytes it streams (each
+# row's dot product has a fixed part: the loop set-up, the reduction, the store), in
+# q8_0-byte equivalents at the kernels' calibrated rate. Pure-q8_0 requantizations of
+# the probe, Gemma 3 270M and Qwen2.5-Coder-0.5B / -1.5B decoded at 10.2, 12.9, 20.9 and
+# 58.2 ms per token (llama-bench, 2 threads, 2026-12-05), which 29.5 GB/s plus ~7 ns per
+# output row reproduces within 3 %: 7 ns at 29.5 GB/s is 206 bytes. It is what makes a
+# model of thin rows slow for its bytes: Gemma's 262k-row head and 640-wide layers
+# (1.57 rows per KB read) against the 0.5B's 1.16 and the 1.5B's 0.81. One thread's
+# CPU time per token of the three Q4_K_M files (2026-12-06, the least of 64 tokens:
+# 19.8, 31.1, 47.1 ms) against the model fitted on Gemma: 0.5B +5 % slow, 1.5B -7 %
+# fast (+16 % / +11 % with no row term and the untied embedding counted as read); row
+# figures of 200-250 fitted those three best.
+GEMV_ROW_BYTES = 206.0
+
+
+def decode_reads(facts: ModelFacts) -> tuple[float, float, float]:
+    """(output rows, weight bytes, bytes x TYPE_COST) of the matrix-vector products one
+    decoded token runs: every layer matrix (a routed tensor: the experts a token uses)
+    and the output head (the token embedding when tied), one row per vocabulary entry.
+    Per model, so the rows per byte follow its weights to whichever device holds them
+    (as `prefill_row_factor`)."""
+    s = facts.spec
+    share = s.expert_used_count / s.expert_count if s.expert_count > 0 else 1.0
+    by_name = {t.name: t for t in facts.tensors}
+    head = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    rows = read = typed = 0.0
+    for t in facts.tensors:
+        if t is not head and (t.layer < 0 or t.n_dims < 2):
+            continue
+        n_bytes, n_rows = float(t.n_bytes), float(t.rows)
+        if t.n_dims > 2:  # rows per expert, bytes of all of them
+            n_bytes, n_rows = n_bytes * share, n_rows * max(s.expert_used_count, 1)
+        rows += n_rows
+        read += n_bytes
+        typed += n_bytes * TYPE_COST.get(t.ggml_type.upper(), 1.0)
+    return rows, read, typed
+
+
+def engine_token_work(facts: ModelFacts, cal: Calibration, engine: bool = True) -> float:
+    """Seconds of CPU work per decoded token outside llama.cpp's graph, in one thread
+    beside it: with `engine` our own (`Calibration.engine_token_s`: the scheduler's
+    step, the sampler chain's accept, output processing and detokenization, and
+    `logits_s_per_vocab` per vocabulary entry: the greedy argmax over the logits row
+    and what else follows the vocabulary's size), else the llama.cpp probe's (its
+    argmax, `ARGMAX_S_PER_VOCAB`). A faster control plane lowers the first."""
+    vocab = max(facts.spec.vocab_size, 0)
+    if not engine:
+        return ARGMAX_S_PER_VOCAB * vocab
+    return cal.engine_token_s + cal.logits_s_per_vocab * vocab
 
 
 def cpu_threads_rate(dev: Device, cal: Calibration, threads: int, gemm: bool) -> float:
@@ -249,6 +334,8 @@ def _device_time(
         else:  # per-thread streaming of the weights (see Calibration)
             rate = cpu_threads_rate(dev, cal, threads, gemm=False)
             t_comp = bytes_read * kernel_weight / rate
+        if not gemm and not dev.is_remote and bytes_read <= cal.cpu_cache_bytes * CACHE_SHARE:
+            return f"{dev.name} compute", t_comp  # the weights stay in the cache
     else:
         bw = dev.bandwidth_gbps * GB * GPU_BW_EFFICIENCY
         t_comp = flops / (max(dev.tflops, 1e-3) * 1e12)
@@ -260,6 +347,13 @@ def _device_time(
 
 device_time = _device_time  # the same rates for a projector's encoder (plan/projector.py)
 
+# The share of the last-level cache a decode's weights may take and still stay there
+# between tokens (the KV cache, activations, the logits row and the engine's own data
+# take the rest). The tiny llama of benchmarks/overhead.py (20 MB of f32 in a 32 MB L3)
+# decoded at 2,068 t/s through `run` on 2 threads, where the RAM's 36 GB/s would allow
+# at most ~1,600 for its bytes.
+CACHE_SHARE = 0.75
+
 
 def decode_cost(
     facts: ModelFacts,
@@ -269,8 +363,11 @@ def decode_cost(
     n_past: int,
     cal: Calibration,
     threads: int = 0,
+    engine: bool = True,
 ) -> StepCost:
-    """Cost of generating one token with `n_past` tokens already in the cache."""
+    """Cost of generating one token with `n_past` tokens already in the cache, as our
+    engine decodes it (`engine`; False: as the llama.cpp probe's bare loop does, which
+    is what the probe's fit compares with): `engine_token_work` is in the overhead."""
     parts: dict[str, float] = {}
     kv_tok = kv_bytes_per_token(facts, ctx) / max(facts.spec.block_count, 1)
     weight = gemv_weight(facts)
@@ -289,7 +386,8 @@ def decode_cost(
         parts[name] = parts.get(name, 0.0) + t
     _add_disk_and_links(parts, placement, machine, facts, tokens=1, n_kv=n_past + 1,
                         disk_rate=disk_rate(machine, cal), expert_odds=cal.expert_odds)
-    overhead = cal.token_overhead_s + cal.layer_overhead_s * facts.spec.block_count
+    overhead = (cal.token_overhead_s + cal.layer_overhead_s * facts.spec.block_count
+                + engine_token_work(facts, cal, engine))
     return _scaled(StepCost(parts, overhead), cal.decode_scale)
 
 

@@ -20,7 +20,13 @@ from inferenceos.plan import speculative as spec
 from inferenceos.plan.calibration_load import machine_calibration
 from inferenceos.plan.devices import Machine
 from inferenceos.plan.model_facts import ModelFacts, load_model_facts
-from inferenceos.plan.perf import Calibration, StepCost, decode_cost, prefill_cost
+from inferenceos.plan.perf import (
+    Calibration,
+    StepCost,
+    decode_cost,
+    engine_token_work,
+    prefill_cost,
+)
 from inferenceos.plan.plan import Plan
 from inferenceos.plan.policy import PolicyChoice, apply_to_plan, apply_to_request
 from inferenceos.plan.projector import EncoderTime, encoder_time
@@ -61,11 +67,33 @@ class Prediction:
     encoder: EncoderTime | None = None
     # speculative decoding's expected gain (`with_draft`; None: not asked)
     draft: DraftPrediction | None = None
+    # the drafter the plan itself picked (`run` and `serve` draft with it), priced as
+    # `with_draft` prices one; None: the plan decodes plainly (`with_planned_draft`)
+    planned_draft: DraftPrediction | None = None
+    # seconds per decoded token of our own work outside llama.cpp (perf.engine_token_work)
+    engine_s: float = 0.0
 
     @property
     def draft_decode_tps(self) -> float:
         """Decode t/s with the drafter of `draft` (plain decode without one)."""
         return self.decode_tps * (self.draft.speedup if self.draft else 1.0)
+
+    @property
+    def expected_decode_tps(self) -> float:
+        """Decode t/s as `run` will decode with this plan: with the plan's own drafter
+        when it picked one (`planned_draft`), else plain decoding's."""
+        d = self.planned_draft
+        return self.decode_tps * (d.speedup if d is not None else 1.0)
+
+    @property
+    def decode_assumes(self) -> str:
+        """What `expected_decode_tps` assumes, in words: 'plain decoding' or the plan's
+        drafter, its speedup and what it rests on."""
+        d = self.planned_draft
+        if d is None:
+            return "plain decoding (the plan picks no drafter)"
+        name = d.drafter if d.drafter in ("ngram", "self") else Path(d.drafter).name
+        return f"{name} drafts, x{d.speedup:.2f} ({d.basis})"
 
     @property
     def feasible(self) -> bool:
@@ -84,6 +112,9 @@ class Prediction:
             "bottleneck": self.bottleneck,
             "recommendation": self.recommendation,
             "decode_seconds_by_resource": {k: round(v, 6) for k, v in self.decode_parts.items()},
+            "engine_seconds_per_token": round(self.engine_s, 6),
+            "expected_decode_tps": round(self.expected_decode_tps, 2),
+            "decode_assumes": self.decode_assumes,
             "encoder": self.encoder.to_json() if self.encoder is not None else None,
             "speculative": None if self.draft is None else {
                 **self.draft.to_json(), "decode_tps": round(self.draft_decode_tps, 2)},
@@ -174,7 +205,8 @@ def simulate(
     plan = plan_load(facts, machine, req, cal)
     if policy is not None:
         plan = apply_to_plan(policy, plan, facts, machine, cal)
-    return replace(predict(facts, machine, plan, workload, cal), policy=policy)
+    return with_planned_draft(replace(predict(facts, machine, plan, workload, cal),
+                                      policy=policy))
 
 
 def predict(
@@ -199,6 +231,7 @@ def predict(
         peak["CPU page cache"] = tiers["page cache"]
         peak["disk (mmap)"] = pl.disk_bytes
     traffic = {d: pl.decode_load(d).bytes_read for d in pl.loads}
+    engine = engine_token_work(facts, cal) / (cal.decode_scale if cal.decode_scale > 0 else 1.0)
     return Prediction(
         plan=plan,
         machine=machine,
@@ -214,6 +247,7 @@ def predict(
         calibration=cal,
         decode_parts=dict(dec.parts),
         encoder=enc,
+        engine_s=engine,
     )
 
 
@@ -252,6 +286,19 @@ def with_draft(pred: Prediction, drafter: str, task: str | None = None,
     evidence = spec.learned_draft(facts.spec.path, drafter) if learned else None
     return replace(pred, draft=spec.predict_draft(drafter, task, cost, evidence),
                    peak_memory=peak)
+
+
+def with_planned_draft(pred: Prediction) -> Prediction:
+    """`pred` with the drafter its plan picked priced (`planned_draft`, as `with_draft`
+    prices it: the plan's cost per draft token, what this model's recorded runs
+    measured), so that `expected_decode_tps` is what `run` will decode at. Unchanged
+    when the plan decodes plainly."""
+    d = pred.plan.draft
+    if d is None or d.drafter is None or spec.drafter_kind(d.drafter) not in (
+            "ngram", "self", "model"):  # a plugin drafter: nothing prices it
+        return pred
+    priced = with_draft(pred, d.drafter)
+    return replace(pred, planned_draft=priced.draft)
 
 
 def recommend(plan: Plan, dec: StepCost, machine: Machine) -> str:
