@@ -67,18 +67,26 @@ def fresh_env(probe: str) -> dict[str, str]:
     return env
 
 
-def run(path: Path, env: dict[str, str]) -> dict[str, float]:
-    cmd = [CLI, "run", str(path), "--prompt", PROMPT, "--raw", "--max-tokens", str(OUT),
-           "--ignore-eos", "--temperature", "0", "--json", "--draft", "none"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out[out.index("{"):])["metrics"]
+def run(path: Path, env: dict[str, str], prompt: str = PROMPT, out: int = OUT,
+        draft: str = "none") -> dict[str, float]:
+    """`run`'s metrics for `prompt`, `out` tokens, greedy, EOS ignored, `--draft draft`."""
+    cmd = [CLI, "run", str(path), "--prompt", prompt, "--raw", "--max-tokens", str(out),
+           "--ignore-eos", "--temperature", "0", "--json", "--draft", draft]
+    text = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(text[text.index("{"):])["metrics"]
+
+
+def simulate_json(path: Path, prompt: int, env: dict[str, str], out: int = OUT,
+                  *more: str) -> dict:
+    """`simulate --json`'s object for `prompt` tokens in, `out` out (`more`: options)."""
+    cmd = [CLI, "simulate", str(path), "--prompt-tokens", str(prompt), "--output-tokens",
+           str(out), "--json", *more]
+    got = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return dict(json.loads(got.stdout))
 
 
 def simulate(path: Path, prompt: int, env: dict[str, str]) -> tuple[float, float, str]:
-    cmd = [CLI, "simulate", str(path), "--prompt-tokens", str(prompt), "--output-tokens",
-           str(OUT), "--json"]
-    got = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    j = json.loads(got.stdout)
+    j = simulate_json(path, prompt, env)
     return j["prefill_tps"], j["decode_tps"], f"{j['basis']} ({j['calibration_runs']} runs)"
 
 

@@ -12,7 +12,10 @@ itself), which is what makes the equality tests a check of this translation.
 
 Contract: for any placement in the optimizer's space, summing these terms as
 `optimize_milp` does gives `perf.decode_cost(...).seconds` and `perf.prefill_cost(...)
-.seconds` up to the fixed per-step overheads (constants) and float rounding.
+.seconds` up to the fixed per-step overheads (constants) and float rounding. One
+exception: a CPU whose decode weights fit in its cache (`Calibration.cpu_cache_bytes`,
+`perf.CACHE_SHARE`) is not bound by its RAM in perf.py, and these terms keep the bound
+(not linear in the items: a model of a few tens of MB, whose placement it never decides).
 """
 
 from __future__ import annotations
