@@ -101,7 +101,7 @@ def _measure_gpu(llama: LlamaInfo, model: Path, warnings: list[str]) -> LlamaInf
         return llama
     from inferenceos.hardware.device_speed import measure_device_speed
 
-    got = measure_device_speed(model, gpus[0].name, warnings)
+    got = measure_device_speed(model, gpus[0].name, warnings, gpus[0].max_tensor_bytes)
     if got is None:
         return llama
     measured = dataclasses.replace(gpus[0], read_gbps=got["read_gbps"],

@@ -7,8 +7,10 @@ MODEL DEVICE`: a driver crash must not take the parent down) loads the CPU speed
 model (the built-in model when assembled, else the stand-in: llama_speed.py) with every
 layer on the device, decodes a few tokens to warm up (on lavapipe the first use of each
 shader is compiled), then times DECODE tokens, best of ROUNDS. `read_gbps` is the
-model's bytes a token reads (every tensor; the token embeddings only when they are also
-the output head, as the planner counts them) over the seconds a token took: what the
+device's bytes a token reads (every tensor, the token embeddings only when they are
+also the output head, as the planner counts them; not a tensor over the device's
+largest, which llama.cpp keeps and computes on the CPU: Gemma 3's 170 MiB head on
+lavapipe) over the seconds a token took: what the
 device achieves on llama.cpp's kernels, its overheads included (on lavapipe the kernels'
 fixed cost dominates: ~2 ms an op). `host_copy_gbps` is `ggml_backend_tensor_set` of
 COPY_BYTES into a buffer of the device's type, best of ROUNDS.
@@ -32,21 +34,34 @@ TIMEOUT_S = 240.0
 GGML_TYPE_I8 = 24
 
 
-def model_read_bytes(path: Path) -> int:
-    """Bytes of weights a decoded token reads: every tensor, the token embeddings only
-    where no separate output head exists (then they are the head)."""
+# llama.cpp asks a device for a weight's product over this many columns before placing
+# the weight there (plan/footprint.takes_product)
+_TEST_COLUMNS = 512
+
+
+def model_read_bytes(path: Path, max_tensor_bytes: int | None = None) -> int:
+    """Bytes of weights a decoded token reads on a device whose ops take tensors up to
+    `max_tensor_bytes` (None: any): every tensor, the token embeddings only where no
+    separate output head exists (then they are the head); a weight over the limit, or
+    whose product over 512 columns is, stays on the CPU and is not counted."""
     from gguf import GGUFReader
 
-    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
-    total = sum(tensors.values())
-    if "output.weight" in tensors:
-        total -= tensors.get("token_embd.weight", 0)
-    return total
+    def rows(shape: Any) -> int:
+        return int(shape[1]) if len(shape) > 1 else 1
+
+    sizes = {t.name: (int(t.n_bytes), rows(t.shape)) for t in GGUFReader(str(path)).tensors}
+    if "output.weight" in sizes:
+        sizes.pop("token_embd.weight", None)
+    limit = max_tensor_bytes or 0
+    return sum(n for n, r in sizes.values()
+               if not limit or max(n, r * _TEST_COLUMNS * 4) <= limit)
 
 
 def measure_device_speed(model: Path, device: str, warnings: list[str],
+                         max_tensor_bytes: int | None = None,
                          timeout: float = TIMEOUT_S) -> dict[str, float] | None:
-    """{"read_gbps", "host_copy_gbps", "decode_s"} of `device`, or None with a warning."""
+    """{"read_gbps", "host_copy_gbps", "decode_s"} of `device` (whose ops take tensors
+    up to `max_tensor_bytes`: `model_read_bytes`), or None with a warning."""
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "inferenceos.hardware.device_speed", str(model), device],
@@ -64,7 +79,8 @@ def measure_device_speed(model: Path, device: str, warnings: list[str],
         warnings.append(f"{device} speed probe failed: {why}")
         return None
     per_token = float(data["decode_s"]) / DECODE
-    return {"read_gbps": round(model_read_bytes(model) / per_token / 1e9, 4),
+    read = model_read_bytes(model, max_tensor_bytes)
+    return {"read_gbps": round(read / per_token / 1e9, 4),
             "host_copy_gbps": round(float(data["host_copy_gbps"]), 3),
             "decode_s": round(per_token, 5)}
 
