@@ -32,7 +32,7 @@ ASSUMED_DISK_GBPS = 1.0
 ASSUMED_GPU_GBPS = 300.0
 ASSUMED_GPU_TFLOPS = 20.0
 # the share of a GPU's bandwidth decode reaches (plan/perf.py), an assumption until GPU
-# runs are calibrated; a rate `hardware` measured is what was reached (_measured_gpu)
+# runs are calibrated; a rate `hardware` measured is what was reached (_gpu)
 GPU_BW_EFFICIENCY = 0.8
 ASSUMED_LINK_GBPS = 12.0  # PCIe 4.0 x16 as achieved, roughly
 # RAM the OS and other processes keep when a budget comes from the total, not "available"
@@ -92,21 +92,14 @@ class Device:
         return self.kind == "cpu"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "memory_bytes": self.memory_bytes,
-            "bandwidth_gbps": self.bandwidth_gbps,
-            "tflops": self.tflops,
-            "link_gbps": self.link_gbps,
-            "threads": self.threads,
-            "isa": list(self.isa),
-            "assumed": list(self.assumed),
-            "llama_name": self.llama_name or self.name,
-            **({"rtt_s": self.rtt_s, "remote_kind": self.remote_kind,
-                "co_located": self.co_located} if self.is_remote else {}),
-            **({"max_tensor_bytes": self.max_tensor_bytes} if self.max_tensor_bytes else {}),
-        }
+        """The fields, tuples as lists and `llama_name` defaulting to `name`; a remote
+        device's own fields only for one, `max_tensor_bytes` only where known."""
+        skip = set() if self.is_remote else {"rtt_s", "remote_kind", "co_located"}
+        if not self.max_tensor_bytes:
+            skip.add("max_tensor_bytes")
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
+        return {**out, "isa": list(self.isa), "assumed": list(self.assumed),
+                "llama_name": self.llama_name or self.name}
 
 
 @dataclass(frozen=True)
@@ -199,45 +192,33 @@ def _gpu_devices(data: dict[str, Any], notes: list[str]) -> list[Device]:
         else:
             name, kind = f"GPU{i}", "igpu" if d.get("integrated") else "gpu"
             mem = int(d.get("memory_free_bytes") or d.get("memory_total_bytes") or 0)
-        if d.get("read_gbps"):  # measured by `hardware` (hardware/device_speed.py)
-            gpu = _measured_gpu(name, kind, mem, d, float(link), notes)
-        else:
-            gpu = _gpu(name, kind, mem, float(link), notes)
+        gpu = _gpu(name, kind, mem, float(link), notes, measured=d)
         # probed by `hardware` (llama_probe.max_tensor_bytes); absent in older profiles
         out.append(replace(gpu, max_tensor_bytes=int(d.get("max_tensor_bytes") or 0)))
     return out
 
 
-def _measured_gpu(name: str, kind: str, mem: int, d: dict[str, Any], link: float,
-                  notes: list[str]) -> Device:
-    """A GPU whose decode read rate `hardware` measured: the rate a token's weights are
-    read at there (the perf model scales a bandwidth by GPU_BW_EFFICIENCY: divided out
-    here), its copy rate from the host as the link; compute stays assumed."""
-    notes.append(f"{name}: {ASSUMED_GPU_TFLOPS:g} TFLOPS assumed (decode read rate "
-                 f"{float(d['read_gbps']):g} GB/s measured)")
-    return Device(
-        name=name, kind=kind, memory_bytes=mem,
-        bandwidth_gbps=float(d["read_gbps"]) / GPU_BW_EFFICIENCY,
-        tflops=ASSUMED_GPU_TFLOPS, link_gbps=float(d.get("host_copy_gbps") or link),
-        assumed=("tflops",), llama_name=name,
-    )
-
-
-def _gpu(name: str, kind: str, mem: int, link: float, notes: list[str]) -> Device:
-    notes.append(
-        f"{name}: bandwidth {ASSUMED_GPU_GBPS:g} GB/s and {ASSUMED_GPU_TFLOPS:g} "
-        "TFLOPS assumed (not measured; override with --gpu-bandwidth)"
-    )
-    return Device(
-        name=name,
-        kind=kind,
-        memory_bytes=mem,
-        bandwidth_gbps=ASSUMED_GPU_GBPS,
-        tflops=ASSUMED_GPU_TFLOPS,
-        link_gbps=link,
-        assumed=("bandwidth", "tflops"),
-        llama_name=name,
-    )
+def _gpu(name: str, kind: str, mem: int, link: float, notes: list[str],
+         measured: dict[str, Any] | None = None) -> Device:
+    """A local GPU, its compute assumed. Its decode read rate and its copy rate from the
+    host are `measured`'s where `hardware` measured them (hardware/device_speed.py:
+    the rate a token's weights are read at there; the perf model scales a bandwidth by
+    GPU_BW_EFFICIENCY, divided out here), else assumed; each assumption is in `notes`."""
+    read = float((measured or {}).get("read_gbps") or 0)
+    assumed: tuple[str, ...]
+    if read:
+        notes.append(f"{name}: {ASSUMED_GPU_TFLOPS:g} TFLOPS assumed (decode read rate "
+                     f"{read:g} GB/s measured)")
+        gbps, assumed = read / GPU_BW_EFFICIENCY, ("tflops",)
+        link = float((measured or {}).get("host_copy_gbps") or link)
+    else:
+        notes.append(f"{name}: bandwidth {ASSUMED_GPU_GBPS:g} GB/s and "
+                     f"{ASSUMED_GPU_TFLOPS:g} TFLOPS assumed (not measured; override with "
+                     "--gpu-bandwidth)")
+        gbps, assumed = ASSUMED_GPU_GBPS, ("bandwidth", "tflops")
+    return Device(name=name, kind=kind, memory_bytes=mem, bandwidth_gbps=gbps,
+                  tflops=ASSUMED_GPU_TFLOPS, link_gbps=link, assumed=assumed,
+                  llama_name=name)
 
 
 def machine_from_profile_json(data: dict[str, Any], source: str = "profile") -> Machine:

@@ -20,7 +20,7 @@ cited so a reader can check them):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -359,23 +359,11 @@ class MemoryEstimate:
         return self.weights.get("CPU", 0) + self.repack
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "weights": self.weights,
-            "repack": self.repack,
-            "kv": self.kv,
-            "compute": self.compute,
-            "output": self.output,
-            "overhead": self.overhead,
-            "by_device": self.by_device,
-            "projector": self.projector,
-            "adapters": self.adapters,
-            "op_offload": self.op_offload,
-            "total": self.total,
-            "anonymous": self.anonymous,
-            "mapped": self.mapped,
-            "n_ctx": self.context.n_ctx,
-            "n_ubatch": self.context.n_ubatch,
-        }
+        """The fields (the context as its n_ctx and n_ubatch) and the derived totals."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "context"}
+        return {**out, "total": self.total, "anonymous": self.anonymous,
+                "mapped": self.mapped, "n_ctx": self.context.n_ctx,
+                "n_ubatch": self.context.n_ubatch}
 
 
 def with_adapters(memory: MemoryEstimate, by_device: dict[str, int]) -> MemoryEstimate:
