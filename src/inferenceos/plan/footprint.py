@@ -157,17 +157,9 @@ def estimate(
     # are reclaimable page cache, so the budget counts the weight once (RSS shows both
     # until the kernel reclaims the source: `MemoryEstimate.rss` adds `repack`).
     by_device["CPU"] = by_device.get("CPU", 0) + output + overhead
-    return MemoryEstimate(
-        weights=weights,
-        repack=repack_b,
-        kv=kv,
-        compute=compute,
-        output=output,
-        overhead=overhead,
-        context=effective_context(ctx),
-        by_device=by_device,
-        op_offload=op_offload,
-    )
+    return MemoryEstimate(weights=weights, repack=repack_b, kv=kv, compute=compute,
+                          output=output, overhead=overhead, context=effective_context(ctx),
+                          by_device=by_device, op_offload=op_offload)
 
 
 def _own_compute(terms: ComputeTerms, placement: Placement, machine: Machine) -> dict[str, int]:
