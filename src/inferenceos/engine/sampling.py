@@ -199,10 +199,9 @@ class SamplerChain:
                 ll.llama_get_model(ctx))))
         logits = candidates.logits_row(ll, ctx, idx, self._n_vocab)
         if self._fast == "greedy":
-            token = int(logits.argmax())  # the first maximum, as llama.cpp's greedy picks
-        else:
-            token = candidates.sample_from(ll, self.ptr, logits,
-                                           candidates.top_k_ids(logits, self._top_k))
+            return int(logits.argmax())  # the first maximum, as llama.cpp's greedy picks
+        token = candidates.sample_from(ll, self.ptr, logits,
+                                       candidates.top_k_ids(logits, self._top_k))
         ll.llama_sampler_accept(self.ptr, token)
         return token
 
@@ -214,8 +213,12 @@ class SamplerChain:
         return self._fast == "greedy"
 
     def accept(self, token: int) -> None:
-        """Tell the chain that `token` was chosen (what `sample` does after picking)."""
-        self._ll.llama_sampler_accept(self.ptr, token)
+        """Tell the chain that `token` was chosen (what `sample` does after picking).
+        Nothing to tell a greedy fast-path chain: its one stage (greedy) keeps no state
+        (llama.cpp's chain accept would only count the token), and a ctypes call per
+        token is ~1 us of the step (issue 44)."""
+        if self._fast != "greedy":
+            self._ll.llama_sampler_accept(self.ptr, token)
 
     def close(self) -> None:
         if self.ptr is not None:

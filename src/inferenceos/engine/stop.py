@@ -21,6 +21,8 @@ class StopMatcher:
         Once a stop string is seen, `stopped` becomes True and the returned text ends
         just before it; later calls return "".
         """
+        if not self.stops:  # nothing to hold back (most requests): the text as it is
+            return text
         if self.stopped:
             return ""
         buf = self._held + text

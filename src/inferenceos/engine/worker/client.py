@@ -34,7 +34,7 @@ from inferenceos.engine.messages import (
     ToWorker,
     WorkerInfo,
 )
-from inferenceos.engine.worker.main import WorkerConfig, worker_main
+from inferenceos.engine.worker.main import WorkerConfig, unpack_step, worker_main
 
 __all__ = ["CurrentWorker", "Replies", "WorkerClient"]
 
@@ -114,7 +114,7 @@ class WorkerClient:
         try:
             while True:
                 out: FromWorker
-                for out in self.conn.recv():
+                for out in unpack_step(self.conn.recv()):
                     q = self.pending.get(out.req_id)
                     if q is not None:
                         q.put(out)

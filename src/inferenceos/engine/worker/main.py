@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -360,7 +362,23 @@ def _serve(conn: Connection, rt: _Runtime) -> None:
             if events:
                 rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
                                      for e in events))
-                conn.send(events)
+                conn.send_bytes(pack_step(events))
+
+
+def pack_step(events: Sequence[FromWorker]) -> bytes:
+    """One step's events as the bytes of one pipe message (`WorkerClient._read` reads
+    them with `unpack_step`): each TokenOut without logprobs as a (req_id, token,
+    text) tuple, the rest as they are, pickled by the C pickler. A list of frozen
+    dataclasses through multiprocessing's ForkingPickler cost ~13 us per 8 tokens
+    to pickle and ~10 to unpickle; the tuples ~4 and ~1 (issue 44)."""
+    return pickle.dumps([(e.req_id, e.token, e.text)
+                         if type(e) is TokenOut and e.logprob is None and not e.top_logprobs
+                         else e for e in events], pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_step(items: list[Any]) -> list[FromWorker]:
+    """The events `pack_step` packed (any other message's list as it is)."""
+    return [TokenOut(*e) if type(e) is tuple else e for e in items]
 
 
 class _Inbox:
