@@ -12,9 +12,9 @@ Parent → worker: one `ToWorker` per pipe message. Every request carries `req_i
 
 Worker → parent: each pipe message is a list of `FromWorker` (one list per scheduler
 step or request handled; a step's list travels packed, its plain TokenOuts as tuples:
-engine/worker/main.py `pack_step` / `unpack_step`). The first message is `[Ready(info)]`, or `[Failed(0, ...)]`
-when the model did not load. A kind the worker does not know is answered with
-`Failed(req_id, "UsageError", ...)`, never a crash.
+engine/worker/main.py `pack_step` / `unpack_step`). The first message is
+`[Ready(info)]`, or `[Failed(0, ...)]` when the model did not load. A kind the worker
+does not know is answered with `Failed(req_id, "UsageError", ...)`, never a crash.
 
 The `Event`s (TokenOut, Progress, Finished, Failed) are also what the scheduler's
 `step()` / `cancel()` return in process (LocalEngine, `run`): one type for both paths.
