@@ -63,8 +63,8 @@ class WatchedLoopEvents:
         self.watch.token()
         return ev
 
-    def pending(self) -> int:
-        return int(self.inner.pending())
+    def ready(self) -> bool:
+        return bool(self.inner.ready())
 
 
 class WatchedEngine(Engine):

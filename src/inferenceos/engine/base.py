@@ -172,7 +172,7 @@ class LoopEvents:
     pipe and the loop. It ends as `EngineBase._follow` does: at the Finished (metrics in
     `gen.metrics`), with the reported error at a Failed, and once `cancel` is set.
     `end()` (any thread, once the reading stopped) ends the request: `end(finished)`
-    as `_follow` calls it. `pending()`: replies delivered and not yet read."""
+    as `_follow` calls it. `ready()`: whether an event waits to be read."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, gen: Generation,
                  cancel: CancelEvent | None, load_s: float,
@@ -195,8 +195,11 @@ class LoopEvents:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def pending(self) -> int:
-        return len(self._items)
+    def ready(self) -> bool:
+        """Whether the next read returns at once with an event (a token or a progress
+        is first in line): the reader is behind the generation."""
+        items = self._items
+        return bool(items) and isinstance(items[0], (TokenOut, Progress))
 
     def __aiter__(self) -> LoopEvents:
         return self

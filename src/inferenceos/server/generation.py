@@ -377,10 +377,14 @@ class Run:
             live.active.tokens = live.gen.metrics.prompt_tokens + len(live.out)
             return ev
 
-    def pending(self) -> int:
-        """Tokens delivered to this run and not yet read (0 on the thread path)."""
+    def ready(self) -> bool:
+        """Whether the next event is here already, read by the loop itself (the tokens
+        the engine delivers to the loop; never on the thread path): the stream is
+        behind its generation (server/sse.py then writes the waiting events at once)."""
+        if self._head:
+            return True
         live = self._live
-        return live.events.pending() if live is not None else 0
+        return live is not None and live.events.ready()
 
     async def events(self) -> AsyncGenerator[TokenEvent | Done, None]:
         """Every TokenEvent, then one Done. Closing early cancels the generation."""

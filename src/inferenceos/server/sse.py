@@ -55,8 +55,20 @@ class Framing:
     end: str = ""
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+def _encoder() -> Callable[[Any], str]:
+    """`json.dumps(obj, ensure_ascii=False, separators=(",", ":"))`, the same text, with
+    the C encoder made once instead of per call (an event per token of every stream;
+    without circular-reference checks: an event is a tree)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator: the standard call
+        return lambda obj: json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    default = json.JSONEncoder().default
+    enc = make(None, default, json.encoder.encode_basestring, None, ":", ",", False, False,
+               True)
+    return lambda obj: "".join(enc(obj, 0))
+
+
+_dumps = _encoder()
 
 
 # The OpenAPI description of one event of a text/event-stream response, as the
@@ -107,14 +119,29 @@ NDJSON = Framing("application/x-ndjson", _line,
                  lambda e, _: error_body(Dialect.OLLAMA, e.status, e.message))
 
 
-async def _body(events: AsyncIterator[Event], framing: Framing) -> AsyncIterator[str]:
+MAX_COALESCED = 64  # events written in one frame at most (a client far behind)
+
+
+async def _body(events: AsyncIterator[Event], framing: Framing,
+                ready: Callable[[], bool] | None = None) -> AsyncIterator[str]:
+    """The framed events; with `ready` (true while the next event is already there:
+    the stream is behind its generation), the events that wait are framed into one
+    body chunk, one write through the middleware and the socket for them all."""
     sent = 0
+    held: list[str] = []
     try:
         async for event in events:
-            yield framing.frame(event, sent)
+            held.append(framing.frame(event, sent))
             sent += 1
+            if ready is not None and len(held) < MAX_COALESCED and ready():
+                continue
+            yield held[0] if len(held) == 1 else "".join(held)
+            held.clear()
+        if held:
+            yield "".join(held)
     except Exception as exc:
-        yield framing.frame(framing.error(api_error_from(exc), sent), sent)
+        held.append(framing.frame(framing.error(api_error_from(exc), sent), sent))
+        yield "".join(held)
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     if framing.end:
@@ -122,9 +149,14 @@ async def _body(events: AsyncIterator[Event], framing: Framing) -> AsyncIterator
 
 
 def stream_response(events: AsyncIterator[Event], framing: Framing,
-                    cleanup: Cleanup | None = None) -> ClosingStreamingResponse:
-    """`events` as `framing` writes them; `cleanup` runs however the response ends."""
-    return ClosingStreamingResponse(_body(events, framing), framing.media_type, cleanup)
+                    cleanup: Cleanup | None = None,
+                    ready: Callable[[], bool] | None = None) -> ClosingStreamingResponse:
+    """`events` as `framing` writes them; `cleanup` runs however the response ends.
+    `ready()`: whether `events`' next event is there already (it is then written in
+    one chunk with this one); only for a stream whose every engine event becomes an
+    event of its own (else a frame could wait for an event that never comes)."""
+    return ClosingStreamingResponse(_body(events, framing, ready), framing.media_type,
+                                    cleanup)
 
 
 def sse_response(events: AsyncIterator[Event],

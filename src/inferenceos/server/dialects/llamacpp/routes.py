@@ -188,8 +188,9 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     reqs = _requests(p, name)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))
-        return stream_response(_stream(state, first, reqs, p, name, vocab), LLAMACPP_SSE,
-                               first.close)
+        runs = [first]  # the run streaming now: its waiting tokens go out in one write
+        return stream_response(_stream(state, runs, reqs, p, name, vocab), LLAMACPP_SSE,
+                               first.close, ready=lambda: runs[-1].ready())
 
     async def all_of_them() -> list[_Result]:
         tasks = [asyncio.ensure_future(_whole(state, i, p.prompts[i], r)) for i, r in reqs]
@@ -205,13 +206,17 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     return shaped[0] if len(shaped) == 1 else shaped
 
 
-async def _stream(state: ServerState, first: Run, reqs: list[tuple[int, GenRequest]],
+async def _stream(state: ServerState, runs: list[Run], reqs: list[tuple[int, GenRequest]],
                   p: CompletionParams, model: str, vocab: Vocab
                   ) -> AsyncIterator[dict[str, Any]]:
-    """One event per generated token, then the final object, for each completion in
-    turn (`index` tells them apart)."""
+    """One event per generated token (every engine event its own: server/sse.py may
+    write the waiting ones at once), then the final object, for each completion in
+    turn (`index` tells them apart). `runs` starts with the first completion's run;
+    each later one is appended as it starts."""
     for k, (i, req) in enumerate(reqs):
-        run = first if k == 0 else await start_generation(state, req)
+        if k:
+            runs.append(await start_generation(state, req))
+        run = runs[-1]
         parts: list[str] = []
         n_tokens = 0
         async with aclosing(reply_events(run)) as replies:
