@@ -208,6 +208,8 @@ class Plan:
         )
         mem = ", ".join(f"{d} {format_bytes(b)}" for d, b in self.memory.by_device.items())
         flags = " · disk-bound (mmap)" if self.disk_bound else ""
+        if self.accelerators and not p.op_offload:  # footprint.estimate: it did not fit
+            flags += " · op_offload off (no room for its compute buffer)"
         if self.projector is not None:
             pp = self.projector
             flags += f" · projector {pp.kind} on {pp.device} ({format_bytes(pp.bytes)})"
