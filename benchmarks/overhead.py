@@ -20,6 +20,8 @@ for scale, the built-in Gemma 3 270M. Per model, in the same run:
   ctypes call releases it), classified by the innermost frame of ours, give
   microseconds per generated token for each stage:
     scheduling     engine/scheduler.py, step_plan, executor.fill, kv/, spec/, running
+                   (listed apart: the n-gram replay of a finished reply, the KV
+                   store and slot table, the thread governor)
     sampling       engine/sampling.py, engine/candidates.py
     detok + stop   engine/output.py, engine/stop.py (the pieces, UTF-8, stop strings)
     llama_decode   engine/executor.py's decode with the GIL held (~0: a check)
@@ -374,7 +376,10 @@ _WORKER_RULES: list[tuple[str, str, str | None]] = [
     ("engine/generation.py", "", None),
     ("engine/session.py", "", None),
     ("engine/llama/", "", None),
-    ("inferenceos/engine/", "", "scheduling"),
+    ("engine/spec/ngram_replay.py", "", "scheduling: n-gram replay"),
+    ("engine/kv/", "", "scheduling: KV store + slots"),
+    ("engine/thread_governor.py", "", "scheduling: thread governor"),
+    ("inferenceos/engine/", "", "scheduling: step"),
 ]
 _HTTP_RULES: list[tuple[str, str, str | None]] = [
     ("engine/cancel.py", "", None),
@@ -443,18 +448,22 @@ def profile(srv: Server, n: int, args: argparse.Namespace) -> dict[str, float]:
 
 
 def print_stages(n: int, us: dict[str, float], load: float) -> dict[str, float]:
-    http = sum(v for k, v in us.items() if k.startswith("HTTP"))
-    table = {"scheduling": us.get("scheduling", 0.0), "sampling": us.get("sampling", 0.0),
+    """The stage table (stages with parts, "HTTP: ..." and "scheduling: ...", summed
+    and their parts listed under them); returns the stages' figures."""
+    def total(stage: str) -> float:
+        return sum(v for k, v in us.items() if k == stage or k.startswith(stage + ":"))
+
+    table = {"scheduling": total("scheduling"), "sampling": us.get("sampling", 0.0),
              "detok + stop": us.get("detok + stop", 0.0),
-             "worker pipe": us.get("worker pipe", 0.0), "HTTP process": http}
+             "worker pipe": us.get("worker pipe", 0.0), "HTTP process": total("HTTP")}
     own = sum(table.values())
     print(f"  stages at {n} streams (py-spy, µs per generated token, load {load:.2f}):")
     for k, v in table.items():
         print(f"    {k:<28} {v:8.1f}")
-        if k == "HTTP process":
-            for sub, w in sorted(us.items()):
-                if sub.startswith("HTTP"):
-                    print(f"      {sub[6:]:<26} {w:8.1f}")
+        prefix = "HTTP" if k == "HTTP process" else k
+        for sub, w in sorted(us.items()):
+            if sub.startswith(prefix + ":"):
+                print(f"      {sub[len(prefix) + 2:]:<26} {w:8.1f}")
     print(f"    {'= our own':<28} {own:8.1f}   (target at 8 streams: <= 100)")
     print(f"    {'llama_decode (GIL held)':<28} {us.get('llama_decode', 0.0):8.1f}")
     print(f"    {'client socket (measured)':<28} {us.get('client socket', 0.0):8.1f}")
