@@ -57,3 +57,16 @@ def test_the_engines_own_work_is_reported(tiny_llama: Path) -> None:
                                           rel=0.05)
     assert pred.to_json()["engine_seconds_per_token"] == pytest.approx(pred.engine_s, abs=1e-6)
     assert pred.engine_s < 1.0 / pred.decode_tps
+
+
+def test_the_report_says_what_decode_assumes(tiny_llama: Path, quiet_cpus: None) -> None:
+    from typer.testing import CliRunner
+
+    from inferenceos.cli.main import app
+
+    res = CliRunner().invoke(app, ["simulate", str(tiny_llama), "--prompt-tokens", "64",
+                                   "--output-tokens", "64"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "decode, as run will" in res.stdout
+    assert "plain decoding (the plan picks no drafter)" in res.stdout
+    assert "a token of our own work" in res.stdout

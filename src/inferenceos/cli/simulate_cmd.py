@@ -347,8 +347,8 @@ def print_report(p: Prediction, kv: KVCacheOutlook | None = None) -> None:
     perf = [
         ("prefill", f"{p.prefill_tps:.1f} tokens/s"),
         ("decode", f"{p.decode_tps:.1f} tokens/s"),
-        ("decode, as run will", f"{p.expected_decode_tps:.1f} tokens/s ({p.decode_assumes}; "
-         f"{p.engine_s * 1e6:.0f} µs a token of our own work)"),
+        ("decode, as run will", f"{p.expected_decode_tps:.1f} tokens/s: {p.decode_assumes}; "
+         f"{p.engine_s * 1e6:.0f} µs a token of our own work"),
         ("TTFT", f"{p.ttft_s * 1000:.0f} ms for {w.prompt_tokens} prompt tokens{media}"),
         ("total", f"{p.total_s:.2f} s for {p.workload.output_tokens} output tokens"),
     ]
