@@ -312,3 +312,49 @@ def test_room_is_made_for_the_plans_drafter_before_the_load(base_plan: Plan) -> 
     roomy, made, clock = make(with_draft, cap=WEIGHTS + KV + COMPUTE + 40 * MB)
     use(roomy, clock, "a")
     assert len(made) == 1
+
+
+def _two_on_one_gpu(tiny_llama: Path) -> tuple[ModelManager, str, str, int]:
+    """A manager with the real planner on an injected machine whose GPU holds one tiny
+    model whole but not two; (manager, a, b, the GPU's bytes)."""
+    from inferenceos.registry.catalog import Catalog
+    from inferenceos.registry.store import ModelStore
+
+    catalog = Catalog(ModelStore(tiny_llama.parent / "store-one-gpu"))
+    a, b = (catalog.add_file(tiny_llama, n).name for n in ("a", "b"))
+    planner = ModelManager.__init__.__kwdefaults__["planner"]
+    roomy = ModelManager(catalog.resolve, planner=planner, context_hint=None,
+                         budget=MemoryBudget(machine=lambda: machine(ram=16 * GiB,
+                                                                     gpus=(8 * GiB,))))
+    gpu = roomy.plan_for(a).charge()["GPU0"] * 3 // 2
+    one_gpu = machine(ram=16 * GiB, gpus=(gpu,))
+    mgr = ModelManager(catalog.resolve, lambda *_a, **_k: FakeEngine(Path(), LlamaParams(), 1),
+                       planner=planner, budget=MemoryBudget(machine=lambda: one_gpu),
+                       context_hint=None)
+    return mgr, a, b, gpu
+
+
+def test_an_idle_model_gives_the_gpu_to_the_next_within_its_memory(
+        tiny_llama: Path, quiet_cpus: None) -> None:
+    """The GPU's profile figure already is the capacity for all our models: a second
+    model planned onto it demotes the idle first (before, each was planned as if it had
+    the GPU alone, and both were charged there: 1.33x the GPU)."""
+    mgr, a, b, gpu = _two_on_one_gpu(tiny_llama)
+    mgr.acquire(a).release()
+    mgr.acquire(b).release()
+    held = sum(lm.charge.get("GPU0", 0) for lm in mgr.loaded())
+    assert held <= gpu, (held, gpu, [(lm.model.name, lm.tier, lm.charge) for lm in mgr.loaded()])
+    assert {lm.model.name.split(":")[0]: lm.tier for lm in mgr.loaded()}["b"] == HOT
+
+
+def test_a_busy_models_gpu_share_is_not_offered_the_next_goes_beside_it(
+        tiny_llama: Path, quiet_cpus: None) -> None:
+    """A model in use cannot give the GPU back: the next is planned on what is left
+    (layers in RAM or a smaller context: the planner's choice) and both run, instead of
+    a refusal to retry later."""
+    mgr, a, b, gpu = _two_on_one_gpu(tiny_llama)
+    with mgr.acquire(a), mgr.acquire(b):
+        charges = {lm.model.name.split(":")[0]: (lm.tier, lm.charge) for lm in mgr.loaded()}
+    assert [t for t, _ in charges.values()] == [HOT, HOT], charges
+    on_gpu = {n: c.get("GPU0", 0) for n, (_, c) in charges.items()}
+    assert on_gpu["a"] > 0 and on_gpu["b"] <= gpu - on_gpu["a"], charges

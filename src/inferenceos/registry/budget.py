@@ -2,9 +2,12 @@
 
 Free memory is read again before each load (not 90 % of what was free when the server
 started): RAM from /proc/meminfo and the cgroup limit (`hardware.memory`), accelerators
-from the profile. The models this manager already holds are part of what the system
-reports as used, so the capacity for our models is `free now + our own charges`;
-`serve --memory-budget SIZE` caps the sum over all devices further.
+from the profile. RAM read now counts the models this manager already holds as used, so
+its capacity for our models is `free now + our own charges`; an accelerator's figure is
+the cached profile's, which our models' allocations never lowered, so it is already the
+capacity for all of them together (adding our charges to it again had let two models
+that each fill a GPU both be planned onto it). `serve --memory-budget SIZE` caps the sum
+over all devices further.
 
 Caps per device change at run time (`set_cap`: `inferenceos budget DEVICE SIZE`,
 `POST /api/budget`): a cap is the most our models may hold on that device (llama.cpp's
@@ -20,6 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from inferenceos.plan.devices import Machine, local_machine
+
+# devices whose free memory is read before each load (machine_now: RAM from /proc), so
+# that what our models hold there already counts as used
+LIVE = frozenset({"CPU"})
 
 
 def machine_now() -> Machine:
@@ -74,19 +81,31 @@ class MemoryBudget:
         holding a lock that others wait on reads it first, outside that lock."""
         return self._machine()
 
-    def machine(self, ours: Mapping[str, int], now: Machine | None = None) -> Machine:
-        """The machine as a new model may see it: each device's free memory plus what
-        our loaded models hold there (they can give it back), within the total cap.
-        `now`: a reading of `now()` to start from (None: read it here)."""
+    def machine(self, ours: Mapping[str, int], now: Machine | None = None,
+                held: Mapping[str, int] | None = None) -> Machine:
+        """The machine as a new model may see it: the memory of each device our loaded
+        models could give back included (RAM's free memory plus what they hold there;
+        an accelerator's profile figure, see the module doc), within the caps. `held`:
+        bytes per accelerator that our models hold and cannot give back now (in use or
+        pinned), left out, so that a new model is placed beside them (its layers in
+        RAM) rather than waiting for them. `now`: a reading of `now()` to start from
+        (None: read it here)."""
         m = self._machine() if now is None else now
         devices = tuple(
-            replace(d, memory_bytes=d.memory_bytes + ours.get(d.name, 0)) for d in m.devices
+            replace(d, memory_bytes=d.memory_bytes + ours.get(d.name, 0)) if d.name in LIVE
+            else d for d in m.devices
         )
         if self.total_cap is not None:  # no device holds more than the whole cap
             devices = tuple(
                 replace(d, memory_bytes=min(d.memory_bytes, self.total_cap)) for d in devices
             )
-        return self.cap_machine(replace(m, devices=devices))
+        capped = self.cap_machine(replace(m, devices=devices))
+        if not held:
+            return capped
+        return replace(capped, devices=tuple(
+            d if d.name in LIVE else replace(d, memory_bytes=max(0, d.memory_bytes
+                                                                 - held.get(d.name, 0)))
+            for d in capped.devices))
 
     def capacity(self, ours: Mapping[str, int], now: Machine | None = None) -> dict[str, int]:
         """Bytes per device our models may hold in all (a capped device that is not

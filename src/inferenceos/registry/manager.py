@@ -257,12 +257,15 @@ class ModelManager:
     # -- loading, promoting, resizing ----------------------------------------------------
 
     def _plan(self, model: ResolvedModel, req: LoadRequest, exclude: str = "") -> Plan:
-        """The plan for `model` on the memory our other models could give back."""
-        ours = used_by(m for m in self.loaded() if m.model.name != exclude)
+        """The plan for `model` on the memory our other models could give back; an
+        accelerator's share of models that cannot give way now (in use, pinned) is not
+        offered: the model goes beside them there (layers in RAM), as it cannot wait."""
+        others = [m for m in self.loaded() if m.model.name != exclude]
+        held = used_by(m for m in others if m.refs or m.pinned)
         if model.mmproj is not None and req.mmproj is None:  # its encoder is charged too
             req = replace(req, mmproj=model.mmproj)
         try:
-            return self._planner(model, req, self.budget.machine(ours))
+            return self._planner(model, req, self.budget.machine(used_by(others), held=held))
         except PlanRefused as exc:
             raise NoRoomError(f"cannot load '{model.name}': {exc}") from None
 
