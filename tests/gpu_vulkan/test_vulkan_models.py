@@ -11,28 +11,23 @@ on the CPU, and the plan must too."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
-from vulkan_cli import DEVICE, MIB, NO_VULKAN, VulkanCli, buffers, greedy_run, offloaded, on_device
+from vulkan_cli import (
+    MIB,
+    NO_VULKAN,
+    VulkanCli,
+    assert_planned_as_allocated,
+    buffers,
+    greedy_run,
+    offloaded,
+    on_device,
+    planned_on_device,
+)
 
 pytestmark = pytest.mark.gpu_vulkan
-UNITS = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
-
-
-def _planned_on_device(log: str) -> float:
-    """MiB the `plan:` line of a verbose run gives the device."""
-    plan = next(ln for ln in log.splitlines() if ln.startswith("plan:"))
-    m = re.search(rf"{DEVICE} ([\d.]+) (KiB|MiB|GiB)", plan)
-    assert m, plan
-    return float(m[1]) * UNITS[m[2]]
-
-
-def _within_5_percent(planned: float, allocated: float) -> None:
-    assert allocated > 0 and abs(planned / allocated - 1) <= 0.05, (planned, allocated)
-
 
 def test_qwen_greedy_on_the_device_equals_the_cpus(vk: VulkanCli, qwen05_path: Path) -> None:
     # a raw two-token prompt: lavapipe prefills Qwen at ~1 token/s, so the chat template's
@@ -42,7 +37,7 @@ def test_qwen_greedy_on_the_device_equals_the_cpus(vk: VulkanCli, qwen05_path: P
     assert offloaded(gpu_log)[0] > 0
     assert gpu == cpu
     # the plan's device memory is llama.cpp's (docs/gpu.md: 274.3 planned, 274.27 held)
-    _within_5_percent(_planned_on_device(gpu_log), on_device(buffers(gpu_log)))
+    assert_planned_as_allocated(planned_on_device(gpu_log), on_device(buffers(gpu_log)))
 
 
 # The kernels differ legitimately: the CPU's quantized dot products (q4_K, q5_0, q8_0
@@ -93,7 +88,7 @@ def test_gemma_on_the_device_agrees_with_the_cpu_within_its_kernels(
     run = vk.python(TEACHER, str(gemma_path), json.dumps(cpu["tokens"]))
     gpu = json.loads(run.stdout.splitlines()[-1])
     # the plan's device memory is llama.cpp's, the head and its logits on the CPU
-    _within_5_percent(gpu["planned"] / MIB, on_device(buffers(run.stderr)))
+    assert_planned_as_allocated(gpu["planned"] / MIB, on_device(buffers(run.stderr)))
     import numpy as np
 
     a, b = np.array(cpu["logits"]), np.array(gpu["logits"])

@@ -113,6 +113,22 @@ def offloaded(log: str) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
+_UNITS = {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
+
+
+def planned_on_device(log: str, device: str = DEVICE) -> float:
+    """MiB the `plan:` line of a verbose run gives `device`."""
+    plan = next(ln for ln in log.splitlines() if ln.startswith("plan:"))
+    m = re.search(rf"{device} ([\d.]+) (KiB|MiB|GiB)", plan)
+    assert m, plan
+    return float(m[1]) * _UNITS[m[2]]
+
+
+def assert_planned_as_allocated(planned: float, allocated: float) -> None:
+    """The plan's MiB on a device within 5 % of what llama.cpp allocated there."""
+    assert allocated > 0 and abs(planned / allocated - 1) <= 0.05, (planned, allocated)
+
+
 PROMPT = "The three primary colors are"
 
 

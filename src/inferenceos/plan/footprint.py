@@ -37,11 +37,12 @@ OP_OFFLOAD_MIN_BATCH = 32
 # llama.cpp asks a device for a weight's product over 512 columns before placing the
 # weight there (llama-model-loader.cpp, weight_buft_supported)
 _WEIGHT_TEST_COLUMNS = 512
-# An offloaded layer's peak beyond the GPU's own layer phase and the weight copied in,
-# in residual-stream activations (T × n_embd f32): ggml-alloc's fragmentation around
-# the copies. Fitted on lavapipe at 512 tokens (tiny wide 0.75 MiB of 9.25, tiny deep
-# 0.31 of 4.56, Qwen2.5-Coder-0.5B 2.45 of 38.36: 1.25 to 1.5 of them); at 128 and 256
-# tokens the copies fit in freed blocks and the estimate is over by up to 25 %.
+# An offloaded layer's peak beyond the GPU's own layer phase and the weight copied in:
+# ggml-alloc's fragmentation around the copies, up to one more copy and at most this
+# many residual-stream activations (T × n_embd f32). Fitted on lavapipe at 512 tokens
+# (logged / predicted: tiny wide 9.25 / 9.26 MiB, tiny deep 4.56 / 4.51, the tiny llama
+# 1.52 / 1.57, Qwen2.5-Coder-0.5B 38.36 / 38.55); at 128 to 256 tokens copies fit in
+# freed blocks and the estimate is over by up to 28 % (wide at 256: 4.0 / 5.13).
 _OFFLOAD_EXTRA_EMBD = 1.5
 
 
@@ -110,7 +111,7 @@ def offload_compute(facts: ModelFacts, placement: Placement, ctx: ContextSetting
               if t.layer >= 0 and placement.device_of(t) == "CPU" and takes_product(dev, t)]
     peak = 0
     if copied:
-        extra = int(_OFFLOAD_EXTRA_EMBD * terms.embd)
+        extra = min(max(copied), int(_OFFLOAD_EXTRA_EMBD * terms.embd))
         peak = terms.gpu_layer_peak(first=True) + max(copied) + extra
     head = head_tensor(facts)
     if placement.output_device == "CPU" and head is not None and takes_product(dev, head):
