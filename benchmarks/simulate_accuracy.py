@@ -417,10 +417,34 @@ def bare_loop_cpu(lm: Any, tokens: list[int], n: int) -> tuple[float, float]:
     return cpu, argmax
 
 
-def control_plane(names: list[str], rounds: int = 3) -> None:
+def one_thread_predictions(path: Path, n_in: int, n_out: int, data_dir: str,
+                           trees: list[str]) -> list[float]:
+    """Decode t/s `simulate --threads 1` predicts by each source tree of `trees` ("":
+    this one) from the data dir `data_dir`'s hardware profile (its probe, given as
+    --hardware too: no load correction, no history, no self-calibration)."""
+    from first_use import simulate_json
+
+    profile = str(Path(data_dir) / "hardware" / "profile.json")
+    env = {**os.environ, "INFERENCEOS_DATA_DIR": data_dir, "INFERENCEOS_SELF_CALIBRATE": "0"}
+    env.pop("INFERENCEOS_HOME", None)
+    out = []
+    for tree in trees:
+        e = {**env, "PYTHONPATH": str(Path(tree) / "src")} if tree else env
+        j = simulate_json(path, n_in, e, n_out, "--threads", "1", "--hardware", profile)
+        out.append(float(j["expected_decode_tps"] if "expected_decode_tps" in j
+                         else j["decode_tps"]))
+    return out
+
+
+def control_plane(names: list[str], rounds: int = 3, data_dir: str | None = None,
+                  before: str | None = None) -> None:
     """Per model at one thread: generate_one's (`run`'s decode path) thread CPU time per
     token against the bare loop's on the same context, and the argmax's; the median of
-    `rounds`. The difference is our own per-token work (perf.ENGINE_TOKEN_S)."""
+    `rounds`. The difference is our own per-token work (perf.ENGINE_TOKEN_S). With
+    `data_dir` (a data dir whose hardware profile has a quiet probe), also what
+    `simulate --threads 1` predicts from it (by `before`'s tree first, when given)
+    against 1 / generate_one's CPU time per token: thread CPU time is what other work on
+    a shared machine does not stretch, as it stretches the wall clock."""
     from first_use import PROMPT
     from inferenceos.engine.sampling import SamplingParams
     from inferenceos.engine.scheduler import generate_one
@@ -434,7 +458,7 @@ def control_plane(names: list[str], rounds: int = 3) -> None:
     try:
         for name, path in fresh_models(names, folder).items():
             n = TINY_TOKENS if name == "tiny" else 128
-            diffs, argmaxes = [], []
+            diffs, argmaxes, cpu = [], [], []
             with LoadedModel(path, settings) as lm:
                 tokens = lm.tokenize(prompt)
                 for _ in range(rounds):
@@ -445,12 +469,20 @@ def control_plane(names: list[str], rounds: int = 3) -> None:
                         if k == 0:  # the first token ends the prefill
                             c0 = time.thread_time()
                     ours = (time.thread_time() - c0) / (n - 1)
+                    cpu.append(ours)
                     bare, argmax = bare_loop_cpu(lm, tokens, n)
                     diffs.append(ours - bare)
                     argmaxes.append(argmax)
             print(f"{name:7} our own work {statistics.median(diffs) * 1e6:7.1f} us a token "
                   f"(rounds {', '.join(f'{d * 1e6:.0f}' for d in diffs)}); argmax "
                   f"{min(argmaxes) * 1e6:6.1f} us  load {os.getloadavg()[0]:.2f}", flush=True)
+            if data_dir:
+                meas = 1.0 / statistics.median(cpu)
+                preds = one_thread_predictions(path, len(tokens), n, data_dir,
+                                               [before, ""] if before else [""])
+                shown = "  ".join(f"{x:8.1f} ({(x / meas - 1) * 100:+6.1f} %)" for x in preds)
+                print(f"{name:7} one thread: predicted {shown}  measured {meas:8.1f} t/s "
+                      f"(1 / thread CPU time per token)", flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -474,9 +506,12 @@ def main() -> None:
                     "1-minute load average to fall below LOAD")
     ap.add_argument("--control-plane", action="store_true",
                     help="our own per-token work against a bare llama.cpp loop (--models)")
+    ap.add_argument("--profile-dir", metavar="DATA_DIR",
+                    help="with --control-plane: also simulate --threads 1 from this data "
+                    "dir's hardware profile against the measured CPU time per token")
     a = ap.parse_args()
     if a.control_plane:
-        control_plane(a.models)
+        control_plane(a.models, data_dir=a.profile_dir, before=a.before)
         return
     if a.fresh:
         sys.exit(0 if fresh_table(a.models, a.tokens, a.runs, a.drafting, a.before,
