@@ -35,8 +35,9 @@ Every figure is printed beside the load average at its measurement; the ratio is
 median of the rounds' own ratios (both sides of a round share the machine's state).
 
     .venv/bin/python benchmarks/overhead.py [--models tiny gemma] [--streams 1 8 32]
-        [--rounds 2] [--duration 10] [--tokens 128] [--threads 2] [--profile]
-        [--no-run] [--no-openai] [--baseline-src OTHER_CHECKOUT/src] [--json FILE]
+        [--rounds 2] [--duration 10] [--tokens 128] [--threads 2] [--serve-threads N]
+        [--serve-extra ARGS] [--profile] [--no-run] [--no-openai]
+        [--baseline-src OTHER_CHECKOUT/src] [--json FILE]
 
 `--baseline-src` serves a second `ours` from another checkout's src in the same rounds
 (e.g. `git worktree add /tmp/base <commit>`): a before / after measured side by side.
@@ -49,6 +50,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -311,20 +313,25 @@ def start(name: str, cmd: list[str], env: dict[str, str]) -> Server:
 
 def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
             ) -> dict[str, Server]:
-    """ours, llama-server and, with --baseline-src, ours from that checkout's src."""
+    """ours, llama-server and, with --baseline-src, ours from that checkout's src (with
+    --threads; --serve-threads and --serve-extra are ours' own)."""
     ctx = max(512, args.tokens + 64)
-    serve = [sys.executable, "-m", "inferenceos", "serve", str(model), "--parallel", str(n),
-             "--ctx", str(ctx), "--queue", str(4 * n), "--threads", str(args.threads),
-             "--port", "{port}", "--draft", "none"]
+
+    def serve(threads: int) -> list[str]:
+        return [sys.executable, "-m", "inferenceos", "serve", str(model), "--parallel",
+                str(n), "--ctx", str(ctx), "--queue", str(4 * n), "--threads", str(threads),
+                "--port", "{port}", "--draft", "none"]
+
     out: dict[str, Server] = {}
     try:
-        out["ours"] = start("ours", serve, env)
+        out["ours"] = start("ours", serve(args.serve_threads or args.threads)
+                            + shlex.split(args.serve_extra), env)
         out["llama-server"] = start("llama-server", [
             str(llama_tool("llama-server")), "-m", str(model), "-np", str(n), "-c",
             str(ctx * n), "-t", str(args.threads), "--host", "127.0.0.1", "--port", "{port}"],
             env)
         if args.baseline_src:
-            out["baseline"] = start("baseline", serve,
+            out["baseline"] = start("baseline", serve(args.threads),
                                     {**env, "PYTHONPATH": str(args.baseline_src)})
     except BaseException:
         for srv in out.values():
@@ -551,6 +558,11 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per load window")
     ap.add_argument("--tokens", type=int, default=128, help="tokens per request")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--serve-threads", type=int, default=0,
+                    help="ours' compute threads in serve (default: --threads)")
+    ap.add_argument("--serve-extra", default="",
+                    help="more arguments for ours' serve (not the baseline's), e.g. "
+                         "'--flash-attn on'")
     ap.add_argument("--profile", action="store_true", help="stages through py-spy")
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--no-run", action="store_true", help="skip run vs llama-bench")
