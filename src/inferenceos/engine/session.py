@@ -154,8 +154,8 @@ class LoadedModel:
         self._watchdog = _watch_workers(self.settings)  # once loaded: nothing to undo
         self.metrics = GenerationMetrics(load_s=self.load_s)
         self._piece_buf = ctypes.create_string_buffer(256)
-        self._pieces: dict[int, bytes] = {}  # piece(): token -> its bytes, once read
-        self._eog: dict[int, bool] = {}  # is_eog(): token -> whether it ends generation
+        self._piece_bytes: dict[int, bytes] = {}  # piece(): token -> its bytes, once read
+        self._eog_of: dict[int, bool] = {}  # is_eog(): token -> whether it ends generation
 
     def _load_model(self) -> Any:
         params = model_params(self.settings)
@@ -207,7 +207,7 @@ class LoadedModel:
         """The bytes of one token (control tokens render as nothing). Kept once read:
         the vocabulary never changes, and a ctypes call and a buffer copy per generated
         token were ~2 us of the step (issue 44)."""
-        got = self._pieces.get(token)
+        got = self._piece_bytes.get(token)
         if got is not None:
             return got
         buf = self._piece_buf
@@ -215,7 +215,7 @@ class LoadedModel:
         if n < 0:
             self._piece_buf = buf = ctypes.create_string_buffer(-n)
             n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-        got = self._pieces[token] = buf.raw[: max(n, 0)]
+        got = self._piece_bytes[token] = buf.raw[: max(n, 0)]
         return got
 
     def token_text(self, token: int, special: bool = True) -> str:
@@ -232,9 +232,9 @@ class LoadedModel:
         return int(self._ll.llama_vocab_eos(self.vocab))
 
     def is_eog(self, token: int) -> bool:
-        got = self._eog.get(token)
+        got = self._eog_of.get(token)
         if got is None:
-            got = self._eog[token] = bool(self._ll.llama_vocab_is_eog(self.vocab, token))
+            got = self._eog_of[token] = bool(self._ll.llama_vocab_is_eog(self.vocab, token))
         return got
 
     def logits_row(self, row: int = -1) -> np.ndarray:

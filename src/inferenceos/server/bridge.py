@@ -60,9 +60,9 @@ class _Threads:
             new = self._idle == 0  # else an idle thread is spoken for: it takes this job
             if not new:
                 self._idle -= 1
-        self._jobs.put((fn, name))
-        if new:
+        if new:  # started first: a thread that cannot start leaves no job queued
             threading.Thread(target=self._serve, name=name, daemon=True).start()
+        self._jobs.put((fn, name))
 
     def _serve(self) -> None:
         me = threading.current_thread()
