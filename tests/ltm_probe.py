@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("--repack", choices=("plan", "on", "off"), default="plan")
     ap.add_argument("--kv", default=None, help="pin the KV cache type (same numerics)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--n-batch", type=int, default=0, help="the batch asked of the plan")
     ap.add_argument("--record", action="store_true",
                     help="record the run in the telemetry store, as `run` does (what "
                          "later predictions learn the disk's streaming rate from)")
@@ -122,7 +123,8 @@ def main() -> int:
     base_anon = status_kib("RssAnon") * 1024
     machine = local_machine()
     try:
-        req = LoadRequest(n_ctx=a.n_ctx, type_k=a.kv, type_v=a.kv, threads=a.threads)
+        req = LoadRequest(n_ctx=a.n_ctx, type_k=a.kv, type_v=a.kv, threads=a.threads,
+                          n_batch=a.n_batch)
         facts = load_model_facts(a.model)
         here = plan_here(facts, machine, req)
         plan = here.plan

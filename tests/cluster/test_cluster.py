@@ -157,7 +157,10 @@ def test_a_disk_bound_plan_over_a_worker_runs_load_after_load(
     # (plan_load probes it); here the placement is fixed, the load and decode are real
     name = workers.names()[0]
     machine = injected_machine(RAM, rpc_device(workers.addresses[0], WORKER_BYTES))
-    plan = plan_load(load_model_facts(deep_model), machine, LoadRequest(n_ctx=N_CTX))
+    # a batch of 128: at 512 a layer's compute buffer (its FFN's three live copies, as
+    # llama.cpp allocates them) alone fills the 3 MiB worker, and the plan keeps it idle
+    plan = plan_load(load_model_facts(deep_model), machine, LoadRequest(n_ctx=N_CTX,
+                                                                        n_batch=128))
     assert plan.disk_bound and name in plan.placement.dense, plan.changes
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for _ in range(4):

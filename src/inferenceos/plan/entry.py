@@ -321,6 +321,8 @@ def _plan_text(
         swa_full=req.swa_full or req.n_seq > 1,
         kv_unified=req.n_seq > 1,  # the engine's sequences share one pool of cells
     )
+    if req.n_batch:  # the placement is priced with the compute buffers of the asked batch
+        ctx = replace(ctx, n_batch=req.n_batch, n_ubatch=min(req.n_batch, ctx.n_ubatch))
     threads = req.threads
     if not threads and req.cpu_load is not None:
         from inferenceos.plan.threads import fewer_threads_reason, pick_threads
