@@ -35,6 +35,13 @@ def test_it_stays_on_with_an_accelerator_or_a_quantized_v_cache() -> None:
                            type_v="q8_0")) is True
 
 
+def test_it_stays_on_for_several_sequences_in_one_pool() -> None:
+    """Without it each row computes K·Q over every sequence's cells in the shared pool;
+    llama.cpp's CPU flash attention skips the masked-out ones (serve's slots)."""
+    assert _fa(LoadRequest(n_ctx=4096, cached_turns=True, n_seq=1)) is False
+    assert _fa(LoadRequest(n_ctx=1024, cached_turns=True, n_seq=4)) is True
+
+
 def test_what_the_caller_asks_wins() -> None:
     assert _fa(LoadRequest(n_ctx=4096, cached_turns=True, flash_attn=True)) is True
     assert _fa(LoadRequest(n_ctx=4096, flash_attn=False)) is False

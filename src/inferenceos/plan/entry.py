@@ -307,7 +307,7 @@ def _plan_text(
     n, pinned, ctx_changes = _context(facts, req)
     changes += ctx_changes
     fa_off = req.flash_attn is None and off_by_default(
-        machine, req.cached_turns, req.type_v or "f16")
+        machine, req.cached_turns, req.type_v or "f16", req.n_seq)
     ctx = ContextSettings(
         n_ctx=n * req.n_seq,
         n_seq=req.n_seq,
