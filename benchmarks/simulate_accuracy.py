@@ -302,7 +302,8 @@ def prompt_tokens(path: Path, prompt: str) -> int:
 
 
 def fresh_case(path: Path, prompt: str, tokens: int, runs: int, learn: int = 0,
-               before: str | None = None) -> tuple[list[dict[str, Any]], list[float]]:
+               before: str | None = None, threads: int = 0
+               ) -> tuple[list[dict[str, Any]], list[float]]:
     """In a fresh data dir: `learn` runs with `--draft auto` (what the plan learns
     from), `simulate --json` (first by the source tree `before`, when given: the data
     dir's first use, whose probe the second then reads from the cache: one probe, two
@@ -311,6 +312,9 @@ def fresh_case(path: Path, prompt: str, tokens: int, runs: int, learn: int = 0,
     from first_use import fresh_env, run, simulate_json
 
     env = fresh_env("builtin")
+    if threads:  # `run` reads run.threads; simulate takes --threads
+        env["INFERENCEOS_RUN_THREADS"] = str(threads)
+    more = ("--threads", str(threads)) if threads else ()
     draft = "auto" if learn else "none"
     n_in = prompt_tokens(path, prompt)
     try:
@@ -319,8 +323,8 @@ def fresh_case(path: Path, prompt: str, tokens: int, runs: int, learn: int = 0,
         preds = []
         if before:
             old = {**env, "PYTHONPATH": str(Path(before) / "src")}
-            preds.append(simulate_json(path, n_in, old, tokens))
-        preds.append(simulate_json(path, n_in, env, tokens))
+            preds.append(simulate_json(path, n_in, old, tokens, *more))
+        preds.append(simulate_json(path, n_in, env, tokens, *more))
         tps = [float(run(path, env, prompt, tokens, draft)["decode_tps"]) for _ in range(runs)]
     finally:
         shutil.rmtree(env["INFERENCEOS_DATA_DIR"], ignore_errors=True)
@@ -338,7 +342,8 @@ def fresh_line(name: str, preds: list[dict[str, Any]], tps: list[float], load: f
     last = preds[-1]
     shown = "  ".join(f"{meas * (1 + e):8.1f} ({e * 100:+6.1f} %)" for e in errs)
     print(f"{name:7} predicted {shown}  measured {meas:8.1f} (best; runs "
-          f"{', '.join(f'{x:.1f}' for x in tps)})  load {load:.2f}  "
+          f"{', '.join(f'{x:.1f}' for x in tps)})  load {load:.2f}  threads "
+          f"{last['plan']['llama_params'].get('n_threads')}  "
           f"[{last.get('decode_assumes', 'plain')}; {last['basis']}]", flush=True)
     return errs[-1]
 
@@ -352,7 +357,7 @@ def wait_quiet(load: float, limit_s: float = 900.0) -> None:
 
 
 def fresh_table(names: list[str], tokens: int, runs: int, drafting: bool,
-                before: str | None = None, quiet: float = 0.0) -> bool:
+                before: str | None = None, quiet: float = 0.0, threads: int = 0) -> bool:
     """The fresh-data-dir table (module docstring); True when every error is within 15 %."""
     from draft_auto import TASKS
     from first_use import PROMPT
@@ -368,12 +373,13 @@ def fresh_table(names: list[str], tokens: int, runs: int, drafting: bool,
         for name, path in paths.items():
             n = TINY_TOKENS if name == "tiny" else tokens
             wait_quiet(quiet)
-            preds, tps = fresh_case(path, prompt, n, runs, before=before)
+            preds, tps = fresh_case(path, prompt, n, runs, before=before, threads=threads)
             errs.append(fresh_line(name, preds, tps, os.getloadavg()[0]))
         if drafting:
             gemma = fresh_models(["gemma"], folder)["gemma"]
             wait_quiet(quiet)
-            preds, tps = fresh_case(gemma, TASKS["copy"], 96, runs, learn=2, before=before)
+            preds, tps = fresh_case(gemma, TASKS["copy"], 96, runs, learn=2, before=before,
+                                    threads=threads)
             errs.append(fresh_line("gemma copy, auto draft", preds, tps, os.getloadavg()[0]))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -509,13 +515,15 @@ def main() -> None:
     ap.add_argument("--profile-dir", metavar="DATA_DIR",
                     help="with --control-plane: also simulate --threads 1 from this data "
                     "dir's hardware profile against the measured CPU time per token")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="with --fresh: simulate and run at this thread count (0: theirs)")
     a = ap.parse_args()
     if a.control_plane:
         control_plane(a.models, data_dir=a.profile_dir, before=a.before)
         return
     if a.fresh:
         sys.exit(0 if fresh_table(a.models, a.tokens, a.runs, a.drafting, a.before,
-                                  a.wait_quiet) else 1)
+                                  a.wait_quiet, a.threads) else 1)
     ok = True
     if not a.speed_only:
         ok &= memory_table(a.quick)

@@ -140,6 +140,21 @@ def test_weights_that_fit_the_cache_are_not_bound_by_the_rams_bandwidth() -> Non
     assert _cost(tiny, held, bandwidth=slow_ram) < uncached / 10
     too_small = replace(cal, cpu_cache_bytes=int(0.9 * read / CACHE_SHARE))
     assert _cost(tiny, too_small, bandwidth=slow_ram) == pytest.approx(uncached)
+    # held in the cache, two threads do twice the work of one, whatever the scaling the
+    # probe fitted for weights streamed from RAM (two threads 1.93x on the tiny model,
+    # 1.5x on Gemma and the Qwen models)
+    kernels = replace(PRIOR, decode_thread_scaling=0.6, cpu_cache_bytes=10**9)
+    fixed = _cost(tiny, kernels, threads=1) - _cost(tiny, kernels, threads=1, engine=False)
+    bare1 = _cost(tiny, kernels, threads=1, engine=False)
+    bare2 = _cost(tiny, kernels, threads=2, engine=False)
+    overhead = (kernels.token_overhead_s + 2 * kernels.layer_overhead_s
+                + ARGMAX_S_PER_VOCAB * 287)
+    assert bare2 - overhead == pytest.approx((bare1 - overhead) / 2, rel=1e-6)
+    assert fixed > 0
+    streamed = replace(kernels, cpu_cache_bytes=0, cpu_bw_efficiency=100.0)
+    s1 = _cost(tiny, streamed, threads=1, engine=False) - overhead
+    s2 = _cost(tiny, streamed, threads=2, engine=False) - overhead
+    assert s1 / s2 == pytest.approx(2**0.6, rel=1e-6)
 
 
 def test_the_probe_record_carries_the_cpus_cache() -> None:
