@@ -29,14 +29,18 @@ def test_serve_process_answers_and_stops_on_sigterm(tiny_llama: Path) -> None:
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize(("kv_cache", "fa"), [((), "off"), (("--kv-cache-ram", "0",
-                                                           "--kv-cache-disk", "0"), "on")])
-def test_serve_plans_flash_attention_by_its_kv_cache(tiny_llama: Path, kv_cache: tuple[str, ...],
+@pytest.mark.parametrize(("args", "fa"), [
+    (("--parallel", "1"), "off"),
+    (("--parallel", "1", "--kv-cache-ram", "0", "--kv-cache-disk", "0"), "on"),
+    ((), "on"),  # serve's default 4 sequences in one KV pool
+])
+def test_serve_plans_flash_attention_by_its_kv_cache(tiny_llama: Path, args: tuple[str, ...],
                                                     fa: str) -> None:
-    """On the CPU, a server whose KV cache keeps conversations plans without flash
-    attention (plan/flash_attn.py); without that cache, with it (llama.cpp's auto)."""
+    """On the CPU, a server of one sequence whose KV cache keeps conversations plans
+    without flash attention (plan/flash_attn.py); without that cache, or with several
+    sequences sharing the KV pool, with it (llama.cpp's auto)."""
     proc, base = start_serve(str(tiny_llama), "--ctx", "256", "--threads", "1",
-                             "--backend", "cpu", *kv_cache)
+                             "--backend", "cpu", *args)
     try:
         r = httpx.post(base + "/api/generate", timeout=30, json={
             "prompt": "hi", "stream": False, "options": {"num_predict": 1}})
