@@ -7,17 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from inferenceos.hardware.profile import takes_weight
 from inferenceos.plan.devices import machine_from_profile_json
-from inferenceos.plan.footprint import (
-    OP_OFFLOAD_MIN_BATCH,
-    estimate,
-    head_tensor,
-    offload_compute,
-)
+from inferenceos.plan.footprint import OP_OFFLOAD_MIN_BATCH, estimate, offload_compute
 from inferenceos.plan.memory import ContextSettings, compute_terms
 from inferenceos.plan.optimize import Objective, solve_context
 from inferenceos.plan.perf import Calibration
-from inferenceos.plan.placement import build_placement, layer_parts
+from inferenceos.plan.placement import build_placement, head_tensor, layer_parts
 from plan_factories import GiB, machine, make_facts
 
 MiB = 1 << 20
@@ -74,6 +70,7 @@ def test_a_profile_without_the_largest_tensor_still_loads() -> None:
     gpu = {"name": "Vulkan0", "type": "gpu", "memory_free_bytes": 2 * GiB}
     old = machine_from_profile_json({"llama_devices": [gpu]})
     new = machine_from_profile_json({"llama_devices": [{**gpu, "max_tensor_bytes": 128 * MiB}]})
-    assert old.accelerators[0].max_tensor_bytes == 0 and old.accelerators[0].accepts(1 << 40)
-    assert not new.accelerators[0].accepts(128 * MiB + 1)
+    was, now = old.accelerators[0].max_tensor_bytes, new.accelerators[0].max_tensor_bytes
+    assert was == 0 and takes_weight(1 << 40, 1, was)
+    assert not takes_weight(128 * MiB + 1, 1, now)
     assert new.accelerators[0].to_json()["max_tensor_bytes"] == 128 * MiB

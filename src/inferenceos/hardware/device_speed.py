@@ -34,11 +34,6 @@ TIMEOUT_S = 240.0
 GGML_TYPE_I8 = 24
 
 
-# llama.cpp asks a device for a weight's product over this many columns before placing
-# the weight there (plan/footprint.takes_product)
-_TEST_COLUMNS = 512
-
-
 def model_read_bytes(path: Path, max_tensor_bytes: int | None = None) -> int:
     """Bytes of weights a decoded token reads on a device whose ops take tensors up to
     `max_tensor_bytes` (None: any): every tensor, the token embeddings only where no
@@ -46,15 +41,15 @@ def model_read_bytes(path: Path, max_tensor_bytes: int | None = None) -> int:
     whose product over 512 columns is, stays on the CPU and is not counted."""
     from gguf import GGUFReader
 
+    from inferenceos.hardware.profile import takes_weight
+
     def rows(shape: Any) -> int:
         return int(shape[1]) if len(shape) > 1 else 1
 
     sizes = {t.name: (int(t.n_bytes), rows(t.shape)) for t in GGUFReader(str(path)).tensors}
     if "output.weight" in sizes:
         sizes.pop("token_embd.weight", None)
-    limit = max_tensor_bytes or 0
-    return sum(n for n, r in sizes.values()
-               if not limit or max(n, r * _TEST_COLUMNS * 4) <= limit)
+    return sum(n for n, r in sizes.values() if takes_weight(n, r, max_tensor_bytes))
 
 
 def measure_device_speed(model: Path, device: str, warnings: list[str],

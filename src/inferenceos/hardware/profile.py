@@ -107,6 +107,20 @@ class LlamaDevice:
     max_tensor_bytes: int | None = None
 
 
+# llama.cpp asks a device for a weight's product over this many columns before placing
+# the weight there (llama-model-loader.cpp, weight_buft_supported)
+WEIGHT_TEST_COLUMNS = 512
+
+
+def takes_weight(n_bytes: int, rows: int, max_tensor_bytes: int | None) -> bool:
+    """Whether a device whose ops take tensors up to `max_tensor_bytes` (None or 0: any)
+    holds a weight of `n_bytes` and `rows` rows: the weight and its product over
+    WEIGHT_TEST_COLUMNS f32 columns must both fit; llama.cpp keeps a weight the device
+    refuses, and computes its product, on the CPU."""
+    return not max_tensor_bytes or max(n_bytes, rows * WEIGHT_TEST_COLUMNS * 4) <= (
+        max_tensor_bytes)
+
+
 @dataclass(frozen=True)
 class LlamaInfo:
     """What the installed llama.cpp library is and sees.

@@ -72,11 +72,7 @@ class Device:
     # the largest tensor an op on this device accepts (0: no limit known); llama.cpp
     # keeps a larger weight on the CPU, and computes its op there (lavapipe: 128 MiB,
     # under Gemma 3's 170 MiB tied output head)
-    max_tensor_bytes: int = 0
-
-    def accepts(self, n_bytes: int) -> bool:
-        """Whether a tensor of `n_bytes` may live and be computed on this device."""
-        return not self.max_tensor_bytes or n_bytes <= self.max_tensor_bytes
+    max_tensor_bytes: int = 0  # see hardware.profile.takes_weight
 
     @property
     def is_remote(self) -> bool:

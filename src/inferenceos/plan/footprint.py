@@ -16,6 +16,7 @@ elsewhere it is off, and those products run on the CPU (`MemoryEstimate.op_offlo
 
 from __future__ import annotations
 
+from inferenceos.hardware.profile import takes_weight
 from inferenceos.plan.devices import Device, Machine, device_budgets
 from inferenceos.plan.memory import (
     ComputeTerms,
@@ -28,15 +29,12 @@ from inferenceos.plan.memory import (
     repack_bytes,
 )
 from inferenceos.plan.model_facts import ModelFacts, TensorFact
-from inferenceos.plan.placement import Placement
+from inferenceos.plan.placement import Placement, head_tensor
 
 # ggml's GPU backends (CUDA, Vulkan, SYCL, Metal) take an op of a host-memory weight
 # only for a batch of this many rows or more (op_offload_min_batch_size, the default of
 # GGML_OP_OFFLOAD_MIN_BATCH)
 OP_OFFLOAD_MIN_BATCH = 32
-# llama.cpp asks a device for a weight's product over 512 columns before placing the
-# weight there (llama-model-loader.cpp, weight_buft_supported)
-_WEIGHT_TEST_COLUMNS = 512
 # An offloaded layer's peak beyond the GPU's own layer phase and the weight copied in:
 # ggml-alloc's fragmentation around the copies, up to one more copy and at most this
 # many residual-stream activations (T × n_embd f32). Fitted on lavapipe at 512 tokens
@@ -74,15 +72,9 @@ def layer_and_head_compute(terms: ComputeTerms, dev: Device) -> tuple[int, int]:
 
 def takes_product(dev: Device, t: TensorFact) -> bool:
     """Whether `dev` accepts weight `t` and its product (the largest tensor its ops
-    accept, `Device.max_tensor_bytes`): llama.cpp keeps a weight it refuses on the CPU,
-    and runs its product there."""
-    return dev.accepts(t.n_bytes) and dev.accepts(t.rows * _WEIGHT_TEST_COLUMNS * 4)
-
-
-def head_tensor(facts: ModelFacts) -> TensorFact | None:
-    """The output head's matrix: output.weight, or token_embd.weight when tied."""
-    by_name = {t.name: t for t in facts.tensors}
-    return by_name.get("output.weight") or by_name.get("token_embd.weight")
+    accept, `Device.max_tensor_bytes`; hardware.profile.takes_weight, the probe's rule
+    too): llama.cpp keeps a weight it refuses on the CPU, and runs its product there."""
+    return takes_weight(t.n_bytes, t.rows, dev.max_tensor_bytes)
 
 
 def head_fits(facts: ModelFacts, dev: Device) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 from inferenceos.plan.devices import GPU_BW_EFFICIENCY, Device, Machine
 from inferenceos.plan.memory import ContextSettings, kv_bytes_per_token
 from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.placement import Placement, output_head
+from inferenceos.plan.placement import Placement, head_tensor, output_head
 from inferenceos.telemetry.calibration import DISK_SCALE_PRIOR
 
 GB = 1e9
@@ -281,8 +281,7 @@ def decode_reads(facts: ModelFacts) -> tuple[float, float, float]:
     (as `prefill_row_factor`)."""
     s = facts.spec
     share = s.expert_used_count / s.expert_count if s.expert_count > 0 else 1.0
-    by_name = {t.name: t for t in facts.tensors}
-    head = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    head = head_tensor(facts)
     rows = read = typed = 0.0
     for t in facts.tensors:
         if t is not head and (t.layer < 0 or t.n_dims < 2):

@@ -199,11 +199,16 @@ def layer_parts(facts: ModelFacts, ctx: ContextSettings) -> list[LayerParts]:
     ]
 
 
+def head_tensor(facts: ModelFacts) -> TensorFact | None:
+    """The output head's matrix: output.weight, or token_embd.weight when tied."""
+    by_name = {t.name: t for t in facts.tensors}
+    return by_name.get("output.weight") or by_name.get("token_embd.weight")
+
+
 def output_head(facts: ModelFacts) -> tuple[int, int]:
     """(bytes, params) of the output projection (token_embd when tied) and final norm."""
-    by_name = {t.name: t for t in facts.tensors}
-    head = by_name.get("output.weight") or by_name.get("token_embd.weight")
-    norm = by_name.get("output_norm.weight")
+    head = head_tensor(facts)
+    norm = next((t for t in facts.tensors if t.name == "output_norm.weight"), None)
     b = (head.n_bytes if head else 0) + (norm.n_bytes if norm else 0)
     p = (head.n_elements if head else 0) + (norm.n_elements if norm else 0)
     return b, p
