@@ -210,7 +210,7 @@ def _budget(req: GenRequest, reasoning: Reasoning | None) -> int:
 @dataclass
 class _OnLoop:
     """A generation whose tokens the event loop reads itself (`engine.base.LoopEvents`):
-    `Run` reads `events` (keeping `out` and `active.tokens` as `_generate` would) and
+    `Run` reads `events` (keeping `out` and `active.tokens` through `_count`) and
     sets `ended` once it stopped reading; the job's thread waits for that, off the
     token path, then ends the generation and sends the Done."""
 
@@ -219,6 +219,14 @@ class _OnLoop:
     out: list[int]
     active: ActiveGeneration
     ended: threading.Event = field(default_factory=threading.Event)
+
+
+def _count(ev: TokenEvent, out: list[int], active: ActiveGeneration, gen: Generation) -> None:
+    """Keep a read event's token in `out` and the live token count (`active.tokens`,
+    what /api/ps shows), on whichever side reads the generation's events."""
+    if ev.token >= 0:
+        out.append(ev.token)
+    active.tokens = gen.metrics.prompt_tokens + len(out)
 
 
 def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req: GenRequest,
@@ -253,9 +261,7 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
             unwake()
         else:
             for ev in gen:
-                if ev.token >= 0:
-                    out.append(ev.token)
-                active.tokens = gen.metrics.prompt_tokens + len(out)
+                _count(ev, out, active, gen)
                 yield ev
                 if watch is not None and watch.feed(ev):
                     gen.close()
@@ -372,9 +378,7 @@ class Run:
                 self._live = None
                 live.ended.set()
                 raise
-            if ev.token >= 0:
-                live.out.append(ev.token)
-            live.active.tokens = live.gen.metrics.prompt_tokens + len(live.out)
+            _count(ev, live.out, live.active, live.gen)
             return ev
 
     def ready(self) -> bool:
