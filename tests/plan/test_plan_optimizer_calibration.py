@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -104,9 +103,12 @@ def test_the_recorder_samples_a_cpu_burning_neighbour(tiny_llama: Path) -> None:
     after it (in the writer thread): a neighbour burning a core shows."""
     from inferenceos import telemetry
 
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # it says when it is in its loop: a fixed wait had been too short beside a busy
+    # suite (the interpreter not yet started when the CPUs were sampled: 0.06 busy)
+    burner = subprocess.Popen([sys.executable, "-c", "print('burning', flush=True)\n"
+                               "while True: pass"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
+        assert burner.stdout is not None and burner.stdout.readline() == "burning\n"
         rec = telemetry.recorder()
         rec.generation(tiny_llama, source="run", prompt_tokens=8, output_tokens=8,
                        decode_tps=10.0, threads=1, contention="sample")
