@@ -67,6 +67,7 @@ def test_a_long_search_hands_over_to_the_per_layer_program(
 ) -> None:
     """With no programs to spend the boundary search gives way at once, and the
     per-layer program answers: the same optimum."""
+    from inferenceos.plan.optimize_rows import Problem
     from inferenceos.plan.optimize_terms import Terms, phases
     from inferenceos.plan.placement import layer_parts
 
@@ -78,7 +79,7 @@ def test_a_long_search_hands_over_to_the_per_layer_program(
     dec, pre = phases(OBJ.prompt_tokens, OBJ.output_tokens, CTX.n_ubatch, CAL)
     terms = tuple(Terms(facts, m, CTX, parts, CAL, 8, ph) for ph in (dec, pre))
     with pytest.raises(optimize_counts.SearchTooLong):
-        optimize_counts.best_placement_counts(facts, m, CTX, parts, terms)
+        optimize_counts.best_placement_counts(Problem(facts, m, CTX, parts, terms))
     got = solve_context(facts, m, CTX, CAL, 8, OBJ)
     assert want is not None and got is not None
     assert got.objective_s == pytest.approx(want.objective_s, rel=1e-6)

@@ -37,7 +37,7 @@ from inferenceos.plan.memory import ContextSettings, MemoryEstimate
 from inferenceos.plan.model_facts import ModelFacts
 from inferenceos.plan.optimize_counts import SearchTooLong, best_placement_counts
 from inferenceos.plan.optimize_milp import best_placement
-from inferenceos.plan.optimize_rows import BYTES_MARGIN, device_budgets
+from inferenceos.plan.optimize_rows import BYTES_MARGIN, Problem, device_budgets
 from inferenceos.plan.optimize_terms import Terms, phases
 from inferenceos.plan.perf import Calibration, decode_cost, prefill_cost
 from inferenceos.plan.placement import Placement, build_placement, layer_parts
@@ -203,7 +203,7 @@ def solve_context(
 
 
 def solve_with(
-    solver: Callable[..., Placement | None], facts: ModelFacts, machine: Machine,
+    solver: Callable[[Problem], Placement | None], facts: ModelFacts, machine: Machine,
     ctx: ContextSettings, cal: Calibration, threads: int, obj: Objective, allow_disk: bool,
 ) -> Candidate | None:
     """`solver`'s (a MILP's) placement for `ctx`, judged by perf.py and re-checked
@@ -213,7 +213,7 @@ def solve_with(
     dec, pre = phases(obj.prompt_tokens, obj.output_tokens, ctx.n_ubatch, cal)
     terms = tuple(Terms(facts, machine, ctx, parts, cal, threads, ph) for ph in (dec, pre))
     for margin in (0.0, BYTES_MARGIN):
-        found = solver(facts, machine, ctx, parts, terms, allow_disk, margin=margin)
+        found = solver(Problem(facts, machine, ctx, parts, terms, allow_disk, margin))
         if found is None:
             return None
         c = evaluate(facts, machine, ctx, found, cal, threads, obj)

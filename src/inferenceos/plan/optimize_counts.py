@@ -35,16 +35,11 @@ from functools import partial
 import numpy as np
 
 from inferenceos.plan import optimize_rows as rows
-from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import head_fits, layer_and_head_compute
-from inferenceos.plan.memory import (
-    ContextSettings,
-    compute_terms,
-)
-from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_rows import LayerClasses, Program, add
+from inferenceos.plan.memory import compute_terms
+from inferenceos.plan.optimize_rows import LayerClasses, Problem, Program, add
 from inferenceos.plan.optimize_terms import Terms, Work
-from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
+from inferenceos.plan.placement import Placement, build_placement, output_head
 
 GAP = 1e-7  # a node within this share of the best placement found cannot beat it
 MAX_NODES = 200  # past this many programs the search gives way (optimize.solve_context)
@@ -79,16 +74,13 @@ class _Vars:
 class _Counts:
     """The count program of one (facts, machine, ctx, terms), built per node."""
 
-    def __init__(
-        self, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
-        parts: list[LayerParts], terms: tuple[Terms, ...], allow_disk: bool, margin: float,
-    ) -> None:
-        self.facts, self.machine, self.ctx, self.parts = facts, machine, ctx, parts
-        self.terms, self.allow_disk, self.margin = terms, allow_disk, margin
-        self.devs = list(machine.devices)
+    def __init__(self, p: Problem) -> None:
+        self.facts, self.machine, self.ctx, self.parts = p.facts, p.machine, p.ctx, p.parts
+        self.terms, self.allow_disk, self.margin = p.terms, p.allow_disk, p.margin
+        self.devs = list(p.machine.devices)
         self.local = [not d.is_remote for d in self.devs]
-        self.budgets = rows.device_budgets(machine)
-        classes = LayerClasses.of_parts(parts)
+        self.budgets = rows.device_budgets(p.machine)
+        classes = LayerClasses.of_parts(p.parts)
         self.cls, self.rep, self.size = classes.of, classes.rep, classes.size
         self.members = classes.members
         self.n_cls = len(self.rep)
@@ -327,20 +319,11 @@ class _Counts:
         return build_placement(self.facts, self.parts, dense, experts, head, disk, ffn)
 
 
-def best_placement_counts(
-    facts: ModelFacts,
-    machine: Machine,
-    ctx: ContextSettings,
-    parts: list[LayerParts],
-    terms: tuple[Terms, ...],
-    allow_disk: bool = False,
-    time_limit: float = 10.0,
-    margin: float = 0.0,
-) -> Placement | None:
+def best_placement_counts(p: Problem, time_limit: float = 10.0) -> Placement | None:
     """`optimize_milp.best_placement`'s optimum, over counts (see the module docstring).
     None: nothing fits. Raises `SearchTooLong` past MAX_NODES programs or `time_limit`
     seconds in all."""
-    prog = _Counts(facts, machine, ctx, parts, terms, allow_disk, margin)
+    prog = _Counts(p)
     best: tuple[float, Placement] | None = None
     queue: list[tuple[float, int, Bounds]] = [(-np.inf, 0, {})]
     order = itertools.count(1)
@@ -365,7 +348,7 @@ def best_placement_counts(
             best = (obj, prog.decode(v, sol))
             continue
         d, at = split
-        lo, hi = bounds.get(d, (0, len(parts)))
+        lo, hi = bounds.get(d, (0, len(p.parts)))
         # the hull of [lo, at] passes through (at, P(at)): this answer is in neither
         for part in ((lo, at), (at + 1, hi)):
             if part[0] <= part[1]:

@@ -41,29 +41,23 @@ from collections.abc import Callable
 import numpy as np
 
 from inferenceos.plan import optimize_rows as rows
-from inferenceos.plan.devices import Machine
 from inferenceos.plan.footprint import head_fits, layer_and_head_compute
-from inferenceos.plan.memory import ContextSettings, compute_terms
-from inferenceos.plan.model_facts import ModelFacts
-from inferenceos.plan.optimize_rows import LayerClasses, Program, add
+from inferenceos.plan.memory import compute_terms
+from inferenceos.plan.optimize_rows import LayerClasses, Problem, Program, add
 from inferenceos.plan.optimize_terms import Terms
-from inferenceos.plan.placement import LayerParts, Placement, build_placement, output_head
+from inferenceos.plan.placement import Placement, build_placement, output_head
 
 
 class _Builder:
     """The MILP of one (facts, machine, ctx) and two phases' terms."""
 
-    def __init__(
-        self, facts: ModelFacts, machine: Machine, ctx: ContextSettings,
-        parts: list[LayerParts], terms: tuple[Terms, ...], allow_disk: bool,
-        margin: float = 0.0,
-    ) -> None:
-        self.facts, self.machine, self.ctx, self.parts = facts, machine, ctx, parts
-        self.terms, self.allow_disk = terms, allow_disk
-        self.m = Program(margin=margin)
-        self.devs = list(machine.devices)
-        self.budgets = rows.device_budgets(machine)
-        n, k = len(parts), len(self.devs)
+    def __init__(self, p: Problem) -> None:
+        self.facts, self.machine, self.ctx, self.parts = p.facts, p.machine, p.ctx, p.parts
+        self.terms, self.allow_disk = p.terms, p.allow_disk
+        self.m = Program(margin=p.margin)
+        self.devs = list(p.machine.devices)
+        self.budgets = rows.device_budgets(p.machine)
+        n, k = len(p.parts), len(self.devs)
         self.n, self.k = n, k
         self.x = [[self.m.var() for _ in range(n)] for _ in range(k)]
         self.local = [not d.is_remote for d in self.devs]
@@ -72,7 +66,7 @@ class _Builder:
         # which layers of its block keep them changes no cost, and per-layer binaries
         # let branch-and-bound visit every way (Qwen2.5-Coder-1.5B over two GPUs:
         # 150-400 ms a program, against 8 without the FFN group)
-        classes = LayerClasses.of_parts(parts)
+        classes = LayerClasses.of_parts(p.parts)
         self.members, self.rep = classes.members, classes.rep
         rep = self.rep
         self.f: dict[tuple[int, int], int] = {
@@ -85,9 +79,9 @@ class _Builder:
             for d in range(1, k) if self.local[d]
             for c in range(len(rep)) if rep[c].expert_bytes
         }
-        self.h = {d: self.m.var(0, float(head_fits(facts, self.devs[d]))) for d in range(1, k)}
+        self.h = {d: self.m.var(0, float(head_fits(p.facts, self.devs[d]))) for d in range(1, k)}
         self.u = [self.m.var(integer=False) for _ in range(k)]
-        self.s = self.m.var(0.0, float(facts.spec.tensor_bytes) if allow_disk else 0.0,
+        self.s = self.m.var(0.0, float(p.facts.spec.tensor_bytes) if p.allow_disk else 0.0,
                             integer=False)
 
     def on_device(self, d: int) -> Callable[[int], dict[int, float]]:
@@ -277,23 +271,13 @@ class _Builder:
         return dense, experts, head, disk, ffn
 
 
-def best_placement(
-    facts: ModelFacts,
-    machine: Machine,
-    ctx: ContextSettings,
-    parts: list[LayerParts],
-    terms: tuple[Terms, ...],
-    allow_disk: bool = False,
-    time_limit: float = 10.0,
-    margin: float = 0.0,
-) -> Placement | None:
-    """The placement minimising the summed `terms` under every device's budget, or None
-    when none fits (see the module docstring for the formulation); `margin`: see
-    BYTES_MARGIN."""
-    b = _Builder(facts, machine, ctx, parts, terms, allow_disk, margin)
+def best_placement(p: Problem, time_limit: float = 10.0) -> Placement | None:
+    """The placement minimising the summed `p.terms` under every device's budget, or
+    None when none fits (see the module docstring for the formulation)."""
+    b = _Builder(p)
     b.build()
     sol = b.m.solve(time_limit)
     if sol is None:
         return None
     dense, experts, head, disk, ffn = b.decode(sol)
-    return build_placement(facts, parts, dense, experts, head, disk, ffn)
+    return build_placement(p.facts, p.parts, dense, experts, head, disk, ffn)

@@ -45,6 +45,23 @@ HIGHS_OPTIONS = {
 }
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One placement program's inputs, which both formulations (`optimize_milp.
+    best_placement`, `optimize_counts.best_placement_counts`) take whole: the model,
+    the machine, the context, its layers' parts, the decode and prefill terms to
+    minimise, whether weights may stay on disk, and the bytes each memory row keeps
+    free (`margin`: see BYTES_MARGIN)."""
+
+    facts: ModelFacts
+    machine: Machine
+    ctx: ContextSettings
+    parts: list[LayerParts]
+    terms: tuple[Terms, ...]
+    allow_disk: bool = False
+    margin: float = 0.0
+
+
 @dataclass
 class Program:
     """A MILP under construction: variable bounds, costs, sparse rows."""
