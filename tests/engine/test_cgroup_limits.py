@@ -2,7 +2,7 @@
 
 A small Q4_0 model (tests/tiny_q4.py, ~53 MB, every matrix repackable on AVX2) is
 planned and run inside a cgroup (tests/memcg.py) limited to the process's own start-up
-charge plus 0.6x the model file (the probe sets the limit itself once started: another
+charge plus 0.7x the model file (the probe sets the limit itself once started: another
 run's start-up charge is not this one's, memcg.cap_own_memory says why; from 0.55x
 down the preflight refuses this model: footprint.stream_room). The planner
 must see the limit, leave weights in the file, load them without CPU_REPACK, and
@@ -31,7 +31,12 @@ from tiny_q4 import write_q4_model
 
 MIB = 1 << 20
 UNLIMITED = 4096 * MIB
-STREAMING = 0.6  # the streaming run's limit over its start-up charge, x the file
+# The streaming run's limit over its start-up charge, x the file. At 0.6x (the page cache
+# tier two layers, the prefetch window all but one of them) the run thrashed: ~410k
+# reclaims and ~270 MB read per token (5x the file), and the kernel's OOM killer fired
+# in 1 of ~15 runs, once in a census (2026-12-06). 0.7x is still a budget the weights
+# cannot fit in, and streams at ~225k reclaims and 2.7x the file a token: 0 of 10 killed.
+STREAMING = 0.7
 PROBE = str(Path(__file__).parents[1] / "ltm_probe.py")
 
 pytestmark = [
@@ -75,7 +80,7 @@ def reference(q4_model: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def streaming_run(q4_model: Path) -> tuple[int, CgroupRun, dict[str, Any] | None]:
-    """One run under its start-up charge plus 0.6x the file (a budget the weights cannot
+    """One run under its start-up charge plus 0.7x the file (a budget the weights cannot
     fit in), read by the two tests below."""
     return capped(q4_model, STREAMING * q4_model.stat().st_size)
 
