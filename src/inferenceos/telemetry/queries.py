@@ -4,7 +4,10 @@ Every reader opens a short connection, reads, and closes it. A missing database 
 as empty; an unreadable one (corrupt, locked for longer than the busy timeout, ...)
 also reads as empty, after one warning line: a reader such as the planner must never
 fail a run because of its history. The writer is asynchronous, so call
-`recorder().flush()` first to read back what this process just recorded.
+`recorder().flush()` first to read back what this process just recorded. A row type's
+fields are its query's columns by name (`_rows`: JSON columns decoded); what every
+recorded row carries is `Recorded`'s, a fact about one model `OfModel`'s, and what is
+kept or summed per (machine, model) `PerModel`'s.
 
 Filters:
 - `machine`: `"kind"` (default: every machine of the same hardware kind as this one,
@@ -22,12 +25,15 @@ import json
 import re
 import sqlite3
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from inferenceos.telemetry import db as dbmod
 from inferenceos.telemetry.identity import current_machine, model_digest
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 MachineFilter = str | None
 ModelFilter = Path | str | None
@@ -35,17 +41,30 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
-class GenerationRow:
-    """One recorded generation with its machine and model facts joined in."""
+class Recorded:
+    """What every recorded fact row carries, as its reader joins it in: its `uid`, when
+    it was recorded, and the machine's fingerprint."""
 
     uid: str
     ts: float
-    source: str  # run, server, benchmark:NAME, optimize, ...
     machine: str  # fingerprint
-    machine_kind: str
-    cpu_count: int
+
+
+@dataclass(frozen=True)
+class OfModel(Recorded):
+    """A recorded fact about one model: its digest and recorded name joined in."""
+
     model_digest: str
     model_name: str
+
+
+@dataclass(frozen=True)
+class GenerationRow(OfModel):
+    """One recorded generation with its machine and model facts joined in."""
+
+    source: str  # run, server, benchmark:NAME, optimize, ...
+    machine_kind: str
+    cpu_count: int
     file_type: str  # quantization family
     parameters: int
     model_size: int
@@ -70,13 +89,8 @@ class GenerationRow:
 
 
 @dataclass(frozen=True)
-class LoadRow:
-    uid: str
-    ts: float
+class LoadRow(OfModel):
     source: str
-    machine: str
-    model_digest: str
-    model_name: str
     load_s: float | None
     settings: dict[str, Any]
     plan: dict[str, Any]
@@ -85,24 +99,16 @@ class LoadRow:
 
 
 @dataclass(frozen=True)
-class EventRow:
-    uid: str
-    ts: float
+class EventRow(Recorded):
     kind: str
-    machine: str
-    model_digest: str | None
+    model_digest: str | None  # None: an event of no model
     model_name: str | None
     detail: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class TrialRow:
-    uid: str
-    ts: float
+class TrialRow(OfModel):
     search: str
-    machine: str
-    model_digest: str
-    model_name: str
     settings: dict[str, Any]
     prefill_tps: float | None
     decode_tps: float | None
@@ -111,9 +117,16 @@ class TrialRow:
 
 
 @dataclass(frozen=True)
-class BestSettings:
+class PerModel:
+    """What is kept or summed per (machine, model): the machine's fingerprint and the
+    model's digest."""
+
     machine: str
     model_digest: str
+
+
+@dataclass(frozen=True)
+class BestSettings(PerModel):
     ts: float
     source: str
     settings: dict[str, Any]
@@ -121,11 +134,9 @@ class BestSettings:
 
 
 @dataclass(frozen=True)
-class ModelStats:
+class ModelStats(PerModel):
     """What `inferenceos stats` shows for one model on one machine."""
 
-    machine: str
-    model_digest: str
     model_name: str
     runs: int
     decode_tps: dict[str, float | None]  # p50, p90, mean
@@ -227,6 +238,24 @@ def _j(text: str | None) -> Any:
         return {}
 
 
+# the columns every reader of a table of facts about one model joins in (OfModel's)
+_OF_MODEL = "t.*, ma.fingerprint AS machine, mo.digest AS model_digest, mo.name AS model_name"
+# the columns the schema stores as JSON text (read back as dicts, {} when unreadable)
+_JSON_COLUMNS = frozenset(
+    ("tensor_types", "settings", "extra", "plan", "memory", "detail", "measured"))
+_D = TypeVar("_D", bound="DataclassInstance")
+
+
+def _rows(cls: type[_D], rows: list[sqlite3.Row]) -> list[_D]:
+    """`rows` as `cls`es (a row dataclass): each field from the column of its name, a
+    JSON column decoded; a field whose column the rows lack keeps its default."""
+    if not rows:
+        return []
+    have = set(rows[0].keys())
+    spec = [(f.name, f.name in _JSON_COLUMNS) for f in fields(cls) if f.name in have]
+    return [cls(**{n: _j(r[n]) if js else r[n] for n, js in spec}) for r in rows]
+
+
 def generations(model: ModelFilter = None, machine: MachineFilter = "kind", *,
                 source: str | None = None, since: float | None = None,
                 limit: int | None = None, path: Path | None = None) -> list[GenerationRow]:
@@ -244,46 +273,24 @@ def generations(model: ModelFilter = None, machine: MachineFilter = "kind", *,
     if since is not None:
         extra.append("t.ts >= ?")
         extra_args.append(since)
-    sql, args = _sql("generations", "t.*, ma.fingerprint AS machine, ma.kind AS machine_kind,"
-                     " ma.cpu_count, mo.digest AS model_digest, mo.name AS model_name,"
+    sql, args = _sql("generations", _OF_MODEL + ", ma.kind AS machine_kind, ma.cpu_count,"
                      " mo.file_type, mo.parameters, mo.size_bytes AS model_size,"
                      " mo.tensor_types", machine, model, extra, extra_args,
                      order="t.ts DESC" if limit else "t.ts")
     if limit:
         sql += f" LIMIT {int(limit)}"
-    rows = [_generation(r) for r in _query(sql, args, path)]
+    rows = _rows(GenerationRow, _query(sql, args, path))
     return rows[::-1] if limit else rows
 
 
 runs = generations  # every recorded generation is a run (CLI, server request, benchmark)
 
 
-def _generation(r: sqlite3.Row) -> GenerationRow:
-    d = dict(r)
-    return GenerationRow(
-        uid=d["uid"], ts=d["ts"], source=d["source"], machine=d["machine"],
-        machine_kind=d["machine_kind"], cpu_count=d["cpu_count"],
-        model_digest=d["model_digest"], model_name=d["model_name"], file_type=d["file_type"],
-        parameters=d["parameters"], model_size=d["model_size"],
-        tensor_types=_j(d["tensor_types"]), prompt_tokens=d["prompt_tokens"],
-        cached_tokens=d["cached_tokens"], output_tokens=d["output_tokens"],
-        prefill_tps=d["prefill_tps"], decode_tps=d["decode_tps"], ttft_s=d["ttft_s"],
-        total_s=d["total_s"], threads=d["threads"], n_ctx=d["n_ctx"], n_batch=d["n_batch"],
-        n_ubatch=d["n_ubatch"], concurrency=d["concurrency"], loadavg=d["loadavg"],
-        stop_reason=d["stop_reason"], load_uid=d["load_uid"], settings=_j(d["settings"]),
-        extra=_j(d.get("extra")))
-
-
 def loads(model: ModelFilter = None, machine: MachineFilter = "kind", *,
           limit: int | None = None, path: Path | None = None) -> list[LoadRow]:
     """Recorded model loads, oldest first."""
-    sql, args = _sql("loads", "t.*, ma.fingerprint AS machine, mo.digest AS model_digest,"
-                     " mo.name AS model_name", machine, model)
-    rows = _query(sql, args, path)
-    out = [LoadRow(uid=r["uid"], ts=r["ts"], source=r["source"], machine=r["machine"],
-                   model_digest=r["model_digest"], model_name=r["model_name"],
-                   load_s=r["load_s"], settings=_j(r["settings"]), plan=_j(r["plan"]),
-                   memory=_j(r["memory"]), memory_bytes=r["memory_bytes"]) for r in rows]
+    sql, args = _sql("loads", _OF_MODEL, machine, model)
+    out = _rows(LoadRow, _query(sql, args, path))
     return out[-limit:] if limit else out
 
 
@@ -292,13 +299,9 @@ def events(kind: str | None = None, model: ModelFilter = None,
            path: Path | None = None) -> list[EventRow]:
     """Recorded events (of one `kind` when given), oldest first."""
     extra, extra_args = ([], []) if kind is None else (["t.kind = ?"], [kind])
-    sql, args = _sql("events", "t.*, ma.fingerprint AS machine, mo.digest AS model_digest,"
-                     " mo.name AS model_name", machine, model, extra, extra_args,
+    sql, args = _sql("events", _OF_MODEL, machine, model, extra, extra_args,
                      model_join="LEFT JOIN")
-    rows = _query(sql, args, path)
-    out = [EventRow(uid=r["uid"], ts=r["ts"], kind=r["kind"], machine=r["machine"],
-                    model_digest=r["model_digest"], model_name=r["model_name"],
-                    detail=_j(r["detail"])) for r in rows]
+    out = _rows(EventRow, _query(sql, args, path))
     return out[-limit:] if limit else out
 
 
@@ -306,29 +309,20 @@ def trials(model: ModelFilter = None, machine: MachineFilter = "kind", *,
            search: str | None = None, path: Path | None = None) -> list[TrialRow]:
     """Recorded optimizer trials (of one `search` when given), oldest first."""
     extra, extra_args = ([], []) if search is None else (["t.search = ?"], [search])
-    sql, args = _sql("trials", "t.*, ma.fingerprint AS machine, mo.digest AS model_digest,"
-                     " mo.name AS model_name", machine, model, extra, extra_args)
-    return [TrialRow(uid=r["uid"], ts=r["ts"], search=r["search"], machine=r["machine"],
-                     model_digest=r["model_digest"], model_name=r["model_name"],
-                     settings=_j(r["settings"]), prefill_tps=r["prefill_tps"],
-                     decode_tps=r["decode_tps"], status=r["status"], detail=_j(r["detail"]))
-            for r in _query(sql, args, path)]
+    sql, args = _sql("trials", _OF_MODEL, machine, model, extra, extra_args)
+    return _rows(TrialRow, _query(sql, args, path))
 
 
 def best_settings(model: ModelFilter, machine: MachineFilter = "kind", *,
                   path: Path | None = None) -> BestSettings | None:
     """The stored best settings for `model`: this exact machine's when it has some, else
     the newest from a machine of the same kind (with the default `machine="kind"`)."""
-    sql, args = _sql("best_settings", "t.*, ma.fingerprint AS machine,"
-                     " mo.digest AS model_digest", machine, model, order="t.ts DESC")
-    rows = _query(sql, args, path)
+    sql, args = _sql("best_settings", _OF_MODEL, machine, model, order="t.ts DESC")
+    rows = _rows(BestSettings, _query(sql, args, path))
     if not rows:
         return None
     mine = current_machine().fingerprint
-    row = next((r for r in rows if r["machine"] == mine), rows[0])
-    return BestSettings(machine=row["machine"], model_digest=row["model_digest"],
-                        ts=row["ts"], source=row["source"], settings=_j(row["settings"]),
-                        measured=_j(row["measured"]))
+    return next((r for r in rows if r.machine == mine), rows[0])
 
 
 def _pct(values: list[float], q: float) -> float | None:
