@@ -7,7 +7,7 @@ are refused with a clear 400 by the routes.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -229,14 +229,25 @@ class ChatChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletion(BaseModel):
+ChoiceT = TypeVar("ChoiceT", bound=BaseModel)
+
+
+class Reply(BaseModel, Generic[ChoiceT]):
+    """The fields a chat completion, a chunk of one and a text completion share, in the
+    order they are sent; each names its `object` (and may require `usage`)."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
-    choices: list[ChatChoice]
-    usage: Usage
+    choices: list[ChoiceT]
+    usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+class ChatCompletion(Reply[ChatChoice]):
+    object: Literal["chat.completion"] = "chat.completion"
+    usage: Usage
     timings: dict[str, Any] | None = Field(None, description="llama.cpp extension: "
                                              "prompt and generation speeds")
 
@@ -261,16 +272,10 @@ class ChunkChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None  # the tokens of this chunk
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(Reply[ChunkChoice]):
     """One `data:` event of a streamed chat completion (the stream ends `data: [DONE]`)."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -289,16 +294,10 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
 
 
-class Completion(BaseModel):
+class Completion(Reply[CompletionChoice]):
     """A text completion; streamed as `data:` events of this shape with partial `text`."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
     timings: dict[str, Any] | None = Field(None, description="llama.cpp extension: "
                                              "prompt and generation speeds")
 
