@@ -1,4 +1,6 @@
-"""The `--rpc` option shared by run, serve, simulate, placement and hardware."""
+"""The `--rpc` option shared by run, serve, simulate, placement and hardware, and the
+`--ram` / `--gpu-memory` budgets shared by run, serve, simulate and placement (each
+applied to the machine by plan.devices.apply_overrides)."""
 
 from __future__ import annotations
 
@@ -37,13 +39,18 @@ def budget_caps(
     rpc: list[str] | None, ram: str | None, gpu_memory: list[str] | None
 ) -> dict[str, Any]:
     """LoadRequest fields for `--rpc`, `--ram` and `--gpu-memory` (run and serve)."""
+    ram_bytes, gpu_bytes = memory_caps(ram, gpu_memory)
+    return {"rpc": rpc_workers(rpc), "ram": ram_bytes, "gpu_memory": gpu_bytes}
+
+
+def memory_caps(
+    ram: str | None, gpu_memory: list[str] | None
+) -> tuple[int | None, tuple[int, ...] | None]:
+    """`--ram` and `--gpu-memory` in bytes (None: not given); UsageError for a bad size."""
     from inferenceos.units import parse_size
 
-    return {
-        "rpc": rpc_workers(rpc),
-        "ram": parse_size(ram) if ram else None,
-        "gpu_memory": tuple(parse_size(g) for g in gpu_memory) if gpu_memory else None,
-    }
+    return (parse_size(ram) if ram else None,
+            tuple(parse_size(g) for g in gpu_memory) if gpu_memory else None)
 
 
 RamCapOpt = Annotated[
@@ -52,5 +59,6 @@ RamCapOpt = Annotated[
 ]
 GpuCapOpt = Annotated[
     list[str] | None,
-    typer.Option("--gpu-memory", help="GPU memory budget per GPU, e.g. 6GiB (repeatable)"),
+    typer.Option("--gpu-memory", help="GPU memory budget per GPU, e.g. 6GiB (repeatable; "
+                 "more or fewer than this machine has: hypothetical GPUs)"),
 ]

@@ -11,17 +11,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from inferenceos.cli.cluster_opts import RpcOpt
+from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt
 from inferenceos.cli.console import out, print_json
 from inferenceos.cli.plan_opts import KvQualityOpt
 from inferenceos.cli.simulate_cmd import (
     DiskBwOpt,
     GpuBwOpt,
-    GpuMemOpt,
     HardwareOpt,
     MachineOptions,
     RamBwOpt,
-    RamOpt,
     ThreadsOpt,
     simulate_model,
 )
@@ -38,8 +36,8 @@ def placement(
     ] = "",
     ctx: Annotated[int, typer.Option("--ctx", help="Context size (0: auto)")] = 0,
     hardware: HardwareOpt = None,
-    gpu_memory: GpuMemOpt = None,
-    ram: RamOpt = None,
+    gpu_memory: GpuCapOpt = None,
+    ram: RamCapOpt = None,
     threads: ThreadsOpt = 0,
     ram_bandwidth: RamBwOpt = None,
     gpu_bandwidth: GpuBwOpt = None,

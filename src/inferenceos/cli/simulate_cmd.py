@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from inferenceos.cli.cluster_opts import RpcOpt, rpc_workers
+from inferenceos.cli.cluster_opts import GpuCapOpt, RamCapOpt, RpcOpt, memory_caps, rpc_workers
 from inferenceos.cli.console import err, out, print_json
 from inferenceos.cli.model_arg import resolve_model
 from inferenceos.cli.plan_opts import KvQualityOpt, draft_choice
@@ -41,7 +41,6 @@ from inferenceos.plan.devices import (
     apply_overrides,
     load_profile_file,
     local_machine,
-    parse_size,
     with_workers,
 )
 from inferenceos.plan.kv_outlook import KVCacheOutlook, kv_outlook
@@ -54,11 +53,6 @@ HardwareOpt = Annotated[
     str | None,
     typer.Option("--hardware", help="A hardware profile JSON (inferenceos hardware --json)"),
 ]
-GpuMemOpt = Annotated[
-    list[str] | None,
-    typer.Option("--gpu-memory", help="Hypothetical GPU with this memory, e.g. 4GiB (repeatable)"),
-]
-RamOpt = Annotated[str | None, typer.Option("--ram", help="RAM budget, e.g. 32GiB")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="CPU threads (0: all usable)")]
 RamBwOpt = Annotated[float | None, typer.Option("--ram-bandwidth", help="RAM bandwidth, GB/s")]
 GpuBwOpt = Annotated[float | None, typer.Option("--gpu-bandwidth", help="GPU bandwidth, GB/s")]
@@ -86,11 +80,12 @@ def machine_from_options(
         self_calibrate(lambda line: err.print(f"[dim]{line}[/]"))
     base = load_profile_file(hardware) if hardware else local_machine()
     base = with_workers(base, rpc_workers(rpc))
+    ram_bytes, gpu_bytes = memory_caps(ram, gpu_memory)
     return apply_overrides(
         base,
         Overrides(
-            ram=parse_size(ram) if ram else None,
-            gpu_memory=tuple(parse_size(g) for g in gpu_memory) if gpu_memory else None,
+            ram=ram_bytes,
+            gpu_memory=gpu_bytes,
             threads=threads or None,
             ram_gbps=ram_bandwidth,
             gpu_gbps=gpu_bandwidth,
@@ -136,7 +131,7 @@ def simulate(
     model: SimModelArg = "", prompt_tokens: PromptTokensOpt = 512,
     output_tokens: OutputTokensOpt = 128, ctx: SimCtxOpt = 0,
     cache_type: CacheTypeOpt = "f16", hardware: HardwareOpt = None,
-    gpu_memory: GpuMemOpt = None, ram: RamOpt = None, threads: ThreadsOpt = 0,
+    gpu_memory: GpuCapOpt = None, ram: RamCapOpt = None, threads: ThreadsOpt = 0,
     ram_bandwidth: RamBwOpt = None, gpu_bandwidth: GpuBwOpt = None,
     disk_bandwidth: DiskBwOpt = None, rpc: RpcOpt = None, policy: SimPolicyOpt = "balanced",
     image_tokens: ImageTokensOpt = 0, mmproj: SimMmprojOpt = None,
