@@ -54,6 +54,7 @@ from inferenceos.engine.kv.entry import (
     read_state,
     write_entry,
 )
+from inferenceos.engine.kv.listing import DiskListing
 
 log = logging.getLogger("inferenceos.kv_cache")
 
@@ -127,6 +128,7 @@ class KVStore:
         self.min_tokens, self.min_gain = min_tokens, min_gain
         self.root = root if root is not None and self.disk_budget > 0 else None
         self.dir = self.root / key if self.root is not None else None
+        self._listing = DiskListing(self.root) if self.root is not None else None
         self.entries: dict[str, Entry] = {}
         self._lock = threading.RLock()
         self._dir_stamp = -1
@@ -388,6 +390,7 @@ class KVStore:
             with _locked(self.root):
                 if self._make_room(e.nbytes + 4 * e.n_tokens + 4096, exclude=path):
                     write_entry(path, self.key, e.tokens, data, e.cost_s)
+                    self._listing.added(path, path.stat().st_size)  # type: ignore[union-attr]
                     meta = read_meta(path, self.key)  # the header as written (its crc)
                     self.counters["writes"] += 1
         except OSError as exc:
@@ -415,10 +418,11 @@ class KVStore:
         valuable files (any key) until `need` more bytes fit the disk budget."""
         if need > self.disk_budget:
             return False
-        files = list(_disk_files(self.root))  # type: ignore[arg-type]
-        used = sum(size for _, size in files)
+        assert self._listing is not None
+        used = self._listing.used()
         if used + need <= self.disk_budget:
             return True
+        files = self._listing.files()
         now = time.time()
         with self._lock:
             own = {e.disk.path: e for e in self.entries.values() if e.disk is not None}
@@ -434,6 +438,7 @@ class KVStore:
                 break
             with contextlib.suppress(OSError):
                 path.unlink()
+            self._listing.removed(path)
             used -= size
             self.counters["evicted_disk"] += 1
             if e is not None:
@@ -515,33 +520,6 @@ def _file_value(path: Path, size: int, now: float) -> float:
     except EntryError:
         return 0.0
     return cost / max(1, size) / (1 + max(0.0, now - _mtime(path)) / IDLE_HALF_S)
-
-
-def _disk_files(root: Path) -> Iterator[tuple[Path, int]]:
-    """(path, size) of every entry file under `root`; temporaries seen here
-    are dead writers' (a live writer holds the root lock while its temporary exists),
-    so they are removed."""
-    try:
-        folders = [p for p in root.iterdir() if p.is_dir()]
-    except OSError:
-        return
-    for folder in folders:
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            path = folder / name
-            if is_temporary(name):
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                continue
-            if not name.endswith(SUFFIX):
-                continue
-            try:
-                yield path, path.stat().st_size
-            except OSError:
-                continue
 
 
 @contextlib.contextmanager
