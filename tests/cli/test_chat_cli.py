@@ -237,7 +237,7 @@ def test_server_backend_finds_the_default_model(letters: Path, tmp_path: Path) -
         chat = ChatSession(backend, options={"max_tokens": 5, "temperature": 0})
         reply = "".join(chat.ask("hello"))
         assert reply.strip() == chat.history[1]["content"] and reply.strip()
-        assert backend.stats.completion_tokens == 5 and backend.stats.n_ctx == 256
+        assert backend.stats.metrics.completion_tokens == 5 and backend.stats.n_ctx == 256
 
 
 def test_server_chat_drops_old_turns_when_the_context_is_full(letters: Path,

@@ -12,6 +12,7 @@ import pytest
 import inferenceos
 from inferenceos import interrupt
 from inferenceos.cli.chat_session import ChatSession, LocalBackend, ReplyStats
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.errors import UsageError
 from tiny_models import write_tiny_model
 
@@ -71,18 +72,20 @@ def test_a_decode_stopped_by_ctrl_c_keeps_what_was_measured(letters: Path) -> No
 
 
 def test_stats_of_a_reply_stopped_early_show_no_zeros() -> None:
-    stopped = ReplyStats(prompt_tokens=40, completion_tokens=7, ttft_s=0.0123,
-                         prompt_tps=3000.0, decode_tps=250.0, n_ctx=256,
-                         stop_reason="interrupted")
+    stopped = ReplyStats(GenerationMetrics(
+        prompt_tokens=40, completion_tokens=7, ttft_s=0.0123, prompt_tps=3000.0,
+        decode_tps=250.0, stop_reason="interrupted"), n_ctx=256)
     text = "\n".join(stopped.lines())
     assert "TTFT          12 ms" in text
     assert "reply         7 tokens at 250.0 t/s (stop: interrupted)" in text
-    before = ReplyStats(prompt_tokens=40, n_ctx=256, stop_reason="interrupted")
+    before = ReplyStats(GenerationMetrics(prompt_tokens=40, stop_reason="interrupted"),
+                        n_ctx=256)
     text = "\n".join(before.lines())
     assert not ZERO_MS.search(text) and not ZERO_TPS.search(text), text
     assert "stopped before its first token" in text
-    one = ReplyStats(prompt_tokens=40, completion_tokens=1, ttft_s=0.02, prompt_tps=2000.0,
-                     n_ctx=256, stop_reason="interrupted")
+    one = ReplyStats(GenerationMetrics(
+        prompt_tokens=40, completion_tokens=1, ttft_s=0.02, prompt_tps=2000.0,
+        stop_reason="interrupted"), n_ctx=256)
     assert not ZERO_TPS.search("\n".join(one.lines()))
 
 
@@ -158,11 +161,12 @@ def test_a_server_reply_stopped_early_keeps_what_chat_measured(letters: Path,
             if i == 8:
                 break
         reply.close()  # what Ctrl-C does to the reply's generator
-        got = backend.stats
+        stats = backend.stats
+        got = stats.metrics
         assert got.stop_reason == "interrupted" and got.completion_tokens >= 9
         assert got.ttft_s > 0 and got.decode_tps > 0
-        text = "\n".join(got.lines())
-        assert "? tokens" in text and not ZERO_TPS.search(text), text
+        text = "\n".join(stats.lines())
+        assert not stats.prompt_known and "? tokens" in text and not ZERO_TPS.search(text), text
         assert chat.history[1]["content"]  # what was shown joins the history
 
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import inferenceos
 from inferenceos.cli.server_client import ServerClient, ServerError, ServerHTTPError
+from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.errors import InferenceOSError, UsageError
 
 # /set KEY VALUE: the sampling options chat accepts, and their types
@@ -57,45 +58,40 @@ _TOO_LONG = re.compile(r"prompt has \d+ tokens")
 
 @dataclass
 class ReplyStats:
-    """Figures of the last reply, for `/stats`. A reply stopped early (Ctrl-C) keeps
-    what was measured of the part that ran; a figure never measured is 0 and shown as
-    such in words, never as "0 ms" or "0.0 t/s". `prompt_tokens` None: not known (a
-    server reports it only when a reply ends)."""
+    """Figures of the last reply, for `/stats`: its GenerationMetrics (what `run --json`
+    reports; a served reply fills those the server reports) and the model's context.
+    A reply stopped early (Ctrl-C) keeps what was measured of the part that ran; a
+    figure never measured is 0 and shown as such in words, never as "0 ms" or
+    "0.0 t/s". `prompt_known` False: the prompt's tokens are not known (a server
+    reports them only when a reply ends)."""
 
-    prompt_tokens: int | None = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    ttft_s: float = 0.0
-    prompt_tps: float = 0.0
-    decode_tps: float = 0.0
+    metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
     n_ctx: int = 0
-    stop_reason: str = ""
-    draft: str = ""  # the drafter the reply was decoded with ("": plain decoding)
-    acceptance_rate: float = 0.0
-    tokens_per_step: float = 0.0
+    prompt_known: bool = True
 
     def lines(self) -> list[str]:
-        n_out = self.completion_tokens
-        used = (self.prompt_tokens or 0) + n_out
+        m = self.metrics
+        n_out = m.completion_tokens
+        used = (m.prompt_tokens if self.prompt_known else 0) + n_out
         used = min(used, self.n_ctx) if self.n_ctx else used
         share = f" ({100 * used / self.n_ctx:.0f} %)" if self.n_ctx else ""
-        cached = f", {self.cached_tokens} reused from the cache" if self.cached_tokens else ""
-        stopped = self.stop_reason == "interrupted"
-        if self.ttft_s > 0:
-            ms = self.ttft_s * 1000
+        cached = f", {m.cached_tokens} reused from the cache" if m.cached_tokens else ""
+        stopped = m.stop_reason == "interrupted"
+        if m.ttft_s > 0:
+            ms = m.ttft_s * 1000
             ttft = f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
         elif stopped and not n_out:
             ttft = "- (the reply was stopped before its first token)"
         else:
             ttft = "-"
-        if self.prompt_tokens is None:
+        if not self.prompt_known:
             prompt = "? tokens (the server reports them when a reply ends)"
         else:
-            prompt = _tokens(self.prompt_tokens) + (
-                f" at {self.prompt_tps:.1f} t/s" if self.prompt_tps > 0 else
+            prompt = _tokens(m.prompt_tokens) + (
+                f" at {m.prompt_tps:.1f} t/s" if m.prompt_tps > 0 else
                 " (stopped before it was read)" if stopped and not n_out else "") + cached
-        if self.decode_tps > 0:
-            speed = f" at {self.decode_tps:.1f} t/s"
+        if m.decode_tps > 0:
+            speed = f" at {m.decode_tps:.1f} t/s"
         elif n_out == 1:
             speed = " (one token: no decode speed)"
         else:
@@ -103,10 +99,10 @@ class ReplyStats:
         return [
             f"TTFT          {ttft}",
             f"prompt        {prompt}",
-            f"reply         {_tokens(n_out)}{speed} (stop: {self.stop_reason or '-'})",
+            f"reply         {_tokens(n_out)}{speed} (stop: {m.stop_reason or '-'})",
             f"context used  {used} of {self.n_ctx or '?'} tokens{share}",
-        ] + ([f"drafting      {self.draft}: {self.acceptance_rate:.0%} of drafts accepted, "
-              f"{self.tokens_per_step:.2f} tokens per step"] if self.draft else [])
+        ] + ([f"drafting      {m.draft}: {m.acceptance_rate:.0%} of drafts accepted, "
+              f"{m.tokens_per_step:.2f} tokens per step"] if m.draft else [])
 
 
 def _tokens(n: int) -> str:
@@ -181,10 +177,7 @@ class LocalBackend:
             self._load_uid = record_generation(
                 self.model.path, self.model.engine.settings, m, source="chat",
                 load_uid=self._load_uid) or self._load_uid
-            self.stats = ReplyStats(m.prompt_tokens, m.cached_tokens, m.completion_tokens,
-                                    m.ttft_s, m.prompt_tps, m.decode_tps, self.model.n_ctx,
-                                    m.stop_reason, m.draft or "", m.acceptance_rate,
-                                    m.tokens_per_step)
+            self.stats = ReplyStats(m, self.model.n_ctx)
 
     def count_tokens(self, messages: list[dict[str, Any]]) -> int:
         """Prompt tokens `messages` take under the model's template (images: the cells
@@ -272,10 +265,10 @@ class ServerBackend:
         except (KeyboardInterrupt, GeneratorExit):
             # stopped early: the server's figures come only with the last line, so
             # what this side measured stands in (one streamed line per token)
-            self.stats = ReplyStats(
-                None, 0, n_out, first - t0 if n_out else 0.0, 0.0,
-                (n_out - 1) / (last - first) if n_out > 1 and last > first else 0.0,
-                self.stats.n_ctx, "interrupted")
+            self.stats = ReplyStats(GenerationMetrics(
+                completion_tokens=n_out, ttft_s=first - t0 if n_out else 0.0,
+                decode_tps=(n_out - 1) / (last - first) if n_out > 1 and last > first else 0.0,
+                stop_reason="interrupted"), self.stats.n_ctx, prompt_known=False)
             raise
         self.stats = self._stats(final, time.perf_counter() - t0)
 
@@ -284,9 +277,11 @@ class ServerBackend:
         prompt, ttft = int(final.get("prompt_eval_count", 0)), final.get("prompt_eval_duration", 0)
         out, decode = int(final.get("eval_count", 0)), final.get("eval_duration", 0) * ns
         ttft_s = ttft * ns or wall_s
-        return ReplyStats(prompt, 0, out, ttft_s, prompt / ttft_s if ttft_s else 0.0,
-                          (out - 1) / decode if decode and out > 1 else 0.0, self._n_ctx(),
-                          str(final.get("done_reason", "")))
+        return ReplyStats(GenerationMetrics(
+            prompt_tokens=prompt, completion_tokens=out, ttft_s=ttft_s,
+            prompt_tps=prompt / ttft_s if ttft_s else 0.0,
+            decode_tps=(out - 1) / decode if decode and out > 1 else 0.0,
+            stop_reason=str(final.get("done_reason", ""))), self._n_ctx())
 
     def close(self) -> None:
         pass
