@@ -91,11 +91,9 @@ def plans(facts: Any, ram: int, addrs: list[str], threads: int, ladder: bool) ->
         return plan_load(facts, machine, req)
     real = preflight.make_plan
 
-    def old(facts: Any, machine: Any, ctx: Any, threads: int = 0, pinned_ctx: bool = False,
-            min_ctx: int = preflight.MIN_CTX, allow_mmap: bool = True,
-            quantize_kv: bool = True, **_: Any) -> Any:
-        return preflight.ladder_plan(facts, machine, ctx, threads, pinned_ctx, min_ctx,
-                                     allow_mmap, quantize_kv)
+    def old(facts: Any, machine: Any, ctx: Any, threads: int = 0,
+            leeway: preflight.Leeway | None = None, **_: Any) -> Any:
+        return preflight.ladder_plan(facts, machine, ctx, threads, leeway or preflight.Leeway())
 
     # entry.py binds make_plan at import: swap it there (swapping it in preflight
     # alone, as before 1d13bbd moved entry's import to the top, now changes nothing)

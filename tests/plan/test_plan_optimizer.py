@@ -17,7 +17,7 @@ from inferenceos.plan.model_facts import ModelFacts, load_model_facts
 from inferenceos.plan.optimize import Objective, solve_context
 from inferenceos.plan.optimize_exhaustive import best_exhaustive
 from inferenceos.plan.perf import Calibration
-from inferenceos.plan.preflight import make_plan
+from inferenceos.plan.preflight import Leeway, make_plan
 from plan_factories import GiB, machine, make_facts
 from tiny_models import write_tiny_model
 
@@ -240,12 +240,12 @@ def test_the_kv_floor_is_kept_and_the_cost_of_quality_is_stated() -> None:
     facts = make_facts()  # ~3.8 GiB of weights, 128 KiB of f16 KV per token
     m = machine(ram=4.4 * GiB)
     ctx = ContextSettings(n_ctx=8192)
-    q4 = make_plan(facts, m, ctx, min_ctx=8192)
+    q4 = make_plan(facts, m, ctx, leeway=Leeway(min_ctx=8192))
     assert q4.ctx.type_k != "f16" and not q4.disk_bound
     kv = next(c for c in q4.changes if c.what.startswith("KV cache"))
     # what keeping f16 would cost: its weights on disk, with both speeds
     assert "on disk" in kv.why and "t/s predicted against" in kv.why
-    f16 = make_plan(facts, m, ctx, min_ctx=8192, kv_floor="f16")
+    f16 = make_plan(facts, m, ctx, leeway=Leeway(min_ctx=8192), kv_floor="f16")
     assert f16.ctx.type_k == "f16" and f16.disk_bound
     with pytest.raises(Exception, match="unknown KV quality"):
         make_plan(facts, m, ctx, kv_floor="q2")

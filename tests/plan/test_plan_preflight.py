@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferenceos.plan.memory import ContextSettings
-from inferenceos.plan.preflight import PlanRefused, make_plan
+from inferenceos.plan.preflight import Leeway, PlanRefused, make_plan
 from plan_factories import GiB, machine, make_facts, moe_facts
 
 
@@ -28,7 +28,8 @@ def test_context_shrinks_before_kv_is_quantized() -> None:
 
 def test_kv_is_quantized_after_the_context_floor() -> None:
     facts = make_facts()
-    plan = make_plan(facts, machine(ram=4.25 * GiB), ContextSettings(n_ctx=8192), min_ctx=4096)
+    plan = make_plan(facts, machine(ram=4.25 * GiB), ContextSettings(n_ctx=8192),
+                     leeway=Leeway(min_ctx=4096))
     assert _kinds(plan)[:1] == ["context"] and "KV" in _kinds(plan)
     assert plan.ctx.n_ctx == 4096 and plan.ctx.type_v in ("q8_0", "q4_0")
     assert plan.ctx.flash_attn  # a quantized V cache needs it
@@ -36,7 +37,8 @@ def test_kv_is_quantized_after_the_context_floor() -> None:
 
 def test_pinned_context_is_not_shrunk() -> None:
     plan = make_plan(
-        make_facts(), machine(ram=5.5 * GiB), ContextSettings(n_ctx=16384), pinned_ctx=True
+        make_facts(), machine(ram=5.5 * GiB), ContextSettings(n_ctx=16384),
+        leeway=Leeway(pinned_ctx=True),
     )
     assert plan.ctx.n_ctx == 16384 and plan.ctx.type_k != "f16"
 
@@ -62,7 +64,8 @@ def test_bigger_than_all_memory_is_disk_bound_with_reason() -> None:
 def test_refusal_gives_the_numbers() -> None:
     with pytest.raises(PlanRefused) as exc:
         make_plan(
-            make_facts(), machine(ram=0.05 * GiB), ContextSettings(n_ctx=4096), allow_mmap=True
+            make_facts(), machine(ram=0.05 * GiB), ContextSettings(n_ctx=4096),
+            leeway=Leeway(allow_mmap=True),
         )
     msg = str(exc.value)
     assert "cannot run here" in msg and "KV" in msg and "RAM budget 51.2 MiB" in msg
@@ -71,7 +74,8 @@ def test_refusal_gives_the_numbers() -> None:
 
 def test_refusal_without_mmap() -> None:
     with pytest.raises(PlanRefused):
-        make_plan(moe_facts(), machine(ram=8 * GiB), ContextSettings(n_ctx=4096), allow_mmap=False)
+        make_plan(moe_facts(), machine(ram=8 * GiB), ContextSettings(n_ctx=4096),
+                  leeway=Leeway(allow_mmap=False))
 
 
 def test_plan_for_run_gives_llama_params(tiny_llama) -> None:  # type: ignore[no-untyped-def]

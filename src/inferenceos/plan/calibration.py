@@ -244,9 +244,9 @@ def modelled_speeds(
     output_tokens: int,
 ) -> tuple[float, float]:
     """(prefill t/s, decode t/s) the roofline predicts, as `simulate` computes them."""
-    from inferenceos.plan.preflight import make_plan
+    from inferenceos.plan.preflight import Leeway, make_plan
 
-    plan = make_plan(facts, machine, ctx, threads=threads, pinned_ctx=True)
+    plan = make_plan(facts, machine, ctx, threads=threads, leeway=Leeway(pinned_ctx=True))
     pl, c, th = plan.placement, plan.ctx, plan.threads
     pre = prefill_cost(facts, pl, machine, c, max(prompt_tokens, 1), c.n_ubatch, cal, th)
     dec = decode_cost(facts, pl, machine, c, prompt_tokens + output_tokens // 2, cal, th)

@@ -45,7 +45,7 @@ from inferenceos.plan.optimize import Objective
 from inferenceos.plan.perf import Calibration
 from inferenceos.plan.plan import Change, Plan
 from inferenceos.plan.policy import POLICIES
-from inferenceos.plan.preflight import PlanRefused, make_plan
+from inferenceos.plan.preflight import Leeway, PlanRefused, make_plan
 from inferenceos.plan.projector import place_projector, with_projector
 from inferenceos.plan.thread_choice import choose_threads
 from inferenceos.units import format_bytes as fb
@@ -335,8 +335,8 @@ def _plan_text(
 
     def optimize(c: ContextSettings) -> Plan:
         return make_plan(
-            facts, machine, c, threads=threads, pinned_ctx=pinned,
-            quantize_kv=req.type_k is None and req.type_v is None,
+            facts, machine, c, threads=threads,
+            leeway=Leeway(pinned_ctx=pinned, quantize_kv=req.type_k is None and req.type_v is None),
             kv_floor=_kv_floor(req), need_tokens=req.need_tokens + req.image_tokens,
             calibration=cal, objective=_objective(req), explain=req.explain,
         )

@@ -29,7 +29,7 @@ numbers (`PlanRefused`).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.plan.devices import GPU_RESERVE_FRACTION, Machine
@@ -49,6 +49,19 @@ KV_FLOORS = ("f16", "q8_0", "q4_0")  # --kv-quality: the lowest KV precision acc
 
 class PlanRefused(InferenceOSError):
     """Nothing fits: the message gives the bytes needed and available."""
+
+
+@dataclass(frozen=True)
+class Leeway:
+    """What a plan may give up to fit, besides where the layers go: the context (halved
+    down to `min_ctx`, never when `pinned_ctx`), the KV cache's precision
+    (`quantize_kv`) and RAM for weights left in the file (`allow_mmap`). Both planners,
+    `make_plan` and `ladder_plan`, take it."""
+
+    pinned_ctx: bool = False
+    min_ctx: int = MIN_CTX
+    allow_mmap: bool = True
+    quantize_kv: bool = True
 
 
 def _gpu_free(facts: ModelFacts, machine: Machine, ctx: ContextSettings) -> dict[str, int]:
@@ -113,10 +126,7 @@ def make_plan(
     machine: Machine,
     ctx: ContextSettings,
     threads: int = 0,
-    pinned_ctx: bool = False,
-    min_ctx: int = MIN_CTX,
-    allow_mmap: bool = True,
-    quantize_kv: bool = True,
+    leeway: Leeway = Leeway(),
     *,
     kv_floor: str = "q4_0",
     need_tokens: int = 0,
@@ -134,15 +144,15 @@ def make_plan(
     _check_settings(facts, ctx)
     if kv_floor not in KV_FLOORS:
         raise UsageError(f"unknown KV quality {kv_floor!r} (one of {', '.join(KV_FLOORS)})")
-    floor = min(ctx.n_ctx, max(min(min_ctx, ctx.n_ctx), need_tokens))
+    floor = min(ctx.n_ctx, max(min(leeway.min_ctx, ctx.n_ctx), need_tokens))
     res = optimize(
         facts, machine, ctx, cal=calibration or Calibration.default(),
         threads=threads or machine.cpu.threads, obj=objective or Objective(),
-        pinned_ctx=pinned_ctx, floor_ctx=floor, kv_floor=kv_floor,
-        quantize_kv=quantize_kv, allow_disk=allow_mmap, explain=explain,
+        pinned_ctx=leeway.pinned_ctx, floor_ctx=floor, kv_floor=kv_floor,
+        quantize_kv=leeway.quantize_kv, allow_disk=leeway.allow_mmap, explain=explain,
     )
     if res is None:
-        raise PlanRefused(_refused(facts, machine, ctx, floor, kv_floor, quantize_kv))
+        raise PlanRefused(_refused(facts, machine, ctx, floor, kv_floor, leeway.quantize_kv))
     b = res.best
     plan = _finish(facts, machine, b.ctx, b.placement, b.memory, threads, list(res.changes),
                    disk_bound=res.disk_bound)
@@ -165,14 +175,8 @@ def _refused(
 
 
 def ladder_plan(
-    facts: ModelFacts,
-    machine: Machine,
-    ctx: ContextSettings,
-    threads: int = 0,
-    pinned_ctx: bool = False,
-    min_ctx: int = MIN_CTX,
-    allow_mmap: bool = True,
-    quantize_kv: bool = True,
+    facts: ModelFacts, machine: Machine, ctx: ContextSettings, threads: int = 0,
+    leeway: Leeway = Leeway(),
 ) -> Plan:
     """The old ladder (kept to compare against, benchmarks/cluster.py): degrade `ctx`
     in the stated order, then let `place` fill the accelerators greedily.
@@ -181,8 +185,8 @@ def ladder_plan(
     """
     _check_settings(facts, ctx)
     changes: list[Change] = []
-    ladder = _context_ladder(ctx, pinned_ctx, min(min_ctx, ctx.n_ctx))
-    if not quantize_kv or facts.spec.key_length % 32 or facts.spec.value_length % 32:
+    ladder = _context_ladder(ctx, leeway.pinned_ctx, min(leeway.min_ctx, ctx.n_ctx))
+    if not leeway.quantize_kv or facts.spec.key_length % 32 or facts.spec.value_length % 32:
         ladder = [c for c in ladder if c.type_k == ctx.type_k and c.type_v == ctx.type_v]
     ladder += _ubatch_ladder(ladder[-1])
     prev, last_overflow = ladder[0], 0
@@ -193,7 +197,8 @@ def ladder_plan(
         if overflow <= 0:
             return _finish(facts, machine, cand, p, est, threads, changes)
         prev, last_overflow = cand, overflow
-    return _disk_fallback(facts, machine, prev, threads, changes, allow_mmap, last_overflow)
+    return _disk_fallback(facts, machine, prev, threads, changes, leeway.allow_mmap,
+                          last_overflow)
 
 
 def _disk_fallback(
