@@ -5,8 +5,8 @@
 - `stream_event`: one scheduler Event of a generation → the TokenEvent its caller sees.
 - `EngineBase`: `generate` (validation, the Generate record, the stream loop),
   `chat_prompt` and the context manager; a subclass says how a Generate starts
-  (`_start`) and what its special tokens' texts are. Both engines implement
-  `engine.client.EngineClient` through it.
+  (`_start`) and what its special tokens' texts are; its abstract members are the
+  rest of the interface callers use, under the name `engine.client.EngineClient`.
 - `per_slot`: the context settings for `n_parallel` sequences of `n_ctx` each.
 - `LoopEvents` / `LoopInbox`: a generation's events read on an asyncio event loop
   instead (`Events.on_loop`, where the engine can divert its replies: `Engine`), fed
@@ -37,7 +37,9 @@ from inferenceos.engine.messages import (
     Finished,
     FromWorker,
     Generate,
+    MediaSupport,
     Progress,
+    StatsReport,
     TokenOut,
 )
 from inferenceos.engine.sampling import SamplingParams
@@ -261,13 +263,58 @@ def per_slot(settings: LlamaParams, n_parallel: int) -> LlamaParams:
 
 
 class EngineBase(ABC):
-    """The shared half of both engines (see the module docstring)."""
+    """The shared half of both engines (see the module docstring), and the interface
+    every caller above the engine uses (`engine.client.EngineClient`): the abstract
+    members below are what each engine provides."""
 
-    spec: ModelSpec
+    spec: ModelSpec  # what the GGUF header says
+
+    @property
+    @abstractmethod
+    def n_ctx(self) -> int:
+        """Context of one sequence."""
 
     @property
     @abstractmethod
     def load_s(self) -> float: ...
+
+    @property
+    @abstractmethod
+    def settings(self) -> LlamaParams:
+        """The llama parameters it was loaded with (n_ctx counts every slot's cells)."""
+
+    @property
+    @abstractmethod
+    def media_support(self) -> MediaSupport:
+        """{"vision", "audio", "load_s"} when the model has a projector, else {}."""
+
+    @abstractmethod
+    def media_tokens(self, item: MediaItem) -> int:
+        """Context cells `item` takes in a prompt (UsageError without a projector)."""
+
+    @abstractmethod
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    @abstractmethod
+    def embed(self, texts: Sequence[str | list[int]]) -> list[list[float]]:
+        """Mean-pooled, L2-normalised vectors, one per text (or token ids), in order."""
+
+    @abstractmethod
+    def stats(self) -> StatsReport: ...
+
+    @abstractmethod
+    def export_state(self, tokens: Sequence[int]) -> tuple[list[int], bytes] | None: ...
+
+    @abstractmethod
+    def import_state(self, tokens: Sequence[int], data: bytes) -> int: ...
+
+    @property
+    @abstractmethod
+    def kv_tiers(self) -> bool:
+        """Whether finished conversations go to the tiered KV cache (engine/kv/tiers.py)."""
+
+    @abstractmethod
+    def prefetch(self, tokens: Sequence[int]) -> int: ...
 
     @abstractmethod
     def _special_texts(self) -> tuple[str, str]:

@@ -30,7 +30,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import inferenceos.errors as errors
 from inferenceos.engine.base import EngineBase, Events, Generation, LoopEvents, per_slot
@@ -60,9 +60,6 @@ from inferenceos.engine.worker.swap import MigrateInfo, migrate
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 from inferenceos.plan.llama_params import LlamaParams
-
-if TYPE_CHECKING:
-    from inferenceos.engine.client import EngineClient
 
 # Generation: api.py imports it from here
 __all__ = ["Engine", "Generation"]
@@ -320,7 +317,3 @@ class Engine(EngineBase):
         """Stop the worker (waits for it to exit; kills it after 10 s). Final: later
         calls raise WorkerDiedError instead of starting a new worker."""
         self._current.close()
-
-
-if TYPE_CHECKING:  # mypy checks that Engine is an EngineClient
-    _engine_is_a_client: type[EngineClient] = Engine

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import inferenceos.errors as errors
 from inferenceos.engine.base import EngineBase, Events, Generation, per_slot
@@ -42,9 +41,6 @@ from inferenceos.engine.session import LoadedModel
 from inferenceos.media.item import MediaItem
 from inferenceos.model.spec import ModelSpec, load_spec
 from inferenceos.plan.llama_params import LlamaParams
-
-if TYPE_CHECKING:
-    from inferenceos.engine.client import EngineClient
 
 
 class LocalEngine(EngineBase):
@@ -271,7 +267,3 @@ def _keep_measured(gen: Generation, measured: GenerationMetrics, load_s: float) 
     (prompt, TTFT, decode t/s), over the tokens the caller was given."""
     gen.metrics = replace(measured, load_s=load_s,
                           completion_tokens=gen.metrics.completion_tokens)
-
-
-if TYPE_CHECKING:  # mypy checks that LocalEngine is an EngineClient
-    _local_is_a_client: type[EngineClient] = LocalEngine
