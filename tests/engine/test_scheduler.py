@@ -225,3 +225,56 @@ def test_idle_prefixes_leave_the_pool_while_others_run_and_come_back(lm: LoadedM
     fresh = create_scheduler(lm)
     fresh.submit(Request(4, longer, GREEDY))
     assert drain(fresh)[0][4] == tokens[3]
+
+
+def test_split_streams_put_rows_in_slot_order_after_the_completing_chunk() -> None:
+    """One KV stream per slot: llama.cpp evaluates consecutive, increasing sequence ids
+    as one micro-batch, so the rows after a prompt's completing chunk (row 0, kept for
+    its first token's sake) follow slot order; a shared pool keeps the plan's order."""
+    from inferenceos.engine.executor import Executor
+    from inferenceos.engine.step_plan import DecodeWork, PrefillWork, StepPlan
+
+    plan = StepPlan(decodes=(DecodeWork(3, 9, (1,)), DecodeWork(0, 5, (2, 7)),
+                             DecodeWork(2, 4, (3,))),
+                    prefills=(PrefillWork(5, 0, (4, 4), False), PrefillWork(1, 2, (6,), True)))
+    split, shared = Executor(None, None, 16, 8, by_slot=True), Executor(None, None, 16, 8)
+    try:
+        rows = split.fill(plan)
+        assert rows.prefill_last == {1: 0}
+        order = sorted(rows.by_slot, key=lambda k: rows.by_slot[k][0])
+        assert order == [1, 0, 2, 3, 5]
+        assert rows.decode == {0: [1, 2], 2: [3], 3: [4]}
+        seq_ids = [split.batch.raw.seq_id[i][0] for i in range(split.batch.n)]
+        assert seq_ids == [1, 0, 0, 2, 3, 5, 5]
+        rows = shared.fill(plan)
+        assert sorted(rows.by_slot, key=lambda k: rows.by_slot[k][0]) == [1, 5, 3, 0, 2]
+    finally:
+        split.close()
+        shared.close()
+
+
+def test_split_streams_serve_a_staggered_load(tiny_llama: Path) -> None:
+    """With one KV stream per slot, requests that start and end at different steps
+    (slots busy in any order, prefill beside decode) all finish with their tokens, and
+    a greedy reply equals the same request run alone there."""
+    settings = LlamaParams(n_ctx=128 * 4, n_batch=64, n_ubatch=64, n_seq_max=4,
+                           n_threads=1, kv_unified=False)
+    with LoadedModel(tiny_llama, settings) as split:
+        sched = Scheduler(split, 4, 64)
+        assert sched.executor.by_slot
+        ps = prompts(split, 6)
+        sched.submit(Request(50, ps[5], GREEDY))
+        alone = drain(sched)[0][50]
+        for i, p in enumerate(ps[:5]):
+            sched.submit(Request(i, p, SamplingParams(temperature=0, max_tokens=4 + 5 * i)))
+        tokens: dict[int, list[int]] = {}
+        steps = 0
+        while sched.has_work():
+            steps += 1
+            if steps == 6:  # a prompt arrives while the others decode, in a freed slot
+                sched.submit(Request(60, ps[5], GREEDY))
+            for ev in sched.step():
+                if isinstance(ev, TokenOut) and ev.token >= 0:
+                    tokens.setdefault(ev.req_id, []).append(ev.token)
+    assert [len(tokens[i]) for i in range(5)] == [4 + 5 * i for i in range(5)]
+    assert tokens[60] == alone

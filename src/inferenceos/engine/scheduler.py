@@ -134,7 +134,8 @@ class Scheduler:
         self.max_queue = max_queue
         self.queue: collections.deque[Request] = collections.deque()
         self.running: list[RunningSequence] = []
-        self.executor = Executor(self._ll, model.ctx, self.max_batch + n_slots, n_slots)
+        self.executor = Executor(self._ll, model.ctx, self.max_batch + n_slots, n_slots,
+                                 by_slot=n_slots > 1 and not model.settings.kv_unified)
         self.max_step_s = max_step_s
         self.media = media
         n_threads = int(self._ll.llama_n_threads(model.ctx))
