@@ -8,6 +8,19 @@
 
     .venv/bin/python benchmarks/batching.py [--model PATH] [--tokens 128] [--streams 8]
         [--rounds 3]
+
+With `--batches K` it runs only the equality study, large enough to compare the sides
+(8 prompts decide nothing): K batches of `--streams` distinct chat prompts of varied
+length (the model's chat template, rendered once by llama-server's /apply-template, the
+same string to both sides), greedy, `ignore_eos`, `--tokens` tokens, each batch sent
+concurrently to `inferenceos serve --parallel N` and to `llama-server -np N` over the
+/completion dialect (`return_tokens`), then every prompt alone, one after another. Each
+phase gets a fresh server (ours: no KV tiers), so no reply reuses cells another phase
+computed. Per side: replies identical to the same side's lone reply, and the mean first
+divergent token of the others. `--serve-extra` / `--server-extra` add flags to either.
+
+    .venv/bin/python benchmarks/batching.py --batches 8 --tokens 64 [--model PATH]
+        [--threads N] [--serve-extra "--flash-attn off"] [--server-extra "--kv-unified"]
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shlex
 import socket
 import statistics
 import subprocess
@@ -23,10 +37,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_record import bandwidth, finish, ram_gbps, record
+from bench_record import bandwidth, child_env, finish, ram_gbps, record
+from determinism import diverges
 from inferenceos.engine.engine import Engine
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.engine.session import default_threads
@@ -34,6 +50,7 @@ from inferenceos.model.default_model import ensure_default_model
 from inferenceos.model.spec import load_spec
 from inferenceos.plan.llama_params import LlamaParams
 from llama_tools import llama_tool
+from overhead import Server, loadavg, start
 from run_overhead import bench_tg
 
 PROMPTS = [
@@ -151,14 +168,147 @@ def paired(ours_xs: list[float], theirs: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(ours_xs, theirs, strict=True))
 
 
+# -- the equality study (--batches) ----------------------------------------------------
+
+TOPICS = [
+    "a hash map", "TCP slow start", "the Rust borrow checker", "a B-tree",
+    "Python's GIL", "gradient descent", "a bloom filter", "the CAP theorem",
+    "UTF-8", "garbage collection", "a mutex", "public-key cryptography",
+    "a Makefile", "SQL joins", "a Kalman filter", "copy-on-write",
+]
+ASKS = [
+    "Explain {t}.",
+    "In two short paragraphs, explain {t} to a new programmer and give one example.",
+    "I am preparing notes for a workshop on systems programming. The audience knows "
+    "Python well but little C, and they learn best from concrete code. Explain {t}, "
+    "say when it matters in practice, and write a small Python snippet showing it.",
+    "You are reviewing a colleague's design document. The document proposes using {t} "
+    "in a service that handles about ten thousand requests a second on four machines, "
+    "with a strict latency budget of twenty milliseconds at the 99th percentile and a "
+    "team of three engineers to maintain it. List the questions you would ask about "
+    "{t} in that setting, the risks you see, and how you would test the design before "
+    "it ships. Keep each point to one sentence.",
+]
+
+
+def chat_questions(n: int) -> list[str]:
+    """`n` distinct user messages of four lengths (~5 to ~90 words), lengths interleaved
+    so that every batch of 8 holds all four."""
+    qs = [a.format(t=t) for t in TOPICS for a in ASKS]
+    if n > len(qs):
+        raise SystemExit(f"--batches asks for {n} prompts; there are {len(qs)}")
+    return qs[:n]
+
+
+def post(port: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{path}: {resp.status} {data[:300]!r}")
+        return dict(json.loads(data))
+    finally:
+        conn.close()
+
+
+def reply_tokens(port: int, prompt: str, tokens: int) -> list[int]:
+    """One greedy /completion, `tokens` long (ignore_eos): its token ids."""
+    out = post(port, "/completion", {
+        "prompt": prompt, "n_predict": tokens, "temperature": 0, "ignore_eos": True,
+        "cache_prompt": False, "return_tokens": True, "stream": False})
+    return [int(t) for t in out["tokens"]]
+
+
+def batched_and_lone(launch: Callable[[], Server], prompts: list[str], tokens: int,
+                     width: int) -> tuple[list[list[int]], list[list[int]], float]:
+    """Every prompt's reply in batches of `width` sent together, on one fresh server,
+    and alone, on another; and the wall seconds of the batched phase."""
+    srv = launch()
+    try:
+        t0 = time.perf_counter()
+        batched: list[list[int]] = []
+        for k in range(0, len(prompts), width):
+            part = prompts[k:k + width]
+
+            def one(i: int, part: list[str] = part) -> tuple[float, int, str]:
+                return 0.0, 0, json.dumps(reply_tokens(srv.port, part[i], tokens))
+
+            batched += [json.loads(t) for t in concurrent(len(part), one)[2]]
+        wall = time.perf_counter() - t0
+    finally:
+        srv.stop()
+    srv = launch()
+    try:
+        lone = [reply_tokens(srv.port, p, tokens) for p in prompts]
+    finally:
+        srv.stop()
+    return batched, lone, wall
+
+
+def equality(name: str, batched: list[list[int]], lone: list[list[int]]) -> str:
+    """'name: S/N identical, ...' with the mean first divergent token of the others."""
+    where = {i: d for i, (a, b) in enumerate(zip(lone, batched, strict=True))
+             if (d := diverges(a, b)) is not None}
+    mean = f"{statistics.mean(where.values()):.1f}" if where else "-"
+    lengths = ", ".join(f"#{i} (length {i % len(ASKS)}): {d}" for i, d in where.items())
+    return (f"{name}: {len(batched) - len(where)}/{len(batched)} identical to their lone "
+            f"reply; the others diverge at token {mean} on average ({lengths})")
+
+
+def launchers(model: Path, args: argparse.Namespace) -> dict[str, Callable[[], Server]]:
+    """Fresh-server factories for ours and llama-server, the same threads and context."""
+    ctx, n, threads = max(512, 512 + args.tokens), args.streams, args.threads
+    env = child_env("batching")
+    ours_cmd = [sys.executable, "-m", "inferenceos", "serve", str(model), "--parallel",
+                str(n), "--ctx", str(ctx), "--queue", str(8 * n), "--threads", str(threads),
+                "--port", "{port}", "--draft", "none", "--kv-cache-ram", "0",
+                "--kv-cache-disk", "0", *shlex.split(args.serve_extra)]
+    theirs_cmd = [str(llama_tool("llama-server")), "-m", str(model), "-np", str(n), "-c",
+                  str(ctx * n), "-t", str(threads), "--host", "127.0.0.1", "--port",
+                  "{port}", *shlex.split(args.server_extra)]
+    return {"ours": lambda: start("ours", ours_cmd, env),
+            "llama-server": lambda: start("llama-server", theirs_cmd, env)}
+
+
+def equality_study(model: Path, args: argparse.Namespace) -> None:
+    """--batches: the equality counts of both sides over batches * streams prompts."""
+    side = launchers(model, args)
+    srv = side["llama-server"]()
+    try:
+        prompts = [str(post(srv.port, "/apply-template", {
+            "messages": [{"role": "user", "content": q}]})["prompt"])
+            for q in chat_questions(args.batches * args.streams)]
+    finally:
+        srv.stop()
+    print(f"model {model.name}, {len(prompts)} chat prompts in {args.batches} batches of "
+          f"{args.streams}, {args.tokens} tokens, greedy, {args.threads} threads; "
+          f"ours {args.serve_extra or 'as served'}, llama-server "
+          f"{args.server_extra or 'defaults'}; {loadavg()}", flush=True)
+    for name, launch in side.items():
+        batched, lone, wall = batched_and_lone(launch, prompts, args.tokens, args.streams)
+        print(f"  {equality(name, batched, lone)}; batched "
+              f"{len(prompts) * args.tokens / wall:.1f} t/s; {loadavg()}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    ap.add_argument("--batches", type=int, default=0,
+                    help="only the equality study, over this many batches (module doc)")
+    ap.add_argument("--serve-extra", default="", help="more flags for ours (--batches)")
+    ap.add_argument("--threads", type=int, default=default_threads(),
+                    help="both sides' threads (--batches)")
+    ap.add_argument("--server-extra", default="", help="more flags for llama-server")
     args = ap.parse_args()
     model = args.model or ensure_default_model()
+    if args.batches:
+        equality_study(model, args)
+        return
     threads = default_threads()
     print(f"model {model.name}, {args.tokens} tokens per stream, {threads} threads, "
           f"{args.rounds} alternating rounds")

@@ -48,7 +48,7 @@ def _reply(eng: LocalEngine, prompt: str, n: int) -> tuple[list[int], float]:
     return tokens, gen.metrics.ttft_s
 
 
-def _diverges(a: list[int], b: list[int]) -> int | None:
+def diverges(a: list[int], b: list[int]) -> int | None:
     """The first token where b differs from a (None: identical)."""
     i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     if i is None and len(a) != len(b):
@@ -85,8 +85,8 @@ def run_mode(model: Path, settings: LlamaParams, n: int) -> ModeResult:
             cold, t = _reply(eng, prompt, n)
             again, _ = _reply(eng, prompt, n)  # the whole prompt but its last token cached
         ttft.append(t)
-        cached.append(_diverges(cold, again))
-        batched.append(_diverges(cold, _batched(model, settings, prompt, n)))
+        cached.append(diverges(cold, again))
+        batched.append(diverges(cold, _batched(model, settings, prompt, n)))
     return ModeResult(cached, batched, statistics.median(ttft) * 1000)
 
 
