@@ -401,6 +401,106 @@ def test_a_draft_model_that_cannot_catch_up_with_the_prompt_in_time_does_not_sta
     assert dec.catch_up_pays(seq, cost, left=63)  # type: ignore[arg-type]
 
 
+def test_a_draft_model_that_keeps_declining_stops_decoding_beside_every_token(
+        lm: LoadedModel, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44: a draft model asked at every step that proposes nothing (its first
+    token below p_min, as on free text) still paid a draft decode per token, and nothing
+    paused it. Now `patience` empty answers in a row pause it like failed drafts: over a
+    48-token reply its context decodes a few times, not ~48, and the reply is plain's."""
+    from inferenceos.engine.spec.drafters import ModelDrafter
+
+    decodes: list[int] = []  # rows of each draft-context decode
+    real = ModelDrafter._decode
+
+    def counted(self: ModelDrafter) -> None:
+        decodes.append(self.batch.n)
+        real(self)
+
+    monkeypatch.setattr(ModelDrafter, "_decode", counted)
+    prompt = lm.tokenize(TEXTS[1])
+    [plain], _ = generate_all(create_scheduler(lm), [prompt])
+    [declined], [done] = generate_all(
+        create_scheduler(lm, str(tiny_llama), p_min=1.1, cost=0.0), [prompt])
+    assert declined == plain and done["draft_tokens"] == 0
+    # misses until paused (by patience, or timed slower than plain), maybe one resume
+    assert 2 <= len(decodes) <= 8, decodes
+
+
+def test_a_resumed_draft_model_catches_up_in_one_batch(tiny_llama: Path) -> None:
+    """While paused the draft context evaluates nothing; its next ask feeds every token
+    generated meanwhile in one decode, whose last row gives the first draft."""
+    from inferenceos.engine.spec.drafters import DraftSetup, ModelDrafter
+
+    setup = DraftSetup(tiny_llama, settings(), N_SLOTS, 0)
+    with LoadedModel(tiny_llama, settings()) as model:
+        setup = replace(setup, n_vocab=model.n_vocab)
+        tokens = model.tokenize(TEXTS[0] * 4)
+    drafter = ModelDrafter(setup, tiny_llama, p_min=0.0)
+    rows: list[int] = []
+    real = drafter._decode
+    drafter._decode = lambda: (rows.append(drafter.batch.n), real())[1]  # type: ignore[method-assign]
+    try:
+        assert len(drafter.propose([DraftAsk(0, tokens[:10], 1)])[0]) == 1
+        assert rows == [10]
+        rows.clear()  # a pause: 20 tokens generated without asking
+        assert len(drafter.propose([DraftAsk(0, tokens[:30], 1)])[0]) == 1
+        assert rows == [20] and drafter.behind(0, tokens[:30]) == 0
+    finally:
+        drafter.close()
+
+
+def test_a_paused_draft_model_resumes_only_where_drafting_would_pay() -> None:
+    """Resuming costs a catch-up with the pause's tokens, and the pause said the text
+    is not one the drafter drafts well: a draft model resumes only if drafting pays at
+    the free-text prior acceptance (RESUME_ACCEPTANCE). At Qwen 0.5B-for-1.5B costs
+    on 2 cores it stops for good; where a draft token is nearly free it resumes."""
+    from types import SimpleNamespace
+
+    class Behind:
+        name, size_ratio, costly = "model", 0.3, True
+
+        def behind(self, key: int, tokens: Sequence[int]) -> int:
+            return 40  # the pause's tokens
+
+    def resumed(cost: float) -> bool:
+        shapes = deque([(0.4, 14), (0.033, 1)])
+        dec = SpeculativeDecoder(None, 1, 2048, deque([0.033]), step_shapes=shapes)  # type: ignore[arg-type]
+        dec.__dict__["row_multiple"] = 1
+        tick = itertools.count()
+        spec = DraftState(Behind(), k=4, k_max=12, clock=lambda: float(next(tick)))  # type: ignore[arg-type]
+        spec.cost, spec.verifications = cost, 3
+        spec._pause(8)
+        seq: Any = SimpleNamespace(
+            spec=spec, pending=5, n_past=60, metrics=SimpleNamespace(completion_tokens=40),
+            req=SimpleNamespace(sampling=SamplingParams(temperature=0, max_tokens=500)),
+            slot=SimpleNamespace(index=0, cached=list(range(60))))
+        assert spec.resuming(40)
+        return dec._ask(seq) is not None and not spec.resuming(40)
+
+    assert not resumed(0.85)  # a draft decode 0.35 of a step, a row 0.5: stopped
+    assert resumed(0.1)
+
+
+def test_an_empty_answer_is_a_miss_only_for_a_costly_drafter() -> None:
+    tick = itertools.count()
+
+    class Costly:
+        costly = True
+
+    dear = DraftState(Costly(), k=4, patience=3, clock=lambda: float(next(tick)))  # type: ignore[arg-type]
+    free = DraftState(NgramDrafter(), k=4, patience=3, clock=lambda: float(next(tick)))
+    asked: dict[str, list[int]] = {"dear": [], "free": []}
+    for generated in range(1, 12):  # each step as the scheduler runs it
+        for name, state in (("dear", dear), ("free", free)):
+            if state.want(generated, room=100):
+                asked[name].append(generated)
+                state.missed(generated)
+    # two misses, two plain steps to time against (a drafter that always asks), the
+    # third miss: paused for the cooldown
+    assert asked["dear"] == [1, 2, 5] and dear.paused_until == 5 + 32
+    assert asked["free"] == list(range(1, 12))  # a lookup that found nothing is free
+
+
 def test_self_on_a_model_it_cannot_speed_up_decodes_plainly(tiny_swa: Path) -> None:
     """The tiny model's layer-skipped copy reads nearly all its bytes: DraftState never
     starts drafting, so the draft context is never even caught up with the prompt."""

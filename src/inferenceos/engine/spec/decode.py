@@ -45,7 +45,12 @@ from inferenceos.engine.spec.speculative import (
     target_distribution,
 )
 from inferenceos.errors import GenerationError, UsageError
-from inferenceos.plan.speculative import OPTIMISTIC_ACCEPTANCE, PLANNED, best_draft_length
+from inferenceos.plan.speculative import (
+    OPTIMISTIC_ACCEPTANCE,
+    PLANNED,
+    PRIORS,
+    best_draft_length,
+)
 
 # what verifying one more row costs against a one-token decode step: the batched rows
 # share the weight reads but not the compute, dominated on small-vocabulary-heavy models
@@ -59,6 +64,13 @@ MIN_ROW_COST = 0.02  # rows on a GPU are nearly free, never quite
 # made its rows look dearer than drafting could pay (n-gram never started: seen once in
 # the suite); real models' steps take 20-80 ms here
 MIN_TIMED_STEP_S = 0.002
+# a draft model resumes after a pause only if drafting would pay at the free-text prior
+# acceptance (plan.speculative.PRIORS), not the optimistic one it starts on: the pause
+# said the text is not the kind it drafts well, and resuming costs a catch-up with every
+# token generated meanwhile. On 2 CPU cores (Qwen2.5-Coder 0.5B for the 1.5B) it never
+# resumes, as good as unloaded; where a draft token is cheap (a GPU) it probes again.
+RESUME_ACCEPTANCE = PRIORS[("model", "free")].acceptance
+WAIT_FOR_ONE_ROW = 3  # a sequence's tokens before a draft model starts unmeasured
 
 # (sequence, its draft, the tokens its drafter was asked for: 0 for a free row's guess)
 Drafting = tuple[RunningSequence, list[int], int]
@@ -199,21 +211,42 @@ class SpeculativeDecoder:
         """What a generating sequence asks its drafter for this step, or None."""
         if seq.spec is None or seq.pending is None:
             return None
+        spec = seq.spec
         done = seq.metrics.completion_tokens
         left = seq.req.sampling.max_tokens - done
         room = min(self.n_ctx_slot - seq.n_past - 1, left - 1)
-        if seq.spec.verifications == 0 and not seq.spec.stopped:  # not measured yet
-            cost = self._cost_before_drafting(seq.spec.drafter)
-            seq.spec.learn_cost(cost)
-            if cost is not None and not self.catch_up_pays(seq, cost, left):
-                seq.spec.stop()
-        k, min_match = seq.spec.want(done, room), 0
+        if spec.resuming(done):
+            cost = self.draft_cost.get(spec.drafter.name, spec.cost)
+            if not self.catch_up_pays(seq, cost, left, RESUME_ACCEPTANCE):
+                spec.stop()
+        elif (spec.verifications == 0 and not spec.stopped  # not measured yet
+              and not self._may_start(seq, done, left)):
+            return None
+        k, min_match = spec.want(done, room), 0
         if k == 0:
             k, min_match = seq.spec.sure_ask(done, room)
         if k <= 0:
             return None
         spare = max(0, min(self.row_multiple - 1, room - k))
         return DraftAsk(seq.slot.index, [*seq.slot.cached, seq.pending], k, min_match, spare)
+
+    def _may_start(self, seq: RunningSequence, done: int, left: int) -> bool:
+        """Before a sequence's first verification: learn the drafter's cost (stopping a
+        drafter that cannot pay, or whose catch-up with the prompt would not pay);
+        False to wait one step. A drafter with a catch-up (a draft model) waits for a
+        measured one-row step, briefly: priced by ROW_COST instead, Qwen2.5-Coder-0.5B
+        caught up with the 1.5B's prompt (0.11 s, 2 loaded cores) and then stopped as
+        soon as the first one-row step said it could not pay."""
+        assert seq.spec is not None
+        drafter = seq.spec.drafter
+        if (getattr(drafter, "behind", None) is not None and self.one_row_s() is None
+                and done < WAIT_FOR_ONE_ROW):
+            return False
+        cost = self._cost_before_drafting(drafter)
+        seq.spec.learn_cost(cost)
+        if cost is not None and not self.catch_up_pays(seq, cost, left):
+            seq.spec.stop()
+        return True
 
     def _drafts(self, group: list[tuple[RunningSequence, DraftAsk]]) -> list[Drafting]:
         """One drafter's answers to its asks (a failed draft context: no drafts this
@@ -233,6 +266,8 @@ class SpeculativeDecoder:
             seq.spec.cost = self.draft_cost.get(drafter.name, ROW_COST)
             if draft:
                 out.append((seq, list(draft[: ask.k + ask.spare]), ask.k))
+            elif not ask.min_match:  # asked by length and declined: a miss, maybe dear
+                seq.spec.missed(seq.metrics.completion_tokens)
         return out
 
     def _free_rows(self, running: Sequence[RunningSequence], rows: int,
@@ -290,12 +325,15 @@ class SpeculativeDecoder:
         ones = [t for t, n in self.step_shapes if n == 1]
         return statistics.median(ones) if ones else None
 
-    def catch_up_pays(self, seq: RunningSequence, cost: float, left: int) -> bool:
+    def catch_up_pays(self, seq: RunningSequence, cost: float, left: int,
+                      acceptance: float = OPTIMISTIC_ACCEPTANCE) -> bool:
         """Whether drafting could win back what the drafter must evaluate before its
-        first draft (a draft model catching up with the prompt: ~1 s for Qwen 0.5B on a
-        110-token prompt here): the saving over the reply's `left` tokens at an
-        optimistic acceptance against that catch-up, both from this model's measured
-        steps. True for a drafter with nothing to catch up (n-gram, self)."""
+        next draft (a draft model catching up with the prompt: ~1 s for Qwen 0.5B on a
+        110-token prompt here; or, resuming, with the tokens of its pause): the saving
+        over the reply's `left` tokens at `acceptance` (an optimistic one before the
+        first draft; RESUME_ACCEPTANCE after a pause) against that catch-up, both from
+        this model's measured steps. True for a drafter with nothing to catch up
+        (n-gram, self)."""
         assert seq.spec is not None and seq.pending is not None
         drafter = seq.spec.drafter
         behind = getattr(drafter, "behind", None)
@@ -303,7 +341,7 @@ class SpeculativeDecoder:
         one = self.one_row_s()
         if behind is None or ratio is None or one is None:
             return True
-        est = best_draft_length(OPTIMISTIC_ACCEPTANCE, cost, seq.spec.k_max)
+        est = best_draft_length(acceptance, cost, seq.spec.k_max)
         saving = left * one * (1.0 - 1.0 / est.speedup) if est.k else 0.0
         n = behind(seq.slot.index, [*seq.slot.cached, seq.pending])
         return saving > n * self.row_cost() * one * float(ratio)

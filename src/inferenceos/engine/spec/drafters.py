@@ -49,6 +49,7 @@ class ModelDrafter:
     """Drafts with a small model of the same vocabulary (module docstring)."""
 
     name = "model"
+    costly = True  # every ask costs a draft decode, answered or not (DraftState.missed)
 
     def __init__(self, setup: DraftSetup, path: Path | None = None, p_min: float = 0.5,
                  cost: float | None = None) -> None:

@@ -69,8 +69,9 @@ class Drafter(Protocol):
 
     name: str
     footprint_bytes: int
-    # optional: `k_max` (int), the longest draft worth verifying at once, and `k_start`
-    # (int), the first draft length of a sequence
+    # optional: `k_max` (int), the longest draft worth verifying at once, `k_start`
+    # (int), the first draft length of a sequence, and `costly` (bool): every ask costs
+    # a decode, answered or not (a draft model), so an empty answer is a failed draft
 
     def propose(self, asks: Sequence[DraftAsk]) -> list[list[int]]: ...
 
@@ -258,6 +259,7 @@ class DraftState:
         self._time_step()
         if generated < self.paused_until or self.cost_held:
             return 0
+        self.paused_until = 0  # resumed (`resuming` said so before this call)
         if len(self._plain_s) < 2 and len(self._drafted) >= 2:
             # a drafter that always proposes (a draft model) leaves no plain step to
             # compare with: decode two plainly, once, to time what drafting must beat
@@ -266,6 +268,11 @@ class DraftState:
             self._pause(generated)
             return 0
         return max(0, min(self.k, room))
+
+    def resuming(self, generated: int) -> bool:
+        """Whether the next `want` ends a pause (`_pause`): a drafter with cells of its
+        own (a draft model) must then catch up with every token generated meanwhile."""
+        return 0 < self.paused_until <= generated
 
     def sure_ask(self, generated: int, room: int) -> tuple[int, int]:
         """While drafting is paused: (k, n), ask for up to k tokens but only a draft that
@@ -314,6 +321,20 @@ class DraftState:
         self.paused_until = generated + self.cooldown
         self.cooldown *= 2
         self._drafted.clear()  # the next drafting spell is judged on its own steps
+
+    def missed(self, generated: int) -> None:
+        """The drafter was asked and proposed nothing. A `costly` drafter (a draft model
+        whose first token fell below its p_min) paid a draft decode for it: the step
+        counts as a failed draft for `patience` and is timed as a drafted step of one
+        token, so a drafter that keeps declining pauses instead of decoding beside every
+        token (its cells wait, and catch up in one batch if it resumes). A free
+        drafter's empty answer (an n-gram lookup that found nothing) counts for nothing."""
+        if not getattr(self.drafter, "costly", False):
+            return
+        self._step_tokens = 1
+        self._bad += 1
+        if self._bad >= self.patience:
+            self._pause(generated)
 
     def update(self, n_proposed: int, n_accepted: int, generated: int) -> None:
         if n_proposed <= 0:
