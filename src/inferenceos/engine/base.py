@@ -252,14 +252,16 @@ def stream_event(ev: FromWorker, gen: Generation, load_s: float) -> TokenEvent |
 
 
 def per_slot(settings: LlamaParams, n_parallel: int) -> LlamaParams:
-    """Settings for `n_parallel` sequences of `settings.n_ctx` cells each, in one shared
-    KV pool (unified): with one stream per slot each sequence would attend over its own
-    cells only (8 lockstep Gemma streams 10 % faster), but llama.cpp then splits a batch
-    into micro-batches of consecutive, increasing sequence ids, and a mixed serving load
-    (slots busy in any order, prefill next to decode) ran 20 % slower
-    (benchmarks/serve_load.py, docs/engine.md)."""
+    """Settings for `n_parallel` sequences of `settings.n_ctx` cells each, one KV stream
+    per sequence (kv_unified off, as llama-server -np N): each sequence attends over
+    its own cells only, where a shared pool made every row span every sequence's cells,
+    masked. llama.cpp evaluates consecutive, increasing sequence ids as one micro-batch,
+    so the executor puts a step's rows in slot order (engine/executor.py); in the plan's
+    order a mixed serving load had run 20 % slower than the shared pool. Tiny model, 1
+    thread, a new request whenever one ends: 363 against 573 µs of CPU a token at 32
+    streams, 479 against 545 at 8 (docs/engine.md, issue 44)."""
     return replace(settings, n_ctx=settings.n_ctx * n_parallel, n_seq_max=n_parallel,
-                   kv_unified=True)
+                   kv_unified=n_parallel <= 1)
 
 
 class EngineBase(ABC):

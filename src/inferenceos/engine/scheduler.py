@@ -126,8 +126,11 @@ class Scheduler:
         self.n_ctx_slot = model.n_ctx // n_slots
         self.kv_store = kv_store if self.tracker is None else None  # h2o: no restores
         self._to_store = PendingStores()  # finished slots whose state goes to the store
+        # idle prefixes are parked only out of a shared pool (kv/slots.py): a stream of
+        # its own is in nobody else's attention, and a park and its restore cost copies
+        shared = n_slots > 1 and model.settings.kv_unified
         self.table = SlotTable(self._ll, self.mem, n_slots, self.n_ctx_slot, slot_policy,
-                               self.tracker, self._park_bytes,
+                               self.tracker, self._park_bytes if shared else None,
                                model.restore_sequence)
         self.max_batch = model.settings.n_batch  # llama_decode takes at most n_batch tokens
         self.token_budget = max(1, min(token_budget, self.max_batch))
