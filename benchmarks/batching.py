@@ -20,7 +20,8 @@ computed. Per side: replies identical to the same side's lone reply, and the mea
 divergent token of the others. `--serve-extra` / `--server-extra` add flags to either.
 
     .venv/bin/python benchmarks/batching.py --batches 8 --tokens 64 [--model PATH]
-        [--threads N] [--serve-extra "--flash-attn off"] [--server-extra "--kv-unified"]
+        [--threads N] [--sides ours llama-server] [--serve-extra "--flash-attn off"]
+        [--server-extra "--kv-unified"]
 """
 
 from __future__ import annotations
@@ -287,6 +288,8 @@ def equality_study(model: Path, args: argparse.Namespace) -> None:
           f"ours {args.serve_extra or 'as served'}, llama-server "
           f"{args.server_extra or 'defaults'}; {loadavg()}", flush=True)
     for name, launch in side.items():
+        if name not in args.sides:
+            continue
         batched, lone, wall = batched_and_lone(launch, prompts, args.tokens, args.streams)
         print(f"  {equality(name, batched, lone)}; batched "
               f"{len(prompts) * args.tokens / wall:.1f} t/s; {loadavg()}", flush=True)
@@ -301,6 +304,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=0,
                     help="only the equality study, over this many batches (module doc)")
     ap.add_argument("--serve-extra", default="", help="more flags for ours (--batches)")
+    ap.add_argument("--sides", nargs="+", default=["ours", "llama-server"],
+                    choices=["ours", "llama-server"], help="which sides run (--batches)")
     ap.add_argument("--threads", type=int, default=default_threads(),
                     help="both sides' threads (--batches)")
     ap.add_argument("--server-extra", default="", help="more flags for llama-server")
