@@ -119,7 +119,10 @@ def test_what_the_process_holds_under_the_limit_is_the_plans_tiers(
     anon = out["anon"] - out["base_anon"]
     assert 0.5 * tiers["anonymous"] <= anon <= 1.15 * tiers["anonymous"] + 4 * MIB, out
     unused = max(0, tiers["anonymous"] - anon) + DECODE_CODE_PAGES
-    assert 0.8 * tiers["page cache"] <= out["model_rss"], out  # the tier is used
+    # the tier is used, less the code pages' room: charged here when this process
+    # touched the libraries first (a fresh clone's census: 13.4 MiB mapped of a 17.3 MiB
+    # tier, 2026-12-06), they take it from the same reclaimable page cache
+    assert tiers["page cache"] - DECODE_CODE_PAGES - MIB <= out["model_rss"], out
     assert out["model_rss"] <= tiers["page cache"] + unused + 2 * MIB, out
 
 
