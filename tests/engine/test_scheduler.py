@@ -278,3 +278,14 @@ def test_split_streams_serve_a_staggered_load(tiny_llama: Path) -> None:
                     tokens.setdefault(ev.req_id, []).append(ev.token)
     assert [len(tokens[i]) for i in range(5)] == [4 + 5 * i for i in range(5)]
     assert tokens[60] == alone
+
+
+def test_engines_share_one_pool_unless_the_settings_split_it() -> None:
+    """per_slot: a shared pool by default (the plan's), one stream per slot when the
+    settings ask for it with several sequences; one sequence is one pool either way."""
+    from inferenceos.engine.base import per_slot
+
+    assert per_slot(LlamaParams(n_ctx=256), 8).kv_unified
+    split = per_slot(LlamaParams(n_ctx=256, kv_unified=False), 8)
+    assert not split.kv_unified and split.n_ctx == 256 * 8 and split.n_seq_max == 8
+    assert per_slot(LlamaParams(n_ctx=256, kv_unified=False), 1).kv_unified

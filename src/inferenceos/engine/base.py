@@ -252,16 +252,18 @@ def stream_event(ev: FromWorker, gen: Generation, load_s: float) -> TokenEvent |
 
 
 def per_slot(settings: LlamaParams, n_parallel: int) -> LlamaParams:
-    """Settings for `n_parallel` sequences of `settings.n_ctx` cells each, one KV stream
-    per sequence (kv_unified off, as llama-server -np N): each sequence attends over
-    its own cells only, where a shared pool made every row span every sequence's cells,
-    masked. llama.cpp evaluates consecutive, increasing sequence ids as one micro-batch,
-    so the executor puts a step's rows in slot order (engine/executor.py); in the plan's
-    order a mixed serving load had run 20 % slower than the shared pool. Tiny model, 1
-    thread, a new request whenever one ends: 363 against 573 µs of CPU a token at 32
-    streams, 479 against 545 at 8 (docs/engine.md, issue 44)."""
+    """Settings for `n_parallel` sequences of `settings.n_ctx` cells each, in one shared
+    KV pool (unified) unless `settings` turn kv_unified off. One stream per slot
+    (llama-server's -np N) lets a sequence attend over its own cells only; llama.cpp
+    then evaluates a batch in micro-batches of consecutive, increasing sequence ids
+    (engine/executor.py lays rows out in slot order for it), so a step with a prompt
+    chunk costs one more pass over the weights. In process, 1 thread, a new request
+    whenever one ends (CPU per token): the tiny 2-layer model gained (363 against 573
+    µs at 32 streams, 479 against 545 at 8), Gemma 3 270M lost 4-6 % at 4, 8 and 16
+    streams (docs/engine.md, issue 44). The plan's pool stays shared until a rule can
+    tell the two kinds of model apart."""
     return replace(settings, n_ctx=settings.n_ctx * n_parallel, n_seq_max=n_parallel,
-                   kv_unified=n_parallel <= 1)
+                   kv_unified=settings.kv_unified or n_parallel <= 1)
 
 
 class EngineBase(ABC):
