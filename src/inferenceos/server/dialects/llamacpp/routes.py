@@ -76,8 +76,8 @@ async def _model(state: ServerState, requested: Any) -> tuple[str, Vocab]:
     """The model a request names (or the default), as the OpenAI routes spell it, and
     its vocabulary."""
     name = state.model_name(requested if isinstance(requested, str) else None)
-    model = await call_in_thread(lambda: state.catalog.resolve(name))
-    return name, await call_in_thread(lambda: vocab_for(model.path))
+    # one thread hop for both (a /completion's turnaround paid one each, issue 44)
+    return name, await call_in_thread(lambda: vocab_for(state.catalog.resolve(name).path))
 
 
 @dataclasses.dataclass
