@@ -103,3 +103,24 @@ def test_the_scheduler_applies_the_governors_count_to_the_context(tiny_llama: Pa
         assert eng.stats()["threads"] == 1
         after = eng.generate("abc", SamplingParams(temperature=0, max_tokens=12)).text()
         assert after == before  # thread counts do not change llama.cpp's CPU results
+
+
+def test_a_load_present_from_the_start_is_found_by_a_probe_down() -> None:
+    """Steps slow from the first one never look slower than their best: every
+    probe_down_every_s the governor tries one thread fewer and keeps it when faster."""
+    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    switches, t = feed(g, 0.045, 200, 0.0)  # 2 s of steady (slow) steps: no reason yet
+    assert switches == [] and g.threads == 2
+    switches, t = feed(g, 0.045, 8, t + 30.0)
+    assert switches == [1]
+    switches, t = feed(g, 0.0033, 8, t)  # one thread runs 13x faster: kept
+    assert switches == [] and g.threads == 1
+
+
+def test_a_probe_down_that_is_not_faster_is_undone() -> None:
+    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    _, t = feed(g, 0.010, 16, 0.0)
+    switches, t = feed(g, 0.010, 8, t + 30.0)
+    assert switches == [1]
+    switches, t = feed(g, 0.0102, 8, t)  # 2 % slower: a tie is no reason for fewer
+    assert switches == [2] and g.threads == 2

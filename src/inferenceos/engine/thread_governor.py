@@ -13,6 +13,10 @@ None. Every change is a trial, judged on the median of the next `window` steps:
 - a step is compared with the fastest median seen for the same thread count and row
   count; at `slow` times that (default 1.6x) the governor tries one thread fewer;
 - every `probe_every_s` seconds below the planned count it tries one thread more;
+- every `probe_down_every_s` seconds above one thread it tries one fewer, kept only
+  when faster: a load present from the start never shows as slower than the best
+  (the best is measured under it), and 2 threads stayed on at 45 ms a step where 1
+  ran 3.3 (serve, tiny model, 8 streams, load 9; issue 44);
 - a trial whose seconds per row are worse than before it (by 5 %) is undone, and the
   governor then waits `probe_every_s` before trying again.
 Pure: no llama.cpp, no clock of its own (the caller passes `now`).
@@ -35,11 +39,13 @@ class ThreadGovernor:
     window: int = 8
     slow: float = 1.6
     probe_every_s: float = 10.0
+    probe_down_every_s: float = 30.0
     best: dict[tuple[int, int], float] = field(default_factory=dict)  # (threads, rows) → s
     changes: int = 0
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
     _last_change: float = 0.0
-    _trial: tuple[int, float] | None = None  # (threads, s/row) before the change on trial
+    # (threads, s/row) before the change on trial, and how much slower it may be kept
+    _trial: tuple[int, float, float] | None = None
     _hold_until: float = 0.0  # after an undone trial: no new one before then
 
     def __post_init__(self) -> None:
@@ -63,6 +69,8 @@ class ThreadGovernor:
             return self._try(self.threads - 1, per_row, now)
         if self.threads < self.max_threads and now - self._last_change >= self.probe_every_s:
             return self._try(self.threads + 1, per_row, now)
+        if self.threads > 1 and now - self._last_change >= self.probe_down_every_s:
+            return self._try(self.threads - 1, per_row, now, keep_if=1.0)
         return None
 
     def _summary(self) -> tuple[float, float]:
@@ -79,15 +87,15 @@ class ThreadGovernor:
         per_row = statistics.median(s / r for s, r in self._recent)
         return statistics.median(ratios), per_row
 
-    def _try(self, threads: int, per_row: float, now: float) -> int:
-        self._trial = (self.threads, per_row)
+    def _try(self, threads: int, per_row: float, now: float, keep_if: float = 1.05) -> int:
+        self._trial = (self.threads, per_row, keep_if)
         return self._switch(threads, now)
 
     def _judge(self, per_row: float, now: float) -> int | None:
         assert self._trial is not None
-        before, before_per_row = self._trial
+        before, before_per_row, keep_if = self._trial
         self._trial = None
-        if per_row > before_per_row * 1.05:  # the change made it worse: undo, wait
+        if per_row > before_per_row * keep_if:  # the change made it worse: undo, wait
             self._hold_until = now + self.probe_every_s
             return self._switch(before, now)
         self._last_change = now  # kept; the next probe up waits its turn
