@@ -481,6 +481,34 @@ def test_a_paused_draft_model_resumes_only_where_drafting_would_pay() -> None:
     assert resumed(0.1)
 
 
+def test_a_draft_model_starts_only_where_drafting_pays_at_the_free_text_prior() -> None:
+    """Qwen2.5-Coder-0.5B for the 1.5B on free text: started at an optimistic 90 % on a
+    prefill's row cost (0.44 + 0.16), it caught up with the prompt, missed twice and
+    paused: 0.982x plain in three paired rounds. At the free-text prior (60 %) that
+    cost does not pay, and the sequence decodes plainly from the start."""
+    from types import SimpleNamespace
+
+    class Behind:
+        name, size_ratio, costly, cost_prior = "model", 0.44, True, 0.69
+
+        def behind(self, key: int, tokens: Sequence[int]) -> int:
+            return len(tokens)
+
+    def starts(row_s: float) -> bool:  # a 16-row prefill step beside a 33 ms one
+        shapes = deque([(0.033 + 15 * row_s, 16), (0.033, 1)])
+        dec = SpeculativeDecoder(None, 1, 2048, deque([0.033]), step_shapes=shapes)  # type: ignore[arg-type]
+        dec.__dict__["row_multiple"] = 1
+        spec = DraftState(Behind(), k=4, k_max=12)  # type: ignore[arg-type]
+        seq: Any = SimpleNamespace(
+            spec=spec, pending=5, n_past=17, metrics=SimpleNamespace(completion_tokens=3),
+            req=SimpleNamespace(sampling=SamplingParams(temperature=0, max_tokens=96)),
+            slot=SimpleNamespace(index=0, cached=list(range(16))))
+        return dec._ask(seq) is not None and not spec.stopped
+
+    assert not starts(0.16 * 0.033)  # 0.44 + 0.16 a draft token: plain from the start
+    assert starts(0.02 * 0.033)  # rows nearly free: 0.46 pays at 60 %
+
+
 def test_an_empty_answer_is_a_miss_only_for_a_costly_drafter() -> None:
     tick = itertools.count()
 

@@ -64,11 +64,13 @@ MIN_ROW_COST = 0.02  # rows on a GPU are nearly free, never quite
 # made its rows look dearer than drafting could pay (n-gram never started: seen once in
 # the suite); real models' steps take 20-80 ms here
 MIN_TIMED_STEP_S = 0.002
-# a draft model resumes after a pause only if drafting would pay at the free-text prior
-# acceptance (plan.speculative.PRIORS), not the optimistic one it starts on: the pause
-# said the text is not the kind it drafts well, and resuming costs a catch-up with every
-# token generated meanwhile. On 2 CPU cores (Qwen2.5-Coder 0.5B for the 1.5B) it never
-# resumes, as good as unloaded; where a draft token is cheap (a GPU) it probes again.
+# a draft model starts, and resumes after a pause, only if drafting would pay at the
+# free-text prior acceptance (plan.speculative.PRIORS), not an optimistic one: starting
+# costs a catch-up with the prompt, resuming one with every token of the pause, and a
+# row cost measured before any verification is a prefill's (a lower bound). Started at
+# 0.9, Qwen2.5-Coder-0.5B for the 1.5B (2 cores) caught up, missed twice and paused on
+# free text: 0.982x plain, three paired rounds. Where a draft token is cheap (a GPU) it
+# starts and probes again.
 RESUME_ACCEPTANCE = PRIORS[("model", "free")].acceptance
 WAIT_FOR_ONE_ROW = 3  # a sequence's tokens before a draft model starts unmeasured
 
@@ -244,7 +246,7 @@ class SpeculativeDecoder:
             return False
         cost = self._cost_before_drafting(drafter)
         seq.spec.learn_cost(cost)
-        if cost is not None and not self.catch_up_pays(seq, cost, left):
+        if cost is not None and not self.catch_up_pays(seq, cost, left, RESUME_ACCEPTANCE):
             seq.spec.stop()
         return True
 
