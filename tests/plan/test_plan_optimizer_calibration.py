@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,16 +111,24 @@ def test_the_recorder_samples_a_cpu_burning_neighbour(tiny_llama: Path) -> None:
     try:
         assert burner.stdout is not None and burner.stdout.readline() == "burning\n"
         rec = telemetry.recorder()
+        t0, ticks0 = time.monotonic(), _cpu_ticks(burner.pid)
         rec.generation(tiny_llama, source="run", prompt_tokens=8, output_tokens=8,
                        decode_tps=10.0, threads=1, contention="sample")
         assert rec.flush(timeout=30)
+        # the CPUs the burner had meanwhile: beside a busy suite on 2 cores it gets a
+        # share of one (a census: 0.5 sampled where the test had asked for 0.6)
+        share = (_cpu_ticks(burner.pid) - ticks0) / os.sysconf("SC_CLK_TCK") / (
+            time.monotonic() - t0)
     finally:
         burner.kill()
         burner.wait()
     row = telemetry.generations(limit=1)[-1]
     c = row.extra["contention"]
     assert c["sampled"] and c["usable_cpus"] >= 1 and c["threads"] == 1
-    assert c["busy_others"] >= 0.6  # the burner's core (other work here may add more)
+    assert share >= 0.2, share  # it did burn
+    # the sample holds the burner (other work here may add more); /proc/stat's ticks
+    # are 10 ms, 20 of them in the 0.1 s window on 2 CPUs, hence the 0.1 of slack
+    assert c["busy_others"] >= min(0.6, share) - 0.1, (c, share)
     assert json.dumps(c)  # stored as JSON in `extra`: no schema migration needed
 
 
@@ -221,3 +230,10 @@ def test_simulate_at_fixed_threads_on_a_busy_machine_predicts_the_contended_spee
     pre, dec = contended_speed(0.5)
     assert b_dec / q_dec == pytest.approx(dec, rel=0.01) and dec < 0.3
     assert b_pre / q_pre == pytest.approx(pre, rel=0.01) and pre < 0.45
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of process `pid`, in clock ticks."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rfind(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])
