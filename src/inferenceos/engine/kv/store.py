@@ -390,8 +390,8 @@ class KVStore:
             with _locked(self.root):
                 if self._make_room(e.nbytes + 4 * e.n_tokens + 4096, exclude=path):
                     write_entry(path, self.key, e.tokens, data, e.cost_s)
-                    self._listing.added(path, path.stat().st_size)  # type: ignore[union-attr]
                     meta = read_meta(path, self.key)  # the header as written (its crc)
+                    self._listing.added(path, meta.file_bytes)  # type: ignore[union-attr]
                     self.counters["writes"] += 1
         except OSError as exc:
             self.counters["write_errors"] += 1
