@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -131,3 +132,16 @@ def _landed(engine: _Engine) -> None:
     asking = kv_stats._PROBES.pending(id(engine))
     if asking is not None:
         asking.result(10)
+
+
+def test_an_answer_kept_for_another_engine_at_a_reused_id_is_not_reported() -> None:
+    """Answers are kept by id(engine), and a freed engine's id goes to the next engine
+    made: a census reported a previous test's 0.5 for this one's 0.1."""
+    engine = _Engine(lambda: {"kv_usage": 0.1})
+    manager = _manager(idle=engine)
+    gone = _Engine(lambda: {"kv_usage": 0.5})
+    use = getattr(manager.loaded()[0], "last_used", None)
+    stale = kv_stats._Answer(time.monotonic(), use, 0.5, weakref.ref(gone))
+    kv_stats._PROBES.start(id(engine), lambda: stale)  # as if kept from `gone`
+    _landed(engine)
+    assert asyncio.run(reported_kv_usage(manager)) == {"idle": 0.1}  # type: ignore[arg-type]

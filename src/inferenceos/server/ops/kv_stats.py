@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,9 @@ class _Answer:
     at: float  # time.monotonic() when it came
     use: Any  # the model's last_used when it was asked: changed, a request ran since
     value: float | None  # the usage (None: none reported)
+    # the engine asked (weakly): answers are kept by id(engine), and a freed engine's
+    # id is reused by the next one made (a census: a previous test's 0.5 came back)
+    of: Callable[[], Any]
 
 
 _PROBES: Latest[int, _Answer] = Latest("kv-stats")  # by id(engine)
@@ -93,9 +98,11 @@ async def _usage(manager: ModelManager, lm: ResidentModel, timeout_s: float) -> 
     key, use, busy = id(lm.engine), getattr(lm, "last_used", None), bool(getattr(lm, "refs", 0))
 
     def ask() -> _Answer:
-        return _Answer(time.monotonic(), use, _read(manager, lm))
+        return _Answer(time.monotonic(), use, _read(manager, lm), _weak(lm.engine))
 
     last = _PROBES.last(key)
+    if last is not None and last.of() is not lm.engine:
+        last = None  # another engine's, at a reused id
     recent = last is not None and time.monotonic() - last.at <= KV_STATS_FRESH_S
     if last is not None and recent and (busy or last.use == use):
         _PROBES.start(key, ask)  # for the next scrape
@@ -111,3 +118,12 @@ async def _usage(manager: ModelManager, lm: ResidentModel, timeout_s: float) -> 
                 return answer.value
     except Exception:  # timeout, dead worker, odd engine: the estimate stands
         return None
+
+
+def _weak(engine: Any) -> Callable[[], Any]:
+    """A reference to `engine` that does not keep it alive (a strong one for an object
+    that takes no weak references: the next scrape's forget drops it)."""
+    try:
+        return weakref.ref(engine)
+    except TypeError:
+        return lambda: engine
