@@ -124,3 +124,39 @@ def test_a_probe_down_that_is_not_faster_is_undone() -> None:
     assert switches == [1]
     switches, t = feed(g, 0.0102, 8, t)  # 2 % slower: a tie is no reason for fewer
     assert switches == [2] and g.threads == 2
+
+
+def test_a_governor_made_long_after_the_clocks_zero_waits_its_intervals() -> None:
+    """The probe intervals count from the first step, not from the clock's zero (a
+    scheduler passes perf_counter(): hours since boot)."""
+    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    switches, t = feed(g, 0.010, 64, 5000.0)
+    assert switches == [] and g.threads == 2
+    switches, _ = feed(g, 0.010, 8, t + 30.0)
+    assert switches == [1]  # the probe down, once its interval has passed
+
+
+def test_a_trial_is_judged_on_steps_of_the_row_count_it_began_at() -> None:
+    """A probe down during one-row steps (one thread faster there) is not judged on the
+    eight-row steps that follow (two threads faster there): it waits for one-row steps,
+    and without them it is undone."""
+    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    _, t = feed(g, 0.00114, 16, 0.0, rows=1)
+    switches, t = feed(g, 0.00114, 8, t + 30.0, rows=1)
+    assert switches == [1]
+    # 8 rows at 1 thread: 0.41 ms a row, faster per row than 1 row at 2 threads, but
+    # not the same shape: no verdict until one-row steps come, undone without them
+    switches, t = feed(g, 0.0033, 31, t, rows=8)
+    assert switches == [] and g.threads == 1
+    switches, t = feed(g, 0.0033, 1, t, rows=8)
+    assert switches == [2] and g.threads == 2
+
+
+def test_a_trial_waits_for_steps_of_its_row_count_and_keeps_a_faster_change() -> None:
+    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    _, t = feed(g, 0.00114, 16, 0.0, rows=1)
+    switches, t = feed(g, 0.00114, 8, t + 30.0, rows=1)
+    assert switches == [1]
+    switches, t = feed(g, 0.0033, 12, t, rows=8)  # other shapes first
+    switches, t = feed(g, 0.00094, 8, t, rows=1)  # then one row, faster at 1 thread
+    assert switches == [] and g.threads == 1 and g._trial is None
