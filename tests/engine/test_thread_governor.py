@@ -160,3 +160,20 @@ def test_a_trial_waits_for_steps_of_its_row_count_and_keeps_a_faster_change() ->
     switches, t = feed(g, 0.0033, 12, t, rows=8)  # other shapes first
     switches, t = feed(g, 0.00094, 8, t, rows=1)  # then one row, faster at 1 thread
     assert switches == [] and g.threads == 1 and g._trial is None
+
+
+def test_a_count_kept_on_one_shape_is_tried_again_when_the_shape_changes() -> None:
+    """1 thread won on one-row steps; when eight-row steps come, 2 threads are tried at
+    once (not after probe_every_s) and kept when faster there."""
+    g = ThreadGovernor(2, probe_every_s=10.0, probe_down_every_s=30.0)
+    _, t = feed(g, 0.00114, 16, 0.0, rows=1)
+    switches, t = feed(g, 0.00114, 8, t + 30.0, rows=1)
+    assert switches == [1]
+    switches, t = feed(g, 0.00094, 8, t, rows=1)  # kept: faster at one row
+    assert switches == [] and g.threads == 1
+    switches, t = feed(g, 0.0033, 8, t, rows=8)  # a new shape, well within 10 s
+    assert switches == [2]
+    switches, t = feed(g, 0.0012, 8, t, rows=8)  # faster there: kept
+    assert switches == [] and g.threads == 2
+    switches, _ = feed(g, 0.0012, 64, t, rows=7)  # 5 to 8 rows are one shape
+    assert switches == [] and g.threads == 2

@@ -25,8 +25,10 @@ one row took 0.94 ms at 1 thread and 1.14 at 2, eight rows 3.3 ms against 1.2. J
 across row counts, a probe made during a server's one-row warm-up kept 1 thread for
 the 8-row load that followed (serve at 8 streams: 2,340-2,380 t/s, against 2,490-2,860
 where 2 threads ran; issue 44). A trial whose window has too few such steps waits for
-more, and is undone after `window * 4` steps without them. The first step starts the
-probe clocks: a governor made at load time waits its intervals like any other.
+more, and is undone after `window * 4` steps without them. When the steps' shape (their
+row count's power-of-two class) is not the one the last trial was judged on, the count
+in force is tried against its neighbour at once. The first step starts the probe
+clocks: a governor made at load time waits its intervals like any other.
 Pure: no llama.cpp, no clock of its own (the caller passes `now`).
 """
 
@@ -69,6 +71,7 @@ class ThreadGovernor:
     _trial_steps: int = 0  # steps seen since the trial began
     _hold_until: float = 0.0  # after an undone trial: no new one before then
     _started: bool = False  # the first step seen: the probe intervals count from it
+    _decided: int | None = None  # the step shape (_shape) the last trial was judged on
 
     def __post_init__(self) -> None:
         self.max_threads = max(1, self.max_threads)
@@ -90,6 +93,12 @@ class ThreadGovernor:
             return self._judge(now)
         if now < self._hold_until:
             return None
+        shape = _shape(self._commonest_rows())
+        if self._decided is not None and shape != self._decided and self.max_threads > 1:
+            # the count in force was judged on another shape: judge it on this one now
+            if self.threads < self.max_threads:
+                return self._try(self.threads + 1, now)
+            return self._try(self.threads - 1, now, keep_if=1.0)
         if self.threads > 1 and ratio > self.slow:
             return self._try(self.threads - 1, now)
         if self.threads < self.max_threads and now - self._last_change >= self.probe_every_s:
@@ -114,11 +123,14 @@ class ThreadGovernor:
             by_rows.setdefault(r, []).append(s)
         return by_rows
 
-    def _try(self, threads: int, now: float, keep_if: float = 1.05) -> int:
+    def _commonest_rows(self) -> int:
         by_rows = self._by_rows()
-        rows = max(by_rows, key=lambda r: (len(by_rows[r]), r))  # the commonest shape
-        self._trial = _Trial(self.threads, statistics.median(by_rows[rows]) / rows, keep_if,
-                             rows)
+        return max(by_rows, key=lambda r: (len(by_rows[r]), r))
+
+    def _try(self, threads: int, now: float, keep_if: float = 1.05) -> int:
+        rows = self._commonest_rows()
+        times = self._by_rows()[rows]
+        self._trial = _Trial(self.threads, statistics.median(times) / rows, keep_if, rows)
         self._trial_steps = 0
         return self._switch(threads, now)
 
@@ -135,6 +147,7 @@ class ThreadGovernor:
         else:
             per_row = statistics.median(times) / trial.rows
         self._trial = None
+        self._decided = _shape(trial.rows)
         if per_row > trial.per_row * trial.keep_if:  # the change made it worse: undo, wait
             self._hold_until = now + self.probe_every_s
             return self._switch(trial.threads, now)
@@ -147,3 +160,9 @@ class ThreadGovernor:
         self._last_change = now
         self.changes += 1
         return threads
+
+
+def _shape(rows: int) -> int:
+    """A step's shape for the choice of threads: its row count's power-of-two class (1,
+    2, 3-4, 5-8, 9-16, ...): a server's 8 streams give 5 to 8 rows as replies end."""
+    return (max(1, rows) - 1).bit_length()
