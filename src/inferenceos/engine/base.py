@@ -260,8 +260,10 @@ def per_slot(settings: LlamaParams, n_parallel: int) -> LlamaParams:
     chunk costs one more pass over the weights. In process, 1 thread, a new request
     whenever one ends (CPU per token): the tiny 2-layer model gained (363 against 573
     µs at 32 streams, 479 against 545 at 8), Gemma 3 270M lost 4-6 % at 4, 8 and 16
-    streams (docs/engine.md, issue 44). The plan's pool stays shared until a rule can
-    tell the two kinds of model apart."""
+    streams in that churn; through `serve` (4 streams, 64-token replies) the real
+    models were within the noise of the shared pool, so the plan asks for a stream per
+    slot, as llama-server -np N has (docs/engine.md, issue 44). LlamaParams' own
+    default stays the shared pool."""
     return replace(settings, n_ctx=settings.n_ctx * n_parallel, n_seq_max=n_parallel,
                    kv_unified=settings.kv_unified or n_parallel <= 1)
 
