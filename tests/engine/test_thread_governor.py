@@ -7,8 +7,15 @@ applying a decision to a real llama.cpp context.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from inferenceos.engine.thread_governor import ThreadGovernor
+
+
+def gov(max_threads: int, **kw: Any) -> ThreadGovernor:
+    """A governor whose window is its steps alone (`window_s` 0): the rules on step
+    counts; the time window has a test of its own."""
+    return ThreadGovernor(max_threads, window_s=0.0, **kw)
 
 
 def feed(g: ThreadGovernor, seconds: float, n: int, t0: float, rows: int = 1,
@@ -16,7 +23,7 @@ def feed(g: ThreadGovernor, seconds: float, n: int, t0: float, rows: int = 1,
     """Up to `n` steps of `seconds`, stopping at the first switch (the steps after it
     run at another thread count: the caller feeds what they take); the switches the
     governor asked for, and the clock."""
-    switches = []
+    switches: list[int] = []
     for i in range(n):
         got = g.observe(seconds, rows, t0 + i * dt)
         if got is not None:
@@ -25,26 +32,26 @@ def feed(g: ThreadGovernor, seconds: float, n: int, t0: float, rows: int = 1,
 
 
 def test_steady_steps_change_nothing() -> None:
-    g = ThreadGovernor(4)
+    g = gov(4)
     switches, _ = feed(g, 0.010, 200, 0.0)
     assert switches == [] and g.threads == 4
 
 
 def test_noise_below_the_threshold_changes_nothing() -> None:
-    g = ThreadGovernor(2)
+    g = gov(2)
     times = [0.010, 0.012, 0.011, 0.019, 0.010, 0.021, 0.010, 0.011] * 20
     assert [g.observe(s, 1, i * 0.01) for i, s in enumerate(times)].count(None) == len(times)
 
 
 def test_a_sustained_collapse_lowers_one_thread_at_a_time() -> None:
-    g = ThreadGovernor(4)
+    g = gov(4)
     feed(g, 0.010, 16, 0.0)
     switches, _ = feed(g, 0.050, 8, 1.0)  # 5x slower: another program took a core
     assert switches == [3] and g.threads == 3
 
 
 def test_a_step_down_that_is_slower_is_undone_and_not_retried_at_once() -> None:
-    g = ThreadGovernor(2, probe_every_s=5.0)
+    g = gov(2, probe_every_s=5.0)
     feed(g, 0.010, 16, 0.0)
     switches, t = feed(g, 0.020, 8, 1.0)  # 2x slower: try one thread
     assert switches == [1]
@@ -57,14 +64,14 @@ def test_a_step_down_that_is_slower_is_undone_and_not_retried_at_once() -> None:
 
 
 def test_the_best_is_kept_per_row_count() -> None:
-    g = ThreadGovernor(2)
+    g = gov(2)
     feed(g, 0.010, 16, 0.0, rows=1)
     switches, _ = feed(g, 0.020, 16, 1.0, rows=8)  # 8 rows cost 2x one row: normal
     assert switches == [] and g.threads == 2
 
 
 def test_a_probe_up_is_kept_when_faster_and_undone_when_slower() -> None:
-    g = ThreadGovernor(2, probe_every_s=5.0)
+    g = gov(2, probe_every_s=5.0)
     feed(g, 0.010, 16, 0.0)
     feed(g, 0.060, 8, 1.0)  # collapse at 2 threads: down to 1
     assert g.threads == 1
@@ -81,7 +88,7 @@ def test_a_probe_up_is_kept_when_faster_and_undone_when_slower() -> None:
 
 
 def test_never_below_one_or_above_the_planned_count() -> None:
-    g = ThreadGovernor(1, probe_every_s=0.0)
+    g = gov(1, probe_every_s=0.0)
     feed(g, 0.010, 16, 0.0)
     switches, _ = feed(g, 0.100, 64, 1.0)
     assert switches == [] and g.threads == 1
@@ -108,7 +115,7 @@ def test_the_scheduler_applies_the_governors_count_to_the_context(tiny_llama: Pa
 def test_a_load_present_from_the_start_is_found_by_a_probe_down() -> None:
     """Steps slow from the first one never look slower than their best: every
     probe_down_every_s the governor tries one thread fewer and keeps it when faster."""
-    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    g = gov(2, probe_down_every_s=30.0)
     switches, t = feed(g, 0.045, 200, 0.0)  # 2 s of steady (slow) steps: no reason yet
     assert switches == [] and g.threads == 2
     switches, t = feed(g, 0.045, 8, t + 30.0)
@@ -118,7 +125,7 @@ def test_a_load_present_from_the_start_is_found_by_a_probe_down() -> None:
 
 
 def test_a_probe_down_that_is_not_faster_is_undone() -> None:
-    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    g = gov(2, probe_down_every_s=30.0)
     _, t = feed(g, 0.010, 16, 0.0)
     switches, t = feed(g, 0.010, 8, t + 30.0)
     assert switches == [1]
@@ -129,7 +136,7 @@ def test_a_probe_down_that_is_not_faster_is_undone() -> None:
 def test_a_governor_made_long_after_the_clocks_zero_waits_its_intervals() -> None:
     """The probe intervals count from the first step, not from the clock's zero (a
     scheduler passes perf_counter(): hours since boot)."""
-    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    g = gov(2, probe_down_every_s=30.0)
     switches, t = feed(g, 0.010, 64, 5000.0)
     assert switches == [] and g.threads == 2
     switches, _ = feed(g, 0.010, 8, t + 30.0)
@@ -140,7 +147,7 @@ def test_a_trial_is_judged_on_steps_of_the_row_count_it_began_at() -> None:
     """A probe down during one-row steps (one thread faster there) is not judged on the
     eight-row steps that follow (two threads faster there): it waits for one-row steps,
     and without them it is undone."""
-    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    g = gov(2, probe_down_every_s=30.0)
     _, t = feed(g, 0.00114, 16, 0.0, rows=1)
     switches, t = feed(g, 0.00114, 8, t + 30.0, rows=1)
     assert switches == [1]
@@ -153,7 +160,7 @@ def test_a_trial_is_judged_on_steps_of_the_row_count_it_began_at() -> None:
 
 
 def test_a_trial_waits_for_steps_of_its_row_count_and_keeps_a_faster_change() -> None:
-    g = ThreadGovernor(2, probe_down_every_s=30.0)
+    g = gov(2, probe_down_every_s=30.0)
     _, t = feed(g, 0.00114, 16, 0.0, rows=1)
     switches, t = feed(g, 0.00114, 8, t + 30.0, rows=1)
     assert switches == [1]
@@ -165,7 +172,7 @@ def test_a_trial_waits_for_steps_of_its_row_count_and_keeps_a_faster_change() ->
 def test_a_count_kept_on_one_shape_is_tried_again_when_the_shape_changes() -> None:
     """1 thread won on one-row steps; when eight-row steps come, 2 threads are tried at
     once (not after probe_every_s) and kept when faster there."""
-    g = ThreadGovernor(2, probe_every_s=10.0, probe_down_every_s=30.0)
+    g = gov(2, probe_every_s=10.0, probe_down_every_s=30.0)
     _, t = feed(g, 0.00114, 16, 0.0, rows=1)
     switches, t = feed(g, 0.00114, 8, t + 30.0, rows=1)
     assert switches == [1]
@@ -177,3 +184,16 @@ def test_a_count_kept_on_one_shape_is_tried_again_when_the_shape_changes() -> No
     assert switches == [] and g.threads == 2
     switches, _ = feed(g, 0.0012, 64, t, rows=7)  # 5 to 8 rows are one shape
     assert switches == [] and g.threads == 2
+
+
+def test_a_window_spans_a_quarter_second_of_steps() -> None:
+    """Short steps are judged in windows of window_s (0.25 s) of them: a burst of slow
+    steps shorter than that (a neighbour's time slice) changes nothing; a sustained one
+    does."""
+    g = ThreadGovernor(2)
+    switches, t = feed(g, 0.001, 300, 0.0, rows=8, dt=0.001)
+    switches, t = feed(g, 0.004, 16, t, rows=8, dt=0.004)  # 64 ms of 4x slower steps
+    assert switches == []
+    switches, t = feed(g, 0.001, 300, t, rows=8, dt=0.001)
+    switches, t = feed(g, 0.004, 300, t, rows=8, dt=0.004)  # 1.2 s of them
+    assert switches == [1]

@@ -9,7 +9,12 @@ governor follows the load while a model runs.
 
 `ThreadGovernor.observe(seconds, rows)` takes each pure decode step (the step's wall
 time and how many batch rows it evaluated) and returns a new thread count to apply, or
-None. Every change is a trial, judged on the median of the next `window` steps:
+None. Every change is a trial, judged on the median of the next window: the last
+`window` steps, or more to make `window_s` seconds of steps. Eight steps of the tiny
+llama at 8 streams are 20 ms, and medians of such windows at 2 threads spread 1.3-3.5
+ms a step beside the HTTP process (the scheduler's time slices are milliseconds): a
+trial judged on one of them kept 1 thread for whole runs (2,331 t/s against 2,643-
+2,733 at 2 threads, quiet, issue 44). The rules:
 - a step is compared with the fastest median seen for the same thread count and row
   count; at `slow` times that (default 1.6x) the governor tries one thread fewer;
 - every `probe_every_s` seconds below the planned count it tries one thread more;
@@ -25,7 +30,7 @@ one row took 0.94 ms at 1 thread and 1.14 at 2, eight rows 3.3 ms against 1.2. J
 across row counts, a probe made during a server's one-row warm-up kept 1 thread for
 the 8-row load that followed (serve at 8 streams: 2,340-2,380 t/s, against 2,490-2,860
 where 2 threads ran; issue 44). A trial whose window has too few such steps waits for
-more, and is undone after `window * 4` steps without them. When the steps' shape (their
+more, and is undone after four windows' steps without them. When the steps' shape (their
 row count's power-of-two class) is not the one the last trial was judged on, the count
 in force is tried against its neighbour at once. The first step starts the probe
 clocks: a governor made at load time waits its intervals like any other.
@@ -58,12 +63,14 @@ class ThreadGovernor:
     max_threads: int
     threads: int = 0
     window: int = 8
+    window_s: float = 0.25  # and at least this much step time in a window
     slow: float = 1.6
     probe_every_s: float = 10.0
     probe_down_every_s: float = 30.0
     best: dict[tuple[int, int], float] = field(default_factory=dict)  # (threads, rows) → s
     changes: int = 0
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
+    _span: float = 0.0  # the seconds of the steps in _recent
     _last_change: float = 0.0
     # the change on trial: the threads and s/row before it, how much slower it may be
     # kept, and the row count its s/row is for
@@ -83,11 +90,15 @@ class ThreadGovernor:
         if not self._started:
             self._started, self._last_change = True, now
         self._recent.append((seconds, rows))
+        self._span += seconds
         self._trial_steps += 1
-        if len(self._recent) < self.window:
+        while (len(self._recent) > self.window
+               and self._span - self._recent[0][0] >= self.window_s):
+            self._span -= self._recent.popleft()[0]
+        if len(self._recent) < self.window or self._span < self.window_s:
             return None
-        while len(self._recent) > self.window:
-            self._recent.popleft()
+        if self._trial_steps % self.window:  # judged every `window` steps: a window's
+            return None  # medians cost ~30 µs over 100 steps (the tiny llama's 0.25 s)
         ratio = self._summary()
         if self._trial is not None:
             return self._judge(now)
@@ -140,8 +151,8 @@ class ThreadGovernor:
         trial = self._trial
         assert trial is not None
         times = self._by_rows().get(trial.rows, [])
-        if len(times) * 2 < self.window:
-            if self._trial_steps < self.window * 4:
+        if len(times) * 2 < len(self._recent):
+            if self._trial_steps < len(self._recent) * 4:
                 return None
             per_row = float("inf")  # no like-for-like figure: the change is not kept
         else:
@@ -157,6 +168,7 @@ class ThreadGovernor:
     def _switch(self, threads: int, now: float) -> int:
         self.threads = threads
         self._recent.clear()
+        self._span = 0.0
         self._last_change = now
         self.changes += 1
         return threads
