@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,8 +102,13 @@ def _interrupt_run(model: Path, prompt: str, aimed: str, delay: float, draft: bo
     phase = w.phase()
     sent = time.monotonic()
     w.proc.send_signal(signal.SIGINT)
+    where = ""
     try:
-        w.proc.wait(timeout=20)
+        try:
+            w.proc.wait(timeout=STOP_WITHIN_S)
+        except subprocess.TimeoutExpired:  # late: say where it is, then wait on
+            where = _where(w.proc.pid)
+            w.proc.wait(timeout=20)
         took = time.monotonic() - sent
     except subprocess.TimeoutExpired:
         w.proc.kill()
@@ -111,7 +117,32 @@ def _interrupt_run(model: Path, prompt: str, aimed: str, delay: float, draft: bo
     for t in w.readers:
         t.join(5)
     return Stopped(phase, aimed, delay, took, w.proc.returncode,
-                   w.err.decode(errors="replace"), draft)
+                   w.err.decode(errors="replace") + where, draft)
+
+
+def _where(pid: int) -> str:
+    """Where a process that has not stopped in time is: each thread's state and kernel
+    wait channel, and its Python and native stacks where py-spy is installed (a stop
+    past the second, seen in test censuses under load, names what it was waiting on)."""
+    lines = ["", f"-- {STOP_WITHIN_S} s after SIGINT, still running:"]
+    tasks = Path(f"/proc/{pid}/task")
+    for task in sorted(tasks.iterdir()) if tasks.exists() else []:
+        try:
+            stat = (task / "stat").read_text()
+            wchan = (task / "wchan").read_text()
+        except OSError:
+            continue
+        name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+        lines.append(f"   thread {task.name} {name!r} state {state} wchan {wchan or '-'}")
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy:
+        try:
+            dump = subprocess.run([spy, "dump", "--native", "--pid", str(pid)],
+                                  capture_output=True, text=True, timeout=10)
+            lines.append(dump.stdout[-6000:] or dump.stderr[-500:])
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            lines.append(f"   py-spy: {exc!r}")
+    return "\n".join(lines)
 
 
 def _check(s: Stopped) -> None:
