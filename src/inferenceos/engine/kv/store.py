@@ -54,6 +54,7 @@ from inferenceos.engine.kv.entry import (
     read_state,
     write_entry,
 )
+from inferenceos.engine.kv.entry_index import EntryIndex
 from inferenceos.engine.kv.listing import DiskListing
 
 log = logging.getLogger("inferenceos.kv_cache")
@@ -129,7 +130,8 @@ class KVStore:
         self.root = root if root is not None and self.disk_budget > 0 else None
         self.dir = self.root / key if self.root is not None else None
         self._listing = DiskListing(self.root) if self.root is not None else None
-        self.entries: dict[str, Entry] = {}
+        # by id, and grouped by their first tokens for the prefix questions
+        self.entries: EntryIndex[Entry] = EntryIndex(min(min_gain, min_tokens))
         self._lock = threading.RLock()
         self._dir_stamp = -1
         self._disk_off_until = 0.0
@@ -173,7 +175,9 @@ class KVStore:
     def _best(self, p: np.ndarray, at_least: int) -> Hit | None:
         best: Hit | None = None
         with self._lock:
-            for e in self.entries.values():
+            # with partial hits the longest common prefix is a neighbour's (entry_index)
+            near = self.entries.neighbours(p) if self.partial else self.entries.candidates(p)
+            for e in near:
                 n = min(e.n_tokens, p.size)
                 if n <= at_least + self.min_gain - 1 or (best is not None and n <= best.n):
                     continue
@@ -270,7 +274,7 @@ class KVStore:
         p = np.asarray(prompt[:-1], dtype=np.int32)
         best = 0
         with self._lock:
-            for e in self.entries.values():
+            for e in self.entries.candidates(p):
                 n = min(e.n_tokens, p.size)
                 if n <= best:
                     continue
@@ -284,12 +288,13 @@ class KVStore:
     def _supersede(self, arr: np.ndarray) -> None:
         """Forget the entries `arr` extends (earlier turns of its conversation), except
         a prefix that another entry extends too: a shared one (see branch_point)."""
-        for old in list(self.entries.values()):
+        near = list(self.entries.candidates(arr))  # an extended entry shares its head
+        for old in near:
             n = old.n_tokens
             if n >= arr.size or not np.array_equal(old.tokens, arr[:n]) or old.writing:
                 continue
             if any(o is not old and o.n_tokens > n and np.array_equal(o.tokens[:n], old.tokens)
-                   for o in self.entries.values()):
+                   for o in near if o.id in self.entries):
                 continue
             self.entries.pop(old.id)
             if old.disk is not None:
@@ -320,12 +325,21 @@ class KVStore:
         return self.dir is not None and time.monotonic() >= self._disk_off_until
 
     def _rescan_needed(self) -> bool:
+        """Whether the folder changed since the index last saw all of it. Our own
+        writes (under the root lock, `_write`) keep it current: without that, each
+        reply's write made the next prompt's miss list and scan the whole folder (0.4-0.9
+        ms at the admission of each request, a few hundred entries; issue 44)."""
         if self.dir is None:
             return False
+        stamp = self._folder_mtime()
+        return stamp >= 0 and stamp != self._dir_stamp
+
+    def _folder_mtime(self) -> int:
+        """The key folder's mtime (ns); -1 when it cannot be read."""
         try:
-            return os.stat(self.dir).st_mtime_ns != self._dir_stamp
+            return os.stat(self.dir).st_mtime_ns if self.dir is not None else -1
         except OSError:
-            return False
+            return -1
 
     def _scan(self) -> None:
         """Index this key's files (another process's, or a previous run's); files that
@@ -388,11 +402,14 @@ class KVStore:
         meta = None
         try:
             with _locked(self.root):
+                seen_all = self._folder_mtime() == self._dir_stamp
                 if self._make_room(e.nbytes + 4 * e.n_tokens + 4096, exclude=path):
                     write_entry(path, self.key, e.tokens, data, e.cost_s)
                     meta = read_meta(path, self.key)  # the header as written (its crc)
                     self._listing.added(path, meta.file_bytes)  # type: ignore[union-attr]
                     self.counters["writes"] += 1
+                if seen_all:  # only our own changes since: the index still knows them all
+                    self._dir_stamp = self._folder_mtime()
         except OSError as exc:
             self.counters["write_errors"] += 1
             self._disk_off_until = time.monotonic() + DISK_RETRY_S
