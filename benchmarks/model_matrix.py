@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,15 +91,19 @@ def rounds(n: int, ours: Callable[[], float], theirs: Callable[[], float]) -> Pa
 def streams(model: Path, args: argparse.Namespace) -> Pair:
     """Aggregate tokens/s of 4 streaming clients: serve --parallel 4 vs llama-server -np 4."""
     ctx = 1024
-    env = dict(os.environ, INFERENCEOS_HOME=tempfile.mkdtemp(prefix="ios-matrix-"))
+    home = tempfile.mkdtemp(prefix="ios-matrix-")
+    env = dict(os.environ, INFERENCEOS_HOME=home)
     ours_cmd = [sys.executable, "-m", "inferenceos", "serve", str(model), "--parallel", "4",
                 "--ctx", str(ctx), "--threads", str(args.threads), "--port", "{port}",
                 "--draft", "none"]
     theirs_cmd = [str(llama_tool("llama-server")), "-m", str(model), "-np", "4", "-c",
                   str(ctx * 4), "-t", str(args.threads), "--host", "127.0.0.1",
                   "--port", "{port}"]
-    return rounds(args.rounds, lambda: _stream_tps(ours_cmd, env, "", args),
-                  lambda: _stream_tps(theirs_cmd, env, "model", args))
+    try:
+        return rounds(args.rounds, lambda: _stream_tps(ours_cmd, env, "", args),
+                      lambda: _stream_tps(theirs_cmd, env, "model", args))
+    finally:  # its KV cache: tens of MB a model, left behind
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _stream_tps(cmd: list[str], env: dict[str, str], name: str, args: argparse.Namespace

@@ -577,15 +577,18 @@ def main() -> int:
           f"{args.tokens} tokens a request, {args.threads} threads, {os.cpu_count()} CPUs, "
           f"{loadavg()}", flush=True)
     result: dict[str, Any] = {}
-    for name, model in model_paths(args.models, folder).items():
-        print(f"\n== {name} ({model.name}, {model.stat().st_size / 1e6:.1f} MB, {loadavg()})",
-              flush=True)
-        res: dict[str, Any] = {}
-        if not args.no_run:
-            res["run"] = run_decode(model, args)
-        for n in args.streams:
-            res[f"serve{n}"] = run_streams(model, n, args, env)
-        result[name] = res
+    try:
+        for name, model in model_paths(args.models, folder).items():
+            print(f"\n== {name} ({model.name}, {model.stat().st_size / 1e6:.1f} MB, "
+                  f"{loadavg()})", flush=True)
+            res: dict[str, Any] = {}
+            if not args.no_run:
+                res["run"] = run_decode(model, args)
+            for n in args.streams:
+                res[f"serve{n}"] = run_streams(model, n, args, env)
+            result[name] = res
+    finally:  # the servers' data dir holds their KV cache: 50-200 MB a run, left behind
+        shutil.rmtree(folder, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
