@@ -99,29 +99,30 @@ class ThreadGovernor:
             return None
         if self._trial_steps % self.window:  # judged every `window` steps: a window's
             return None  # medians cost ~30 µs over 100 steps (the tiny llama's 0.25 s)
-        ratio = self._summary()
+        by_rows = self._by_rows()  # grouped once per evaluation
+        ratio = self._summary(by_rows)
         if self._trial is not None:
-            return self._judge(now)
+            return self._judge(by_rows, now)
         if now < self._hold_until:
             return None
-        shape = _shape(self._commonest_rows())
+        shape = _shape(_commonest(by_rows))
         if self._decided is not None and shape != self._decided and self.max_threads > 1:
             # the count in force was judged on another shape: judge it on this one now
             if self.threads < self.max_threads:
-                return self._try(self.threads + 1, now)
-            return self._try(self.threads - 1, now, keep_if=1.0)
+                return self._try(self.threads + 1, by_rows, now)
+            return self._try(self.threads - 1, by_rows, now, keep_if=1.0)
         if self.threads > 1 and ratio > self.slow:
-            return self._try(self.threads - 1, now)
+            return self._try(self.threads - 1, by_rows, now)
         if self.threads < self.max_threads and now - self._last_change >= self.probe_every_s:
-            return self._try(self.threads + 1, now)
+            return self._try(self.threads + 1, by_rows, now)
         if self.threads > 1 and now - self._last_change >= self.probe_down_every_s:
-            return self._try(self.threads - 1, now, keep_if=1.0)
+            return self._try(self.threads - 1, by_rows, now, keep_if=1.0)
         return None
 
-    def _summary(self) -> float:
+    def _summary(self, by_rows: dict[int, list[float]]) -> float:
         """The median ratio of each step to the best for its shape; updates the bests
-        with this window's medians."""
-        for r, times in self._by_rows().items():
+        with this window's medians (`by_rows`: the window's `_by_rows()`)."""
+        for r, times in by_rows.items():
             key = (self.threads, r)
             med = statistics.median(times)
             self.best[key] = min(self.best.get(key, med), med)
@@ -134,23 +135,21 @@ class ThreadGovernor:
             by_rows.setdefault(r, []).append(s)
         return by_rows
 
-    def _commonest_rows(self) -> int:
-        by_rows = self._by_rows()
-        return max(by_rows, key=lambda r: (len(by_rows[r]), r))
-
-    def _try(self, threads: int, now: float, keep_if: float = 1.05) -> int:
-        rows = self._commonest_rows()
-        times = self._by_rows()[rows]
-        self._trial = _Trial(self.threads, statistics.median(times) / rows, keep_if, rows)
+    def _try(self, threads: int, by_rows: dict[int, list[float]], now: float,
+             keep_if: float = 1.05) -> int:
+        rows = _commonest(by_rows)
+        per_row = statistics.median(by_rows[rows]) / rows
+        self._trial = _Trial(self.threads, per_row, keep_if, rows)
         self._trial_steps = 0
         return self._switch(threads, now)
 
-    def _judge(self, now: float) -> int | None:
+    def _judge(self, by_rows: dict[int, list[float]], now: float) -> int | None:
         """Keep or undo the trial on this window's steps of the trial's row count; None
-        while too few of them (undone after `window * 4` steps without enough)."""
+        while they are fewer than half the window (undone after four windows' steps
+        without enough)."""
         trial = self._trial
         assert trial is not None
-        times = self._by_rows().get(trial.rows, [])
+        times = by_rows.get(trial.rows, [])
         if len(times) * 2 < len(self._recent):
             if self._trial_steps < len(self._recent) * 4:
                 return None
@@ -172,6 +171,11 @@ class ThreadGovernor:
         self._last_change = now
         self.changes += 1
         return threads
+
+
+def _commonest(by_rows: dict[int, list[float]]) -> int:
+    """The row count with the most steps in a window (the larger on a tie)."""
+    return max(by_rows, key=lambda r: (len(by_rows[r]), r))
 
 
 def _shape(rows: int) -> int:

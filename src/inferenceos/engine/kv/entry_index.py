@@ -19,7 +19,6 @@ longest common prefix of a prompt with any entry is that of one of its two neigh
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -51,12 +50,13 @@ class EntryIndex(dict[str, E]):
             return None
         return tuple(int(t) for t in tokens[:self.head])
 
-    def candidates(self, tokens: Any) -> Iterable[E]:
+    def candidates(self, tokens: Any) -> list[E]:
         """The entries whose first `head` tokens are those of `tokens` (a list or an
-        array of token ids); none when `tokens` is shorter than `head`."""
+        array of token ids), in a list of their own (the caller may change the index
+        while it walks them); none when `tokens` is shorter than `head`."""
         key = self._key(tokens)
         group = self._groups.get(key) if key is not None else None
-        return list(group.values()) if group else ()
+        return list(group.values()) if group else []
 
     def neighbours(self, tokens: Any) -> list[E]:
         """The entries just before and just after `tokens` in the lexicographic order
@@ -64,8 +64,7 @@ class EntryIndex(dict[str, E]):
         any entry (token ids >= 0; a negative one, a media cell, only makes the pick
         miss a prefix, never a wrong one: the caller compares the tokens)."""
         i = bisect.bisect_left(self._order, (_sort_key(tokens), ""))
-        return [super(EntryIndex, self).__getitem__(eid)
-                for _, eid in self._order[max(0, i - 1):i + 1]]
+        return [self[eid] for _, eid in self._order[max(0, i - 1):i + 1]]
 
     def __setitem__(self, eid: str, entry: E) -> None:
         if eid in self:

@@ -288,7 +288,7 @@ class KVStore:
     def _supersede(self, arr: np.ndarray) -> None:
         """Forget the entries `arr` extends (earlier turns of its conversation), except
         a prefix that another entry extends too: a shared one (see branch_point)."""
-        near = list(self.entries.candidates(arr))  # an extended entry shares its head
+        near = self.entries.candidates(arr)  # an extended entry shares its head
         for old in near:
             n = old.n_tokens
             if n >= arr.size or not np.array_equal(old.tokens, arr[:n]) or old.writing:
