@@ -149,10 +149,42 @@ def test_a_ctrl_c_while_the_cli_imports_is_one_line(module: str) -> None:
     assert r.stderr.strip().splitlines()[-1:] == ["error: interrupted"], r.stderr[-2000:]
 
 
+# the same moment as CI met it on Python 3.11: the Ctrl-C lands while ipaddress defines
+# IPv6Interface (on the entry point's import of Typer), inside a cached_property's
+# __set_name__, and reaches the entry point as a RuntimeError caused by it
+_WRAPPED_AT_IMPORT = """
+import importlib.abc, sys
+
+class Descriptor:
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt
+
+class WrappedAt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "typer":
+            class Interface:
+                hostmask = Descriptor()
+        return None
+
+sys.meta_path.insert(0, WrappedAt())
+sys.argv = ["inferenceos", "ps"]
+from inferenceos.cli.entry import main
+main()
+"""
+
+
+def test_a_wrapped_ctrl_c_while_the_entry_point_imports_typer_is_one_line() -> None:
+    r = subprocess.run([sys.executable, "-c", _WRAPPED_AT_IMPORT],
+                       capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1:] == ["error: interrupted"], r.stderr[-2000:]
+
+
 def test_a_ctrl_c_wrapped_by_a_class_definition_is_still_an_interrupt() -> None:
     """Python before 3.12 wraps an exception raised in __set_name__ in a RuntimeError:
     a Ctrl-C while a module defines such a class must still end as an interrupt."""
-    from inferenceos.cli.main import interrupted_inside
+    from inferenceos.interrupt import interrupted_inside
 
     class Descriptor:
         def __set_name__(self, owner: type, name: str) -> None:

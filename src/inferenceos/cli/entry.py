@@ -30,7 +30,18 @@ def main() -> None:
 
         run_cli()
     except KeyboardInterrupt:
-        from inferenceos.interrupt import exit_interrupted
+        _interrupted()
+    except Exception as exc:
+        # a Ctrl-C inside a class definition while importing (Typer's first import of
+        # ipaddress, before 3.12) arrives wrapped in a RuntimeError: CI's exit 1
+        if not interrupt.interrupted_inside(exc):
+            raise
+        _interrupted()
 
-        sys.stderr.write("error: interrupted\n")
-        exit_interrupted(130)
+
+def _interrupted() -> None:
+    """The one line and exit 130 of a Ctrl-C that ended the process."""
+    from inferenceos.interrupt import exit_interrupted
+
+    sys.stderr.write("error: interrupted\n")
+    exit_interrupted(130)

@@ -23,6 +23,7 @@ import typer.main
 from inferenceos import __version__
 from inferenceos.cli.console import print_error, print_json
 from inferenceos.errors import InferenceOSError, Interrupted
+from inferenceos.interrupt import interrupted_inside
 
 
 class _Commands(typer.core.TyperGroup):
@@ -172,21 +173,6 @@ def _is_click_usage(exc: Exception) -> bool:
     """A Click usage exception, whichever Click raised it (Typer vendors its own, so the
     class cannot be imported from a public place): it can show itself and has a code."""
     return all(hasattr(exc, a) for a in ("show", "format_message", "exit_code"))
-
-
-def interrupted_inside(exc: BaseException) -> bool:
-    """Whether `exc` wraps a Ctrl-C. Before Python 3.12, an exception raised in a
-    descriptor's __set_name__ while a class is defined comes back as a RuntimeError
-    with it as the cause, so a Ctrl-C while such a module is imported ended in "internal
-    error" and exit 70 (the interrupt stress test's moment at 2.45 s)."""
-    seen: set[int] = set()
-    inner = exc.__cause__ or exc.__context__
-    while inner is not None and id(inner) not in seen:
-        if isinstance(inner, KeyboardInterrupt):
-            return True
-        seen.add(id(inner))
-        inner = inner.__cause__ or inner.__context__
-    return False
 
 
 def main() -> None:
