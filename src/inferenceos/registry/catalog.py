@@ -122,6 +122,12 @@ class Catalog:
             self._plain.setdefault(plain, key)
         return model
 
+    def alias(self, name: str) -> ResolvedModel | None:
+        """The file served under `name` when it is an alias (what `resolve` would
+        return first), else None: a dict lookup, reading neither the registry nor the
+        disk, so an event loop may call it. InvalidNameError for a malformed name."""
+        return self._aliases.get(canonical(name))
+
     def resolve(self, name: str) -> ResolvedModel:
         """The model called `name`; InvalidNameError or ModelNotFoundError otherwise."""
         key = canonical(name)

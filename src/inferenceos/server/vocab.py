@@ -145,6 +145,14 @@ class Vocab:
             self.close()
 
 
+def cached_vocab(path: Path) -> Vocab | None:
+    """The vocabulary of the GGUF at `path` when it is cached, else None. Never blocks
+    on the file (only on the cache's lock, held for dict operations): for an event loop,
+    where `vocab_for`'s load would stall every stream."""
+    with _cache_lock:
+        return _cache.get(Path(path))
+
+
 def vocab_for(path: Path) -> Vocab:
     """The (cached) vocabulary of the GGUF at `path`. Blocking: call from a thread."""
     key = Path(path)

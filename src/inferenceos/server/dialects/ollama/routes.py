@@ -48,6 +48,7 @@ from inferenceos.server.generation import (
     Run,
     admitted_call,
     call_in_thread,
+    model_and_vocab,
     start_generation,
     until_disconnect,
 )
@@ -63,7 +64,6 @@ from inferenceos.server.sse import ndjson_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import history_call, ollama_calls, tool_request
-from inferenceos.server.vocab import vocab_for
 
 _NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
 NS = 1_000_000_000
@@ -246,8 +246,7 @@ async def _infill(state: ServerState, name: str, body: GenerateRequest,
     for a model without them."""
     if body.images:
         raise APIError(400, "images cannot be combined with suffix")
-    model = await call_in_thread(lambda: state.catalog.resolve(name))
-    vocab = await call_in_thread(lambda: vocab_for(model.path))
+    _, vocab = await model_and_vocab(state, name)
     fim = require_fim(vocab, f'"{body.model or name}" does not support insert')
 
     def build() -> list[int]:
@@ -336,8 +335,8 @@ def _with_media(state: ServerState, messages: list[OllamaMessage]
 
 async def _embed(state: ServerState, name: str, texts: list[str],
                  keep_alive: float | None) -> tuple[list[list[float]], int, float]:
-    model = await call_in_thread(lambda: state.catalog.resolve(name))
-    refuse_embeddings(await call_in_thread(lambda: vocab_for(model.path)), name)
+    _, vocab = await model_and_vocab(state, name)
+    refuse_embeddings(vocab, name)
 
     def work() -> tuple[list[list[float]], int, float]:
         t0 = time.perf_counter()

@@ -49,6 +49,7 @@ from inferenceos.server.generation import (
     Run,
     admitted_call,
     call_in_thread,
+    model_and_vocab,
     progress_json,
     start_generation,
     until_disconnect,
@@ -66,7 +67,6 @@ from inferenceos.server.rerank import refuse_embeddings
 from inferenceos.server.sse import SSE_CONTENT, sse_response
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tools import ToolRequest, openai_calls
-from inferenceos.server.vocab import vocab_for
 
 _SSE = SSE_CONTENT
 
@@ -286,8 +286,7 @@ async def _with_suffix(state: ServerState, body: CompletionRequest,
                        prompts: list[str | list[int]]) -> list[str | list[int]]:
     """Each prompt (text or ids) and `suffix` as the model's fill-in-the-middle prompt
     (server/infill.py); 400 for a model without FIM tokens."""
-    model = await call_in_thread(lambda: state.catalog.resolve(state.model_name(body.model)))
-    vocab = await call_in_thread(lambda: vocab_for(model.path))
+    _, vocab = await model_and_vocab(state, state.model_name(body.model))
     fim = require_fim(vocab, "suffix (fill in the middle) is not supported by this model")
 
     def build() -> list[list[int]]:
@@ -349,8 +348,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
         raise APIError(400, "input must be a string or a list of 1 to 256 inputs",
                        "invalid_input")
     name = state.model_name(body.model)
-    model = await call_in_thread(lambda: state.catalog.resolve(name))
-    vocab = await call_in_thread(lambda: vocab_for(model.path))
+    _, vocab = await model_and_vocab(state, name)
     refuse_embeddings(vocab, name)
     inputs = [embedding_input(t, vocab) for t in items]
 
