@@ -120,6 +120,22 @@ def _register_in_place(catalog: object, served: object) -> None:
         err.print(f"note: {served.name} is served but not registered ({exc})", markup=False)
 
 
+def _share_cpus(manager: object, name: str) -> None:
+    """Lower the HTTP side's threads below the worker's when the default model's plan
+    fills the CPUs (hardware/cpu_share.py). Before any worker or serving thread starts."""
+    from inferenceos.errors import InferenceOSError
+    from inferenceos.hardware import cpu_share
+    from inferenceos.registry.manager import ModelManager
+
+    assert isinstance(manager, ModelManager)
+    try:
+        plan = manager.plan_for(name)
+    except InferenceOSError:
+        return  # _print_default_plan said why; requests will say it again
+    p = plan.params()
+    cpu_share.configure(cpu_share.http_nice(p.n_threads, plan.placement.gpu_layers > 0))
+
+
 def _print_default_plan(manager: object, name: str) -> None:
     """The default model's plan line, before any request loads it (planning only)."""
     from inferenceos.errors import InferenceOSError
@@ -233,6 +249,7 @@ def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptio
     _check_listening(settings, cert_file is not None, verbose)
     if settings.default_model not in pins:  # a pinned one prints it as it loads
         _print_default_plan(manager, settings.default_model)
+    _share_cpus(manager, settings.default_model)
     _load_pinned(manager)
     scheme = "https" if cert_file else "http"
     err.print(f"InferenceOS API on {scheme}://{settings.host}:{settings.port} "

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI
 
+from inferenceos.hardware import cpu_share
 from inferenceos.registry.catalog import Catalog
 from inferenceos.registry.manager import ModelManager
 from inferenceos.server import ui_routes
@@ -59,6 +60,7 @@ def create_app(settings: ServerSettings, catalog: Catalog, manager: ModelManager
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         manager.start_reaper()
+        cpu_share.lower_this_thread()  # the event loop: after the worker's threads
         try:
             yield
         finally:

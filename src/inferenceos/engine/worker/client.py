@@ -35,6 +35,7 @@ from inferenceos.engine.messages import (
     WorkerInfo,
 )
 from inferenceos.engine.worker.main import WorkerConfig, unpack_step, worker_main
+from inferenceos.hardware import cpu_share
 
 __all__ = ["CurrentWorker", "Replies", "WorkerClient"]
 
@@ -87,7 +88,8 @@ class WorkerClient:
         ctx = mp.get_context("spawn")  # no fork: the parent may hold threads and locks
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=worker_main, args=(child, cfg), daemon=True)
-        self.proc.start()
+        # at the process's own priority even when asked from a lowered serving thread
+        cpu_share.start_at_base(self.proc.start)
         child.close()
         self.pending: dict[int, Replies] = {}
         self.lock = threading.Lock()
@@ -111,6 +113,7 @@ class WorkerClient:
         threading.Thread(target=self._read, daemon=True, name="engine-reader").start()
 
     def _read(self) -> None:
+        cpu_share.lower_this_thread()  # serve's HTTP side: after the worker's threads
         try:
             while True:
                 out: FromWorker
