@@ -101,6 +101,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting("server.shutdown_grace_s", float, 10.0,
             "Seconds streams get to finish on SIGINT/SIGTERM before they are cancelled",
             _range(0, 3600)),
+    Setting("server.yield_cpu", bool, True,
+            "Where the model's compute threads fill the CPUs, run the HTTP side at nice +10 "
+            "so it does not preempt them (off: equal priority)"),
     Setting("run.threads", int, 0, "CPU threads for llama.cpp (0: automatic)",
             _range(0, 4096)),
     Setting("run.n_ctx", int, 0, "Context length in tokens (0: from the plan)",

@@ -249,7 +249,8 @@ def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptio
     _check_listening(settings, cert_file is not None, verbose)
     if settings.default_model not in pins:  # a pinned one prints it as it loads
         _print_default_plan(manager, settings.default_model)
-    _share_cpus(manager, settings.default_model)
+    if cfg.get("server.yield_cpu"):
+        _share_cpus(manager, settings.default_model)
     _load_pinned(manager)
     scheme = "https" if cert_file else "http"
     err.print(f"InferenceOS API on {scheme}://{settings.host}:{settings.port} "
