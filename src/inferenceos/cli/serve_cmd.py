@@ -120,24 +120,10 @@ def _register_in_place(catalog: object, served: object) -> None:
         err.print(f"note: {served.name} is served but not registered ({exc})", markup=False)
 
 
-def _share_cpus(manager: object, name: str) -> None:
-    """Lower the HTTP side's threads below the worker's when the default model's plan
-    fills the CPUs (hardware/cpu_share.py). Before any worker or serving thread starts."""
-    from inferenceos.errors import InferenceOSError
-    from inferenceos.hardware import cpu_share
-    from inferenceos.registry.manager import ModelManager
-
-    assert isinstance(manager, ModelManager)
-    try:
-        plan = manager.plan_for(name)
-    except InferenceOSError:
-        return  # _print_default_plan said why; requests will say it again
-    p = plan.params()
-    cpu_share.configure(cpu_share.http_nice(p.n_threads, plan.placement.gpu_layers > 0))
-
-
-def _print_default_plan(manager: object, name: str) -> None:
-    """The default model's plan line, before any request loads it (planning only)."""
+def _default_plan(manager: object, name: str, show: bool) -> object | None:
+    """The default model's plan before any request loads it (planning only), its line
+    printed when `show` (a pinned model prints it as it loads); None when it cannot be
+    planned here (said in one line: requests will say it again)."""
     from inferenceos.errors import InferenceOSError
     from inferenceos.registry.manager import ModelManager
 
@@ -145,9 +131,24 @@ def _print_default_plan(manager: object, name: str) -> None:
     try:
         plan = manager.plan_for(name)
     except InferenceOSError as exc:
-        err.print(f"{name}: cannot be planned here: {exc}", markup=False)
-        return
-    err.print(f"{name}: {plan.summary()}", style="dim", markup=False)
+        if show:  # a pinned model's load says it and stops serve
+            err.print(f"{name}: cannot be planned here: {exc}", markup=False)
+        return None
+    if show:
+        err.print(f"{name}: {plan.summary()}", style="dim", markup=False)
+    return plan
+
+
+def _share_cpus(plan: object) -> None:
+    """Lower the HTTP side's threads below the worker's when `plan` (the default
+    model's) fills the CPUs (hardware/cpu_share.py). Before any worker or serving
+    thread starts."""
+    from inferenceos.hardware import cpu_share
+    from inferenceos.plan.plan import Plan
+
+    assert isinstance(plan, Plan)
+    cpu_share.configure(cpu_share.http_nice(plan.params().n_threads,
+                                            plan.placement.gpu_layers > 0))
 
 
 def _stderr_logging(verbose: bool) -> None:
@@ -247,10 +248,10 @@ def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptio
         lora=settings.lora, default_model=settings.default_model)
     cert_file, key_file = _tls_files(listen.tls_cert, listen.tls_key)
     _check_listening(settings, cert_file is not None, verbose)
-    if settings.default_model not in pins:  # a pinned one prints it as it loads
-        _print_default_plan(manager, settings.default_model)
-    if cfg.get("server.yield_cpu"):
-        _share_cpus(manager, settings.default_model)
+    plan = _default_plan(manager, settings.default_model,
+                         show=settings.default_model not in pins)
+    if plan is not None and cfg.get("server.yield_cpu"):
+        _share_cpus(plan)
     _load_pinned(manager)
     scheme = "https" if cert_file else "http"
     err.print(f"InferenceOS API on {scheme}://{settings.host}:{settings.port} "
