@@ -197,3 +197,22 @@ def test_a_window_spans_a_quarter_second_of_steps() -> None:
     switches, t = feed(g, 0.001, 300, t, rows=8, dt=0.001)
     switches, t = feed(g, 0.004, 300, t, rows=8, dt=0.004)  # 1.2 s of them
     assert switches == [1]
+
+
+def test_a_long_window_is_judged_four_times_per_window_not_every_eight_steps() -> None:
+    """One row of the tiny llama is ~0.7 ms a step: a 0.25 s window holds ~350 steps,
+    and grouping them every 8 steps was 15 % of the worker's GIL time at one stream."""
+    g = ThreadGovernor(2)
+    groupings = 0
+    group = g._by_rows
+
+    def counted() -> dict[int, list[float]]:
+        nonlocal groupings
+        groupings += 1
+        return group()
+
+    g._by_rows = counted  # type: ignore[method-assign]
+    switches, _ = feed(g, 0.0007, 3600, 0.0, rows=1, dt=0.0007)
+    assert switches == [] and g.threads == 2
+    # 2.5 s of steps: ten windows, each judged about four times (every 8 steps: 450)
+    assert 20 <= groupings <= 60, groupings

@@ -76,6 +76,7 @@ class ThreadGovernor:
     # kept, and the row count its s/row is for
     _trial: _Trial | None = None
     _trial_steps: int = 0  # steps seen since the trial began
+    _next_eval: int = 0  # the next evaluation at this many _trial_steps
     _hold_until: float = 0.0  # after an undone trial: no new one before then
     _started: bool = False  # the first step seen: the probe intervals count from it
     _decided: int | None = None  # the step shape (_shape) the last trial was judged on
@@ -97,8 +98,12 @@ class ThreadGovernor:
             self._span -= self._recent.popleft()[0]
         if len(self._recent) < self.window or self._span < self.window_s:
             return None
-        if self._trial_steps % self.window:  # judged every `window` steps: a window's
-            return None  # medians cost ~30 µs over 100 steps (the tiny llama's 0.25 s)
+        if self._trial_steps < self._next_eval:
+            return None
+        # judged every `window` steps, or every quarter of a longer window: its medians
+        # cost ~30 µs over 100 steps, and one row of the tiny llama makes ~350 steps of
+        # 0.25 s, whose grouping every 8 steps was 15 % of the worker's GIL time
+        self._next_eval = self._trial_steps + max(self.window, len(self._recent) // 4)
         by_rows = self._by_rows()  # grouped once per evaluation
         ratio = self._summary(by_rows)
         if self._trial is not None:
@@ -140,7 +145,7 @@ class ThreadGovernor:
         rows = _commonest(by_rows)
         per_row = statistics.median(by_rows[rows]) / rows
         self._trial = _Trial(self.threads, per_row, keep_if, rows)
-        self._trial_steps = 0
+        self._trial_steps = self._next_eval = 0
         return self._switch(threads, now)
 
     def _judge(self, by_rows: dict[int, list[float]], now: float) -> int | None:
