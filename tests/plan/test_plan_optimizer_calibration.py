@@ -111,21 +111,26 @@ def test_the_recorder_samples_a_cpu_burning_neighbour(tiny_llama: Path) -> None:
     try:
         assert burner.stdout is not None and burner.stdout.readline() == "burning\n"
         rec = telemetry.recorder()
-        t0, ticks0 = time.monotonic(), _cpu_ticks(burner.pid)
-        rec.generation(tiny_llama, source="run", prompt_tokens=8, output_tokens=8,
-                       decode_tps=10.0, threads=1, contention="sample")
-        assert rec.flush(timeout=30)
-        # the CPUs the burner had meanwhile: beside a busy suite on 2 cores it gets a
-        # share of one (a census: 0.5 sampled where the test had asked for 0.6)
-        share = (_cpu_ticks(burner.pid) - ticks0) / os.sysconf("SC_CLK_TCK") / (
-            time.monotonic() - t0)
+        # up to three recorded windows, until one where the burner did burn: beside a
+        # busy suite on 2 cores it gets a share of one (a census: 0.5 sampled where the
+        # test had asked for 0.6), and in a fresh clone's run none at all in one 0.1 s
+        # window (0.0): the sample can only be checked against a window it burned in
+        for _ in range(3):
+            t0, ticks0 = time.monotonic(), _cpu_ticks(burner.pid)
+            rec.generation(tiny_llama, source="run", prompt_tokens=8, output_tokens=8,
+                           decode_tps=10.0, threads=1, contention="sample")
+            assert rec.flush(timeout=30)
+            share = (_cpu_ticks(burner.pid) - ticks0) / os.sysconf("SC_CLK_TCK") / (
+                time.monotonic() - t0)
+            if share >= 0.2:
+                break
     finally:
         burner.kill()
         burner.wait()
-    row = telemetry.generations(limit=1)[-1]
+    row = telemetry.generations(limit=1)[-1]  # the last window's record
     c = row.extra["contention"]
     assert c["sampled"] and c["usable_cpus"] >= 1 and c["threads"] == 1
-    assert share >= 0.2, share  # it did burn
+    assert share >= 0.2, share  # it did burn, in one of three windows
     # the sample holds the burner (other work here may add more); /proc/stat's ticks
     # are 10 ms, 20 of them in the 0.1 s window on 2 CPUs, hence the 0.1 of slack
     assert c["busy_others"] >= min(0.6, share) - 0.1, (c, share)
