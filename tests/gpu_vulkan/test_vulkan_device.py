@@ -45,6 +45,9 @@ def test_hardware_and_doctor_report_the_device(vk: VulkanCli) -> None:
         assert dev["max_tensor_bytes"] == 128 * MIB, dev
     assert "Vulkan" in vk.profile["llama"]["backends"]
     assert DEVICE in vk.profile["recommendation"]["reason"]
+    # the run's measured profile, as `hardware` cached it: the command prints it (a
+    # fresh home measured it again, ~40 s on lavapipe beside the suite)
+    vk.seed_home(measured=True)
     text = vk("hardware").stdout
     assert DEVICE in text and dev["description"].split(" (")[0] in text
     checks = {c["name"]: c for c in json.loads(vk("doctor", "--json", check=False).stdout)
