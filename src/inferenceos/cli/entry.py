@@ -8,6 +8,7 @@ Here it ends in one line and exit 130, as it does once the command runs.
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
         _interrupted()
 
 
-def _interrupted() -> None:
+def _interrupted() -> NoReturn:
     """The one line and exit 130 of a Ctrl-C that ended the process."""
     from inferenceos.interrupt import exit_interrupted
 

@@ -66,11 +66,6 @@ def configure(increment: int) -> None:
         _increment = increment
 
 
-def increment() -> int:
-    """The increment `configure` set (0: none)."""
-    return _increment
-
-
 def lower_this_thread() -> None:
     """Run the calling thread at the configured increment above the process's own
     priority (and the threads it starts after this); nothing when none is configured.

@@ -146,21 +146,23 @@ class Vocab:
 
 
 def cached_vocab(path: Path) -> Vocab | None:
-    """The vocabulary of the GGUF at `path` when it is cached, else None. Never blocks
-    on the file (only on the cache's lock, held for dict operations): for an event loop,
-    where `vocab_for`'s load would stall every stream."""
-    with _cache_lock:
-        return _cache.get(Path(path))
-
-
-def vocab_for(path: Path) -> Vocab:
-    """The (cached) vocabulary of the GGUF at `path`. Blocking: call from a thread."""
+    """The vocabulary of the GGUF at `path` when it is cached (then the most recently
+    used), else None. Never blocks on the file (only on the cache's lock, held for dict
+    operations): for an event loop, where `vocab_for`'s load would stall every stream."""
     key = Path(path)
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
-            return hit
+        return hit
+
+
+def vocab_for(path: Path) -> Vocab:
+    """The (cached) vocabulary of the GGUF at `path`. Blocking: call from a thread."""
+    key = Path(path)
+    hit = cached_vocab(key)
+    if hit is not None:
+        return hit
     vocab = Vocab(key)  # outside the lock: a second file need not wait for this one
     with _cache_lock:
         hit = _cache.get(key)

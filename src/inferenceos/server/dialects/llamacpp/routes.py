@@ -450,7 +450,7 @@ async def _facts(state: ServerState, requested: str | None = None
     """The model a request names (the default one when None) and the context of one
     sequence (the engine's own figure when loaded, else what a load would give)."""
     name = state.model_name(requested)
-    model = await call_in_thread(lambda: state.catalog.resolve(name))
+    model, _ = await model_and_vocab(state, name)  # a served file's: no thread hop
     for lm in state.manager.loaded():
         if lm.model.name == model.name:
             return model, lm.engine.n_ctx
