@@ -76,18 +76,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     except (OSError, ValueError):
         return
     root = Path(str(config.rootpath))
-    first_of: dict[str, str] = {}  # a shared set-up's folder -> its longest file
+
+    def name(item: pytest.Item) -> str:
+        return Path(str(item.path)).relative_to(root).as_posix()
+
+    def own(file: str) -> float:
+        return seconds.get(file, _UNKNOWN_FILE_S)
+
+    files = list(dict.fromkeys(name(item) for item in items))  # in collection order
+    longest = {folder: max((f for f in files if f.startswith(folder)), key=own, default="")
+               for folder in _SHARED_SETUP}  # the file that makes the set-up
 
     def weight(item: pytest.Item) -> float:
-        name = Path(str(item.path)).relative_to(root).as_posix()
-        own = seconds.get(name, _UNKNOWN_FILE_S)
+        file = name(item)
         for folder, setup_s in _SHARED_SETUP.items():
-            if name.startswith(folder) and first_of.setdefault(folder, name) != name:
-                return -min(own, setup_s)
-        return -own
+            if file.startswith(folder) and file != longest[folder]:
+                return -min(own(file), setup_s)
+        return -own(file)
 
-    items.sort(key=lambda item: -seconds.get(
-        Path(str(item.path)).relative_to(root).as_posix(), _UNKNOWN_FILE_S))
     items.sort(key=weight)  # stable: a file's tests keep their order
 
 
