@@ -104,6 +104,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting("server.yield_cpu", bool, True,
             "Where the model's compute threads fill the CPUs, run the HTTP side at nice +10 "
             "so it does not preempt them (off: equal priority)"),
+    Setting("server.direct_writes", bool, True,
+            "The model worker writes a plain stream's tokens to the client itself, "
+            "instead of waking the HTTP side per token (off: every token through it)"),
     Setting("run.threads", int, 0, "CPU threads for llama.cpp (0: automatic)",
             _range(0, 4096)),
     Setting("run.n_ctx", int, 0, "Context length in tokens (0: from the plan)",

@@ -15,10 +15,12 @@ import pytest
 
 import inferenceos.engine.messages as messages
 from inferenceos.engine.base import Generation, stream_event
+from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.messages import (
     Ask,
+    Attach,
     Cancel,
     Embed,
     ExportLive,
@@ -43,6 +45,7 @@ from inferenceos.engine.messages import (
     TokenOut,
     ToWorker,
     Wake,
+    Wrote,
     unknown,
 )
 from inferenceos.engine.sampling import SamplingParams
@@ -74,6 +77,7 @@ REQUESTS: list[ToWorker] = [
     ImportLive(LiveState(), req_id=19),
     SetThreads(None, req_id=20),
     Prefetch((1, 2, 3), req_id=21),
+    Attach(FrameSpec(("data: ", "\n\n"), ("text",)), 2, req_id=7),
 ]
 
 LOGPROB = TokenLogprob(5, b"x", -0.5, 3.0)
@@ -85,6 +89,7 @@ FROM_WORKER = [
     Failed(7, "EngineBusyError", "queue full"),
     Result(8, {"running": 1}),
     Ready({"pid": 1, "n_ctx_slot": 256, "load_s": 0.1}),
+    Wrote(7, (5, 6), "xy", b"3\r\nabc\r\n", ""),
 ]
 
 
@@ -126,8 +131,11 @@ def _runtime() -> SimpleNamespace:
                            kv_store=None)
 
 
-@pytest.mark.parametrize("msg", REQUESTS, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("msg", [m for m in REQUESTS if not isinstance(m, Attach)],
+                         ids=lambda m: type(m).__name__)
 def test_the_worker_knows_every_request_kind(msg: ToWorker) -> None:
+    """(An Attach is the inbox's, which reads the descriptor after it:
+    tests/engine/worker/test_direct_sinks.py.)"""
     out = _dispatch(msg, _runtime())  # type: ignore[arg-type]
     if isinstance(msg, Shutdown):
         assert out is None

@@ -70,7 +70,7 @@ def test_every_route_is_in_the_schema_run(live: Harness) -> None:
     is either a bare alias of a /v1 route (covered through it) or the static dashboard."""
     from fastapi.routing import APIRoute
 
-    app = live.server.config.app
+    app = live.server.config.app.app  # (inside server/direct_stream.py's with_transport)
     documented = set(httpx.get(live.url + "/openapi.json").json()["paths"])
     hidden = [r.path for r in app.routes
               if isinstance(r, APIRoute) and r.path not in documented]

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from inferenceos.server.errors import APIError
-from inferenceos.server.sse import LLAMACPP_SSE, MAX_COALESCED, NDJSON, OPENAI_SSE, _body, _dumps
+from inferenceos.server.sse import LLAMACPP_SSE, MAX_COALESCED, NDJSON, OPENAI_SSE, _dumps, framed
 
 
 def test_dumps_writes_what_json_dumps_writes() -> None:
@@ -42,7 +42,7 @@ class Source:
 
 
 async def _chunks(src: Source, framing: Any, coalesce: bool) -> list[str]:
-    return [c async for c in _body(src.events(), framing, src.ready if coalesce else None)]
+    return [c async for c in framed(src.events(), framing, src.ready if coalesce else None)]
 
 
 def test_waiting_events_go_out_in_one_chunk_with_the_same_bytes() -> None:

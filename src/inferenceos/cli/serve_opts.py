@@ -104,4 +104,5 @@ class ListenOptions:
             reasoning_budget=self.reasoning_budget,
             media_fetch=self.allow_media_urls or bool(cfg.get("server.media_fetch")),
             shutdown_grace_s=float(cfg.get("server.shutdown_grace_s")),
+            direct_writes=bool(cfg.get("server.direct_writes")),
         )

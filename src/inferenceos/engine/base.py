@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import weakref
 from abc import ABC, abstractmethod
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 import inferenceos.errors as errors
 from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.chat_template import ChatMessage, render_chat
+from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.messages import (
     Failed,
@@ -41,6 +43,7 @@ from inferenceos.engine.messages import (
     Progress,
     StatsReport,
     TokenOut,
+    Wrote,
 )
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.media.item import MediaItem
@@ -48,6 +51,16 @@ from inferenceos.model.spec import ModelSpec
 from inferenceos.plan.llama_params import LlamaParams
 
 _E = TypeVar("_E", bound="EngineBase")
+
+
+@dataclass(frozen=True)
+class Handover:
+    """How an engine hands a stream to its worker (`LoopEvents.attach`): `attach(frame,
+    fd, written)` sends the Attach and the socket; `stop()` cancels the stream in the
+    worker while its replies still come (the worker's Wrote, then its Finished)."""
+
+    attach: Callable[[FrameSpec, int, int], None]
+    stop: Callable[[], None]
 
 
 @dataclass
@@ -178,7 +191,7 @@ class LoopEvents:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, gen: Generation,
                  cancel: CancelEvent | None, load_s: float,
-                 end: Callable[[bool], None]) -> None:
+                 end: Callable[[bool], None], handover: Handover | None = None) -> None:
         self._loop, self._inbox = loop, loop_inbox(loop)
         self._gen, self._cancel, self._load_s, self._end = gen, cancel, load_s, end
         self._items: collections.deque[FromWorker | None] = collections.deque()
@@ -186,29 +199,90 @@ class LoopEvents:
         self._over = False  # the Finished / Failed was read
         self.finished = False  # the stream reached its Finished / Failed
         self._ended = threading.Lock()
+        self._handover = handover  # None: the engine cannot hand the stream over
+        self._taken = 0  # TokenOuts read (the reader has written them)
+        self._held: list[FromWorker | None] | None = None  # while handed over: the worker's
+        self._unsent: Callable[[bytes], None] | None = None
+        self._attached = self._stop_sent = False
 
     def put(self, item: FromWorker | None) -> None:
         """Deliver a reply (any thread; never blocks)."""
         self._inbox.put(self._feed, item)
 
     def _feed(self, item: FromWorker | None) -> None:
+        held = self._held
+        if held is not None and item is not None:  # handed over: see `attach`
+            if type(item) is TokenOut:
+                held.append(item)  # the worker writes it again itself
+                return
+            if type(item) is Wrote:
+                if item.final:  # the worker stopped writing: what follows is ours
+                    self._held = None
+            else:  # the end, and no Wrote: the worker never took over
+                self._items.extend(held)
+                self._held = None
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def ready(self) -> bool:
-        """Whether the next read returns at once with an event (a token or a progress
-        is first in line): the reader is behind the generation."""
+        """Whether the next read returns at once with an event (a token, a progress or
+        a Wrote is first in line): the reader is behind the generation."""
         items = self._items
-        return bool(items) and isinstance(items[0], (TokenOut, Progress))
+        return bool(items) and isinstance(items[0], (TokenOut, Progress, Wrote))
+
+    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None]) -> bool:
+        """Hand the stream to the worker, to write to the socket `fd` (ours still) as
+        `frame` says, from the next token on: every event read so far must be written
+        already, and nothing else may write to the socket until this stream's next
+        event (after which the worker has stopped). On the loop; False when it cannot
+        (an engine without a pipe, handed over once already, or the stream is ending).
+
+        The worker reports what it wrote as one TokenEvent (token -1, `written` its ids,
+        `text` theirs); before it is read, `unsent(data)` is called with the bytes the
+        socket had not taken: write them first. With no report, the stream's tokens
+        come as before (the worker never took over: the events it sent are kept)."""
+        handover = self._handover
+        if handover is None or self._over or self._attached \
+                or any(type(it) is not TokenOut for it in self._items):
+            return False
+        self._attached = True
+        self._held = list(self._items)  # sent before the worker takes over: it resends
+        self._items.clear()
+        self._unsent = unsent
+        # a dead worker: its Failed follows through the reader
+        with contextlib.suppress(errors.WorkerDiedError):
+            handover.attach(frame, fd, self._taken)
+        return True
+
+    @property
+    def handed_over(self) -> bool:
+        """Whether the worker writes the stream now (attached, its final Wrote not yet
+        here): the reading must go on to that report."""
+        return self._held is not None
+
+    def _stopping(self) -> bool:
+        """Whether the reading stops for `cancel`: at once, unless the worker writes
+        the stream; then only after its final Wrote is read (nothing may write to the
+        socket while it does, and its unsent bytes come first), the worker asked to
+        stop first."""
+        cancel = self._cancel
+        if cancel is None or not cancel.is_set():
+            return False
+        if self._held is None:
+            return not any(type(it) is Wrote for it in self._items)
+        if not self._stop_sent and self._handover is not None:
+            self._stop_sent = True
+            with contextlib.suppress(errors.WorkerDiedError):
+                self._handover.stop()
+        return False
 
     def __aiter__(self) -> LoopEvents:
         return self
 
     async def __anext__(self) -> TokenEvent:
-        cancel = self._cancel
-        while not self._over and not (cancel is not None and cancel.is_set()):
+        while not self._over and not self._stopping():
             if not self._items:
                 self._waiter = self._loop.create_future()
                 try:
@@ -219,6 +293,12 @@ class LoopEvents:
             ev = self._items.popleft()
             if ev is None:  # a wake-up (its cancel): the loop's test sees why
                 continue
+            if type(ev) is Wrote:  # (a final one's unsent bytes are written first)
+                if ev.unsent and self._unsent is not None:
+                    self._unsent(ev.unsent)
+                self._gen.metrics.completion_tokens += len(ev.ids)
+                return TokenEvent(-1, ev.text, written=ev.ids)
+            self._taken += type(ev) is TokenOut
             # a Progress is no end: a stream closed after one still holds its slot
             self.finished = self._over = not isinstance(ev, (TokenOut, Progress))
             event = stream_event(ev, self._gen, self._load_s)
@@ -345,6 +425,7 @@ class EngineBase(ABC):
         draft: str | None = None,
         media: Sequence[MediaItem] = (),
         progress: bool = False,
+        direct: bool = False,
     ) -> Generation:
         """Start generating for `prompt` (text or token ids): iterate the Generation for
         TokenEvents; closing it early, or setting `cancel`, ends the request and frees
@@ -357,6 +438,8 @@ class EngineBase(ABC):
         `progress`: also yield TokenEvents of token -1 carrying `progress` (prompt
         tokens, cached, processed, ms) as the prompt is processed, llama-server's
         `return_progress`.
+        `direct`: the stream may be handed to the worker to write to its client
+        (`LoopEvents.attach`); ignored by an engine that cannot.
 
         `draft` overrides the engine's drafter for this request ("ngram", "self",
         "none"; a draft model file only when it is the engine's own).
@@ -373,7 +456,7 @@ class EngineBase(ABC):
                             f"not {type(cancel).__name__}: a plain Event cannot wake a "
                             "stream waiting for its next token")
         return self._start(Generate(prompt, sampling, kv_policy, draft, tuple(media),
-                                    progress), cancel)
+                                    progress, direct), cancel)
 
     def _follow(self, next_event: Callable[[], FromWorker | None],
                 cancel: CancelEvent | None, gen: Generation,

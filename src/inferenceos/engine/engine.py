@@ -33,10 +33,19 @@ from pathlib import Path
 from typing import TypeVar
 
 import inferenceos.errors as errors
-from inferenceos.engine.base import EngineBase, Events, Generation, LoopEvents, per_slot
+from inferenceos.engine.base import (
+    EngineBase,
+    Events,
+    Generation,
+    Handover,
+    LoopEvents,
+    per_slot,
+)
 from inferenceos.engine.cancel import CancelEvent
+from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.messages import (
     Ask,
+    Attach,
     Cancel,
     Embed,
     ExportState,
@@ -266,8 +275,18 @@ class Engine(EngineBase):
             unwake()
             self._abandon(worker, req_id)
 
+        def attach(frame: FrameSpec, fd: int, written: int) -> None:
+            # to the worker that holds the stream now (a migration may have moved it)
+            with self._current.route:
+                self._worker.send_socket(Attach(frame, written, req_id=req_id), fd)
+
+        def stop() -> None:
+            with self._current.route:
+                self._worker.send(Cancel(req_id=req_id))
+
         def to_loop(loop: asyncio.AbstractEventLoop) -> LoopEvents:
-            events = LoopEvents(loop, gen, cancel, self.load_s, end)
+            events = LoopEvents(loop, gen, cancel, self.load_s, end,
+                                Handover(attach, stop) if msg.direct else None)
             q.divert(events.put)  # the reader thread delivers to the loop from now on
             return events
 

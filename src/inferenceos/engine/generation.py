@@ -90,3 +90,7 @@ class TokenEvent:
     # prompt processing so far (token -1, no text), only for requests that asked for it:
     # (prompt tokens in all, of them from the cache, processed incl. the cached, ms)
     progress: tuple[int, int, int, float] | None = None
+    # a direct stream's report (engine/worker/direct.py), never a token to send: the
+    # tokens the worker already wrote to the client itself (token -1, `text` theirs);
+    # None for every other event
+    written: tuple[int, ...] | None = None

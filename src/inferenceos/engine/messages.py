@@ -8,7 +8,13 @@ Parent → worker: one `ToWorker` per pipe message. Every request carries `req_i
 - an `Ask[R]` (Tokenize, Stats, Sleep, ...) is answered by exactly one `Result` whose
   `value` is an R, or by one `Failed`;
 - `Cancel` ends the stream `req_id` (its `Finished` goes to that stream) and
-  `Shutdown` ends the worker; neither has an answer of its own.
+  `Shutdown` ends the worker; neither has an answer of its own;
+- `Attach` (a `Generate` sent with `direct`), followed on the pipe by a socket's file
+  descriptor (SCM_RIGHTS): the worker writes the stream's token events to that socket
+  itself from then on, and reports what it wrote in `Wrote`s, the last one `final`
+  when it stops (before the stream's `Finished` / `Failed`, or before a migration
+  exports it). No `Wrote` before the `Finished`: the Attach came too late, every token
+  went through the pipe.
 
 Worker → parent: each pipe message is a list of `FromWorker` (one list per scheduler
 step or request handled; a step's list travels packed, its plain TokenOuts as tuples:
@@ -27,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypedDict, TypeVar
 
 import inferenceos.errors as errors
+from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.live_state import LiveState
 from inferenceos.engine.logprobs import TokenLogprob
@@ -135,6 +142,23 @@ class Failed:
         return cls(self.message)
 
 
+@dataclass(frozen=True)
+class Wrote:
+    """What the worker wrote of stream `req_id` to its client's socket (`Attach`) since
+    its last report: the tokens `ids`, their text `text`. With `final`, it stopped
+    writing: `unsent` is what the socket did not take yet (the client reads slower),
+    to be written before anything else, and `error` why it stopped early ("" when it
+    did not: the stream ended or moves to another worker). Without, it writes on (a
+    report every half second at most, so live counts move)."""
+
+    req_id: int
+    ids: tuple[int, ...]
+    text: str
+    unsent: bytes = b""
+    error: str = ""
+    final: bool = True
+
+
 Event = TokenOut | Progress | Finished | Failed
 
 # -- other answers -----------------------------------------------------------------------
@@ -156,7 +180,7 @@ class Ready:
     req_id: int = 0
 
 
-FromWorker = TokenOut | Progress | Finished | Failed | Result | Ready
+FromWorker = TokenOut | Progress | Finished | Failed | Result | Ready | Wrote
 
 # -- requests --------------------------------------------------------------------------
 
@@ -177,7 +201,8 @@ class Ask(ToWorker, Generic[R]):
 class Generate(ToWorker):
     """Generate for `prompt` (text or token ids). `kv_policy` / `draft`: None for the
     engine's own. `media`: items for a text prompt holding one media marker each, in
-    order. `progress`: also stream `Progress` while the prompt is processed."""
+    order. `progress`: also stream `Progress` while the prompt is processed. `direct`:
+    an `Attach` may follow (the worker keeps the stream's token events until then)."""
 
     prompt: str | list[int]
     sampling: SamplingParams
@@ -185,6 +210,17 @@ class Generate(ToWorker):
     draft: str | None = None
     media: tuple[MediaItem, ...] = ()
     progress: bool = False
+    direct: bool = False
+
+
+@dataclass(frozen=True)
+class Attach(ToWorker):
+    """Write stream `req_id`'s token events to a socket from its `written`-th on (the
+    ones the parent wrote come first), as `frame` says; the socket's descriptor follows
+    this message on the pipe. See the module contract."""
+
+    frame: FrameSpec
+    written: int
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from inferenceos.engine.base import Generation, LoopEvents
 from inferenceos.engine.cancel import CancelEvent
 from inferenceos.engine.chat_template import ChatMessage
 from inferenceos.engine.client import EngineClient
+from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.errors import UsageError
@@ -69,6 +70,8 @@ class GenRequest:
     # llama-server's per-request `lora` ({adapter id: scale}; ids left out: 0), None for
     # the server's global scales (server/presets.py applies it, and the model's preset)
     lora: dict[int, float] | None = None
+    # the stream may be handed to the model worker to write (server/direct_stream.py)
+    direct: bool = False
 
 
 def progress_json(progress: tuple[int, int, int, float]) -> dict[str, Any]:
@@ -228,6 +231,8 @@ def _count(ev: TokenEvent, out: list[int], active: ActiveGeneration, gen: Genera
     what /api/ps shows), on whichever side reads the generation's events."""
     if ev.token >= 0:
         out.append(ev.token)
+    elif ev.written is not None:  # the worker wrote these to the client itself
+        out.extend(ev.written)
     active.tokens = gen.metrics.prompt_tokens + len(out)
 
 
@@ -249,6 +254,8 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
         extra["media"] = run_req.media
     if run_req.progress:
         extra["progress"] = True
+    if run_req.direct and loop is not None and watch is None:
+        extra["direct"] = True  # (never with a watch: _continue reuses `extra`)
     gen = lease.engine.generate(prompt, run_req.sampling, cancel, **extra)
     out: list[int] = []
     metrics: GenerationMetrics | None = None
@@ -257,7 +264,11 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
         events = on_loop(loop) if on_loop is not None and loop and watch is None else None
         if events is not None:
             live = _OnLoop(events, gen, out, active)
-            unwake = cancel.on_set(live.ended.set)
+            # the cancel ends the wait too (a reader stuck elsewhere), except while the
+            # worker writes the stream: the reader then reads on to the worker's report
+            # (its end would drop it), and sets `ended` itself
+            unwake = cancel.on_set(lambda: None if live.events.handed_over
+                                   else live.ended.set())
             yield live
             live.ended.wait()  # no timeout: the loop's end of reading, or the cancel
             unwake()
@@ -383,6 +394,13 @@ class Run:
             _count(ev, live.out, live.active, live.gen)
             return ev
 
+    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None]) -> bool:
+        """Hand the rest of the stream to the model worker to write to the socket `fd`
+        (`engine.base.LoopEvents.attach`: every event read so far must be written);
+        False when it cannot (the engine cannot, or an event read here waits)."""
+        live = self._live
+        return not self._head and live is not None and live.events.attach(frame, fd, unsent)
+
     def ready(self) -> bool:
         """Whether the next event is here already, read by the loop itself (the tokens
         the engine delivers to the loop; never on the thread path): the stream is
@@ -410,7 +428,12 @@ class Run:
                     self._record(item, now, name, counted)
                     yield item
                     return
-                if item.token >= 0:
+                if item.written is not None:  # the worker wrote them: counted, no latencies
+                    m.direct_tokens.labels(model_name=name).inc(len(item.written))
+                    m.generation_tokens.labels(model_name=name).inc(len(item.written))
+                    counted += len(item.written)
+                    last = None if last is None else now  # no gap across its writes
+                elif item.token >= 0:
                     # counted as generated, so that a rate read from the counter (monitor,
                     # /ui) moves while a request runs, and an abandoned one counts too
                     # (the labelled children looked up once a run, not once a token)

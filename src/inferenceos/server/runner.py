@@ -19,6 +19,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from inferenceos.server.direct_stream import with_transport
 from inferenceos.server.state import ServerState
 
 # An idle TLS connection that uvicorn closes at shutdown waits for the client's
@@ -98,7 +99,7 @@ def make_server(app: FastAPI, host: str, port: int, grace_s: float = 10.0,
     `tls_key` (PEM files) it speaks HTTPS only (uvicorn's own TLS; the files are read
     when the server starts, so a bad one fails there, before any request)."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=False,
+        with_transport(app), host=host, port=port, log_level=log_level, access_log=False,
         timeout_graceful_shutdown=int(grace_s) + 5, lifespan="on",
         timeout_keep_alive=5, server_header=False,
         ssl_certfile=tls_cert, ssl_keyfile=tls_key,

@@ -52,6 +52,8 @@ class ServerSettings:
     # `serve MODEL --lora FILE[:SCALE]`: LoRA adapters (file, global scale) of the
     # default model, llama-server's /lora-adapters list (server/presets.py)
     lora: tuple[tuple[str, float], ...] = ()
+    # a plain stream's tokens written by the model worker itself (server/direct_stream.py)
+    direct_writes: bool = True
     version: str = field(default="")
 
     @property

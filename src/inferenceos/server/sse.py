@@ -122,7 +122,7 @@ NDJSON = Framing("application/x-ndjson", _line,
 MAX_COALESCED = 64  # events written in one frame at most (a client far behind)
 
 
-async def _body(events: AsyncIterator[Event], framing: Framing,
+async def framed(events: AsyncIterator[Event], framing: Framing,
                 ready: Callable[[], bool] | None = None) -> AsyncIterator[str]:
     """The framed events; with `ready` (true while the next event is already there:
     the stream is behind its generation), the events that wait are framed into one
@@ -155,7 +155,7 @@ def stream_response(events: AsyncIterator[Event], framing: Framing,
     `ready()`: whether `events`' next event is there already (it is then written in
     one chunk with this one); only for a stream whose every engine event becomes an
     event of its own (else a frame could wait for an event that never comes)."""
-    return ClosingStreamingResponse(_body(events, framing, ready), framing.media_type,
+    return ClosingStreamingResponse(framed(events, framing, ready), framing.media_type,
                                     cleanup)
 
 

@@ -20,12 +20,14 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from multiprocessing.reduction import send_handle
 from pathlib import Path
 from typing import TypeVar, cast
 
 import inferenceos.errors as errors
 from inferenceos.engine.messages import (
     Ask,
+    Attach,
     Failed,
     FromWorker,
     Ready,
@@ -148,6 +150,20 @@ class WorkerClient:
                 self.alive = False
                 raise errors.WorkerDiedError("the model worker is not running") from None
             return q
+
+    def send_socket(self, msg: Attach, fd: int) -> None:
+        """Send `msg` and then the descriptor `fd` (SCM_RIGHTS, the pipe is a socket
+        pair), one after the other under the send lock: the worker reads the descriptor
+        right after the message. The worker gets its own copy; `fd` stays ours."""
+        with self.lock:
+            if not self.alive:
+                raise errors.WorkerDiedError("the model worker is not running")
+            try:
+                self.conn.send(msg)
+                send_handle(self.conn, fd, self.proc.pid or 0)
+            except (OSError, ValueError):
+                self.alive = False
+                raise errors.WorkerDiedError("the model worker is not running") from None
 
     def done(self, req_id: int) -> None:
         """Stop routing `req_id`'s replies (later ones are dropped)."""

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from inferenceos.engine.llama.lib import log as llama_log
 from inferenceos.engine.llama.memory_report import parse_buffer_lines
 from inferenceos.engine.media_encoder import open_encoder
 from inferenceos.engine.messages import (
+    Attach,
     Cancel,
     Embed,
     ExportLive,
@@ -57,6 +59,7 @@ from inferenceos.engine.messages import (
 )
 from inferenceos.engine.session import LoadedModel, default_threads
 from inferenceos.engine.weights.residency import WeightResidency
+from inferenceos.engine.worker.direct import DirectSinks
 from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.model.spec import ModelSpec, load_spec
 from inferenceos.plan.llama_params import LlamaParams
@@ -355,14 +358,20 @@ def _serve(conn: Connection, rt: _Runtime) -> None:
     each step's events sent back as one message."""
     core = EngineCore(lambda: rt.sched, contain=True)
     inbox = _Inbox(conn, rt)
-    # block when idle (until a message, or a finished turn's store is due); when busy,
-    # take what has arrived before each step
-    while inbox.take(block=not core.has_work()):
-        for events in core.steps(lambda: inbox.take(block=False)):
-            if events:
+    try:
+        # block when idle (until a message, or a finished turn's store is due); when
+        # busy, take what has arrived before each step
+        while inbox.take(block=not core.has_work()):
+            for events in core.steps(lambda: inbox.take(block=False)):
+                if not events:
+                    continue
                 rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
                                      for e in events))
-                conn.send_bytes(pack_step(events))
+                out = inbox.sinks.route(events)  # a direct stream's tokens: written here
+                if out:
+                    conn.send_bytes(pack_step(out))
+    finally:
+        inbox.sinks.close()
 
 
 def pack_step(events: Sequence[FromWorker]) -> bytes:
@@ -382,18 +391,34 @@ def unpack_step(items: list[Any]) -> list[FromWorker]:
 
 
 class _Inbox:
-    """The worker's end of the pipe: each arrived message handled, its answer sent."""
+    """The worker's end of the pipe: each arrived message handled, its answer sent;
+    `sinks`: the streams this worker writes to their clients (engine/worker/direct.py)."""
 
     def __init__(self, conn: Connection, rt: _Runtime) -> None:
         self.conn, self.rt = conn, rt
         self.closed = False  # a Shutdown arrived
+        self.sinks = DirectSinks(self._cancel)
+
+    def _cancel(self, req_id: int) -> list[FromWorker]:
+        return list(self.rt.sched.cancel(req_id)) if self.rt.sched is not None else []
+
+    def _handle(self, msg: ToWorker) -> list[FromWorker] | None:
+        """One message's answer (None: Shutdown), direct streams' parts done here."""
+        if isinstance(msg, Attach):  # the socket's descriptor follows it on the pipe
+            return self.sinks.attach(msg.req_id, recv_handle(self.conn), msg.frame,
+                                     msg.written)
+        if isinstance(msg, Generate) and msg.direct:
+            self.sinks.expect(msg.req_id)
+        before = self.sinks.detach_all() if isinstance(msg, ExportLive) else []
+        events = _dispatch(msg, self.rt)
+        return None if events is None else self.sinks.route([*before, *events])
 
     def take(self, block: bool) -> bool:
         """Handle every message that has arrived (with `block`, first wait for one, or
         until the store is due); False once a Shutdown is read."""
         wait = _idle_wait(self.rt) if block else 0
         while not self.closed and self.conn.poll(wait):
-            events = _dispatch(self.conn.recv(), self.rt)
+            events = self._handle(self.conn.recv())
             if events is None:
                 self.closed = True
             elif events:

@@ -72,6 +72,11 @@ class ServerMetrics:
         self.rejected = Counter(P + "requests_rejected_total",
                                 "Requests refused before running (queue_full, draining)",
                                 ("reason",), registry=r)
+        self.direct_tokens = Counter(
+            P + "direct_written_tokens_total",
+            "Generated tokens the model worker wrote to their clients itself "
+            "(server.direct_writes), also counted in generation_tokens_total",
+            _MODEL, registry=r)
         self.http = Counter(P + "http_requests_total", "HTTP responses by route and status",
                             ("method", "route", "status"), registry=r)
         self.draft_tokens = Counter(P + "spec_decode_num_draft_tokens_total",

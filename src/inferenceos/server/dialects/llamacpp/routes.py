@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Request
 from pydantic import BaseModel, Field
 
+from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.errors import UsageError
@@ -35,6 +36,7 @@ from inferenceos.server.dialects.llamacpp.schema import (
 )
 from inferenceos.server.dialects.openai.convert import chat_message
 from inferenceos.server.dialects.openai.schema import ERROR_RESPONSES, ChatMessageIn
+from inferenceos.server.direct_stream import direct_response
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
@@ -61,7 +63,7 @@ from inferenceos.server.ops.reads import ops_call
 from inferenceos.server.presets import lora_table
 from inferenceos.server.reply import Final, reply_events
 from inferenceos.server.rerank import is_reranker, parse_rerank, rerank_response, rerank_tokens
-from inferenceos.server.sse import LLAMACPP_SSE, SSE_CONTENT, stream_response
+from inferenceos.server.sse import LLAMACPP_SSE, SSE_CONTENT
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_schema import ToolDef
 from inferenceos.server.vocab import Vocab, vocab_for
@@ -141,9 +143,11 @@ def _multimodal(prompt: Any) -> bool:
     return any(isinstance(x, dict) and bool(x.get("multimodal_data")) for x in items)
 
 
-def _requests(p: CompletionParams, name: str) -> list[tuple[int, GenRequest]]:
+def _requests(p: CompletionParams, name: str, direct: bool = False
+              ) -> list[tuple[int, GenRequest]]:
     """(prompt index, request) per completion: prompts × n_cmpl, each extra completion
-    of a seeded request with its own seed (seed + k), as the OpenAI routes do."""
+    of a seeded request with its own seed (seed + k), as the OpenAI routes do;
+    `direct`: a stream the worker may write (GenRequest.direct), not with progress."""
     out = []
     for i, prompt in enumerate(p.prompts):
         for k in range(p.n_cmpl):
@@ -151,11 +155,12 @@ def _requests(p: CompletionParams, name: str) -> list[tuple[int, GenRequest]]:
             if k and s.seed is not None:
                 s = dataclasses.replace(s, seed=(s.seed + k) % RANDOM_SEED)
             progress = p.stream and p.return_progress
+            hand = direct and not progress
             out.append((i, GenRequest(name, s, text=prompt.text, media=prompt.items,
-                                      progress=progress, lora=p.lora)
+                                      progress=progress, lora=p.lora, direct=hand)
                         if isinstance(prompt, MediaPrompt)
                         else GenRequest(name, s, tokens=tuple(prompt), progress=progress,
-                                        lora=p.lora)))
+                                        lora=p.lora, direct=hand)))
     return out
 
 
@@ -206,12 +211,16 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     p = (parse() if _light(body) else
          await (decode_in_thread if _multimodal(body.get("prompt")) else call_in_thread)(parse))
     check_lora_ids(state, name, p.lora)
-    reqs = _requests(p, name)
+    reqs = _requests(p, name, direct=p.stream and not p.n_probs)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))
         runs = [first]  # the run streaming now: its waiting tokens go out in one write
-        return stream_response(_stream(state, runs, reqs, p, name, vocab), LLAMACPP_SSE,
-                               first.close, ready=lambda: runs[-1].ready())
+        shapes: list[_Chunks] = []  # the completion streaming now: its tokens' shape
+        return direct_response(
+            _stream(state, runs, reqs, p, name, vocab, shapes), LLAMACPP_SSE, first.close,
+            ready=lambda: runs[-1].ready(), run=lambda: runs[-1],
+            frame=lambda: shapes[-1].frame() if shapes else None,
+            enabled=s.direct_writes)
 
     async def all_of_them() -> list[_Result]:
         tasks = [asyncio.ensure_future(_whole(state, i, p.prompts[i], r)) for i, r in reqs]
@@ -227,19 +236,39 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     return shaped[0] if len(shaped) == 1 else shaped
 
 
+@dataclasses.dataclass
+class _Chunks:
+    """The token events of completion `index` (of a prompt of `evaluated` tokens), and
+    their FrameSpec for the worker (server/direct_stream.py) from token `n_tokens` on."""
+
+    index: int
+    evaluated: int
+    n_tokens: int = 0
+
+    def chunk(self, text: str, tokens: list[int], n: int) -> dict[str, Any]:
+        return {"index": self.index, "content": text, "tokens": tokens, "stop": False,
+                "id_slot": -1, "tokens_predicted": n, "tokens_evaluated": self.evaluated}
+
+    def frame(self) -> FrameSpec | None:
+        return FrameSpec.sample(lambda text, tokens, n: LLAMACPP_SSE.frame(
+            self.chunk(text, tokens, n), 0), self.n_tokens)
+
+
 async def _stream(state: ServerState, runs: list[Run], reqs: list[tuple[int, GenRequest]],
-                  p: CompletionParams, model: str, vocab: Vocab
+                  p: CompletionParams, model: str, vocab: Vocab, shapes: list[_Chunks]
                   ) -> AsyncIterator[dict[str, Any]]:
     """One event per generated token (every engine event its own: server/sse.py may
     write the waiting ones at once), then the final object, for each completion in
     turn (`index` tells them apart). `runs` starts with the first completion's run;
-    each later one is appended as it starts."""
+    each later one is appended as it starts, and its `_Chunks` to `shapes`. Tokens the
+    worker wrote itself come as one event (`written`): counted, not sent."""
     for k, (i, req) in enumerate(reqs):
         if k:
             runs.append(await start_generation(state, req))
         run = runs[-1]
         parts: list[str] = []
-        n_tokens = 0
+        shape = _Chunks(k, len(p.prompts[i]))
+        shapes.append(shape)
         async with aclosing(reply_events(run)) as replies:
             async for d in replies:
                 if isinstance(d, Final):
@@ -253,16 +282,16 @@ async def _stream(state: ServerState, runs: list[Run], reqs: list[tuple[int, Gen
                            "tokens_evaluated": len(p.prompts[i]),
                            "prompt_progress": progress_json(item.progress)}
                     continue
+                if item.written is not None:
+                    parts.append(item.text)
+                    shape.n_tokens += len(item.written)
+                    continue
                 if item.token < 0 and not item.text:
                     continue
                 parts.append(item.text)
-                n_tokens += item.token >= 0  # a flush of held-back text carries no token
-                chunk: dict[str, Any] = {
-                    "index": k, "content": item.text,
-                    "tokens": [item.token] if item.token >= 0 else [], "stop": False,
-                    "id_slot": -1, "tokens_predicted": n_tokens,
-                    "tokens_evaluated": len(p.prompts[i]),
-                }
+                shape.n_tokens += item.token >= 0  # a flush of held-back text: no token
+                chunk = shape.chunk(item.text, [item.token] if item.token >= 0 else [],
+                                    shape.n_tokens)
                 if p.n_probs and item.logprob is not None:
                     chunk["completion_probabilities"] = probabilities([item],
                                                                       p.post_sampling_probs)

@@ -1,0 +1,92 @@
+"""How a stream's token events look on the wire, for the process that writes them.
+
+A streamed reply's events differ per token in three places only: the token's text, its
+id and the count of tokens so far. `FrameSpec` is a dialect's event with those three
+cut out, so a process that knows no dialect (the model worker, engine/worker/direct.py)
+can write the events itself, the same bytes the HTTP process would have written.
+
+`FrameSpec.sample(render)` builds one from the dialect's own renderer, called once with
+sentinel values that are then cut out of its text: the dialect's code stays the one
+source of its shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# the sentinels `sample` renders with; each must appear exactly once in the rendering
+_TEXT = "\x00text\x00"
+_TOKEN = -7_000_000_001
+_COUNT = -7_000_000_002
+_CUTS = {
+    '"\\u0000text\\u0000"': "text",  # how a JSON encoder writes _TEXT
+    f"[{_TOKEN}]": "tokens",
+    str(_COUNT): "n",
+}
+
+# JSON string of a text, as json.dumps(ensure_ascii=False) writes it (C when available)
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """An event with its per-token fields cut out: `parts` is the literal text around
+    `fields` (one more part than fields), each field one of
+
+    - "text": the token's text as a JSON string (quotes included);
+    - "tokens": a JSON list of the token id (`[]` for a flush of held-back text);
+    - "n": the tokens written so far, this one included, counted from `n_base`.
+
+    `chunked`: each write is one HTTP/1.1 chunk (the response's transfer coding)."""
+
+    parts: tuple[str, ...]
+    fields: tuple[str, ...]
+    n_base: int = 0
+    chunked: bool = True
+
+    def frame(self, token: int, text: str, n: int) -> str:
+        """The event of `token` (-1: a flush, no id) with `text`, the `n`-th token."""
+        out = [self.parts[0]]
+        for name, part in zip(self.fields, self.parts[1:], strict=True):
+            if name == "text":
+                out.append(_json_string(text))
+            elif name == "tokens":
+                out.append(f"[{token}]" if token >= 0 else "[]")
+            else:
+                out.append(str(self.n_base + n))
+            out.append(part)
+        return "".join(out)
+
+    def wire(self, frames: str) -> bytes:
+        """`frames` as one write on the connection (one chunk when `chunked`)."""
+        body = frames.encode()
+        if not self.chunked:
+            return body
+        return b"%x\r\n%b\r\n" % (len(body), body)
+
+    @classmethod
+    def sample(cls, render: Callable[[str, list[int], int], str], n_base: int,
+               chunked: bool = True) -> FrameSpec | None:
+        """The spec of `render(text, tokens, n)` (a dialect's event as written on the
+        wire); None when a sentinel does not appear exactly once (a renderer that
+        transforms its inputs: such a stream is written by its dialect only)."""
+        text = render(_TEXT, [_TOKEN], _COUNT)
+        pieces: list[tuple[int, str, str]] = []
+        for cut, name in _CUTS.items():
+            if text.count(cut) > 1:
+                return None
+            at = text.find(cut)
+            if at >= 0:
+                pieces.append((at, cut, name))
+        if not any(name == "text" for _, _, name in pieces):
+            return None
+        pieces.sort()
+        parts: list[str] = []
+        start = 0
+        for at, cut, _ in pieces:
+            parts.append(text[start:at])
+            start = at + len(cut)
+        parts.append(text[start:])
+        return cls(tuple(parts), tuple(name for _, _, name in pieces), n_base, chunked)

@@ -1,0 +1,195 @@
+"""The worker's direct streams (engine/worker/direct.py) on real sockets: what it writes
+is the stream's events in order, framed as the spec says; a slow reader's bytes come
+back unsent, never lost or reordered; a reader that left cancels the stream; an Attach
+arrives on the real pipe with its descriptor (SCM_RIGHTS). No model needed."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+from collections.abc import Iterator
+from multiprocessing.reduction import send_handle
+from types import SimpleNamespace
+from unittest.mock import MagicMock
+
+import pytest
+
+from inferenceos.engine.frame_spec import FrameSpec
+from inferenceos.engine.generation import GenerationMetrics
+from inferenceos.engine.messages import Attach, Finished, FromWorker, Generate, TokenOut, Wrote
+from inferenceos.engine.sampling import SamplingParams
+from inferenceos.engine.worker.direct import DirectSinks
+from inferenceos.engine.worker.main import _Inbox
+
+SPEC = FrameSpec(('data: {"c":', ',"t":', ',"n":', "}\n\n"), ("text", "tokens", "n"), 10)
+END = Finished(1, GenerationMetrics(stop_reason="length"))
+
+
+def _frame(token: int, text: str, n: int) -> bytes:
+    return SPEC.frame(token, text, n).encode()
+
+
+def _chunks(data: bytes) -> bytes:
+    """The bodies of HTTP/1.1 chunks, joined (fails on bad framing)."""
+    out = b""
+    while data:
+        size, _, rest = data.partition(b"\r\n")
+        n = int(size, 16)
+        assert rest[n:n + 2] == b"\r\n", data[:80]
+        out += rest[:n]
+        data = rest[n + 2:]
+    return out
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    a.setblocking(False)  # as the event loop keeps its sockets
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    sock.setblocking(False)
+    out = b""
+    while True:
+        try:
+            got = sock.recv(1 << 20)
+        except BlockingIOError:
+            return out
+        if not got:
+            return out
+        out += got
+
+
+def test_events_before_the_attach_go_through_the_pipe_and_are_written_again(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    first = [TokenOut(1, 5, "a"), TokenOut(1, 6, "b"), TokenOut(1, -1, "")]
+    assert sinks.route(first) == first  # not attached yet: through the pipe, kept
+    # the parent wrote one; the worker writes the others itself (the empty one: nothing)
+    assert sinks.attach(1, os.dup(ours.fileno()), SPEC, 1) == []
+    other = TokenOut(2, 9, "other stream")
+    assert sinks.route([TokenOut(1, 7, 'c"'), other, TokenOut(1, -1, "tail")]) == [other]
+    out = sinks.route([END])
+    assert isinstance(out[0], Wrote) and out[0].final and out[1] == END
+    assert (out[0].ids, out[0].text, out[0].unsent, out[0].error) == ((6, 7), 'bc"tail',
+                                                                     b"", "")
+    want = _frame(6, "b", 1) + _frame(7, 'c"', 2) + _frame(-1, "tail", 2)
+    assert _chunks(_read_all(client)) == want
+    assert sinks.route([TokenOut(1, 8, "late")]) == [TokenOut(1, 8, "late")]  # over
+
+
+def test_a_slow_reader_gets_every_byte_in_order(pair: tuple[socket.socket, socket.socket]
+                                                ) -> None:
+    ours, client = pair
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), SPEC, 0)
+    read = b""
+    for i in range(2000):  # far more than the buffers hold; the reader reads now and then
+        sinks.route([TokenOut(1, i, f"tok{i} ")])
+        if i % 500 == 0:
+            read += _read_all(client)
+    out = sinks.route([END])
+    wrote = out[0]
+    assert isinstance(wrote, Wrote) and wrote.unsent, "the buffers should have filled"
+    assert wrote.ids == tuple(range(2000))[-len(wrote.ids):]  # since the last report
+    read += _read_all(client)
+    whole = _chunks(read + wrote.unsent)
+    assert whole == b"".join(_frame(i, f"tok{i} ", i + 1) for i in range(2000))
+
+
+def test_progress_reports_carry_what_was_written_since_the_last(
+        pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    import inferenceos.engine.worker.direct as direct
+
+    monkeypatch.setattr(direct, "REPORT_S", 0.0)  # every step reports
+    ours, _client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), SPEC, 0)
+    [r1] = sinks.route([TokenOut(1, 1, "x"), TokenOut(1, 2, "y")])
+    [r2] = sinks.route([TokenOut(1, 3, "z")])
+    assert (r1.ids, r1.text, r1.final) == ((1, 2), "xy", False)
+    assert (r2.ids, r2.text, r2.final) == ((3,), "z", False)
+    final, end = sinks.route([END])
+    assert isinstance(final, Wrote) and (final.ids, final.text, final.final) == ((), "", True)
+    assert end == END
+
+
+def test_a_reader_that_left_cancels_its_stream(pair: tuple[socket.socket, socket.socket]
+                                               ) -> None:
+    ours, client = pair
+    cancelled: list[int] = []
+
+    def cancel(rid: int) -> list[FromWorker]:
+        cancelled.append(rid)
+        return [Finished(rid, GenerationMetrics(stop_reason="interrupted"))]
+
+    sinks = DirectSinks(cancel)
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), SPEC, 0)
+    client.close()
+    out: list[FromWorker] = []
+    for i in range(3):  # the first send after the close may still be taken
+        out = sinks.route([TokenOut(1, i, "x")])
+        if out:
+            break
+    wrote, end = out
+    assert isinstance(wrote, Wrote) and wrote.final and wrote.error
+    assert isinstance(end, Finished) and end.metrics.stop_reason == "interrupted"
+    assert cancelled == [1]
+    assert sinks.route([TokenOut(1, 9, "x")]) == [TokenOut(1, 9, "x")]  # no longer ours
+
+
+def test_an_attach_for_a_stream_that_is_over_leaves_it_to_the_parent(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.route([TokenOut(1, 5, "a"), END])
+    fd = os.dup(ours.fileno())
+    assert sinks.attach(1, fd, SPEC, 0) == []
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed: the worker keeps no descriptor it does not use
+    assert _read_all(client) == b""
+
+
+def test_a_migration_stops_every_direct_stream(pair: tuple[socket.socket, socket.socket]
+                                               ) -> None:
+    ours, client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.expect(2)  # never attached: dropped
+    sinks.attach(1, os.dup(ours.fileno()), SPEC, 0)
+    sinks.route([TokenOut(1, 4, "q")])
+    [wrote] = sinks.detach_all()
+    assert isinstance(wrote, Wrote) and wrote.final and wrote.ids == (4,)
+    assert sinks.route([TokenOut(2, 1, "r")]) == [TokenOut(2, 1, "r")]
+    assert _chunks(_read_all(client)) == _frame(4, "q", 1)
+
+
+def test_the_inbox_takes_an_attach_and_its_descriptor_off_the_pipe(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, client = pair
+    parent, child = mp.get_context("spawn").Pipe()
+    sched = MagicMock()  # a stand-in scheduler: the inbox is under test
+    sched.cancel.return_value = []
+    rt = SimpleNamespace(sched=sched, awake=lambda: sched, lm=MagicMock())
+    inbox = _Inbox(child, rt)  # type: ignore[arg-type]
+    gen = Generate([1, 2], SamplingParams(max_tokens=4), direct=True, req_id=1)
+    assert inbox._handle(gen) == []
+    inbox.sinks.route([TokenOut(1, 3, "s")])
+    parent.send(Attach(SPEC, 0, req_id=1))
+    send_handle(parent, ours.fileno(), os.getpid())
+    assert inbox._handle(child.recv()) == []
+    assert _chunks(_read_all(client)) == _frame(3, "s", 1)
+    parent.close()
+    child.close()

@@ -1,0 +1,231 @@
+"""Streams the model worker writes to its clients itself (server/direct_stream.py,
+engine/worker/direct.py), through a real uvicorn server, a real worker process and
+raw HTTP/1.1 sockets, so every byte of the chunked framing is checked:
+
+- the events are the ones the HTTP process writes with the setting off;
+- a kept-alive connection serves the next request after a handed-over stream;
+- a client that stops reading gets every event once it reads again;
+- a client that leaves mid-stream frees its slot at once;
+- a shutdown mid-stream ends the response in good order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from inferenceos.server.settings import ServerSettings
+from server_harness import SLOW, Harness, serving
+
+LONG = {"temperature": 0, "ignore_eos": True, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_wide: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    root = tmp_path_factory.mktemp("direct")
+    with serving({"wide": tiny_wide}, root, manager_kw={"base": SLOW}) as h:
+        yield h
+
+
+class Raw:
+    """One HTTP/1.1 connection, read strictly: a response is its status line,
+    headers and chunked body, parsed byte by byte (a framing error fails the test)."""
+
+    def __init__(self, port: int, rcvbuf: int = 0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(60)
+        self.sock.connect(("127.0.0.1", port))
+        self.buf = b""
+
+    def post(self, path: str, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.sock.sendall(b"POST %b HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: %d\r\n\r\n%b"
+                          % (path.encode(), len(data), data))
+
+    def _more(self) -> None:
+        got = self.sock.recv(65536)
+        if not got:
+            raise EOFError("the server closed the connection")
+        self.buf += got
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._more()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._more()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def head(self) -> dict[str, str]:
+        status = self._line()
+        assert status.startswith(b"HTTP/1.1 200"), status
+        headers = {}
+        while line := self._line():
+            k, _, v = line.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        assert headers.get("transfer-encoding") == "chunked"
+        return headers
+
+    def chunk(self) -> bytes | None:
+        """The next chunk's body; None at the last (zero) chunk."""
+        size = int(self._line(), 16)
+        body = self._exact(size)
+        assert self._exact(2) == b"\r\n"
+        return None if size == 0 else body
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event of the rest of the response (its terminating chunk read)."""
+        body = b""
+        while (c := self.chunk()) is not None:
+            body += c
+        text = body.decode()
+        assert text.endswith("\n\n") or not text
+        return [json.loads(e[len("data: "):]) for e in text.split("\n\n") if e]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _direct_tokens(h: Harness) -> float:
+    text = httpx.get(h.url + "/metrics").text
+    m = re.search(r"^inferenceos:direct_written_tokens_total\{[^}]*\} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _idle(h: Harness, deadline_s: float = 60) -> None:
+    """Until nothing runs in the server (its admission count, read directly)."""
+    end = time.monotonic() + deadline_s
+    while h.state.admission.running:
+        assert time.monotonic() < end, "the stream never ended"
+        time.sleep(0.01)
+
+
+def _stream(port: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = Raw(port)
+    try:
+        raw.post("/completion", body)
+        raw.head()
+        return raw.events()
+    finally:
+        raw.close()
+
+
+def _comparable(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k not in ("timings", "generation_settings")}
+            for e in events]
+
+
+def test_the_worker_writes_the_same_events_the_http_process_does(
+        server: Harness, tiny_wide: Path, tmp_path: Path) -> None:
+    body = {"prompt": "The quick brown fox", "n_predict": 400, **LONG}
+    before = _direct_tokens(server)
+    on = _stream(server.port, body)
+    assert _direct_tokens(server) - before >= 200  # the worker wrote most of them
+    with serving({"wide": tiny_wide}, tmp_path / "off", manager_kw={"base": SLOW},
+                 settings=ServerSettings(direct_writes=False)) as off_server:
+        off = _stream(off_server.port, body)
+        assert _direct_tokens(off_server) == 0
+    assert len(on) == 401 and on[-1]["stop"] is True
+    assert [e["tokens_predicted"] for e in on[:-1]] == list(range(1, 401))
+    assert _comparable(on) == _comparable(off)
+
+
+def test_a_kept_alive_connection_serves_the_next_request(server: Harness) -> None:
+    raw = Raw(server.port)
+    try:
+        for n in (40, 24):
+            raw.post("/completion", {"prompt": "hello", "n_predict": n, **LONG})
+            raw.head()
+            events = raw.events()
+            assert len(events) == n + 1 and events[-1]["tokens_predicted"] == n
+        raw.post("/completion", {"prompt": "hello", "n_predict": 3, "stream": False})
+        assert raw._line().startswith(b"HTTP/1.1 200")
+    finally:
+        raw.close()
+
+
+def test_a_client_that_stops_reading_gets_every_event_later(server: Harness) -> None:
+    n = 1500  # far more than the socket buffers hold (~120 kB of events)
+    raw = Raw(server.port, rcvbuf=4096)
+    try:
+        raw.post("/completion", {"prompt": "slow reader", "n_predict": n, **LONG})
+        raw.head()
+        _idle(server)  # the generation ended while nothing was read
+        events = raw.events()
+    finally:
+        raw.close()
+    assert [e["tokens_predicted"] for e in events[:-1]] == list(range(1, n + 1))
+    assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == n
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(server: Harness) -> None:
+    raw = Raw(server.port)
+    raw.post("/completion", {"prompt": "leaving", "n_predict": 3500, **LONG})
+    raw.head()
+    got = b""
+    while got.count(b"data: ") < 20:  # handed over by now
+        got += raw.chunk() or b""
+    t0 = time.monotonic()
+    raw.close()
+    _idle(server)
+    assert time.monotonic() - t0 < 10  # 3,500 tokens would take far longer
+    assert len(_stream(server.port, {"prompt": "next", "n_predict": 8, **LONG})) == 9
+
+
+def test_a_shutdown_mid_stream_ends_the_response_in_order(tiny_wide: Path,
+                                                          tmp_path: Path) -> None:
+    with serving({"wide": tiny_wide}, tmp_path, manager_kw={"base": SLOW},
+                 settings=ServerSettings(shutdown_grace_s=0)) as h:
+        raw = Raw(h.port)
+        raw.post("/completion", {"prompt": "until shutdown", "n_predict": 3500, **LONG})
+        raw.head()
+        first = raw.chunk()
+        assert first is not None
+        h.server.begin_shutdown()  # the grace is 0: the stream is cancelled
+        events = raw.events()  # strict framing to the terminating chunk
+        raw.close()
+    n = [e["tokens_predicted"] for e in events if not e.get("stop")]
+    assert n == list(range(n[0], n[0] + len(n))) if n else True
+    assert len(n) < 3500
+
+
+def test_a_stream_the_worker_writes_survives_a_live_migration(server: Harness) -> None:
+    """The old worker stops writing (its final report), the new one's tokens come
+    through the pipe and this process writes them: one unbroken stream."""
+    n = 1200
+    raw = Raw(server.port)
+    try:
+        raw.post("/completion", {"prompt": "moving", "n_predict": n, **LONG})
+        raw.head()
+        body = b""
+        while body.count(b"data: ") < 20:  # handed over by now
+            body += raw.chunk() or b""
+        [resident] = server.manager.loaded()
+        engine: Any = resident.engine
+        before = _direct_tokens(server)
+        info = engine.migrate(replace(engine.settings, n_ctx=4096, n_batch=32, n_ubatch=32),
+                              n_parallel=resident.slots)
+        assert info["moved"] == 1, info
+        events = [json.loads(e[len("data: "):]) for e in body.decode().split("\n\n") if e]
+        events += raw.events()
+    finally:
+        raw.close()
+    assert _direct_tokens(server) > before  # the old worker's report came
+    assert [e["tokens_predicted"] for e in events[:-1]] == list(range(1, n + 1))
+    assert events[-1]["stop"] is True
