@@ -37,10 +37,12 @@ median of the rounds' own ratios (both sides of a round share the machine's stat
     .venv/bin/python benchmarks/overhead.py [--models tiny gemma] [--streams 1 8 32]
         [--rounds 2] [--duration 10] [--tokens 128] [--threads 2] [--serve-threads N]
         [--serve-extra ARGS] [--profile] [--no-run] [--no-openai]
-        [--baseline-src OTHER_CHECKOUT/src] [--json FILE]
+        [--baseline-src OTHER_CHECKOUT/src] [--baseline-env NAME=VALUE ...] [--json FILE]
 
 `--baseline-src` serves a second `ours` from another checkout's src in the same rounds
 (e.g. `git worktree add /tmp/base <commit>`): a before / after measured side by side.
+`--baseline-env NAME=VALUE ...` serves it with those settings (alone: this checkout's
+src), e.g. `INFERENCEOS_SERVER_DIRECT_WRITES=0`: a setting's effect, side by side.
 """
 
 from __future__ import annotations
@@ -330,9 +332,11 @@ def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
             str(llama_tool("llama-server")), "-m", str(model), "-np", str(n), "-c",
             str(ctx * n), "-t", str(args.threads), "--host", "127.0.0.1", "--port", "{port}"],
             env)
-        if args.baseline_src:
-            out["baseline"] = start("baseline", serve(args.threads),
-                                    {**env, "PYTHONPATH": str(args.baseline_src)})
+        if args.baseline_src or args.baseline_env:
+            extra = dict(kv.split("=", 1) for kv in args.baseline_env)
+            if args.baseline_src:
+                extra["PYTHONPATH"] = str(args.baseline_src)
+            out["baseline"] = start("baseline", serve(args.threads), {**env, **extra})
     except BaseException:
         for srv in out.values():
             srv.stop()
@@ -569,6 +573,9 @@ def main() -> int:
     ap.add_argument("--no-openai", action="store_true", help="skip the OpenAI route")
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="also serve from this checkout's src (PYTHONPATH): before/after")
+    ap.add_argument("--baseline-env", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="also serve with these environment settings (this src, or "
+                         "--baseline-src's), e.g. INFERENCEOS_SERVER_DIRECT_WRITES=0")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="overhead-"))

@@ -146,6 +146,64 @@ def test_the_worker_writes_the_same_events_the_http_process_does(
     assert _comparable(on) == _comparable(off)
 
 
+def _openai_chunks(port: int, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunks of an OpenAI stream, read strictly, less their id, time, timings and
+    cached tokens."""
+    raw = Raw(port)
+    try:
+        raw.post(path, body)
+        raw.head()
+        chunks = b""
+        while (c := raw.chunk()) is not None:
+            chunks += c
+    finally:
+        raw.close()
+    events = [e[len("data: "):] for e in chunks.decode().split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    out = [{k: v for k, v in json.loads(e).items() if k not in ("id", "created", "timings")}
+           for e in events[:-1]]
+    for e in out:  # what the prefix cache held differs between two servers
+        if e.get("usage"):
+            e["usage"].pop("prompt_tokens_details", None)
+    return out
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_openai_streams_are_written_by_the_worker_the_same(
+        server: Harness, tiny_wide: Path, tmp_path: Path, path: str) -> None:
+    """The OpenAI routes hand over too (one plain choice): the same chunks, [DONE]
+    last; the openai client reads the stream."""
+    import openai
+
+    body: dict[str, Any] = {"model": "wide", "max_tokens": 300, "temperature": 0,
+                            "stream": True, "stream_options": {"include_usage": True}}
+    if path.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": "Tell a story"}]
+    else:
+        body["prompt"] = "Once upon a time"
+    before = _direct_tokens(server)
+    on = _openai_chunks(server.port, path, body)
+    n = on[-1]["usage"]["completion_tokens"]  # (the tiny model may end on its EOS)
+    assert n >= 40 and _direct_tokens(server) - before >= n // 2
+    with serving({"wide": tiny_wide}, tmp_path / "off", manager_kw={"base": SLOW},
+                 settings=ServerSettings(direct_writes=False)) as off_server:
+        off = _openai_chunks(off_server.port, path, body)
+    assert on == off
+    client = openai.OpenAI(base_url=server.v1, api_key="none")
+    if path.endswith("chat/completions"):
+        stream = client.chat.completions.create(model="wide", messages=body["messages"],
+                                                max_tokens=300, temperature=0, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        want = "".join(c["choices"][0]["delta"].get("content") or "" for c in on
+                       if c["choices"])
+    else:
+        stream = client.completions.create(model="wide", prompt=body["prompt"],
+                                           max_tokens=300, temperature=0, stream=True)
+        text = "".join(c.choices[0].text for c in stream if c.choices)
+        want = "".join(c["choices"][0]["text"] for c in on if c["choices"])
+    assert text == want and text
+
+
 def test_a_kept_alive_connection_serves_the_next_request(server: Harness) -> None:
     raw = Raw(server.port)
     try:

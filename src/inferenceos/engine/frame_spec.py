@@ -39,12 +39,19 @@ class FrameSpec:
     - "tokens": a JSON list of the token id (`[]` for a flush of held-back text);
     - "n": the tokens written so far, this one included, counted from `n_base`.
 
-    `chunked`: each write is one HTTP/1.1 chunk (the response's transfer coding)."""
+    `chunked`: each write is one HTTP/1.1 chunk (the response's transfer coding).
+    `skip_empty`: a token without text is no event (OpenAI's chunks); else only a flush
+    without text is none (llama-server's events carry every token)."""
 
     parts: tuple[str, ...]
     fields: tuple[str, ...]
     n_base: int = 0
     chunked: bool = True
+    skip_empty: bool = False
+
+    def writes(self, token: int, text: str) -> bool:
+        """Whether the event of `token` with `text` is written at all."""
+        return bool(text) or (token >= 0 and not self.skip_empty)
 
     def frame(self, token: int, text: str, n: int) -> str:
         """The event of `token` (-1: a flush, no id) with `text`, the `n`-th token."""
@@ -67,8 +74,8 @@ class FrameSpec:
         return b"%x\r\n%b\r\n" % (len(body), body)
 
     @classmethod
-    def sample(cls, render: Callable[[str, list[int], int], str], n_base: int,
-               chunked: bool = True) -> FrameSpec | None:
+    def sample(cls, render: Callable[[str, list[int], int], str], n_base: int = 0,
+               chunked: bool = True, skip_empty: bool = False) -> FrameSpec | None:
         """The spec of `render(text, tokens, n)` (a dialect's event as written on the
         wire); None when a sentinel does not appear exactly once (a renderer that
         transforms its inputs: such a stream is written by its dialect only)."""
@@ -89,4 +96,5 @@ class FrameSpec:
             parts.append(text[start:at])
             start = at + len(cut)
         parts.append(text[start:])
-        return cls(tuple(parts), tuple(name for _, _, name in pieces), n_base, chunked)
+        return cls(tuple(parts), tuple(name for _, _, name in pieces), n_base, chunked,
+                   skip_empty)

@@ -108,11 +108,13 @@ class DirectStream(ClosingStreamingResponse):
 
 
 def direct_response(events: AsyncIterator[Event], framing: Framing, cleanup: Cleanup,
-                    ready: Callable[[], bool], run: Callable[[], Run],
-                    frame: Callable[[], FrameSpec | None], enabled: bool = True
+                    run: Callable[[], Run], frame: Callable[[], FrameSpec | None],
+                    enabled: bool = True, ready: Callable[[], bool] | None = None
                     ) -> ClosingStreamingResponse:
-    """`events` streamed as `framing` writes them (server/sse.py `stream_response`), the
-    worker writing its tokens where it can (`enabled`: the server's setting)."""
+    """`events` streamed as `framing` writes them (server/sse.py `stream_response`, with
+    its `ready`), the worker writing its tokens where it can (`enabled`: the server's
+    setting). The dialect's `events` must skip the worker's reports (events whose
+    `written` is not None): counted, never sent."""
     body = framed(events, framing, ready)
     if not enabled:
         return ClosingStreamingResponse(body, framing.media_type, cleanup)

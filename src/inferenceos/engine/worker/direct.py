@@ -53,16 +53,15 @@ class _Sink:
         self.reported = 0.0  # when the last report went (time.monotonic)
 
     def add(self, ev: TokenOut) -> None:
-        """Frame `ev` for the next write (an event with neither token nor text is
-        nothing to write: its dialect skips it too)."""
-        if ev.token < 0 and not ev.text:
-            return
+        """Count `ev` and frame it for the next write, if its dialect writes it."""
         if ev.token >= 0:
             self.ids.append(ev.token)
             self.count += 1
-        self.text.append(ev.text)
+        if ev.text:
+            self.text.append(ev.text)
         assert self.spec is not None
-        self.frames.append(self.spec.frame(ev.token, ev.text, self.count))
+        if self.spec.writes(ev.token, ev.text):
+            self.frames.append(self.spec.frame(ev.token, ev.text, self.count))
 
     def flush(self) -> str:
         """Write the framed events and what waited before them; "" or why it failed."""

@@ -218,9 +218,8 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
         shapes: list[_Chunks] = []  # the completion streaming now: its tokens' shape
         return direct_response(
             _stream(state, runs, reqs, p, name, vocab, shapes), LLAMACPP_SSE, first.close,
-            ready=lambda: runs[-1].ready(), run=lambda: runs[-1],
-            frame=lambda: shapes[-1].frame() if shapes else None,
-            enabled=s.direct_writes)
+            run=lambda: runs[-1], frame=lambda: shapes[-1].frame() if shapes else None,
+            enabled=s.direct_writes, ready=lambda: runs[-1].ready())
 
     async def all_of_them() -> list[_Result]:
         tasks = [asyncio.ensure_future(_whole(state, i, p.prompts[i], r)) for i, r in reqs]

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.generation import TokenEvent
 from inferenceos.errors import UsageError
 from inferenceos.hardware.llama_devices import package_version
@@ -43,6 +44,7 @@ from inferenceos.server.dialects.openai.schema import (
     ModelCard,
     ModelList,
 )
+from inferenceos.server.direct_stream import direct_response
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     GenRequest,
@@ -64,7 +66,7 @@ from inferenceos.server.media_parts import (
 from inferenceos.server.ops.reads import ops_call
 from inferenceos.server.reply import Final, read_reply, reply_events
 from inferenceos.server.rerank import refuse_embeddings
-from inferenceos.server.sse import SSE_CONTENT, sse_response
+from inferenceos.server.sse import OPENAI_SSE, SSE_CONTENT
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tools import ToolRequest, openai_calls
 
@@ -129,15 +131,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         limit = state.settings.n_predict  # llama-server's --n-predict covers chat too
     params = sampling(body, limit, grammar, chat_top_n(body.logprobs, body.top_logprobs))
     think = think_of(body)
+    progress = body.stream and body.return_progress
+    # one plain choice streamed: the worker may write its tokens (server/direct_stream.py)
+    direct = body.stream and body.n == 1 and not body.logprobs and not tools and not progress
     reqs = [GenRequest(name, s, messages=messages, tools=tools, media=items,
-                       progress=body.stream and body.return_progress, think=think)
+                       progress=progress, think=think, direct=direct)
             for s in variants(params, body.n)]
     cid, created = _ids("chatcmpl")
     if body.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0]))
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_chat_stream(state, first, reqs, cid, created, name, usage),
-                            first.close)
+        chunks = _ChatChunks(cid, created, name, usage)
+        return direct_response(_chat_stream(state, first, reqs, chunks), OPENAI_SSE,
+                               first.close, run=lambda: first,
+                               frame=lambda: chunks.frame(first),
+                               enabled=state.settings.direct_writes)
 
     async def whole() -> dict[str, Any]:
         choices, p_tok, c_tok = [], 0, 0
@@ -171,22 +179,37 @@ def _rendered(state: ServerState, name: str, messages: tuple[ChatMessage, ...],
         return lease.engine.chat_prompt(messages, tools=tools.tools if tools else None)
 
 
-async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], cid: str,
-                       created: int, model: str, include_usage: bool
-                       ) -> AsyncIterator[dict[str, Any]]:
-    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": fingerprint()}
-    extra = {"usage": None} if include_usage else {}
+class _ChatChunks:
+    """A streamed chat's chunks (`chunk`), and for the worker (server/direct_stream.py)
+    the FrameSpec of its content deltas: a plain reply only (no reasoning section, no
+    tools: their text is split or held back here first)."""
+
+    def __init__(self, cid: str, created: int, model: str, include_usage: bool) -> None:
+        self.base = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                     "model": model, "system_fingerprint": fingerprint()}
+        self.include_usage = include_usage
+        self.extra = {"usage": None} if include_usage else {}
+        self.scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
+
+    def chunk(self, i: int, delta: dict[str, Any], finish: str | None = None
+              ) -> dict[str, Any]:
+        logprobs = {"content": entries(self.scored)} if self.scored else None
+        self.scored.clear()
+        return {**self.base, "choices": [{"index": i, "delta": delta, "finish_reason": finish,
+                                          "logprobs": logprobs}], **self.extra}
+
+    def frame(self, run: Run) -> FrameSpec | None:
+        if run.reasoning is not None or run.tool_format is not None:
+            return None
+        return FrameSpec.sample(lambda text, _, __: OPENAI_SSE.frame(
+            self.chunk(0, {"content": text}), 0), skip_empty=True)
+
+
+async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest],
+                       chunks: _ChatChunks) -> AsyncIterator[dict[str, Any]]:
     p_tok = c_tok = cached = 0
     metrics = None
-    scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
-
-    def chunk(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        logprobs = {"content": entries(scored)} if scored else None
-        scored.clear()
-        return {**base, "choices": [{"index": i, "delta": delta, "finish_reason": finish,
-                                     "logprobs": logprobs}], **extra}
-
+    chunk, scored = chunks.chunk, chunks.scored
     for i, r in enumerate(reqs):
         run = first if i == 0 else await start_generation(state, r)
         yield chunk(i, {"role": "assistant", "content": None})  # as OpenAI and llama-server
@@ -209,14 +232,16 @@ async def _chat_stream(state: ServerState, first: Run, reqs: list[GenRequest], c
                 if d.event.progress is not None:
                     yield {**chunk(i, {}), "prompt_progress": progress_json(d.event.progress)}
                     continue
+                if d.event.written is not None:  # the worker wrote these itself
+                    continue
                 if d.event.logprob is not None:
                     scored.append(d.event)
                 if d.thought:  # llama-server's and DeepSeek's reasoning delta
                     yield chunk(i, {"reasoning_content": d.thought})
                 if d.text:
                     yield chunk(i, {"content": d.text})
-    if include_usage:  # llama-server adds its timings to the usage chunk
-        yield {**base, "choices": [], "usage": _usage(p_tok, c_tok, cached),
+    if chunks.include_usage:  # llama-server adds its timings to the usage chunk
+        yield {**chunks.base, "choices": [], "usage": _usage(p_tok, c_tok, cached),
                **({"timings": timings(metrics)} if metrics else {})}
 
 
@@ -252,16 +277,20 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                                 logprobs=body.logprobs), body.n)
     # with a suffix, each prompt becomes the prefix of a FIM prompt (echo: the prompt)
     runs = await _with_suffix(state, body, prompts) if body.suffix else prompts
+    # one plain choice streamed: the worker may write its tokens (server/direct_stream.py)
+    direct = body.stream and len(runs) * len(choices) == 1 and body.logprobs is None
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
-                       tokens=None if isinstance(p, str) else tuple(p))
+                       tokens=None if isinstance(p, str) else tuple(p), direct=direct)
             for p in runs for s in choices]
     echo = [p if body.echo and isinstance(p, str) else "" for p in prompts for _ in choices]
     cid, created = _ids("cmpl")
     if body.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0]))
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_completion_stream(state, first, reqs, echo, cid, created, name,
-                                               usage, body.logprobs is not None), first.close)
+        chunks = _TextChunks(cid, created, name, usage, body.logprobs is not None)
+        return direct_response(_completion_stream(state, first, reqs, echo, chunks),
+                               OPENAI_SSE, first.close, run=lambda: first,
+                               frame=chunks.frame, enabled=state.settings.direct_writes)
 
     async def whole() -> dict[str, Any]:
         choices, p_tok, c_tok, cached = [], 0, 0, 0
@@ -298,26 +327,38 @@ async def _with_suffix(state: ServerState, body: CompletionRequest,
     return built
 
 
+class _TextChunks:
+    """A streamed completion's chunks (`chunk`), and for the worker (server/direct_stream.py)
+    the FrameSpec of its text chunks."""
+
+    def __init__(self, cid: str, created: int, model: str, include_usage: bool,
+                 logprobs: bool) -> None:
+        self.base = {"id": cid, "object": "text_completion", "created": created,
+                     "model": model, "system_fingerprint": fingerprint()}
+        self.include_usage, self.logprobs = include_usage, logprobs
+        self.extra = {"usage": None} if include_usage else {}
+        self.scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
+        self.legacy = LegacyLogprobs()
+
+    def chunk(self, i: int, text: str, reason: str | None) -> dict[str, Any]:
+        lp = self.legacy.chunk(self.scored) if self.logprobs and self.scored else None
+        self.scored.clear()
+        return {**self.base, "choices": [{"index": i, "text": text, "finish_reason": reason,
+                                          "logprobs": lp}], **self.extra}
+
+    def frame(self) -> FrameSpec | None:
+        return FrameSpec.sample(lambda text, _, __: OPENAI_SSE.frame(
+            self.chunk(0, text, None), 0), skip_empty=True)
+
+
 async def _completion_stream(state: ServerState, first: Run, reqs: list[GenRequest],
-                             echo: list[str], cid: str, created: int, model: str,
-                             include_usage: bool, logprobs: bool
+                             echo: list[str], chunks: _TextChunks
                              ) -> AsyncIterator[dict[str, Any]]:
-    base = {"id": cid, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": fingerprint()}
-    extra = {"usage": None} if include_usage else {}
     p_tok = c_tok = 0
-    scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next chunk
-    legacy = LegacyLogprobs()
-
-    def chunk(i: int, text: str, reason: str | None) -> dict[str, Any]:
-        lp = legacy.chunk(scored) if logprobs and scored else None
-        scored.clear()
-        return {**base, "choices": [{"index": i, "text": text, "finish_reason": reason,
-                                     "logprobs": lp}], **extra}
-
+    chunk, scored = chunks.chunk, chunks.scored
     for i, r in enumerate(reqs):
         run = first if i == 0 else await start_generation(state, r)
-        legacy = LegacyLogprobs(len(echo[i]))
+        chunks.legacy = LegacyLogprobs(len(echo[i]))
         if echo[i]:
             yield chunk(i, echo[i], None)
         async with aclosing(reply_events(run)) as replies:
@@ -327,12 +368,14 @@ async def _completion_stream(state: ServerState, first: Run, reqs: list[GenReque
                     c_tok += d.done.metrics.completion_tokens
                     yield chunk(i, "", _finish(d.done.metrics.stop_reason))
                     continue
+                if d.event.written is not None:  # the worker wrote these itself
+                    continue
                 if d.event.logprob is not None:
                     scored.append(d.event)
                 if d.text:
                     yield chunk(i, d.text, None)
-    if include_usage:
-        yield {**base, "choices": [], "usage": _usage(p_tok, c_tok)}
+    if chunks.include_usage:
+        yield {**chunks.base, "choices": [], "usage": _usage(p_tok, c_tok)}
 
 
 @router.post("/embeddings", response_model=EmbeddingList)
