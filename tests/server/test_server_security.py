@@ -26,8 +26,9 @@ class SlowEngine(Engine):
     """The real engine, pausing between tokens and never stopping at end-of-text, so
     requests overlap deterministically."""
 
-    def generate(self, prompt: Any, sampling: Any, cancel: Any = None) -> Any:
-        gen = super().generate(prompt, dataclasses.replace(sampling, ignore_eos=True), cancel)
+    def generate(self, prompt: Any, sampling: Any, cancel: Any = None, **kw: Any) -> Any:
+        gen = super().generate(prompt, dataclasses.replace(sampling, ignore_eos=True), cancel,
+                               **kw)
         inner = gen.events
 
         def slow() -> Iterator[Any]:

@@ -56,10 +56,11 @@ _E = TypeVar("_E", bound="EngineBase")
 @dataclass(frozen=True)
 class Handover:
     """How an engine hands a stream to its worker (`LoopEvents.attach`): `attach(frame,
-    fd, written)` sends the Attach and the socket; `stop()` cancels the stream in the
-    worker while its replies still come (the worker's Wrote, then its Finished)."""
+    fd, written)` sends the Attach and the socket, False when it cannot now (never
+    blocking: it runs on an event loop); `stop()` cancels the stream in the worker while
+    its replies still come (the worker's Wrote, then its Finished)."""
 
-    attach: Callable[[FrameSpec, int, int], None]
+    attach: Callable[[FrameSpec, int, int], bool]
     stop: Callable[[], None]
 
 
@@ -203,6 +204,7 @@ class LoopEvents:
         self._taken = 0  # TokenOuts read (the reader has written them)
         self._held: list[FromWorker | None] | None = None  # while handed over: the worker's
         self._unsent: Callable[[bytes], None] | None = None
+        self._abort: Callable[[], None] | None = None
         self._attached = self._stop_sent = False
 
     def put(self, item: FromWorker | None) -> None:
@@ -211,49 +213,79 @@ class LoopEvents:
 
     def _feed(self, item: FromWorker | None) -> None:
         held = self._held
-        if held is not None and item is not None:  # handed over: see `attach`
-            if type(item) is TokenOut:
-                held.append(item)  # the worker writes it again itself
-                return
-            if type(item) is Wrote:
-                if item.final:  # the worker stopped writing: what follows is ours
-                    self._held = None
-            else:  # the end, and no Wrote: the worker never took over
+        if held is not None and item is not None and not self._handed(item, held):
+            return
+        self._items.append(item)
+        self._wake()
+
+    def _handed(self, item: FromWorker, held: list[FromWorker | None]) -> bool:
+        """While handed over (`attach`): whether `item` goes on to the reader."""
+        if type(item) is TokenOut:
+            held.append(item)  # the worker writes it again itself
+            return False
+        if type(item) is Wrote:
+            if item.refused:  # it never took the stream: what it sent is ours to write
                 self._items.extend(held)
                 self._held = None
-        self._items.append(item)
+                self._wake()
+                return False
+            if item.final:  # it stopped writing: what follows is ours
+                self._held = None
+        elif isinstance(item, Failed) and item.error == "WorkerDiedError":
+            # it may have written part of the stream, even part of a chunk: this
+            # connection cannot go on (the error event goes nowhere)
+            self._held = None
+            if self._abort is not None:
+                self._abort()
+        elif isinstance(item, (Finished, Failed)):  # the end, no Wrote: never took over
+            self._items.extend(held)
+            self._held = None
+        return True
+
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def ready(self) -> bool:
-        """Whether the next read returns at once with an event (a token, a progress or
-        a Wrote is first in line): the reader is behind the generation."""
+        """Whether the next read returns at once with an event (a token or a progress
+        is first in line): the reader is behind the generation."""
         items = self._items
-        return bool(items) and isinstance(items[0], (TokenOut, Progress, Wrote))
+        return bool(items) and isinstance(items[0], (TokenOut, Progress))
 
-    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None]) -> bool:
+    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None],
+               abort: Callable[[], None]) -> bool:
         """Hand the stream to the worker, to write to the socket `fd` (ours still) as
         `frame` says, from the next token on: every event read so far must be written
         already, and nothing else may write to the socket until this stream's next
         event (after which the worker has stopped). On the loop; False when it cannot
         (an engine without a pipe, handed over once already, or the stream is ending).
 
-        The worker reports what it wrote as one TokenEvent (token -1, `written` its ids,
-        `text` theirs); before it is read, `unsent(data)` is called with the bytes the
-        socket had not taken: write them first. With no report, the stream's tokens
-        come as before (the worker never took over: the events it sent are kept)."""
+        The worker reports what it wrote as TokenEvents (token -1, `written` its ids,
+        `text` theirs); before the last is read, `unsent(data)` is called with the bytes
+        the socket had not taken: write them first. With no report (the worker refused,
+        or the stream ended first), the stream's tokens come as before: the events it
+        sent are kept. A worker that dies meanwhile may have left part of a chunk on
+        the socket: `abort()` is called (drop the connection)."""
         handover = self._handover
         if handover is None or self._over or self._attached \
                 or any(type(it) is not TokenOut for it in self._items):
             return False
+        # published before the cancel is looked at: a cancel from now on leaves the end
+        # of the reading to the reader, which waits for the worker's report
+        self._held = list(self._items)  # sent before the worker took over: it resends
+        cancel = self._cancel
+        sent = False
+        if not (cancel is not None and cancel.is_set()) and not self._ended.locked():
+            # a dead worker: its Failed follows through the reader
+            with contextlib.suppress(errors.WorkerDiedError):
+                sent = handover.attach(frame, fd, self._taken)
+        if not sent:
+            self._held = None
+            return False
         self._attached = True
-        self._held = list(self._items)  # sent before the worker takes over: it resends
         self._items.clear()
-        self._unsent = unsent
-        # a dead worker: its Failed follows through the reader
-        with contextlib.suppress(errors.WorkerDiedError):
-            handover.attach(frame, fd, self._taken)
+        self._unsent, self._abort = unsent, abort
         return True
 
     @property
@@ -294,6 +326,8 @@ class LoopEvents:
             if ev is None:  # a wake-up (its cancel): the loop's test sees why
                 continue
             if type(ev) is Wrote:  # (a final one's unsent bytes are written first)
+                if ev.refused:  # (after the stream's end: nothing to count)
+                    continue
                 if ev.unsent and self._unsent is not None:
                     self._unsent(ev.unsent)
                 self._gen.metrics.completion_tokens += len(ev.ids)

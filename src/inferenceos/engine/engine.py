@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
+from multiprocessing.reduction import ACKNOWLEDGE
 from pathlib import Path
 from typing import TypeVar
 
@@ -275,18 +277,29 @@ class Engine(EngineBase):
             unwake()
             self._abandon(worker, req_id)
 
-        def attach(frame: FrameSpec, fd: int, written: int) -> None:
-            # to the worker that holds the stream now (a migration may have moved it)
-            with self._current.route:
-                self._worker.send_socket(Attach(frame, written, req_id=req_id), fd)
+        def attach(frame: FrameSpec, fd: int, written: int) -> bool:
+            # on an event loop: never wait for a migration (which holds `route`), and
+            # only to the worker that got the Generate (a moved stream's has no record)
+            if not self._current.route.acquire(blocking=False):
+                return False
+            try:
+                return self._worker is worker and worker.send_socket(
+                    Attach(frame, written, req_id=req_id), fd)
+            finally:
+                self._current.route.release()
 
-        def stop() -> None:
-            with self._current.route:
-                self._worker.send(Cancel(req_id=req_id))
+        def stop() -> None:  # on an event loop: the route lock may be held, so a thread
+            def send() -> None:
+                with self._current.route, contextlib.suppress(errors.WorkerDiedError):
+                    self._worker.send(Cancel(req_id=req_id))
+            threading.Thread(target=send, name="stop-direct", daemon=True).start()
 
+        # (where the descriptor's sender waits for an acknowledgement, as on macOS, the
+        # reader thread would take it: no hand-over there)
+        direct = msg.direct and not ACKNOWLEDGE
         def to_loop(loop: asyncio.AbstractEventLoop) -> LoopEvents:
             events = LoopEvents(loop, gen, cancel, self.load_s, end,
-                                Handover(attach, stop) if msg.direct else None)
+                                Handover(attach, stop) if direct else None)
             q.divert(events.put)  # the reader thread delivers to the loop from now on
             return events
 

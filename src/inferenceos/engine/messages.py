@@ -13,8 +13,8 @@ Parent → worker: one `ToWorker` per pipe message. Every request carries `req_i
   descriptor (SCM_RIGHTS): the worker writes the stream's token events to that socket
   itself from then on, and reports what it wrote in `Wrote`s, the last one `final`
   when it stops (before the stream's `Finished` / `Failed`, or before a migration
-  exports it). No `Wrote` before the `Finished`: the Attach came too late, every token
-  went through the pipe.
+  exports it). An Attach the worker cannot take (the stream ended or moved) is answered
+  by a `Wrote` marked `refused`; after the stream's end nobody reads it.
 
 Worker → parent: each pipe message is a list of `FromWorker` (one list per scheduler
 step or request handled; a step's list travels packed, its plain TokenOuts as tuples:
@@ -149,7 +149,9 @@ class Wrote:
     writing: `unsent` is what the socket did not take yet (the client reads slower),
     to be written before anything else, and `error` why it stopped early ("" when it
     did not: the stream ended or moves to another worker). Without, it writes on (a
-    report every half second at most, so live counts move)."""
+    report every half second at most, so live counts move). `refused`: the worker did
+    not take the stream at all (it had ended, or moved here from another worker, or
+    the socket could not be used): it wrote nothing, the parent writes what it kept."""
 
     req_id: int
     ids: tuple[int, ...]
@@ -157,6 +159,7 @@ class Wrote:
     unsent: bytes = b""
     error: str = ""
     final: bool = True
+    refused: bool = False
 
 
 Event = TokenOut | Progress | Finished | Failed

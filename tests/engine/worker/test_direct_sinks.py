@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterator
 from multiprocessing.reduction import send_handle
+from pathlib import Path
 from types import SimpleNamespace
 from unittest.mock import MagicMock
 
@@ -149,14 +150,15 @@ def test_a_reader_that_left_cancels_its_stream(pair: tuple[socket.socket, socket
     assert sinks.route([TokenOut(1, 9, "x")]) == [TokenOut(1, 9, "x")]  # no longer ours
 
 
-def test_an_attach_for_a_stream_that_is_over_leaves_it_to_the_parent(
+def test_an_attach_for_a_stream_that_is_over_is_refused(
         pair: tuple[socket.socket, socket.socket]) -> None:
     ours, client = pair
     sinks = DirectSinks(lambda rid: [])
     sinks.expect(1)
     sinks.route([TokenOut(1, 5, "a"), END])
     fd = os.dup(ours.fileno())
-    assert sinks.attach(1, fd, SPEC, 0) == []
+    [refused] = sinks.attach(1, fd, SPEC, 0)
+    assert isinstance(refused, Wrote) and refused.refused and refused.ids == ()
     with pytest.raises(OSError):
         os.fstat(fd)  # closed: the worker keeps no descriptor it does not use
     assert _read_all(client) == b""
@@ -193,3 +195,14 @@ def test_the_inbox_takes_an_attach_and_its_descriptor_off_the_pipe(
     assert _chunks(_read_all(client)) == _frame(3, "s", 1)
     parent.close()
     child.close()
+
+
+def test_an_attach_of_what_is_not_a_socket_is_refused(tmp_path: Path) -> None:
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
+    [refused] = sinks.attach(1, fd, SPEC, 0)
+    assert isinstance(refused, Wrote) and refused.refused
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert sinks.route([TokenOut(1, 2, "x")]) == [TokenOut(1, 2, "x")]  # still kept

@@ -151,19 +151,33 @@ class WorkerClient:
                 raise errors.WorkerDiedError("the model worker is not running") from None
             return q
 
-    def send_socket(self, msg: Attach, fd: int) -> None:
+    def send_socket(self, msg: Attach, fd: int) -> bool:
         """Send `msg` and then the descriptor `fd` (SCM_RIGHTS, the pipe is a socket
         pair), one after the other under the send lock: the worker reads the descriptor
-        right after the message. The worker gets its own copy; `fd` stays ours."""
-        with self.lock:
+        right after the message. The worker gets its own copy; `fd` stays ours. False,
+        sending nothing, while another thread sends (the caller is an event loop)."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
             if not self.alive:
                 raise errors.WorkerDiedError("the model worker is not running")
             try:
                 self.conn.send(msg)
-                send_handle(self.conn, fd, self.proc.pid or 0)
             except (OSError, ValueError):
                 self.alive = False
                 raise errors.WorkerDiedError("the model worker is not running") from None
+            try:
+                send_handle(self.conn, fd, self.proc.pid or 0)
+            except (OSError, ValueError):
+                # the worker waits for the descriptor after the message: it would wait
+                # for good, so its requests fail now (the reader sees it die)
+                self.alive = False
+                self.proc.kill()
+                raise errors.WorkerDiedError("the model worker could not take a socket") \
+                    from None
+            return True
+        finally:
+            self.lock.release()
 
     def done(self, req_id: int) -> None:
         """Stop routing `req_id`'s replies (later ones are dropped)."""

@@ -111,13 +111,20 @@ class DirectSinks:
                ) -> list[FromWorker]:
         """Write stream `req_id` to the socket `fd` (now this object's) from its
         `written`-th token event on; the events to send the parent (a failed socket's).
-        A stream that is over, or was never direct, is left to the parent: no Wrote."""
+        A stream that is over, was never direct or moved here, or a socket that cannot
+        be used, is left to the parent: a refused Wrote."""
         sink = self._sinks.get(req_id)
+        refused: list[FromWorker] = [Wrote(req_id, (), "", refused=True)]
         if sink is None or sink.sock is not None or written > len(sink.history):
             os.close(fd)
-            return []
-        sink.sock = socket.socket(fileno=fd)
-        sink.sock.setblocking(False)
+            return refused
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:  # not a socket
+            os.close(fd)
+            return refused
+        sink.sock = sock
+        sock.setblocking(False)
         sink.spec = spec
         sink.reported = time.monotonic()
         for ev in sink.history[written:]:

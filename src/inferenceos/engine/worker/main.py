@@ -55,6 +55,7 @@ from inferenceos.engine.messages import (
     ToWorker,
     Wake,
     WorkerInfo,
+    Wrote,
     unknown,
 )
 from inferenceos.engine.session import LoadedModel, default_threads
@@ -405,13 +406,23 @@ class _Inbox:
     def _handle(self, msg: ToWorker) -> list[FromWorker] | None:
         """One message's answer (None: Shutdown), direct streams' parts done here."""
         if isinstance(msg, Attach):  # the socket's descriptor follows it on the pipe
-            return self.sinks.attach(msg.req_id, recv_handle(self.conn), msg.frame,
-                                     msg.written)
+            return self._attach(msg)
         if isinstance(msg, Generate) and msg.direct:
             self.sinks.expect(msg.req_id)
         before = self.sinks.detach_all() if isinstance(msg, ExportLive) else []
         events = _dispatch(msg, self.rt)
         return None if events is None else self.sinks.route([*before, *events])
+
+    def _attach(self, msg: Attach) -> list[FromWorker]:
+        """Take the descriptor that follows `msg` and the stream; a descriptor that
+        cannot be read or used refuses the stream (never the worker's end)."""
+        try:
+            fd = recv_handle(self.conn)
+        except (OSError, RuntimeError, EOFError) as exc:
+            if isinstance(exc, EOFError):
+                raise  # the parent went away
+            return [Wrote(msg.req_id, (), "", refused=True, error=str(exc))]
+        return self.sinks.attach(msg.req_id, fd, msg.frame, msg.written)
 
     def take(self, block: bool) -> bool:
         """Handle every message that has arrived (with `block`, first wait for one, or

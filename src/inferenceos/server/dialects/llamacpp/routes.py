@@ -211,7 +211,7 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     p = (parse() if _light(body) else
          await (decode_in_thread if _multimodal(body.get("prompt")) else call_in_thread)(parse))
     check_lora_ids(state, name, p.lora)
-    reqs = _requests(p, name, direct=p.stream and not p.n_probs)
+    reqs = _requests(p, name, direct=p.stream and not p.n_probs and s.direct_writes)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))
         runs = [first]  # the run streaming now: its waiting tokens go out in one write

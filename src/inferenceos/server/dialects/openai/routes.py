@@ -133,7 +133,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     think = think_of(body)
     progress = body.stream and body.return_progress
     # one plain choice streamed: the worker may write its tokens (server/direct_stream.py)
-    direct = body.stream and body.n == 1 and not body.logprobs and not tools and not progress
+    direct = (state.settings.direct_writes and body.stream and body.n == 1
+              and not body.logprobs and not tools and not progress)
     reqs = [GenRequest(name, s, messages=messages, tools=tools, media=items,
                        progress=progress, think=think, direct=direct)
             for s in variants(params, body.n)]
@@ -278,7 +279,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     # with a suffix, each prompt becomes the prefix of a FIM prompt (echo: the prompt)
     runs = await _with_suffix(state, body, prompts) if body.suffix else prompts
     # one plain choice streamed: the worker may write its tokens (server/direct_stream.py)
-    direct = body.stream and len(runs) * len(choices) == 1 and body.logprobs is None
+    direct = (state.settings.direct_writes and body.stream
+              and len(runs) * len(choices) == 1 and body.logprobs is None)
     reqs = [GenRequest(name, s, text=p if isinstance(p, str) else None,
                        tokens=None if isinstance(p, str) else tuple(p), direct=direct)
             for p in runs for s in choices]
