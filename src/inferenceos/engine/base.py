@@ -204,7 +204,6 @@ class LoopEvents:
         self._taken = 0  # TokenOuts read (the reader has written them)
         self._held: list[FromWorker | None] | None = None  # while handed over: the worker's
         self._unsent: Callable[[bytes], None] | None = None
-        self._abort: Callable[[], None] | None = None
         self._attached = self._stop_sent = False
 
     def put(self, item: FromWorker | None) -> None:
@@ -232,11 +231,10 @@ class LoopEvents:
             if item.final:  # it stopped writing: what follows is ours
                 self._held = None
         elif isinstance(item, Failed) and item.error == "WorkerDiedError":
-            # it may have written part of the stream, even part of a chunk: this
-            # connection cannot go on (the error event goes nowhere)
+            # it may have written what it was sent: never written twice; the error
+            # follows in-band (a client reading slowly may have been left part of a
+            # chunk by a worker that died mid-send: its framing then breaks)
             self._held = None
-            if self._abort is not None:
-                self._abort()
         elif isinstance(item, (Finished, Failed)):  # the end, no Wrote: never took over
             self._items.extend(held)
             self._held = None
@@ -253,8 +251,7 @@ class LoopEvents:
         items = self._items
         return bool(items) and isinstance(items[0], (TokenOut, Progress))
 
-    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None],
-               abort: Callable[[], None]) -> bool:
+    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None]) -> bool:
         """Hand the stream to the worker, to write to the socket `fd` (ours still) as
         `frame` says, from the next token on: every event read so far must be written
         already, and nothing else may write to the socket until this stream's next
@@ -265,8 +262,8 @@ class LoopEvents:
         `text` theirs); before the last is read, `unsent(data)` is called with the bytes
         the socket had not taken: write them first. With no report (the worker refused,
         or the stream ended first), the stream's tokens come as before: the events it
-        sent are kept. A worker that dies meanwhile may have left part of a chunk on
-        the socket: `abort()` is called (drop the connection)."""
+        sent are kept. A worker that dies meanwhile may have written what it was sent:
+        that is dropped, and its error follows."""
         handover = self._handover
         if handover is None or self._over or self._attached \
                 or any(type(it) is not TokenOut for it in self._items):
@@ -285,7 +282,7 @@ class LoopEvents:
             return False
         self._attached = True
         self._items.clear()
-        self._unsent, self._abort = unsent, abort
+        self._unsent = unsent
         return True
 
     @property

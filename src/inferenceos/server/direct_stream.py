@@ -104,7 +104,7 @@ class DirectStream(ClosingStreamingResponse):
         frame = self._frame()
         if frame is None:
             return True
-        return self._run().attach(frame, fd, transport.write, transport.abort)
+        return self._run().attach(frame, fd, transport.write)
 
 
 def direct_response(events: AsyncIterator[Event], framing: Framing, cleanup: Cleanup,

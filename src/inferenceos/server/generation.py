@@ -394,14 +394,13 @@ class Run:
             _count(ev, live.out, live.active, live.gen)
             return ev
 
-    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None],
-               abort: Callable[[], None]) -> bool:
+    def attach(self, frame: FrameSpec, fd: int, unsent: Callable[[bytes], None]) -> bool:
         """Hand the rest of the stream to the model worker to write to the socket `fd`
         (`engine.base.LoopEvents.attach`: every event read so far must be written);
         False when it cannot (the engine cannot, or an event read here waits)."""
         live = self._live
         return (not self._head and live is not None
-                and live.events.attach(frame, fd, unsent, abort))
+                and live.events.attach(frame, fd, unsent))
 
     def ready(self) -> bool:
         """Whether the next event is here already, read by the loop itself (the tokens
