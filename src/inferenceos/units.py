@@ -1,13 +1,22 @@
-"""Human-readable sizes and counts, shared by the CLI and reports, and the one parser
-of sizes a user writes (`parse_size`)."""
+"""Human-readable sizes and counts, shared by the CLI and reports, the one parser of
+sizes a user writes (`parse_size`), and the one timestamp format of the API
+(`iso_time`)."""
 
 from __future__ import annotations
 
 import re
+import time
 
 from inferenceos.errors import UsageError
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def iso_time(ts: float | None = None) -> str:
+    """RFC 3339 UTC time with microseconds (now when `ts` is None), as Ollama writes it
+    and its clients expect."""
+    ts = time.time() if ts is None else ts
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e6):06d}Z"
 
 
 def format_bytes(n: float) -> str:

@@ -182,7 +182,7 @@ def test_the_dashboard_shows_live_rates_round_axes_and_readable_events(
     charts say "no data yet" on a 0..1 axis (not 1.00e-9); while one long request
     generates, the throughput is above zero (it showed 0.0 tok/s until the request
     ended); the load event reads "load 0.97 s", not "load_s=0.9714506950000441"."""
-    from test_live_metrics import SLOW, long_stream
+    from server_harness import SLOW, long_stream
 
     slow = write_tiny_model(tmp_path / "slow.gguf", kind="wide", letters_only=True)
     with serving({"slow": slow}, tmp_path / "srv", manager_kw={"base": SLOW}) as h:

@@ -204,6 +204,59 @@ def test_openai_streams_are_written_by_the_worker_the_same(
     assert text == want and text
 
 
+def _ollama_lines(port: int, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The lines of an Ollama stream, read strictly, less their times and durations."""
+    raw = Raw(port)
+    try:
+        raw.post(path, body)
+        raw.head()
+        data = b""
+        while (c := raw.chunk()) is not None:
+            data += c
+    finally:
+        raw.close()
+    lines = [json.loads(line) for line in data.decode().splitlines()]
+    for line in lines:
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", line.pop("created_at"))
+        for k in [k for k in line if k.endswith("_duration") or k in ("context",
+                  "prompt_eval_cached_count")]:  # (what the prefix cache held differs)
+            del line[k]
+    return lines
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/api/chat"])
+def test_ollama_streams_are_written_by_the_worker_the_same(
+        server: Harness, tiny_wide: Path, tmp_path: Path, path: str) -> None:
+    """Ollama's NDJSON hands over too, each line stamped when the worker writes it:
+    the same lines (times aside), and the ollama client reads the stream."""
+    import ollama
+
+    body: dict[str, Any] = {"model": "wide", "stream": True,
+                            "options": {"temperature": 0, "num_predict": 300}}
+    if path == "/api/chat":
+        body["messages"] = [{"role": "user", "content": "Tell a story"}]
+    else:
+        body["prompt"] = "Once upon a time"
+    before = _direct_tokens(server)
+    on = _ollama_lines(server.port, path, body)
+    n = on[-1]["eval_count"]
+    assert n >= 40 and _direct_tokens(server) - before >= n // 2
+    with serving({"wide": tiny_wide}, tmp_path / "off", manager_kw={"base": SLOW},
+                 settings=ServerSettings(direct_writes=False)) as off_server:
+        off = _ollama_lines(off_server.port, path, body)
+    assert on == off
+    client = ollama.Client(host=server.url)
+    if path == "/api/chat":
+        parts = [p.message.content or "" for p in client.chat(
+            model="wide", messages=body["messages"], stream=True, options=body["options"])]
+        want = "".join(line["message"]["content"] for line in on)
+    else:
+        parts = [p.response for p in client.generate(
+            model="wide", prompt=body["prompt"], stream=True, options=body["options"])]
+        want = "".join(line["response"] for line in on)
+    assert "".join(parts) == want and want
+
+
 def test_a_kept_alive_connection_serves_the_next_request(server: Harness) -> None:
     raw = Raw(server.port)
     try:

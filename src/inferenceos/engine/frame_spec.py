@@ -16,12 +16,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from inferenceos.units import iso_time
+
 # the sentinels `sample` renders with; each must appear exactly once in the rendering
 _TEXT = "\x00text\x00"
+TIME = "\x00time\x00"  # a renderer's time of writing (FrameSpec.sample's `at`)
 _TOKEN = -7_000_000_001
 _COUNT = -7_000_000_002
 _CUTS = {
     '"\\u0000text\\u0000"': "text",  # how a JSON encoder writes _TEXT
+    '"\\u0000time\\u0000"': "time",
     f"[{_TOKEN}]": "tokens",
     str(_COUNT): "n",
 }
@@ -37,7 +41,9 @@ class FrameSpec:
 
     - "text": the token's text as a JSON string (quotes included);
     - "tokens": a JSON list of the token id (`[]` for a flush of held-back text);
-    - "n": the tokens written so far, this one included, counted from `n_base`.
+    - "n": the tokens written so far, this one included, counted from `n_base`;
+    - "time": when it is written, as a JSON string (`units.iso_time`: Ollama's
+      `created_at`).
 
     `chunked`: each write is one HTTP/1.1 chunk (the response's transfer coding).
     `skip_empty`: a token without text is no event (OpenAI's chunks); else only a flush
@@ -53,14 +59,17 @@ class FrameSpec:
         """Whether the event of `token` with `text` is written at all."""
         return bool(text) or (token >= 0 and not self.skip_empty)
 
-    def frame(self, token: int, text: str, n: int) -> str:
-        """The event of `token` (-1: a flush, no id) with `text`, the `n`-th token."""
+    def frame(self, token: int, text: str, n: int, at: str = "") -> str:
+        """The event of `token` (-1: a flush, no id) with `text`, the `n`-th token,
+        written at `at` (an `iso_time`; "" for now)."""
         out = [self.parts[0]]
         for name, part in zip(self.fields, self.parts[1:], strict=True):
             if name == "text":
                 out.append(_json_string(text))
             elif name == "tokens":
                 out.append(f"[{token}]" if token >= 0 else "[]")
+            elif name == "time":
+                out.append(_json_string(at or iso_time()))
             else:
                 out.append(str(self.n_base + n))
             out.append(part)
@@ -77,8 +86,9 @@ class FrameSpec:
     def sample(cls, render: Callable[[str, list[int], int], str], n_base: int = 0,
                chunked: bool = True, skip_empty: bool = False) -> FrameSpec | None:
         """The spec of `render(text, tokens, n)` (a dialect's event as written on the
-        wire); None when a sentinel does not appear exactly once (a renderer that
-        transforms its inputs: such a stream is written by its dialect only)."""
+        wire; its time of writing, if it has one, written as `TIME`); None when a
+        sentinel appears twice, or the text not once (a renderer that transforms its
+        inputs: such a stream is written by its dialect only)."""
         text = render(_TEXT, [_TOKEN], _COUNT)
         pieces: list[tuple[int, str, str]] = []
         for cut, name in _CUTS.items():

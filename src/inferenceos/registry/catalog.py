@@ -13,7 +13,6 @@ startup (`serve --mmproj`) or found beside it (`model/projector_files.py`).
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from inferenceos.registry.store import (
     split_base,
     split_parts,
 )
+from inferenceos.units import iso_time
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,5 @@ class Catalog:
 
 
 def now_iso(ts: float | None = None) -> str:
-    """RFC 3339 UTC time with microseconds, as Ollama's clients expect."""
-    ts = time.time() if ts is None else ts
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e6):06d}Z"
+    """RFC 3339 UTC time with microseconds, as Ollama's clients expect (units.iso_time)."""
+    return iso_time(ts)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.messages import Failed, Finished, FromWorker, TokenOut, Wrote
+from inferenceos.units import iso_time
 
 REPORT_S = 0.5  # a written stream's progress goes to the parent this often at most
 
@@ -52,8 +53,9 @@ class _Sink:
         self.unsent = bytearray()
         self.reported = 0.0  # when the last report went (time.monotonic)
 
-    def add(self, ev: TokenOut) -> None:
-        """Count `ev` and frame it for the next write, if its dialect writes it."""
+    def add(self, ev: TokenOut, at: str = "") -> None:
+        """Count `ev` and frame it for the next write, if its dialect writes it
+        (`at`: the step's time, for a dialect that stamps its events)."""
         if ev.token >= 0:
             self.ids.append(ev.token)
             self.count += 1
@@ -61,7 +63,7 @@ class _Sink:
             self.text.append(ev.text)
         assert self.spec is not None
         if self.spec.writes(ev.token, ev.text):
-            self.frames.append(self.spec.frame(ev.token, ev.text, self.count))
+            self.frames.append(self.spec.frame(ev.token, ev.text, self.count, at))
 
     def flush(self) -> str:
         """Write the framed events and what waited before them; "" or why it failed."""
@@ -141,6 +143,7 @@ class DirectSinks:
             return list(events)
         out: list[FromWorker] = []
         touched: list[tuple[int, _Sink]] = []
+        at = iso_time()  # one time for the step's events (Ollama's created_at)
         for ev in events:
             sink = self._sinks.get(ev.req_id)
             if sink is None:
@@ -150,7 +153,7 @@ class DirectSinks:
                     sink.history.append(ev)
                     out.append(ev)
                 else:
-                    sink.add(ev)
+                    sink.add(ev, at)
                     touched.append((ev.req_id, sink))
             else:
                 if isinstance(ev, (Finished, Failed)):

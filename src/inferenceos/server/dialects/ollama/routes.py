@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from inferenceos.engine.chat_template import ChatMessage
+from inferenceos.engine.frame_spec import TIME, FrameSpec
 from inferenceos.engine.generation import TokenEvent
 from inferenceos.engine.sampling import SamplingParams
 from inferenceos.errors import UsageError
@@ -41,6 +42,7 @@ from inferenceos.server.dialects.ollama.schema import (
     GenerateResponse,
     OllamaMessage,
 )
+from inferenceos.server.direct_stream import direct_response
 from inferenceos.server.errors import APIError, Dialect, route_class
 from inferenceos.server.generation import (
     Done,
@@ -60,7 +62,7 @@ from inferenceos.server.options import ollama_options, parse_keep_alive
 from inferenceos.server.reasoning import EFFORTS, Think, check_budget
 from inferenceos.server.reply import Final, read_reply, reply_events
 from inferenceos.server.rerank import refuse_embeddings
-from inferenceos.server.sse import ndjson_response
+from inferenceos.server.sse import NDJSON
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import history_call, ollama_calls, tool_request
@@ -132,15 +134,20 @@ def _timings(done: Done, t0: float, t_first: float | None, t_end: float) -> dict
 
 async def _respond(request: Request, state: ServerState, req: GenRequest, stream: bool,
                    piece_key: str, context: bool) -> Any:
-    """Run `req` and answer as Ollama does, streamed (NDJSON) or whole."""
+    """Run `req` and answer as Ollama does, streamed (NDJSON) or whole. A plain stream
+    (no tools, no logprobs; no reasoning section, seen once it runs) may be written by
+    the model worker itself (server/direct_stream.py)."""
     t0 = time.perf_counter()
+    if stream and state.settings.direct_writes and req.tools is None \
+            and not req.sampling.logprobs:
+        req = dataclasses.replace(req, direct=True)
     run = await until_disconnect(request, start_generation(state, req))
     scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next line
 
-    def piece(text: str, calls: list[ParsedCall] | None = None, thought: str = ""
-              ) -> dict[str, Any]:
+    def piece(text: str, calls: list[ParsedCall] | None = None, thought: str = "",
+              at: str | None = None) -> dict[str, Any]:
         body: Any = text
-        line: dict[str, Any] = {"model": req.model, "created_at": now_iso()}
+        line: dict[str, Any] = {"model": req.model, "created_at": at or now_iso()}
         if piece_key == "message":
             body = {"role": "assistant", "content": text}
             if thought:
@@ -173,13 +180,22 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
                     yield final(d.done, t_first, "")
                 else:
                     t_first = t_first or time.perf_counter()
+                    if d.event.written is not None:  # the worker wrote these itself
+                        continue
                     if d.event.logprob is not None:
                         scored.append(d.event)
                     if d.text or d.thought:
                         yield piece(d.text, thought=d.thought)
 
+    def frame() -> FrameSpec | None:
+        if run.reasoning is not None or run.tool_format is not None:
+            return None
+        return FrameSpec.sample(lambda text, _, __: NDJSON.frame(piece(text, at=TIME), 0),
+                                skip_empty=True)
+
     if stream:
-        return ndjson_response(lines(run), run.close)
+        return direct_response(lines(run), NDJSON, run.close, run=lambda: run, frame=frame,
+                               enabled=req.direct)
 
     async def whole() -> dict[str, Any]:
         parts: list[str] = []
