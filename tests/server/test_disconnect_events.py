@@ -24,6 +24,7 @@ from uvicorn.protocols.http import h11_impl
 
 from inferenceos.engine.engine import Engine
 from inferenceos.plan.llama_params import LlamaParams
+from inferenceos.server.settings import ServerSettings
 from server_harness import Harness, start_server
 
 RUN_S = 0.6  # how long a generation runs before its client leaves: 2+ polls' worth
@@ -131,13 +132,17 @@ class Receives:
 @pytest.fixture(scope="module")
 def served(tiny_llama: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Harness, Receives]]:
-    """One slot, so a follow-up request can only run once the abandoned one freed it."""
+    """One slot, so a follow-up request can only run once the abandoned one freed it.
+    Streams stay with the HTTP process (`direct_writes` off): the watch counts the
+    tokens this process reads; a stream the worker writes is tests/server/
+    test_direct_stream.py's (its client that leaves)."""
     root = tmp_path_factory.mktemp("server-disconnect")
     receives = Receives()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INFERENCEOS_HOME", str(root / "home"))
         mp.setattr(h11_impl.RequestResponseCycle, "receive", receives.counted)
-        h = start_server({"tiny": tiny_llama}, root, None, {"factory": _factory, "slots": 1})
+        h = start_server({"tiny": tiny_llama}, root, ServerSettings(direct_writes=False),
+                         {"factory": _factory, "slots": 1})
         try:
             yield h, receives
         finally:
