@@ -48,6 +48,12 @@ class Side:
         for item in items:
             self.events._feed(item)
 
+    async def handed(self, *tokens: TokenOut) -> None:
+        """`tokens` delivered, the first read (and written), then the hand-over."""
+        self.feed(*tokens)
+        await self.read(1)
+        assert self.attach()
+
     async def read(self, n: int) -> list[TokenEvent]:
         return [await self.events.__anext__() for _ in range(n)]
 
@@ -76,9 +82,7 @@ def test_a_refused_or_late_attach_leaves_every_token_to_the_reader() -> None:
     async def main() -> None:
         for answer in (Wrote(1, (), "", refused=True), END):
             side = Side(asyncio.get_running_loop())
-            side.feed(TokenOut(1, 5, "a"), TokenOut(1, 6, "b"))
-            await side.read(1)
-            assert side.attach()
+            await side.handed(TokenOut(1, 5, "a"), TokenOut(1, 6, "b"))
             side.feed(TokenOut(1, 7, "c"), answer, *([END] if answer is not END else []))
             assert [e.text for e in await side.rest()] == ["b", "c"]
 
@@ -88,9 +92,7 @@ def test_a_refused_or_late_attach_leaves_every_token_to_the_reader() -> None:
 def test_a_worker_that_dies_handed_over_leaves_its_error_not_its_tokens() -> None:
     async def main() -> None:
         side = Side(asyncio.get_running_loop())
-        side.feed(TokenOut(1, 5, "a"))
-        await side.read(1)
-        assert side.attach()
+        await side.handed(TokenOut(1, 5, "a"))
         side.feed(TokenOut(1, 6, "b"), Failed(1, "WorkerDiedError", "gone"))
         # "b" may have been written by the worker already: never a second time
         with pytest.raises(WorkerDiedError, match="gone"):
@@ -102,9 +104,7 @@ def test_a_worker_that_dies_handed_over_leaves_its_error_not_its_tokens() -> Non
 def test_a_cancel_waits_for_the_workers_report_and_never_attaches_after_it() -> None:
     async def main() -> None:
         side = Side(asyncio.get_running_loop())
-        side.feed(TokenOut(1, 5, "a"))
-        await side.read(1)
-        assert side.attach()
+        await side.handed(TokenOut(1, 5, "a"))
         side.cancel.set()
         side.feed(None)  # the cancel's wake-up
         reading = asyncio.ensure_future(side.rest())

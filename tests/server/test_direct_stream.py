@@ -89,14 +89,16 @@ class Raw:
         assert self._exact(2) == b"\r\n"
         return None if size == 0 else body
 
-    def events(self) -> list[dict[str, Any]]:
-        """Every event of the rest of the response (its terminating chunk read)."""
+    def body(self) -> bytes:
+        """The rest of the response's body (its terminating chunk read)."""
         body = b""
         while (c := self.chunk()) is not None:
             body += c
-        text = body.decode()
-        assert text.endswith("\n\n") or not text
-        return [json.loads(e[len("data: "):]) for e in text.split("\n\n") if e]
+        return body
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event of the rest of the response (its terminating chunk read)."""
+        return _events(self.body())
 
     def close(self) -> None:
         self.sock.close()
@@ -116,14 +118,26 @@ def _idle(h: Harness, deadline_s: float = 60) -> None:
         time.sleep(0.01)
 
 
-def _stream(port: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+def _response(port: int, path: str, body: dict[str, Any]) -> bytes:
+    """The whole body of one streamed response, on a connection of its own."""
     raw = Raw(port)
     try:
-        raw.post("/completion", body)
+        raw.post(path, body)
         raw.head()
-        return raw.events()
+        return raw.body()
     finally:
         raw.close()
+
+
+def _events(body: bytes) -> list[dict[str, Any]]:
+    """The `data:` events of a llama.cpp stream's body, each whole."""
+    text = body.decode()
+    assert text.endswith("\n\n") or not text
+    return [json.loads(e[len("data: "):]) for e in text.split("\n\n") if e]
+
+
+def _stream(port: int, body: dict[str, Any]) -> list[dict[str, Any]]:
+    return _events(_response(port, "/completion", body))
 
 
 def _comparable(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,15 +163,7 @@ def test_the_worker_writes_the_same_events_the_http_process_does(
 def _openai_chunks(port: int, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The chunks of an OpenAI stream, read strictly, less their id, time, timings and
     cached tokens."""
-    raw = Raw(port)
-    try:
-        raw.post(path, body)
-        raw.head()
-        chunks = b""
-        while (c := raw.chunk()) is not None:
-            chunks += c
-    finally:
-        raw.close()
+    chunks = _response(port, path, body)
     events = [e[len("data: "):] for e in chunks.decode().split("\n\n") if e]
     assert events[-1] == "[DONE]"
     out = [{k: v for k, v in json.loads(e).items() if k not in ("id", "created", "timings")}
@@ -206,15 +212,7 @@ def test_openai_streams_are_written_by_the_worker_the_same(
 
 def _ollama_lines(port: int, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """The lines of an Ollama stream, read strictly, less their times and durations."""
-    raw = Raw(port)
-    try:
-        raw.post(path, body)
-        raw.head()
-        data = b""
-        while (c := raw.chunk()) is not None:
-            data += c
-    finally:
-        raw.close()
+    data = _response(port, path, body)
     lines = [json.loads(line) for line in data.decode().splitlines()]
     for line in lines:
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", line.pop("created_at"))
@@ -340,3 +338,4 @@ def test_a_stream_the_worker_writes_survives_a_live_migration(server: Harness) -
     assert _direct_tokens(server) > before  # the old worker's report came
     assert [e["tokens_predicted"] for e in events[:-1]] == list(range(1, n + 1))
     assert events[-1]["stop"] is True
+

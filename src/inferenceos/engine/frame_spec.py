@@ -55,6 +55,11 @@ class FrameSpec:
     chunked: bool = True
     skip_empty: bool = False
 
+    @property
+    def stamped(self) -> bool:
+        """Whether its events carry their time of writing (a "time" field)."""
+        return "time" in self.fields
+
     def writes(self, token: int, text: str) -> bool:
         """Whether the event of `token` with `text` is written at all."""
         return bool(text) or (token >= 0 and not self.skip_empty)

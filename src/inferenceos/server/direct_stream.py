@@ -29,7 +29,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.server.generation import Run
-from inferenceos.server.sse import Cleanup, ClosingStreamingResponse, Event, Framing, framed
+from inferenceos.server.sse import (
+    Cleanup,
+    ClosingStreamingResponse,
+    Event,
+    Framing,
+    framed,
+    stream_response,
+)
 
 TRANSPORT = "inferenceos.transport"  # the scope key `with_transport` sets
 
@@ -112,13 +119,14 @@ def direct_response(events: AsyncIterator[Event], framing: Framing, cleanup: Cle
                     enabled: bool = True, ready: Callable[[], bool] | None = None
                     ) -> ClosingStreamingResponse:
     """`events` streamed as `framing` writes them (server/sse.py `stream_response`, with
-    its `ready`), the worker writing its tokens where it can (`enabled`: the server's
-    setting). The dialect's `events` must skip the worker's reports (events whose
-    `written` is not None): counted, never sent."""
-    body = framed(events, framing, ready)
+    its `ready`), the worker writing its tokens where it can (`enabled`: the request was
+    sent as one the worker may write, `GenRequest.direct`). The dialect's `events` must
+    skip the worker's reports (events whose `written` is not None): counted, never
+    sent."""
     if not enabled:
-        return ClosingStreamingResponse(body, framing.media_type, cleanup)
-    return DirectStream(body, framing.media_type, cleanup, run, frame)
+        return stream_response(events, framing, cleanup, ready)
+    return DirectStream(framed(events, framing, ready), framing.media_type, cleanup, run,
+                        frame)
 
 
 __all__ = ["TRANSPORT", "DirectStream", "direct_response", "with_transport"]

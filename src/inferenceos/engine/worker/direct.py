@@ -82,6 +82,10 @@ class _Sink:
         del self.unsent[:sent]
         return ""
 
+    def stop(self, req_id: int) -> Wrote:
+        """Write what is framed, then the final report (its error if the write failed)."""
+        return self.report(req_id, error=self.flush())
+
     def report(self, req_id: int, final: bool = True, error: str = "") -> Wrote:
         """The `Wrote` of what was written since the last report; `final`: writing
         stops now, and the worker's descriptor is closed (the connection stays: the
@@ -142,8 +146,8 @@ class DirectSinks:
         if not self._sinks:
             return list(events)
         out: list[FromWorker] = []
-        touched: list[tuple[int, _Sink]] = []
-        at = iso_time()  # one time for the step's events (Ollama's created_at)
+        touched: dict[int, _Sink] = {}
+        at = ""  # one time for the step's events, made when a dialect stamps them
         for ev in events:
             sink = self._sinks.get(ev.req_id)
             if sink is None:
@@ -153,17 +157,18 @@ class DirectSinks:
                     sink.history.append(ev)
                     out.append(ev)
                 else:
+                    if not at and sink.spec is not None and sink.spec.stamped:
+                        at = iso_time()
                     sink.add(ev, at)
-                    touched.append((ev.req_id, sink))
+                    touched[ev.req_id] = sink
             else:
                 if isinstance(ev, (Finished, Failed)):
                     del self._sinks[ev.req_id]
                     if sink.sock is not None:
-                        error = sink.flush()
-                        out.append(sink.report(ev.req_id, error=error))
+                        out.append(sink.stop(ev.req_id))
                 out.append(ev)
         now = time.monotonic()
-        for req_id, sink in dict(touched).items():
+        for req_id, sink in touched.items():
             if sink.sock is not None and req_id in self._sinks:
                 error = sink.flush()
                 if error:
@@ -180,8 +185,7 @@ class DirectSinks:
         out: list[FromWorker] = []
         for req_id, sink in self._sinks.items():
             if sink.sock is not None:
-                error = sink.flush()
-                out.append(sink.report(req_id, error=error))
+                out.append(sink.stop(req_id))
         self._sinks.clear()
         return out
 

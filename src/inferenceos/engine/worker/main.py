@@ -417,10 +417,8 @@ class _Inbox:
         """Take the descriptor that follows `msg` and the stream; a descriptor that
         cannot be read or used refuses the stream (never the worker's end)."""
         try:
-            fd = recv_handle(self.conn)
-        except (OSError, RuntimeError, EOFError) as exc:
-            if isinstance(exc, EOFError):
-                raise  # the parent went away
+            fd = recv_handle(self.conn)  # (an EOFError, the parent gone, ends the worker)
+        except (OSError, RuntimeError) as exc:
             return [Wrote(msg.req_id, (), "", refused=True, error=str(exc))]
         return self.sinks.attach(msg.req_id, fd, msg.frame, msg.written)
 

@@ -147,7 +147,7 @@ def _requests(p: CompletionParams, name: str, direct: bool = False
               ) -> list[tuple[int, GenRequest]]:
     """(prompt index, request) per completion: prompts × n_cmpl, each extra completion
     of a seeded request with its own seed (seed + k), as the OpenAI routes do;
-    `direct`: a stream the worker may write (GenRequest.direct), not with progress."""
+    `direct`: streams the worker may write (GenRequest.direct)."""
     out = []
     for i, prompt in enumerate(p.prompts):
         for k in range(p.n_cmpl):
@@ -155,12 +155,11 @@ def _requests(p: CompletionParams, name: str, direct: bool = False
             if k and s.seed is not None:
                 s = dataclasses.replace(s, seed=(s.seed + k) % RANDOM_SEED)
             progress = p.stream and p.return_progress
-            hand = direct and not progress
             out.append((i, GenRequest(name, s, text=prompt.text, media=prompt.items,
-                                      progress=progress, lora=p.lora, direct=hand)
+                                      progress=progress, lora=p.lora, direct=direct)
                         if isinstance(prompt, MediaPrompt)
                         else GenRequest(name, s, tokens=tuple(prompt), progress=progress,
-                                        lora=p.lora, direct=hand)))
+                                        lora=p.lora, direct=direct)))
     return out
 
 
@@ -211,7 +210,9 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
     p = (parse() if _light(body) else
          await (decode_in_thread if _multimodal(body.get("prompt")) else call_in_thread)(parse))
     check_lora_ids(state, name, p.lora)
-    reqs = _requests(p, name, direct=p.stream and not p.n_probs and s.direct_writes)
+    # a stream the worker may write (server/direct_stream.py)
+    direct = p.stream and not p.n_probs and not p.return_progress and s.direct_writes
+    reqs = _requests(p, name, direct)
     if p.stream:
         first = await until_disconnect(request, start_generation(state, reqs[0][1]))
         runs = [first]  # the run streaming now: its waiting tokens go out in one write
@@ -219,7 +220,7 @@ async def completion(request: Request, body: dict[str, Any] = Body(...)) -> Any:
         return direct_response(
             _stream(state, runs, reqs, p, name, vocab, shapes), LLAMACPP_SSE, first.close,
             run=lambda: runs[-1], frame=lambda: shapes[-1].frame() if shapes else None,
-            enabled=s.direct_writes, ready=lambda: runs[-1].ready())
+            enabled=direct, ready=lambda: runs[-1].ready())
 
     async def all_of_them() -> list[_Result]:
         tasks = [asyncio.ensure_future(_whole(state, i, p.prompts[i], r)) for i, r in reqs]

@@ -145,8 +145,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         chunks = _ChatChunks(cid, created, name, usage)
         return direct_response(_chat_stream(state, first, reqs, chunks), OPENAI_SSE,
                                first.close, run=lambda: first,
-                               frame=lambda: chunks.frame(first),
-                               enabled=state.settings.direct_writes)
+                               frame=lambda: chunks.frame(first), enabled=direct)
 
     async def whole() -> dict[str, Any]:
         choices, p_tok, c_tok = [], 0, 0
@@ -292,7 +291,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         chunks = _TextChunks(cid, created, name, usage, body.logprobs is not None)
         return direct_response(_completion_stream(state, first, reqs, echo, chunks),
                                OPENAI_SSE, first.close, run=lambda: first,
-                               frame=chunks.frame, enabled=state.settings.direct_writes)
+                               frame=chunks.frame, enabled=direct)
 
     async def whole() -> dict[str, Any]:
         choices, p_tok, c_tok, cached = [], 0, 0, 0
