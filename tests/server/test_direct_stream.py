@@ -339,3 +339,12 @@ def test_a_stream_the_worker_writes_survives_a_live_migration(server: Harness) -
     assert [e["tokens_predicted"] for e in events[:-1]] == list(range(1, n + 1))
     assert events[-1]["stop"] is True
 
+
+def test_an_ollama_stream_with_logprobs_stays_with_the_http_process(server: Harness) -> None:
+    """`logprobs` without `top_logprobs` asks for each token's own (sampling.logprobs
+    0, not None): no hand-over, every line carries its token's logprob."""
+    lines = _ollama_lines(server.port, "/api/generate", {
+        "model": "wide", "prompt": "Once upon a time", "stream": True, "logprobs": True,
+        "options": {"temperature": 0, "num_predict": 300}})
+    n = lines[-1]["eval_count"]
+    assert n >= 40 and sum(len(line.get("logprobs") or ()) for line in lines) == n

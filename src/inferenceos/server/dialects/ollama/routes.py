@@ -139,7 +139,7 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
     the model worker itself (server/direct_stream.py)."""
     t0 = time.perf_counter()
     if stream and state.settings.direct_writes and req.tools is None \
-            and not req.sampling.logprobs:
+            and req.sampling.logprobs is None:  # (0: each token's own, no top ones)
         req = dataclasses.replace(req, direct=True)
     run = await until_disconnect(request, start_generation(state, req))
     scored: list[TokenEvent] = []  # tokens whose logprobs ride on the next line
