@@ -61,3 +61,25 @@ def test_a_replaced_entry_leaves_no_trace_and_clear_empties_all() -> None:
     assert list(idx.candidates([1, 2])) == [] and len(list(idx.candidates([7]))) == 1
     idx.clear()
     assert idx.neighbours([7, 8]) == [] and list(idx.candidates([7])) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(seqs, max_size=30), seqs, st.integers(0, 4))
+def test_prefixes_and_extended_agree_with_a_scan_of_every_entry(
+        entries: list[list[int]], tokens: list[int], min_len: int) -> None:
+    """What a put supersedes (KVStore._supersede): every entry that is a proper prefix
+    of the new tokens, of min_len or more, longest first; and whether another entry
+    extends one."""
+    idx: EntryIndex[E] = EntryIndex(2)
+    for toks in entries:
+        idx["-".join(map(str, toks))] = E(np.asarray(toks, dtype=np.int32))
+    want = sorted((e for e in idx.values()
+                   if min_len <= e.tokens.size < len(tokens)
+                   and list(e.tokens) == tokens[:e.tokens.size]),
+                  key=lambda e: -e.tokens.size)
+    assert [id(e) for e in idx.prefixes(tokens, min_len)] == [id(e) for e in want]
+    for e in idx.values():
+        longer = any(o is not e and o.tokens.size > e.tokens.size
+                     and list(o.tokens[:e.tokens.size]) == list(e.tokens)
+                     for o in idx.values())
+        assert idx.extended(e) == longer

@@ -113,6 +113,26 @@ def test_an_entry_it_extends_is_superseded(tmp_path: Path) -> None:
     s.flush()
     assert [e.n_tokens for e in s.entries.values()] == [90]
     assert len(files(tmp_path)) == 1
+    assert ram_counted(s)
+
+
+def test_a_prefix_two_conversations_share_is_kept(tmp_path: Path) -> None:
+    """Superseded longest first: turn 2 of a conversation forgets turn 1 and the shared
+    system prompt only where no other conversation extends it."""
+    s = store(tmp_path, disk=0)
+    system = toks(40)
+    s.put([*system, *toks(20, start=500)], state(600, 2), 0.1)  # conversation A, turn 1
+    s.put([*system, *toks(20, start=900)], state(600, 3), 0.1)  # conversation B, turn 1
+    s.put(system, state(400, 1), 0.1)  # their branch point (KVStore.branch_point)
+    assert sorted(e.n_tokens for e in s.entries.values()) == [40, 60, 60]
+    s.put([*system, *toks(20, start=500), *toks(30, start=700)], state(900, 4), 0.1)
+    assert sorted(e.n_tokens for e in s.entries.values()) == [40, 60, 90]  # A's turn 1 gone
+    assert ram_counted(s)
+
+
+def ram_counted(s: KVStore) -> bool:
+    """The store's running count of RAM bytes equals those its entries hold."""
+    return s._ram_used == sum(e.nbytes for e in s.entries.values() if e.data is not None)
 
 
 # -- tiers and restarts --------------------------------------------------------------------
@@ -158,7 +178,7 @@ def test_ram_evicts_by_value_and_spills_before_dropping(tmp_path: Path) -> None:
     s.flush()
     assert dear.data is not None  # the dear one stays in RAM
     assert cheap.data is None and cheap.disk is not None  # the cheap one spilled to disk
-    assert s.stats()["ram_bytes"] <= 3 * MiB
+    assert s.stats()["ram_bytes"] <= 3 * MiB and ram_counted(s)
 
 
 def test_the_disk_tier_never_grows_past_its_budget(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ shares the head (one system prompt before every conversation; the tiny llama rea
 bytes, so "Client 0 request ..." does), that is all of them: for the longest prefix,
 the entries are also kept in the lexicographic order of their tokens, where the
 longest common prefix of a prompt with any entry is that of one of its two neighbours
-(`neighbours`): two comparisons instead of one per entry.
+(`neighbours`): two comparisons instead of one per entry. The same order answers which
+entries a new one extends (`prefixes`, `extended`): a put compared itself with its whole
+group before, ~0.5 µs an entry, 2.2 ms a reply once 4,000 entries were held.
 """
 
 from __future__ import annotations
@@ -66,6 +68,33 @@ class EntryIndex(dict[str, E]):
         i = bisect.bisect_left(self._order, (_sort_key(tokens), ""))
         return [self[eid] for _, eid in self._order[max(0, i - 1):i + 1]]
 
+    def prefixes(self, tokens: Any, min_len: int) -> list[E]:
+        """The entries whose tokens are a proper prefix of `tokens`, of `min_len` tokens
+        or more, longest first. Walks down the lexicographic order by jumps: the largest
+        entry below `tokens[:n]` shares some `m < n` tokens with `tokens`, and any shorter
+        prefix entry is at or below it (it starts with that prefix), so the next place to
+        look is `tokens[:m]`: a bisection and one comparison per prefix length tried."""
+        arr = np.asarray(tokens, dtype=np.int64)
+        key = _sort_key(arr)
+        out: list[E] = []
+        n = arr.size
+        while n >= min_len:
+            i = bisect.bisect_left(self._order, (key[:4 * n], ""))
+            if n < arr.size and i < len(self._order) and self._order[i][0] == key[:4 * n]:
+                out.append(self[self._order[i][1]])
+            if i == 0 or n == 0:
+                break
+            # (when `below` is itself a prefix, the next turn finds it)
+            n = _common(self[self._order[i - 1][1]].tokens, arr, n - 1)
+        return out
+
+    def extended(self, entry: E) -> bool:
+        """Whether another entry holds all of `entry`'s tokens and more: the entries that
+        start with them come right after it in the order."""
+        key = _sort_key(entry.tokens)
+        i = bisect.bisect_right(self._order, (key, "\uffff"))
+        return i < len(self._order) and self._order[i][0].startswith(key)
+
     def __setitem__(self, eid: str, entry: E) -> None:
         if eid in self:
             self._ungroup(eid, super().__getitem__(eid))
@@ -100,6 +129,13 @@ class EntryIndex(dict[str, E]):
         i = bisect.bisect_left(self._order, item)
         if i < len(self._order) and self._order[i] == item:
             del self._order[i]
+
+
+def _common(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+    """How many leading tokens `a` and `b` share, at most `limit`."""
+    n = min(a.size, b.size, limit)
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return n if diff.size == 0 else int(diff[0])
 
 
 def _sort_key(tokens: Any) -> bytes:

@@ -133,6 +133,7 @@ class KVStore:
         # by id, and grouped by their first tokens for the prefix questions
         self.entries: EntryIndex[Entry] = EntryIndex(min(min_gain, min_tokens))
         self._lock = threading.RLock()
+        self._ram_used = 0  # bytes of the RAM copies held (`_keep`, `_release`)
         self._dir_stamp = -1
         self._disk_off_until = 0.0
         self.counters: dict[str, int] = {
@@ -223,7 +224,7 @@ class KVStore:
         """Forget `e` in both tiers (a file that failed its checks, llama.cpp refused)."""
         with self._lock:
             self.entries.pop(e.id, None)
-            e.data = None
+            self._release(e)
             self.counters["dropped"] += 1
         if e.disk is not None:
             if not quiet:
@@ -249,13 +250,14 @@ class KVStore:
             if old is not None:
                 old.last_used = time.time()
                 if old.data is None and len(data) <= self.ram_budget:
-                    old.data = data
+                    self._keep(old, data)
                     self._fit_ram()
                 return old
             disk = self._disk_ready() and len(data) <= self.disk_budget
             if len(data) > self.ram_budget and not disk:
                 return None
-            e = Entry(eid, arr, len(data), cost_s, data=data, writing=disk)
+            e = Entry(eid, arr, len(data), cost_s, writing=disk)
+            self._keep(e, data)
             if self.partial:
                 self._supersede(arr)
             self.entries[eid] = e
@@ -288,33 +290,42 @@ class KVStore:
     def _supersede(self, arr: np.ndarray) -> None:
         """Forget the entries `arr` extends (earlier turns of its conversation), except
         a prefix that another entry extends too: a shared one (see branch_point)."""
-        near = self.entries.candidates(arr)  # an extended entry shares its head
-        for old in near:
-            n = old.n_tokens
-            if n >= arr.size or not np.array_equal(old.tokens, arr[:n]) or old.writing:
+        for old in self.entries.prefixes(arr, self.min_tokens):  # longest first
+            if old.writing or self.entries.extended(old):
                 continue
-            if any(o is not old and o.n_tokens > n and np.array_equal(o.tokens[:n], old.tokens)
-                   for o in near if o.id in self.entries):
-                continue
+            self._release(old)
             self.entries.pop(old.id)
             if old.disk is not None:
                 with contextlib.suppress(OSError):
                     old.disk.path.unlink()
 
+    def _keep(self, e: Entry, data: bytes) -> None:
+        """Give `e` its RAM copy `data` (under the lock), counted in `_ram_used`."""
+        if e.data is None:
+            self._ram_used += e.nbytes
+        e.data = data
+
+    def _release(self, e: Entry) -> None:
+        """Drop `e`'s RAM copy (under the lock), counted in `_ram_used`."""
+        if e.data is not None:
+            self._ram_used -= e.nbytes
+            e.data = None
+
     def _fit_ram(self) -> None:
         """Drop the least valuable RAM copies until RAM is within budget; an entry not
-        yet on disk keeps its bytes until the writer is done (it spills first)."""
+        yet on disk keeps its bytes until the writer is done (it spills first). Within
+        budget it costs nothing: the bytes held are counted as they change."""
         with self._lock:
+            if self._ram_used <= self.ram_budget:
+                return
             now = time.time()
             held = [e for e in self.entries.values() if e.data is not None]
-            used = sum(e.nbytes for e in held)
             for e in sorted(held, key=lambda x: x.value(now)):
-                if used <= self.ram_budget:
+                if self._ram_used <= self.ram_budget:
                     break
                 if e.writing:
                     continue
-                e.data = None
-                used -= e.nbytes
+                self._release(e)
                 self.counters["evicted_ram"] += 1
                 if e.disk is None:
                     self.entries.pop(e.id, None)
@@ -427,7 +438,7 @@ class KVStore:
             e.disk = meta
             if meta is None and len(e.data or b"") > self.ram_budget:
                 self.entries.pop(e.id, None)  # neither tier can keep it
-                e.data = None
+                self._release(e)
         self._fit_ram()
 
     def _make_room(self, need: int, exclude: Path) -> bool:
