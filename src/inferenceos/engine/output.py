@@ -17,7 +17,7 @@ from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.logprobs import TokenLogprob
 from inferenceos.engine.messages import Event, Finished, TokenOut
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.engine.spec.ngram_replay import replay_ngram
+from inferenceos.engine.spec.ngram_replay import ReplayBudget
 from inferenceos.engine.stop import StopMatcher
 
 __all__ = ["Event", "Extra", "OutputStream", "snapshot"]
@@ -46,9 +46,11 @@ class OutputStream:
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
         prompt: Sequence[int] | None = None,
+        replays: ReplayBudget | None = None,
     ) -> None:
         """`prompt`: the prompt's tokens, given when the finished generation should
-        replay n-gram drafting on its tokens (`GenerationMetrics.ngram_replay`)."""
+        replay n-gram drafting on its tokens (`GenerationMetrics.ngram_replay`), within
+        `replays` (the scheduler's budget; None: a budget of its own)."""
         self.req_id = req_id
         self.sampling = sampling
         self.metrics = GenerationMetrics(prompt_tokens=prompt_tokens, cached_tokens=reused)
@@ -60,6 +62,7 @@ class OutputStream:
         self._t_first = 0.0
         self._steps = 0
         self._prompt = prompt
+        self._replays = replays if replays is not None or prompt is None else ReplayBudget()
         self._tokens: list[int] = []  # the chosen tokens, for the replay
         self.finished = False
 
@@ -97,8 +100,8 @@ class OutputStream:
         """End the stream: flush held-back text, then Finished with the metrics."""
         self.metrics.stop_reason = reason
         self.finished = True
-        if self._prompt is not None:  # drafted or not: one measure for every run
-            replayed = replay_ngram(self._prompt, self._tokens)
+        if self._prompt is not None and self._replays is not None:  # drafted or not
+            replayed = self._replays.replay(self._prompt, self._tokens)
             self.metrics.ngram_replay = replayed.to_json() if replayed else None
         tail = self._stops.feed(self._utf8.decode(b"", final=True)) + self._stops.flush()
         events: list[Event] = [TokenOut(self.req_id, -1, tail)] if tail else []

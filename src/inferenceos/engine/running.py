@@ -24,6 +24,7 @@ from inferenceos.engine.output import OutputStream
 from inferenceos.engine.request import Request as Request  # re-exported
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.session import LoadedModel
+from inferenceos.engine.spec.ngram_replay import ReplayBudget
 from inferenceos.engine.spec.speculative import Drafter, DraftState, can_draft
 from inferenceos.engine.step_plan import SeqNeeds
 from inferenceos.errors import UsageError
@@ -59,7 +60,9 @@ class RunningSequence:
         model: LoadedModel,
         policy: KVPolicy,
         drafter: Drafter | None = None,
+        replays: ReplayBudget | None = None,
     ) -> None:
+        """`replays`: the scheduler's n-gram replay budget (engine/spec/ngram_replay.py)."""
         self.req = req
         self.slot = slot
         self.sampler = SamplerChain(req.sampling, model.vocab)
@@ -69,7 +72,8 @@ class RunningSequence:
         self.out = OutputStream(req.id, req.sampling, len(req.prompt), reused, req.arrival,
                                 model.piece, model.is_eog,
                                 # only a reply that could have drafted teaches drafting
-                                prompt=req.prompt if _could_draft(req) else None)
+                                prompt=req.prompt if _could_draft(req) else None,
+                                replays=replays)
         self.spec = (DraftState(drafter, k=getattr(drafter, "k_start", 4),
                                 k_max=getattr(drafter, "k_max", 12))
                      if drafter is not None else None)

@@ -59,6 +59,7 @@ from inferenceos.engine.running import NO_PROJECTOR, Request, RunningSequence, p
 from inferenceos.engine.sampling import SamplerChain, SamplingParams
 from inferenceos.engine.session import LoadedModel, decode_failed
 from inferenceos.engine.spec.decode import SpeculativeDecoder
+from inferenceos.engine.spec.ngram_replay import ReplayBudget
 from inferenceos.engine.step_plan import MediaWork, StepPlan, media_step, schedule
 from inferenceos.engine.thread_governor import ThreadGovernor
 from inferenceos.errors import EngineBusyError, GenerationError, UsageError
@@ -152,6 +153,7 @@ class Scheduler:
                                               self.executor.step_times, draft,
                                               draft_options, guesses=self.tracker is None,
                                               step_shapes=self.executor.step_shapes)
+        self._replays = ReplayBudget()  # n-gram replays: a bounded share of this loop
 
     def footprint_bytes(self) -> int:
         """Memory the drafters hold (draft model weights and KV), for the planner."""
@@ -340,7 +342,8 @@ class Scheduler:
             self.table.claim(slot, reuse, lora)
             policy = self._policy(req.kv_policy) if req.kv_policy else self.policy
             self.running.append(RunningSequence(req, slot, reuse, self.model, policy,
-                                                self.spec_decode.draft_for(req)))
+                                                self.spec_decode.draft_for(req),
+                                                self._replays))
             if self.kv_store is not None and not req.media and not lora:
                 set_checkpoint(self, self.kv_store, self.running[-1])
             if req.progress:  # before any prompt work: processed == cached

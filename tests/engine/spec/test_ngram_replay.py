@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import random
 
-from inferenceos.engine.spec.ngram_replay import MAX_OUTPUT, MIN_OUTPUT, replay_ngram
+from inferenceos.engine.spec.ngram_replay import (
+    MAX_OUTPUT,
+    MIN_OUTPUT,
+    ReplayBudget,
+    replay_ngram,
+)
 
 
 def _words(n: int, seed: int, vocab: int = 30000) -> list[int]:
@@ -59,3 +64,23 @@ def test_the_incremental_index_matches_as_the_scan_does() -> None:
             index.extend(seq[end:end + step])
             end = min(end + step, len(seq))
             assert index.match() == ngram_match(seq[:end], 4, n_min)
+
+
+def test_replays_take_a_bounded_share_of_the_schedulers_time() -> None:
+    """A fake clock read 30 ms apart: each replay 'takes' 30 ms. With 50 ms in hand and
+    1 % of the time refilling it, two replays run, the third is skipped (None), and a
+    second later the budget allows one again."""
+    t = [0.0]
+
+    def clock() -> float:
+        t[0] += 0.03
+        return t[0]
+
+    budget = ReplayBudget(share=0.01, burst_s=0.05, clock=clock)
+    prompt, output = _words(50, 5), _words(40, 6)
+    first = budget.replay(prompt, output)
+    assert first == replay_ngram(prompt, output)
+    assert budget.replay(prompt, output) is not None
+    assert budget.replay(prompt, output) is None
+    t[0] += 1.0
+    assert budget.replay(prompt, output) == first
