@@ -102,8 +102,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "Seconds streams get to finish on SIGINT/SIGTERM before they are cancelled",
             _range(0, 3600)),
     Setting("server.yield_cpu", bool, True,
-            "Where the model's compute threads fill the CPUs, run the HTTP side at nice +10 "
-            "so it does not preempt them (off: equal priority)"),
+            "Where the model's compute threads fill the CPUs and the HTTP side wakes per "
+            "token (server.direct_writes off, or TLS), run it at nice +10 so it does not "
+            "preempt them (off: equal priority)"),
     Setting("server.direct_writes", bool, True,
             "The model worker writes a plain stream's tokens to the client itself, "
             "instead of waking the HTTP side per token (off: every token through it)"),

@@ -1,8 +1,10 @@
-"""`serve` on a machine its model's compute threads fill: the HTTP side's event loop
-runs at nice +10 and a model worker it loads on demand (from a lowered request thread)
-at the priority serve started with (hardware/cpu_share.py). A real `serve` given every
-CPU of this machine (the suite pins each test process to one, where nothing is lowered),
-the tiny model, one request; the priorities read back from /proc."""
+"""`serve` on a machine its model's compute threads fill: where the HTTP side wakes
+per token (direct writes off), its event loop runs at nice +10 and a model worker it
+loads on demand (from a lowered request thread) at the priority serve started with
+(hardware/cpu_share.py). A real `serve` given every CPU of this machine (the suite pins
+each test process to one, where nothing is lowered), the tiny model, one request; the
+priorities read back from /proc. With direct writes (the default) the HTTP side wakes
+per request and keeps the base priority."""
 
 from __future__ import annotations
 
@@ -44,9 +46,9 @@ def _workers(pid: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("yield_cpu", ["1", "0"])
+@pytest.mark.parametrize(("yield_cpu", "direct"), [("1", "0"), ("0", "0"), ("1", "1")])
 def test_the_http_side_gives_way_and_the_worker_keeps_its_priority(
-    tmp_path: Path, yield_cpu: str
+    tmp_path: Path, yield_cpu: str, direct: str
 ) -> None:
     model = write_tiny_model(tmp_path / "tiny.gguf")
     base = os.getpriority(os.PRIO_PROCESS, 0)
@@ -54,14 +56,15 @@ def test_the_http_side_gives_way_and_the_worker_keeps_its_priority(
     os.sched_setaffinity(0, CPUS)  # serve inherits every CPU
     try:
         proc, url = start_serve(str(model), "--threads", str(len(CPUS)), "--draft", "none",
-                                INFERENCEOS_SERVER_YIELD_CPU=yield_cpu)
+                                INFERENCEOS_SERVER_YIELD_CPU=yield_cpu,
+                                INFERENCEOS_SERVER_DIRECT_WRITES=direct)
     finally:
         os.sched_setaffinity(0, own)
     try:
         r = httpx.post(f"{url}/completion", timeout=120,
                        json={"prompt": "hello", "n_predict": 4})
         assert r.status_code == 200, r.text
-        lowered = min(19, base + 10) if yield_cpu == "1" else base
+        lowered = min(19, base + 10) if (yield_cpu, direct) == ("1", "0") else base
         assert _nice(proc.pid) == lowered  # the event loop's thread
         workers = _workers(proc.pid)
         assert len(workers) == 1, workers

@@ -42,6 +42,7 @@ from inferenceos.cli.serve_opts import (
 )
 
 if TYPE_CHECKING:
+    from inferenceos.config import Config
     from inferenceos.server.settings import ServerSettings
 
 _LOCAL_WARNING = (
@@ -151,6 +152,16 @@ def _share_cpus(plan: object) -> None:
                                             plan.placement.gpu_layers > 0))
 
 
+def _yields(cfg: Config, tls: bool) -> bool:
+    """Whether the HTTP side gives way to the compute threads (`server.yield_cpu`): only
+    where it still wakes once per token, i.e. when the worker cannot write the streams
+    (`server.direct_writes` off, or TLS). With direct writes its work is per request,
+    and lowered it made each first token wait for the worker's gaps: at 8 streams of the
+    tiny model 0.892 of llama-server against 1.002 at equal priority, 32 streams 1.059
+    against 1.134, in the same rounds (docs/engine.md, "Who runs first")."""
+    return bool(cfg.get("server.yield_cpu")) and (tls or not cfg.get("server.direct_writes"))
+
+
 def _stderr_logging(verbose: bool) -> None:
     """What the server prints on stderr: warnings, and with -v the INFO lines too (the
     access log, one JSON line per response, and the server's events), as `ollama serve`
@@ -250,7 +261,7 @@ def _serve(model: str, listen: ListenOptions, pool: PoolOptions, load: LoadOptio
     _check_listening(settings, cert_file is not None, verbose)
     plan = _default_plan(manager, settings.default_model,
                          show=settings.default_model not in pins)
-    if plan is not None and cfg.get("server.yield_cpu"):
+    if plan is not None and _yields(cfg, cert_file is not None):
         _share_cpus(plan)
     _load_pinned(manager)
     scheme = "https" if cert_file else "http"
