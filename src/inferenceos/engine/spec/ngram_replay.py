@@ -39,7 +39,7 @@ from inferenceos.engine.spec.speculative import DraftState
 MAX_OUTPUT = 512  # output tokens replayed
 WINDOW = 4096  # prompt tokens looked back over (the prompt's end)
 MIN_OUTPUT = 8  # shorter replies say nothing about a drafter
-REPLAY_SHARE = 0.01  # of the scheduler's time, at most, in replays
+REPLAY_SHARE = 0.002  # of the scheduler's time, at most, in replays
 REPLAY_BURST_S = 0.05  # replay time a fresh scheduler has in hand (~50 short replies)
 
 
