@@ -12,7 +12,9 @@ for scale, the built-in Gemma 3 270M. Per model, in the same run:
   counted as they arrive (`tokens_predicted` of each event; a chunk per token on the
   OpenAI route), so the figure is the steady aggregate t/s, ramp included;
 - the CPU time of every process per generated token (/proc: the HTTP process, its
-  worker, llama-server, and this process, the client);
+  worker, llama-server, and this process, the client), and the median time from a
+  request's send to its first token (what a seat waits for between two requests:
+  with 128-token requests at 8 streams it decided the last percent, docs/engine.md);
 - with `--profile` (needs py-spy in .venv), one more window of ours at each stream
   count under `py-spy record --subprocesses --nonblocking --gil`: the samples of the
   thread holding the GIL in the worker and in the HTTP process (Python at work: a
@@ -149,6 +151,7 @@ class Window:
     requests: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)  # s from sending to the first token
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes]]:
@@ -184,13 +187,16 @@ async def _body_chunks(reader: asyncio.StreamReader, headers: dict[bytes, bytes]
 
 async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str,
                body: bytes, openai: bool, deadline: float, win: Window) -> bool:
-    """One streamed request; counts its tokens into `win` while before `deadline`.
-    False when the deadline cut it (the connection is then dropped)."""
+    """One streamed request; counts its tokens into `win` while before `deadline`, and
+    its time to first token. False when the deadline cut it (the connection is then
+    dropped)."""
+    sent = time.monotonic()
     writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     status, headers = await _read_head(reader)
     buf = b""
     seen = 0
+    seen_any = False
     async for chunk in _body_chunks(reader, headers):
         if status != 200:
             win.failed += 1
@@ -211,6 +217,9 @@ async def _one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
                 n = max(0, int(m.group(1)) - seen) if m else 0
                 seen += n
             if now < deadline:
+                if n and not seen_any:
+                    win.ttft.append(now - sent)
+                seen_any = seen_any or n > 0
                 win.tokens += n
         if now >= deadline:
             return False
@@ -352,6 +361,7 @@ class Measured:
     us: dict[str, float]
     load: float
     failed: int = 0
+    ttft_ms: float = 0.0  # the window's median time to first token
 
 
 def measure(srv: Server, n: int, args: argparse.Namespace, openai: bool = False) -> Measured:
@@ -368,8 +378,9 @@ def measure(srv: Server, n: int, args: argparse.Namespace, openai: bool = False)
         print(f"    {srv.name}{' openai' if openai else ''}: {win.failed} failed: "
               f"{win.errors[:2]}")
     time.sleep(0.5)  # requests the deadline cut end before the next window
+    ttft = statistics.median(win.ttft) * 1e3 if win.ttft else 0.0
     return Measured(win.tokens / min(wall, args.duration), us, os.getloadavg()[0],
-                    win.failed)
+                    win.failed, ttft)
 
 
 # -- py-spy stages ---------------------------------------------------------------------
@@ -544,8 +555,10 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
             continue
         keys = ms[0].us.keys()
         cpu = {k: statistics.median(m.us[k] for m in ms) for k in keys}
+        ttft = statistics.median(m.ttft_ms for m in ms)
         print(f"      CPU µs/token {name:<13} " + "  ".join(f"{k} {v:7.1f}"
-                                                          for k, v in cpu.items()))
+                                                          for k, v in cpu.items())
+              + f"  TTFT p50 {ttft:5.1f} ms")
     out: dict[str, Any] = {k: [m.__dict__ for m in v] for k, v in rows.items()}
     out["ratio"] = ratio(ours_tps, their_tps)
     if stages:
