@@ -67,6 +67,9 @@ class WatchedLoopEvents:
     def ready(self) -> bool:
         return bool(self.inner.ready())
 
+    def __getattr__(self, name: str) -> Any:  # the rest of LoopEvents (finished, ...)
+        return getattr(self.inner, name)
+
 
 class WatchedEngine(Engine):
     """The real engine; each generation's events pass through a Watch: on the event
@@ -76,6 +79,7 @@ class WatchedEngine(Engine):
     watches: ClassVar[list[Watch]] = []
     started: ClassVar[threading.Event] = threading.Event()
     threaded: ClassVar[bool] = False
+    hold: ClassVar[threading.Event | None] = None  # set: the job's close waits for it
 
     def generate(self, prompt: Any, sampling: Any, cancel: Any = None, **kw: Any) -> Any:
         gen = super().generate(prompt, sampling, cancel, **kw)
@@ -89,7 +93,9 @@ class WatchedEngine(Engine):
                 live = on_loop(loop)
                 return None if live is None else WatchedLoopEvents(live, watch)
 
-            def closed() -> None:
+            def closed() -> None:  # the job's thread, once the loop stopped reading
+                if WatchedEngine.hold is not None:
+                    WatchedEngine.hold.wait(30)
                 close()
                 watch.ended.set()
 
@@ -194,3 +200,26 @@ def test_a_client_leaving_stops_its_generation_as_an_event(
     r = httpx.post(h.url + "/api/generate", timeout=30, json={
         "model": "tiny", "prompt": "y", "stream": False, "options": {"num_predict": 3}})
     assert r.status_code == 200 and r.json()["done"]
+
+
+def test_a_reply_ends_without_waiting_for_its_generation_thread(
+        served: tuple[Harness, Receives], monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a normal end the loop makes the Done itself: the reply's last event (done:
+    true) is written while the request's generation thread is still held in its close
+    (a hop to that thread and back was two wake-ups on the last event's way)."""
+    h, _ = served
+    hold = threading.Event()
+    monkeypatch.setattr(WatchedEngine, "threaded", False)
+    monkeypatch.setattr(WatchedEngine, "hold", hold)
+    WatchedEngine.watches.clear()
+    try:
+        with httpx.stream("POST", h.url + "/api/generate", timeout=20, json={
+                "model": "tiny", "prompt": "z", "stream": True,
+                "options": {"num_predict": 5, "temperature": 0}}) as r:
+            lines = [json.loads(line) for line in r.iter_lines() if line]
+        [watch] = WatchedEngine.watches
+        assert lines[-1]["done"] and lines[-1]["eval_count"] == 5
+        assert not watch.ended.is_set()  # the job's thread is still in its close
+    finally:
+        hold.set()
+    assert watch.ended.wait(10)

@@ -217,12 +217,17 @@ class _OnLoop:
     """A generation whose tokens the event loop reads itself (`engine.base.LoopEvents`):
     `Run` reads `events` (keeping `out` and `active.tokens` through `_count`) and
     sets `ended` once it stopped reading; the job's thread waits for that, off the
-    token path, then ends the generation and sends the Done."""
+    token path, then ends the generation and sends the Done. At a normal end (the
+    Finished read) `Run` makes the same Done itself with `done()`: the reply's last
+    event then waits for no hop to the job's thread and back (two wake-ups a request
+    on a machine whose cores the compute threads hold: the client's next request
+    waits for them); the job's own Done is then left unread."""
 
     events: LoopEvents
     gen: Generation
     out: list[int]
     active: ActiveGeneration
+    done: Callable[[], Done]
     ended: threading.Event = field(default_factory=threading.Event)
 
 
@@ -258,12 +263,14 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
         extra["direct"] = True  # (never with a watch: _continue reuses `extra`)
     gen = lease.engine.generate(prompt, run_req.sampling, cancel, **extra)
     out: list[int] = []
+    ids = prompt if isinstance(prompt, list) else []
     metrics: GenerationMetrics | None = None
     try:
         on_loop = getattr(gen.events, "on_loop", None)
         events = on_loop(loop) if on_loop is not None and loop and watch is None else None
         if events is not None:
-            live = _OnLoop(events, gen, out, active)
+            live = _OnLoop(events, gen, out, active,
+                           lambda: Done(gen.metrics, load_s, lease.loaded, ids, out))
             # the cancel ends the wait too (a reader stuck elsewhere), except while the
             # worker writes the stream: the reader then reads on to the worker's report
             # (its end would drop it), and sets `ended` itself
@@ -291,7 +298,6 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
     finally:
         gen.close()
         state.untrack(active)
-    ids = prompt if isinstance(prompt, list) else []
     yield Done(metrics or gen.metrics, load_s, lease.loaded, ids, out)
 
 
@@ -383,10 +389,12 @@ class Run:
                 self._live = live = item
             try:
                 ev = await live.events.__anext__()
-            except StopAsyncIteration:  # its end: the Done follows from the job
+            except StopAsyncIteration:  # its end: the Done, made here at a Finished
                 self._live = None
                 live.ended.set()
-                continue
+                if live.events.finished:
+                    return live.done()
+                continue  # (cancelled: the job's thread ends it and sends the Done)
             except BaseException:  # its error, or this consumer was cancelled
                 self._live = None
                 live.ended.set()
