@@ -84,8 +84,8 @@ class EntryIndex(dict[str, E]):
                 out.append(self[self._order[i][1]])
             if i == 0 or n == 0:
                 break
-            # (when `below` is itself a prefix, the next turn finds it)
-            n = _common(self[self._order[i - 1][1]].tokens, arr, n - 1)
+            # the entry just below: when it is itself a prefix, the next turn finds it
+            n = common_count(self[self._order[i - 1][1]].tokens, arr, n - 1)
         return out
 
     def extended(self, entry: E) -> bool:
@@ -131,8 +131,9 @@ class EntryIndex(dict[str, E]):
             del self._order[i]
 
 
-def _common(a: np.ndarray, b: np.ndarray, limit: int) -> int:
-    """How many leading tokens `a` and `b` share, at most `limit`."""
+def common_count(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+    """How many leading tokens the arrays `a` and `b` share, at most `limit` (in numpy:
+    engine/kv/slots.shared_prefix is its form for lists)."""
     n = min(a.size, b.size, limit)
     diff = np.flatnonzero(a[:n] != b[:n])
     return n if diff.size == 0 else int(diff[0])

@@ -54,7 +54,7 @@ from inferenceos.engine.kv.entry import (
     read_state,
     write_entry,
 )
-from inferenceos.engine.kv.entry_index import EntryIndex
+from inferenceos.engine.kv.entry_index import EntryIndex, common_count
 from inferenceos.engine.kv.listing import DiskListing
 
 log = logging.getLogger("inferenceos.kv_cache")
@@ -182,7 +182,7 @@ class KVStore:
                 n = min(e.n_tokens, p.size)
                 if n <= at_least + self.min_gain - 1 or (best is not None and n <= best.n):
                     continue
-                common = _shared(e.tokens, p, n)
+                common = common_count(e.tokens, p, n)
                 if common < e.n_tokens and not self.partial:
                     continue
                 if common >= at_least + self.min_gain and (best is None or common > best.n):
@@ -280,7 +280,7 @@ class KVStore:
                 n = min(e.n_tokens, p.size)
                 if n <= best:
                     continue
-                common = _shared(e.tokens, p, n)
+                common = common_count(e.tokens, p, n)
                 if best < common < n:  # both go on, differently
                     best = common
             if best < self.min_tokens or entry_id(self.key, p[:best]) in self.entries:
@@ -516,12 +516,6 @@ class KVStore:
             self._queue.put(None)
             self._writer.join(1.0)
             self._writer = None
-
-
-def _shared(a: np.ndarray, b: np.ndarray, n: int) -> int:
-    """How many of the first `n` tokens `a` and `b` share (n: all of them)."""
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return n if diff.size == 0 else int(diff[0])
 
 
 def _yield_cores() -> None:
