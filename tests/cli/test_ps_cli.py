@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from cli_helpers import cli_env, run_cli
-from inferenceos.registry.catalog import now_iso
+from inferenceos.units import iso_time
 from slow_server import Answer, Lines, held_server
 
 LONG_REASON = ("default context; plan: ctx 16384 · KV f16/f16 · flash-attn off · ubatch "
@@ -24,11 +24,11 @@ def _models() -> list[dict[str, Any]]:
          "slots": 4, "expires_at": "2318-01-01T00:00:00.000000Z", "reason": LONG_REASON},
         {"name": "qwen2.5-coder-0.5b-instruct-q4_k_m:latest", "state": "warm",
          "pinned": False, "memory_by_device": {"CPU": 500_000_000, "CUDA0": 4_100_000_000},
-         "context_length": 32768, "slots": 1, "expires_at": now_iso(time.time() + 280),
+         "context_length": 32768, "slots": 1, "expires_at": iso_time(time.time() + 280),
          "reason": "demoted to warm (memory)"},
         {"name": "tiny:latest", "state": "hot", "pinned": False,
          "memory_by_device": {"CPU": 5_000_000}, "context_length": 2048, "slots": 1,
-         "expires_at": now_iso(time.time() - 3), "reason": "default context"},
+         "expires_at": iso_time(time.time() - 3), "reason": "default context"},
     ]
 
 
@@ -65,13 +65,13 @@ def test_ps_on_a_wide_terminal_is_one_line_per_model() -> None:
 def test_human_until_follows_ollama() -> None:
     from inferenceos.cli.ps_cmd import human_until
 
-    now = float(int(time.time()))  # whole seconds: now_iso keeps microseconds only
-    assert human_until(now_iso(now + 280), now) == "4 minutes from now"
-    assert human_until(now_iso(now + 30), now) == "30 seconds from now"
-    assert human_until(now_iso(now + 61), now) == "About a minute from now"
-    assert human_until(now_iso(now + 3 * 3600), now) == "3 hours from now"
+    now = float(int(time.time()))  # whole seconds: iso_time keeps microseconds only
+    assert human_until(iso_time(now + 280), now) == "4 minutes from now"
+    assert human_until(iso_time(now + 30), now) == "30 seconds from now"
+    assert human_until(iso_time(now + 61), now) == "About a minute from now"
+    assert human_until(iso_time(now + 3 * 3600), now) == "3 hours from now"
     assert human_until("2318-01-01T00:00:00.000000Z", now) == "Forever"
-    assert human_until(now_iso(now - 1), now) == "Stopping..."
+    assert human_until(iso_time(now - 1), now) == "Stopping..."
     assert human_until("", now) == "" and human_until("soon", now) == "soon"
     # a plain Ollama's form, with a zone offset and 5 fractional digits
     assert human_until("2024-06-04T14:38:31.83753-07:00",

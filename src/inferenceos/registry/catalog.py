@@ -26,7 +26,6 @@ from inferenceos.registry.store import (
     split_base,
     split_parts,
 )
-from inferenceos.units import iso_time
 
 
 @dataclass(frozen=True)
@@ -178,8 +177,3 @@ class Catalog:
     def first(self) -> str | None:
         """The name to use when a request names no model (the first alias), if any."""
         return next(iter(self._aliases), None)
-
-
-def now_iso(ts: float | None = None) -> str:
-    """RFC 3339 UTC time with microseconds, as Ollama's clients expect (units.iso_time)."""
-    return iso_time(ts)

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Request, Response
 
 from inferenceos.errors import InferenceOSError
-from inferenceos.registry.catalog import ResolvedModel, now_iso
+from inferenceos.registry.catalog import ResolvedModel
 from inferenceos.registry.leases import ResidentModel
 from inferenceos.registry.presets import Preset
 from inferenceos.server.dialects.ollama.schema import (
@@ -38,6 +38,7 @@ from inferenceos.server.generation import call_in_thread
 from inferenceos.server.sse import ndjson_response
 from inferenceos.server.state import state_of
 from inferenceos.server.tool_calls import detect_format
+from inferenceos.units import iso_time
 
 # the OpenAPI description of a streamed answer (server/dialects/ollama/routes.py has its
 # own: one line of schema is not worth a shared module, and route modules do not import each other)
@@ -65,7 +66,7 @@ def _details(m: ResolvedModel) -> dict[str, Any]:
 async def tags(request: Request) -> Any:
     """Every model a request may name."""
     models = await call_in_thread(state_of(request).catalog.names)
-    return {"models": [{"name": m.name, "model": m.name, "modified_at": now_iso(m.modified_at),
+    return {"models": [{"name": m.name, "model": m.name, "modified_at": iso_time(m.modified_at),
                         "size": m.size, "digest": m.digest, "details": _details(m)}
                        for m in models]}
 
@@ -96,7 +97,7 @@ async def show(body: ShowRequest, request: Request) -> Any:
                 "system": preset.system if preset else None, "details": _details(m),
                 "model_info": info, "projector_info": projector,
                 "capabilities": _all_capabilities(m.path, spec.chat_template, projector),
-                "modified_at": now_iso(m.modified_at)}
+                "modified_at": iso_time(m.modified_at)}
     return await call_in_thread(work)
 
 
@@ -146,7 +147,7 @@ def _ps_entry(lm: ResidentModel, now: float) -> dict[str, Any]:
         exp = None
     return {"name": lm.model.name, "model": lm.model.name, "size": lm.memory_bytes,
             "digest": lm.model.digest, "details": _details(lm.model),
-            "expires_at": _FOREVER if exp is None else now_iso(exp),
+            "expires_at": _FOREVER if exp is None else iso_time(exp),
             "size_vram": lm.vram_bytes, "context_length": lm.n_ctx, "state": lm.tier,
             "pinned": lm.pinned, "slots": lm.slots, "memory_by_device": lm.charge,
             "reason": lm.reason, "kv_cache_ram": lm.kv_cache_ram}

@@ -29,7 +29,6 @@ from inferenceos.engine.sampling import SamplingParams
 from inferenceos.errors import UsageError
 from inferenceos.media.collect import check_text
 from inferenceos.media.item import MediaItem
-from inferenceos.registry.catalog import now_iso
 from inferenceos.server.dialects.ollama.schema import (
     ERRORS,
     ChatRequest,
@@ -66,6 +65,7 @@ from inferenceos.server.sse import NDJSON
 from inferenceos.server.state import ServerState, state_of
 from inferenceos.server.tool_calls import ParsedCall
 from inferenceos.server.tools import history_call, ollama_calls, tool_request
+from inferenceos.units import iso_time
 
 _NDJSON = {"application/x-ndjson": {"schema": {"type": "string"}}}
 NS = 1_000_000_000
@@ -111,7 +111,7 @@ async def _load_or_unload(state: ServerState, name: str, keep_alive: float | Non
             state.manager.acquire(name, keep_alive).release()
         await admitted_call(state, load)
         reason = "load"
-    return {"model": name, "created_at": now_iso(), **body, "done": True, "done_reason": reason}
+    return {"model": name, "created_at": iso_time(), **body, "done": True, "done_reason": reason}
 
 
 def _timings(done: Done, t0: float, t_first: float | None, t_end: float) -> dict[str, Any]:
@@ -147,7 +147,7 @@ async def _respond(request: Request, state: ServerState, req: GenRequest, stream
     def piece(text: str, calls: list[ParsedCall] | None = None, thought: str = "",
               at: str | None = None) -> dict[str, Any]:
         body: Any = text
-        line: dict[str, Any] = {"model": req.model, "created_at": at or now_iso()}
+        line: dict[str, Any] = {"model": req.model, "created_at": at or iso_time()}
         if piece_key == "message":
             body = {"role": "assistant", "content": text}
             if thought:
