@@ -62,7 +62,7 @@ class OutputStream:
         self._t_first = 0.0
         self._steps = 0
         self._prompt = prompt
-        self._replays = replays if replays is not None or prompt is None else ReplayBudget()
+        self._replays = replays if replays is not None else ReplayBudget()
         self._tokens: list[int] = []  # the chosen tokens, for the replay
         self.finished = False
 
@@ -100,7 +100,7 @@ class OutputStream:
         """End the stream: flush held-back text, then Finished with the metrics."""
         self.metrics.stop_reason = reason
         self.finished = True
-        if self._prompt is not None and self._replays is not None:  # drafted or not
+        if self._prompt is not None:  # drafted or not: one measure for every run
             replayed = self._replays.replay(self._prompt, self._tokens)
             self.metrics.ngram_replay = replayed.to_json() if replayed else None
         tail = self._stops.feed(self._utf8.decode(b"", final=True)) + self._stops.flush()

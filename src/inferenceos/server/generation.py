@@ -265,12 +265,15 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
     out: list[int] = []
     ids = prompt if isinstance(prompt, list) else []
     metrics: GenerationMetrics | None = None
+
+    def done() -> Done:  # what ends the reply (the loop makes it too: _OnLoop.done)
+        return Done(metrics or gen.metrics, load_s, lease.loaded, ids, out)
+
     try:
         on_loop = getattr(gen.events, "on_loop", None)
         events = on_loop(loop) if on_loop is not None and loop and watch is None else None
         if events is not None:
-            live = _OnLoop(events, gen, out, active,
-                           lambda: Done(gen.metrics, load_s, lease.loaded, ids, out))
+            live = _OnLoop(events, gen, out, active, done)
             # the cancel ends the wait too (a reader stuck elsewhere), except while the
             # worker writes the stream: the reader then reads on to the worker's report
             # (its end would drop it), and sets `ended` itself
@@ -298,7 +301,7 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
     finally:
         gen.close()
         state.untrack(active)
-    yield Done(metrics or gen.metrics, load_s, lease.loaded, ids, out)
+    yield done()
 
 
 def _continue(lease: Lease, prompt: str | list[int], out: list[int], run_req: GenRequest,
