@@ -255,6 +255,19 @@ def test_ollama_streams_are_written_by_the_worker_the_same(
     assert "".join(parts) == want and want
 
 
+def test_a_streamed_request_is_recorded_in_telemetry_by_the_writer_thread(
+        server: Harness) -> None:
+    from inferenceos import telemetry
+
+    _stream(server.port, {"prompt": "The quick brown fox", "n_predict": 24, **LONG})
+    # Run._record queued it as the reply ended (server/request_telemetry.py): the row is
+    # built and written by the recorder's thread; a flush waits for both
+    assert telemetry.recorder().flush(30)
+    [row] = telemetry.generations(source="server")
+    assert row.output_tokens == 24 and row.prompt_tokens > 0 and row.concurrency >= 1
+    assert row.total_s is not None and row.total_s > 0 and row.threads is not None
+
+
 def test_a_kept_alive_connection_serves_the_next_request(server: Harness) -> None:
     raw = Raw(server.port)
     try:

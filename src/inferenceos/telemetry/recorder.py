@@ -110,6 +110,15 @@ class _Flush:
     done: threading.Event
 
 
+@dataclass(frozen=True)
+class _Later:
+    """A record whose row the writer thread builds (`Recorder.later`): `build()` returns
+    the write (None: nothing to write), which is written then and there, so a flush
+    queued after it waits for it too."""
+
+    build: Callable[[], _Job | None]
+
+
 class _Stop:
     """Ends the writer thread (`Recorder.close`)."""
 
@@ -127,7 +136,7 @@ class Recorder:
         self.lost = 0  # jobs dropped: failed file, full queue, unknown model
         self._lock = threading.Lock()
         self._pid = -1
-        self._queue: queue.Queue[_Job | _Flush | _Stop] = queue.Queue(QUEUE_MAX)
+        self._queue: queue.Queue[_Job | _Later | _Flush | _Stop] = queue.Queue(QUEUE_MAX)
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._ids: dict[str, int] = {}
@@ -142,9 +151,35 @@ class Recorder:
                    load_uid: str | None = None, concurrency: int = 1,
                    loadavg: float | None = None, extra: Mapping[str, Any] | None = None,
                    contention: Mapping[str, Any] | str | None = None,
-                   **fields: Any) -> None:
-        """One finished generation. `metrics` may be `GenerationMetrics.to_json()`;
-        `fields` (prompt_tokens, cached_tokens, output_tokens, prefill_tps, decode_tps,
+                   ts: float | None = None, **fields: Any) -> None:
+        """One finished generation (`generation_job`'s record, queued)."""
+        job = self.generation_job(
+            model, source=source, metrics=metrics, settings=settings, digest=digest,
+            name=name, load_uid=load_uid, concurrency=concurrency, loadavg=loadavg,
+            extra=extra, contention=contention, ts=ts, **fields)
+        if job is not None:
+            self._submit(job)
+
+    def later(self, build: Callable[[], _Job | None]) -> None:
+        """Queue `build` (e.g. a `generation_job` call) for the writer thread, which
+        builds the record and writes it: a caller on a hot path (the server's event
+        loop, once a request) pays a queue put, not the row (a uid, JSON, a stat, the
+        load average: ~0.3 ms a request, issue 44). A `build` that raises loses that
+        record only (one warning)."""
+        if self.enabled:
+            self._submit(_Later(build))
+
+    def generation_job(self, model: ModelRef, *, source: str,
+                       metrics: Mapping[str, Any] | None = None,
+                       settings: Mapping[str, Any] | None = None,
+                       digest: str | None = None, name: str = "",
+                       load_uid: str | None = None, concurrency: int = 1,
+                       loadavg: float | None = None, extra: Mapping[str, Any] | None = None,
+                       contention: Mapping[str, Any] | str | None = None,
+                       ts: float | None = None, **fields: Any) -> _Job | None:
+        """The write of one finished generation (None when disabled); `ts`: when it
+        ended (default now). `metrics` may be `GenerationMetrics.to_json()`; `fields`
+        (prompt_tokens, cached_tokens, output_tokens, prefill_tps, decode_tps,
         ttft_s, total_s, threads, n_ctx, n_batch, n_ubatch, stop_reason) override it;
         threads and the batch shape default to `settings` (n_threads, n_batch...); a
         drafted generation's draft counters go to `extra`.
@@ -155,7 +190,7 @@ class Recorder:
         still busy then, and the fit discounts what it cost (plan/calibration_load).
         None: not recorded (a synthetic record: its speed has no machine state)."""
         if not self.enabled:
-            return
+            return None
         unknown = set(fields) - set(_GEN_FIELDS)
         if unknown:
             raise TypeError(f"unknown generation fields: {', '.join(sorted(unknown))}")
@@ -183,7 +218,7 @@ class Recorder:
             # what n-gram drafting would have done here: how the planner learns that it
             # pays for a model that never drafted (plan/draft_choice.py)
             extra.setdefault("ngram_replay", dict(metrics["ngram_replay"]))
-        row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
+        row.update(uid=_uid(), ts=time.time() if ts is None else ts, load_uid=load_uid,
                    source=self.source_override or source,
                    concurrency=int(concurrency), settings=_json(dict(settings or {})),
                    loadavg=_loadavg() if loadavg is None else loadavg)
@@ -193,7 +228,7 @@ class Recorder:
         write = _insert("generations", row)
         if contention == "sample":
             write = _with_contention(row, write)
-        self._submit(_Job(write, model, digest, name))
+        return _Job(write, model, digest, name)
 
     def load(self, model: ModelRef, *, source: str, load_s: float | None = None,
              settings: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None,
@@ -292,7 +327,7 @@ class Recorder:
 
     # -- the writer thread ---------------------------------------------------------------
 
-    def _submit(self, job: _Job) -> None:
+    def _submit(self, job: _Job | _Later) -> None:
         self._ensure_thread()
         try:
             self._queue.put_nowait(job)
@@ -327,7 +362,9 @@ class Recorder:
                 item.done.set()
                 continue
             try:
-                self._write(item)
+                job = item.build() if isinstance(item, _Later) else item
+                if job is not None:
+                    self._write(job)
             except Exception as exc:  # the writer must never die
                 self.lost += 1
                 dbmod.warn_once("error", f"could not record ({exc!r}); the run itself "
