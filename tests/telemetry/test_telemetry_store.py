@@ -110,11 +110,11 @@ def test_a_record_built_in_the_writer_thread_is_flushed_and_a_failing_build_lose
     rec = telemetry.recorder()
     built_in: list[str] = []
 
-    def build() -> object:
+    def build() -> None:
         built_in.append(threading.current_thread().name)
-        return rec.generation_job(tiny_llama, source="server", output_tokens=3, ts=1234.5)
+        rec.generation(tiny_llama, source="server", output_tokens=3, ts=1234.5)
 
-    def broken() -> object:
+    def broken() -> None:
         raise ValueError("a request's figures that cannot be read")
 
     rec.later(broken)

@@ -24,22 +24,20 @@ def record_request(done: Any, *, total_s: float, concurrency: int) -> None:
         if not rec.enabled:
             return
         ended = time.time()
-        rec.later(lambda: _job(rec, done, total_s, concurrency, ended))
+        rec.later(lambda: _record(rec, done, total_s, concurrency, ended))
     except Exception as exc:  # telemetry must never fail a request
         _warn(exc)
 
 
-def _job(rec: Any, done: Any, total_s: float, concurrency: int, ended: float) -> Any:
-    """The record's write, built in the writer thread (`ended`: when the request ended,
-    the record's timestamp)."""
+def _record(rec: Any, done: Any, total_s: float, concurrency: int, ended: float) -> None:
+    """The record, made in the writer thread (`ended`: when the request ended, the
+    record's timestamp)."""
     loaded = done.model  # registry.leases.ResidentModel
     resolved = loaded.model
-    return rec.generation_job(resolved.path, source="server",
-                              digest=resolved.digest or None, name=resolved.name,
-                              metrics=done.metrics.to_json(),
-                              settings=_settings(loaded.settings),
-                              concurrency=max(1, concurrency), total_s=round(total_s, 4),
-                              contention="sample", ts=ended)
+    rec.generation(resolved.path, source="server", digest=resolved.digest or None,
+                   name=resolved.name, metrics=done.metrics.to_json(),
+                   settings=_settings(loaded.settings), concurrency=max(1, concurrency),
+                   total_s=round(total_s, 4), contention="sample", ts=ended)
 
 
 _last: list[tuple[Any, dict[str, Any]]] = []  # the last model's settings, as a dict

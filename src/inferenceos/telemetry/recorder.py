@@ -112,11 +112,10 @@ class _Flush:
 
 @dataclass(frozen=True)
 class _Later:
-    """A record whose row the writer thread builds (`Recorder.later`): `build()` returns
-    the write (None: nothing to write), which is written then and there, so a flush
-    queued after it waits for it too."""
+    """Recording work for the writer thread (`Recorder.later`): `run()` there, the
+    records it makes written then and there (a flush queued after it waits for them)."""
 
-    build: Callable[[], _Job | None]
+    run: Callable[[], None]
 
 
 class _Stop:
@@ -141,6 +140,7 @@ class Recorder:
         self._conn: sqlite3.Connection | None = None
         self._ids: dict[str, int] = {}
         self._locked_until = 0.0  # monotonic: until then, wait briefly for locks
+        self._in_later = False  # the writer thread runs a `later`'s work
 
     # -- public writes ------------------------------------------------------------------
 
@@ -152,35 +152,10 @@ class Recorder:
                    loadavg: float | None = None, extra: Mapping[str, Any] | None = None,
                    contention: Mapping[str, Any] | str | None = None,
                    ts: float | None = None, **fields: Any) -> None:
-        """One finished generation (`generation_job`'s record, queued)."""
-        job = self.generation_job(
-            model, source=source, metrics=metrics, settings=settings, digest=digest,
-            name=name, load_uid=load_uid, concurrency=concurrency, loadavg=loadavg,
-            extra=extra, contention=contention, ts=ts, **fields)
-        if job is not None:
-            self._submit(job)
-
-    def later(self, build: Callable[[], _Job | None]) -> None:
-        """Queue `build` (e.g. a `generation_job` call) for the writer thread, which
-        builds the record and writes it: a caller on a hot path (the server's event
-        loop, once a request) pays a queue put, not the row (a uid, JSON, a stat, the
-        load average: ~0.3 ms a request, issue 44). A `build` that raises loses that
-        record only (one warning)."""
-        if self.enabled:
-            self._submit(_Later(build))
-
-    def generation_job(self, model: ModelRef, *, source: str,
-                       metrics: Mapping[str, Any] | None = None,
-                       settings: Mapping[str, Any] | None = None,
-                       digest: str | None = None, name: str = "",
-                       load_uid: str | None = None, concurrency: int = 1,
-                       loadavg: float | None = None, extra: Mapping[str, Any] | None = None,
-                       contention: Mapping[str, Any] | str | None = None,
-                       ts: float | None = None, **fields: Any) -> _Job | None:
-        """The write of one finished generation (None when disabled); `ts`: when it
-        ended (default now). `metrics` may be `GenerationMetrics.to_json()`; `fields`
-        (prompt_tokens, cached_tokens, output_tokens, prefill_tps, decode_tps,
-        ttft_s, total_s, threads, n_ctx, n_batch, n_ubatch, stop_reason) override it;
+        """One finished generation; `ts`: when it ended (default now). `metrics` may
+        be `GenerationMetrics.to_json()`; `fields` (prompt_tokens, cached_tokens,
+        output_tokens, prefill_tps, decode_tps, ttft_s, total_s, threads, n_ctx,
+        n_batch, n_ubatch, stop_reason) override it;
         threads and the batch shape default to `settings` (n_threads, n_batch...); a
         drafted generation's draft counters go to `extra`.
         `loadavg` defaults to the 1-minute load average now. `contention` (what the
@@ -190,7 +165,7 @@ class Recorder:
         still busy then, and the fit discounts what it cost (plan/calibration_load).
         None: not recorded (a synthetic record: its speed has no machine state)."""
         if not self.enabled:
-            return None
+            return
         unknown = set(fields) - set(_GEN_FIELDS)
         if unknown:
             raise TypeError(f"unknown generation fields: {', '.join(sorted(unknown))}")
@@ -228,7 +203,16 @@ class Recorder:
         write = _insert("generations", row)
         if contention == "sample":
             write = _with_contention(row, write)
-        return _Job(write, model, digest, name)
+        self._submit(_Job(write, model, digest, name))
+
+    def later(self, run: Callable[[], None]) -> None:
+        """Queue `run` for the writer thread, where the records it makes (e.g. a
+        `generation` call) are built and written: a caller on a hot path (the server's
+        event loop, once a request) pays a queue put, not the row (a uid, JSON, a stat,
+        the load average: ~0.3 ms a request, issue 44). A `run` that raises loses its
+        records only (one warning)."""
+        if self.enabled:
+            self._submit(_Later(run))
 
     def load(self, model: ModelRef, *, source: str, load_s: float | None = None,
              settings: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None,
@@ -328,6 +312,10 @@ class Recorder:
     # -- the writer thread ---------------------------------------------------------------
 
     def _submit(self, job: _Job | _Later) -> None:
+        if (isinstance(job, _Job) and self._in_later
+                and threading.current_thread() is self._thread):
+            self._write(job)  # made by a `later`'s run: written before the next item
+            return
         self._ensure_thread()
         try:
             self._queue.put_nowait(job)
@@ -362,9 +350,14 @@ class Recorder:
                 item.done.set()
                 continue
             try:
-                job = item.build() if isinstance(item, _Later) else item
-                if job is not None:
-                    self._write(job)
+                if isinstance(item, _Later):
+                    self._in_later = True
+                    try:
+                        item.run()
+                    finally:
+                        self._in_later = False
+                else:
+                    self._write(item)
             except Exception as exc:  # the writer must never die
                 self.lost += 1
                 dbmod.warn_once("error", f"could not record ({exc!r}); the run itself "
