@@ -39,8 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama_tools import llama_tool
-from overhead import CLK_TCK, Server, cpu_s, loadavg, python_children, start, tiny_model
+from overhead import CLK_TCK, Server, cpu_s, loadavg, servers, tiny_model
 
 
 @dataclass
@@ -104,10 +103,7 @@ def measure(srv: Server, n: int, tokens: int) -> Cost:
     """`n` sequential requests to `srv` (after 20 unmeasured ones)."""
     for i in range(20):
         one_request(srv.port, i, tokens)  # (warm-up)
-    pids = dict(srv.pids)
-    if srv.name != "llama-server":
-        pids.update({f"worker {k}": p for k, p in enumerate(python_children(srv.proc.pid))})
-        pids.pop("worker", None)
+    pids = srv.pids  # (ours: the HTTP process and its model worker)
     before = {k: cpu_s(p) for k, p in pids.items()}
     threads0 = thread_cpu_s(srv.proc.pid)
     t0 = time.perf_counter()
@@ -126,22 +122,6 @@ def measure(srv: Server, n: int, tokens: int) -> Cost:
 
     return Cost(wall * 1000 / n, statistics.median(firsts) * 1000, cpu,
                 timing("prompt_ms"), timing("predicted_ms"))
-
-
-def servers(model: Path, threads: int, env: dict[str, str]) -> dict[str, Server]:
-    """Ours and llama-server on `model`, with overhead.py's flags for 8 slots."""
-    ours = [sys.executable, "-m", "inferenceos", "serve", str(model), "--parallel", "8",
-            "--ctx", "512", "--queue", "32", "--threads", str(threads), "--port", "{port}",
-            "--draft", "none"]
-    theirs = [str(llama_tool("llama-server")), "-m", str(model), "-np", "8", "-c",
-              str(512 * 8), "-t", str(threads), "--host", "127.0.0.1", "--port", "{port}"]
-    out = {"ours": start("ours", ours, env)}
-    try:
-        out["llama-server"] = start("llama-server", theirs, env)
-    except BaseException:
-        out["ours"].stop()
-        raise
-    return out
 
 
 def report(name: str, c: Cost) -> None:
@@ -168,7 +148,10 @@ def main() -> int:
     cost: dict[str, list[float]] = {"ours": [], "llama-server": []}
     wall: dict[str, list[float]] = {"ours": [], "llama-server": []}
     try:
-        srv = servers(tiny_model(folder), args.threads, env)
+        # overhead.py's two servers as at 8 streams (8 slots of 512 cells, 2 threads)
+        srv = servers(tiny_model(folder), 8, argparse.Namespace(
+            tokens=args.tokens, threads=args.threads, serve_threads=0, serve_extra="",
+            baseline_src=None, baseline_env=[]), env)
         try:
             for r in range(args.rounds):
                 print(f"  round {r + 1} ({loadavg()})", flush=True)
