@@ -103,29 +103,6 @@ def test_recorder_round_trip(tiny_llama: Path) -> None:
     assert [g.source for g in telemetry.generations(limit=1)] == ["server"]
 
 
-def test_a_record_built_in_the_writer_thread_is_flushed_and_a_failing_build_loses_only_itself(
-        tiny_llama: Path) -> None:
-    import threading
-
-    rec = telemetry.recorder()
-    built_in: list[str] = []
-
-    def build() -> None:
-        built_in.append(threading.current_thread().name)
-        rec.generation(tiny_llama, source="server", output_tokens=3, ts=1234.5)
-
-    def broken() -> None:
-        raise ValueError("a request's figures that cannot be read")
-
-    rec.later(broken)
-    rec.later(build)
-    # the flush queued after both waits for the built record's write, not only its build
-    assert rec.flush(30)
-    assert built_in == ["telemetry-writer"] and rec.lost == 1
-    [row] = telemetry.generations(tiny_llama)
-    assert row.output_tokens == 3 and row.source == "server" and row.ts == 1234.5
-
-
 def test_recording_is_off_the_token_path(tiny_llama: Path) -> None:
     import time
 

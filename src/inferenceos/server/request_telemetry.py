@@ -1,17 +1,13 @@
 """Per-request telemetry: each finished generation becomes one record (source "server").
 
-Called from `Run._record` on the event loop: it queues the request's figures for the
-recorder's writer thread (`Recorder.later`), which builds the row there: on the loop a
-request pays one queue put. Building it here (a uid, the settings and metrics as JSON,
-a stat, the load average) was ~0.3 ms of the loop's CPU a request, which on a small
-machine is taken from the model's compute threads (issue 44). Any failure becomes one
-warning line; the request is never affected.
+Called from `Run._record` on the event loop: it only reads a few fields and puts a job
+on the recorder's queue (microseconds). Any failure becomes one warning line; the
+request is never affected.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 
@@ -23,38 +19,18 @@ def record_request(done: Any, *, total_s: float, concurrency: int) -> None:
         rec = telemetry.recorder()
         if not rec.enabled:
             return
-        ended = time.time()
-        rec.later(lambda: _record(rec, done, total_s, concurrency, ended))
+        loaded = done.model  # registry.leases.ResidentModel
+        resolved = loaded.model
+        params = loaded.settings
+        settings = (dataclasses.asdict(params)
+                    if dataclasses.is_dataclass(params) and not isinstance(params, type)
+                    else {})
+        rec.generation(resolved.path, source="server", digest=resolved.digest or None,
+                       name=resolved.name, metrics=done.metrics.to_json(),
+                       settings=settings, concurrency=max(1, concurrency),
+                       total_s=round(total_s, 4), contention="sample")
     except Exception as exc:  # telemetry must never fail a request
-        _warn(exc)
+        from inferenceos.telemetry.db import warn_once
 
-
-def _record(rec: Any, done: Any, total_s: float, concurrency: int, ended: float) -> None:
-    """The record, made in the writer thread (`ended`: when the request ended, the
-    record's timestamp)."""
-    loaded = done.model  # registry.leases.ResidentModel
-    resolved = loaded.model
-    rec.generation(resolved.path, source="server", digest=resolved.digest or None,
-                   name=resolved.name, metrics=done.metrics.to_json(),
-                   settings=_settings(loaded.settings), concurrency=max(1, concurrency),
-                   total_s=round(total_s, 4), contention="sample", ts=ended)
-
-
-_last: list[tuple[Any, dict[str, Any]]] = []  # the last model's settings, as a dict
-
-
-def _settings(params: Any) -> dict[str, Any]:
-    """`params` (a model's LlamaParams) as a dict, made once per loaded model: every
-    request of a model shares its settings object (writer thread only)."""
-    if _last and _last[0][0] is params:
-        return _last[0][1]
-    out = (dataclasses.asdict(params)
-           if dataclasses.is_dataclass(params) and not isinstance(params, type) else {})
-    _last[:] = [(params, out)]
-    return out
-
-
-def _warn(exc: Exception) -> None:
-    from inferenceos.telemetry.db import warn_once
-
-    warn_once("error", f"could not record a request ({exc!r}); requests are unaffected")
+        warn_once("error", f"could not record a request ({exc!r}); requests are "
+                           "unaffected")

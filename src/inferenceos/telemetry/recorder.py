@@ -110,14 +110,6 @@ class _Flush:
     done: threading.Event
 
 
-@dataclass(frozen=True)
-class _Later:
-    """Recording work for the writer thread (`Recorder.later`): `run()` there, the
-    records it makes written then and there (a flush queued after it waits for them)."""
-
-    run: Callable[[], None]
-
-
 class _Stop:
     """Ends the writer thread (`Recorder.close`)."""
 
@@ -135,12 +127,11 @@ class Recorder:
         self.lost = 0  # jobs dropped: failed file, full queue, unknown model
         self._lock = threading.Lock()
         self._pid = -1
-        self._queue: queue.Queue[_Job | _Later | _Flush | _Stop] = queue.Queue(QUEUE_MAX)
+        self._queue: queue.Queue[_Job | _Flush | _Stop] = queue.Queue(QUEUE_MAX)
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._ids: dict[str, int] = {}
         self._locked_until = 0.0  # monotonic: until then, wait briefly for locks
-        self._in_later = False  # the writer thread runs a `later`'s work
 
     # -- public writes ------------------------------------------------------------------
 
@@ -151,11 +142,10 @@ class Recorder:
                    load_uid: str | None = None, concurrency: int = 1,
                    loadavg: float | None = None, extra: Mapping[str, Any] | None = None,
                    contention: Mapping[str, Any] | str | None = None,
-                   ts: float | None = None, **fields: Any) -> None:
-        """One finished generation; `ts`: when it ended (default now). `metrics` may
-        be `GenerationMetrics.to_json()`; `fields` (prompt_tokens, cached_tokens,
-        output_tokens, prefill_tps, decode_tps, ttft_s, total_s, threads, n_ctx,
-        n_batch, n_ubatch, stop_reason) override it;
+                   **fields: Any) -> None:
+        """One finished generation. `metrics` may be `GenerationMetrics.to_json()`;
+        `fields` (prompt_tokens, cached_tokens, output_tokens, prefill_tps, decode_tps,
+        ttft_s, total_s, threads, n_ctx, n_batch, n_ubatch, stop_reason) override it;
         threads and the batch shape default to `settings` (n_threads, n_batch...); a
         drafted generation's draft counters go to `extra`.
         `loadavg` defaults to the 1-minute load average now. `contention` (what the
@@ -193,7 +183,7 @@ class Recorder:
             # what n-gram drafting would have done here: how the planner learns that it
             # pays for a model that never drafted (plan/draft_choice.py)
             extra.setdefault("ngram_replay", dict(metrics["ngram_replay"]))
-        row.update(uid=_uid(), ts=time.time() if ts is None else ts, load_uid=load_uid,
+        row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
                    source=self.source_override or source,
                    concurrency=int(concurrency), settings=_json(dict(settings or {})),
                    loadavg=_loadavg() if loadavg is None else loadavg)
@@ -204,15 +194,6 @@ class Recorder:
         if contention == "sample":
             write = _with_contention(row, write)
         self._submit(_Job(write, model, digest, name))
-
-    def later(self, run: Callable[[], None]) -> None:
-        """Queue `run` for the writer thread, where the records it makes (e.g. a
-        `generation` call) are built and written: a caller on a hot path (the server's
-        event loop, once a request) pays a queue put, not the row (a uid, JSON, a stat,
-        the load average: ~0.3 ms a request, issue 44). A `run` that raises loses its
-        records only (one warning)."""
-        if self.enabled:
-            self._submit(_Later(run))
 
     def load(self, model: ModelRef, *, source: str, load_s: float | None = None,
              settings: Mapping[str, Any] | None = None, plan: Mapping[str, Any] | None = None,
@@ -311,11 +292,7 @@ class Recorder:
 
     # -- the writer thread ---------------------------------------------------------------
 
-    def _submit(self, job: _Job | _Later) -> None:
-        if (isinstance(job, _Job) and self._in_later
-                and threading.current_thread() is self._thread):
-            self._write(job)  # made by a `later`'s run: written before the next item
-            return
+    def _submit(self, job: _Job) -> None:
         self._ensure_thread()
         try:
             self._queue.put_nowait(job)
@@ -350,14 +327,7 @@ class Recorder:
                 item.done.set()
                 continue
             try:
-                if isinstance(item, _Later):
-                    self._in_later = True
-                    try:
-                        item.run()
-                    finally:
-                        self._in_later = False
-                else:
-                    self._write(item)
+                self._write(item)
             except Exception as exc:  # the writer must never die
                 self.lost += 1
                 dbmod.warn_once("error", f"could not record ({exc!r}); the run itself "
