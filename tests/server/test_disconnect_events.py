@@ -37,6 +37,7 @@ class Watch:
     def __init__(self) -> None:
         self.first: float | None = None
         self.ended = threading.Event()
+        self.reader: threading.Thread | None = None  # the thread reading its events
         self._marks = {RUN_S: threading.Event(), 2 * RUN_S: threading.Event()}
 
     def ran(self, seconds: float) -> threading.Event:
@@ -60,6 +61,7 @@ class WatchedLoopEvents:
         return self
 
     async def __anext__(self) -> Any:
+        self.watch.reader = threading.current_thread()
         ev = await self.inner.__anext__()
         self.watch.token()
         return ev
@@ -79,7 +81,7 @@ class WatchedEngine(Engine):
     watches: ClassVar[list[Watch]] = []
     started: ClassVar[threading.Event] = threading.Event()
     threaded: ClassVar[bool] = False
-    hold: ClassVar[threading.Event | None] = None  # set: the job's close waits for it
+    closers: ClassVar[list[threading.Thread]] = []  # where each on-loop close ran
 
     def generate(self, prompt: Any, sampling: Any, cancel: Any = None, **kw: Any) -> Any:
         gen = super().generate(prompt, sampling, cancel, **kw)
@@ -93,9 +95,8 @@ class WatchedEngine(Engine):
                 live = on_loop(loop)
                 return None if live is None else WatchedLoopEvents(live, watch)
 
-            def closed() -> None:  # the job's thread, once the loop stopped reading
-                if WatchedEngine.hold is not None:
-                    WatchedEngine.hold.wait(30)
+            def closed() -> None:  # once the loop stopped reading
+                WatchedEngine.closers.append(threading.current_thread())
                 close()
                 watch.ended.set()
 
@@ -202,24 +203,28 @@ def test_a_client_leaving_stops_its_generation_as_an_event(
     assert r.status_code == 200 and r.json()["done"]
 
 
-def test_a_reply_ends_without_waiting_for_its_generation_thread(
+def test_a_reply_ends_on_the_loop_before_its_last_event(
         served: tuple[Harness, Receives], monkeypatch: pytest.MonkeyPatch) -> None:
-    """At a normal end the loop makes the Done itself: the reply's last event (done:
-    true) is written while the request's generation thread is still held in its close
-    (a hop to that thread and back was two wake-ups on the last event's way)."""
+    """At a normal end the loop ends the generation itself (its close, its lease) and
+    makes the Done: no thread is woken for the reply's end (a hop to the generation's
+    thread and back was two wake-ups on the last event's way). So the close ran on the
+    thread that read the events, before the last event (done: true) was written."""
     h, _ = served
-    hold = threading.Event()
     monkeypatch.setattr(WatchedEngine, "threaded", False)
-    monkeypatch.setattr(WatchedEngine, "hold", hold)
     WatchedEngine.watches.clear()
-    try:
-        with httpx.stream("POST", h.url + "/api/generate", timeout=20, json={
-                "model": "tiny", "prompt": "z", "stream": True,
-                "options": {"num_predict": 5, "temperature": 0}}) as r:
-            lines = [json.loads(line) for line in r.iter_lines() if line]
-        [watch] = WatchedEngine.watches
-        assert lines[-1]["done"] and lines[-1]["eval_count"] == 5
-        assert not watch.ended.is_set()  # the job's thread is still in its close
-    finally:
-        hold.set()
-    assert watch.ended.wait(10)
+    WatchedEngine.closers.clear()
+    with httpx.stream("POST", h.url + "/api/generate", timeout=20, json={
+            "model": "tiny", "prompt": "z", "stream": True,
+            "options": {"num_predict": 5, "temperature": 0}}) as r:
+        lines = []
+        for line in r.iter_lines():
+            if line:
+                lines.append(json.loads(line))
+                if lines[-1]["done"]:
+                    ended_before_last = WatchedEngine.watches[-1].ended.is_set()
+    [watch] = WatchedEngine.watches
+    assert lines[-1]["done"] and lines[-1]["eval_count"] == 5
+    assert ended_before_last
+    assert WatchedEngine.closers == [watch.reader]
+    r = httpx.get(h.url + "/api/ps", timeout=10)  # its lease and tracking are given back
+    assert r.status_code == 200

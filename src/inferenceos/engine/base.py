@@ -188,7 +188,8 @@ class LoopEvents:
     pipe and the loop. It ends as `EngineBase._follow` does: at the Finished (metrics in
     `gen.metrics`), with the reported error at a Failed, and once `cancel` is set.
     `end()` (any thread, once the reading stopped) ends the request: `end(finished)`
-    as `_follow` calls it. `ready()`: whether an event waits to be read."""
+    as `_follow` calls it; the engine's `end` must not wait (it runs on the loop).
+    `ready()`: whether an event waits to be read."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, gen: Generation,
                  cancel: CancelEvent | None, load_s: float,

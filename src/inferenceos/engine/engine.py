@@ -261,16 +261,31 @@ class Engine(EngineBase):
         unwake = cancel.on_set(lambda: q.put(None)) if cancel is not None else _nothing
         gen = Generation(iter(()))
 
-        def end(finished: bool) -> None:
+        def end(finished: bool, wait: bool = True) -> None:
             unwake()
-            # a migration may have moved the request: its worker is the current one now
-            with self._current.route:
+            if not finished:
+                gen.metrics.stop_reason = "interrupted"
+            # a migration may have moved the request: its worker is the current one
+            # now. On an event loop (`wait` False) a migration's hold is not waited for:
+            # a thread ends it once the switch is done
+            if not self._current.route.acquire(blocking=wait):
+                threading.Thread(target=end_routed, args=(finished, True),
+                                 name="end-stream", daemon=True).start()
+                return
+            end_routed(finished, False)
+
+        def end_routed(finished: bool, lock: bool) -> None:
+            """The end, under the route lock (`lock`: take it; else held, released)."""
+            if lock:
+                self._current.route.acquire()
+            try:
                 current = self._worker
                 if not finished:  # closed early or cancelled: free the slot in the worker
-                    gen.metrics.stop_reason = "interrupted"
                     with contextlib.suppress(errors.WorkerDiedError):
                         current.send(Cancel(req_id=req_id))
                 current.done(req_id)
+            finally:
+                self._current.route.release()
             worker.done(req_id)
 
         def abandon() -> None:
@@ -298,7 +313,8 @@ class Engine(EngineBase):
         # reader thread would take it: no hand-over there)
         direct = msg.direct and not ACKNOWLEDGE
         def to_loop(loop: asyncio.AbstractEventLoop) -> LoopEvents:
-            events = LoopEvents(loop, gen, cancel, self.load_s, end,
+            events = LoopEvents(loop, gen, cancel, self.load_s,
+                                lambda finished: end(finished, wait=False),
                                 Handover(attach, stop) if direct else None)
             q.divert(events.put)  # the reader thread delivers to the loop from now on
             return events

@@ -181,6 +181,7 @@ def _job(state: ServerState, req_as_sent: GenRequest,
         load = dict(req.overrides or {})
         policy = load.pop("kv_policy", None)  # a per-request choice, not a load setting
         lease = state.manager.acquire(req.model, req.keep_alive, load or None)
+        kept = False  # an _OnLoop yielded: its end releases the lease, not this job
         try:
             run_req, tool_format = _with_tools(lease.engine, req)
             prompt, reasoning = _prompt(lease.engine, run_req)
@@ -195,13 +196,16 @@ def _job(state: ServerState, req_as_sent: GenRequest,
                 run_req, tool_format = _with_tools(lease.engine, req)
                 prompt, reasoning = _prompt(lease.engine, run_req)
             load_s = time.perf_counter() - t0 if lease.fresh else 0.0
-            yield _Loaded(lease.loaded, load_s, tool_format, reasoning)
+            loaded = _Loaded(lease.loaded, load_s, tool_format, reasoning)
             budget = _budget(run_req, reasoning)
-            yield from _generate(state, lease, prompt, run_req, policy, cancel, load_s,
-                                 BudgetWatch(reasoning, budget) if reasoning and budget
-                                 else None, loop)
+            for item in _generate(state, lease, prompt, run_req, policy, cancel, loaded,
+                                  BudgetWatch(reasoning, budget) if reasoning and budget
+                                  else None, loop):
+                kept = kept or isinstance(item, _OnLoop)
+                yield item
         finally:
-            lease.release()
+            if not kept:
+                lease.release()
     return job
 
 
@@ -215,20 +219,27 @@ def _budget(req: GenRequest, reasoning: Reasoning | None) -> int:
 @dataclass
 class _OnLoop:
     """A generation whose tokens the event loop reads itself (`engine.base.LoopEvents`):
-    `Run` reads `events` (keeping `out` and `active.tokens` through `_count`) and
-    sets `ended` once it stopped reading; the job's thread waits for that, off the
-    token path, then ends the generation and sends the Done. At a normal end (the
-    Finished read) `Run` makes the same Done itself with `done()`: the reply's last
-    event then waits for no hop to the job's thread and back (two wake-ups a request
-    on a machine whose cores the compute threads hold: the client's next request
-    waits for them); the job's own Done is then left unread."""
+    `Run` reads `events` (keeping `out` and `active.tokens` through `_count`) and calls
+    `end()` once it stopped reading, which ends the generation, stops tracking it and
+    releases its lease (`finish`, once, on the calling thread: none of it waits). The
+    job's thread is done once it yielded this: nothing wakes it at the reply's end,
+    and `Run` makes the Done itself with `done()` (two wake-ups a request fewer, on a
+    machine whose cores the compute threads hold: the client's next request waits for
+    them). A cancel set elsewhere ends it too, unless the worker writes the stream:
+    the reading then goes on to the worker's report."""
 
     events: LoopEvents
     gen: Generation
     out: list[int]
     active: ActiveGeneration
     done: Callable[[], Done]
-    ended: threading.Event = field(default_factory=threading.Event)
+    finish: Callable[[], None]
+    _ended: threading.Lock = field(default_factory=threading.Lock)
+
+    def end(self) -> None:
+        """Run `finish` (the first call only; any thread)."""
+        if self._ended.acquire(blocking=False):
+            self.finish()
 
 
 def _count(ev: TokenEvent, out: list[int], active: ActiveGeneration, gen: Generation) -> None:
@@ -242,14 +253,15 @@ def _count(ev: TokenEvent, out: list[int], active: ActiveGeneration, gen: Genera
 
 
 def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req: GenRequest,
-              policy: str | None, cancel: CancelEvent, load_s: float,
+              policy: str | None, cancel: CancelEvent, loaded: _Loaded,
               watch: BudgetWatch | None = None,
               loop: asyncio.AbstractEventLoop | None = None) -> Iterator[Any]:
-    """The token events of one generation on a leased engine, then its Done. With a
-    `watch`, a reasoning section still open after its budget is closed by force and
-    the reply continues (server/reasoning_budget.py). With `loop` (and no watch), an
-    engine that can deliver the tokens to the loop does (an `_OnLoop` is yielded
-    instead of them): no thread wakes per token."""
+    """`loaded`, then the token events of one generation on a leased engine, then its
+    Done. With a `watch`, a reasoning section still open after its budget is closed by
+    force and the reply continues (server/reasoning_budget.py). With `loop` (and no
+    watch), an engine that can deliver the tokens to the loop does: an `_OnLoop` is
+    yielded right after `loaded` (one wake-up of the loop for both) and nothing after
+    it; no thread wakes per token, nor at the end (the `_OnLoop` releases the lease)."""
     active = ActiveGeneration(lease.loaded.model.name, lease.engine.n_ctx, cancel)
     state.track(active)
     extra: dict[str, Any] = {}
@@ -261,47 +273,70 @@ def _generate(state: ServerState, lease: Lease, prompt: str | list[int], run_req
         extra["progress"] = True
     if run_req.direct and loop is not None and watch is None:
         extra["direct"] = True  # (never with a watch: _continue reuses `extra`)
-    gen = lease.engine.generate(prompt, run_req.sampling, cancel, **extra)
+    try:
+        gen = lease.engine.generate(prompt, run_req.sampling, cancel, **extra)
+    except BaseException:
+        state.untrack(active)
+        raise
     out: list[int] = []
     ids = prompt if isinstance(prompt, list) else []
     metrics: GenerationMetrics | None = None
 
     def done() -> Done:  # what ends the reply (the loop makes it too: _OnLoop.done)
-        return Done(metrics or gen.metrics, load_s, lease.loaded, ids, out)
+        return Done(metrics or gen.metrics, loaded.load_s, lease.loaded, ids, out)
 
+    on_loop = getattr(gen.events, "on_loop", None)
+    events = on_loop(loop) if on_loop is not None and loop and watch is None else None
+    if events is not None:
+        live = _on_loop(state, lease, gen, events, out, active, done)
+        try:
+            yield loaded
+        except BaseException:  # (closed before the loop had it: nobody will end it)
+            live.end()
+            raise
+        yield live
+        return
     try:
-        on_loop = getattr(gen.events, "on_loop", None)
-        events = on_loop(loop) if on_loop is not None and loop and watch is None else None
-        if events is not None:
-            live = _OnLoop(events, gen, out, active, done)
-            # the cancel ends the wait too (a reader stuck elsewhere), except while the
-            # worker writes the stream: the reader then reads on to the worker's report
-            # (its end would drop it), and sets `ended` itself
-            unwake = cancel.on_set(lambda: None if live.events.handed_over
-                                   else live.ended.set())
-            yield live
-            live.ended.wait()  # no timeout: the loop's end of reading, or the cancel
-            unwake()
-        else:
-            for ev in gen:
-                _count(ev, out, active, gen)
-                yield ev
-                if watch is not None and watch.feed(ev):
-                    gen.close()
-                    first = gen.metrics
-                    gen = _continue(lease, prompt, out, run_req, watch, cancel, extra)
-                    yield TokenEvent(-1, forced_text(run_req.think.message if run_req.think
-                                                     else ""))
-                    for ev2 in gen:
-                        if ev2.token >= 0:
-                            out.append(ev2.token)
-                        yield ev2
-                    metrics = merged_metrics(first, gen.metrics, len(out))
-                    break
+        yield loaded
+        for ev in gen:
+            _count(ev, out, active, gen)
+            yield ev
+            if watch is not None and watch.feed(ev):
+                gen.close()
+                first = gen.metrics
+                gen = _continue(lease, prompt, out, run_req, watch, cancel, extra)
+                yield TokenEvent(-1, forced_text(run_req.think.message if run_req.think
+                                                 else ""))
+                for ev2 in gen:
+                    if ev2.token >= 0:
+                        out.append(ev2.token)
+                    yield ev2
+                metrics = merged_metrics(first, gen.metrics, len(out))
+                break
     finally:
         gen.close()
         state.untrack(active)
     yield done()
+
+
+def _on_loop(state: ServerState, lease: Lease, gen: Generation, events: LoopEvents,
+             out: list[int], active: ActiveGeneration, done: Callable[[], Done]) -> _OnLoop:
+    """The `_OnLoop` of a generation whose events `events` delivers to the loop."""
+    unwake: list[Callable[[], None]] = []  # (on_set runs its hook at once if set)
+
+    def finish() -> None:
+        for f in unwake:
+            f()
+        gen.close()  # (LoopEvents.end: never waits for a migration)
+        state.untrack(active)
+        lease.release()
+
+    live = _OnLoop(events, gen, out, active, done, finish)
+    # the cancel ends it too, except while the worker writes the stream: the reading
+    # then goes on to the worker's report (its end would drop it), and ends it itself
+    unwake.append(active.cancel.on_set(
+        lambda: None if live.events.handed_over else live.end()))
+    return live
 
 
 def _continue(lease: Lease, prompt: str | list[int], out: list[int], run_req: GenRequest,
@@ -392,15 +427,13 @@ class Run:
                 self._live = live = item
             try:
                 ev = await live.events.__anext__()
-            except StopAsyncIteration:  # its end: the Done, made here at a Finished
+            except StopAsyncIteration:  # its end (a Finished, or cancelled): the Done
                 self._live = None
-                live.ended.set()
-                if live.events.finished:
-                    return live.done()
-                continue  # (cancelled: the job's thread ends it and sends the Done)
+                live.end()
+                return live.done()
             except BaseException:  # its error, or this consumer was cancelled
                 self._live = None
-                live.ended.set()
+                live.end()
                 raise
             _count(ev, live.out, live.active, live.gen)
             return ev
