@@ -8,7 +8,8 @@ for scale, the built-in Gemma 3 270M. Per model, in the same run:
 - `inferenceos serve` at 1, 8 and 32 concurrent streams against llama-server `-np N`:
   streamed, greedy, `ignore_eos`, llama-server's `/completion` dialect on both, plus
   the OpenAI route (`/v1/completions`) on ours. Each load window runs N clients for
-  `--duration` seconds on both servers in turn (order alternating by round); tokens are
+  `--duration` seconds on each server in turn (the order rotated by round, each window
+  once every server is quiet: `settle`); tokens are
   counted as they arrive (`tokens_predicted` of each event; a chunk per token on the
   OpenAI route), so the figure is the steady aggregate t/s, ramp included;
 - the CPU time of every process per generated token (/proc: the HTTP process, its
@@ -39,12 +40,20 @@ median of the rounds' own ratios (both sides of a round share the machine's stat
     .venv/bin/python benchmarks/overhead.py [--models tiny gemma] [--streams 1 8 32]
         [--rounds 2] [--duration 10] [--tokens 128] [--threads 2] [--serve-threads N]
         [--serve-extra ARGS] [--profile] [--no-run] [--no-openai]
-        [--baseline-src OTHER_CHECKOUT/src] [--baseline-env NAME=VALUE ...] [--json FILE]
+        [--baseline-src OTHER_CHECKOUT/src] [--baseline-env NAME=VALUE ...] [--aa]
+        [--json FILE]
 
 `--baseline-src` serves a second `ours` from another checkout's src in the same rounds
 (e.g. `git worktree add /tmp/base <commit>`): a before / after measured side by side.
 `--baseline-env NAME=VALUE ...` serves it with those settings (alone: this checkout's
 src), e.g. `INFERENCEOS_SERVER_DIRECT_WRITES=0`: a setting's effect, side by side.
+`--aa` serves ours twice, the same command in both places: the spread of the per-round
+baseline/ours figures it prints is how much a before / after must exceed to show. Each of
+ours has its own data dir. The slots are not equal (A/A, tiny model: the baseline slot
+~3-7 % ahead at 8 streams, ~4-9 % behind at 32, for reasons not found): run a before /
+after twice with the slots swapped (e.g. `INFERENCEOS_X=0` for the whole run and
+`--baseline-env INFERENCEOS_X=1`, then the other way) and take the geometric mean of the
+two baseline/ours medians, one inverted, as the effect (docs/engine.md, eighth pass).
 """
 
 from __future__ import annotations
@@ -333,19 +342,28 @@ def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
                 str(n), "--ctx", str(ctx), "--queue", str(4 * n), "--threads", str(threads),
                 "--port", "{port}", "--draft", "none"]
 
+    def own_home(name: str) -> dict[str, str]:
+        # one data dir each: two of ours sharing one would share a KV store (its disk
+        # writes and their lock) and a telemetry database
+        return {**env, "INFERENCEOS_HOME": f"{env['INFERENCEOS_HOME']}-{name}"}
+
     out: dict[str, Server] = {}
     try:
         out["ours"] = start("ours", serve(args.serve_threads or args.threads)
-                            + shlex.split(args.serve_extra), env)
+                            + shlex.split(args.serve_extra), own_home("ours"))
         out["llama-server"] = start("llama-server", [
             str(llama_tool("llama-server")), "-m", str(model), "-np", str(n), "-c",
             str(ctx * n), "-t", str(args.threads), "--host", "127.0.0.1", "--port", "{port}"],
             env)
-        if args.baseline_src or args.baseline_env:
+        if args.aa:  # the same command as ours: what the bench alone makes of a pair
+            out["baseline"] = start("baseline", serve(args.serve_threads or args.threads)
+                                    + shlex.split(args.serve_extra), own_home("baseline"))
+        elif args.baseline_src or args.baseline_env:
             extra = dict(kv.split("=", 1) for kv in args.baseline_env)
             if args.baseline_src:
                 extra["PYTHONPATH"] = str(args.baseline_src)
-            out["baseline"] = start("baseline", serve(args.threads), {**env, **extra})
+            out["baseline"] = start("baseline", serve(args.threads),
+                                    {**own_home("baseline"), **extra})
     except BaseException:
         for srv in out.values():
             srv.stop()
@@ -362,6 +380,29 @@ class Measured:
     load: float
     failed: int = 0
     ttft_ms: float = 0.0  # the window's median time to first token
+
+
+QUIET_SHARE = 0.05  # of one CPU: what the servers may still burn when a window starts
+SETTLE_MAX_S = 15.0
+
+
+def settle(srvs: list[Server]) -> float:
+    """Wait until every server is quiet (their processes together under QUIET_SHARE
+    of a CPU over 0.25 s), at most SETTLE_MAX_S; the seconds waited (printed). A window
+    of ours may leave work behind it (the KV store's disk writes of its requests at
+    nice 19, telemetry records) that the next window would pay for; in the eighth
+    pass's runs every server was quiet at the first look (0.3 s), so that is not what
+    favours one slot (docs/engine.md, "Who waits at the barrier")."""
+    pids = [pid for srv in srvs for pid in srv.pids.values()]
+    t0 = time.monotonic()
+    before = sum(cpu_s(p) for p in pids)
+    while time.monotonic() - t0 < SETTLE_MAX_S:
+        time.sleep(0.25)
+        now = sum(cpu_s(p) for p in pids)
+        if now - before < QUIET_SHARE * 0.25:
+            break
+        before = now
+    return time.monotonic() - t0
 
 
 def measure(srv: Server, n: int, args: argparse.Namespace, openai: bool = False) -> Measured:
@@ -525,6 +566,7 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
     srvs = servers(model, n, args, env)
     rows: dict[str, list[Measured]] = {"ours": [], "llama-server": [], "ours openai": [],
                                        "baseline": []}
+    waited: list[float] = []  # settle() before each window
     try:
         for r in range(args.rounds):
             order = [("ours", srvs["ours"], False), ("llama-server", srvs["llama-server"], False)]
@@ -532,7 +574,10 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
                 order.append(("ours openai", srvs["ours"], True))
             if "baseline" in srvs:
                 order.append(("baseline", srvs["baseline"], False))
-            for name, srv, openai in order if r % 2 == 0 else list(reversed(order)):
+            # rotated, so over len(order) rounds each window takes each place once (a
+            # window after another server's can differ from the first of a round)
+            for name, srv, openai in order[r % len(order):] + order[:r % len(order)]:
+                waited.append(settle(list(srvs.values())))
                 rows[name].append(measure(srv, n, args, openai))
         stages = profile(srvs["ours"], n, args) if args.profile else {}
     finally:
@@ -544,12 +589,18 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
           f"{statistics.median(their_tps):8.1f}  ratio {ratio(ours_tps, their_tps):5.3f}  "
           f"rounds {[round(x) for x in ours_tps]} / {[round(x) for x in their_tps]}  "
           f"load {[round(m.load, 2) for m in rows['ours']]}", flush=True)
-    for name, label in (("ours openai", "OpenAI route"), ("baseline", "baseline serve")):
+    print(f"      settled before each window: {min(waited):.1f}-{max(waited):.1f} s")
+    for name, label in (("ours openai", "OpenAI route"),
+                        ("baseline", "A/A copy" if args.aa else "baseline serve")):
         if rows[name]:
             xs = [m.tps for m in rows[name]]
             print(f"      {label:<15} {statistics.median(xs):8.1f} t/s  ratio to llama-server "
                   f"{ratio(xs, their_tps):5.3f}  rounds {[round(x) for x in xs]}  load "
                   f"{[round(m.load, 2) for m in rows[name]]}")
+    if rows["baseline"]:
+        per_round = [b.tps / o.tps for b, o in zip(rows["baseline"], rows["ours"], strict=True)]
+        print(f"      baseline / ours by round {[round(x, 3) for x in per_round]}  "
+              f"median {statistics.median(per_round):5.3f}" + ("  (A/A)" if args.aa else ""))
     for name, ms in rows.items():
         if not ms:
             continue
@@ -589,6 +640,9 @@ def main() -> int:
     ap.add_argument("--baseline-env", nargs="+", default=[], metavar="NAME=VALUE",
                     help="also serve with these environment settings (this src, or "
                          "--baseline-src's), e.g. INFERENCEOS_SERVER_DIRECT_WRITES=0")
+    ap.add_argument("--aa", action="store_true",
+                    help="the baseline is ours again (same src, flags and settings): the "
+                         "difference two identical servers show is the run's noise floor")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="overhead-"))
