@@ -220,7 +220,8 @@ def _budget(req: GenRequest, reasoning: Reasoning | None) -> int:
 class _OnLoop:
     """A generation whose tokens the event loop reads itself (`engine.base.LoopEvents`):
     `Run` reads `events` (keeping `out` and `active.tokens` through `_count`) and calls
-    `end()` once it stopped reading, which ends the generation, stops tracking it and
+    `end()` once it stopped reading (after a Finished: once the reply's last event is
+    written, in `Run.close`), which ends the generation, stops tracking it and
     releases its lease (`finish`, once, on the calling thread: none of it waits). The
     job's thread is done once it yielded this: nothing wakes it at the reply's end,
     and `Run` makes the Done itself with `done()` (two wake-ups a request fewer, on a
@@ -406,6 +407,7 @@ class Run:
         self.reasoning: Reasoning | None = None  # set for a chat with a reasoning section
         self.scored: list[TokenEvent] = []  # collect(): the events carrying logprobs
         self._live: _OnLoop | None = None  # tokens the loop reads itself, while it does
+        self._ending: _OnLoop | None = None  # read to its end; close() ends it
 
     async def _begin(self) -> None:
         loaded = await self._stream.__anext__()
@@ -429,7 +431,10 @@ class Run:
                 ev = await live.events.__anext__()
             except StopAsyncIteration:  # its end (a Finished, or cancelled): the Done
                 self._live = None
-                live.end()
+                if live.events.finished:  # ended in close(), after the last event's write
+                    self._ending = live
+                else:  # cancelled: the end marks it interrupted, as its Done says
+                    live.end()
                 return live.done()
             except BaseException:  # its error, or this consumer was cancelled
                 self._live = None
@@ -531,6 +536,8 @@ class Run:
         return "".join(parts), done
 
     async def close(self) -> None:
+        if self._ending is not None:  # (nothing in it waits: see _OnLoop)
+            self._ending.end()
         await self._stream.aclose()
         self._ticket.leave()
 
