@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 import struct
-import wave
-import zlib
 
 import pytest
 from PIL import Image
@@ -20,6 +17,7 @@ from inferenceos.media.image import decode_image, decode_video
 from inferenceos.media.item import MEDIA_MARKER
 from inferenceos.media.limits import MediaLimits
 from inferenceos.media.source import decode_base64, media_bytes
+from media_samples import png_declaring, wav_bytes
 
 
 def encode(im: Image.Image, fmt: str, **kw: object) -> bytes:
@@ -43,18 +41,6 @@ def pixel(item: object, x: int, y: int) -> tuple[int, int, int]:
 
 def data_url(raw: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64," + base64.b64encode(raw).decode()
-
-
-def wav_bytes(seconds: float, rate: int = 16000, channels: int = 1) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        n = int(seconds * rate)
-        w.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(i / 8))) * channels
-                               for i in range(n)))
-    return buf.getvalue()
 
 
 # -- images ----------------------------------------------------------------------------
@@ -175,24 +161,14 @@ def test_corrupt_jpeg_is_refused() -> None:
         decode_image(bytes(raw[:300]))
 
 
-def _png_declaring(w: int, h: int) -> bytes:
-    """A valid-looking PNG header that declares w x h pixels, with one tiny IDAT."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return (struct.pack(">I", len(body)) + kind + body
-                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
-            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
-
-
 def test_decompression_bomb_is_refused_from_its_header() -> None:
-    bomb = _png_declaring(100_000, 100_000)  # 10 G pixels in 100 bytes
+    bomb = png_declaring(100_000, 100_000)  # 10 G pixels in 100 bytes
     assert len(bomb) < 200
     with pytest.raises(MediaError, match="pixels"):
         decode_image(bomb)
     # below Pillow's own guard but above ours: still refused before decoding
     with pytest.raises(MediaError, match=r"8000x8000 pixels \(64 M\); the limit is 50 M"):
-        decode_image(_png_declaring(8000, 8000))
+        decode_image(png_declaring(8000, 8000))
 
 
 def test_non_images_are_refused_by_name() -> None:

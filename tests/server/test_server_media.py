@@ -108,10 +108,10 @@ def test_hostile_image_urls_are_400s(oai: openai.OpenAI, url: str, words: str) -
 
 
 def test_decompression_bomb_is_a_400(oai: openai.OpenAI) -> None:
-    from test_media_input import _png_declaring
+    from media_samples import png_declaring
 
     with pytest.raises(openai.BadRequestError, match="pixels"):
-        _chat(oai, [_image_part(_png_declaring(100_000, 100_000))])
+        _chat(oai, [_image_part(png_declaring(100_000, 100_000))])
 
 
 def test_a_model_without_projector_says_so(oai: openai.OpenAI) -> None:
@@ -126,7 +126,7 @@ def test_forged_marker_text_is_a_400(oai: openai.OpenAI) -> None:
 
 
 def test_audio_to_a_vision_only_projector_is_a_400(oai: openai.OpenAI) -> None:
-    from test_media_input import wav_bytes
+    from media_samples import wav_bytes
 
     part = {"type": "input_audio",
             "input_audio": {"data": base64.b64encode(wav_bytes(0.2)).decode(),

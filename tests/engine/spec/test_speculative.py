@@ -184,7 +184,9 @@ def test_request_may_not_load_an_unplanned_drafter(lm: LoadedModel) -> None:
         sched.submit(Request(2, lm.tokenize("abc"), GREEDY, draft="/etc/passwd.gguf"))
     with pytest.raises(UsageError, match="unknown drafter"):
         Scheduler(lm, N_SLOTS, 64, draft="bogus")
-    sched.submit(Request(3, lm.tokenize("abc"), SamplingParams(max_tokens=4, draft="ngram")))
+    # (ignore_eos: a sampled reply, with a fresh seed each run, may end at 3 tokens)
+    sched.submit(Request(3, lm.tokenize("abc"), SamplingParams(max_tokens=4, draft="ngram",
+                                                               ignore_eos=True)))
     assert len(drain(sched)[0][3]) == 4
     sched.close()
 
