@@ -41,19 +41,19 @@ median of the rounds' own ratios (both sides of a round share the machine's stat
         [--rounds 2] [--duration 10] [--tokens 128] [--threads 2] [--serve-threads N]
         [--serve-extra ARGS] [--profile] [--no-run] [--no-openai]
         [--baseline-src OTHER_CHECKOUT/src] [--baseline-env NAME=VALUE ...] [--aa]
-        [--json FILE]
+        [--both-ways] [--baseline-first] [--json FILE]
 
 `--baseline-src` serves a second `ours` from another checkout's src in the same rounds
 (e.g. `git worktree add /tmp/base <commit>`): a before / after measured side by side.
 `--baseline-env NAME=VALUE ...` serves it with those settings (alone: this checkout's
 src), e.g. `INFERENCEOS_SERVER_DIRECT_WRITES=0`: a setting's effect, side by side.
+`--both-ways` runs each stream count a second time with the two of ours trading places
+and prints the baseline's effect with the slots' bias cancelled (below).
 `--aa` serves ours twice, the same command in both places: the spread of the per-round
 baseline/ours figures it prints is how much a before / after must exceed to show. Each of
 ours has its own data dir. The slots are not equal (A/A, tiny model: the baseline slot
-~3-7 % ahead at 8 streams, ~4-9 % behind at 32, for reasons not found): run a before /
-after twice with the slots swapped (e.g. `INFERENCEOS_X=0` for the whole run and
-`--baseline-env INFERENCEOS_X=1`, then the other way) and take the geometric mean of the
-two baseline/ours medians, one inverted, as the effect (docs/engine.md, eighth pass).
+~3-7 % ahead at 8 streams, ~4-9 % behind at 32, for reasons not found): a before /
+after is run `--both-ways` (docs/engine.md, eighth pass).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import shlex
@@ -331,10 +332,12 @@ def start(name: str, cmd: list[str], env: dict[str, str]) -> Server:
     return srv
 
 
-def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
-            ) -> dict[str, Server]:
+def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str],
+            swapped: bool = False) -> dict[str, Server]:
     """ours, llama-server and, with --baseline-src, ours from that checkout's src (with
-    --threads; --serve-threads and --serve-extra are ours' own)."""
+    --threads; --serve-threads and --serve-extra are ours' own). `swapped`: the two of
+    ours trade places (ours runs the baseline's src and settings, the baseline this
+    checkout's), for --both-ways."""
     ctx = max(512, args.tokens + 64)
 
     def serve(threads: int) -> list[str]:
@@ -347,23 +350,29 @@ def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
         # writes and their lock) and a telemetry database
         return {**env, "INFERENCEOS_HOME": f"{env['INFERENCEOS_HOME']}-{name}"}
 
+    ours = serve(args.serve_threads or args.threads) + shlex.split(args.serve_extra)
+    launches = [("ours", ours, own_home("ours")),
+                ("llama-server", [
+                    str(llama_tool("llama-server")), "-m", str(model), "-np", str(n), "-c",
+                    str(ctx * n), "-t", str(args.threads), "--host", "127.0.0.1", "--port",
+                    "{port}"], env)]
+    if args.aa:  # the same command as ours: what the bench alone makes of a pair
+        launches.append(("baseline", ours, own_home("baseline")))
+    elif args.baseline_src or args.baseline_env:
+        extra = dict(kv.split("=", 1) for kv in args.baseline_env)
+        if args.baseline_src:
+            extra["PYTHONPATH"] = str(args.baseline_src)
+        launches.append(("baseline", serve(args.threads), {**own_home("baseline"), **extra}))
+        if swapped:  # each of ours in the other's place, its data dir with it
+            here = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}
+            launches[0] = ("ours", serve(args.threads), {**own_home("ours"), **extra})
+            launches[2] = ("baseline", ours, {**own_home("baseline"), **here})
+    if args.baseline_first:
+        launches.reverse()
     out: dict[str, Server] = {}
     try:
-        out["ours"] = start("ours", serve(args.serve_threads or args.threads)
-                            + shlex.split(args.serve_extra), own_home("ours"))
-        out["llama-server"] = start("llama-server", [
-            str(llama_tool("llama-server")), "-m", str(model), "-np", str(n), "-c",
-            str(ctx * n), "-t", str(args.threads), "--host", "127.0.0.1", "--port", "{port}"],
-            env)
-        if args.aa:  # the same command as ours: what the bench alone makes of a pair
-            out["baseline"] = start("baseline", serve(args.serve_threads or args.threads)
-                                    + shlex.split(args.serve_extra), own_home("baseline"))
-        elif args.baseline_src or args.baseline_env:
-            extra = dict(kv.split("=", 1) for kv in args.baseline_env)
-            if args.baseline_src:
-                extra["PYTHONPATH"] = str(args.baseline_src)
-            out["baseline"] = start("baseline", serve(args.threads),
-                                    {**own_home("baseline"), **extra})
+        for name, cmd, launch_env in launches:
+            out[name] = start(name, cmd, launch_env)
     except BaseException:
         for srv in out.values():
             srv.stop()
@@ -561,9 +570,12 @@ def run_decode(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"ours": ours, "llama_bench": theirs, "ratio": ratio(ours, theirs), "load": loads}
 
 
-def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, str]
-                ) -> dict[str, Any]:
-    srvs = servers(model, n, args, env)
+def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, str],
+                swapped: bool = False) -> dict[str, Any]:
+    if swapped:
+        print(f"  {n:>2} streams, the other way round (ours: the baseline's code and "
+              "settings; baseline: this checkout's):", flush=True)
+    srvs = servers(model, n, args, env, swapped)
     rows: dict[str, list[Measured]] = {"ours": [], "llama-server": [], "ours openai": [],
                                        "baseline": []}
     waited: list[float] = []  # settle() before each window
@@ -612,9 +624,20 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
               + f"  TTFT p50 {ttft:5.1f} ms")
     out: dict[str, Any] = {k: [m.__dict__ for m in v] for k, v in rows.items()}
     out["ratio"] = ratio(ours_tps, their_tps)
+    if rows["baseline"]:
+        out["baseline_over_ours"] = ratio([m.tps for m in rows["baseline"]], ours_tps)
     if stages:
         out["stages"] = print_stages(n, stages, os.getloadavg()[0])
     return out
+
+
+def both_ways(n: int, first: dict[str, Any], swapped: dict[str, Any]) -> None:
+    """The baseline's effect with the slots' own bias cancelled: x = bias * B/A (first
+    run), y = bias * A/B (swapped), so B/A = sqrt(x / y) and the bias sqrt(x * y)."""
+    x, y = first["baseline_over_ours"], swapped["baseline_over_ours"]
+    print(f"  {n:>2} streams both ways: the baseline's code and settings against this "
+          f"checkout's {math.sqrt(x / y):5.3f} (slots' bias cancelled; the baseline slot's "
+          f"own {math.sqrt(x * y):5.3f})", flush=True)
 
 
 def main() -> int:
@@ -643,6 +666,13 @@ def main() -> int:
     ap.add_argument("--aa", action="store_true",
                     help="the baseline is ours again (same src, flags and settings): the "
                          "difference two identical servers show is the run's noise floor")
+    ap.add_argument("--both-ways", action="store_true",
+                    help="with --baseline-src/--baseline-env: each stream count again with "
+                         "the two of ours trading places; prints the effect with the "
+                         "slots' bias cancelled")
+    ap.add_argument("--baseline-first", action="store_true",
+                    help="start the servers in the other order (the baseline first, ours "
+                         "last): whether the start order is what favours a slot")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="overhead-"))
@@ -660,6 +690,9 @@ def main() -> int:
                 res["run"] = run_decode(model, args)
             for n in args.streams:
                 res[f"serve{n}"] = run_streams(model, n, args, env)
+                if args.both_ways and "baseline_over_ours" in res[f"serve{n}"]:
+                    res[f"serve{n} swapped"] = run_streams(model, n, args, env, swapped=True)
+                    both_ways(n, res[f"serve{n}"], res[f"serve{n} swapped"])
             result[name] = res
     finally:  # the servers' data dir holds their KV cache: 50-200 MB a run, left behind
         shutil.rmtree(folder, ignore_errors=True)

@@ -151,7 +151,8 @@ def main() -> int:
         # overhead.py's two servers as at 8 streams (8 slots of 512 cells, 2 threads)
         srv = servers(tiny_model(folder), 8, argparse.Namespace(
             tokens=args.tokens, threads=args.threads, serve_threads=0, serve_extra="",
-            baseline_src=None, baseline_env=[], aa=False), env)
+            baseline_src=None, baseline_env=[], aa=False, baseline_first=False,
+            both_ways=False), env)
         try:
             for r in range(args.rounds):
                 print(f"  round {r + 1} ({loadavg()})", flush=True)
