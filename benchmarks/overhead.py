@@ -362,11 +362,13 @@ def servers(model: Path, n: int, args: argparse.Namespace, env: dict[str, str],
         extra = dict(kv.split("=", 1) for kv in args.baseline_env)
         if args.baseline_src:
             extra["PYTHONPATH"] = str(args.baseline_src)
-        launches.append(("baseline", serve(args.threads), {**own_home("baseline"), **extra}))
-        if swapped:  # each of ours in the other's place, its data dir with it
+        mine: tuple[list[str], dict[str, str]] = (ours, {})
+        theirs = (serve(args.threads), extra)
+        if swapped:  # each of ours in the other's place (this src named, as theirs is)
             here = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}
-            launches[0] = ("ours", serve(args.threads), {**own_home("ours"), **extra})
-            launches[2] = ("baseline", ours, {**own_home("baseline"), **here})
+            mine, theirs = theirs, (ours, here)
+        launches[0] = ("ours", mine[0], {**own_home("ours"), **mine[1]})
+        launches.append(("baseline", theirs[0], {**own_home("baseline"), **theirs[1]}))
     if args.baseline_first:
         launches.reverse()
     out: dict[str, Server] = {}
@@ -609,10 +611,12 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
             print(f"      {label:<15} {statistics.median(xs):8.1f} t/s  ratio to llama-server "
                   f"{ratio(xs, their_tps):5.3f}  rounds {[round(x) for x in xs]}  load "
                   f"{[round(m.load, 2) for m in rows[name]]}")
-    if rows["baseline"]:
-        per_round = [b.tps / o.tps for b, o in zip(rows["baseline"], rows["ours"], strict=True)]
-        print(f"      baseline / ours by round {[round(x, 3) for x in per_round]}  "
-              f"median {statistics.median(per_round):5.3f}" + ("  (A/A)" if args.aa else ""))
+    base_tps = [m.tps for m in rows["baseline"]]
+    over = ratio(base_tps, ours_tps) if base_tps else None  # (median of the rounds')
+    if over is not None:
+        per_round = [round(b / o, 3) for b, o in zip(base_tps, ours_tps, strict=True) if o]
+        print(f"      baseline / ours by round {per_round}  median {over:5.3f}"
+              + ("  (A/A)" if args.aa else ""))
     for name, ms in rows.items():
         if not ms:
             continue
@@ -624,8 +628,8 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
               + f"  TTFT p50 {ttft:5.1f} ms")
     out: dict[str, Any] = {k: [m.__dict__ for m in v] for k, v in rows.items()}
     out["ratio"] = ratio(ours_tps, their_tps)
-    if rows["baseline"]:
-        out["baseline_over_ours"] = ratio([m.tps for m in rows["baseline"]], ours_tps)
+    if over is not None:
+        out["baseline_over_ours"] = over
     if stages:
         out["stages"] = print_stages(n, stages, os.getloadavg()[0])
     return out

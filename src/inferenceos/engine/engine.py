@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from multiprocessing.reduction import ACKNOWLEDGE
 from pathlib import Path
@@ -261,31 +261,34 @@ class Engine(EngineBase):
         unwake = cancel.on_set(lambda: q.put(None)) if cancel is not None else _nothing
         gen = Generation(iter(()))
 
+        def under_route(fn: Callable[[], None], name: str) -> None:
+            """A thread running `fn()` under the route lock: from an event loop, which
+            never waits for a migration's hold of it."""
+            def run() -> None:
+                with self._current.route:
+                    fn()
+            threading.Thread(target=run, name=name, daemon=True).start()
+
         def end(finished: bool, wait: bool = True) -> None:
             unwake()
             if not finished:
                 gen.metrics.stop_reason = "interrupted"
-            # a migration may have moved the request: its worker is the current one
-            # now. On an event loop (`wait` False) a migration's hold is not waited for:
-            # a thread ends it once the switch is done
-            if not self._current.route.acquire(blocking=wait):
-                threading.Thread(target=end_routed, args=(finished, True),
-                                 name="end-stream", daemon=True).start()
-                return
-            end_routed(finished, False)
+            if self._current.route.acquire(blocking=wait):
+                try:
+                    end_routed(finished)
+                finally:
+                    self._current.route.release()
+            else:  # on an event loop (`wait` False), a migration holding the lock
+                under_route(lambda: end_routed(finished), "end-stream")
 
-        def end_routed(finished: bool, lock: bool) -> None:
-            """The end, under the route lock (`lock`: take it; else held, released)."""
-            if lock:
-                self._current.route.acquire()
-            try:
-                current = self._worker
-                if not finished:  # closed early or cancelled: free the slot in the worker
-                    with contextlib.suppress(errors.WorkerDiedError):
-                        current.send(Cancel(req_id=req_id))
-                current.done(req_id)
-            finally:
-                self._current.route.release()
+        def end_routed(finished: bool) -> None:
+            # under the route lock: a migration may have moved the request, so its
+            # worker is the current one now
+            current = self._worker
+            if not finished:  # closed early or cancelled: free the slot in the worker
+                with contextlib.suppress(errors.WorkerDiedError):
+                    current.send(Cancel(req_id=req_id))
+            current.done(req_id)
             worker.done(req_id)
 
         def abandon() -> None:
@@ -305,9 +308,9 @@ class Engine(EngineBase):
 
         def stop() -> None:  # on an event loop: the route lock may be held, so a thread
             def send() -> None:
-                with self._current.route, contextlib.suppress(errors.WorkerDiedError):
+                with contextlib.suppress(errors.WorkerDiedError):
                     self._worker.send(Cancel(req_id=req_id))
-            threading.Thread(target=send, name="stop-direct", daemon=True).start()
+            under_route(send, "stop-direct")
 
         # (where the descriptor's sender waits for an acknowledgement, as on macOS, the
         # reader thread would take it: no hand-over there)
