@@ -108,6 +108,10 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting("server.direct_writes", bool, True,
             "The model worker writes a plain stream's tokens to the client itself, "
             "instead of waking the HTTP side per token (off: every token through it)"),
+    Setting("server.stream_interval_ms", float, 5.0,
+            "With direct writes, a stream's tokens that come faster than this are written "
+            "together, one send per this many ms at most (0: one send per step)",
+            _range(0, 1000)),
     Setting("run.threads", int, 0, "CPU threads for llama.cpp (0: automatic)",
             _range(0, 4096)),
     Setting("run.n_ctx", int, 0, "Context length in tokens (0: from the plan)",

@@ -105,4 +105,5 @@ class ListenOptions:
             media_fetch=self.allow_media_urls or bool(cfg.get("server.media_fetch")),
             shutdown_grace_s=float(cfg.get("server.shutdown_grace_s")),
             direct_writes=bool(cfg.get("server.direct_writes")),
+            stream_interval_ms=float(cfg.get("server.stream_interval_ms")),
         )

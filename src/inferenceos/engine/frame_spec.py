@@ -47,13 +47,17 @@ class FrameSpec:
 
     `chunked`: each write is one HTTP/1.1 chunk (the response's transfer coding).
     `skip_empty`: a token without text is no event (OpenAI's chunks); else only a flush
-    without text is none (llama-server's events carry every token)."""
+    without text is none (llama-server's events carry every token).
+    `interval_s`: the longest the stream goes without a write while its events wait for
+    the next step's (engine/worker/direct.py; `server.stream_interval_ms`); 0: each
+    step's events are written at once."""
 
     parts: tuple[str, ...]
     fields: tuple[str, ...]
     n_base: int = 0
     chunked: bool = True
     skip_empty: bool = False
+    interval_s: float = 0.0
 
     @property
     def stamped(self) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -111,7 +112,9 @@ class DirectStream(ClosingStreamingResponse):
         frame = self._frame()
         if frame is None:
             return True
-        return self._run().attach(frame, fd, transport.write)
+        run = self._run()
+        frame = replace(frame, interval_s=run.state.settings.stream_interval_ms / 1000)
+        return run.attach(frame, fd, transport.write)
 
 
 def direct_response(events: AsyncIterator[Event], framing: Framing, cleanup: Cleanup,

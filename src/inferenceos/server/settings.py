@@ -54,6 +54,8 @@ class ServerSettings:
     lora: tuple[tuple[str, float], ...] = ()
     # a plain stream's tokens written by the model worker itself (server/direct_stream.py)
     direct_writes: bool = True
+    # ... and written together while they come faster than this (engine/worker/direct.py)
+    stream_interval_ms: float = 5.0
     version: str = field(default="")
 
     @property

@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing.reduction import send_handle
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ from inferenceos.engine.worker.direct import DirectSinks
 from inferenceos.engine.worker.main import _Inbox
 
 SPEC = FrameSpec(('data: {"c":', ',"t":', ',"n":', "}\n\n"), ("text", "tokens", "n"), 10)
+HELD = replace(SPEC, interval_s=0.005)  # a stream written at most every 5 ms
 END = Finished(1, GenerationMetrics(stop_reason="length"))
 
 
@@ -206,3 +208,75 @@ def test_an_attach_of_what_is_not_a_socket_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         os.fstat(fd)
     assert sinks.route([TokenOut(1, 2, "x")]) == [TokenOut(1, 2, "x")]  # still kept
+
+
+class _Clock:
+    """time.monotonic for direct.py, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _chunk_count(data: bytes) -> int:
+    n = 0
+    while data:
+        size, _, rest = data.partition(b"\r\n")
+        data = rest[int(size, 16) + 2:]
+        n += 1
+    return n
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    import inferenceos.engine.worker.direct as direct
+
+    c = _Clock()
+    monkeypatch.setattr(direct.time, "monotonic", c)
+    return c
+
+
+def test_a_fast_streams_events_share_one_send_within_the_interval(
+        pair: tuple[socket.socket, socket.socket], clock: _Clock) -> None:
+    """Steps 1 ms apart with a 5 ms interval: the events wait while the next step's
+    write would still come within 5 ms of the last, then go in one send (one chunk),
+    each still an event of its own, in order."""
+    ours, client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)  # written at 100.000 (nothing yet)
+    sinks.route([])  # a step at 100.000: the next ones come 1 ms apart
+    for t, tok in ((0.001, 1), (0.002, 2)):
+        clock.now = 100 + t
+        assert sinks.route([TokenOut(1, tok, f"t{tok}")]) == []
+        assert _read_all(client) == b"", "held: the next step's write is soon enough"
+    clock.now = 100.0035  # the next step would land past 5 ms: written now
+    assert sinks.route([TokenOut(1, 3, "t3")]) == []
+    got = _read_all(client)
+    assert _chunk_count(got) == 1
+    assert _chunks(got) == b"".join(_frame(i, f"t{i}", i) for i in (1, 2, 3))
+
+
+def test_held_events_go_with_the_streams_end_or_once_due(
+        pair: tuple[socket.socket, socket.socket], clock: _Clock) -> None:
+    """A held event is written by the next step that is due even without a token of
+    its own (another stream's step), and whatever is held goes before the final report."""
+    ours, client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)
+    sinks.route([])  # a step at 100.000
+    clock.now = 100.001
+    sinks.route([TokenOut(1, 1, "a")])
+    assert _read_all(client) == b""
+    other = TokenOut(2, 9, "other stream")
+    clock.now = 100.006
+    assert sinks.route([other]) == [other]
+    assert _chunks(_read_all(client)) == _frame(1, "a", 1)
+    clock.now = 100.0061
+    sinks.route([TokenOut(1, 2, "b")])  # held again
+    wrote, end = sinks.route([END])
+    assert isinstance(wrote, Wrote) and wrote.final and wrote.ids == (1, 2) and end == END
+    assert _chunks(_read_all(client)) == _frame(2, "b", 2)
