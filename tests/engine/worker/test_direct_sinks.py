@@ -280,3 +280,21 @@ def test_held_events_go_with_the_streams_end_or_once_due(
     wrote, end = sinks.route([END])
     assert isinstance(wrote, Wrote) and wrote.final and wrote.ids == (1, 2) and end == END
     assert _chunks(_read_all(client)) == _frame(2, "b", 2)
+
+
+def test_a_step_without_events_writes_a_held_stream_that_is_due(
+        pair: tuple[socket.socket, socket.socket], clock: _Clock) -> None:
+    """The worker routes a step without events while a stream is held (`holding`): a
+    long step (a media chunk, a prefill) does not hold its events past the next one."""
+    ours, client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)
+    sinks.route([])
+    clock.now = 100.001
+    sinks.route([TokenOut(1, 1, "a")])
+    assert sinks.holding and _read_all(client) == b""
+    clock.now = 100.05  # a long step, no events of its own
+    assert sinks.route([]) == []
+    assert not sinks.holding
+    assert _chunks(_read_all(client)) == _frame(1, "a", 1)

@@ -133,6 +133,11 @@ class DirectSinks:
         self._held: dict[int, _Sink] = {}  # attached streams whose framed events wait
         self._routed = 0.0  # when route last ran: a step's length is the time between
 
+    @property
+    def holding(self) -> bool:
+        """Whether some stream's framed events wait for a later write (see `route`)."""
+        return bool(self._held)
+
     def expect(self, req_id: int) -> None:
         """Keep `req_id`'s token events: an Attach may follow (`Generate.direct`)."""
         self._sinks[req_id] = _Sink()

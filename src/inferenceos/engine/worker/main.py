@@ -366,8 +366,8 @@ def _serve(conn: Connection, rt: _Runtime) -> None:
         # busy, take what has arrived before each step
         while inbox.take(block=not core.has_work()):
             for events in core.steps(lambda: inbox.take(block=False)):
-                if not events:
-                    continue
+                if not events and not inbox.sinks.holding:
+                    continue  # (a step without events still writes a held stream due)
                 rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
                                      for e in events))
                 out = inbox.sinks.route(events)  # a direct stream's tokens: written here
