@@ -298,3 +298,21 @@ def test_a_step_without_events_writes_a_held_stream_that_is_due(
     assert sinks.route([]) == []
     assert not sinks.holding
     assert _chunks(_read_all(client)) == _frame(1, "a", 1)
+
+
+def test_a_messages_answer_does_not_shorten_the_expected_step(
+        pair: tuple[socket.socket, socket.socket], clock: _Clock) -> None:
+    """Steps 4 ms apart with a 5 ms interval: each step's events go at once (holding them
+    would make the next write 8 ms late), also when a message was answered just before
+    the step (`route(step=False)`: not a step, so not the cadence)."""
+    ours, client = pair
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)
+    sinks.route([])  # a step at 100.000
+    clock.now = 100.0039
+    assert sinks.route([TokenOut(2, 9, "other")], step=False) == [TokenOut(2, 9, "other")]
+    clock.now = 100.004
+    sinks.route([TokenOut(1, 1, "a")])
+    assert not sinks.holding
+    assert _chunks(_read_all(client)) == _frame(1, "a", 1)

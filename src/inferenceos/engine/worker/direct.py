@@ -169,10 +169,11 @@ class DirectSinks:
         error = sink.flush()
         return self._failed(req_id, sink, error) if error else []
 
-    def route(self, events: Sequence[FromWorker]) -> list[FromWorker]:
-        """`events` (a step's, or a request's answer) less the tokens written here, with
-        a `Wrote` before the end of each stream written here; writes each attached
-        stream's new events in one send."""
+    def route(self, events: Sequence[FromWorker], step: bool = True) -> list[FromWorker]:
+        """`events` (a step's, or with `step` False a message's answer) less the tokens
+        written here, with a `Wrote` before the end of each stream written here; writes
+        each attached stream's new events in one send, or holds them (module docstring:
+        the time between two steps' calls is what the next step is expected to take)."""
         if not self._sinks:
             return list(events)
         out: list[FromWorker] = []
@@ -199,14 +200,16 @@ class DirectSinks:
                         out.append(sink.stop(ev.req_id))
                 out.append(ev)
         now = time.monotonic()
-        step, self._routed = now - self._routed, now
+        ahead = now - self._routed  # the next step's write, expected this much later
+        if step:
+            self._routed = now
         self._held.update(touched)
         for req_id, sink in list(self._held.items()):
             if sink.sock is None or req_id not in self._sinks:
                 del self._held[req_id]  # ended (its stop wrote what it held)
                 continue
             assert sink.spec is not None
-            if now + step - sink.sent_at < sink.spec.interval_s and not sink.unsent:
+            if now + ahead - sink.sent_at < sink.spec.interval_s and not sink.unsent:
                 continue  # the next step's write is soon enough: one send for both
             del self._held[req_id]
             sink.sent_at = now

@@ -424,7 +424,7 @@ class _Inbox:
             self.sinks.expect(msg.req_id)
         before = self.sinks.detach_all() if isinstance(msg, ExportLive) else []
         events = _dispatch(msg, self.rt)
-        return None if events is None else self.sinks.route([*before, *events])
+        return None if events is None else self.sinks.route([*before, *events], step=False)
 
     def _attach(self, msg: Attach) -> list[FromWorker]:
         """Take the descriptor that follows `msg` and the stream; a descriptor that
