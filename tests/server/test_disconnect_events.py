@@ -221,3 +221,5 @@ def test_a_reply_ends_on_the_loop_after_its_last_event(
     assert lines[-1]["done"] and lines[-1]["eval_count"] == 5
     assert watch.ended.is_set()  # before the response's end
     assert WatchedEngine.closers == [watch.reader]  # on the loop, the events' reader
+    r = httpx.get(h.url + "/api/ps", timeout=10)  # its lease and tracking are given back
+    assert r.status_code == 200

@@ -33,16 +33,21 @@ def _frame(token: int, text: str, n: int) -> bytes:
     return SPEC.frame(token, text, n).encode()
 
 
-def _chunks(data: bytes) -> bytes:
-    """The bodies of HTTP/1.1 chunks, joined (fails on bad framing)."""
-    out = b""
+def _chunk_list(data: bytes) -> list[bytes]:
+    """The bodies of HTTP/1.1 chunks, one each (fails on bad framing)."""
+    out: list[bytes] = []
     while data:
         size, _, rest = data.partition(b"\r\n")
         n = int(size, 16)
         assert rest[n:n + 2] == b"\r\n", data[:80]
-        out += rest[:n]
+        out.append(rest[:n])
         data = rest[n + 2:]
     return out
+
+
+def _chunks(data: bytes) -> bytes:
+    """The bodies of HTTP/1.1 chunks, joined (fails on bad framing)."""
+    return b"".join(_chunk_list(data))
 
 
 @pytest.fixture
@@ -220,15 +225,6 @@ class _Clock:
         return self.now
 
 
-def _chunk_count(data: bytes) -> int:
-    n = 0
-    while data:
-        size, _, rest = data.partition(b"\r\n")
-        data = rest[int(size, 16) + 2:]
-        n += 1
-    return n
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     import inferenceos.engine.worker.direct as direct
@@ -238,16 +234,23 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     return c
 
 
+def _held_stream(ours: socket.socket) -> DirectSinks:
+    """Stream 1 attached to `ours` with a 5 ms interval, after a step at 100.000 (the
+    clock's start): the cadence the next route's step is measured from."""
+    sinks = DirectSinks(lambda rid: [])
+    sinks.expect(1)
+    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)  # written at 100.000 (nothing yet)
+    sinks.route([])
+    return sinks
+
+
 def test_a_fast_streams_events_share_one_send_within_the_interval(
         pair: tuple[socket.socket, socket.socket], clock: _Clock) -> None:
     """Steps 1 ms apart with a 5 ms interval: the events wait while the next step's
     write would still come within 5 ms of the last, then go in one send (one chunk),
     each still an event of its own, in order."""
     ours, client = pair
-    sinks = DirectSinks(lambda rid: [])
-    sinks.expect(1)
-    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)  # written at 100.000 (nothing yet)
-    sinks.route([])  # a step at 100.000: the next ones come 1 ms apart
+    sinks = _held_stream(ours)  # the next steps come 1 ms apart
     for t, tok in ((0.001, 1), (0.002, 2)):
         clock.now = 100 + t
         assert sinks.route([TokenOut(1, tok, f"t{tok}")]) == []
@@ -255,7 +258,7 @@ def test_a_fast_streams_events_share_one_send_within_the_interval(
     clock.now = 100.0035  # the next step would land past 5 ms: written now
     assert sinks.route([TokenOut(1, 3, "t3")]) == []
     got = _read_all(client)
-    assert _chunk_count(got) == 1
+    assert len(_chunk_list(got)) == 1
     assert _chunks(got) == b"".join(_frame(i, f"t{i}", i) for i in (1, 2, 3))
 
 
@@ -264,10 +267,7 @@ def test_held_events_go_with_the_streams_end_or_once_due(
     """A held event is written by the next step that is due even without a token of
     its own (another stream's step), and whatever is held goes before the final report."""
     ours, client = pair
-    sinks = DirectSinks(lambda rid: [])
-    sinks.expect(1)
-    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)
-    sinks.route([])  # a step at 100.000
+    sinks = _held_stream(ours)
     clock.now = 100.001
     sinks.route([TokenOut(1, 1, "a")])
     assert _read_all(client) == b""
@@ -287,10 +287,7 @@ def test_a_step_without_events_writes_a_held_stream_that_is_due(
     """The worker routes a step without events while a stream is held (`holding`): a
     long step (a media chunk, a prefill) does not hold its events past the next one."""
     ours, client = pair
-    sinks = DirectSinks(lambda rid: [])
-    sinks.expect(1)
-    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)
-    sinks.route([])
+    sinks = _held_stream(ours)
     clock.now = 100.001
     sinks.route([TokenOut(1, 1, "a")])
     assert sinks.holding and _read_all(client) == b""
@@ -306,10 +303,7 @@ def test_a_messages_answer_does_not_shorten_the_expected_step(
     would make the next write 8 ms late), also when a message was answered just before
     the step (`route(step=False)`: not a step, so not the cadence)."""
     ours, client = pair
-    sinks = DirectSinks(lambda rid: [])
-    sinks.expect(1)
-    sinks.attach(1, os.dup(ours.fileno()), HELD, 0)
-    sinks.route([])  # a step at 100.000
+    sinks = _held_stream(ours)
     clock.now = 100.0039
     assert sinks.route([TokenOut(2, 9, "other")], step=False) == [TokenOut(2, 9, "other")]
     clock.now = 100.004
