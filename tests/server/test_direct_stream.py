@@ -11,6 +11,7 @@ raw HTTP/1.1 sockets, so every byte of the chunked framing is checked:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -258,14 +259,21 @@ def test_ollama_streams_are_written_by_the_worker_the_same(
 def test_a_streamed_request_is_recorded_in_telemetry_by_the_writer_thread(
         server: Harness) -> None:
     from inferenceos import telemetry
+    from inferenceos.server import request_telemetry
 
-    _stream(server.port, {"prompt": "The quick brown fox", "n_predict": 24, **LONG})
+    for n in (24, 8):
+        _stream(server.port, {"prompt": "The quick brown fox", "n_predict": n, **LONG})
     # Run._record queued it as the reply ended (server/request_telemetry.py): the row is
     # built and written by the recorder's thread; a flush waits for both
     assert telemetry.recorder().flush(30)
-    [row] = telemetry.generations(source="server")
+    row, second = telemetry.generations(source="server")
     assert row.output_tokens == 24 and row.prompt_tokens > 0 and row.concurrency >= 1
     assert row.total_s is not None and row.total_s > 0 and row.threads is not None
+    # the model's settings, made once for its plan and recorded with each request
+    assert second.output_tokens == 8 and second.settings == row.settings
+    memo = [(p, s) for p, s in request_telemetry._SETTINGS.values()
+            if json.loads(s.json) == row.settings]
+    assert memo and all(dict(s) == dataclasses.asdict(p.params()) for p, s in memo)
 
 
 def test_a_kept_alive_connection_serves_the_next_request(server: Harness) -> None:

@@ -5,13 +5,21 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 
 from inferenceos import sqlite_db, telemetry
 from inferenceos.telemetry import db as dbmod
-from inferenceos.telemetry.recorder import Recorder, device_of, memory_json
+from inferenceos.telemetry.recorder import (
+    FrozenSettings,
+    Recorder,
+    _insert,
+    _Job,
+    device_of,
+    memory_json,
+)
 from inferenceos.telemetry.schema import MIGRATIONS, SCHEMA_VERSION
 
 V1_SQL = Path(__file__).parents[1] / "fixtures" / "telemetry_v1.sql"
@@ -122,6 +130,66 @@ def test_recording_is_off_the_token_path(tiny_llama: Path) -> None:
     assert rec.flush(60)
     assert per_call < 0.002, f"{per_call * 1e6:.0f} us per record call (median)"
     assert len(telemetry.generations()) == 201
+
+
+def _held_writer(rec: Recorder) -> threading.Event:
+    """Keep `rec`'s writer thread inside a job until the returned event is set (what
+    is queued meanwhile is there when it wakes again)."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection, machine_id: int, model_id: int | None) -> None:
+        started.set()
+        release.wait(30)
+
+    rec._submit(_Job(hold))
+    assert started.wait(30)
+    return release
+
+
+def test_records_queued_together_are_written_in_one_transaction(tiny_llama: Path) -> None:
+    rec = telemetry.recorder()
+    _record_one(rec, tiny_llama)
+    assert rec.flush(30)
+    seen: list[bool] = []  # per job: a transaction was open before it wrote
+
+    def probe(conn: sqlite3.Connection, machine_id: int, model_id: int | None) -> None:
+        seen.append(conn.in_transaction)
+        row = {"uid": f"probe{len(seen)}", "ts": 0.0, "kind": "probe", "detail": "{}"}
+        _insert("events", row, model_optional=True)(conn, machine_id, model_id)
+
+    release = _held_writer(rec)
+    for _ in range(3):
+        rec._submit(_Job(probe))
+    release.set()
+    assert rec.flush(30) and rec.lost == 0
+    assert seen == [False, True, True]  # (one commit for the three, not three)
+    assert [e.kind for e in telemetry.events()] == ["probe"] * 3
+
+
+def test_a_bad_record_in_a_batch_loses_only_itself(tiny_llama: Path, tmp_path: Path) -> None:
+    rec = telemetry.recorder()
+    _record_one(rec, tiny_llama)
+    assert rec.flush(30)
+    release = _held_writer(rec)
+    _record_one(rec, tiny_llama, decode=11.0)
+    _record_one(rec, tmp_path / "gone.gguf")  # no file, no digest: cannot be identified
+    _record_one(rec, tiny_llama, decode=12.0)
+    release.set()
+    assert rec.flush(30)
+    assert rec.lost == 1
+    assert sorted(g.decode_tps for g in telemetry.generations()) == [11.0, 12.0, 50.0]
+
+
+def test_frozen_settings_are_recorded_like_a_dict(tiny_llama: Path) -> None:
+    rec = telemetry.recorder()
+    frozen = FrozenSettings({"n_threads": 3, "n_ctx": 128})
+    rec.generation(tiny_llama, source="server", settings=frozen, prompt_tokens=1)
+    rec.generation(tiny_llama, source="server", settings=frozen, prompt_tokens=2)
+    assert rec.flush(30) and rec.lost == 0
+    gens = telemetry.generations(tiny_llama)
+    assert [(g.threads, g.n_ctx, g.settings) for g in gens] == [
+        (3, 128, {"n_ctx": 128, "n_threads": 3})] * 2
+    assert frozen.json == json.dumps({"n_ctx": 128, "n_threads": 3}, sort_keys=True)
 
 
 def test_disabled_recorder_writes_nothing(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch

@@ -3,9 +3,10 @@
 Calls like `recorder().generation(...)` only build a small job and put it on a bounded
 queue (microseconds; nothing blocks the token path). The writer thread resolves the
 machine and model identities (hashing, GGUF header), opens the database on first use
-(integrity check, migrations) and writes each job in its own transaction. When the file
-fails, the job in hand is lost, one warning line is printed per kind of failure, and the
-next job tries again with a fresh connection; a corrupt file is moved aside first and the
+(integrity check, migrations) and writes the jobs queued by the time it wakes in one
+transaction (each in its own when that fails). When the file fails, the job in hand is
+lost, one warning line is printed per kind of failure, and the next job tries again with
+a fresh connection; a corrupt file is moved aside first and the
 job retried on a fresh database. A full queue drops jobs (counted) rather than block.
 At interpreter exit the queue is flushed (for up to `FLUSH_AT_EXIT_S` seconds) and the
 database closed, which folds the WAL back into the file.
@@ -22,7 +23,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from inferenceos.telemetry.identity import (
 )
 
 QUEUE_MAX = 10_000
+BATCH_MAX = 64  # queued jobs the writer takes into one transaction
 SOURCE_ENV = "INFERENCEOS_TELEMETRY_SOURCE"
 FLUSH_AT_EXIT_S = 5.0
 
@@ -55,6 +57,36 @@ _DRAFT_FIELDS = ("draft", "draft_tokens", "draft_accepted", "decode_steps")
 
 def _json(value: Any) -> str:
     return json.dumps(value if value is not None else {}, default=str, sort_keys=True)
+
+
+class FrozenSettings(Mapping[str, Any]):
+    """A read-only copy of a settings mapping whose JSON is made once (`json`): the
+    settings of a loaded model, recorded with every request it serves
+    (server/request_telemetry.py makes one per plan)."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self._data = dict(settings)
+        self._text: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def json(self) -> str:
+        """`_json` of the settings (the same text as for a plain dict of them)."""
+        if self._text is None:
+            self._text = _json(self._data)
+        return self._text
+
+
+def _settings_json(settings: Mapping[str, Any] | None) -> str:
+    return settings.json if isinstance(settings, FrozenSettings) else _json(dict(settings or {}))
 
 
 def _uid() -> str:
@@ -185,7 +217,7 @@ class Recorder:
             extra.setdefault("ngram_replay", dict(metrics["ngram_replay"]))
         row.update(uid=_uid(), ts=time.time(), load_uid=load_uid,
                    source=self.source_override or source,
-                   concurrency=int(concurrency), settings=_json(dict(settings or {})),
+                   concurrency=int(concurrency), settings=_settings_json(settings),
                    loadavg=_loadavg() if loadavg is None else loadavg)
         if isinstance(contention, Mapping):
             extra["contention"] = dict(contention)
@@ -319,19 +351,52 @@ class Recorder:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if isinstance(item, _Stop):
-                self._close()
-                return
-            if isinstance(item, _Flush):
+            items = [self._queue.get()]
+            while len(items) < BATCH_MAX:  # what is queued already (never waited for)
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            jobs: list[_Job] = []
+            for item in items:
+                if isinstance(item, _Job):
+                    jobs.append(item)
+                    continue
+                self._write_all(jobs)  # a marker: the jobs before it are written first
+                jobs = []
+                if isinstance(item, _Stop):
+                    self._close()
+                    return
                 item.done.set()
-                continue
+            self._write_all(jobs)
+
+    def _write_all(self, jobs: list[_Job]) -> None:
+        """`jobs` in one transaction: a burst of records (a busy server's requests end
+        together) costs one commit and one wake-up of this thread, not one each. When
+        that fails (rolled back), each again on its own: a bad job loses only itself."""
+        if len(jobs) > 1:
             try:
-                self._write(item)
+                self._write_batch(jobs)
+                return
+            except Exception:
+                self._close()  # (drops the ids cached inside the rolled-back transaction)
+        for job in jobs:
+            try:
+                self._write(job)
             except Exception as exc:  # the writer must never die
                 self.lost += 1
                 dbmod.warn_once("error", f"could not record ({exc!r}); the run itself "
                                          "is unaffected")
+
+    def _write_batch(self, jobs: list[_Job]) -> None:
+        identities = [self._identify(job) for job in jobs]
+        conn = self._connection()
+        with conn:
+            for job, (machine, model) in zip(jobs, identities, strict=True):
+                machine_id = self._machine_id(conn, machine)
+                model_id = self._model_id(conn, model) if model else None
+                job.write(conn, machine_id, model_id)
+        self.written += len(jobs)
 
     def _identify(self, job: _Job) -> tuple[Machine, _Model | None]:
         machine = current_machine()
