@@ -6,8 +6,8 @@ machine and model identities (hashing, GGUF header), opens the database on first
 (integrity check, migrations) and writes the jobs queued by the time it wakes in one
 transaction (each in its own when that fails). When the file fails, the job in hand is
 lost, one warning line is printed per kind of failure, and the next job tries again with
-a fresh connection; a corrupt file is moved aside first and the
-job retried on a fresh database. A full queue drops jobs (counted) rather than block.
+a fresh connection; a corrupt file is moved aside first and the job retried on a fresh
+database. A full queue drops jobs (counted) rather than block.
 At interpreter exit the queue is flushed (for up to `FLUSH_AT_EXIT_S` seconds) and the
 database closed, which folds the WAL back into the file.
 """
