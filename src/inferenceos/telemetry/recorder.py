@@ -392,11 +392,16 @@ class Recorder:
         identities = [self._identify(job) for job in jobs]
         conn = self._connection()
         with conn:
-            for job, (machine, model) in zip(jobs, identities, strict=True):
-                machine_id = self._machine_id(conn, machine)
-                model_id = self._model_id(conn, model) if model else None
-                job.write(conn, machine_id, model_id)
+            for job, identity in zip(jobs, identities, strict=True):
+                self._put(conn, job, identity)
         self.written += len(jobs)
+
+    def _put(self, conn: sqlite3.Connection, job: _Job,
+             identity: tuple[Machine, _Model | None]) -> None:
+        """`job`'s write inside the caller's transaction, with its machine and model ids."""
+        machine, model = identity
+        machine_id = self._machine_id(conn, machine)
+        job.write(conn, machine_id, self._model_id(conn, model) if model else None)
 
     def _identify(self, job: _Job) -> tuple[Machine, _Model | None]:
         machine = current_machine()
@@ -410,14 +415,12 @@ class Recorder:
         raise FileNotFoundError(f"model file {job.model} not found and no digest given")
 
     def _write(self, job: _Job) -> None:
-        machine, model = self._identify(job)
+        identity = self._identify(job)
         for attempt in (1, 2):
             try:
                 conn = self._connection()
                 with conn:
-                    machine_id = self._machine_id(conn, machine)
-                    model_id = self._model_id(conn, model) if model else None
-                    job.write(conn, machine_id, model_id)
+                    self._put(conn, job, identity)
                 self.written += 1
                 return
             except (sqlite3.Error, OSError) as exc:

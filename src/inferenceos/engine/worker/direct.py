@@ -86,23 +86,19 @@ class _Sink:
                 data += wire
             else:  # the usual case: nothing waited, these bytes go as they are
                 data = wire
-        if not data or self.sock is None:
-            if data is not self.unsent:
-                self.unsent += data
-            return ""
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:  # the client's buffer is full: next time
-            sent = 0
-        except OSError as exc:  # gone (EPIPE, ECONNRESET)
-            if data is not self.unsent:
-                self.unsent += data
-            return exc.strerror or type(exc).__name__
-        if data is self.unsent:
+        sent, error = 0, ""
+        if data and self.sock is not None:
+            try:
+                sent = self.sock.send(data)
+            except BlockingIOError:  # the client's buffer is full: next time
+                pass
+            except OSError as exc:  # gone (EPIPE, ECONNRESET)
+                error = exc.strerror or type(exc).__name__
+        if data is self.unsent:  # what was not sent waits in `unsent` for the next write
             del self.unsent[:sent]
         elif sent < len(data):
             self.unsent += memoryview(data)[sent:]
-        return ""
+        return error
 
     def stop(self, req_id: int) -> Wrote:
         """Write what is framed, then the final report (its error if the write failed)."""
