@@ -99,6 +99,37 @@ def test_the_same_runs_without_contention_are_taken_as_measured(tiny_llama: Path
     assert load_calibration(m, facts, threads=2).decode_scale == pytest.approx(0.4, rel=0.06)
 
 
+def test_runs_at_two_threads_teach_a_one_thread_prediction_as_runs_at_two(
+    tiny_llama: Path,
+) -> None:
+    """`simulate --threads 1` restricts the machine to one thread. Runs recorded at two
+    are still modelled at two there: what they teach the one-thread prediction is what
+    they teach it on the whole machine. Priced as one-thread runs they had taught the
+    tiny llama a 1.5x scale (one thread predicted ~75 % fast)."""
+    from dataclasses import replace
+
+    from inferenceos.plan.calibration import _cpu_only, modelled_speeds, run_context
+    from inferenceos.plan.calibration_load import load_calibration
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.perf import Calibration
+
+    m = machine(threads=2)
+    facts = load_model_facts(tiny_llama)
+    ctx = run_context(512, 512, 512, {"flash_attn": 1})
+    # a second thread that pays: linear kernels, no fixed cost per token
+    base = replace(Calibration(), token_overhead_s=0.0, layer_overhead_s=0.0,
+                   engine_token_s=0.0, logits_s_per_vocab=0.0, decode_thread_scaling=1.0,
+                   cpu_cache_bytes=1 << 30)  # its weights in the cache: compute-bound
+    pre, dec = modelled_speeds(facts, m, base, ctx, 2, 64, 32)
+    assert dec > 1.3 * modelled_speeds(facts, m, base, ctx, 1, 64, 32)[1]
+    _record(tiny_llama, dec * 0.8, pre * 0.8, {**BUSY, "busy_others": 0.0})
+    whole = load_calibration(m, facts, threads=1, base=base)
+    one = load_calibration(_cpu_only(m, 1), facts, threads=1, base=base)
+    assert whole.basis == one.basis == "learned" and whole.decode_scale < 1.0
+    assert one.decode_scale == pytest.approx(whole.decode_scale, rel=0.01)
+    assert one.prefill_scale == pytest.approx(whole.prefill_scale, rel=0.01)
+
+
 def test_the_recorder_samples_a_cpu_burning_neighbour(tiny_llama: Path) -> None:
     """A generation recorded with contention="sample" carries what the CPUs did right
     after it (in the writer thread): a neighbour burning a core shows."""

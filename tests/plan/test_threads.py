@@ -105,15 +105,40 @@ def test_the_cost_model_decides_the_threads_where_the_rule_is_unsure() -> None:
     busy = CpuLoad(usable_cpus=2, busy_others=0.4, window_s=0.1)
     assert pick_threads(2, busy) == 1
     facts, m = make_facts(n_layer=8, n_embd=1024, n_ff=4096), machine(threads=2)
-    linear = replace(Calibration(), decode_thread_scaling=1.0, thread_scaling=1.0)
+    linear = replace(Calibration(), decode_thread_scaling=1.0, thread_scaling=1.0,
+                     threads_timed=True)
     plan = plan_load(facts, m, LoadRequest(cpu_load=busy), calibration=linear)
     assert plan.threads == 2
     said = [c.why for c in plan.changes if c.what.startswith("threads")]
     assert len(said) == 1 and said[0].startswith("not 1: predicted 1.")  # no "2 → 1"
-    flat = replace(Calibration(), decode_thread_scaling=0.3, thread_scaling=0.3)
+    flat = replace(linear, decode_thread_scaling=0.3, thread_scaling=0.3)
     plan = plan_load(facts, m, LoadRequest(cpu_load=busy), calibration=flat)
     assert plan.threads == 1
     assert any(c.what == "threads 2 → 1" for c in plan.changes)
+
+
+def test_an_untimed_thread_response_leaves_the_rule_its_count() -> None:
+    """Uncalibrated (no probe), 1 and 2 threads of a tiny model price within a few per
+    cent, so one clock tick of another process (0.1 of 2 CPUs busy) made the cost model
+    pick 1 thread, at half the speed. Without a timed thread response the rule stands;
+    with one, the same load keeps 2 threads too (0.95 of the cores costs ~5 %, as
+    measured, not 11 %)."""
+    from dataclasses import replace
+
+    from inferenceos.plan.calibration import contended_speed
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.perf import Calibration
+    from plan_factories import machine, make_facts
+
+    tick = CpuLoad(usable_cpus=2, busy_others=0.1, window_s=0.1)
+    assert pick_threads(2, tick) == 2
+    facts, m = make_facts(n_layer=2, n_embd=512, n_ff=1024), machine(threads=2)
+    plan = plan_load(facts, m, LoadRequest(cpu_load=tick), calibration=Calibration.default())
+    assert plan.threads == 2 and not any(c.what.startswith("threads") for c in plan.changes)
+    timed = replace(Calibration(), token_overhead_s=10e-6, decode_thread_scaling=0.6,
+                    threads_timed=True)
+    assert plan_load(facts, m, LoadRequest(cpu_load=tick), calibration=timed).threads == 2
+    assert contended_speed(0.95)[1] == pytest.approx(0.95, abs=0.01)
 
 
 def _llama_worker(ready) -> None:  # type: ignore[no-untyped-def]

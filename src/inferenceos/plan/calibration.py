@@ -17,6 +17,7 @@ No I/O here: `plan/calibration_load.py` reads the profile and the store.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -192,8 +193,8 @@ def probe_calibration(
     t_dec1 = (speed.decode_s_1thread or 0) / max(speed.decode_tokens, 1) * one
     if t_dec > fixed and t_dec1 > fixed and speed.threads > 1:
         streamed = pl.decode_load(m.cpu.name).bytes_read / (t_dec / many) / GB
-        cal = _fit_two_points(prior, facts, machine, ctx, n_past, speed.threads, t_dec, t_dec1,
-                              streamed)
+        cal = replace(_fit_two_points(prior, facts, machine, ctx, n_past, speed.threads,
+                                      t_dec, t_dec1, streamed), threads_timed=True)
     elif t_dec > fixed:
 
         def dec(k: float) -> float:
@@ -387,21 +388,35 @@ MIN_FREE_CORES = 0.25  # a run never counts as having had less than a quarter co
 #   core share   0.86   0.75   0.60   0.50
 #   decode       0.85   0.49   0.34   0.20   of the quiet speed
 #   prefill      0.81   0.61   0.57   0.41
-# share ** 2.2 and share ** 1.3 are the least-squares fits (on logs); a small model has
-# the most barriers per second, so a larger one loses less. Below `TEACHING_SHARE` a
-# run cannot tell the quiet machine's speed, and the fit leaves it out (divided by its
-# share, a share-0.5 run predicted the quiet machine 40 % slow); above, the loss is
-# near the share, which corrects it.
+# Between the measured points the speed is interpolated (straight lines on logs), from
+# (1.0, 1.0) to the first; below the last, the power fits of the table (share ** 1.3,
+# share ** 2.2, least squares on logs) carry it on. Why not the fits alone: at a small
+# loss they are far off (0.86 ** 2.2 = 0.72 where 0.85 was measured), and a core share of
+# 0.95 (0.1 of 2 CPUs busy: one clock tick of the sensor's 0.1 s window) cost 11 % in the
+# thread choice, enough to pick 1 thread for the tiny llama, which then decoded at
+# ~1,000 t/s against ~1,850 at 2. A small model has the most barriers per second, so a
+# larger one loses less. Below `TEACHING_SHARE` a run cannot tell the quiet machine's
+# speed, and the fit leaves it out (divided by its share, a share-0.5 run predicted the
+# quiet machine 40 % slow); above, the loss is near the share, which corrects it.
 TEACHING_SHARE = 0.9
-CONTENDED_EXPONENT = (1.3, 2.2)  # (prefill, decode)
+# (core share, prefill, decode), of the quiet speed, as measured (above)
+CONTENDED = ((1.0, 1.0, 1.0), (0.86, 0.81, 0.85), (0.75, 0.61, 0.49), (0.60, 0.57, 0.34),
+             (0.50, 0.41, 0.20))
+CONTENDED_EXPONENT = (1.3, 2.2)  # (prefill, decode) below the last measured share
 
 
 def contended_speed(share: float) -> tuple[float, float]:
     """(prefill, decode) speed beside other processes as fractions of the quiet speed,
     for a run that gets `share` of its threads' cores (`core_share`), as measured
-    (`CONTENDED_EXPONENT`). 1.0 when nothing is taken."""
+    (`CONTENDED`). 1.0 when nothing is taken; never more for a smaller share."""
     s = min(max(share, MIN_FREE_CORES), 1.0)
-    return s ** CONTENDED_EXPONENT[0], s ** CONTENDED_EXPONENT[1]
+    for (hi, p_hi, d_hi), (lo, p_lo, d_lo) in itertools.pairwise(CONTENDED):
+        if s >= lo:
+            f = math.log(s / hi) / math.log(lo / hi)  # 0 at `hi`, 1 at `lo`
+            return p_hi * (p_lo / p_hi) ** f, d_hi * (d_lo / d_hi) ** f
+    last, p_last, d_last = CONTENDED[-1]
+    return (p_last * (s / last) ** CONTENDED_EXPONENT[0],
+            d_last * (s / last) ** CONTENDED_EXPONENT[1])
 
 
 def core_share(contention: Any, threads: int) -> float:

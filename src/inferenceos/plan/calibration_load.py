@@ -262,7 +262,7 @@ def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibra
         return None
     drafted = isinstance(r.extra, dict) and bool(r.extra.get("draft"))
     o = observation(
-        f, held, base,
+        f, _with_threads(held, r.threads), base,
         model=r.model_digest,
         ctx=run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings),
         threads=r.threads or machine.cpu.threads,
@@ -302,13 +302,25 @@ def _disk_ratio(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
     ctx = run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings)
     key = (r.model_digest, ctx, threads, r.output_tokens)
     if key not in seen:
-        seen[key] = modelled_compute_tps(f, held, seen[r.model_digest], ctx, threads,
-                                         r.output_tokens)
+        seen[key] = modelled_compute_tps(f, _with_threads(held, r.threads),
+                                         seen[r.model_digest], ctx, threads, r.output_tokens)
     return disk_ratio(
         f, held, compute_tps=seen[key],
         resident_bytes=int(r.settings.get("stream_resident_bytes") or 0),
         output_tokens=r.output_tokens, decode_tps=r.decode_tps, expert_odds=odds,
     )
+
+
+def _with_threads(held: Machine, threads: int | None) -> Machine:
+    """`held` with a CPU of at least the recorded run's `threads`: the run had them.
+    Why: `simulate --threads 1` restricts the machine to one thread, and a run recorded
+    at two, modelled on it, was priced as a one-thread run; the tiny llama's 2-thread
+    runs (1,800-2,000 t/s) then taught a 1.51x scale and one thread was predicted at
+    1,760 t/s, where it decodes at ~1,000."""
+    if not threads or threads <= held.cpu.threads:
+        return held
+    cpu = replace(held.cpu, threads=threads)
+    return replace(held, devices=(cpu, *held.accelerators))
 
 
 def _streamed(settings: Any) -> bool:

@@ -349,7 +349,11 @@ def _plan_text(
         return prefer_without(optimize, ctx) if fa_off else optimize(ctx)
 
     plan = solve()
-    if not req.threads and req.cpu_load is not None:
+    # the cost model overrules the rule only where the probe timed this machine's thread
+    # response: uncalibrated, the tiny llama's 1 and 2 threads priced within 1 % (a 2 ms
+    # token overhead, its weights bound by an assumed RAM), and one clock tick of
+    # another process (0.1 busy CPUs) picked 1 thread, which decoded at half the speed
+    if not req.threads and req.cpu_load is not None and cal.threads_timed:
         pick = choose_threads(facts, plan.placement, machine, plan.ctx, cal, req.cpu_load,
                               _objective(req), rule=threads)
         if pick.threads != threads:  # the cost model overrules the free-core rule

@@ -76,6 +76,9 @@ class Calibration:
     `cpu_cache_bytes`: the CPU's last-level cache (the hardware profile's L3; 0:
     unknown): a decode whose weights fit in `CACHE_SHARE` of it reads them from the
     cache, not the RAM, so the RAM's bandwidth does not bound it.
+    `threads_timed`: the probe timed decode at two thread counts, so the thread
+    response (`decode_thread_scaling`) is this machine's, not a prior's: only then may
+    the cost model overrule the free-core rule's thread count (plan/thread_choice.py).
     `engine_token_s` and `logits_s_per_vocab`: our own per-token work outside
     llama.cpp's graph, which a `run` or `serve` stream pays and the llama.cpp probe does
     not (`ENGINE_TOKEN_S`, `LOGITS_S_PER_VOCAB`; see `engine_token_work`).
@@ -101,6 +104,7 @@ class Calibration:
     ubatch_overhead_s: float = 0.002
     layer_overhead_s: float = 14e-6
     cpu_cache_bytes: int = 0
+    threads_timed: bool = False
     engine_token_s: float = ENGINE_TOKEN_S
     logits_s_per_vocab: float = LOGITS_S_PER_VOCAB
     source: str = "uncalibrated"

@@ -6,7 +6,9 @@ processes take from those threads (`calibration.core_share`) as measured beside 
 core (`calibration.contended_speed`: llama.cpp's threads wait for each other at every
 operation, so a shared core costs far more than its share). The fastest count wins; the
 free-core rule (`threads.pick_threads`) is kept whenever it is within `TIE` of it, so a
-flat cost (a model bound by memory or by its accelerators) changes nothing.
+flat cost (a model bound by memory or by its accelerators) changes nothing. The planner
+asks only when the probe timed two thread counts (`Calibration.threads_timed`): the
+uncalibrated defaults' thread response is a guess, and the rule stands on it.
 
 Pure: the load is a `CpuLoad` the caller sampled.
 """
