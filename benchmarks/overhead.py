@@ -9,7 +9,8 @@ for scale, the built-in Gemma 3 270M. Per model, in the same run:
   streamed, greedy, `ignore_eos`, llama-server's `/completion` dialect on both, plus
   the OpenAI route (`/v1/completions`) on ours. Each load window runs N clients for
   `--duration` seconds on each server in turn (the order rotated by round, each window
-  once every server is quiet: `settle`); tokens are
+  once every server is quiet: `settle`), after one warm-up window on each that is not
+  counted (`WARMUP_S`); tokens are
   counted as they arrive (`tokens_predicted` of each event; a chunk per token on the
   OpenAI route), so the figure is the steady aggregate t/s, ramp included;
 - the CPU time of every process per generated token (/proc: the HTTP process, its
@@ -435,6 +436,24 @@ def measure(srv: Server, n: int, args: argparse.Namespace, openai: bool = False)
                     win.failed, ttft)
 
 
+# The first window after the servers start was the lowest of ours' four in four runs at
+# 8 streams (2,459-3,149 t/s against 3,291-4,263 after it) and of llama-server's in
+# three of four, whichever server it was; the first round's pair then decided the
+# median's side (2026-12-07, issue 44). Each server gets one window first, not counted.
+WARMUP_S = 2.0
+
+
+def warm_up(srvs: dict[str, Server], n: int, args: argparse.Namespace) -> None:
+    """One uncounted window of `n` streams on each server (WARMUP_S at most), printed."""
+    seen = []
+    for name, srv in srvs.items():
+        settle(list(srvs.values()))
+        win, _ = load_window(srv.port, n, min(WARMUP_S, args.duration), args.tokens)
+        seen.append(f"{name} {win.tokens / min(WARMUP_S, args.duration):.0f} t/s")
+        time.sleep(0.5)  # requests the deadline cut end before the next window
+    print(f"      warm-up windows (not counted): {', '.join(seen)}", flush=True)
+
+
 # -- py-spy stages ---------------------------------------------------------------------
 
 STAGES = ("scheduling", "sampling", "detok + stop", "worker pipe", "HTTP process")
@@ -582,6 +601,7 @@ def run_streams(model: Path, n: int, args: argparse.Namespace, env: dict[str, st
                                        "baseline": []}
     waited: list[float] = []  # settle() before each window
     try:
+        warm_up(srvs, n, args)
         for r in range(args.rounds):
             order = [("ours", srvs["ours"], False), ("llama-server", srvs["llama-server"], False)]
             if not args.no_openai:
