@@ -204,7 +204,8 @@ def predict_speed(
 
 def fit(facts: ModelFacts, points: list[tuple[int, int, float, float]]) -> Calibration:
     """Coordinate descent on log-error over the calibration points (no scipy needed)."""
-    cal = Calibration(source="fitted by benchmarks/simulate_accuracy.py")
+    # fitted on points at 1 and 2 threads: the thread response is measured
+    cal = Calibration(source="fitted by benchmarks/simulate_accuracy.py", threads_timed=True)
     names = [
         "cpu_bw_efficiency",
         "gemv_gbps_per_thread",
