@@ -445,11 +445,12 @@ WARMUP_S = 2.0
 
 def warm_up(srvs: dict[str, Server], n: int, args: argparse.Namespace) -> None:
     """One uncounted window of `n` streams on each server (WARMUP_S at most), printed."""
-    seen = []
+    seen: list[str] = []
+    seconds = min(WARMUP_S, args.duration)
     for name, srv in srvs.items():
         settle(list(srvs.values()))
-        win, _ = load_window(srv.port, n, min(WARMUP_S, args.duration), args.tokens)
-        seen.append(f"{name} {win.tokens / min(WARMUP_S, args.duration):.0f} t/s")
+        win, _ = load_window(srv.port, n, seconds, args.tokens)
+        seen.append(f"{name} {win.tokens / seconds:.0f} t/s")
         time.sleep(0.5)  # requests the deadline cut end before the next window
     print(f"      warm-up windows (not counted): {', '.join(seen)}", flush=True)
 

@@ -4,6 +4,7 @@ machine's, and a data dir that never ran `hardware` calibrates itself once."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -40,6 +41,13 @@ def test_contention_costs_more_than_the_cores_it_takes() -> None:
     pre, dec = contended_speed(0.5)
     assert dec == pytest.approx(0.2, abs=0.03) and pre == pytest.approx(0.41, abs=0.03)
     assert contended_speed(0.75)[1] < contended_speed(0.86)[1] < 1.0
+    # at the table's measured points it is the measurement (the power fit said 0.72)
+    assert contended_speed(0.86) == pytest.approx((0.81, 0.85))
+    assert contended_speed(0.6) == pytest.approx((0.57, 0.34))
+    # never faster for a smaller share, down to the floor
+    speeds = [contended_speed(0.2 + k / 100) for k in range(81)]
+    for slower, faster in itertools.pairwise(speeds):
+        assert all(x <= y for x, y in zip(slower, faster, strict=True))
 
 
 def _record(path: Path, decode: float, prefill: float, contention: object) -> None:
@@ -128,6 +136,41 @@ def test_runs_at_two_threads_teach_a_one_thread_prediction_as_runs_at_two(
     assert whole.basis == one.basis == "learned" and whole.decode_scale < 1.0
     assert one.decode_scale == pytest.approx(whole.decode_scale, rel=0.01)
     assert one.prefill_scale == pytest.approx(whole.prefill_scale, rel=0.01)
+
+
+def test_a_run_with_more_threads_than_cpus_is_priced_at_its_cpus(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run recorded at 8 threads on a 2-CPU machine, without a contention sample,
+    computed with 2: it teaches what a 2-thread run at its speed teaches, on the whole
+    machine and on one restricted to one thread. (With a sample, its core share, 2 of
+    8, leaves it out.)"""
+    from dataclasses import replace
+
+    from inferenceos import telemetry
+    from inferenceos.plan.calibration import _cpu_only, modelled_speeds, run_context
+    from inferenceos.plan.calibration_load import load_calibration
+    from inferenceos.plan.model_facts import load_model_facts
+    from inferenceos.plan.perf import Calibration
+
+    m = machine(threads=2)
+    facts = load_model_facts(tiny_llama)
+    ctx = run_context(512, 512, 512, {"flash_attn": 1})
+    base = replace(Calibration(), token_overhead_s=0.0, layer_overhead_s=0.0,
+                   engine_token_s=0.0, logits_s_per_vocab=0.0, decode_thread_scaling=1.0,
+                   cpu_cache_bytes=1 << 30)
+    pre, dec = modelled_speeds(facts, m, base, ctx, 2, 64, 32)
+    rec = telemetry.recorder()
+    for _ in range(3):
+        rec.generation(tiny_llama, source="run", settings={"flash_attn": 1},
+                       prompt_tokens=64, output_tokens=32, prefill_tps=pre * 0.8,
+                       decode_tps=dec * 0.8, threads=8, n_ctx=512, n_batch=512,
+                       n_ubatch=512, extra={"model_path": str(tiny_llama)})
+    assert rec.flush(timeout=30)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the machine the runs had
+    for held in (m, _cpu_only(m, 1)):
+        cal = load_calibration(held, facts, threads=8, base=base)
+        assert cal.decode_scale == pytest.approx(0.8, rel=0.06)
 
 
 def test_the_recorder_samples_a_cpu_burning_neighbour(tiny_llama: Path) -> None:

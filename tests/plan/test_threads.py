@@ -141,6 +141,27 @@ def test_an_untimed_thread_response_leaves_the_rule_its_count() -> None:
     assert contended_speed(0.95)[1] == pytest.approx(0.95, abs=0.01)
 
 
+def test_the_cost_model_needs_a_timed_thread_response_to_overrule_the_rule() -> None:
+    """The case where the cost model overrules the rule (0.4 of 2 CPUs busy, kernels
+    that scale linearly: 2 threads), with the same figures untimed: the rule's 1."""
+    from dataclasses import replace
+
+    from inferenceos.plan.entry import LoadRequest, plan_load
+    from inferenceos.plan.perf import Calibration
+    from plan_factories import machine, make_facts
+
+    busy = CpuLoad(usable_cpus=2, busy_others=0.4, window_s=0.1)
+    facts, m = make_facts(n_layer=8, n_embd=1024, n_ff=4096), machine(threads=2)
+    linear = replace(Calibration(), decode_thread_scaling=1.0, thread_scaling=1.0)
+    timed = replace(linear, threads_timed=True)
+    assert plan_load(facts, m, LoadRequest(cpu_load=busy), calibration=timed).threads == 2
+    untimed = plan_load(facts, m, LoadRequest(cpu_load=busy), calibration=linear)
+    assert untimed.threads == 1
+    assert [c.what for c in untimed.changes if c.what.startswith("threads")] == [
+        "threads 2 → 1"]
+    assert not any("predicted" in c.why for c in untimed.changes)
+
+
 def _llama_worker(ready) -> None:  # type: ignore[no-untyped-def]
     import llama_cpp.llama_cpp  # noqa: F401 - maps libllama, as an engine worker does
 

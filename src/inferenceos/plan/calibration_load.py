@@ -262,7 +262,7 @@ def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibra
         return None
     drafted = isinstance(r.extra, dict) and bool(r.extra.get("draft"))
     o = observation(
-        f, _with_threads(held, r.threads), base,
+        f, _run_machine(held, r), base,
         model=r.model_digest,
         ctx=run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings),
         threads=r.threads or machine.cpu.threads,
@@ -302,8 +302,8 @@ def _disk_ratio(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
     ctx = run_context(r.n_ctx, r.n_ubatch, r.n_batch, r.settings)
     key = (r.model_digest, ctx, threads, r.output_tokens)
     if key not in seen:
-        seen[key] = modelled_compute_tps(f, _with_threads(held, r.threads),
-                                         seen[r.model_digest], ctx, threads, r.output_tokens)
+        seen[key] = modelled_compute_tps(f, _run_machine(held, r), seen[r.model_digest], ctx,
+                                         threads, r.output_tokens)
     return disk_ratio(
         f, held, compute_tps=seen[key],
         resident_bytes=int(r.settings.get("stream_resident_bytes") or 0),
@@ -311,13 +311,19 @@ def _disk_ratio(r: Any, f: ModelFacts | None, held: Machine, base: Calibration,
     )
 
 
-def _with_threads(held: Machine, threads: int | None) -> Machine:
-    """`held` with a CPU of at least the recorded run's `threads`: the run had them.
+def _run_machine(held: Machine, r: Any) -> Machine:
+    """`held` with as many CPU threads as the recorded run `r` computed with: its
+    `threads`, at most the CPUs it could use (its contention sample's `usable_cpus`,
+    else this machine's CPU count; threads past the cores add no compute).
     Why: `simulate --threads 1` restricts the machine to one thread, and a run recorded
     at two, modelled on it, was priced as a one-thread run; the tiny llama's 2-thread
     runs (1,800-2,000 t/s) then taught a 1.51x scale and one thread was predicted at
     1,760 t/s, where it decodes at ~1,000."""
-    if not threads or threads <= held.cpu.threads:
+    contention = r.extra.get("contention") if isinstance(r.extra, dict) else None
+    usable = contention.get("usable_cpus") if isinstance(contention, dict) else None
+    cpus = usable if isinstance(usable, int) and usable > 0 else (os.cpu_count() or 1)
+    threads = min(r.threads or 0, cpus)
+    if threads <= held.cpu.threads:
         return held
     cpu = replace(held.cpu, threads=threads)
     return replace(held, devices=(cpu, *held.accelerators))

@@ -76,9 +76,11 @@ class Calibration:
     `cpu_cache_bytes`: the CPU's last-level cache (the hardware profile's L3; 0:
     unknown): a decode whose weights fit in `CACHE_SHARE` of it reads them from the
     cache, not the RAM, so the RAM's bandwidth does not bound it.
-    `threads_timed`: the probe timed decode at two thread counts, so the thread
-    response (`decode_thread_scaling`) is this machine's, not a prior's: only then may
-    the cost model overrule the free-core rule's thread count (plan/thread_choice.py).
+    `threads_timed`: this machine's decode was timed at two thread counts (the probe's
+    fit, or a stored fit from such points), so the thread response is measured, not a
+    prior's: only then may the cost model overrule the free-core rule's thread count
+    (plan/thread_choice.py). A stored fit saved before the field existed loads without
+    it (False).
     `engine_token_s` and `logits_s_per_vocab`: our own per-token work outside
     llama.cpp's graph, which a `run` or `serve` stream pays and the llama.cpp probe does
     not (`ENGINE_TOKEN_S`, `LOGITS_S_PER_VOCAB`; see `engine_token_work`).
