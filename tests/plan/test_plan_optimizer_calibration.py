@@ -4,6 +4,7 @@ machine's, and a data dir that never ran `hardware` calibrates itself once."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -173,10 +174,19 @@ def test_a_run_with_more_threads_than_cpus_is_priced_at_its_cpus(
         assert cal.decode_scale == pytest.approx(0.8, rel=0.06)
 
 
-def test_the_recorder_samples_a_cpu_burning_neighbour(tiny_llama: Path) -> None:
+def test_the_recorder_samples_a_cpu_burning_neighbour(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A generation recorded with contention="sample" carries what the CPUs did right
     after it (in the writer thread): a neighbour burning a core shows."""
     from inferenceos import telemetry
+
+    # (the package's `recorder` is the function that returns the recorder)
+    recorder_module = importlib.import_module("inferenceos.telemetry.recorder")
+    # each record takes a sample of its own: reusing one taken under a second ago (by
+    # an earlier test in this process) made every window here a few ms long, in which
+    # the burner showed no tick (share 0.0 three times: a fresh clone's suite failed)
+    monkeypatch.setattr(recorder_module, "SAMPLE_REUSE_S", 0.0)
 
     # it says when it is in its loop: a fixed wait had been too short beside a busy
     # suite (the interpreter not yet started when the CPUs were sampled: 0.06 busy)
