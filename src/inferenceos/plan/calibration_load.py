@@ -274,7 +274,7 @@ def _held_observation(r: Any, f: ModelFacts | None, held: Machine, base: Calibra
     )
     if o is None:
         return None
-    contention = r.extra.get("contention") if isinstance(r.extra, dict) else None
+    contention = _contention(r)
     share = core_share(contention, r.threads or machine.cpu.threads)
     if share >= 1.0:
         return o
@@ -319,7 +319,7 @@ def _run_machine(held: Machine, r: Any) -> Machine:
     at two, modelled on it, was priced as a one-thread run; the tiny llama's 2-thread
     runs (1,800-2,000 t/s) then taught a 1.51x scale and one thread was predicted at
     1,760 t/s, where it decodes at ~1,000."""
-    contention = r.extra.get("contention") if isinstance(r.extra, dict) else None
+    contention = _contention(r)
     usable = contention.get("usable_cpus") if isinstance(contention, dict) else None
     cpus = usable if isinstance(usable, int) and usable > 0 else (os.cpu_count() or 1)
     threads = min(r.threads or 0, cpus)
@@ -327,6 +327,11 @@ def _run_machine(held: Machine, r: Any) -> Machine:
         return held
     cpu = replace(held.cpu, threads=threads)
     return replace(held, devices=(cpu, *held.accelerators))
+
+
+def _contention(r: Any) -> Any:
+    """What a recorded run's sample said the other processes took (None: not sampled)."""
+    return r.extra.get("contention") if isinstance(r.extra, dict) else None
 
 
 def _streamed(settings: Any) -> bool:
