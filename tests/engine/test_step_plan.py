@@ -19,10 +19,26 @@ def create_needs(n_generating: int, prompts: list[int], draft: int = 0) -> list[
 def test_decodes_come_first_then_prefill_chunks_within_budget() -> None:
     plan = schedule(create_needs(2, [30, 30]), budget=40, max_tokens=64)
     assert [(d.key, d.pos, d.tokens) for d in plan.decodes] == [(0, 10, (7,)), (1, 10, (7,))]
-    # the first prompt's last token waits for a step of its own
+    # beside other sequences the first prompt ends in this step, its last token too
     assert [(p.key, p.start, len(p.tokens), p.last) for p in plan.prefills] == [
-        (2, 0, 29, False), (3, 0, 9, False)]
+        (2, 0, 30, True), (3, 0, 8, False)]
     assert plan.n_tokens == 40
+
+
+def test_a_lone_prompts_last_token_waits_for_a_step_of_its_own() -> None:
+    [chunk] = schedule(create_needs(0, [30]), budget=64, max_tokens=64).prefills
+    assert (chunk.start, len(chunk.tokens), chunk.last) == (0, 29, False)
+    [last] = schedule([SeqNeeds(0, 29, list(range(30)), 29)], budget=64, max_tokens=64).prefills
+    assert (last.start, last.tokens, last.last) == (29, (29,), True)
+
+
+def test_beside_a_decode_or_another_prompt_the_last_token_takes_no_step_of_its_own() -> None:
+    # the reply is batched with the others' rows whatever this step does (module doc, 2.)
+    beside_decode = schedule(create_needs(1, [30]), budget=64, max_tokens=64)
+    assert [(p.key, len(p.tokens), p.last) for p in beside_decode.prefills] == [(1, 30, True)]
+    two_prompts = schedule(create_needs(0, [10, 12]), budget=64, max_tokens=64)
+    assert [(p.key, len(p.tokens), p.last) for p in two_prompts.prefills] == [
+        (0, 10, True), (1, 12, True)]
 
 
 def test_prefill_resumes_where_it_stopped() -> None:

@@ -9,11 +9,15 @@
    pending token) so the batch stays within `max_tokens`;
 2. prefill chunks of admitted prompts, oldest first, up to the step's token budget
    (which the decodes and drafts count against), logits only for a prompt's last token.
-   That last token is evaluated in a step of its own (after the rest of the prompt), as
-   it must be when the rest was cached: llama.cpp's CPU kernels give a row slightly
-   different sums in a batch of one than in a batch of many, so a temperature-0 request
-   answered differently the second time, from the cache, than the first (docs/engine.md,
-   "Same request, same answer"). One more decode step on a cold prompt buys that.
+   When the prompt's sequence is the only one running, that last token is evaluated in
+   a step of its own (after the rest of the prompt), as it must be when the rest was
+   cached: llama.cpp's CPU kernels give a row slightly different sums in a batch of one
+   than in a batch of many, so a temperature-0 request answered differently the second
+   time, from the cache, than the first (docs/engine.md, "Same request, same answer").
+   One more decode step on a cold prompt buys that. Beside other sequences (decoding,
+   or with prompts of their own) every row of the reply is batched with theirs
+   whatever this step does, so the step buys nothing there and is not taken: the first
+   token comes one step sooner, as llama-server's does.
 
 Media (an image's or audio clip's encoder outputs, `SeqNeeds.media` spans of the prompt)
 cannot share a llama_batch with tokens: a batch carries either token ids or embeddings.
@@ -159,6 +163,8 @@ def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int,
         decodes.append(DecodeWork(s.key, s.n_past, (s.pending, *draft)))
     used = sum(len(d.tokens) for d in decodes)
     left = min(budget, max_tokens) - used
+    # alone: no other sequence decodes or waits for its prompt (module doc, 2.)
+    alone = not decodes and sum(s.n_prefilled < len(s.prompt) for s in seqs) <= 1
     prefills = []
     for s in seqs:
         if left <= 0:
@@ -168,8 +174,8 @@ def schedule(seqs: Sequence[SeqNeeds], budget: int, max_tokens: int,
         end = _text_end(s, min(len(s.prompt), s.n_prefilled + left))
         if s.n_prefilled < s.checkpoint < end:
             end = s.checkpoint  # the state at the checkpoint is copied after this step
-        if (SEPARATE_LAST_TOKEN and end == len(s.prompt) and end - s.n_prefilled > 1
-                and _span_at(s, end - 1) is None):
+        if (SEPARATE_LAST_TOKEN and alone and end == len(s.prompt)
+                and end - s.n_prefilled > 1 and _span_at(s, end - 1) is None):
             end -= 1  # the last prompt token in a step of its own (module doc, 2.)
         prefills.append(PrefillWork(s.key, s.n_prefilled, tuple(s.prompt[s.n_prefilled:end]),
                                     end == len(s.prompt)))
