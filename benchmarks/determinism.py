@@ -5,10 +5,10 @@ against the same request run cold on a fresh engine.
     python benchmarks/determinism.py [--model GGUF] [--threads N] [--tokens N]
 
 Each mode runs the same prompts: `separate` (the scheduler's rule: the last prompt token
-evaluated in a step of its own, engine/step_plan.py) and `baseline` (that rule off: the
-whole prompt in one batch, as before). Per mode it prints how many replies diverged
-from the cold reply (and at which token), and the cold TTFT, so the rule's price is
-printed beside what it buys (ratio separate / baseline).
+evaluated in a step of its own where its sequence runs alone, engine/step_plan.py) and
+`baseline` (that rule off: the whole prompt in one batch, as before). Per mode it
+prints how many replies diverged from the cold reply (and at which token), and the cold
+TTFT, so the rule's price is printed beside what it buys (ratio separate / baseline).
 """
 
 from __future__ import annotations
