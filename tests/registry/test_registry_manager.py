@@ -119,7 +119,7 @@ def make(base_plan: Plan, cap: int | None = 2 * (WEIGHTS + KV + COMPUTE),
 
     budget = MemoryBudget(machine=lambda: machine(ram=64 * GiB), total_cap=cap)
     mgr = ModelManager(resolve, factory, planner=planner, budget=budget, clock=clock,
-                       context_hint=None, **kw)
+                       **{"context_hint": None, **kw})
     return mgr, made, clock
 
 
@@ -229,6 +229,32 @@ def test_other_load_changes_reload_an_idle_model(base_plan: Plan) -> None:
     use(mgr, clock, "a")
     use(mgr, clock, "a", overrides={"threads": 1})
     assert len(made) == 2 and made[0].closed
+
+
+def test_a_hot_model_is_leased_from_memory_alone(base_plan: Plan) -> None:
+    """`try_acquire` (the event loop's) never loads nor waits on a load; a hot hit of
+    `acquire` does not read the context hint (telemetry's database) again."""
+    asked: list[str] = []
+
+    def hint(model: ResolvedModel) -> None:
+        asked.append(model.name)
+
+    mgr, made, clock = make(base_plan, cap=None, context_hint=hint)
+    assert mgr.try_acquire("a:latest") is None and not made  # not loaded: acquire's work
+    use(mgr, clock, "a")
+    assert asked == ["a:latest"] and len(made) == 1  # the load read the hint
+    use(mgr, clock, "a")
+    assert asked == ["a:latest"]  # the hot hit did not
+    got: list[Any] = []
+    with mgr._load_lock:  # a load of another model in progress
+        t = threading.Thread(target=lambda: got.append(mgr.try_acquire("a:latest")))
+        t.start()
+        t.join(10)
+    (lease,) = got
+    assert lease is not None and lease.loaded is mgr.loaded()[0] and lease.loaded.refs == 1
+    lease.release()
+    use(mgr, clock, "a", overrides={"n_ctx": 8192})  # load settings: acquire's slow path
+    assert made[0].resized == 1 and mgr.try_acquire("b:latest") is None
 
 
 def test_concurrent_acquires_load_once(base_plan: Plan) -> None:

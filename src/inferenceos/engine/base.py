@@ -380,6 +380,19 @@ def per_slot(settings: LlamaParams, n_parallel: int) -> LlamaParams:
                    kv_unified=settings.kv_unified or n_parallel <= 1)
 
 
+def _message(prompt: str | list[int], sampling: SamplingParams, cancel: CancelEvent | None,
+             kv_policy: str | None, draft: str | None, media: Sequence[MediaItem],
+             progress: bool, direct: bool) -> Generate:
+    """`generate`'s arguments checked (UsageError for bad sampling settings) and made
+    into its Generate."""
+    sampling.validate()
+    if cancel is not None and not isinstance(cancel, CancelEvent):
+        raise TypeError("generate(cancel=...) takes an engine.cancel.CancelEvent, "
+                        f"not {type(cancel).__name__}: a plain Event cannot wake a "
+                        "stream waiting for its next token")
+    return Generate(prompt, sampling, kv_policy, draft, tuple(media), progress, direct)
+
+
 class EngineBase(ABC):
     """The shared half of both engines (see the module docstring), and the interface
     every caller above the engine uses (`engine.client.EngineClient`): the abstract
@@ -482,13 +495,30 @@ class EngineBase(ABC):
         queue full, unknown policy) are raised when the Generation is first iterated
         by `Engine`, here at once by `LocalEngine`.
         """
-        sampling.validate()
-        if cancel is not None and not isinstance(cancel, CancelEvent):
-            raise TypeError("generate(cancel=...) takes an engine.cancel.CancelEvent, "
-                            f"not {type(cancel).__name__}: a plain Event cannot wake a "
-                            "stream waiting for its next token")
-        return self._start(Generate(prompt, sampling, kv_policy, draft, tuple(media),
+        return self._start(_message(prompt, sampling, cancel, kv_policy, draft, media,
                                     progress, direct), cancel)
+
+    def generate_now(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        cancel: CancelEvent | None = None,
+        kv_policy: str | None = None,
+        draft: str | None = None,
+        media: Sequence[MediaItem] = (),
+        progress: bool = False,
+        direct: bool = False,
+    ) -> Generation | None:
+        """`generate` from an event loop: the same Generation, whose events are read
+        there (`Events.on_loop`), or None where starting it would wait for anything (a
+        lock, a worker's start; here: always, an engine whose requests run in this
+        process) and nothing was sent: call `generate` from a thread then."""
+        return self._start_now(_message(prompt, sampling, cancel, kv_policy, draft, media,
+                                        progress, direct), cancel)
+
+    def _start_now(self, msg: Generate, cancel: CancelEvent | None) -> Generation | None:
+        """`_start`, or None where it would wait (see `generate_now`)."""
+        return None
 
     def _follow(self, next_event: Callable[[], FromWorker | None],
                 cancel: CancelEvent | None, gen: Generation,

@@ -65,7 +65,7 @@ from inferenceos.engine.messages import (
     Wake,
     WorkerInfo,
 )
-from inferenceos.engine.worker.client import CurrentWorker, WorkerClient
+from inferenceos.engine.worker.client import CurrentWorker, Replies, WorkerClient, WouldWait
 from inferenceos.engine.worker.main import WorkerConfig, file_identity
 from inferenceos.engine.worker.swap import MigrateInfo, migrate
 from inferenceos.media.item import MediaItem
@@ -258,6 +258,28 @@ class Engine(EngineBase):
         with self._current.route:
             worker = self._current.live()
             req_id, q = self._current.submit(worker, msg)
+        return self._stream(worker, req_id, q, msg, cancel)
+
+    def _start_now(self, msg: Generate, cancel: CancelEvent | None) -> Generation | None:
+        """`_start` without waiting (`generate_now`): None while a migration holds the
+        route, a dead worker would start again, or another thread sends."""
+        if not self._current.route.acquire(blocking=False):
+            return None
+        try:
+            worker = self._current.live_now()
+            if worker is None:
+                return None
+            req_id, q = self._current.submit(worker, msg, wait=False)
+        except WouldWait:
+            return None
+        finally:
+            self._current.route.release()
+        return self._stream(worker, req_id, q, msg, cancel)
+
+    def _stream(self, worker: WorkerClient, req_id: int, q: Replies, msg: Generate,
+                cancel: CancelEvent | None) -> Generation:
+        """The Generation of `msg`, sent to `worker` as `req_id`, whose replies `q`
+        brings (see `_start`)."""
         unwake = cancel.on_set(lambda: q.put(None)) if cancel is not None else _nothing
         gen = Generation(iter(()))
 

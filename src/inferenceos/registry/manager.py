@@ -205,12 +205,14 @@ class ModelManager:
         """Lease the model `name`, loading or promoting it if needed (blocking); `why`
         explains the overrides (what `ps` shows as the reason)."""
         model = self._resolve(name)
+        if overrides is None and (hit := self._try_lease(model.name, keep_alive)):
+            return hit  # (before request_for: its context hint reads telemetry)
         req, why = self.request_for(model, overrides, why)
-        hit = self._try_lease(model.name, req, keep_alive, overrides is not None)
-        if hit:
+        strict = req if overrides is not None else None
+        if strict is not None and (hit := self._try_lease(model.name, keep_alive, strict)):
             return hit
         with self._load_lock:
-            hit = self._try_lease(model.name, req, keep_alive, overrides is not None)
+            hit = self._try_lease(model.name, keep_alive, strict)
             if hit:
                 return hit
             lm = self._models.get(model.name)
@@ -230,17 +232,24 @@ class ModelManager:
     def _fits_request(lm: ResidentModel, req: LoadRequest, strict: bool) -> bool:
         return not strict or lm.key == _key(req)
 
+    def try_acquire(self, name: str, keep_alive: float | None = None) -> Lease | None:
+        """A lease on the hot model `name` (a resolved name: `ResolvedModel.name`) as it
+        is loaded, for a request without load settings; None where `acquire` would load,
+        promote, re-plan or wait for a move. Reads nothing but memory and takes only
+        the short-held table lock: an event loop may call it."""
+        return self._try_lease(name, keep_alive)
+
     def _try_lease(
-        self, name: str, req: LoadRequest, keep_alive: float | None, strict: bool
+        self, name: str, keep_alive: float | None, strict: LoadRequest | None = None
     ) -> Lease | None:
-        """A lease on the hot `name` if it suits the request: an explicit request whose
-        load settings differ takes the slow path (resize or reload) when the model is
-        idle; a busy model is used as it is."""
+        """A lease on the hot `name` if it suits the request: a `strict` one (a
+        request's explicit load settings) whose settings differ takes the slow path
+        (resize or reload) when the model is idle; a busy model is used as it is."""
         with self._lock:
             lm = self._models.get(name)
             if lm is None or lm.tier != HOT or name in self._moving:
                 return None
-            if strict and lm.key != _key(req) and lm.refs == 0:
+            if strict is not None and lm.key != _key(strict) and lm.refs == 0:
                 return None
             if lm.refs == 0 and _stale(lm):
                 return None  # the slow path re-plans it

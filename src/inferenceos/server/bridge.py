@@ -15,6 +15,10 @@ for a consumer that is still listening, as during a graceful shutdown). The job'
 `finally` blocks (releasing the lease, closing the generation) always run in the worker
 thread, never on the event loop.
 
+`ReadyStream(items, cancel)` is the same iterator over items a job made at once on the
+event loop: a small completion on a hot model starts there, with no thread
+(server/generation.py, `_started_now`).
+
 Delivery: the items of every stream on one event loop go through the loop's one
 `engine.base.LoopInbox`, which wakes the loop once for all that arrived while it was
 busy (one self-pipe write and one callback per burst), not once per item (issue 44).
@@ -25,6 +29,7 @@ to the loop itself (server/generation.py, `engine.base.LoopEvents`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -135,3 +140,27 @@ class ThreadStream(Generic[T]):
         """Stop the job (it ends at its next item); does not wait for the thread."""
         self.cancel.set()
         self._finished = True
+
+
+class ReadyStream(Generic[T]):
+    """ThreadStream's counterpart for a job that ran at once on the event loop (one
+    that never waits: server/generation.py, `_started_now`): its items, as the same
+    async iterator. `aclose()` sets `cancel`, as ThreadStream's does: what an item
+    not taken holds ends by it (a generation's `_OnLoop` does)."""
+
+    def __init__(self, items: list[T], cancel: CancelEvent) -> None:
+        self.cancel = cancel
+        self._items = collections.deque(items)
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if not self._items:
+            raise StopAsyncIteration
+        return self._items.popleft()
+
+    async def aclose(self) -> None:
+        self.cancel.set()
+        self._items.clear()
+

@@ -39,7 +39,7 @@ from inferenceos.engine.messages import (
 from inferenceos.engine.worker.main import WorkerConfig, unpack_step, worker_main
 from inferenceos.hardware import cpu_share
 
-__all__ = ["CurrentWorker", "Replies", "WorkerClient"]
+__all__ = ["CurrentWorker", "Replies", "WorkerClient", "WouldWait"]
 
 R = TypeVar("R")
 Reply = FromWorker | None
@@ -79,6 +79,11 @@ class Replies:
             while not self._queue.empty():
                 sink(self._queue.get_nowait())
             self._sink = sink
+
+
+class WouldWait(Exception):
+    """A call made with `wait=False` (from an event loop) would have waited for another
+    thread; nothing was done."""
 
 
 class WorkerClient:
@@ -135,10 +140,14 @@ class WorkerClient:
             for rid, q in self.pending.items():
                 q.put(Failed(rid, "WorkerDiedError", died))
 
-    def send(self, msg: ToWorker, register: bool = False) -> Replies | None:
+    def send(self, msg: ToWorker, register: bool = False, wait: bool = True
+             ) -> Replies | None:
         """Send `msg`; with `register`, return the queue its replies (those of
-        `msg.req_id`) go to."""
-        with self.lock:
+        `msg.req_id`) go to. `wait` False (an event loop): WouldWait, sending nothing,
+        while another thread sends."""
+        if not self.lock.acquire(blocking=wait):
+            raise WouldWait("another thread is sending to the model worker")
+        try:
             if not self.alive:
                 raise errors.WorkerDiedError("the model worker is not running")
             q: Replies | None = None
@@ -150,6 +159,8 @@ class WorkerClient:
                 self.alive = False
                 raise errors.WorkerDiedError("the model worker is not running") from None
             return q
+        finally:
+            self.lock.release()
 
     def send_socket(self, msg: Attach, fd: int) -> bool:
         """Send `msg` and then the descriptor `fd` (SCM_RIGHTS, the pipe is a socket
@@ -229,6 +240,18 @@ class CurrentWorker:
                 self.worker = WorkerClient(self.cfg, self.start_timeout)
             return self.worker
 
+    def live_now(self) -> WorkerClient | None:
+        """`live()` for an event loop: None where it would wait (a restart holds the
+        lock) or start a worker (the last one died)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed:
+                raise errors.WorkerDiedError("the engine was closed (the model is unloaded)")
+            return self.worker if self.worker.alive else None
+        finally:
+            self._lock.release()
+
     def current(self) -> WorkerClient:
         """The current worker as it is, dead or alive (WorkerDiedError once closed):
         for a question that must not start a worker (a read, such as stats). Without
@@ -242,10 +265,12 @@ class CurrentWorker:
         """Make `worker` (started on `cfg`) the current one; call it under `route`."""
         self.worker, self.cfg = worker, cfg
 
-    def submit(self, worker: WorkerClient, msg: ToWorker) -> tuple[int, Replies]:
-        """Number `msg` and send it to `worker`; (its request id, its replies' queue)."""
+    def submit(self, worker: WorkerClient, msg: ToWorker, wait: bool = True
+               ) -> tuple[int, Replies]:
+        """Number `msg` and send it to `worker`; (its request id, its replies' queue).
+        `wait` False: WouldWait while another thread sends (`WorkerClient.send`)."""
         req_id = next(self._ids)
-        q = worker.send(replace(msg, req_id=req_id), register=True)
+        q = worker.send(replace(msg, req_id=req_id), register=True, wait=wait)
         assert q is not None
         return req_id, q
 
