@@ -117,6 +117,9 @@ class WatchedEngine(Engine):
         gen.events = watched()
         return gen
 
+    def generate_now(self, *args: Any, **kw: Any) -> None:
+        return None  # never on the event loop: every request's start comes to `generate`
+
 
 def _factory(path: Path, settings: LlamaParams, slots: int) -> Engine:
     return WatchedEngine(path, settings.per_sequence(), n_parallel=slots)

@@ -1,7 +1,8 @@
-"""Where a request starts (server/generation.py, `_started_now`): a small completion on
-a hot model starts on the event loop itself, anything else from a job thread, with the
-same replies and the same errors. Through a real uvicorn server and a real worker; the
-job threads are counted by a spy around the real `ThreadStream`, which still runs.
+"""Where a request starts (server/generation.py, `_started_now`): a small request on a
+hot model (a completion, or a chat without tools) starts on the event loop itself,
+anything else from a job thread, with the same replies and the same errors. Through a
+real uvicorn server and a real worker; the job threads are counted by a spy around the
+real `ThreadStream`, which still runs.
 """
 
 from __future__ import annotations
@@ -69,24 +70,30 @@ def test_a_small_completion_on_a_hot_model_starts_on_the_loop(server: Harness,
     ids = _complete(server, {"prompt": tokens})
     streamed = httpx.post(server.url + "/completion", timeout=60, json={
         **GREEDY, "prompt": "The quick brown fox", "stream": True})
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "temperature": 0})
     assert again.status_code == ids.status_code == streamed.status_code == 200, ids.text
-    assert jobs.count == 1  # none of these three took a thread
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 4
+    assert jobs.count == 1  # none of these four took a thread
     assert again.json()["content"] == ids.json()["content"] == first.json()["content"]
     assert streamed.text.count("data: ") == GREEDY["n_predict"] + 1
     (resident,) = server.manager.loaded()
     assert resident.refs == 0  # every lease taken on the loop was given back
 
 
-def test_chats_and_long_prompts_start_from_a_thread(server: Harness,
-                                                                  jobs: Jobs) -> None:
+def test_tools_and_long_prompts_start_from_a_thread(server: Harness, jobs: Jobs) -> None:
     _complete(server, {"prompt": "warm"})
     jobs.count = 0
+    tool = {"type": "function", "function": {"name": "now", "parameters": {
+        "type": "object", "properties": {}}}}
     chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-        "temperature": 0})
+        "temperature": 0, "tools": [tool]})
     # 2,500 characters (a byte-level vocabulary: as many tokens, past a sequence's 512)
     long = _complete(server, {"prompt": "word " * 500})
-    assert chat.status_code == 200
+    # (this model's template has no place for tools: the thread's job says so)
+    assert chat.status_code == 400 and "tools" in chat.text
     assert long.status_code == 400 and "exceed_context_size_error" in long.text
     assert jobs.count == 2
 

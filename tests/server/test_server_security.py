@@ -43,6 +43,9 @@ class SlowEngine(Engine):
         gen.events = slow()
         return gen
 
+    def generate_now(self, *args: Any, **kw: Any) -> None:
+        return None  # never on the event loop: every request's start comes to `generate`
+
 
 def _slow_factory(path: Path, settings: LlamaParams, slots: int) -> Engine:
     return SlowEngine(path, settings.per_sequence(), n_parallel=slots)

@@ -1,7 +1,7 @@
 """One generation request from admission to its last token, shared by both APIs.
 
 `start_generation(state, request)` admits the request (429 when the queue is full),
-leases the model in a worker thread (loading it if needed; a small completion on a hot
+leases the model in a worker thread (loading it if needed; a small request on a hot
 model starts on the event loop itself, `_started_now`), and waits for the first
 token, so that every error that can happen before output (unknown model, load failure,
 prompt longer than the context) becomes a proper HTTP error. The returned `Run` then
@@ -212,9 +212,11 @@ def _job(state: ServerState, req_as_sent: GenRequest,
             load_s = time.perf_counter() - t0 if lease.fresh else 0.0
             loaded = _Loaded(lease.loaded, load_s, tool_format, reasoning)
             budget = _budget(run_req, reasoning)
+            watch = BudgetWatch(reasoning, budget) if reasoning and budget else None
+            if watch is not None and now:  # (its reply is read on a thread)
+                raise _WouldWait
             for item in _generate(state, lease, prompt, run_req, policy, cancel, loaded,
-                                  BudgetWatch(reasoning, budget) if reasoning and budget
-                                  else None, loop, now):
+                                  watch, loop, now):
                 kept = kept or isinstance(item, _OnLoop)
                 yield item
         finally:
@@ -229,13 +231,14 @@ _QUICK_PROMPT = 2048
 
 
 def _quick(state: ServerState, req: GenRequest) -> bool:
-    """Whether `req` may start on the event loop (`_job`'s `now`): a completion (no
-    chat template to render, no tools, no media) of a small prompt, for a file the
-    server serves (resolved from memory, not the registry's database)."""
-    if (req.messages is not None or req.tools is not None or req.media or req.context
-            or req.want_tokens):  # (the last two tokenize: the engine asks its worker)
-        return False
-    size = len(req.tokens) if req.tokens is not None else len(req.text or "")
+    """Whether `req` may start on the event loop (`_job`'s `now`): a completion or a
+    chat (its template compiled once: engine/chat_template.py) of a small prompt, no
+    tools, no media, for a file the server serves (resolved from memory, not the
+    registry's database)."""
+    if req.tools is not None or req.media or req.context or req.want_tokens:
+        return False  # (the last two tokenize: the engine asks its worker)
+    size = (sum(len(m.content) for m in req.messages) if req.messages is not None
+            else len(req.tokens) if req.tokens is not None else len(req.text or ""))
     return size <= _QUICK_PROMPT and state.catalog.alias(req.model) is not None
 
 
