@@ -126,3 +126,21 @@ def test_a_held_route_sends_the_request_to_a_thread_that_waits(server: Harness,
     t.join(60)
     assert got and got[0].status_code == 200 and jobs.count == 1
     assert resident.refs == 0
+
+
+def test_an_ollama_prompt_is_tokenized_by_the_servers_vocabulary(server: Harness,
+                                                                 jobs: Jobs) -> None:
+    """/api/generate reports its prompt's ids (`context`): they come from the server's
+    own vocabulary, the same as the worker's tokenizer gives, and once it is loaded the
+    request starts on the loop."""
+    body = {"model": "tiny", "prompt": "The quick brown fox", "raw": True, "stream": False,
+            "options": {"num_predict": 4, "temperature": 0}}
+    first = httpx.post(server.url + "/api/generate", json=body, timeout=60)
+    jobs.count = 0
+    again = httpx.post(server.url + "/api/generate", json=body, timeout=60)
+    assert first.status_code == again.status_code == 200 and jobs.count == 0
+    (resident,) = server.manager.loaded()
+    ids = resident.engine.tokenize("The quick brown fox")  # the worker's own tokenizer
+    context = again.json()["context"]
+    assert context[:len(ids)] == ids and len(context) == len(ids) + 4
+    assert context == first.json()["context"]

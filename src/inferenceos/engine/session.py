@@ -31,6 +31,7 @@ from inferenceos.engine.generation import GenerationMetrics
 from inferenceos.engine.llama.lib import lib, log
 from inferenceos.engine.llama.structs import context_params, model_params
 from inferenceos.engine.llama.structs import default_threads as default_threads  # re-exported
+from inferenceos.engine.llama.tokens import prompt_ids, tokenize
 from inferenceos.engine.logprobs import TokenLogprob, read_logprobs
 from inferenceos.errors import GenerationError, ModelLoadError
 from inferenceos.plan.llama_params import LlamaParams
@@ -183,25 +184,10 @@ class LoadedModel:
         self, text: str, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
         """Text → token ids; special tokens written as text (e.g. `<start_of_turn>`) parse."""
-        data = text.encode("utf-8")
-        n_max = len(data) + 8
-        arr = (self._ll.llama_token * n_max)()
-        n = self._ll.llama_tokenize(
-            self.vocab, data, len(data), arr, n_max, add_special, parse_special
-        )
-        if n < 0:  # buffer too small: -n is the size needed
-            n_max = -n
-            arr = (self._ll.llama_token * n_max)()
-            n = self._ll.llama_tokenize(
-                self.vocab, data, len(data), arr, n_max, add_special, parse_special
-            )
-        if n < 0:
+        tokens = tokenize(self.vocab, text, add_special, parse_special)
+        if tokens is None:
             raise GenerationError("tokenization failed")
-        tokens = list(arr[:n])
-        bos = self.bos_token
-        if bos >= 0 and len(tokens) > 1 and tokens[0] == bos and tokens[1] == bos:
-            tokens = tokens[1:]  # the template wrote a BOS and the tokenizer added one
-        return tokens
+        return prompt_ids(tokens, self.bos_token)
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token (control tokens render as nothing). Kept once read:

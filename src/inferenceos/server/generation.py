@@ -29,7 +29,7 @@ from inferenceos.engine.client import EngineClient
 from inferenceos.engine.frame_spec import FrameSpec
 from inferenceos.engine.generation import GenerationMetrics, TokenEvent
 from inferenceos.engine.sampling import SamplingParams
-from inferenceos.errors import UsageError
+from inferenceos.errors import InferenceOSError, UsageError
 from inferenceos.media.item import MEDIA_MARKER, MediaItem, count_markers
 from inferenceos.registry.catalog import ResolvedModel
 from inferenceos.registry.leases import Lease, ResidentModel
@@ -124,8 +124,10 @@ def _chat_text(engine: EngineClient, req: GenRequest) -> tuple[str, Reasoning | 
     return text + req.prefill, reasoning
 
 
-def _prompt(engine: EngineClient, req: GenRequest) -> tuple[str | list[int], Reasoning | None]:
-    """The prompt to generate from (text or ids) and, for a chat, its reply's reasoning."""
+def _prompt(engine: EngineClient, req: GenRequest, now: bool = False
+            ) -> tuple[str | list[int], Reasoning | None]:
+    """The prompt to generate from (text or ids) and, for a chat, its reply's reasoning
+    (`now`: on the event loop, see `_tokenize`)."""
     if req.tokens is not None:
         return _check_ids(engine, req.tokens), None
     text, reasoning = (_chat_text(engine, req) if req.messages is not None
@@ -133,11 +135,32 @@ def _prompt(engine: EngineClient, req: GenRequest) -> tuple[str | list[int], Rea
     if req.media:
         return _media_prompt(text, req), reasoning
     if req.context:
-        return (_check_ids(engine, req.context) + engine.tokenize(text, add_special=False),
+        return (_check_ids(engine, req.context) + _tokenize(engine, text, False, now),
                 reasoning)
     if req.want_tokens:
-        return engine.tokenize(text), reasoning
+        return _tokenize(engine, text, True, now), reasoning
     return text, reasoning
+
+
+def _tokenize(engine: EngineClient, text: str, add_special: bool = True, now: bool = False
+              ) -> list[int]:
+    """`text`'s ids as the worker makes them, from the server's own vocabulary of the
+    model (server/vocab.py, loaded once): the engine's tokenizer asks its worker, which
+    answers between two steps (a step's wait before every Ollama /api/generate under
+    load). The engine's where that vocabulary cannot be had; `now` (on the event
+    loop): only a vocabulary loaded already, else _WouldWait."""
+    spec = getattr(engine, "spec", None)
+    vocab: Vocab | None = None
+    if spec is not None:
+        vocab = cached_vocab(spec.path)
+        if vocab is None and not now:
+            with contextlib.suppress(InferenceOSError):  # (the worker's tokenizer, then)
+                vocab = vocab_for(spec.path)
+    if vocab is not None:
+        return vocab.prompt_ids(text, add_special)
+    if now:
+        raise _WouldWait
+    return engine.tokenize(text, add_special=add_special)
 
 
 def _media_prompt(text: str, req: GenRequest) -> str:
@@ -196,7 +219,7 @@ def _job(state: ServerState, req_as_sent: GenRequest,
         kept = False  # an _OnLoop yielded: its end releases the lease, not this job
         try:
             run_req, tool_format = _with_tools(lease.engine, req)
-            prompt, reasoning = _prompt(lease.engine, run_req)
+            prompt, reasoning = _prompt(lease.engine, run_req, now)
             fixed = "n_ctx" in load or bool(state.manager.base.n_ctx)  # num_ctx or --ctx
             bigger = 0 if fixed else _context_to_grow(lease, prompt, run_req.sampling,
                                                       run_req.media, now)
@@ -235,11 +258,15 @@ def _quick(state: ServerState, req: GenRequest) -> bool:
     chat (its template compiled once: engine/chat_template.py) of a small prompt, no
     tools, no media, for a file the server serves (resolved from memory, not the
     registry's database)."""
-    if req.tools is not None or req.media or req.context or req.want_tokens:
-        return False  # (the last two tokenize: the engine asks its worker)
+    if req.tools is not None or req.media:
+        return False
     size = (sum(len(m.content) for m in req.messages) if req.messages is not None
             else len(req.tokens) if req.tokens is not None else len(req.text or ""))
-    return size <= _QUICK_PROMPT and state.catalog.alias(req.model) is not None
+    model = state.catalog.alias(req.model)
+    if size > _QUICK_PROMPT or model is None:
+        return False
+    # tokenized here only by the server's own vocabulary (`_tokenize`), never the worker
+    return not (req.context or req.want_tokens) or cached_vocab(model.path) is not None
 
 
 def _lease_now(state: ServerState, req: GenRequest, load: dict[str, Any]) -> Lease:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from inferenceos.engine.llama.lib import lib, log
 from inferenceos.engine.llama.structs import vocab_only_params
+from inferenceos.engine.llama.tokens import prompt_ids, tokenize
 from inferenceos.errors import ModelLoadError, UsageError
 
 _MAX_CACHED = 4
@@ -55,20 +56,16 @@ class Vocab:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True
                  ) -> list[int]:
         """Text → token ids (a BOS first when `add_special` and the model wants one)."""
-        data = text.encode("utf-8")
         with self._lock:
-            n_max = len(data) + 8
-            arr = (self._ll.llama_token * n_max)()
-            n = self._ll.llama_tokenize(self._vocab, data, len(data), arr, n_max, add_special,
-                                        parse_special)
-            if n < 0:  # buffer too small: -n is the size needed
-                n_max = -n
-                arr = (self._ll.llama_token * n_max)()
-                n = self._ll.llama_tokenize(self._vocab, data, len(data), arr, n_max,
-                                            add_special, parse_special)
-        if n < 0:
+            ids = tokenize(self._vocab, text, add_special, parse_special)
+        if ids is None:
             raise UsageError("the text could not be tokenized")
-        return list(arr[:n])
+        return ids
+
+    def prompt_ids(self, text: str, add_special: bool = True) -> list[int]:
+        """The ids the model worker makes of the prompt `text` (`LoadedModel.tokenize`:
+        special tokens parsed, a doubled BOS made one)."""
+        return prompt_ids(self.tokenize(text, add_special), self.bos)
 
     def check(self, ids: list[int]) -> list[int]:
         """`ids` unchanged; UsageError for an id outside the vocabulary (llama.cpp does
