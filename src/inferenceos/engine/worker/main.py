@@ -37,6 +37,7 @@ from inferenceos.engine.messages import (
     ExportLive,
     ExportState,
     Failed,
+    Finished,
     FromWorker,
     Generate,
     ImportLive,
@@ -365,7 +366,11 @@ def _serve(conn: Connection, rt: _Runtime) -> None:
         # block when idle (until a message, or a finished turn's store is due); when
         # busy, take what has arrived before each step
         while inbox.take(block=not core.has_work()):
+            ended, step_s, last = 0, 0.0, time.monotonic()
             for events in core.steps(lambda: inbox.take(block=False)):
+                ended = sum(type(e) is Finished for e in events)
+                now = time.monotonic()
+                step_s, last = now - last, now  # (with what ran between two steps)
                 if not events and not inbox.sinks.holding:
                     continue  # (a step without events still writes a held stream due)
                 rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
@@ -373,6 +378,7 @@ def _serve(conn: Connection, rt: _Runtime) -> None:
                 out = inbox.sinks.route(events)  # a direct stream's tokens: written here
                 if out:
                     conn.send_bytes(pack_step(out))
+            inbox.returned(ended, step_s)  # (the step that left the scheduler idle)
     finally:
         inbox.sinks.close()
 
@@ -393,13 +399,32 @@ def unpack_step(items: list[Any]) -> list[FromWorker]:
     return [TokenOut(*e) if type(e) is tuple else e for e in items]
 
 
+# How long an idle worker whose last step ended several streams together waits, after
+# the first of their next requests, for the rest of them (`_Inbox.returning`): clients
+# that got their ends in the same step send again together, but the first to reach an
+# idle worker started a step of its own, which held both cores while the server parsed
+# the others (a step later to their first tokens: docs/engine.md, "The burst,
+# gathered"). With the cores free the server hands over a request in ~1 ms. Only a
+# first request within RETURN_S of those ends is taken for the start of such a burst,
+# and only where that step took STEP_S or more: a lone step shorter than that costs the
+# others less than the wait would (the tiny llama's 2 ms steps at 8 streams).
+GATHER_S = 0.005
+RETURN_S = 0.1
+STEP_S = 4 * GATHER_S
+
+
 class _Inbox:
     """The worker's end of the pipe: each arrived message handled, its answer sent;
-    `sinks`: the streams this worker writes to their clients (engine/worker/direct.py)."""
+    `sinks`: the streams this worker writes to their clients (engine/worker/direct.py).
+    `returned(n, step_s)`: the step that left the scheduler idle ended `n` streams and
+    took `step_s` (the loop says so); when two or more did, in STEP_S or more, and the
+    next Generate comes within RETURN_S, it waits up to GATHER_S for as many more
+    before the next step."""
 
     def __init__(self, conn: Connection, rt: _Runtime) -> None:
         self.conn, self.rt = conn, rt
         self.closed = False  # a Shutdown arrived
+        self._returning, self._ended_at = 0, 0.0
         self.sinks = DirectSinks(self._cancel)
         # asked between every two steps: one poll object, where Connection.poll builds
         # and drops a selector per call (~10 µs a step). The pipe's Connection keeps no
@@ -407,6 +432,10 @@ class _Inbox:
         # reads as ready too, and recv then raises it, as Connection.poll would).
         self._poller = select.poll()
         self._poller.register(conn.fileno(), select.POLLIN)
+
+    def returned(self, n: int, step_s: float) -> None:
+        self._returning = n if step_s >= STEP_S else 0
+        self._ended_at = time.monotonic()
 
     def _ready(self, wait: float | None) -> bool:
         """Whether a message (or EOF) can be read, waiting up to `wait` s (None: for good)."""
@@ -439,14 +468,23 @@ class _Inbox:
         """Handle every message that has arrived (with `block`, first wait for one, or
         until the store is due); False once a Shutdown is read."""
         wait = _idle_wait(self.rt) if block else 0
+        expect, until = 0, 0.0  # the rest of a returning burst, and till when
         while not self.closed and self._ready(wait):
-            events = self._handle(self.conn.recv())
+            msg = self.conn.recv()
+            events = self._handle(msg)
             if events is None:
                 self.closed = True
             elif events:
                 self.conn.send(events)
             busy = self.rt.sched is not None and self.rt.sched.has_work()
             wait = _idle_wait(self.rt) if block and not busy else 0
+            if block and busy and isinstance(msg, Generate):
+                now = time.monotonic()
+                if self._returning > 1 and now - self._ended_at < RETURN_S:
+                    expect, until = self._returning, now + GATHER_S  # the rest of a burst
+                self._returning = 0
+                expect -= 1
+                wait = max(0.0, until - now) if expect > 0 else 0
         return not self.closed
 
 
