@@ -16,7 +16,7 @@ for a consumer that is still listening, as during a graceful shutdown). The job'
 thread, never on the event loop.
 
 `ReadyStream(items, cancel)` is the same iterator over items a job made at once on the
-event loop: a small completion on a hot model starts there, with no thread
+event loop: a small request on a hot model starts there, with no thread
 (server/generation.py, `_started_now`).
 
 Delivery: the items of every stream on one event loop go through the loop's one
@@ -163,4 +163,3 @@ class ReadyStream(Generic[T]):
     async def aclose(self) -> None:
         self.cancel.set()
         self._items.clear()
-

@@ -368,9 +368,10 @@ def _serve(conn: Connection, rt: _Runtime) -> None:
         while inbox.take(block=not core.has_work()):
             ended, step_s, last = 0, 0.0, time.monotonic()
             for events in core.steps(lambda: inbox.take(block=False)):
-                ended = sum(type(e) is Finished for e in events)
-                now = time.monotonic()
-                step_s, last = now - last, now  # (with what ran between two steps)
+                now = time.monotonic()  # (a step, with what ran between two steps)
+                if finished := sum(type(e) is Finished for e in events):
+                    ended, step_s = finished, now - last
+                last = now
                 if not events and not inbox.sinks.holding:
                     continue  # (a step without events still writes a held stream due)
                 rt.weights.count(sum(isinstance(e, TokenOut) and e.token >= 0
@@ -378,7 +379,8 @@ def _serve(conn: Connection, rt: _Runtime) -> None:
                 out = inbox.sinks.route(events)  # a direct stream's tokens: written here
                 if out:
                     conn.send_bytes(pack_step(out))
-            inbox.returned(ended, step_s)  # (the step that left the scheduler idle)
+            if ended:  # the last step that ended streams (a store's after it: not one)
+                inbox.returned(ended, step_s)
     finally:
         inbox.sinks.close()
 
