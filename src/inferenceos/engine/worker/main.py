@@ -402,7 +402,7 @@ def unpack_step(items: list[Any]) -> list[FromWorker]:
 
 
 # How long an idle worker whose last step ended several streams together waits, after
-# the first of their next requests, for the rest of them (`_Inbox.returning`): clients
+# the first of their next requests, for the rest of them (`_Inbox.returned`): clients
 # that got their ends in the same step send again together, but the first to reach an
 # idle worker started a step of its own, which held both cores while the server parsed
 # the others (a step later to their first tokens: docs/engine.md, "The burst,
